@@ -1,0 +1,217 @@
+/* ferry.h - the whole public C API of libferry.
+ *
+ * ferry moves bytes between processes by one-sided WRITE and READ of memory
+ * that the peer has registered. Peers are named "host:port" (IPv6:
+ * "[addr]:port") and found by a direct handshake, or by a segment name looked
+ * up in a metadata service. Everything outside this header is private.
+ *
+ * Conventions: functions return a ferry_status (0 = FERRY_OK, negative =
+ * error). On error, ferry_last_error() returns a message for the calling
+ * thread naming the step, the peer and the cause. Handles are opaque. */
+#ifndef FERRY_H
+#define FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FERRY_VERSION_MAJOR 0
+#define FERRY_VERSION_MINOR 1
+#define FERRY_VERSION_PATCH 0
+#define FERRY_VERSION_STRING "0.1.0"
+
+/* Error codes. Stable numbers: bindings and logs may rely on them. */
+typedef enum ferry_status {
+  FERRY_OK = 0,
+  FERRY_EINVAL = -1,       /* invalid argument */
+  FERRY_ENOTREG = -2,      /* address not registered (local or remote) */
+  FERRY_EOVERLAP = -3,     /* region overlaps a different registered region */
+  FERRY_ENOMEM = -4,       /* out of memory */
+  FERRY_ESOCKET = -5,      /* socket or connection error (refused, reset, lost) */
+  FERRY_EDNS = -6,         /* host name could not be resolved */
+  FERRY_EHANDSHAKE = -7,   /* peer rejected the handshake or answered nonsense */
+  FERRY_EVERSION = -8,     /* incompatible wire-protocol version */
+  FERRY_EAUTH = -9,        /* shared-secret proof failed */
+  FERRY_ETIMEDOUT = -10,   /* deadline passed */
+  FERRY_EPROTO = -11,      /* malformed frame from the network */
+  FERRY_EMETADATA = -12,   /* metadata service failed or key missing */
+  FERRY_EJSON = -13,       /* malformed JSON */
+  FERRY_ENOTIMPL = -14,    /* not implemented / unsupported here */
+  FERRY_EBUSY = -15,       /* resource busy */
+  FERRY_ECHECKSUM = -16,   /* end-to-end checksum mismatch */
+  FERRY_ETRANSPORT = -17,  /* no transport usable between the two peers */
+  FERRY_ECLOSED = -18,     /* engine is shutting down */
+  FERRY_ENOTFOUND = -19,   /* unknown segment, peer or handle */
+  FERRY_EREMOTE = -20,     /* the target failed while serving the request */
+  FERRY_EINPROGRESS = -21, /* batch still pending when the wait ended */
+} ferry_status;
+
+/* Static description of a code, e.g. "address not registered". */
+const char *ferry_strerror(ferry_status status);
+/* Detail of the last error on this thread, e.g.
+ * "connect to 10.0.0.2:15023 failed: Connection refused". Never NULL. */
+const char *ferry_last_error(void);
+/* The negative number Mooncake's Transfer Engine uses for the same cause. */
+int ferry_status_to_mooncake(ferry_status status);
+
+const char *ferry_version(void);
+
+/* ---- Logging ---------------------------------------------------------- */
+typedef enum ferry_log_level {
+  FERRY_LOG_DEBUG = 0,
+  FERRY_LOG_INFO = 1,
+  FERRY_LOG_WARN = 2,
+  FERRY_LOG_ERROR = 3,
+  FERRY_LOG_OFF = 4,
+} ferry_log_level;
+
+/* Process-wide level; the initial one comes from FERRY_LOG (default info). */
+void ferry_log_set_level(ferry_log_level level);
+ferry_log_level ferry_log_get_level(void);
+
+/* ---- Transports -------------------------------------------------------- */
+enum {
+  FERRY_TRANSPORT_TCP = 1u << 0,
+  FERRY_TRANSPORT_SHM = 1u << 1,
+  FERRY_TRANSPORT_FABRIC = 1u << 2,
+  FERRY_TRANSPORT_ALL = 0x7u,
+};
+/* "tcp", "shm", "fabric"; "none" for an unknown bit. */
+const char *ferry_transport_name(unsigned transport);
+/* Parses a comma-separated list of names ("tcp,shm") into bits; 0 on error. */
+unsigned ferry_transport_parse(const char *names);
+
+/* ---- Engine ------------------------------------------------------------ */
+typedef struct ferry_engine ferry_engine;
+
+typedef struct ferry_config {
+  /* Address peers should use to reach this engine. NULL: MC_TCP_BIND_ADDRESS,
+   * else bind_host when it is not a wildcard, else this host's first
+   * non-loopback address. */
+  const char *advertise_host;
+  /* Address to listen on. NULL: MC_TCP_BIND_ADDRESS, else "0.0.0.0". */
+  const char *bind_host;
+  uint16_t port;              /* RPC port; 0 picks a free one */
+  unsigned transports;        /* FERRY_TRANSPORT_* bits allowed; 0 = all */
+  unsigned tcp_connections;   /* data connections per peer (default 4) */
+  unsigned workers;           /* threads driving async batches (default 4) */
+  uint32_t timeout_ms;        /* base transfer timeout (default 30000,
+                                 MC_TRANSFER_TIMEOUT seconds overrides) */
+  uint32_t timeout_ns_per_mb; /* extra time per MiB moved (default 1 ms) */
+  uint32_t connect_timeout_ms;/* connect + handshake bound (default 5000) */
+  size_t slice_size;          /* max bytes per data frame (default 1 MiB) */
+  ferry_log_level log_level;  /* applied process-wide when set explicitly */
+  int log_level_set;          /* nonzero: log_level above is meant */
+  const char *secret;         /* shared secret peers must prove; NULL = none */
+  /* Metadata service ("http://host:port/path"); NULL = peer-to-peer only. */
+  const char *metadata_url;
+  /* Segment name published in the metadata service; NULL = "host:port". */
+  const char *segment_name;
+  int checksum;               /* nonzero: every data frame carries a crc32c */
+} ferry_config;
+
+/* Fills cfg with defaults, including those taken from the environment. */
+void ferry_config_init(ferry_config *cfg);
+
+ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out);
+/* Stops every thread and closes every socket; pending batches fail. */
+void ferry_engine_destroy(ferry_engine *engine);
+/* The RPC port actually bound. */
+uint16_t ferry_engine_port(const ferry_engine *engine);
+/* The name peers pass as target: "host:port", or the segment name. */
+const char *ferry_engine_name(const ferry_engine *engine);
+
+/* ---- Memory ------------------------------------------------------------ */
+/* Registering an identical region twice is harmless; a region overlapping a
+ * different one fails with FERRY_EOVERLAP. */
+ferry_status ferry_memory_register(ferry_engine *engine, void *addr, size_t length);
+ferry_status ferry_memory_unregister(ferry_engine *engine, void *addr);
+ferry_status ferry_memory_register_batch(ferry_engine *engine, void *const *addrs,
+                                         const size_t *lengths, size_t count);
+ferry_status ferry_memory_unregister_batch(ferry_engine *engine, void *const *addrs,
+                                           size_t count);
+/* Allocates a registered buffer from shareable memory, zero-filled. */
+ferry_status ferry_memory_alloc(ferry_engine *engine, size_t length, void **out);
+ferry_status ferry_memory_free(ferry_engine *engine, void *addr);
+
+typedef struct ferry_region {
+  uint64_t addr;
+  uint64_t length;
+} ferry_region;
+
+/* Regions the peer has registered, as last fetched (refreshed by this call).
+ * *out is malloc'd; release with free(). */
+ferry_status ferry_peer_regions(ferry_engine *engine, const char *target, ferry_region **out,
+                                size_t *count);
+/* Transport used for data with this peer (FERRY_TRANSPORT_* bit); connects
+ * if needed. */
+ferry_status ferry_peer_transport(ferry_engine *engine, const char *target,
+                                  unsigned *transport);
+
+/* ---- Transfers --------------------------------------------------------- */
+typedef enum ferry_op {
+  FERRY_OP_READ = 0, /* remote -> local */
+  FERRY_OP_WRITE = 1 /* local -> remote */
+} ferry_op;
+
+typedef struct ferry_entry {
+  ferry_op op;
+  void *local;     /* inside a region registered on this engine */
+  uint64_t remote; /* absolute address inside a region registered at the target */
+  size_t length;   /* > 0 */
+} ferry_entry;
+
+typedef struct ferry_batch ferry_batch;
+
+typedef enum ferry_batch_state {
+  FERRY_BATCH_PENDING = 0,
+  FERRY_BATCH_DONE = 1,
+  FERRY_BATCH_FAILED = 2,
+  FERRY_BATCH_TIMEDOUT = 3,
+} ferry_batch_state;
+
+/* A short message delivered to the target after a batch's data landed, or
+ * sent on its own with ferry_notify_send. */
+typedef struct ferry_notification {
+  char *name;
+  char *data; /* NUL-terminated for convenience; may hold binary bytes */
+  size_t length;
+} ferry_notification;
+
+/* Starts a batch of entries to one target. notify may be NULL. The copy of
+ * entries is taken; the memory they point to must stay valid until done. */
+ferry_status ferry_batch_submit(ferry_engine *engine, const char *target, const ferry_entry *entries,
+                                size_t count, const ferry_notification *notify, ferry_batch **out);
+/* Current state; on FAILED/TIMEDOUT *error (if non-NULL) gets the cause and
+ * the calling thread's last error gets the detail. */
+ferry_batch_state ferry_batch_status(ferry_batch *batch, ferry_status *error);
+/* Waits up to timeout_ms (-1: until the batch's own deadline). Returns
+ * FERRY_OK, the batch's error, or FERRY_EINPROGRESS if still pending. */
+ferry_status ferry_batch_wait(ferry_batch *batch, int64_t timeout_ms);
+/* Frees a batch; a pending one is waited for first (bounded by its deadline). */
+void ferry_batch_free(ferry_batch *batch);
+
+/* Synchronous helpers: submit, wait, free. */
+ferry_status ferry_transfer_sync(ferry_engine *engine, const char *target, ferry_op op,
+                                 void *local, uint64_t remote, size_t length);
+ferry_status ferry_transfer_sync_batch(ferry_engine *engine, const char *target,
+                                       const ferry_entry *entries, size_t count,
+                                       const ferry_notification *notify);
+
+/* ---- Peers and notifications -------------------------------------------- */
+/* FERRY_OK if the peer answers a ping within the connect timeout. */
+ferry_status ferry_probe(ferry_engine *engine, const char *target);
+ferry_status ferry_notify_send(ferry_engine *engine, const char *target, const char *name,
+                               const void *data, size_t length);
+/* Moves every received notification to *out (malloc'd array, may be NULL when
+ * *count is 0). Release with ferry_notify_free. */
+ferry_status ferry_notify_drain(ferry_engine *engine, ferry_notification **out, size_t *count);
+void ferry_notify_free(ferry_notification *list, size_t count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_H */

@@ -1,0 +1,1918 @@
+/* _ferry.c - CPython extension module `ferry._ferry`, a thin binding over the
+ * public C API of libferry (include/ferry.h).
+ *
+ * Types:
+ *   Engine  one ferry_engine; registration, transfers, probes, notifications.
+ *   Batch   an asynchronous batch returned by Engine.submit*().
+ *   Error   ferry.Error(code, message[, detail]), a RuntimeError subclass with
+ *           .code (ferry_status), .mooncake_code and .detail.
+ *
+ * Every call that may block releases the GIL. The detail of a failure
+ * (ferry_last_error(), per thread) is copied in the same thread right after
+ * the failing call, before the GIL is taken back.
+ *
+ * Lifetime rules: a method running with the GIL released counts itself in
+ * Engine.active; close() marks the engine closing, waits for that count to
+ * drop to zero, frees every outstanding batch and only then destroys the
+ * engine, so no call can use a destroyed engine. A Batch holds a reference
+ * to its Engine and the Py_buffers of the objects its entries point into
+ * until it is freed. Buffer objects passed to register() are held (their
+ * memory cannot be resized or freed) until unregister() or close(). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "ferry.h"
+
+#define ERRBUF_SIZE 1024
+
+/* ======================================================================
+ * Error type
+ * ====================================================================== */
+
+typedef struct {
+  PyBaseExceptionObject base;
+  int code;
+  int mooncake_code;
+  PyObject *detail;
+} ErrorObject;
+
+static PyTypeObject ErrorType;
+
+static int error_init(ErrorObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"code", "message", "detail", NULL};
+  int code = 0;
+  PyObject *message = NULL, *detail = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iU|O:Error", kwlist, &code, &message, &detail))
+    return -1;
+  PyObject *base_args = Py_BuildValue("(iO)", code, message);
+  if (!base_args)
+    return -1;
+  int rc = ((PyTypeObject *)PyExc_RuntimeError)->tp_init((PyObject *)self, base_args, NULL);
+  Py_DECREF(base_args);
+  if (rc < 0)
+    return -1;
+  self->code = code;
+  self->mooncake_code = ferry_status_to_mooncake((ferry_status)code);
+  if (detail == Py_None)
+    detail = message;
+  Py_INCREF(detail);
+  Py_XSETREF(self->detail, detail);
+  return 0;
+}
+
+static int error_traverse(ErrorObject *self, visitproc visit, void *arg) {
+  Py_VISIT(self->detail);
+  return ((PyTypeObject *)PyExc_RuntimeError)->tp_traverse((PyObject *)self, visit, arg);
+}
+
+static int error_clear(ErrorObject *self) {
+  Py_CLEAR(self->detail);
+  return ((PyTypeObject *)PyExc_RuntimeError)->tp_clear((PyObject *)self);
+}
+
+static void error_dealloc(ErrorObject *self) {
+  PyObject_GC_UnTrack(self);
+  error_clear(self);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *error_str(ErrorObject *self) {
+  if (self->base.args && PyTuple_Check(self->base.args) && PyTuple_GET_SIZE(self->base.args) >= 2 &&
+      PyUnicode_Check(PyTuple_GET_ITEM(self->base.args, 1))) {
+    PyObject *msg = PyTuple_GET_ITEM(self->base.args, 1);
+    Py_INCREF(msg);
+    return msg;
+  }
+  return ((PyTypeObject *)PyExc_RuntimeError)->tp_str((PyObject *)self);
+}
+
+static PyMemberDef error_members[] = {
+    {"code", T_INT, offsetof(ErrorObject, code), READONLY, "ferry_status code (negative)"},
+    {"mooncake_code", T_INT, offsetof(ErrorObject, mooncake_code), READONLY,
+     "the same cause in Mooncake's numbering"},
+    {"detail", T_OBJECT, offsetof(ErrorObject, detail), READONLY,
+     "ferry_last_error() text captured right after the failing call"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ErrorType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.Error",
+    .tp_basicsize = sizeof(ErrorObject),
+    .tp_dealloc = (destructor)error_dealloc,
+    .tp_str = (reprfunc)error_str,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Error(code, message, detail=None)\n\n"
+              "A failed ferry call. code is the ferry_status (negative), mooncake_code the\n"
+              "equivalent Mooncake error number and detail the library's message naming the\n"
+              "step, the peer and the cause.",
+    .tp_traverse = (traverseproc)error_traverse,
+    .tp_clear = (inquiry)error_clear,
+    .tp_members = error_members,
+    .tp_init = (initproc)error_init,
+};
+
+/* Raises ferry.Error for st; detail is the captured ferry_last_error() text. */
+static PyObject *raise_status(ferry_status st, const char *detail) {
+  char msg[ERRBUF_SIZE + 128];
+  if (detail && detail[0])
+    snprintf(msg, sizeof msg, "%s (%d): %s", ferry_strerror(st), (int)st, detail);
+  else
+    snprintf(msg, sizeof msg, "%s (%d)", ferry_strerror(st), (int)st);
+  PyObject *exc = PyObject_CallFunction((PyObject *)&ErrorType, "iss", (int)st, msg,
+                                        detail && detail[0] ? detail : ferry_strerror(st));
+  if (!exc)
+    return NULL;
+  PyErr_SetObject((PyObject *)&ErrorType, exc);
+  Py_DECREF(exc);
+  return NULL;
+}
+
+static void capture_error(char *buf) { snprintf(buf, ERRBUF_SIZE, "%s", ferry_last_error()); }
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* ======================================================================
+ * Argument helpers
+ * ====================================================================== */
+
+/* Any int-like (int, numpy integer, IntEnum) as an unsigned 64-bit value. */
+static int as_u64(PyObject *o, uint64_t *out) {
+  PyObject *idx;
+  if (PyLong_Check(o)) {
+    idx = o;
+    Py_INCREF(idx);
+  } else {
+    idx = PyNumber_Index(o);
+    if (!idx)
+      return -1;
+  }
+  unsigned long long v = PyLong_AsUnsignedLongLong(idx);
+  Py_DECREF(idx);
+  if (v == (unsigned long long)-1 && PyErr_Occurred())
+    return -1;
+  *out = (uint64_t)v;
+  return 0;
+}
+
+static int as_size(PyObject *o, size_t *out) {
+  uint64_t v;
+  if (as_u64(o, &v) < 0)
+    return -1;
+  if (v > (uint64_t)SIZE_MAX) {
+    PyErr_SetString(PyExc_OverflowError, "length too large");
+    return -1;
+  }
+  *out = (size_t)v;
+  return 0;
+}
+
+static int as_op(PyObject *o, ferry_op *out) {
+  uint64_t v;
+  if (as_u64(o, &v) < 0)
+    return -1;
+  if (v != FERRY_OP_READ && v != FERRY_OP_WRITE) {
+    PyErr_Format(PyExc_ValueError, "op must be OP_READ (0) or OP_WRITE (1), got %llu",
+                 (unsigned long long)v);
+    return -1;
+  }
+  *out = (ferry_op)v;
+  return 0;
+}
+
+/* A local memory argument: an int address or a contiguous buffer object. */
+typedef struct {
+  void *ptr;
+  size_t len; /* buffer length; 0 for an address */
+  int has_view;
+  Py_buffer view;
+} LocalArg;
+
+/* Fills la from obj. writable: the memory will be written (READ destination).
+ * Ints (and 0-d integer buffers such as numpy scalars) are addresses. */
+static int local_get(PyObject *obj, int writable, LocalArg *la) {
+  la->has_view = 0;
+  la->len = 0;
+  if (!PyLong_Check(obj) && PyObject_CheckBuffer(obj)) {
+    if (PyObject_GetBuffer(obj, &la->view, PyBUF_ANY_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) <
+        0)
+      return -1;
+    if (la->view.ndim == 0 && PyIndex_Check(obj)) {
+      PyBuffer_Release(&la->view); /* a numpy integer scalar: an address */
+    } else {
+      la->has_view = 1;
+      la->ptr = la->view.buf;
+      la->len = (size_t)la->view.len;
+      return 0;
+    }
+  }
+  if (!PyLong_Check(obj) && !PyIndex_Check(obj)) {
+    PyErr_Format(PyExc_TypeError,
+                 "local memory must be an int address or a contiguous buffer object, not %.100s",
+                 Py_TYPE(obj)->tp_name);
+    return -1;
+  }
+  uint64_t a;
+  if (as_u64(obj, &a) < 0)
+    return -1;
+  la->ptr = (void *)(uintptr_t)a;
+  return 0;
+}
+
+/* Resolves the length of a transfer on la: explicit (length_obj not None) or
+ * the whole buffer. */
+static int local_length(LocalArg *la, PyObject *length_obj, size_t *out) {
+  if (length_obj == NULL || length_obj == Py_None) {
+    if (!la->has_view) {
+      PyErr_SetString(PyExc_TypeError, "length is required when local memory is an int address");
+      return -1;
+    }
+    *out = la->len;
+    return 0;
+  }
+  if (as_size(length_obj, out) < 0)
+    return -1;
+  if (la->has_view && *out > la->len) {
+    PyErr_Format(PyExc_ValueError, "length %zu exceeds the buffer's %zu bytes", *out, la->len);
+    return -1;
+  }
+  return 0;
+}
+
+static void local_release(LocalArg *la) {
+  if (la->has_view) {
+    PyBuffer_Release(&la->view);
+    la->has_view = 0;
+  }
+}
+
+/* A notification argument: None, (name, data) or an object with .name and
+ * .msg (or .data). name and data: str (UTF-8) or bytes-like. */
+typedef struct {
+  PyObject *name; /* bytes */
+  PyObject *data; /* bytes */
+  ferry_notification n;
+  int present;
+} NotifyArg;
+
+static PyObject *to_bytes(PyObject *o) {
+  if (PyUnicode_Check(o))
+    return PyUnicode_AsEncodedString(o, "utf-8", "surrogateescape");
+  if (PyBytes_Check(o)) {
+    Py_INCREF(o);
+    return o;
+  }
+  return PyBytes_FromObject(o);
+}
+
+static int notify_get(PyObject *obj, NotifyArg *na) {
+  memset(na, 0, sizeof *na);
+  if (obj == NULL || obj == Py_None)
+    return 0;
+  PyObject *name = NULL, *data = NULL;
+  if (PyTuple_Check(obj) || PyList_Check(obj)) {
+    if (PySequence_Size(obj) != 2) {
+      PyErr_SetString(PyExc_ValueError, "notify must be (name, data)");
+      return -1;
+    }
+    name = PySequence_GetItem(obj, 0);
+    data = PySequence_GetItem(obj, 1);
+  } else {
+    name = PyObject_GetAttrString(obj, "name");
+    if (name) {
+      data = PyObject_GetAttrString(obj, "msg");
+      if (!data && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        data = PyObject_GetAttrString(obj, "data");
+      }
+    }
+  }
+  if (!name || !data) {
+    Py_XDECREF(name);
+    Py_XDECREF(data);
+    if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+      PyErr_Clear();
+      PyErr_SetString(PyExc_TypeError,
+                      "notify must be None, (name, data) or an object with .name and .msg");
+    }
+    return -1;
+  }
+  na->name = to_bytes(name);
+  na->data = to_bytes(data);
+  Py_DECREF(name);
+  Py_DECREF(data);
+  if (!na->name || !na->data) {
+    Py_CLEAR(na->name);
+    Py_CLEAR(na->data);
+    return -1;
+  }
+  na->n.name = PyBytes_AS_STRING(na->name);
+  na->n.data = PyBytes_AS_STRING(na->data);
+  na->n.length = (size_t)PyBytes_GET_SIZE(na->data);
+  na->present = 1;
+  return 0;
+}
+
+static void notify_release(NotifyArg *na) {
+  Py_CLEAR(na->name);
+  Py_CLEAR(na->data);
+  na->present = 0;
+}
+
+/* A parsed list of entries plus the buffer views their local sides point into. */
+typedef struct {
+  ferry_entry *e;
+  size_t n;
+  Py_buffer *views;
+  size_t nviews;
+} EntryList;
+
+static void entries_release(EntryList *l) {
+  for (size_t i = 0; i < l->nviews; i++)
+    PyBuffer_Release(&l->views[i]);
+  PyMem_Free(l->views);
+  PyMem_Free(l->e);
+  memset(l, 0, sizeof *l);
+}
+
+/* entries: sequence of (op, local, remote_addr, length); local an int address
+ * or a buffer object (then length may be None for the whole buffer). */
+static int entries_parse(PyObject *entries, EntryList *l) {
+  memset(l, 0, sizeof *l);
+  PyObject *seq =
+      PySequence_Fast(entries, "entries must be a sequence of (op, local, remote, length)");
+  if (!seq)
+    return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject **items = PySequence_Fast_ITEMS(seq);
+  l->e = PyMem_Calloc(n ? (size_t)n : 1, sizeof *l->e);
+  if (!l->e) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *it = items[i];
+    PyObject *op_o, *loc_o, *rem_o, *len_o;
+    if (PyTuple_Check(it) && PyTuple_GET_SIZE(it) == 4) {
+      op_o = PyTuple_GET_ITEM(it, 0);
+      loc_o = PyTuple_GET_ITEM(it, 1);
+      rem_o = PyTuple_GET_ITEM(it, 2);
+      len_o = PyTuple_GET_ITEM(it, 3);
+    } else if (PyList_Check(it) && PyList_GET_SIZE(it) == 4) {
+      op_o = PyList_GET_ITEM(it, 0);
+      loc_o = PyList_GET_ITEM(it, 1);
+      rem_o = PyList_GET_ITEM(it, 2);
+      len_o = PyList_GET_ITEM(it, 3);
+    } else {
+      PyErr_Format(PyExc_TypeError, "entry %zd must be a 4-tuple (op, local, remote, length)", i);
+      goto fail;
+    }
+    ferry_entry *e = &l->e[l->n];
+    if (as_op(op_o, &e->op) < 0 || as_u64(rem_o, &e->remote) < 0)
+      goto fail;
+    LocalArg la;
+    if (local_get(loc_o, e->op == FERRY_OP_READ, &la) < 0)
+      goto fail;
+    if (local_length(&la, len_o, &e->length) < 0) {
+      local_release(&la);
+      goto fail;
+    }
+    e->local = la.ptr;
+    if (la.has_view) {
+      Py_buffer *nv = PyMem_Realloc(l->views, (l->nviews + 1) * sizeof *nv);
+      if (!nv) {
+        local_release(&la);
+        PyErr_NoMemory();
+        goto fail;
+      }
+      l->views = nv;
+      l->views[l->nviews++] = la.view;
+    }
+    l->n++;
+  }
+  Py_DECREF(seq);
+  return 0;
+fail:
+  Py_DECREF(seq);
+  entries_release(l);
+  return -1;
+}
+
+/* A sequence of integers, read either from a buffer of 8-byte integers
+ * (numpy uint64/int64, array('Q')) or item by item. */
+typedef struct {
+  PyObject *seq;  /* PySequence_Fast result, or NULL */
+  Py_buffer view; /* when has_view */
+  int has_view;
+  Py_ssize_t n;
+} IntSeq;
+
+static int intseq_get(PyObject *o, const char *what, IntSeq *s) {
+  memset(s, 0, sizeof *s);
+  if (PyObject_CheckBuffer(o) && !PyBytes_Check(o) && !PyByteArray_Check(o)) {
+    if (PyObject_GetBuffer(o, &s->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
+      const char *f = s->view.format ? s->view.format : "B";
+      if (*f == '<' || *f == '=' || *f == '@')
+        f++;
+      if (s->view.ndim == 1 && s->view.itemsize == 8 && f[0] && !f[1] && strchr("QqLlNn", f[0])) {
+        s->has_view = 1;
+        s->n = s->view.shape ? s->view.shape[0] : s->view.len / 8;
+        return 0;
+      }
+      PyBuffer_Release(&s->view);
+    } else {
+      PyErr_Clear();
+    }
+  }
+  char msg[96];
+  snprintf(msg, sizeof msg, "%s must be a sequence of integers", what);
+  s->seq = PySequence_Fast(o, msg);
+  if (!s->seq)
+    return -1;
+  s->n = PySequence_Fast_GET_SIZE(s->seq);
+  return 0;
+}
+
+static int intseq_at(IntSeq *s, Py_ssize_t i, uint64_t *out) {
+  if (s->has_view) {
+    memcpy(out, (const char *)s->view.buf + i * 8, 8);
+    return 0;
+  }
+  return as_u64(PySequence_Fast_GET_ITEM(s->seq, i), out);
+}
+
+static void intseq_release(IntSeq *s) {
+  if (s->has_view)
+    PyBuffer_Release(&s->view);
+  Py_CLEAR(s->seq);
+  s->has_view = 0;
+}
+
+/* Three parallel sequences of int addresses/lengths, one op for all. */
+static int arrays_parse(PyObject *op_o, PyObject *locals, PyObject *remotes, PyObject *lengths,
+                        EntryList *l) {
+  memset(l, 0, sizeof *l);
+  ferry_op op;
+  if (as_op(op_o, &op) < 0)
+    return -1;
+  IntSeq a, b, c;
+  if (intseq_get(locals, "local_addrs", &a) < 0)
+    return -1;
+  if (intseq_get(remotes, "remote_addrs", &b) < 0) {
+    intseq_release(&a);
+    return -1;
+  }
+  if (intseq_get(lengths, "lengths", &c) < 0) {
+    intseq_release(&a);
+    intseq_release(&b);
+    return -1;
+  }
+  int rc = -1;
+  if (a.n != b.n || a.n != c.n) {
+    PyErr_Format(PyExc_ValueError,
+                 "local_addrs, remote_addrs and lengths differ in length (%zd, %zd, %zd)", a.n, b.n,
+                 c.n);
+    goto out;
+  }
+  l->e = PyMem_Calloc(a.n ? (size_t)a.n : 1, sizeof *l->e);
+  if (!l->e) {
+    PyErr_NoMemory();
+    goto out;
+  }
+  for (Py_ssize_t i = 0; i < a.n; i++) {
+    uint64_t loc, len;
+    ferry_entry *e = &l->e[i];
+    if (intseq_at(&a, i, &loc) < 0 || intseq_at(&b, i, &e->remote) < 0 ||
+        intseq_at(&c, i, &len) < 0) {
+      entries_release(l);
+      goto out;
+    }
+    e->op = op;
+    e->local = (void *)(uintptr_t)loc;
+    e->length = (size_t)len;
+  }
+  l->n = (size_t)a.n;
+  rc = 0;
+out:
+  intseq_release(&a);
+  intseq_release(&b);
+  intseq_release(&c);
+  return rc;
+}
+
+/* ======================================================================
+ * Engine and Batch objects
+ * ====================================================================== */
+
+typedef struct BatchObject BatchObject;
+
+typedef struct {
+  PyObject ob_base;
+  ferry_engine *eng;
+  int initialized; /* set once ferry_engine_create succeeded (stays set after close) */
+  int closing;
+  long active;          /* methods running with the GIL released */
+  PyObject *held;       /* dict: address -> capsule owning a registered Py_buffer */
+  BatchObject *batches; /* live batches whose ferry_batch is not yet freed */
+} EngineObject;
+
+struct BatchObject {
+  PyObject ob_base;
+  EngineObject *engine; /* strong reference */
+  ferry_batch *b;
+  EntryList entries; /* only the views are kept; entries.e is freed after submit */
+  NotifyArg notify;
+  long busy;
+  int state;
+  int error;
+  PyObject *detail;
+  BatchObject *prev, *next;
+};
+
+static PyTypeObject EngineType;
+static PyTypeObject BatchType;
+
+static PyObject *raise_closed(void) {
+  return raise_status(FERRY_ECLOSED, "the engine has been closed");
+}
+
+static int eng_enter(EngineObject *self) {
+  if (!self->eng || self->closing) {
+    if (!self->initialized)
+      raise_status(FERRY_EINVAL, "the engine was not initialized");
+    else
+      raise_closed();
+    return -1;
+  }
+  self->active++;
+  return 0;
+}
+
+static void eng_leave(EngineObject *self) { self->active--; }
+
+static void batch_unlink(BatchObject *b) {
+  EngineObject *e = b->engine;
+  if (b->prev)
+    b->prev->next = b->next;
+  else if (e && e->batches == b)
+    e->batches = b->next;
+  if (b->next)
+    b->next->prev = b->prev;
+  b->prev = b->next = NULL;
+}
+
+static void batch_release_memory(BatchObject *b) {
+  entries_release(&b->entries);
+  notify_release(&b->notify);
+}
+
+/* Closes the engine: waits for running calls, frees outstanding batches,
+ * destroys the engine and drops held buffers. Called with the GIL. */
+static void engine_close_impl(EngineObject *self) {
+  if (self->closing) {
+    while (self->eng) { /* another thread is closing it */
+      PyThreadState *ts_ = PyEval_SaveThread();
+      sleep_ms(1);
+      PyEval_RestoreThread(ts_);
+    }
+    return;
+  }
+  if (!self->eng)
+    return;
+  self->closing = 1;
+  while (self->active > 0) {
+    PyThreadState *ts_ = PyEval_SaveThread();
+    sleep_ms(1);
+    PyEval_RestoreThread(ts_);
+  }
+  size_t n = 0;
+  for (BatchObject *b = self->batches; b; b = b->next)
+    n++;
+  BatchObject **objs = n ? PyMem_Calloc(n, sizeof *objs) : NULL;
+  ferry_batch **raw = n ? PyMem_Calloc(n, sizeof *raw) : NULL;
+  size_t k = 0;
+  if (n && (!objs || !raw)) {
+    /* Out of memory: free the batches one by one with the GIL held. */
+    PyMem_Free(objs);
+    PyMem_Free(raw);
+    objs = NULL;
+    raw = NULL;
+    for (BatchObject *b = self->batches; b; b = b->next) {
+      if (b->b) {
+        ferry_batch_free(b->b);
+        b->b = NULL;
+      }
+    }
+  } else {
+    for (BatchObject *b = self->batches; b; b = b->next) {
+      if (!b->b)
+        continue;
+      Py_INCREF(b);
+      objs[k] = b;
+      raw[k] = b->b;
+      b->b = NULL;
+      k++;
+    }
+  }
+  ferry_engine *eng = self->eng;
+  PyThreadState *ts_ = PyEval_SaveThread();
+  for (size_t i = 0; i < k; i++)
+    ferry_batch_free(raw[i]);
+  ferry_engine_destroy(eng);
+  PyEval_RestoreThread(ts_);
+  self->eng = NULL;
+  for (size_t i = 0; i < k; i++) {
+    if (objs[i]->state == FERRY_BATCH_PENDING) {
+      objs[i]->state = FERRY_BATCH_FAILED;
+      objs[i]->error = FERRY_ECLOSED;
+    }
+    batch_release_memory(objs[i]);
+    Py_DECREF(objs[i]);
+  }
+  while (self->batches)
+    batch_unlink(self->batches);
+  PyMem_Free(objs);
+  PyMem_Free(raw);
+  Py_CLEAR(self->held);
+}
+
+static PyObject *engine_new(PyTypeObject *type, PyObject *Py_UNUSED(args),
+                            PyObject *Py_UNUSED(kwds)) {
+  EngineObject *self = (EngineObject *)type->tp_alloc(type, 0);
+  return (PyObject *)self;
+}
+
+static void engine_dealloc(EngineObject *self) {
+  if (self->eng) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    engine_close_impl(self);
+    PyErr_Restore(et, ev, tb);
+  }
+  Py_CLEAR(self->held);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Optional unsigned keyword: leaves *out unchanged when o is NULL or None. */
+static int opt_uint(PyObject *o, const char *what, uint64_t max, uint64_t *out) {
+  if (!o || o == Py_None)
+    return 0;
+  uint64_t v;
+  if (as_u64(o, &v) < 0)
+    return -1;
+  if (v > max) {
+    PyErr_Format(PyExc_ValueError, "%s out of range", what);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+static int parse_log_level(PyObject *o, ferry_log_level *out) {
+  if (PyUnicode_Check(o)) {
+    const char *s = PyUnicode_AsUTF8(o);
+    if (!s)
+      return -1;
+    if (!strcasecmp(s, "debug"))
+      *out = FERRY_LOG_DEBUG;
+    else if (!strcasecmp(s, "info"))
+      *out = FERRY_LOG_INFO;
+    else if (!strcasecmp(s, "warn") || !strcasecmp(s, "warning"))
+      *out = FERRY_LOG_WARN;
+    else if (!strcasecmp(s, "error"))
+      *out = FERRY_LOG_ERROR;
+    else if (!strcasecmp(s, "off") || !strcasecmp(s, "none"))
+      *out = FERRY_LOG_OFF;
+    else {
+      PyErr_Format(PyExc_ValueError, "unknown log level '%s' (debug, info, warn, error, off)", s);
+      return -1;
+    }
+    return 0;
+  }
+  uint64_t v;
+  if (as_u64(o, &v) < 0)
+    return -1;
+  if (v > FERRY_LOG_OFF) {
+    PyErr_SetString(PyExc_ValueError, "log level must be 0..4");
+    return -1;
+  }
+  *out = (ferry_log_level)v;
+  return 0;
+}
+
+static int parse_transports(PyObject *o, unsigned *out) {
+  if (!o || o == Py_None)
+    return 0;
+  if (PyUnicode_Check(o)) {
+    const char *s = PyUnicode_AsUTF8(o);
+    if (!s)
+      return -1;
+    if (!s[0] || !strcasecmp(s, "all") || !strcasecmp(s, "auto")) {
+      *out = FERRY_TRANSPORT_ALL;
+      return 0;
+    }
+    unsigned bits = ferry_transport_parse(s);
+    if (!bits) {
+      PyErr_Format(PyExc_ValueError, "unknown transport list '%s' (use tcp, shm, fabric or all)",
+                   s);
+      return -1;
+    }
+    *out = bits;
+    return 0;
+  }
+  uint64_t v;
+  if (as_u64(o, &v) < 0)
+    return -1;
+  if (v & ~(uint64_t)FERRY_TRANSPORT_ALL) {
+    PyErr_SetString(PyExc_ValueError, "unknown transport bits");
+    return -1;
+  }
+  *out = (unsigned)v;
+  return 0;
+}
+
+static int engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {
+      "host",       "bind_host",  "port",           "transports",         "connections",
+      "workers",    "timeout_ms", "secret",         "metadata_url",       "segment_name",
+      "checksum",   "log_level",  "advertise_host", "connect_timeout_ms", "timeout_ns_per_mb",
+      "slice_size", NULL};
+  const char *host = NULL, *bind_host = NULL, *secret = NULL, *metadata_url = NULL,
+             *segment_name = NULL, *advertise_host = NULL;
+  PyObject *port = NULL, *transports = NULL, *connections = NULL, *workers = NULL,
+           *timeout_ms = NULL, *checksum = NULL, *log_level = NULL, *connect_timeout_ms = NULL,
+           *timeout_ns_per_mb = NULL, *slice_size = NULL;
+  if (self->initialized) {
+    PyErr_SetString(PyExc_RuntimeError, "Engine is already initialized");
+    return -1;
+  }
+  if (!PyArg_ParseTupleAndKeywords(
+          args, kwds, "|z$zOOOOOzzzOOzOOO:Engine", kwlist, &host, &bind_host, &port, &transports,
+          &connections, &workers, &timeout_ms, &secret, &metadata_url, &segment_name, &checksum,
+          &log_level, &advertise_host, &connect_timeout_ms, &timeout_ns_per_mb, &slice_size))
+    return -1;
+
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  if (host) {
+    cfg.advertise_host = host;
+    cfg.bind_host = host;
+  }
+  if (bind_host)
+    cfg.bind_host = bind_host;
+  if (advertise_host)
+    cfg.advertise_host = advertise_host;
+  uint64_t v;
+  v = cfg.port;
+  if (opt_uint(port, "port", 65535, &v) < 0)
+    return -1;
+  cfg.port = (uint16_t)v;
+  if (parse_transports(transports, &cfg.transports) < 0)
+    return -1;
+  v = cfg.tcp_connections;
+  if (opt_uint(connections, "connections", UINT32_MAX, &v) < 0)
+    return -1;
+  cfg.tcp_connections = (unsigned)v;
+  v = cfg.workers;
+  if (opt_uint(workers, "workers", UINT32_MAX, &v) < 0)
+    return -1;
+  cfg.workers = (unsigned)v;
+  v = cfg.timeout_ms;
+  if (opt_uint(timeout_ms, "timeout_ms", UINT32_MAX, &v) < 0)
+    return -1;
+  cfg.timeout_ms = (uint32_t)v;
+  v = cfg.connect_timeout_ms;
+  if (opt_uint(connect_timeout_ms, "connect_timeout_ms", UINT32_MAX, &v) < 0)
+    return -1;
+  cfg.connect_timeout_ms = (uint32_t)v;
+  v = cfg.timeout_ns_per_mb;
+  if (opt_uint(timeout_ns_per_mb, "timeout_ns_per_mb", UINT32_MAX, &v) < 0)
+    return -1;
+  cfg.timeout_ns_per_mb = (uint32_t)v;
+  v = cfg.slice_size;
+  if (opt_uint(slice_size, "slice_size", SIZE_MAX, &v) < 0)
+    return -1;
+  cfg.slice_size = (size_t)v;
+  if (secret)
+    cfg.secret = secret;
+  if (metadata_url)
+    cfg.metadata_url = metadata_url;
+  if (segment_name)
+    cfg.segment_name = segment_name;
+  if (checksum && checksum != Py_None) {
+    int t = PyObject_IsTrue(checksum);
+    if (t < 0)
+      return -1;
+    cfg.checksum = t;
+  }
+  if (log_level && log_level != Py_None) {
+    if (parse_log_level(log_level, &cfg.log_level) < 0)
+      return -1;
+    cfg.log_level_set = 1;
+  }
+
+  ferry_engine *eng = NULL;
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_engine_create(&cfg, &eng);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  if (st != FERRY_OK) {
+    raise_status(st, err);
+    return -1;
+  }
+  self->held = PyDict_New();
+  if (!self->held) {
+    PyThreadState *ts_ = PyEval_SaveThread();
+    ferry_engine_destroy(eng);
+    PyEval_RestoreThread(ts_);
+    return -1;
+  }
+  self->eng = eng;
+  self->initialized = 1;
+  return 0;
+}
+
+static PyObject *engine_get_port(EngineObject *self, void *Py_UNUSED(closure)) {
+  if (!self->eng)
+    return raise_closed();
+  return PyLong_FromLong((long)ferry_engine_port(self->eng));
+}
+
+static PyObject *engine_get_name(EngineObject *self, void *Py_UNUSED(closure)) {
+  if (!self->eng)
+    return raise_closed();
+  return PyUnicode_FromString(ferry_engine_name(self->eng));
+}
+
+static PyObject *engine_get_closed(EngineObject *self, void *Py_UNUSED(closure)) {
+  return PyBool_FromLong(self->eng == NULL || self->closing);
+}
+
+static PyObject *engine_repr(EngineObject *self) {
+  if (!self->eng)
+    return PyUnicode_FromString("<ferry.Engine closed>");
+  return PyUnicode_FromFormat("<ferry.Engine %s>", ferry_engine_name(self->eng));
+}
+
+/* ---- memory ---------------------------------------------------------- */
+
+static void capsule_release_view(PyObject *cap) {
+  Py_buffer *view = PyCapsule_GetPointer(cap, "ferry.view");
+  if (view) {
+    PyBuffer_Release(view);
+    PyMem_Free(view);
+  }
+}
+
+/* Keeps a registered buffer object's view alive under its address. Takes
+ * ownership of *view (released here on failure or if already held). */
+static int hold_view(EngineObject *self, Py_buffer *view) {
+  PyObject *key = PyLong_FromVoidPtr(view->buf);
+  if (!key) {
+    PyBuffer_Release(view);
+    return -1;
+  }
+  int has = PyDict_Contains(self->held, key);
+  if (has != 0) {
+    Py_DECREF(key);
+    PyBuffer_Release(view);
+    return has < 0 ? -1 : 0;
+  }
+  Py_buffer *copy = PyMem_Malloc(sizeof *copy);
+  if (!copy) {
+    Py_DECREF(key);
+    PyBuffer_Release(view);
+    PyErr_NoMemory();
+    return -1;
+  }
+  *copy = *view;
+  PyObject *cap = PyCapsule_New(copy, "ferry.view", capsule_release_view);
+  if (!cap) {
+    Py_DECREF(key);
+    PyBuffer_Release(copy);
+    PyMem_Free(copy);
+    return -1;
+  }
+  int rc = PyDict_SetItem(self->held, key, cap);
+  Py_DECREF(key);
+  Py_DECREF(cap);
+  return rc;
+}
+
+static void unhold(EngineObject *self, void *addr) {
+  if (!self->held)
+    return;
+  PyObject *key = PyLong_FromVoidPtr(addr);
+  if (!key) {
+    PyErr_Clear();
+    return;
+  }
+  if (PyDict_DelItem(self->held, key) < 0)
+    PyErr_Clear();
+  Py_DECREF(key);
+}
+
+static PyObject *engine_register(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"buf_or_addr", "length", NULL};
+  PyObject *obj, *length_o = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:register", kwlist, &obj, &length_o))
+    return NULL;
+  LocalArg la;
+  if (local_get(obj, 0, &la) < 0)
+    return NULL;
+  size_t len;
+  if (local_length(&la, length_o, &len) < 0) {
+    local_release(&la);
+    return NULL;
+  }
+  if (eng_enter(self) < 0) {
+    local_release(&la);
+    return NULL;
+  }
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_memory_register(self->eng, la.ptr, len);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  if (st != FERRY_OK) {
+    local_release(&la);
+    return raise_status(st, err);
+  }
+  if (la.has_view) {
+    la.has_view = 0;
+    if (hold_view(self, &la.view) < 0)
+      return NULL;
+  }
+  return PyLong_FromVoidPtr(la.ptr);
+}
+
+/* An address argument that may also be given as a buffer object. */
+static int addr_arg(PyObject *obj, void **out) {
+  LocalArg la;
+  if (local_get(obj, 0, &la) < 0)
+    return -1;
+  *out = la.ptr;
+  local_release(&la);
+  return 0;
+}
+
+static PyObject *engine_unregister(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"addr", NULL};
+  PyObject *obj;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:unregister", kwlist, &obj))
+    return NULL;
+  void *addr;
+  if (addr_arg(obj, &addr) < 0 || eng_enter(self) < 0)
+    return NULL;
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_memory_unregister(self->eng, addr);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  if (st != FERRY_OK)
+    return raise_status(st, err);
+  unhold(self, addr);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_register_batch(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"items", "lengths", NULL};
+  PyObject *items_o, *lengths_o = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:register_batch", kwlist, &items_o, &lengths_o))
+    return NULL;
+  PyObject *items = PySequence_Fast(items_o, "items must be a sequence of addresses or buffers");
+  if (!items)
+    return NULL;
+  PyObject *lens = NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+  if (lengths_o != Py_None) {
+    lens = PySequence_Fast(lengths_o, "lengths must be a sequence");
+    if (!lens) {
+      Py_DECREF(items);
+      return NULL;
+    }
+    if (PySequence_Fast_GET_SIZE(lens) != n) {
+      PyErr_Format(PyExc_ValueError, "%zd items but %zd lengths", n,
+                   PySequence_Fast_GET_SIZE(lens));
+      Py_DECREF(items);
+      Py_DECREF(lens);
+      return NULL;
+    }
+  }
+  size_t cap = n ? (size_t)n : 1;
+  void **addrs = PyMem_Calloc(cap, sizeof *addrs);
+  size_t *lengths = PyMem_Calloc(cap, sizeof *lengths);
+  LocalArg *las = PyMem_Calloc(cap, sizeof *las);
+  PyObject *result = NULL;
+  Py_ssize_t got = 0;
+  if (!addrs || !lengths || !las) {
+    PyErr_NoMemory();
+    goto out;
+  }
+  for (; got < n; got++) {
+    if (local_get(PySequence_Fast_GET_ITEM(items, got), 0, &las[got]) < 0)
+      goto out;
+    if (local_length(&las[got], lens ? PySequence_Fast_GET_ITEM(lens, got) : Py_None,
+                     &lengths[got]) < 0) {
+      local_release(&las[got]);
+      goto out;
+    }
+    addrs[got] = las[got].ptr;
+  }
+  if (eng_enter(self) < 0)
+    goto out;
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_memory_register_batch(self->eng, addrs, lengths, (size_t)n);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  if (st != FERRY_OK) {
+    raise_status(st, err);
+    goto out;
+  }
+  result = PyList_New(n);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    if (las[i].has_view) {
+      las[i].has_view = 0;
+      if (hold_view(self, &las[i].view) < 0)
+        Py_CLEAR(result);
+    }
+    if (result) {
+      PyObject *a = PyLong_FromVoidPtr(addrs[i]);
+      if (!a)
+        Py_CLEAR(result);
+      else
+        PyList_SET_ITEM(result, i, a);
+    }
+  }
+out:
+  for (Py_ssize_t i = 0; i < got; i++)
+    local_release(&las[i]);
+  PyMem_Free(addrs);
+  PyMem_Free(lengths);
+  PyMem_Free(las);
+  Py_DECREF(items);
+  Py_XDECREF(lens);
+  return result;
+}
+
+static PyObject *engine_unregister_batch(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"addrs", NULL};
+  PyObject *items_o;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:unregister_batch", kwlist, &items_o))
+    return NULL;
+  PyObject *items = PySequence_Fast(items_o, "addrs must be a sequence");
+  if (!items)
+    return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+  void **addrs = PyMem_Calloc(n ? (size_t)n : 1, sizeof *addrs);
+  PyObject *result = NULL;
+  if (!addrs) {
+    PyErr_NoMemory();
+    goto out;
+  }
+  for (Py_ssize_t i = 0; i < n; i++)
+    if (addr_arg(PySequence_Fast_GET_ITEM(items, i), &addrs[i]) < 0)
+      goto out;
+  if (eng_enter(self) < 0)
+    goto out;
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_memory_unregister_batch(self->eng, addrs, (size_t)n);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  if (st != FERRY_OK) {
+    raise_status(st, err);
+    goto out;
+  }
+  for (Py_ssize_t i = 0; i < n; i++)
+    unhold(self, addrs[i]);
+  result = Py_None;
+  Py_INCREF(result);
+out:
+  PyMem_Free(addrs);
+  Py_DECREF(items);
+  return result;
+}
+
+static PyObject *engine_alloc(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"length", NULL};
+  PyObject *len_o;
+  size_t len;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:alloc", kwlist, &len_o) ||
+      as_size(len_o, &len) < 0 || eng_enter(self) < 0)
+    return NULL;
+  void *p = NULL;
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_memory_alloc(self->eng, len, &p);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  if (st != FERRY_OK)
+    return raise_status(st, err);
+  return PyLong_FromVoidPtr(p);
+}
+
+static PyObject *engine_free(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"addr", NULL};
+  PyObject *a_o;
+  uint64_t a;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:free", kwlist, &a_o) || as_u64(a_o, &a) < 0 ||
+      eng_enter(self) < 0)
+    return NULL;
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_memory_free(self->eng, (void *)(uintptr_t)a);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  if (st != FERRY_OK)
+    return raise_status(st, err);
+  Py_RETURN_NONE;
+}
+
+/* ---- transfers ------------------------------------------------------- */
+
+static PyObject *engine_transfer_one(EngineObject *self, PyObject *args, PyObject *kwds,
+                                     ferry_op op, const char *fmt) {
+  static char *kwlist[] = {"target", "local", "remote_addr", "length", NULL};
+  const char *target;
+  PyObject *local_o, *remote_o, *len_o = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, &target, &local_o, &remote_o, &len_o))
+    return NULL;
+  uint64_t remote;
+  if (as_u64(remote_o, &remote) < 0)
+    return NULL;
+  LocalArg la;
+  if (local_get(local_o, op == FERRY_OP_READ, &la) < 0)
+    return NULL;
+  size_t len;
+  if (local_length(&la, len_o, &len) < 0 || eng_enter(self) < 0) {
+    local_release(&la);
+    return NULL;
+  }
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_transfer_sync(self->eng, target, op, la.ptr, remote, len);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  local_release(&la);
+  if (st != FERRY_OK)
+    return raise_status(st, err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_write(EngineObject *self, PyObject *args, PyObject *kwds) {
+  return engine_transfer_one(self, args, kwds, FERRY_OP_WRITE, "sOO|O:write");
+}
+
+static PyObject *engine_read(EngineObject *self, PyObject *args, PyObject *kwds) {
+  return engine_transfer_one(self, args, kwds, FERRY_OP_READ, "sOO|O:read");
+}
+
+/* Runs a parsed entry list synchronously; consumes l and na. */
+static PyObject *run_sync(EngineObject *self, const char *target, EntryList *l, NotifyArg *na) {
+  if (eng_enter(self) < 0) {
+    entries_release(l);
+    notify_release(na);
+    return NULL;
+  }
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_transfer_sync_batch(self->eng, target, l->e, l->n, na->present ? &na->n : NULL);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  entries_release(l);
+  notify_release(na);
+  if (st != FERRY_OK)
+    return raise_status(st, err);
+  Py_RETURN_NONE;
+}
+
+/* Submits a parsed entry list; the Batch takes l's views and na. */
+static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l, NotifyArg *na) {
+  BatchObject *b = PyObject_New(BatchObject, &BatchType);
+  if (!b) {
+    entries_release(l);
+    notify_release(na);
+    return NULL;
+  }
+  b->engine = NULL;
+  b->b = NULL;
+  memset(&b->entries, 0, sizeof b->entries);
+  memset(&b->notify, 0, sizeof b->notify);
+  b->busy = 0;
+  b->state = FERRY_BATCH_PENDING;
+  b->error = 0;
+  b->detail = NULL;
+  b->prev = b->next = NULL;
+  if (eng_enter(self) < 0) {
+    entries_release(l);
+    notify_release(na);
+    Py_DECREF(b);
+    return NULL;
+  }
+  ferry_batch *fb = NULL;
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_batch_submit(self->eng, target, l->e, l->n, na->present ? &na->n : NULL, &fb);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  /* The library copied the entries; keep only the buffer views. */
+  PyMem_Free(l->e);
+  l->e = NULL;
+  if (st != FERRY_OK) {
+    entries_release(l);
+    notify_release(na);
+    Py_DECREF(b);
+    return raise_status(st, err);
+  }
+  b->b = fb;
+  b->entries = *l;
+  memset(l, 0, sizeof *l);
+  b->notify = *na;
+  memset(na, 0, sizeof *na);
+  Py_INCREF(self);
+  b->engine = self;
+  b->next = self->batches;
+  if (self->batches)
+    self->batches->prev = b;
+  self->batches = b;
+  return (PyObject *)b;
+}
+
+static PyObject *engine_transfer_batch(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"target", "entries", "notify", NULL};
+  const char *target;
+  PyObject *entries, *notify = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|O:transfer_batch", kwlist, &target, &entries,
+                                   &notify))
+    return NULL;
+  NotifyArg na;
+  if (notify_get(notify, &na) < 0)
+    return NULL;
+  EntryList l;
+  if (entries_parse(entries, &l) < 0) {
+    notify_release(&na);
+    return NULL;
+  }
+  return run_sync(self, target, &l, &na);
+}
+
+static PyObject *engine_submit(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"target", "entries", "notify", NULL};
+  const char *target;
+  PyObject *entries, *notify = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|O:submit", kwlist, &target, &entries, &notify))
+    return NULL;
+  NotifyArg na;
+  if (notify_get(notify, &na) < 0)
+    return NULL;
+  EntryList l;
+  if (entries_parse(entries, &l) < 0) {
+    notify_release(&na);
+    return NULL;
+  }
+  return run_submit(self, target, &l, &na);
+}
+
+static PyObject *engine_arrays(EngineObject *self, PyObject *args, PyObject *kwds, int submit) {
+  static char *kwlist[] = {"target",  "op",     "local_addrs", "remote_addrs",
+                           "lengths", "notify", NULL};
+  const char *target;
+  PyObject *op, *locals, *remotes, *lengths, *notify = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds,
+                                   submit ? "sOOOO|O:submit_arrays" : "sOOOO|O:transfer_arrays",
+                                   kwlist, &target, &op, &locals, &remotes, &lengths, &notify))
+    return NULL;
+  NotifyArg na;
+  if (notify_get(notify, &na) < 0)
+    return NULL;
+  EntryList l;
+  if (arrays_parse(op, locals, remotes, lengths, &l) < 0) {
+    notify_release(&na);
+    return NULL;
+  }
+  return submit ? run_submit(self, target, &l, &na) : run_sync(self, target, &l, &na);
+}
+
+static PyObject *engine_transfer_arrays(EngineObject *self, PyObject *args, PyObject *kwds) {
+  return engine_arrays(self, args, kwds, 0);
+}
+
+static PyObject *engine_submit_arrays(EngineObject *self, PyObject *args, PyObject *kwds) {
+  return engine_arrays(self, args, kwds, 1);
+}
+
+/* ---- peers and notifications ------------------------------------------ */
+
+static PyObject *engine_probe(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"target", NULL};
+  const char *target;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "s:probe", kwlist, &target) || eng_enter(self) < 0)
+    return NULL;
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_probe(self->eng, target);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  if (st != FERRY_OK)
+    return raise_status(st, err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_notify(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"target", "name", "data", NULL};
+  const char *target;
+  PyObject *name_o, *data_o = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|O:notify", kwlist, &target, &name_o, &data_o))
+    return NULL;
+  PyObject *name = to_bytes(name_o);
+  if (!name)
+    return NULL;
+  PyObject *data =
+      data_o && data_o != Py_None ? to_bytes(data_o) : PyBytes_FromStringAndSize("", 0);
+  if (!data) {
+    Py_DECREF(name);
+    return NULL;
+  }
+  if (eng_enter(self) < 0) {
+    Py_DECREF(name);
+    Py_DECREF(data);
+    return NULL;
+  }
+  const char *np = PyBytes_AS_STRING(name);
+  const char *dp = PyBytes_AS_STRING(data);
+  size_t dl = (size_t)PyBytes_GET_SIZE(data);
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_notify_send(self->eng, target, np, dp, dl);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  Py_DECREF(name);
+  Py_DECREF(data);
+  if (st != FERRY_OK)
+    return raise_status(st, err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_drain(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
+  if (eng_enter(self) < 0)
+    return NULL;
+  ferry_notification *list = NULL;
+  size_t count = 0;
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_notify_drain(self->eng, &list, &count);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  if (st != FERRY_OK)
+    return raise_status(st, err);
+  PyObject *result = PyList_New((Py_ssize_t)count);
+  for (size_t i = 0; result && i < count; i++) {
+    const char *nm = list[i].name ? list[i].name : "";
+    PyObject *name = PyUnicode_DecodeUTF8(nm, (Py_ssize_t)strlen(nm), "surrogateescape");
+    PyObject *data =
+        PyBytes_FromStringAndSize(list[i].data ? list[i].data : "", (Py_ssize_t)list[i].length);
+    PyObject *t = name && data ? PyTuple_Pack(2, name, data) : NULL;
+    Py_XDECREF(name);
+    Py_XDECREF(data);
+    if (!t)
+      Py_CLEAR(result);
+    else
+      PyList_SET_ITEM(result, (Py_ssize_t)i, t);
+  }
+  ferry_notify_free(list, count);
+  return result;
+}
+
+static PyObject *engine_peer_regions(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"target", NULL};
+  const char *target;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "s:peer_regions", kwlist, &target) ||
+      eng_enter(self) < 0)
+    return NULL;
+  ferry_region *regions = NULL;
+  size_t count = 0;
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_peer_regions(self->eng, target, &regions, &count);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  if (st != FERRY_OK)
+    return raise_status(st, err);
+  PyObject *result = PyList_New((Py_ssize_t)count);
+  for (size_t i = 0; result && i < count; i++) {
+    PyObject *t = Py_BuildValue("(KK)", (unsigned long long)regions[i].addr,
+                                (unsigned long long)regions[i].length);
+    if (!t)
+      Py_CLEAR(result);
+    else
+      PyList_SET_ITEM(result, (Py_ssize_t)i, t);
+  }
+  free(regions);
+  return result;
+}
+
+static PyObject *engine_peer_transport(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"target", NULL};
+  const char *target;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "s:peer_transport", kwlist, &target) ||
+      eng_enter(self) < 0)
+    return NULL;
+  unsigned t = 0;
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_peer_transport(self->eng, target, &t);
+  if (st != FERRY_OK)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  eng_leave(self);
+  if (st != FERRY_OK)
+    return raise_status(st, err);
+  return PyLong_FromUnsignedLong(t);
+}
+
+static PyObject *engine_close(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
+  engine_close_impl(self);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_enter_ctx(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
+  if (!self->eng)
+    return raise_closed();
+  Py_INCREF(self);
+  return (PyObject *)self;
+}
+
+static PyObject *engine_exit_ctx(EngineObject *self, PyObject *Py_UNUSED(args)) {
+  engine_close_impl(self);
+  Py_RETURN_FALSE;
+}
+
+#define KW(fn) (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS
+
+static PyMethodDef engine_methods[] = {
+    {"register", KW(engine_register),
+     "register(buf_or_addr, length=None) -> int\n\nRegisters memory (an int address with a "
+     "length, or a buffer object, held until unregistered) and returns its address."},
+    {"unregister", KW(engine_unregister), "unregister(addr)"},
+    {"register_batch", KW(engine_register_batch),
+     "register_batch(items, lengths=None) -> list of addresses"},
+    {"unregister_batch", KW(engine_unregister_batch), "unregister_batch(addrs)"},
+    {"alloc", KW(engine_alloc), "alloc(length) -> int: a new registered, zero-filled buffer"},
+    {"free", KW(engine_free), "free(addr): frees a buffer from alloc()"},
+    {"write", KW(engine_write),
+     "write(target, local, remote_addr, length=None): local -> remote, returns when the bytes "
+     "are in the target's memory"},
+    {"read", KW(engine_read), "read(target, local, remote_addr, length=None): remote -> local"},
+    {"transfer_batch", KW(engine_transfer_batch),
+     "transfer_batch(target, entries, notify=None)\n\nentries: (op, local, remote_addr, length) "
+     "tuples; notify: None or (name, data) delivered after the data."},
+    {"submit", KW(engine_submit), "submit(target, entries, notify=None) -> Batch"},
+    {"transfer_arrays", KW(engine_transfer_arrays),
+     "transfer_arrays(target, op, local_addrs, remote_addrs, lengths, notify=None)\n\nLike "
+     "transfer_batch with one op and three parallel integer sequences (fast path)."},
+    {"submit_arrays", KW(engine_submit_arrays),
+     "submit_arrays(target, op, local_addrs, remote_addrs, lengths, notify=None) -> Batch"},
+    {"probe", KW(engine_probe), "probe(target): raises ferry.Error unless the peer answers"},
+    {"notify", KW(engine_notify), "notify(target, name, data=b'')"},
+    {"drain_notifications", (PyCFunction)engine_drain, METH_NOARGS,
+     "drain_notifications() -> list of (name: str, data: bytes)"},
+    {"peer_regions", KW(engine_peer_regions),
+     "peer_regions(target) -> list of (addr, length) the peer has registered"},
+    {"peer_transport", KW(engine_peer_transport),
+     "peer_transport(target) -> TRANSPORT_* bit used with that peer"},
+    {"close", (PyCFunction)engine_close, METH_NOARGS,
+     "close(): waits for running calls, fails pending batches, stops the engine"},
+    {"__enter__", (PyCFunction)engine_enter_ctx, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)engine_exit_ctx, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef engine_getset[] = {
+    {"port", (getter)engine_get_port, NULL, "the RPC port actually bound", NULL},
+    {"name", (getter)engine_get_name, NULL, "the name peers pass as target", NULL},
+    {"closed", (getter)engine_get_closed, NULL, "True once close() has been called", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.Engine",
+    .tp_basicsize = sizeof(EngineObject),
+    .tp_dealloc = (destructor)engine_dealloc,
+    .tp_repr = (reprfunc)engine_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Engine(host=None, *, bind_host=None, port=0, transports='all', connections=None,\n"
+              "       workers=None, timeout_ms=None, secret=None, metadata_url=None,\n"
+              "       segment_name=None, checksum=None, log_level=None, advertise_host=None,\n"
+              "       connect_timeout_ms=None, timeout_ns_per_mb=None, slice_size=None)\n\n"
+              "A ferry transfer engine. host is both the advertised and the bound address.\n"
+              "Options left as None keep libferry's defaults (including those from the\n"
+              "environment: MC_TCP_BIND_ADDRESS, MC_TRANSFER_TIMEOUT).",
+    .tp_methods = engine_methods,
+    .tp_getset = engine_getset,
+    .tp_init = (initproc)engine_init,
+    .tp_new = engine_new,
+};
+
+/* ---- Batch ------------------------------------------------------------ */
+
+static int batch_enter(BatchObject *self) {
+  if (!self->b) {
+    if (self->engine && (!self->engine->eng || self->engine->closing))
+      raise_closed();
+    else
+      raise_status(FERRY_EINVAL, "the batch has been freed");
+    return -1;
+  }
+  if (self->engine->closing) {
+    raise_closed();
+    return -1;
+  }
+  self->busy++;
+  self->engine->active++;
+  return 0;
+}
+
+static void batch_leave(BatchObject *self) {
+  self->busy--;
+  self->engine->active--;
+}
+
+static void batch_record(BatchObject *self, int state, ferry_status st, const char *err) {
+  self->state = state;
+  if (state == FERRY_BATCH_FAILED || state == FERRY_BATCH_TIMEDOUT) {
+    self->error = st;
+    PyObject *d = PyUnicode_DecodeUTF8(err, (Py_ssize_t)strlen(err), "replace");
+    if (!d)
+      PyErr_Clear();
+    Py_XSETREF(self->detail, d);
+  }
+}
+
+static PyObject *batch_status(BatchObject *self, PyObject *Py_UNUSED(noargs)) {
+  if (self->state != FERRY_BATCH_PENDING)
+    return PyLong_FromLong(self->state);
+  if (batch_enter(self) < 0)
+    return NULL;
+  ferry_batch_state state;
+  ferry_status st = FERRY_OK;
+  char err[ERRBUF_SIZE];
+  err[0] = 0;
+  ferry_batch *fb = self->b;
+  PyThreadState *ts_ = PyEval_SaveThread();
+  state = ferry_batch_status(fb, &st);
+  if (state == FERRY_BATCH_FAILED || state == FERRY_BATCH_TIMEDOUT)
+    capture_error(err);
+  PyEval_RestoreThread(ts_);
+  batch_leave(self);
+  batch_record(self, state, st, err);
+  return PyLong_FromLong(state);
+}
+
+static PyObject *batch_wait(BatchObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"timeout_ms", NULL};
+  long long timeout = -1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|L:wait", kwlist, &timeout))
+    return NULL;
+  if (self->state == FERRY_BATCH_DONE)
+    Py_RETURN_TRUE;
+  if (self->state != FERRY_BATCH_PENDING)
+    return raise_status((ferry_status)self->error,
+                        self->detail ? PyUnicode_AsUTF8(self->detail) : "");
+  if (batch_enter(self) < 0)
+    return NULL;
+  ferry_batch *fb = self->b;
+  ferry_status st;
+  ferry_status cause = FERRY_OK;
+  ferry_batch_state state = FERRY_BATCH_PENDING;
+  char err[ERRBUF_SIZE];
+  err[0] = 0;
+  PyThreadState *ts_ = PyEval_SaveThread();
+  st = ferry_batch_wait(fb, (int64_t)timeout);
+  if (st != FERRY_OK && st != FERRY_EINPROGRESS) {
+    capture_error(err);
+    state = ferry_batch_status(fb, &cause);
+    if (state == FERRY_BATCH_PENDING)
+      state = st == FERRY_ETIMEDOUT ? FERRY_BATCH_TIMEDOUT : FERRY_BATCH_FAILED;
+  } else if (st == FERRY_OK) {
+    state = FERRY_BATCH_DONE;
+  }
+  PyEval_RestoreThread(ts_);
+  batch_leave(self);
+  if (st == FERRY_EINPROGRESS)
+    Py_RETURN_FALSE;
+  batch_record(self, state, st, err);
+  if (st != FERRY_OK)
+    return raise_status(st, err);
+  Py_RETURN_TRUE;
+}
+
+/* Frees the ferry batch (waiting for it if pending) and drops held memory. */
+static void batch_free_impl(BatchObject *self) {
+  while (self->b && self->busy > 0) {
+    PyThreadState *ts_ = PyEval_SaveThread();
+    sleep_ms(1);
+    PyEval_RestoreThread(ts_);
+  }
+  if (self->b) {
+    ferry_batch *fb = self->b;
+    self->b = NULL;
+    EngineObject *e = self->engine;
+    e->active++;
+    PyThreadState *ts_ = PyEval_SaveThread();
+    ferry_batch_free(fb);
+    PyEval_RestoreThread(ts_);
+    e->active--;
+    if (self->state == FERRY_BATCH_PENDING) {
+      self->state = FERRY_BATCH_FAILED; /* outcome unknown once freed */
+      self->error = FERRY_ECLOSED;
+    }
+  }
+  batch_unlink(self);
+  batch_release_memory(self);
+}
+
+static PyObject *batch_free(BatchObject *self, PyObject *Py_UNUSED(noargs)) {
+  batch_free_impl(self);
+  Py_RETURN_NONE;
+}
+
+static PyObject *batch_enter_ctx(BatchObject *self, PyObject *Py_UNUSED(noargs)) {
+  Py_INCREF(self);
+  return (PyObject *)self;
+}
+
+static PyObject *batch_exit_ctx(BatchObject *self, PyObject *Py_UNUSED(args)) {
+  batch_free_impl(self);
+  Py_RETURN_FALSE;
+}
+
+static void batch_dealloc(BatchObject *self) {
+  if (self->engine) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    batch_free_impl(self);
+    PyErr_Restore(et, ev, tb);
+  } else {
+    batch_release_memory(self);
+  }
+  Py_CLEAR(self->detail);
+  Py_CLEAR(self->engine);
+  PyObject_Free(self);
+}
+
+static PyObject *batch_get_error(BatchObject *self, void *Py_UNUSED(c)) {
+  return PyLong_FromLong(self->error);
+}
+
+static PyObject *batch_get_detail(BatchObject *self, void *Py_UNUSED(c)) {
+  if (self->detail) {
+    Py_INCREF(self->detail);
+    return self->detail;
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject *batch_get_state(BatchObject *self, void *Py_UNUSED(c)) {
+  return PyLong_FromLong(self->state);
+}
+
+static PyObject *batch_get_freed(BatchObject *self, void *Py_UNUSED(c)) {
+  return PyBool_FromLong(self->b == NULL);
+}
+
+static PyMethodDef batch_methods[] = {
+    {"status", (PyCFunction)batch_status, METH_NOARGS,
+     "status() -> BATCH_PENDING, BATCH_DONE, BATCH_FAILED or BATCH_TIMEDOUT (never blocks)"},
+    {"wait", KW(batch_wait),
+     "wait(timeout_ms=-1) -> bool\n\nTrue when done, False if still pending after timeout_ms; "
+     "raises ferry.Error if the batch failed. -1 waits up to the batch's own deadline."},
+    {"free", (PyCFunction)batch_free, METH_NOARGS,
+     "free(): releases the batch (a pending one is waited for, bounded by its deadline)"},
+    {"__enter__", (PyCFunction)batch_enter_ctx, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)batch_exit_ctx, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef batch_getset[] = {
+    {"error", (getter)batch_get_error, NULL, "ferry_status of a failed batch, else 0", NULL},
+    {"detail", (getter)batch_get_detail, NULL, "error detail of a failed batch, else None", NULL},
+    {"state", (getter)batch_get_state, NULL, "last state seen by status() or wait()", NULL},
+    {"freed", (getter)batch_get_freed, NULL, "True once freed", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject BatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.Batch",
+    .tp_basicsize = sizeof(BatchObject),
+    .tp_dealloc = (destructor)batch_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An asynchronous batch from Engine.submit(); free it (or use `with`).",
+    .tp_methods = batch_methods,
+    .tp_getset = batch_getset,
+};
+
+/* ======================================================================
+ * Module
+ * ====================================================================== */
+
+static PyObject *mod_strerror(PyObject *Py_UNUSED(m), PyObject *arg) {
+  long code = PyLong_AsLong(arg);
+  if (code == -1 && PyErr_Occurred())
+    return NULL;
+  return PyUnicode_FromString(ferry_strerror((ferry_status)code));
+}
+
+static PyObject *mod_to_mooncake(PyObject *Py_UNUSED(m), PyObject *arg) {
+  long code = PyLong_AsLong(arg);
+  if (code == -1 && PyErr_Occurred())
+    return NULL;
+  return PyLong_FromLong(ferry_status_to_mooncake((ferry_status)code));
+}
+
+static PyObject *mod_version(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(noargs)) {
+  return PyUnicode_FromString(ferry_version());
+}
+
+static PyObject *mod_last_error(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(noargs)) {
+  return PyUnicode_FromString(ferry_last_error());
+}
+
+static PyObject *mod_transport_name(PyObject *Py_UNUSED(m), PyObject *arg) {
+  uint64_t v;
+  if (as_u64(arg, &v) < 0)
+    return NULL;
+  return PyUnicode_FromString(ferry_transport_name((unsigned)v));
+}
+
+static PyObject *mod_transport_parse(PyObject *Py_UNUSED(m), PyObject *arg) {
+  const char *s = PyUnicode_AsUTF8(arg);
+  if (!s)
+    return NULL;
+  return PyLong_FromUnsignedLong(ferry_transport_parse(s));
+}
+
+static PyObject *mod_set_log_level(PyObject *Py_UNUSED(m), PyObject *arg) {
+  ferry_log_level lv;
+  if (parse_log_level(arg, &lv) < 0)
+    return NULL;
+  ferry_log_set_level(lv);
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_get_log_level(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(noargs)) {
+  return PyLong_FromLong(ferry_log_get_level());
+}
+
+static PyMethodDef module_methods[] = {
+    {"strerror", mod_strerror, METH_O, "strerror(code) -> str"},
+    {"to_mooncake", mod_to_mooncake, METH_O, "to_mooncake(code) -> Mooncake's error number"},
+    {"version", mod_version, METH_NOARGS, "version() -> libferry version string"},
+    {"last_error", mod_last_error, METH_NOARGS,
+     "last_error() -> this thread's last libferry error detail"},
+    {"transport_name", mod_transport_name, METH_O, "transport_name(bit) -> 'tcp', 'shm', ..."},
+    {"transport_parse", mod_transport_parse, METH_O,
+     "transport_parse('tcp,shm') -> bits (0 if unknown)"},
+    {"set_log_level", mod_set_log_level, METH_O,
+     "set_log_level(level): 0-4 or 'debug'/'info'/'warn'/'error'/'off'"},
+    {"get_log_level", mod_get_log_level, METH_NOARGS, "get_log_level() -> int"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef ferry_module = {
+    PyModuleDef_HEAD_INIT,
+    "ferry._ferry",
+    "Binding over libferry's C API; use the `ferry` package.",
+    -1,
+    module_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__ferry(void) {
+  ErrorType.tp_base = (PyTypeObject *)PyExc_RuntimeError;
+  if (PyType_Ready(&ErrorType) < 0 || PyType_Ready(&EngineType) < 0 || PyType_Ready(&BatchType) < 0)
+    return NULL;
+  PyObject *m = PyModule_Create(&ferry_module);
+  if (!m)
+    return NULL;
+  Py_INCREF(&ErrorType);
+  Py_INCREF(&EngineType);
+  Py_INCREF(&BatchType);
+  if (PyModule_AddObject(m, "Error", (PyObject *)&ErrorType) < 0 ||
+      PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0 ||
+      PyModule_AddObject(m, "Batch", (PyObject *)&BatchType) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  struct {
+    const char *name;
+    long value;
+  } consts[] = {
+      {"OK", FERRY_OK},
+      {"EINVAL", FERRY_EINVAL},
+      {"ENOTREG", FERRY_ENOTREG},
+      {"EOVERLAP", FERRY_EOVERLAP},
+      {"ENOMEM", FERRY_ENOMEM},
+      {"ESOCKET", FERRY_ESOCKET},
+      {"EDNS", FERRY_EDNS},
+      {"EHANDSHAKE", FERRY_EHANDSHAKE},
+      {"EVERSION", FERRY_EVERSION},
+      {"EAUTH", FERRY_EAUTH},
+      {"ETIMEDOUT", FERRY_ETIMEDOUT},
+      {"EPROTO", FERRY_EPROTO},
+      {"EMETADATA", FERRY_EMETADATA},
+      {"EJSON", FERRY_EJSON},
+      {"ENOTIMPL", FERRY_ENOTIMPL},
+      {"EBUSY", FERRY_EBUSY},
+      {"ECHECKSUM", FERRY_ECHECKSUM},
+      {"ETRANSPORT", FERRY_ETRANSPORT},
+      {"ECLOSED", FERRY_ECLOSED},
+      {"ENOTFOUND", FERRY_ENOTFOUND},
+      {"EREMOTE", FERRY_EREMOTE},
+      {"EINPROGRESS", FERRY_EINPROGRESS},
+      {"OP_READ", FERRY_OP_READ},
+      {"OP_WRITE", FERRY_OP_WRITE},
+      {"TRANSPORT_TCP", FERRY_TRANSPORT_TCP},
+      {"TRANSPORT_SHM", FERRY_TRANSPORT_SHM},
+      {"TRANSPORT_FABRIC", FERRY_TRANSPORT_FABRIC},
+      {"TRANSPORT_ALL", FERRY_TRANSPORT_ALL},
+      {"BATCH_PENDING", FERRY_BATCH_PENDING},
+      {"BATCH_DONE", FERRY_BATCH_DONE},
+      {"BATCH_FAILED", FERRY_BATCH_FAILED},
+      {"BATCH_TIMEDOUT", FERRY_BATCH_TIMEDOUT},
+      {"LOG_DEBUG", FERRY_LOG_DEBUG},
+      {"LOG_INFO", FERRY_LOG_INFO},
+      {"LOG_WARN", FERRY_LOG_WARN},
+      {"LOG_ERROR", FERRY_LOG_ERROR},
+      {"LOG_OFF", FERRY_LOG_OFF},
+  };
+  for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++) {
+    if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0) {
+      Py_DECREF(m);
+      return NULL;
+    }
+  }
+  if (PyModule_AddStringConstant(m, "VERSION_STRING", FERRY_VERSION_STRING) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}

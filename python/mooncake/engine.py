@@ -1,0 +1,506 @@
+"""mooncake.engine - Mooncake's ``TransferEngine`` Python API implemented on ferry.
+
+Every method keeps Mooncake's name, argument order, defaults and return
+convention: integers (0 or a negative Mooncake error number), never an
+exception for a transfer failure. The cause of a failure is logged at WARNING
+on the ``mooncake.engine`` logger and kept: ``last_error()`` returns the
+calling thread's last message, ``last_error_code()`` its Mooncake code.
+
+``initialize(local_hostname, metadata_server, protocol, device_name)``:
+
+- ``"P2PHANDSHAKE"``: the host part of ``local_hostname`` is advertised and
+  bound (unless ``MC_TCP_BIND_ADDRESS`` is set, which libferry then uses);
+  the RPC port is picked by the engine (``get_rpc_port()``).
+- ``"http://host:port/path"``: ferry's metadata client; ``local_hostname`` is
+  the segment name, verbatim.
+- ``redis://``, ``etcd://`` and bare ``host:port`` (etcd) are not supported:
+  a negative code is returned and the scheme is logged.
+- ``protocol``: ``"tcp"`` restricts ferry to TCP; anything else (``"rdma"``,
+  ``"efa"``, ...) lets ferry choose among all its transports, and says so in
+  the log. ``MC_FORCE_TCP=1`` forces TCP. ``device_name`` is ignored.
+
+Timeouts follow libferry's defaults (30 s + time per byte;
+``MC_TRANSFER_TIMEOUT`` overrides the base in seconds).
+"""
+
+import ctypes
+import enum
+import itertools
+import logging
+import os
+import threading
+from collections import namedtuple
+
+import ferry
+
+logger = logging.getLogger("mooncake.engine")
+
+__all__ = ["TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write"]
+
+# Mooncake build features. ferry moves host memory over its own transports.
+SUPPORT_EFA = False
+SUPPORT_HIP = False
+SUPPORT_MNNVL = False
+SUPPORT_INTRA_NVLINK = False
+SUPPORT_CUDA = False
+
+_P2PHANDSHAKE = "P2PHANDSHAKE"
+_WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]", "*")
+
+
+class TransferOpcode(enum.IntEnum):
+    """Direction of a transfer: Read (remote -> local) = 0, Write (local -> remote) = 1."""
+
+    Read = 0
+    Write = 1
+
+
+# Mooncake exports the enum values at module level too.
+Read = TransferOpcode.Read
+Write = TransferOpcode.Write
+
+
+class TransferNotify(namedtuple("TransferNotify", ["name", "msg"])):
+    """A notification: ``name`` and ``msg``.
+
+    Pass one as ``notify`` to ``transfer_sync``/``batch_transfer_sync``; it is
+    delivered to the target after the data. ``get_notifies()`` returns these.
+    Being a tuple, it also unpacks as ``(name, msg)``. Unlike Mooncake's, its
+    fields are read-only (build a new one instead of assigning).
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, name="", msg=""):
+        return super().__new__(cls, name, msg)
+
+
+def _split_host_port(hostname):
+    """"host", "host:port", "[v6]:port", "[v6]" or a bare IPv6 address ->
+    (host, port or None). Raises ValueError for a malformed port."""
+    s = (hostname or "").strip()
+    if s.startswith("["):
+        end = s.find("]")
+        if end < 0:
+            raise ValueError("unterminated '[' in %r" % hostname)
+        host, rest = s[1:end], s[end + 1 :]
+        if not rest:
+            return host, None
+        if not rest.startswith(":"):
+            raise ValueError("unexpected text after ']' in %r" % hostname)
+        return host, _parse_port(rest[1:], hostname)
+    if s.count(":") == 1:
+        host, port = s.split(":")
+        return host, _parse_port(port, hostname)
+    return s, None  # plain host name or bare IPv6 address
+
+
+def _parse_port(text, whole):
+    if not text.isdigit() or int(text) > 65535:
+        raise ValueError("bad port %r in %r" % (text, whole))
+    return int(text)
+
+
+def _env_true(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _opcode(opcode):
+    """TransferOpcode, int, or anything with an int value -> ferry op."""
+    value = int(getattr(opcode, "value", opcode))
+    if value not in (ferry.OP_READ, ferry.OP_WRITE):
+        raise ValueError("opcode must be TransferOpcode.Read (0) or TransferOpcode.Write (1)")
+    return value
+
+
+def _notify(notify):
+    """None, TransferNotify, (name, msg) or an object with .name/.msg -> (name, msg)."""
+    if notify is None:
+        return None
+    if isinstance(notify, (tuple, list)):
+        name, msg = notify
+    else:
+        name, msg = notify.name, notify.msg
+    return (name, msg)
+
+
+class TransferEngine:
+    """Mooncake's ``TransferEngine`` on ferry. Create, then ``initialize()``."""
+
+    TransferOpcode = TransferOpcode
+    TransferNotify = TransferNotify
+
+    def __init__(self):
+        self._engine = None
+        self._lock = threading.Lock()
+        self._batches = {}
+        self._ids = itertools.count(1)
+        self._tls = threading.local()
+
+    # ---- errors ---------------------------------------------------------
+    def _fail(self, what, err):
+        """Logs and records a ferry.Error (or argument error); returns the Mooncake code."""
+        if isinstance(err, ferry.Error):
+            code, text = err.mooncake_code, "%s (ferry %d): %s" % (
+                ferry.strerror(err.code),
+                err.code,
+                err.detail,
+            )
+        else:
+            code, text = -1, "invalid argument: %s" % err
+        self._tls.error = "%s failed: %s" % (what, text)
+        self._tls.code = code
+        logger.warning("%s", self._tls.error)
+        return code
+
+    def last_error(self):
+        """The calling thread's last failure message (None if none). ferry extra."""
+        return getattr(self._tls, "error", None)
+
+    def last_error_code(self):
+        """The calling thread's last failure as a Mooncake code (0 if none). ferry extra."""
+        return getattr(self._tls, "code", 0)
+
+    def _eng(self):
+        eng = self._engine
+        if eng is None:
+            raise ferry.Error(ferry.EINVAL, "TransferEngine is not initialized",
+                              "call initialize() first")
+        return eng
+
+    # ---- initialization -------------------------------------------------
+    def initialize(self, local_hostname, metadata_server, protocol, device_name):
+        """Starts the engine; 0 on success, negative on failure."""
+        return self._initialize(local_hostname, metadata_server, protocol, device_name)
+
+    def initialize_ext(self, local_hostname, metadata_server, protocol, device_name,
+                       metadata_type):
+        """Like initialize(); metadata_type prefixes a metadata_server without a scheme."""
+        server = metadata_server or ""
+        if server != _P2PHANDSHAKE and "://" not in server and metadata_type:
+            server = "%s://%s" % (metadata_type, server)
+        return self._initialize(local_hostname, server, protocol, device_name)
+
+    def _initialize(self, local_hostname, metadata_server, protocol, device_name):
+        if self._engine is not None:
+            return self._fail("initialize", ferry.Error(
+                ferry.EINVAL, "already initialized", "this TransferEngine is already initialized"))
+        server = (metadata_server or "").strip()
+        kwargs = {}
+        try:
+            host, port = _split_host_port(local_hostname)
+        except ValueError as e:
+            return self._fail("initialize", e)
+        if server.upper() == _P2PHANDSHAKE:
+            port = 0
+        elif server.lower().startswith(("http://", "https://")):
+            kwargs["metadata_url"] = server
+            kwargs["segment_name"] = local_hostname
+            port = port or 0
+        else:
+            scheme = server.split("://", 1)[0] if "://" in server else "etcd (bare host:port)"
+            return self._fail("initialize", ferry.Error(
+                ferry.EMETADATA, "unsupported metadata service",
+                "metadata server %r: scheme %s is not supported by ferry; use P2PHANDSHAKE or "
+                "an http:// metadata URL (e.g. `ferry metadata-server`)" % (server, scheme)))
+
+        if os.environ.get("MC_TCP_BIND_ADDRESS"):
+            pass  # libferry's config takes the address from the environment
+        elif host and host not in _WILDCARD_HOSTS:
+            kwargs["host"] = host
+        elif host:
+            kwargs["bind_host"] = "::" if ":" in host else "0.0.0.0"
+
+        proto = (protocol or "").strip().lower()
+        if proto == "tcp" or _env_true("MC_FORCE_TCP"):
+            kwargs["transports"] = "tcp"
+            if proto not in ("tcp", ""):
+                logger.info("MC_FORCE_TCP is set: protocol %r replaced by tcp", protocol)
+        else:
+            kwargs["transports"] = "all"
+            names = [ferry.transport_name(bit) for bit in
+                     (ferry.TRANSPORT_TCP, ferry.TRANSPORT_SHM, ferry.TRANSPORT_FABRIC)]
+            logger.info("protocol %r: RDMA is not available in ferry; using its own transports "
+                        "(%s, chosen per peer: shm on the same host, tcp otherwise)",
+                        protocol, ", ".join(names))
+        if device_name:
+            logger.debug("device_name %r ignored by ferry", device_name)
+
+        try:
+            engine = ferry.Engine(port=port, **kwargs)
+        except ferry.Error as e:
+            return self._fail("initialize", e)
+        self._engine = engine
+        logger.info("transfer engine ready: session %s (ferry %s)", engine.name, ferry.version())
+        return 0
+
+    def get_rpc_port(self):
+        """The RPC port actually bound (-1 before initialize)."""
+        eng = self._engine
+        return eng.port if eng is not None else -1
+
+    def get_engine(self):
+        """The underlying ``ferry.Engine`` (None before initialize)."""
+        return self._engine
+
+    def get_local_topology(self, device_name=None):
+        """Mooncake's NIC topology as JSON; ferry has no RDMA NICs, so an empty object."""
+        return "{}"
+
+    def warmup_efa_segment(self, segment_name):
+        """No-op (no EFA in ferry); connections are opened lazily. Returns 0."""
+        return 0
+
+    def release_remote_segment(self, target_hostname):
+        """No NVLink mappings to release; returns 0."""
+        return 0
+
+    # ---- memory ---------------------------------------------------------
+    def register_memory(self, buffer_addr, capacity, location="*"):
+        try:
+            self._eng().register(int(buffer_addr), int(capacity))
+            return 0
+        except ferry.Error as e:
+            return self._fail("register_memory(%#x, %d)" % (buffer_addr, capacity), e)
+
+    def unregister_memory(self, buffer_addr):
+        try:
+            self._eng().unregister(int(buffer_addr))
+            return 0
+        except ferry.Error as e:
+            return self._fail("unregister_memory(%#x)" % buffer_addr, e)
+
+    def batch_register_memory(self, buffer_addresses, capacities, location="*"):
+        try:
+            addrs = [int(a) for a in buffer_addresses]
+            lens = [int(n) for n in capacities]
+            if len(addrs) != len(lens):
+                raise ValueError("%d addresses but %d capacities" % (len(addrs), len(lens)))
+            self._eng().register_batch(addrs, lens)
+            return 0
+        except (ferry.Error, ValueError) as e:
+            return self._fail("batch_register_memory", e)
+
+    def batch_unregister_memory(self, buffer_addresses):
+        try:
+            self._eng().unregister_batch([int(a) for a in buffer_addresses])
+            return 0
+        except ferry.Error as e:
+            return self._fail("batch_unregister_memory", e)
+
+    def allocate_managed_buffer(self, length):
+        """A new registered, zero-filled buffer; its address, 0 on failure."""
+        try:
+            return self._eng().alloc(int(length))
+        except (ferry.Error, ValueError, OverflowError) as e:
+            self._fail("allocate_managed_buffer(%d)" % length, e)
+            return 0
+
+    def free_managed_buffer(self, buffer_addr, length):
+        """Frees a buffer from allocate_managed_buffer; 0 (negative if ferry refuses)."""
+        try:
+            self._eng().free(int(buffer_addr))
+            return 0
+        except ferry.Error as e:
+            return self._fail("free_managed_buffer(%#x)" % buffer_addr, e)
+
+    def write_bytes_to_buffer(self, dest_address, src_ptr, length):
+        """Copies ``length`` bytes of ``src_ptr`` (bytes or str) to local memory; 0."""
+        data = src_ptr.encode() if isinstance(src_ptr, str) else bytes(src_ptr)
+        if length > len(data):
+            return self._fail("write_bytes_to_buffer", ValueError(
+                "length %d exceeds the %d bytes given" % (length, len(data))))
+        ctypes.memmove(int(dest_address), data, int(length))
+        return 0
+
+    def read_bytes_from_buffer(self, source_address, length):
+        """``length`` bytes of local memory at ``source_address``, as bytes."""
+        return ctypes.string_at(int(source_address), int(length))
+
+    def get_first_buffer_address(self, segment_name):
+        """Address of the first region the peer registered; 0 if none or on failure."""
+        try:
+            regions = self._eng().peer_regions(segment_name)
+        except ferry.Error as e:
+            self._fail("get_first_buffer_address(%s)" % segment_name, e)
+            return 0
+        return regions[0][0] if regions else 0
+
+    # ---- synchronous transfers -----------------------------------------
+    def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length,
+                            transport_hint=""):
+        return self.transfer_sync(target_hostname, buffer, peer_buffer_address, length,
+                                  TransferOpcode.Write)
+
+    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length,
+                           transport_hint=""):
+        return self.transfer_sync(target_hostname, buffer, peer_buffer_address, length,
+                                  TransferOpcode.Read)
+
+    def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode,
+                      notify=None, transport_hint=""):
+        """One transfer; returns when the data is at its destination. 0 or negative."""
+        try:
+            op = _opcode(opcode)
+            note = _notify(notify)
+            eng = self._eng()
+            if note is None:
+                if op == ferry.OP_WRITE:
+                    eng.write(target_hostname, int(buffer), int(peer_buffer_address), int(length))
+                else:
+                    eng.read(target_hostname, int(buffer), int(peer_buffer_address), int(length))
+            else:
+                eng.transfer_batch(target_hostname,
+                                   [(op, int(buffer), int(peer_buffer_address), int(length))],
+                                   notify=note)
+            return 0
+        except (ferry.Error, ValueError, OverflowError) as e:
+            return self._fail("transfer_sync(%s, opcode %s, %s bytes)" % (
+                target_hostname, opcode, length), e)
+
+    def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses,
+                                  lengths, transport_hint=""):
+        return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses,
+                                        lengths, TransferOpcode.Write)
+
+    def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses,
+                                 lengths, transport_hint=""):
+        return self.batch_transfer_sync(target_hostname, buffers, peer_buffer_addresses,
+                                        lengths, TransferOpcode.Read)
+
+    def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                            opcode, notify=None, transport_hint=""):
+        """Many transfers to one target in one call. 0 or negative."""
+        try:
+            op = _opcode(opcode)
+            self._eng().transfer_arrays(target_hostname, op, buffers, peer_buffer_addresses,
+                                        lengths, notify=_notify(notify))
+            return 0
+        except (ferry.Error, ValueError, OverflowError) as e:
+            return self._fail("batch_transfer_sync(%s, %d entries)" % (
+                target_hostname, _safe_len(buffers)), e)
+
+    # ---- asynchronous transfers ----------------------------------------
+    def _submit(self, what, target_hostname, op, buffers, peer_buffer_addresses, lengths):
+        try:
+            batch = self._eng().submit_arrays(target_hostname, _opcode(op), buffers,
+                                              peer_buffer_addresses, lengths)
+        except (ferry.Error, ValueError, OverflowError) as e:
+            self._fail("%s(%s, %d entries)" % (what, target_hostname, _safe_len(buffers)), e)
+            return 0
+        with self._lock:
+            batch_id = next(self._ids)
+            self._batches[batch_id] = batch
+        return batch_id
+
+    def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses,
+                                   lengths, transport_hint=""):
+        """Starts a batch of writes; returns its id (non-zero), 0 on failure."""
+        return self._submit("batch_transfer_async_write", target_hostname, ferry.OP_WRITE,
+                            buffers, peer_buffer_addresses, lengths)
+
+    def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses,
+                                  lengths, transport_hint=""):
+        """Starts a batch of reads; returns its id (non-zero), 0 on failure."""
+        return self._submit("batch_transfer_async_read", target_hostname, ferry.OP_READ,
+                            buffers, peer_buffer_addresses, lengths)
+
+    def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                             opcode, transport_hint=""):
+        """Starts a batch; returns its id (non-zero), 0 on failure."""
+        return self._submit("batch_transfer_async", target_hostname, opcode, buffers,
+                            peer_buffer_addresses, lengths)
+
+    def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
+                              transport_hint=""):
+        """Starts one write; returns its batch id (non-zero), 0 on failure."""
+        return self._submit("transfer_submit_write", target_hostname, ferry.OP_WRITE,
+                            [buffer], [peer_buffer_address], [length])
+
+    def get_batch_transfer_status(self, batch_ids):
+        """Waits for every batch; 0 if all succeeded, else the first failure's code.
+        The batches are freed either way."""
+        with self._lock:
+            batches = [(bid, self._batches.pop(bid, None)) for bid in batch_ids]
+        result = 0
+        for bid, batch in batches:
+            if batch is None:
+                if result == 0:
+                    result = self._fail("get_batch_transfer_status", ferry.Error(
+                        ferry.ENOTFOUND, "unknown batch id",
+                        "batch id %r is unknown or already finished" % (bid,)))
+                continue
+            try:
+                batch.wait(-1)
+            except ferry.Error as e:
+                code = self._fail("get_batch_transfer_status(batch %d)" % bid, e)
+                if result == 0:
+                    result = code
+            finally:
+                batch.free()
+        return result
+
+    def transfer_check_status(self, batch_id):
+        """1 done, 0 pending, -1 failed, -2 timed out; a finished batch is freed."""
+        with self._lock:
+            batch = self._batches.get(batch_id)
+        if batch is None:
+            self._fail("transfer_check_status", ferry.Error(
+                ferry.ENOTFOUND, "unknown batch id",
+                "batch id %r is unknown or already finished" % (batch_id,)))
+            return -1
+        try:
+            state = batch.status()
+        except ferry.Error as e:
+            self._fail("transfer_check_status(batch %d)" % batch_id, e)
+            state = ferry.BATCH_FAILED
+        if state == ferry.BATCH_PENDING:
+            return 0
+        with self._lock:
+            owned = self._batches.pop(batch_id, None) is batch
+        if state != ferry.BATCH_DONE and batch.error:
+            self._fail("transfer_check_status(batch %d)" % batch_id, ferry.Error(
+                batch.error, ferry.strerror(batch.error), batch.detail))
+        if owned:
+            batch.free()
+        if state == ferry.BATCH_DONE:
+            return 1
+        return -2 if state == ferry.BATCH_TIMEDOUT else -1
+
+    # ---- peers and notifications ---------------------------------------
+    def send_probe(self, peer_server_name):
+        """0 if the peer answers, negative otherwise."""
+        try:
+            self._eng().probe(peer_server_name)
+            return 0
+        except ferry.Error as e:
+            return self._fail("send_probe(%s)" % peer_server_name, e)
+
+    def get_notifies(self):
+        """Notifications received since the last call, as TransferNotify(name, msg) tuples."""
+        try:
+            items = self._eng().drain_notifications()
+        except ferry.Error as e:
+            self._fail("get_notifies", e)
+            return []
+        return [TransferNotify(name, data.decode("utf-8", "surrogateescape"))
+                for name, data in items]
+
+    # ---- ferry extras ---------------------------------------------------
+    def close(self):
+        """Frees outstanding batches and stops the engine. ferry extra."""
+        with self._lock:
+            batches = list(self._batches.values())
+            self._batches.clear()
+        for batch in batches:
+            batch.free()
+        eng, self._engine = self._engine, None
+        if eng is not None:
+            eng.close()
+
+
+def _safe_len(seq):
+    try:
+        return len(seq)
+    except TypeError:
+        return -1

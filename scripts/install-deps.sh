@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# install-deps.sh - installs the Debian packages ferry needs to build, test and
+# benchmark, only those missing. Needs root (or sudo) when something is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config      # toolchain
+  clang libclang-rt-14-dev              # libFuzzer targets and sanitizer runtimes
+  libcmocka-dev                         # C test framework driven by ctest
+  libssl-dev                            # HMAC-SHA256 for the shared-secret handshake
+  libcurl4-openssl-dev                  # http metadata client
+  libjansson-dev                        # JSON for metadata descriptors
+  libmicrohttpd-dev                     # embedded HTTP server: ferry metadata-server
+  python3 python3-dev python3-setuptools python3-pytest python3-numpy python3-pip
+  iperf3 iproute2 procps                # baselines and network-namespace tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,364 @@
+/* batch.c - batches: validation at submit, the claim cursor that cuts
+ * entries into chunks, completion, waiting, and the public transfer calls.
+ *
+ * A batch is finished when its cursor is at the end and no claimed chunk is
+ * outstanding; only then is its notification sent and its state final, so
+ * "done" always means every byte is where it should be. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batch.h"
+#include "clock.h"
+#include "error.h"
+#include "log.h"
+#include "peer.h"
+#include "transport/transport.h"
+
+/* ---- creation ------------------------------------------------------------------ */
+
+static ferry_status check_entries(ferry_engine *e, const ferry_entry *entries, size_t count,
+                                  uint64_t *total) {
+  *total = 0;
+  for (size_t i = 0; i < count; i++) {
+    const ferry_entry *en = &entries[i];
+    if ((en->op != FERRY_OP_READ && en->op != FERRY_OP_WRITE) || !en->local || !en->length)
+      return ferry_fail(FERRY_EINVAL, "entry %zu: op %d, local %p, length %zu is not a transfer", i,
+                        (int)en->op, en->local, en->length);
+    if (!ferry_registry_contains(e->registry, (uint64_t)(uintptr_t)en->local, en->length))
+      return ferry_fail(FERRY_ENOTREG,
+                        "entry %zu: local address %p (+%zu bytes) is not registered on this engine",
+                        i, en->local, en->length);
+    *total += en->length;
+  }
+  return FERRY_OK;
+}
+
+static ferry_status copy_notification(ferry_batch *b, const ferry_notification *n) {
+  if (!n)
+    return FERRY_OK;
+  if (!n->name || !*n->name || strlen(n->name) > FERRY_WIRE_MAX_NAME ||
+      n->length > FERRY_WIRE_MAX_NOTIFY_DATA || (n->length && !n->data))
+    return ferry_fail(FERRY_EINVAL, "batch notification needs a name of 1..%d bytes and data of "
+                                    "at most %u bytes",
+                      FERRY_WIRE_MAX_NAME, FERRY_WIRE_MAX_NOTIFY_DATA);
+  b->notify.name = strdup(n->name);
+  b->notify.data = malloc(n->length + 1);
+  if (!b->notify.name || !b->notify.data)
+    return ferry_fail(FERRY_ENOMEM, "no memory for a batch notification");
+  if (n->length)
+    memcpy(b->notify.data, n->data, n->length);
+  b->notify.data[n->length] = 0;
+  b->notify.length = n->length;
+  b->has_notify = 1;
+  return FERRY_OK;
+}
+
+static void batch_destroy(ferry_batch *b) {
+  free(b->entries);
+  free(b->notify.name);
+  free(b->notify.data);
+  pthread_mutex_destroy(&b->lock);
+  pthread_cond_destroy(&b->cond);
+  free(b);
+}
+
+static ferry_batch *batch_alloc(ferry_engine *e, const ferry_entry *entries, size_t count) {
+  ferry_batch *b = calloc(1, sizeof *b);
+  if (!b)
+    return NULL;
+  b->entries = malloc(count * sizeof *entries);
+  if (!b->entries) {
+    free(b);
+    return NULL;
+  }
+  memcpy(b->entries, entries, count * sizeof *entries);
+  b->engine = e;
+  b->count = count;
+  b->refs = 1;
+  pthread_mutex_init(&b->lock, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&b->cond, &attr);
+  pthread_condattr_destroy(&attr);
+  return b;
+}
+
+/* Everything that can be refused before a byte moves is refused here, with
+ * the reason: arguments, local and remote registration, reachability. */
+static ferry_status batch_create(ferry_engine *e, const char *target, const ferry_entry *entries,
+                                 size_t count, const ferry_notification *notify,
+                                 ferry_batch **out) {
+  if (!e || !entries || !count || !out)
+    return ferry_fail(FERRY_EINVAL, "submit to %s: null engine, entries or out, or zero entries",
+                      target ? target : "(null)");
+  if (__atomic_load_n(&e->closing, __ATOMIC_ACQUIRE))
+    return ferry_fail(FERRY_ECLOSED, "engine is shutting down");
+  uint64_t total;
+  ferry_peer *peer;
+  ferry_status st = check_entries(e, entries, count, &total);
+  if (!st)
+    st = ferry_peer_get(e, target, &peer);
+  if (st)
+    return st;
+  ferry_batch *b = batch_alloc(e, entries, count);
+  if (!b)
+    return ferry_fail(FERRY_ENOMEM, "no memory for a batch of %zu entries", count);
+  b->peer = peer;
+  b->total_bytes = total;
+  b->deadline_ns = ferry_engine_deadline(e, total);
+  st = copy_notification(b, notify);
+  if (!st)
+    st = ferry_peer_ensure(peer, b->deadline_ns);
+  if (!st)
+    st = ferry_peer_check_remote(peer, entries, count, b->deadline_ns);
+  if (st) {
+    batch_destroy(b);
+    return st;
+  }
+  pthread_mutex_lock(&peer->lock);
+  b->peer_instance = peer->info.engine_id;
+  pthread_mutex_unlock(&peer->lock);
+  *out = b;
+  return FERRY_OK;
+}
+
+/* How many channels are worth driving this batch in parallel. */
+static unsigned wanted_drivers(const ferry_batch *b) {
+  size_t slice = b->engine->cfg.slice_size;
+  uint64_t chunks = (b->total_bytes + slice - 1) / slice;
+  uint64_t by_count = (b->count + FERRY_CHUNK_MAX_SEGMENTS - 1) / FERRY_CHUNK_MAX_SEGMENTS;
+  if (by_count > chunks)
+    chunks = by_count;
+  unsigned limit = b->engine->cfg.tcp_connections;
+  return chunks < limit ? (unsigned)chunks : limit;
+}
+
+/* ---- claiming and completing ------------------------------------------------------ */
+
+static int cursor_at_end(const ferry_batch *b) { return b->next_entry >= b->count; }
+
+int ferry_batch_has_work(ferry_batch *b) {
+  pthread_mutex_lock(&b->lock);
+  int work = !cursor_at_end(b);
+  pthread_mutex_unlock(&b->lock);
+  return work;
+}
+
+int ferry_batch_claim(ferry_batch *b, size_t slice_size, ferry_chunk *c) {
+  pthread_mutex_lock(&b->lock);
+  c->count = 0;
+  c->bytes = 0;
+  while (!cursor_at_end(b) && c->count < FERRY_CHUNK_MAX_SEGMENTS && c->bytes < slice_size) {
+    const ferry_entry *en = &b->entries[b->next_entry];
+    if (c->count && en->op != c->op)
+      break; /* one op per frame */
+    uint64_t take = en->length - b->next_offset;
+    if (take > slice_size - c->bytes)
+      take = slice_size - c->bytes;
+    c->op = en->op;
+    c->local[c->count].iov_base = (char *)en->local + b->next_offset;
+    c->local[c->count].iov_len = (size_t)take;
+    c->remote[c->count].addr = en->remote + b->next_offset;
+    c->remote[c->count].length = take;
+    c->count++;
+    c->bytes += take;
+    b->next_offset += take;
+    if (b->next_offset == en->length) {
+      b->next_entry++;
+      b->next_offset = 0;
+    }
+  }
+  int claimed = c->count > 0;
+  b->outstanding += (unsigned)claimed;
+  int exhausted = cursor_at_end(b);
+  pthread_mutex_unlock(&b->lock);
+  if (exhausted)
+    ferry_peer_wake(b->peer); /* threads waiting for a channel can stop */
+  return claimed;
+}
+
+static void record_error(ferry_batch *b, ferry_status status) {
+  if (b->error)
+    return;
+  b->error = status;
+  snprintf(b->detail, sizeof b->detail, "%s", ferry_last_error());
+  b->next_entry = b->count; /* hand out nothing more */
+}
+
+/* Called with the lock held when nothing is outstanding: makes the state
+ * final, sending the notification first if the data all landed. */
+static void finish_locked(ferry_batch *b) {
+  if (b->state != FERRY_BATCH_PENDING || b->finishing || b->outstanding || !cursor_at_end(b))
+    return;
+  if (!b->error && b->has_notify) {
+    b->finishing = 1;
+    pthread_mutex_unlock(&b->lock);
+    ferry_status st = ferry_peer_notify(b->peer, b->notify.name, b->notify.data,
+                                        b->notify.length, b->deadline_ns);
+    pthread_mutex_lock(&b->lock);
+    b->finishing = 0;
+    if (st)
+      record_error(b, st);
+  }
+  b->state = !b->error                    ? FERRY_BATCH_DONE
+             : b->error == FERRY_ETIMEDOUT ? FERRY_BATCH_TIMEDOUT
+                                           : FERRY_BATCH_FAILED;
+  pthread_cond_broadcast(&b->cond);
+}
+
+void ferry_batch_complete(ferry_batch *b, ferry_status status) {
+  pthread_mutex_lock(&b->lock);
+  if (status)
+    record_error(b, status);
+  b->outstanding--;
+  finish_locked(b);
+  pthread_mutex_unlock(&b->lock);
+}
+
+void ferry_batch_fail(ferry_batch *b, ferry_status status) {
+  pthread_mutex_lock(&b->lock);
+  record_error(b, status);
+  finish_locked(b);
+  pthread_mutex_unlock(&b->lock);
+  ferry_peer_wake(b->peer);
+}
+
+void ferry_batch_release(ferry_batch *b) {
+  pthread_mutex_lock(&b->lock);
+  int last = --b->refs == 0;
+  pthread_mutex_unlock(&b->lock);
+  if (last)
+    batch_destroy(b);
+}
+
+/* ---- driving ---------------------------------------------------------------------- */
+
+void ferry_batch_drive(ferry_batch *b) {
+  ferry_peer *p = b->peer;
+  for (;;) {
+    ferry_channel *ch;
+    ferry_status st = ferry_peer_checkout(p, b, &ch);
+    if (st == FERRY_ENOTFOUND)
+      return; /* nothing left to claim */
+    if (st) {
+      ferry_batch_fail(b, st);
+      return;
+    }
+    if (ch->peer_instance != b->peer_instance) {
+      /* Never let a batch checked against one incarnation land in another. */
+      st = ferry_fail(FERRY_ESOCKET, "peer %s restarted during the batch", p->address);
+      ferry_peer_checkin(p, ch);
+      ferry_batch_fail(b, st);
+      return;
+    }
+    st = ch->transport->channel_drive(ch, b);
+    ferry_peer_checkin(p, ch);
+    if (st)
+      return;
+  }
+}
+
+/* ---- waiting ------------------------------------------------------------------------ */
+
+/* Past its deadline a batch stops handing out work; chunks in flight end by
+ * the same deadline (their sockets carry it), then the state is final. */
+static void expire_locked(ferry_batch *b) {
+  if (b->state != FERRY_BATCH_PENDING || ferry_now_ns() < b->deadline_ns || b->error)
+    return;
+  ferry_fail(FERRY_ETIMEDOUT, "batch of %zu entries (%llu bytes) to %s did not finish in time",
+             b->count, (unsigned long long)b->total_bytes, b->peer->address);
+  record_error(b, FERRY_ETIMEDOUT);
+  finish_locked(b);
+}
+
+static ferry_status result_locked(ferry_batch *b) {
+  if (b->state == FERRY_BATCH_PENDING)
+    return FERRY_EINPROGRESS;
+  if (b->state != FERRY_BATCH_DONE)
+    ferry_error_set_detail(b->detail);
+  return b->error;
+}
+
+ferry_batch_state ferry_batch_status(ferry_batch *b, ferry_status *error) {
+  if (!b)
+    return FERRY_BATCH_FAILED;
+  pthread_mutex_lock(&b->lock);
+  expire_locked(b);
+  ferry_status st = result_locked(b);
+  ferry_batch_state state = b->state;
+  pthread_mutex_unlock(&b->lock);
+  if (error)
+    *error = st == FERRY_EINPROGRESS ? FERRY_OK : st;
+  return state;
+}
+
+ferry_status ferry_batch_wait(ferry_batch *b, int64_t timeout_ms) {
+  if (!b)
+    return ferry_fail(FERRY_EINVAL, "wait: null batch");
+  uint64_t until = timeout_ms < 0 ? UINT64_MAX : ferry_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+  pthread_mutex_lock(&b->lock);
+  while (b->state == FERRY_BATCH_PENDING) {
+    uint64_t wake = b->deadline_ns < until ? b->deadline_ns : until;
+    if (b->error || b->outstanding)
+      wake = until; /* draining: in-flight chunks end by their own deadline */
+    if (wake != UINT64_MAX) {
+      struct timespec ts = ferry_timespec(wake);
+      pthread_cond_timedwait(&b->cond, &b->lock, &ts);
+    } else {
+      pthread_cond_wait(&b->cond, &b->lock);
+    }
+    expire_locked(b);
+    if (ferry_now_ns() >= until)
+      break;
+  }
+  ferry_status st = result_locked(b);
+  pthread_mutex_unlock(&b->lock);
+  if (st == FERRY_EINPROGRESS)
+    ferry_fail(FERRY_EINPROGRESS, "batch to %s still in progress", b->peer->address);
+  return st;
+}
+
+void ferry_batch_free(ferry_batch *b) {
+  if (!b)
+    return;
+  ferry_batch_wait(b, -1);
+  ferry_batch_release(b);
+}
+
+/* ---- public entry points ------------------------------------------------------------------ */
+
+ferry_status ferry_batch_submit(ferry_engine *e, const char *target, const ferry_entry *entries,
+                                size_t count, const ferry_notification *notify,
+                                ferry_batch **out) {
+  ferry_status st = batch_create(e, target, entries, count, notify, out);
+  if (!st)
+    ferry_workers_post(e, *out, wanted_drivers(*out));
+  return st;
+}
+
+ferry_status ferry_transfer_sync_batch(ferry_engine *e, const char *target,
+                                       const ferry_entry *entries, size_t count,
+                                       const ferry_notification *notify) {
+  ferry_batch *b;
+  ferry_status st = batch_create(e, target, entries, count, notify, &b);
+  if (st)
+    return st;
+  /* The caller drives one channel itself: a small transfer then costs no
+   * thread hand-off at all. Workers take the other channels. */
+  unsigned drivers = wanted_drivers(b);
+  if (drivers > 1)
+    ferry_workers_post(e, b, drivers - 1);
+  ferry_batch_drive(b);
+  st = ferry_batch_wait(b, -1);
+  ferry_batch_release(b);
+  return st;
+}
+
+ferry_status ferry_transfer_sync(ferry_engine *e, const char *target, ferry_op op, void *local,
+                                 uint64_t remote, size_t length) {
+  ferry_entry entry = {op, local, remote, length};
+  return ferry_transfer_sync_batch(e, target, &entry, 1, NULL);
+}

@@ -1,0 +1,66 @@
+/* batch.h - a batch of transfer entries to one target, cut into chunks that
+ * drivers (the calling thread and worker threads, each holding one channel)
+ * claim and move in parallel. A chunk is one data frame: a slice of a large
+ * entry, or many small entries coalesced, all of one op. */
+#ifndef FERRY_BATCH_H
+#define FERRY_BATCH_H
+
+#include <sys/uio.h>
+
+#include "core/engine.h"
+
+/* Room for the frame header, the segment table and a checksum next to the
+ * segments in one sendmsg (IOV_MAX is 1024). */
+#define FERRY_CHUNK_MAX_SEGMENTS (FERRY_WIRE_MAX_SEGMENTS - 4)
+
+typedef struct ferry_chunk {
+  ferry_op op;
+  uint32_t count;
+  uint64_t bytes;
+  struct iovec local[FERRY_CHUNK_MAX_SEGMENTS];
+  ferry_region remote[FERRY_CHUNK_MAX_SEGMENTS];
+} ferry_chunk;
+
+struct ferry_batch {
+  ferry_engine *engine;
+  ferry_peer *peer;
+  ferry_entry *entries;
+  size_t count;
+  uint64_t total_bytes;
+  uint64_t deadline_ns;
+  uint64_t peer_instance; /* incarnation of the target the batch was checked against */
+  ferry_notification notify;
+  int has_notify;
+
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  size_t next_entry;      /* claim cursor */
+  uint64_t next_offset;
+  unsigned outstanding;   /* claimed chunks not yet completed */
+  int finishing;          /* a thread is sending the notification */
+  ferry_batch_state state;
+  ferry_status error;
+  char detail[512];
+  int refs;
+};
+
+/* Fills chunk with the next unclaimed work; 0 when none is left (or the
+ * batch failed). */
+int ferry_batch_claim(ferry_batch *batch, size_t slice_size, ferry_chunk *chunk);
+/* Completes a claimed chunk; on error the batch fails with the current
+ * thread's error detail and no more chunks are handed out. */
+void ferry_batch_complete(ferry_batch *batch, ferry_status status);
+/* Fails the batch (first error wins) with the calling thread's detail. */
+void ferry_batch_fail(ferry_batch *batch, ferry_status status);
+int ferry_batch_has_work(ferry_batch *batch);
+void ferry_batch_release(ferry_batch *batch);
+
+/* workers.c: threads that drive batches handed to them. */
+ferry_status ferry_workers_start(ferry_engine *engine, unsigned count);
+void ferry_workers_stop(ferry_engine *engine);
+/* Asks `drivers` workers to help drive the batch (each takes a reference). */
+void ferry_workers_post(ferry_engine *engine, ferry_batch *batch, unsigned drivers);
+/* Drives a batch with one channel at a time until it has no work left. */
+void ferry_batch_drive(ferry_batch *batch);
+
+#endif

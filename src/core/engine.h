@@ -1,0 +1,74 @@
+/* engine.h - the engine's private state, shared by the files of src/core
+ * and the transports. One engine per process is typical: it serves its
+ * registered memory to peers (server.c) and initiates transfers to them
+ * (peer.c, batch.c, workers.c, transports). */
+#ifndef FERRY_ENGINE_H
+#define FERRY_ENGINE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "core/net.h"
+#include "core/registry.h"
+#include "ferry.h"
+#include "metadata/metadata.h"
+#include "wire/wire.h"
+
+typedef struct ferry_peer ferry_peer;
+typedef struct ferry_server ferry_server;
+typedef struct ferry_workers ferry_workers;
+typedef struct ferry_allocation ferry_allocation;
+
+struct ferry_engine {
+  ferry_config cfg;        /* strings below are owned copies */
+  char *advertise_host;
+  char *bind_host;
+  char *secret;
+  char *segment_name;
+  char name[FERRY_HOST_MAX + 8]; /* what peers pass as target */
+  uint16_t port;
+  uint64_t instance_id;          /* random per engine: peers notice restarts */
+  uint8_t boot_id[FERRY_WIRE_BOOT_ID_SIZE];
+  unsigned transports;           /* allowed and available here */
+
+  ferry_registry *registry;
+  ferry_server *server;
+  ferry_workers *workers;
+  ferry_metadata *metadata;      /* NULL in peer-to-peer mode */
+
+  pthread_mutex_t peers_lock;
+  ferry_peer *peers;
+
+  pthread_mutex_t notify_lock;
+  ferry_notification *notifications;
+  size_t notify_count, notify_cap;
+
+  pthread_mutex_t alloc_lock;
+  ferry_allocation *allocations;
+
+  int closing;
+};
+
+/* Deadline for moving `bytes`: base timeout plus a per-MiB allowance. */
+uint64_t ferry_engine_deadline(const ferry_engine *engine, uint64_t bytes);
+
+/* server.c: accepts connections and serves frames against the registry. */
+ferry_status ferry_server_start(ferry_engine *engine, int listen_fd);
+void ferry_server_stop(ferry_engine *engine);
+
+/* notify queue (engine.c), fed by the server. */
+ferry_status ferry_engine_push_notification(ferry_engine *engine, const char *name,
+                                            size_t name_len, const void *data, size_t len);
+
+/* auth.c: the shared-secret proof, HMAC-SHA256 over both nonces. */
+void ferry_auth_nonce(uint8_t nonce[FERRY_WIRE_NONCE_SIZE]);
+void ferry_auth_proof(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
+                      const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
+                      uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
+int ferry_auth_check(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
+                     const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
+                     const uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
+uint64_t ferry_random_u64(void);
+void ferry_read_boot_id(uint8_t boot_id[FERRY_WIRE_BOOT_ID_SIZE]);
+
+#endif

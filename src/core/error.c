@@ -1,0 +1,95 @@
+/* error.c - status names, Mooncake code mapping and the per-thread detail. */
+#include "error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char last_error[FERRY_ERROR_MAX];
+
+const char *ferry_strerror(ferry_status status) {
+  switch (status) {
+  case FERRY_OK: return "success";
+  case FERRY_EINVAL: return "invalid argument";
+  case FERRY_ENOTREG: return "address not registered";
+  case FERRY_EOVERLAP: return "region overlaps a registered region";
+  case FERRY_ENOMEM: return "out of memory";
+  case FERRY_ESOCKET: return "socket error";
+  case FERRY_EDNS: return "host name not resolved";
+  case FERRY_EHANDSHAKE: return "handshake rejected";
+  case FERRY_EVERSION: return "incompatible protocol version";
+  case FERRY_EAUTH: return "authentication failed";
+  case FERRY_ETIMEDOUT: return "timed out";
+  case FERRY_EPROTO: return "malformed frame";
+  case FERRY_EMETADATA: return "metadata service error";
+  case FERRY_EJSON: return "malformed JSON";
+  case FERRY_ENOTIMPL: return "not implemented";
+  case FERRY_EBUSY: return "busy";
+  case FERRY_ECHECKSUM: return "checksum mismatch";
+  case FERRY_ETRANSPORT: return "no usable transport";
+  case FERRY_ECLOSED: return "engine closed";
+  case FERRY_ENOTFOUND: return "not found";
+  case FERRY_EREMOTE: return "remote failure";
+  case FERRY_EINPROGRESS: return "in progress";
+  }
+  return "unknown error";
+}
+
+int ferry_status_to_mooncake(ferry_status status) {
+  switch (status) {
+  case FERRY_OK: return 0;
+  case FERRY_EINVAL: return -1;
+  case FERRY_EBUSY: return -4;
+  case FERRY_ENOTREG: return -3;
+  case FERRY_EOVERLAP: return -7;
+  case FERRY_ENOMEM: return -302;
+  case FERRY_EDNS: return -101;
+  case FERRY_ESOCKET:
+  case FERRY_EPROTO:
+  case FERRY_ETIMEDOUT:
+  case FERRY_ECHECKSUM:
+  case FERRY_EREMOTE:
+  case FERRY_ECLOSED: return -102;
+  case FERRY_EJSON: return -103;
+  case FERRY_EHANDSHAKE:
+  case FERRY_EVERSION:
+  case FERRY_EAUTH: return -104;
+  case FERRY_EMETADATA:
+  case FERRY_ENOTFOUND: return -200;
+  case FERRY_ETRANSPORT: return -201;
+  case FERRY_ENOTIMPL: return -303;
+  case FERRY_EINPROGRESS: return -4;
+  }
+  return -1;
+}
+
+const char *ferry_last_error(void) { return last_error; }
+
+void ferry_error_set_detail(const char *detail) {
+  snprintf(last_error, sizeof last_error, "%s", detail ? detail : "");
+}
+
+static void set_detail(const char *fmt, va_list ap, int err) {
+  char msg[FERRY_ERROR_MAX - 64];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  if (err)
+    snprintf(last_error, sizeof last_error, "%s: %s", msg, strerror(err));
+  else
+    snprintf(last_error, sizeof last_error, "%s", msg);
+}
+
+ferry_status ferry_fail(ferry_status code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  set_detail(fmt, ap, 0);
+  va_end(ap);
+  return code;
+}
+
+ferry_status ferry_fail_errno(ferry_status code, int err, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  set_detail(fmt, ap, err);
+  va_end(ap);
+  return code;
+}

@@ -1,0 +1,339 @@
+/* net.c - sockets: parsing targets, bounded connect, whole-frame I/O.
+ *
+ * Sockets stay blocking: a blocked thread costs no CPU, and a deadline is
+ * enforced with SO_SNDTIMEO/SO_RCVTIMEO set to the time left, re-set only
+ * when the time left is shorter than what the socket already has. */
+#include "net.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "error.h"
+#include "log.h"
+
+#define FERRY_SOCKET_BUFFER (8 << 20)
+
+ferry_status ferry_net_parse_target(const char *target, char host[FERRY_HOST_MAX],
+                                    uint16_t *port) {
+  if (!target || !*target)
+    return ferry_fail(FERRY_EINVAL, "target is empty (expected host:port)");
+  const char *colon;
+  size_t host_len;
+  const char *host_start = target;
+  if (target[0] == '[') {
+    const char *close = strchr(target, ']');
+    if (!close || close[1] != ':')
+      return ferry_fail(FERRY_EINVAL, "target \"%s\" is not [addr]:port", target);
+    host_start = target + 1;
+    host_len = (size_t)(close - host_start);
+    colon = close + 1;
+  } else {
+    colon = strrchr(target, ':');
+    if (!colon || strchr(target, ':') != colon)
+      return ferry_fail(FERRY_EINVAL, "target \"%s\" is not host:port", target);
+    host_len = (size_t)(colon - target);
+  }
+  char *end;
+  errno = 0;
+  unsigned long p = strtoul(colon + 1, &end, 10);
+  if (host_len == 0 || host_len >= FERRY_HOST_MAX || *end || colon[1] == 0 || p == 0 ||
+      p > 65535 || errno)
+    return ferry_fail(FERRY_EINVAL, "target \"%s\" is not host:port with a port in 1..65535",
+                      target);
+  memcpy(host, host_start, host_len);
+  host[host_len] = 0;
+  *port = (uint16_t)p;
+  return FERRY_OK;
+}
+
+void ferry_net_format_target(char *out, size_t size, const char *host, uint16_t port) {
+  if (strchr(host, ':'))
+    snprintf(out, size, "[%s]:%u", host, port);
+  else
+    snprintf(out, size, "%s:%u", host, port);
+}
+
+static ferry_status resolve(const char *host, uint16_t port, int passive, struct addrinfo **out) {
+  struct addrinfo hints = {0};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  char service[8];
+  snprintf(service, sizeof service, "%u", port);
+  int rc = getaddrinfo(host, service, &hints, out);
+  if (rc != 0)
+    return ferry_fail(FERRY_EDNS, "resolve \"%s\" failed: %s", host, gai_strerror(rc));
+  return FERRY_OK;
+}
+
+ferry_status ferry_net_listen(const char *host, uint16_t port, int *fd_out, uint16_t *bound_port) {
+  struct addrinfo *ai;
+  ferry_status st = resolve(host, port, 1, &ai);
+  if (st)
+    return st;
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    freeaddrinfo(ai);
+    return ferry_fail_errno(FERRY_ESOCKET, errno, "socket for listening on %s failed", host);
+  }
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 512) < 0) {
+    int err = errno;
+    freeaddrinfo(ai);
+    close(fd);
+    return ferry_fail_errno(FERRY_ESOCKET, err, "listen on %s port %u failed", host, port);
+  }
+  freeaddrinfo(ai);
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  getsockname(fd, (struct sockaddr *)&ss, &len);
+  *bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+  *fd_out = fd;
+  return FERRY_OK;
+}
+
+static int kernel_allows_buffer(const char *path, int want) {
+  FILE *f = fopen(path, "r");
+  long max = 0;
+  if (f) {
+    if (fscanf(f, "%ld", &max) != 1)
+      max = 0;
+    fclose(f);
+  }
+  return max >= want;
+}
+
+void ferry_net_tune(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  /* Setting SO_*BUF turns kernel autotuning off and is capped at
+   * net.core.[rw]mem_max, so a fixed size only helps when the cap is large;
+   * otherwise autotuning (up to tcp_[rw]mem's max) gives bigger buffers. */
+  static int allowed = -1;
+  if (allowed < 0)
+    allowed = kernel_allows_buffer("/proc/sys/net/core/wmem_max", FERRY_SOCKET_BUFFER) &&
+              kernel_allows_buffer("/proc/sys/net/core/rmem_max", FERRY_SOCKET_BUFFER);
+  if (allowed) {
+    int size = FERRY_SOCKET_BUFFER;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+  }
+}
+
+static ferry_status connect_one(const struct addrinfo *ai, const char *host, uint16_t port,
+                                uint64_t deadline_ns, int *fd_out) {
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0)
+    return ferry_fail_errno(FERRY_ESOCKET, errno, "socket for %s:%u failed", host, port);
+  int err = 0;
+  if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      struct pollfd p = {fd, POLLOUT, 0};
+      int n = poll(&p, 1, ferry_ms_left(deadline_ns));
+      socklen_t len = sizeof err;
+      if (n == 0)
+        err = ETIMEDOUT;
+      else if (n < 0)
+        err = errno;
+      else
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    }
+  }
+  if (err) {
+    close(fd);
+    return ferry_fail_errno(err == ETIMEDOUT ? FERRY_ETIMEDOUT : FERRY_ESOCKET, err,
+                            "connect to %s:%u failed", host, port);
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  ferry_net_tune(fd);
+  *fd_out = fd;
+  return FERRY_OK;
+}
+
+ferry_status ferry_net_connect(const char *host, uint16_t port, uint64_t deadline_ns, int *fd) {
+  struct addrinfo *ai;
+  ferry_status st = resolve(host, port, 0, &ai);
+  if (st)
+    return st;
+  for (struct addrinfo *a = ai; a; a = a->ai_next) {
+    st = connect_one(a, host, port, deadline_ns, fd);
+    if (st == FERRY_OK || st == FERRY_ETIMEDOUT)
+      break;
+  }
+  freeaddrinfo(ai);
+  return st;
+}
+
+void ferry_sock_init(ferry_sock *s, int fd, const char *peer) {
+  s->fd = fd;
+  s->peer = peer;
+  s->deadline_ns = 0;
+  s->timeout_set_ns = 0; /* a new socket has no timeout */
+}
+
+void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns) { s->deadline_ns = deadline_ns; }
+
+/* Makes sure the next blocking call returns by the deadline (or blocks
+ * without limit when there is none). timeout_set_ns: 0 = no limit set,
+ * UINT64_MAX = unknown, anything else = the limit last set. */
+static ferry_status arm_timeout(ferry_sock *s, const char *step) {
+  uint64_t left = 0;
+  if (s->deadline_ns) {
+    uint64_t now = ferry_now_ns();
+    if (now >= s->deadline_ns)
+      return ferry_fail(FERRY_ETIMEDOUT, "%s to %s timed out", step, s->peer);
+    left = s->deadline_ns - now;
+    if (left < 1000000)
+      left = 1000000; /* SO_*TIMEO of zero would mean "forever" */
+    if (s->timeout_set_ns && s->timeout_set_ns <= left)
+      return FERRY_OK;
+  } else if (s->timeout_set_ns == 0) {
+    return FERRY_OK;
+  }
+  struct timeval tv = {(time_t)(left / 1000000000ull), (suseconds_t)((left % 1000000000ull) / 1000)};
+  setsockopt(s->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  s->timeout_set_ns = left;
+  return FERRY_OK;
+}
+
+/* A socket timeout that fired before the deadline (it was armed for an
+ * earlier, shorter one) is not an error: re-arm and go on. */
+static int timeout_is_early(ferry_sock *s, int err) {
+  if ((err != EAGAIN && err != EWOULDBLOCK) || (s->deadline_ns && ferry_now_ns() >= s->deadline_ns))
+    return 0;
+  s->timeout_set_ns = UINT64_MAX;
+  return 1;
+}
+
+static ferry_status io_error(ferry_sock *s, int err, const char *step) {
+  if (err == EAGAIN || err == EWOULDBLOCK)
+    return ferry_fail(FERRY_ETIMEDOUT, "%s to %s timed out", step, s->peer);
+  return ferry_fail_errno(FERRY_ESOCKET, err, "%s to %s failed", step, s->peer);
+}
+
+/* Drops n bytes from the front of an iovec array; returns the new start. */
+static struct iovec *iov_advance(struct iovec *iov, int *iovcnt, size_t n) {
+  while (*iovcnt > 0 && n >= iov->iov_len) {
+    n -= iov->iov_len;
+    iov++;
+    (*iovcnt)--;
+  }
+  if (*iovcnt > 0) {
+    iov->iov_base = (char *)iov->iov_base + n;
+    iov->iov_len -= n;
+  }
+  return iov;
+}
+
+ferry_status ferry_sock_sendv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+  while (iovcnt > 0 && iov->iov_len == 0)
+    iov++, iovcnt--;
+  while (iovcnt > 0) {
+    ferry_status st = arm_timeout(s, step);
+    if (st)
+      return st;
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+    ssize_t n = sendmsg(s->fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR || timeout_is_early(s, errno))
+        continue;
+      return io_error(s, errno, step);
+    }
+    iov = iov_advance(iov, &iovcnt, (size_t)n);
+  }
+  return FERRY_OK;
+}
+
+ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+  while (iovcnt > 0 && iov->iov_len == 0)
+    iov++, iovcnt--;
+  while (iovcnt > 0) {
+    ferry_status st = arm_timeout(s, step);
+    if (st)
+      return st;
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+    ssize_t n = recvmsg(s->fd, &msg, MSG_WAITALL);
+    if (n < 0) {
+      if (errno == EINTR || timeout_is_early(s, errno))
+        continue;
+      return io_error(s, errno, step);
+    }
+    if (n == 0)
+      return ferry_fail(FERRY_ESOCKET, "%s from %s failed: connection closed by peer", step,
+                        s->peer);
+    iov = iov_advance(iov, &iovcnt, (size_t)n);
+  }
+  return FERRY_OK;
+}
+
+ferry_status ferry_sock_recv(ferry_sock *s, void *buf, size_t len, const char *step) {
+  struct iovec iov = {buf, len};
+  return ferry_sock_recvv(s, &iov, 1, step);
+}
+
+ferry_status ferry_sock_discard(ferry_sock *s, uint64_t len, const char *step) {
+  char scratch[64 * 1024];
+  while (len > 0) {
+    size_t n = len < sizeof scratch ? (size_t)len : sizeof scratch;
+    ferry_status st = ferry_sock_recv(s, scratch, n, step);
+    if (st)
+      return st;
+    len -= n;
+  }
+  return FERRY_OK;
+}
+
+ferry_status ferry_sock_send_frame(ferry_sock *s, const ferry_frame_header *h, const void *body,
+                                   const char *step) {
+  uint8_t raw[FERRY_WIRE_HEADER_SIZE];
+  ferry_wire_header_encode(raw, h);
+  struct iovec iov[2] = {{raw, sizeof raw}, {(void *)body, body ? h->body_len : 0}};
+  return ferry_sock_sendv(s, iov, 2, step);
+}
+
+ferry_status ferry_sock_recv_header(ferry_sock *s, ferry_frame_header *h, const char *step) {
+  uint8_t raw[FERRY_WIRE_HEADER_SIZE];
+  ferry_status st = ferry_sock_recv(s, raw, sizeof raw, step);
+  if (st)
+    return st;
+  st = ferry_wire_header_decode(raw, h);
+  if (st) {
+    char detail[FERRY_ERROR_MAX];
+    snprintf(detail, sizeof detail, "%s", ferry_last_error());
+    return ferry_fail(FERRY_EPROTO, "%s from %s: %s", step, s->peer, detail);
+  }
+  return FERRY_OK;
+}
+
+ferry_status ferry_sock_read_refusal(ferry_sock *s, const ferry_frame_header *h, const char *step) {
+  char reason[FERRY_WIRE_MAX_REASON + 1];
+  size_t len = (size_t)h->body_len; /* header decode bounded it by MAX_REASON */
+  ferry_status st = ferry_sock_recv(s, reason, len, step);
+  if (st)
+    return st;
+  reason[len] = 0;
+  ferry_status code = (ferry_status)h->status;
+  if (code > 0 || code < FERRY_EINPROGRESS)
+    code = FERRY_EREMOTE;
+  return ferry_fail(code, "%s refused by %s: %s", step, s->peer, len ? reason : ferry_strerror(code));
+}
+
+int ferry_net_idle_alive(int fd) {
+  struct pollfd p = {fd, POLLIN | POLLRDHUP, 0};
+  return poll(&p, 1, 0) == 0;
+}

@@ -1,0 +1,61 @@
+/* net.h - socket helpers shared by the server, the peers and the TCP
+ * transport: address parsing, bounded connect, and whole-frame I/O with a
+ * deadline. Failures set the error detail naming the peer. */
+#ifndef FERRY_NET_H
+#define FERRY_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "ferry.h"
+#include "wire/wire.h"
+
+#define FERRY_HOST_MAX 256
+
+/* "host:port" or "[v6]:port" -> host (without brackets) and port. */
+ferry_status ferry_net_parse_target(const char *target, char host[FERRY_HOST_MAX],
+                                    uint16_t *port);
+/* Formats host and port the way targets are written ("[v6]:port" for v6). */
+void ferry_net_format_target(char *out, size_t size, const char *host, uint16_t port);
+
+/* Listening socket on host:port (port 0: any); *bound_port gets the port. */
+ferry_status ferry_net_listen(const char *host, uint16_t port, int *fd, uint16_t *bound_port);
+/* Connects with a deadline and sets the data-path socket options. */
+ferry_status ferry_net_connect(const char *host, uint16_t port, uint64_t deadline_ns, int *fd);
+/* TCP_NODELAY, keepalive, and large buffers where the kernel allows them. */
+void ferry_net_tune(int fd);
+
+/* A socket with the peer's name for messages and the deadline-driven timeout
+ * currently set on it, so each call sets SO_*TIMEO only when it shrinks. */
+typedef struct ferry_sock {
+  int fd;
+  const char *peer;      /* "host:port", for messages */
+  uint64_t deadline_ns;  /* 0 = none */
+  uint64_t timeout_set_ns;
+} ferry_sock;
+
+void ferry_sock_init(ferry_sock *s, int fd, const char *peer);
+void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns);
+/* Sends/receives the whole iovec (which is consumed). step names the
+ * operation for the message ("send WRITE"). FERRY_ETIMEDOUT at the
+ * deadline, FERRY_ESOCKET on errors or EOF. */
+ferry_status ferry_sock_sendv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step);
+ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step);
+ferry_status ferry_sock_recv(ferry_sock *s, void *buf, size_t len, const char *step);
+/* Reads and throws away len bytes (payload of a refused request). */
+ferry_status ferry_sock_discard(ferry_sock *s, uint64_t len, const char *step);
+
+/* One frame: header (+ body). Receiving checks the header with the wire
+ * codecs; recv_frame reads a body of at most max_body into body. */
+ferry_status ferry_sock_send_frame(ferry_sock *s, const ferry_frame_header *h, const void *body,
+                                   const char *step);
+ferry_status ferry_sock_recv_header(ferry_sock *s, ferry_frame_header *h, const char *step);
+/* A reply with status != 0: reads the reason text and records it as the
+ * error detail "<step> refused by <peer>: <reason>", returning the status. */
+ferry_status ferry_sock_read_refusal(ferry_sock *s, const ferry_frame_header *h, const char *step);
+
+/* Nonzero when an idle connection has nothing pending and is not closed. */
+int ferry_net_idle_alive(int fd);
+
+#endif

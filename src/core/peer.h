@@ -1,0 +1,67 @@
+/* peer.h - what an engine knows about a target: where it is, its handshake
+ * facts, a cached copy of its region table, the chosen transport, a pool of
+ * data channels and one control connection. Peers are cached by target name
+ * for the engine's lifetime; a broken connection is dropped and the next
+ * call reconnects. */
+#ifndef FERRY_PEER_H
+#define FERRY_PEER_H
+
+#include "core/engine.h"
+
+struct ferry_channel;
+struct ferry_transport;
+
+struct ferry_peer {
+  ferry_engine *engine;
+  struct ferry_peer *next;
+  char target[FERRY_HOST_MAX + 8];  /* as the caller names it */
+
+  pthread_mutex_t lock;             /* everything below */
+  pthread_cond_t cond;              /* a channel was returned */
+  char host[FERRY_HOST_MAX];        /* where it listens (resolved from metadata) */
+  uint16_t port;
+  char address[FERRY_HOST_MAX + 8]; /* "host:port", for messages */
+  int known;                        /* info below is valid */
+  ferry_hello_reply info;
+  const struct ferry_transport *transport;
+  ferry_region *regions;            /* sorted cache of its table */
+  size_t region_count;
+  unsigned generation;              /* bumped on failure: retire old channels */
+  struct ferry_channel *idle;
+  struct ferry_channel *all;
+  unsigned open_channels;
+
+  pthread_mutex_t control_lock;     /* one request at a time on control */
+  int control_fd;
+  uint64_t control_instance;
+};
+
+/* Finds or creates the peer for a target (no I/O). */
+ferry_status ferry_peer_get(ferry_engine *engine, const char *target, ferry_peer **out);
+void ferry_peers_destroy(ferry_engine *engine);
+/* Handshakes over the control connection if this peer is not known yet, or
+ * if `force`; chooses the transport and fetches the region table. */
+ferry_status ferry_peer_ensure(ferry_peer *peer, uint64_t deadline_ns);
+/* Nonzero when every remote range is inside the cached table; refreshes the
+ * table once on a miss. Sets the error detail naming the first bad range. */
+ferry_status ferry_peer_check_remote(ferry_peer *peer, const ferry_entry *entries, size_t count,
+                                     uint64_t deadline_ns);
+/* A socket that completed HELLO (+ AUTH) as conn kind. reply gets the
+ * target's facts. Notices a restarted target (new instance id). */
+ferry_status ferry_peer_connect(ferry_peer *peer, ferry_conn_kind kind, uint64_t deadline_ns,
+                                int *fd, ferry_hello_reply *reply);
+/* Takes a channel for a batch (opening one if below the limit, else
+ * waiting); FERRY_ENOTFOUND when the batch has no work left to claim. */
+ferry_status ferry_peer_checkout(ferry_peer *peer, ferry_batch *batch,
+                                 struct ferry_channel **out);
+void ferry_peer_checkin(ferry_peer *peer, struct ferry_channel *channel);
+/* Wakes threads waiting in checkout (a batch ran out of work). */
+void ferry_peer_wake(ferry_peer *peer);
+/* Engine shutdown: wake every blocked driver, then free everything. */
+void ferry_peers_shutdown(ferry_engine *engine);
+
+ferry_status ferry_peer_ping(ferry_peer *peer, uint64_t deadline_ns);
+ferry_status ferry_peer_notify(ferry_peer *peer, const char *name, const void *data, size_t len,
+                               uint64_t deadline_ns);
+
+#endif

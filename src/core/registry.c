@@ -1,0 +1,360 @@
+/* registry.c - the engine's table of registered memory regions.
+ *
+ * Every WRITE/READ arriving from the network is checked against this table
+ * before a byte of local memory is touched, so lookups must be cheap and
+ * safe to run from many threads at once: the table is a sorted array of
+ * disjoint regions (binary search) behind a reader/writer lock. Registering
+ * is rare and may pay for a memmove or a merge. */
+/* pthread_rwlock_t and glibc's writer-preferring kind; the build usually
+ * defines it already. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "core/registry.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+struct ferry_registry {
+  pthread_rwlock_t lock;
+  ferry_region *regions; /* sorted by addr, pairwise disjoint */
+  size_t count;
+  size_t capacity;
+  uint64_t generation; /* starts at 1 so a cache zeroed at 0 is always stale */
+};
+
+/* "[0x1000, +4096)": how every region is named in error details. */
+#define REGION_FMT "[0x%" PRIx64 ", +%" PRIu64 ")"
+
+/* Region end, exclusive. Callers validated that it does not wrap. */
+static uint64_t region_end(const ferry_region *r) { return r->addr + r->length; }
+
+static int regions_identical(const ferry_region *a, const ferry_region *b) {
+  return a->addr == b->addr && a->length == b->length;
+}
+
+/* Assumes a->addr <= b->addr, which is how sorted neighbours come. */
+static int regions_overlap_sorted(const ferry_region *a, const ferry_region *b) {
+  return region_end(a) > b->addr;
+}
+
+static ferry_status check_region(uint64_t addr, uint64_t length) {
+  if (length == 0)
+    return ferry_fail(FERRY_EINVAL, "register 0x%" PRIx64 ": length is 0", addr);
+  if (length > UINT64_MAX - addr)
+    return ferry_fail(FERRY_EINVAL, "register " REGION_FMT ": range wraps around the address space",
+                      addr, length);
+  return FERRY_OK;
+}
+
+static ferry_status overlap_error(const ferry_region *new_region, const ferry_region *old) {
+  return ferry_fail(FERRY_EOVERLAP,
+                    "register " REGION_FMT " overlaps registered region " REGION_FMT,
+                    new_region->addr, new_region->length, old->addr, old->length);
+}
+
+/* First index whose region starts at or after addr (count if none). */
+static size_t lower_bound(const ferry_region *sorted, size_t count, uint64_t addr) {
+  size_t lo = 0, hi = count;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (sorted[mid].addr < addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+long ferry_regions_search(const ferry_region *sorted, size_t count, uint64_t addr,
+                          uint64_t length) {
+  if (length == 0 || sorted == NULL)
+    return -1;
+  /* The candidate is the last region starting at or before addr. */
+  size_t lo = 0, hi = count;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (sorted[mid].addr <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0)
+    return -1;
+  const ferry_region *r = &sorted[lo - 1];
+  /* Offsets instead of end addresses, so nothing here can overflow. */
+  uint64_t offset = addr - r->addr;
+  if (offset >= r->length || length > r->length - offset)
+    return -1;
+  return (long)(lo - 1);
+}
+
+/* Lookups never stop while transfers run, and glibc's default rwlock lets a
+ * steady stream of readers starve a writer: ask for writer preference so a
+ * register/unregister call is not held up indefinitely. */
+static int init_lock(pthread_rwlock_t *lock) {
+  pthread_rwlockattr_t attr;
+  if (pthread_rwlockattr_init(&attr) != 0)
+    return -1;
+#ifdef PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP
+  pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+  int rc = pthread_rwlock_init(lock, &attr);
+  pthread_rwlockattr_destroy(&attr);
+  return rc;
+}
+
+ferry_registry *ferry_registry_create(void) {
+  ferry_registry *registry = calloc(1, sizeof *registry);
+  if (registry == NULL)
+    return NULL;
+  if (init_lock(&registry->lock) != 0) {
+    free(registry);
+    return NULL;
+  }
+  registry->generation = 1;
+  return registry;
+}
+
+void ferry_registry_destroy(ferry_registry *registry) {
+  if (registry == NULL)
+    return;
+  pthread_rwlock_destroy(&registry->lock);
+  free(registry->regions);
+  free(registry);
+}
+
+/* Makes room for `need` entries; caller holds the write lock. */
+static ferry_status reserve(ferry_registry *registry, size_t need) {
+  if (need <= registry->capacity)
+    return FERRY_OK;
+  size_t capacity = registry->capacity ? registry->capacity : 16;
+  while (capacity < need)
+    capacity *= 2;
+  ferry_region *grown = realloc(registry->regions, capacity * sizeof *grown);
+  if (grown == NULL)
+    return ferry_fail(FERRY_ENOMEM, "register: cannot grow the region table to %zu entries",
+                      capacity);
+  registry->regions = grown;
+  registry->capacity = capacity;
+  return FERRY_OK;
+}
+
+/* Inserts one validated region; caller holds the write lock. */
+static ferry_status insert_locked(ferry_registry *registry, const ferry_region *region) {
+  size_t at = lower_bound(registry->regions, registry->count, region->addr);
+  if (at < registry->count) {
+    const ferry_region *next = &registry->regions[at];
+    if (regions_identical(next, region))
+      return FERRY_OK; /* registering the same buffer twice is harmless */
+    if (regions_overlap_sorted(region, next))
+      return overlap_error(region, next);
+  }
+  if (at > 0 && regions_overlap_sorted(&registry->regions[at - 1], region))
+    return overlap_error(region, &registry->regions[at - 1]);
+  ferry_status st = reserve(registry, registry->count + 1);
+  if (st != FERRY_OK)
+    return st;
+  memmove(&registry->regions[at + 1], &registry->regions[at],
+          (registry->count - at) * sizeof *registry->regions);
+  registry->regions[at] = *region;
+  registry->count++;
+  registry->generation++;
+  return FERRY_OK;
+}
+
+ferry_status ferry_registry_add(ferry_registry *registry, uint64_t addr, uint64_t length) {
+  if (registry == NULL)
+    return ferry_fail(FERRY_EINVAL, "register: no registry");
+  ferry_status st = check_region(addr, length);
+  if (st != FERRY_OK)
+    return st;
+  ferry_region region = {addr, length};
+  pthread_rwlock_wrlock(&registry->lock);
+  st = insert_locked(registry, &region);
+  pthread_rwlock_unlock(&registry->lock);
+  return st;
+}
+
+static int compare_regions(const void *a, const void *b) {
+  const ferry_region *x = a, *y = b;
+  if (x->addr != y->addr)
+    return x->addr < y->addr ? -1 : 1;
+  if (x->length != y->length)
+    return x->length < y->length ? -1 : 1;
+  return 0;
+}
+
+/* Sorts a copy of the batch and drops identical repeats; fails if two
+ * different entries of the batch overlap. *out is malloc'd. */
+static ferry_status prepare_batch(const ferry_region *regions, size_t count, ferry_region **out,
+                                  size_t *out_count) {
+  for (size_t i = 0; i < count; i++) {
+    ferry_status st = check_region(regions[i].addr, regions[i].length);
+    if (st != FERRY_OK)
+      return st;
+  }
+  if (count > SIZE_MAX / sizeof(ferry_region))
+    return ferry_fail(FERRY_ENOMEM, "register: batch of %zu regions is too large", count);
+  ferry_region *sorted = malloc(count * sizeof *sorted);
+  if (sorted == NULL)
+    return ferry_fail(FERRY_ENOMEM, "register: cannot copy a batch of %zu regions", count);
+  memcpy(sorted, regions, count * sizeof *sorted);
+  qsort(sorted, count, sizeof *sorted, compare_regions);
+  size_t kept = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (kept > 0 && regions_identical(&sorted[kept - 1], &sorted[i]))
+      continue;
+    /* Sorted by start: any overlap in the batch shows up between neighbours. */
+    if (kept > 0 && regions_overlap_sorted(&sorted[kept - 1], &sorted[i])) {
+      ferry_status st = ferry_fail(
+          FERRY_EOVERLAP, "register " REGION_FMT " overlaps " REGION_FMT " in the same batch",
+          sorted[i].addr, sorted[i].length, sorted[kept - 1].addr, sorted[kept - 1].length);
+      free(sorted);
+      return st;
+    }
+    sorted[kept++] = sorted[i];
+  }
+  *out = sorted;
+  *out_count = kept;
+  return FERRY_OK;
+}
+
+/* Merges the sorted batch into a new table, refusing any overlap between a
+ * batch entry and a registered one. Caller holds the write lock; the live
+ * table is only replaced once the whole merge succeeded. */
+static ferry_status merge_locked(ferry_registry *registry, const ferry_region *batch, size_t n) {
+  const ferry_region *table = registry->regions;
+  size_t m = registry->count;
+  size_t capacity = m + n;
+  ferry_region *merged = malloc(capacity * sizeof *merged);
+  if (merged == NULL)
+    return ferry_fail(FERRY_ENOMEM, "register: cannot grow the region table to %zu entries",
+                      capacity);
+  size_t i = 0, j = 0, k = 0, added = 0;
+  while (i < m || j < n) {
+    /* On ties the registered entry goes first, so an identical batch entry
+     * always arrives right after it and is skipped below. */
+    int from_batch = i == m || (j < n && compare_regions(&batch[j], &table[i]) < 0);
+    const ferry_region *next = from_batch ? &batch[j++] : &table[i++];
+    if (k > 0 && regions_identical(&merged[k - 1], next))
+      continue; /* already registered: harmless */
+    if (k > 0 && regions_overlap_sorted(&merged[k - 1], next)) {
+      const ferry_region *prev = &merged[k - 1];
+      ferry_status st = from_batch ? overlap_error(next, prev) : overlap_error(prev, next);
+      free(merged);
+      return st;
+    }
+    merged[k++] = *next;
+    added += from_batch;
+  }
+  if (added == 0) {
+    free(merged); /* every entry was already registered */
+    return FERRY_OK;
+  }
+  free(registry->regions);
+  registry->regions = merged;
+  registry->count = k;
+  registry->capacity = capacity;
+  registry->generation++;
+  return FERRY_OK;
+}
+
+ferry_status ferry_registry_add_many(ferry_registry *registry, const ferry_region *regions,
+                                     size_t count) {
+  if (registry == NULL || (regions == NULL && count > 0))
+    return ferry_fail(FERRY_EINVAL, "register batch: no registry or no regions");
+  if (count == 0)
+    return FERRY_OK;
+  ferry_region *batch = NULL;
+  size_t n = 0;
+  ferry_status st = prepare_batch(regions, count, &batch, &n);
+  if (st != FERRY_OK)
+    return st;
+  pthread_rwlock_wrlock(&registry->lock);
+  st = merge_locked(registry, batch, n);
+  pthread_rwlock_unlock(&registry->lock);
+  free(batch);
+  return st;
+}
+
+ferry_status ferry_registry_remove(ferry_registry *registry, uint64_t addr) {
+  if (registry == NULL)
+    return ferry_fail(FERRY_EINVAL, "unregister: no registry");
+  ferry_status st = FERRY_OK;
+  pthread_rwlock_wrlock(&registry->lock);
+  size_t at = lower_bound(registry->regions, registry->count, addr);
+  if (at == registry->count || registry->regions[at].addr != addr) {
+    st = ferry_fail(FERRY_ENOTREG, "unregister 0x%" PRIx64 ": not the start of a registered region",
+                    addr);
+  } else {
+    memmove(&registry->regions[at], &registry->regions[at + 1],
+            (registry->count - at - 1) * sizeof *registry->regions);
+    registry->count--;
+    registry->generation++;
+  }
+  pthread_rwlock_unlock(&registry->lock);
+  return st;
+}
+
+int ferry_registry_contains(ferry_registry *registry, uint64_t addr, uint64_t length) {
+  if (registry == NULL)
+    return 0;
+  pthread_rwlock_rdlock(&registry->lock);
+  long at = ferry_regions_search(registry->regions, registry->count, addr, length);
+  pthread_rwlock_unlock(&registry->lock);
+  return at >= 0;
+}
+
+int ferry_registry_find(ferry_registry *registry, uint64_t addr, ferry_region *out) {
+  if (registry == NULL)
+    return 0;
+  pthread_rwlock_rdlock(&registry->lock);
+  long at = ferry_regions_search(registry->regions, registry->count, addr, 1);
+  if (at >= 0 && out != NULL)
+    *out = registry->regions[at];
+  pthread_rwlock_unlock(&registry->lock);
+  return at >= 0;
+}
+
+size_t ferry_registry_snapshot(ferry_registry *registry, ferry_region **out) {
+  *out = NULL;
+  if (registry == NULL)
+    return 0;
+  size_t count = 0;
+  pthread_rwlock_rdlock(&registry->lock);
+  if (registry->count > 0) {
+    ferry_region *copy = malloc(registry->count * sizeof *copy);
+    if (copy == NULL) {
+      ferry_fail(FERRY_ENOMEM, "snapshot of %zu regions: out of memory", registry->count);
+    } else {
+      memcpy(copy, registry->regions, registry->count * sizeof *copy);
+      *out = copy;
+      count = registry->count;
+    }
+  }
+  pthread_rwlock_unlock(&registry->lock);
+  return count;
+}
+
+size_t ferry_registry_count(ferry_registry *registry) {
+  if (registry == NULL)
+    return 0;
+  pthread_rwlock_rdlock(&registry->lock);
+  size_t count = registry->count;
+  pthread_rwlock_unlock(&registry->lock);
+  return count;
+}
+
+uint64_t ferry_registry_generation(ferry_registry *registry) {
+  if (registry == NULL)
+    return 0;
+  pthread_rwlock_rdlock(&registry->lock);
+  uint64_t generation = registry->generation;
+  pthread_rwlock_unlock(&registry->lock);
+  return generation;
+}

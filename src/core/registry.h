@@ -1,0 +1,43 @@
+/* registry.h - the set of memory regions an engine has registered.
+ *
+ * A sorted array of disjoint [addr, addr+length) ranges: lookups are a binary
+ * search (O(log n) over tens of thousands of regions), inserts a memmove.
+ * Every access from the network is checked here before memory is touched. */
+#ifndef FERRY_REGISTRY_H
+#define FERRY_REGISTRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+
+typedef struct ferry_registry ferry_registry;
+
+ferry_registry *ferry_registry_create(void);
+void ferry_registry_destroy(ferry_registry *registry);
+
+/* Adds [addr, addr+length). An identical region already present: FERRY_OK.
+ * Overlap with a different region: FERRY_EOVERLAP. length 0 or wrap-around:
+ * FERRY_EINVAL. Sets the error detail on failure. */
+ferry_status ferry_registry_add(ferry_registry *registry, uint64_t addr, uint64_t length);
+/* All or nothing: on any failure no region of the batch stays added. */
+ferry_status ferry_registry_add_many(ferry_registry *registry, const ferry_region *regions,
+                                     size_t count);
+/* Removes the region starting at addr; FERRY_ENOTREG if there is none. */
+ferry_status ferry_registry_remove(ferry_registry *registry, uint64_t addr);
+/* Nonzero when [addr, addr+length) lies inside one registered region. */
+int ferry_registry_contains(ferry_registry *registry, uint64_t addr, uint64_t length);
+/* The region holding addr, if any. */
+int ferry_registry_find(ferry_registry *registry, uint64_t addr, ferry_region *out);
+/* Sorted copy of every region (malloc'd, NULL when empty). */
+size_t ferry_registry_snapshot(ferry_registry *registry, ferry_region **out);
+size_t ferry_registry_count(ferry_registry *registry);
+/* Bumped on every change, so cached copies know they are stale. */
+uint64_t ferry_registry_generation(ferry_registry *registry);
+
+/* Binary search in a sorted, disjoint table (no locking): the region index
+ * containing [addr, addr+length), or -1. */
+long ferry_regions_search(const ferry_region *sorted, size_t count, uint64_t addr,
+                          uint64_t length);
+
+#endif

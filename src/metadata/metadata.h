@@ -1,0 +1,45 @@
+/* metadata.h - a key/value metadata store where engines publish segment
+ * descriptors and look up their peers (Mooncake's keys and JSON layout).
+ *
+ * Backends live one per file in this folder; today: http. A store URL's
+ * scheme picks the backend; unknown or not-yet-built schemes fail with a
+ * message naming the scheme. */
+#ifndef FERRY_METADATA_H
+#define FERRY_METADATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+
+typedef struct ferry_metadata ferry_metadata;
+
+/* "http://host:port/path" -> http backend. "redis://", "etcd://" and a bare
+ * "host:port" (etcd) -> FERRY_ENOTIMPL naming the scheme. Else FERRY_EINVAL. */
+ferry_status ferry_metadata_open(const char *url, ferry_metadata **out);
+void ferry_metadata_close(ferry_metadata *md);
+
+/* Raw key operations. get: FERRY_ENOTFOUND when the key is missing (404);
+ * *value is malloc'd, NUL-terminated. Failures name the URL and the cause. */
+ferry_status ferry_metadata_put(ferry_metadata *md, const char *key, const char *value);
+ferry_status ferry_metadata_get(ferry_metadata *md, const char *key, char **value);
+ferry_status ferry_metadata_delete(ferry_metadata *md, const char *key);
+
+/* Segment descriptors:
+ *   mooncake/rpc_meta/<name> = {"ip_or_host_name": host, "rpc_port": port}
+ *   mooncake/ram/<name> = {"name": name, "protocol": "tcp", "tcp_data_port": port,
+ *                          "buffers": [{"name": "cpu:0", "addr": A, "length": L}, ...]} */
+ferry_status ferry_segment_publish(ferry_metadata *md, const char *name, const char *host,
+                                   uint16_t port, const ferry_region *regions, size_t count);
+/* Rewrites only the ram key (after registrations change). */
+ferry_status ferry_segment_publish_regions(ferry_metadata *md, const char *name, uint16_t port,
+                                           const ferry_region *regions, size_t count);
+ferry_status ferry_segment_unpublish(ferry_metadata *md, const char *name);
+/* Finds where segment `name` listens. host gets at most host_size-1 chars. */
+ferry_status ferry_segment_lookup(ferry_metadata *md, const char *name, char *host,
+                                  size_t host_size, uint16_t *port);
+/* The segment's buffers as published (malloc'd, sorted by addr). */
+ferry_status ferry_segment_lookup_regions(ferry_metadata *md, const char *name,
+                                          ferry_region **regions, size_t *count);
+
+#endif

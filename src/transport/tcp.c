@@ -1,0 +1,197 @@
+/* tcp.c - the TCP data transport.
+ *
+ * Each channel is one persistent connection. A WRITE frame is sent with one
+ * sendmsg straight from registered memory (header, segment table, payload
+ * segments); the target reads it into its memory with recvmsg and answers
+ * once the last byte landed. A READ is a segment table; the reply's payload
+ * is received straight into local memory. Several frames are kept in flight
+ * per connection so the link never idles waiting for an acknowledgement. */
+#include <endian.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "transport/transport.h"
+
+#define TCP_WINDOW 4 /* frames in flight per connection */
+
+typedef struct tcp_slot {
+  ferry_chunk chunk;
+  uint8_t header[FERRY_WIRE_HEADER_SIZE];
+  uint8_t table[FERRY_CHUNK_MAX_SEGMENTS * FERRY_WIRE_SEGMENT_SIZE];
+  uint32_t crc; /* little-endian on the wire */
+} tcp_slot;
+
+typedef struct tcp_channel {
+  ferry_channel base;
+  ferry_sock sock;
+  char address[FERRY_HOST_MAX + 8];
+  struct iovec iov[FERRY_WIRE_MAX_SEGMENTS + 4];
+  tcp_slot slots[TCP_WINDOW];
+} tcp_channel;
+
+static int tcp_usable(ferry_engine *e, const ferry_hello_reply *info, char *why, size_t size) {
+  return 1; /* anything that answered the handshake over TCP can carry data over TCP */
+}
+
+static ferry_status tcp_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel **out) {
+  tcp_channel *ch = calloc(1, sizeof *ch);
+  if (!ch)
+    return ferry_fail(FERRY_ENOMEM, "no memory for a connection to %s", p->address);
+  int fd;
+  ferry_hello_reply reply;
+  ferry_status st = ferry_peer_connect(p, FERRY_CONN_DATA, deadline_ns, &fd, &reply);
+  if (st) {
+    free(ch);
+    return st;
+  }
+  ch->base.transport = &ferry_transport_tcp;
+  ch->base.peer = p;
+  ch->base.peer_instance = reply.engine_id;
+  snprintf(ch->address, sizeof ch->address, "%s", p->address);
+  ferry_sock_init(&ch->sock, fd, ch->address);
+  FERRY_DEBUG("opened tcp data connection to %s", ch->address);
+  *out = &ch->base;
+  return FERRY_OK;
+}
+
+static uint32_t chunk_crc(const ferry_chunk *c) {
+  uint32_t crc = 0;
+  for (uint32_t i = 0; i < c->count; i++)
+    crc = ferry_crc32c(crc, c->local[i].iov_base, c->local[i].iov_len);
+  return crc;
+}
+
+static ferry_status send_request(tcp_channel *ch, tcp_slot *s, uint64_t id, int checksum) {
+  ferry_chunk *c = &s->chunk;
+  int write = c->op == FERRY_OP_WRITE;
+  uint64_t table_len = (uint64_t)c->count * FERRY_WIRE_SEGMENT_SIZE;
+  ferry_frame_header h = {.type = write ? FERRY_FRAME_WRITE : FERRY_FRAME_READ,
+                          .flags = checksum ? FERRY_FRAME_FLAG_CHECKSUM : 0,
+                          .count = c->count,
+                          .id = id,
+                          .body_len = table_len + (write ? c->bytes + (checksum ? 4 : 0) : 0)};
+  ferry_wire_header_encode(s->header, &h);
+  ferry_wire_segments_encode(s->table, c->remote, c->count);
+  struct iovec *iov = ch->iov;
+  int n = 0;
+  iov[n++] = (struct iovec){s->header, sizeof s->header};
+  iov[n++] = (struct iovec){s->table, (size_t)table_len};
+  if (write) {
+    memcpy(&iov[n], c->local, c->count * sizeof *iov);
+    n += (int)c->count;
+    if (checksum) {
+      s->crc = htole32(chunk_crc(c));
+      iov[n++] = (struct iovec){&s->crc, sizeof s->crc};
+    }
+  }
+  return ferry_sock_sendv(&ch->sock, iov, n, write ? "send WRITE" : "send READ");
+}
+
+static ferry_status receive_read_data(tcp_channel *ch, tcp_slot *s, const ferry_frame_header *h,
+                                      int checksum) {
+  ferry_chunk *c = &s->chunk;
+  uint64_t expected = c->bytes + (checksum ? 4 : 0);
+  if (h->body_len != expected || (checksum && !(h->flags & FERRY_FRAME_FLAG_CHECKSUM)))
+    return ferry_fail(FERRY_EPROTO, "READ reply from %s carries %llu bytes, expected %llu",
+                      ch->address, (unsigned long long)h->body_len, (unsigned long long)expected);
+  memcpy(ch->iov, c->local, c->count * sizeof *ch->iov);
+  int n = (int)c->count;
+  uint32_t crc = 0;
+  if (checksum)
+    ch->iov[n++] = (struct iovec){&crc, sizeof crc};
+  ferry_status st = ferry_sock_recvv(&ch->sock, ch->iov, n, "receive READ data");
+  if (!st && checksum && le32toh(crc) != chunk_crc(c))
+    st = ferry_fail(FERRY_ECHECKSUM, "checksum mismatch on READ of %llu bytes from %s",
+                    (unsigned long long)c->bytes, ch->address);
+  return st;
+}
+
+/* Receives the reply to the oldest frame in flight. *fatal tells whether
+ * the connection is out of step (must close) or merely saw a refusal. */
+static ferry_status receive_reply(tcp_channel *ch, tcp_slot *s, uint64_t id, int checksum,
+                                  int *fatal) {
+  int write = s->chunk.op == FERRY_OP_WRITE;
+  ferry_frame_header h;
+  *fatal = 1;
+  ferry_status st = ferry_sock_recv_header(&ch->sock, &h, write ? "receive WRITE ack" : "receive READ reply");
+  if (st)
+    return st;
+  uint8_t want = write ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_REPLY;
+  if (h.type != want || h.id != id)
+    return ferry_fail(FERRY_EPROTO, "reply from %s is frame type %u id %llu, expected type %u id %llu",
+                      ch->address, h.type, (unsigned long long)h.id, want, (unsigned long long)id);
+  if (h.status) {
+    st = ferry_sock_read_refusal(&ch->sock, &h, write ? "WRITE" : "READ");
+    *fatal = st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT;
+    return st;
+  }
+  if (write)
+    return FERRY_OK; /* header decode guaranteed an empty body */
+  st = receive_read_data(ch, s, &h, checksum);
+  *fatal = st != FERRY_OK && st != FERRY_ECHECKSUM;
+  return st;
+}
+
+static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
+  tcp_channel *ch = (tcp_channel *)base;
+  int checksum = b->engine->cfg.checksum;
+  size_t slice = b->engine->cfg.slice_size;
+  uint64_t sent = 0, done = 0; /* frame ids; slot = id % window */
+  ferry_status first = FERRY_OK;
+  ferry_sock_set_deadline(&ch->sock, b->deadline_ns);
+  for (;;) {
+    while (!base->broken && sent - done < TCP_WINDOW &&
+           ferry_batch_claim(b, slice, &ch->slots[sent % TCP_WINDOW].chunk)) {
+      ferry_status st = send_request(ch, &ch->slots[sent % TCP_WINDOW], sent, checksum);
+      sent++;
+      if (st) {
+        base->broken = 1;
+        first = first ? first : st;
+        ferry_batch_fail(b, st);
+      }
+    }
+    if (done == sent)
+      break;
+    int fatal = 0;
+    ferry_status st = base->broken ? first
+                                   : receive_reply(ch, &ch->slots[done % TCP_WINDOW], done, checksum, &fatal);
+    if (fatal)
+      base->broken = 1;
+    if (st && !first)
+      first = st;
+    ferry_batch_complete(b, st);
+    done++;
+  }
+  ferry_sock_set_deadline(&ch->sock, 0);
+  return first;
+}
+
+static int tcp_alive(ferry_channel *base) {
+  return ferry_net_idle_alive(((tcp_channel *)base)->sock.fd);
+}
+
+static void tcp_shutdown(ferry_channel *base) { shutdown(((tcp_channel *)base)->sock.fd, SHUT_RDWR); }
+
+static void tcp_close(ferry_channel *base) {
+  tcp_channel *ch = (tcp_channel *)base;
+  close(ch->sock.fd);
+  free(ch);
+}
+
+const ferry_transport ferry_transport_tcp = {
+    .name = "tcp",
+    .id = FERRY_TRANSPORT_TCP,
+    .usable = tcp_usable,
+    .channel_open = tcp_open,
+    .channel_drive = tcp_drive,
+    .channel_alive = tcp_alive,
+    .channel_shutdown = tcp_shutdown,
+    .channel_close = tcp_close,
+};
+
+const ferry_transport *const ferry_transports[] = {&ferry_transport_tcp, NULL};

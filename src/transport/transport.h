@@ -1,0 +1,47 @@
+/* transport.h - the one interface every data transport implements.
+ *
+ * The control plane (handshake, region tables, notifications, probes) always
+ * runs over the engine's RPC connection; a transport only moves the bytes of
+ * batches over its own channels. A channel belongs to one peer and is used
+ * by one thread at a time (checked out of the peer's pool). */
+#ifndef FERRY_TRANSPORT_H
+#define FERRY_TRANSPORT_H
+
+#include "core/batch.h"
+#include "core/peer.h"
+
+typedef struct ferry_transport ferry_transport;
+
+/* Common head of every transport's channel struct. */
+typedef struct ferry_channel {
+  const ferry_transport *transport;
+  ferry_peer *peer;
+  uint64_t peer_instance; /* the target incarnation this channel talks to */
+  unsigned generation;    /* peer generation when opened; older ones are retired */
+  int broken;             /* set by drive on a failure that desynchronized it */
+  struct ferry_channel *next_idle;
+  struct ferry_channel *next_all;
+} ferry_channel;
+
+struct ferry_transport {
+  const char *name;
+  unsigned id; /* FERRY_TRANSPORT_* bit */
+  /* Nonzero when this transport can reach the peer described by its hello
+   * reply; otherwise why gets the reason, for the log. */
+  int (*usable)(ferry_engine *engine, const ferry_hello_reply *peer_info, char *why,
+                size_t why_size);
+  ferry_status (*channel_open)(ferry_peer *peer, uint64_t deadline_ns, ferry_channel **out);
+  /* Claims chunks of the batch and moves them until none are left. A failed
+   * chunk is reported to the batch; the return value is the first error. */
+  ferry_status (*channel_drive)(ferry_channel *channel, ferry_batch *batch);
+  int (*channel_alive)(ferry_channel *channel);
+  void (*channel_shutdown)(ferry_channel *channel); /* wakes a blocked driver */
+  void (*channel_close)(ferry_channel *channel);
+};
+
+extern const ferry_transport ferry_transport_tcp;
+
+/* Transports in order of preference. */
+extern const ferry_transport *const ferry_transports[];
+
+#endif

@@ -1,0 +1,130 @@
+/* wire.h - ferry's wire protocol: frame layout, codecs and their checks.
+ *
+ * Every frame is a 32-byte header followed by body_len bytes of body. All
+ * integers are little-endian. Everything decoded from the network goes
+ * through a function here that checks lengths and limits first; a frame
+ * that fails these checks makes the receiver close the connection.
+ *
+ * Header: magic u32 | type u8 | flags u8 | reserved u16 (0) | count u32 |
+ *         status i32 | body_len u64 | id u64
+ *
+ * Conversation on a connection (initiator "c", target "s"):
+ *   c: HELLO          s: HELLO_REPLY (status != 0: refused, body = reason)
+ *   c: AUTH (if HELLO_REPLY asked for it)   s: AUTH_REPLY
+ *   then any number of requests, each answered in order:
+ *   REGIONS_REQ -> REGIONS_REPLY, WRITE -> WRITE_ACK, READ -> READ_REPLY,
+ *   NOTIFY -> NOTIFY_ACK, PING -> PONG.
+ * A reply with status != 0 carries the target's reason as its body (text). */
+#ifndef FERRY_WIRE_H
+#define FERRY_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+
+#define FERRY_WIRE_MAGIC 0x59525246u /* "FRRY" */
+#define FERRY_WIRE_VERSION_MIN 1
+#define FERRY_WIRE_VERSION_MAX 1
+#define FERRY_WIRE_HEADER_SIZE 32
+#define FERRY_WIRE_SEGMENT_SIZE 16                 /* u64 addr, u64 length */
+#define FERRY_WIRE_MAX_SEGMENTS 1024               /* per data frame (IOV_MAX) */
+#define FERRY_WIRE_MAX_PAYLOAD (64ull << 20)       /* per data frame */
+#define FERRY_WIRE_MAX_CONTROL_BODY (32ull << 20)  /* region tables etc. */
+#define FERRY_WIRE_MAX_REASON 1024                 /* error text in replies */
+#define FERRY_WIRE_MAX_NAME 256                    /* notification name */
+#define FERRY_WIRE_MAX_NOTIFY_DATA (4u << 20)      /* notification payload */
+#define FERRY_WIRE_NONCE_SIZE 16
+#define FERRY_WIRE_PROOF_SIZE 32                   /* HMAC-SHA256 */
+#define FERRY_WIRE_BOOT_ID_SIZE 16
+
+typedef enum ferry_frame_type {
+  FERRY_FRAME_HELLO = 1,
+  FERRY_FRAME_HELLO_REPLY = 2,
+  FERRY_FRAME_AUTH = 3,
+  FERRY_FRAME_AUTH_REPLY = 4,
+  FERRY_FRAME_REGIONS_REQ = 5,
+  FERRY_FRAME_REGIONS_REPLY = 6,
+  FERRY_FRAME_WRITE = 7,
+  FERRY_FRAME_WRITE_ACK = 8,
+  FERRY_FRAME_READ = 9,
+  FERRY_FRAME_READ_REPLY = 10,
+  FERRY_FRAME_NOTIFY = 11,
+  FERRY_FRAME_NOTIFY_ACK = 12,
+  FERRY_FRAME_PING = 13,
+  FERRY_FRAME_PONG = 14,
+} ferry_frame_type;
+
+/* flags */
+#define FERRY_FRAME_FLAG_CHECKSUM 0x1 /* WRITE / READ_REPLY payload followed by crc32c u32 */
+
+typedef struct ferry_frame_header {
+  uint8_t type;
+  uint8_t flags;
+  uint32_t count;    /* segments in WRITE/READ, regions in REGIONS_REPLY */
+  int32_t status;    /* replies: ferry_status of the request */
+  uint64_t body_len;
+  uint64_t id;       /* request id, echoed by the reply */
+} ferry_frame_header;
+
+void ferry_wire_header_encode(uint8_t out[FERRY_WIRE_HEADER_SIZE], const ferry_frame_header *h);
+/* Checks magic, reserved bits, known type, and the per-type limits of
+ * body_len and count (see wire.c). FERRY_EPROTO with detail on failure. */
+ferry_status ferry_wire_header_decode(const uint8_t in[FERRY_WIRE_HEADER_SIZE],
+                                      ferry_frame_header *h);
+
+/* Segment tables of WRITE and READ frames: count * (u64 addr, u64 length). */
+void ferry_wire_segments_encode(uint8_t *out, const ferry_region *segs, uint32_t count);
+/* Decodes and checks: every length > 0, no wrap-around, total <= the max
+ * payload. *total gets the sum of lengths. */
+ferry_status ferry_wire_segments_decode(const uint8_t *in, uint32_t count, ferry_region *segs,
+                                        uint64_t *total);
+
+typedef enum ferry_conn_kind { FERRY_CONN_CONTROL = 1, FERRY_CONN_DATA = 2 } ferry_conn_kind;
+
+typedef struct ferry_hello {
+  uint16_t version_min, version_max;
+  uint8_t conn_kind;                         /* ferry_conn_kind */
+  uint64_t engine_id;                        /* initiator's random instance id */
+  uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
+  char name[FERRY_WIRE_MAX_NAME + 1];        /* initiator's own name, for logs */
+} ferry_hello;
+
+typedef struct ferry_hello_reply {
+  uint16_t version;                          /* chosen */
+  uint16_t version_min, version_max;         /* target's range */
+  uint8_t auth_required;
+  uint64_t engine_id;                        /* target's random instance id */
+  uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
+  uint32_t transports;                       /* FERRY_TRANSPORT_* it serves */
+  uint8_t boot_id[FERRY_WIRE_BOOT_ID_SIZE];  /* same host <=> same boot id */
+  uint32_t pid;
+  char shm_path[FERRY_WIRE_MAX_NAME + 1];    /* UNIX socket of its shm service, or "" */
+} ferry_hello_reply;
+
+/* Encoders return the number of bytes written into out (sized by the
+ * *_max_size constants), decoders check body_len exactly. */
+#define FERRY_WIRE_HELLO_MAX (2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 2 + FERRY_WIRE_MAX_NAME)
+#define FERRY_WIRE_HELLO_REPLY_MAX \
+  (2 + 2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 2 + FERRY_WIRE_MAX_NAME)
+size_t ferry_wire_hello_encode(uint8_t *out, const ferry_hello *hello);
+ferry_status ferry_wire_hello_decode(const uint8_t *in, size_t len, ferry_hello *hello);
+size_t ferry_wire_hello_reply_encode(uint8_t *out, const ferry_hello_reply *reply);
+ferry_status ferry_wire_hello_reply_decode(const uint8_t *in, size_t len, ferry_hello_reply *reply);
+
+/* REGIONS_REPLY body: count * (u64 addr, u64 length); decoded table must be
+ * sorted and disjoint. *out is malloc'd. */
+void ferry_wire_regions_encode(uint8_t *out, const ferry_region *regions, uint32_t count);
+ferry_status ferry_wire_regions_decode(const uint8_t *in, size_t len, uint32_t count,
+                                       ferry_region **out);
+
+/* NOTIFY body: u16 name_len | name | data. Decoded name/data point into in. */
+size_t ferry_wire_notify_size(size_t name_len, size_t data_len);
+size_t ferry_wire_notify_encode(uint8_t *out, const char *name, const void *data, size_t data_len);
+ferry_status ferry_wire_notify_decode(const uint8_t *in, size_t len, const char **name,
+                                      size_t *name_len, const uint8_t **data, size_t *data_len);
+
+/* crc32c (Castagnoli), for checksum mode; crc is the running value (start 0). */
+uint32_t ferry_crc32c(uint32_t crc, const void *data, size_t len);
+
+#endif

@@ -1,0 +1,132 @@
+/* cli.c - parsing and engine set-up shared by the ferry subcommands, so that
+ * "--size 256M" and "--protocol shm" mean the same thing everywhere. */
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* Returns log2 of the multiplier a suffix letter stands for, or -1. */
+static int suffix_shift(char c) {
+  switch (toupper((unsigned char)c)) {
+  case 'K': return 10;
+  case 'M': return 20;
+  case 'G': return 30;
+  case 'T': return 40;
+  default: return -1;
+  }
+}
+
+/* Accepts what may follow the number: "", "B", or a multiplier letter
+ * optionally followed by "B" or "iB". */
+static int parse_suffix(const char *s, int *shift) {
+  *shift = 0;
+  if (*s == '\0')
+    return 0;
+  if ((*s == 'B' || *s == 'b') && s[1] == '\0')
+    return 0;
+  *shift = suffix_shift(*s);
+  if (*shift < 0)
+    return -1;
+  s++;
+  if (*s == '\0' || strcasecmp(s, "B") == 0 || strcasecmp(s, "iB") == 0)
+    return 0;
+  return -1;
+}
+
+int ferry_cli_parse_size(const char *text, size_t *out) {
+  /* strtoull silently accepts a sign and leading blanks; sizes have neither. */
+  if (text == NULL || !isdigit((unsigned char)text[0]))
+    return -1;
+  char *end;
+  errno = 0;
+  unsigned long long value = strtoull(text, &end, 10);
+  int shift;
+  if (errno != 0 || parse_suffix(end, &shift) != 0 || value == 0)
+    return -1;
+  if (value > (unsigned long long)SIZE_MAX >> shift)
+    return -1;
+  *out = (size_t)(value << shift);
+  return 0;
+}
+
+int ferry_cli_parse_count(const char *text, unsigned long min, unsigned long max,
+                          unsigned long *out) {
+  if (text == NULL || !isdigit((unsigned char)text[0]))
+    return -1;
+  char *end;
+  errno = 0;
+  unsigned long value = strtoul(text, &end, 10);
+  if (errno != 0 || *end != '\0' || value < min || value > max)
+    return -1;
+  *out = value;
+  return 0;
+}
+
+int ferry_cli_parse_protocol(const char *text, unsigned *out) {
+  if (text == NULL)
+    return -1;
+  /* "all" is the tools' spelling; the library parses the names themselves. */
+  if (strcasecmp(text, "all") == 0) {
+    *out = FERRY_TRANSPORT_ALL;
+    return 0;
+  }
+  unsigned bits = ferry_transport_parse(text);
+  if (bits == 0)
+    return -1;
+  *out = bits;
+  return 0;
+}
+
+void ferry_cli_protocol_names(unsigned transports, char *buf, size_t size) {
+  if (transports == 0)
+    transports = FERRY_TRANSPORT_ALL;
+  size_t used = 0;
+  buf[0] = '\0';
+  for (unsigned bit = 1; bit <= FERRY_TRANSPORT_ALL && used < size; bit <<= 1) {
+    if (!(transports & bit))
+      continue;
+    int n = snprintf(buf + used, size - used, "%s%s", used ? "," : "", ferry_transport_name(bit));
+    if (n < 0)
+      break;
+    used += (size_t)n;
+  }
+}
+
+void ferry_cli_engine_opts_init(ferry_cli_engine_opts *opts) {
+  memset(opts, 0, sizeof *opts);
+  /* Loopback unless told otherwise: a tool should not expose memory on
+   * every interface by accident. */
+  opts->host = "127.0.0.1";
+}
+
+ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_opts *opts,
+                                     ferry_engine **out) {
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = opts->host;
+  cfg.advertise_host = opts->host;
+  cfg.port = opts->port;
+  if (opts->secret != NULL)
+    cfg.secret = opts->secret;
+  if (opts->transports != 0)
+    cfg.transports = opts->transports;
+  if (opts->connections != 0)
+    cfg.tcp_connections = opts->connections;
+  ferry_status st = ferry_engine_create(&cfg, out);
+  if (st != FERRY_OK)
+    ferry_cli_report(prog, "cannot create engine", st);
+  return st;
+}
+
+void ferry_cli_report(const char *prog, const char *what, ferry_status status) {
+  fprintf(stderr, "%s: %s: %s: %s\n", prog, what, ferry_strerror(status), ferry_last_error());
+}
+
+int ferry_cli_bad_value(const char *prog, const char *option, const char *value) {
+  fprintf(stderr, "%s: invalid value '%s' for --%s\n", prog, value, option);
+  return 2;
+}

@@ -1,0 +1,54 @@
+/* cli.h - helpers shared by the ferry subcommands: parsing sizes, counts and
+ * protocol names, and creating an engine from the options every command
+ * accepts. Kept in one place so serve, bench and probe agree on syntax. */
+#ifndef FERRY_TOOLS_CLI_H
+#define FERRY_TOOLS_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+
+/* Parses "4096", "4K", "1M", "256M", "2G", "1T" (binary multiples, case
+ * insensitive, an optional trailing "B" or "iB" allowed). Returns 0 and sets
+ * *out, or -1 on garbage, zero or overflow. */
+int ferry_cli_parse_size(const char *text, size_t *out);
+
+/* Parses a decimal count in [min, max]. Returns 0 or -1. */
+int ferry_cli_parse_count(const char *text, unsigned long min, unsigned long max,
+                          unsigned long *out);
+
+/* Parses "tcp", "shm", "fabric", "all" or a comma list into FERRY_TRANSPORT_*
+ * bits. Returns 0 or -1. */
+int ferry_cli_parse_protocol(const char *text, unsigned *out);
+
+/* Writes the names of the bits in transports as "tcp,shm" into buf. */
+void ferry_cli_protocol_names(unsigned transports, char *buf, size_t size);
+
+/* The engine options serve, bench and probe share. Zero / NULL fields keep
+ * the library's defaults. */
+typedef struct ferry_cli_engine_opts {
+  const char *host; /* bind and advertise address */
+  uint16_t port;
+  const char *secret;
+  unsigned transports;
+  unsigned connections;
+} ferry_cli_engine_opts;
+
+/* Fills opts with the tools' defaults (host 127.0.0.1, everything else the
+ * library's). */
+void ferry_cli_engine_opts_init(ferry_cli_engine_opts *opts);
+
+/* Creates the engine; on failure prints "PROG: ...: cause: detail" to stderr
+ * and returns the status. */
+ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_opts *opts,
+                                     ferry_engine **out);
+
+/* Prints "PROG: invalid value 'VALUE' for --OPTION" and returns 2, the usage
+ * error exit code. */
+int ferry_cli_bad_value(const char *prog, const char *option, const char *value);
+
+/* Prints "PROG: WHAT: <strerror>: <last error>" to stderr. */
+void ferry_cli_report(const char *prog, const char *what, ferry_status status);
+
+#endif

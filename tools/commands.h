@@ -1,0 +1,12 @@
+/* commands.h - the subcommands of the `ferry` command-line tool. Each takes
+ * the arguments after its name (argv[0] is the subcommand) and returns the
+ * process exit code. */
+#ifndef FERRY_TOOLS_COMMANDS_H
+#define FERRY_TOOLS_COMMANDS_H
+
+int ferry_cmd_serve(int argc, char **argv);
+int ferry_cmd_bench(int argc, char **argv);
+int ferry_cmd_probe(int argc, char **argv);
+int ferry_cmd_metadata_server(int argc, char **argv);
+
+#endif

@@ -1,0 +1,188 @@
+/* serve.c - `ferry serve`: an engine with one registered buffer that peers
+ * can WRITE to and READ from, kept alive until SIGINT or SIGTERM. It is the
+ * target side for `ferry bench`, the demo and the integration tests, which
+ * learn where to aim from the single "ready ..." line it prints. */
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "ferry.h"
+
+#define PROG "ferry serve"
+/* How often pending notifications are printed with --print-notifies. */
+#define NOTIFY_POLL_NS (100 * 1000 * 1000L)
+/* Longest notification payload shown; the rest is summarised by length. */
+#define NOTIFY_SHOW_MAX 1024
+
+typedef struct serve_opts {
+  ferry_cli_engine_opts engine;
+  size_t size;
+  int print_notifies;
+} serve_opts;
+
+static void serve_usage(FILE *out) {
+  fprintf(out, "usage: ferry serve [--host ADDR] [--port N] [--size SIZE] [--secret S]\n"
+               "                   [--protocol tcp|shm|all] [--connections N] [--print-notifies]\n"
+               "  --host ADDR        bind and advertise address (default 127.0.0.1)\n"
+               "  --port N           RPC port, 0 picks a free one (default 0)\n"
+               "  --size SIZE        registered buffer size, K/M/G suffixes (default 256M)\n"
+               "  --secret S         shared secret peers must prove\n"
+               "  --protocol P       transports to allow (default all)\n"
+               "  --connections N    TCP data connections per peer\n"
+               "  --print-notifies   print received notifications to stdout\n"
+               "Prints one line \"ready target=HOST:PORT addr=0xADDR size=BYTES protocol=...\"\n"
+               "and serves until SIGINT or SIGTERM.\n");
+}
+
+/* Returns 0 to run, 1 for --help, 2 on a usage error. */
+static int parse_serve_args(int argc, char **argv, serve_opts *o) {
+  static const struct option longopts[] = {{"host", required_argument, NULL, 'H'},
+                                           {"port", required_argument, NULL, 'p'},
+                                           {"size", required_argument, NULL, 's'},
+                                           {"secret", required_argument, NULL, 'S'},
+                                           {"protocol", required_argument, NULL, 'P'},
+                                           {"connections", required_argument, NULL, 'c'},
+                                           {"print-notifies", no_argument, NULL, 'n'},
+                                           {"help", no_argument, NULL, 'h'},
+                                           {NULL, 0, NULL, 0}};
+  ferry_cli_engine_opts_init(&o->engine);
+  o->size = (size_t)256 << 20;
+  o->print_notifies = 0;
+  unsigned long n;
+  int c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'H': o->engine.host = optarg; break;
+    case 'S': o->engine.secret = optarg; break;
+    case 'n': o->print_notifies = 1; break;
+    case 'h': return 1;
+    case 'p':
+      if (ferry_cli_parse_count(optarg, 0, 65535, &n) != 0)
+        return ferry_cli_bad_value(PROG, "port", optarg);
+      o->engine.port = (uint16_t)n;
+      break;
+    case 's':
+      if (ferry_cli_parse_size(optarg, &o->size) != 0)
+        return ferry_cli_bad_value(PROG, "size", optarg);
+      break;
+    case 'P':
+      if (ferry_cli_parse_protocol(optarg, &o->engine.transports) != 0)
+        return ferry_cli_bad_value(PROG, "protocol", optarg);
+      break;
+    case 'c':
+      if (ferry_cli_parse_count(optarg, 1, 1024, &n) != 0)
+        return ferry_cli_bad_value(PROG, "connections", optarg);
+      o->engine.connections = (unsigned)n;
+      break;
+    default: return 2;
+    }
+  }
+  if (optind != argc) {
+    fprintf(stderr, "%s: unexpected argument '%s'\n", PROG, argv[optind]);
+    return 2;
+  }
+  return 0;
+}
+
+/* Prints one notification as `notify name=N length=L data=ESCAPED`, escaping
+ * anything unprintable so a binary payload cannot garble the output. */
+static void print_notification(const ferry_notification *nt) {
+  printf("notify name=%s length=%zu data=", nt->name ? nt->name : "", nt->length);
+  size_t show = nt->length < NOTIFY_SHOW_MAX ? nt->length : NOTIFY_SHOW_MAX;
+  for (size_t i = 0; i < show; i++) {
+    unsigned char ch = (unsigned char)nt->data[i];
+    if (isprint(ch) && ch != '\\')
+      putchar(ch);
+    else
+      printf("\\x%02x", ch);
+  }
+  printf("%s\n", show < nt->length ? "..." : "");
+}
+
+static void drain_notifications(ferry_engine *engine) {
+  ferry_notification *list;
+  size_t count;
+  ferry_status st = ferry_notify_drain(engine, &list, &count);
+  if (st != FERRY_OK) {
+    ferry_cli_report(PROG, "cannot drain notifications", st);
+    return;
+  }
+  for (size_t i = 0; i < count; i++)
+    print_notification(&list[i]);
+  if (count > 0)
+    fflush(stdout);
+  ferry_notify_free(list, count);
+}
+
+/* Blocks until one of the signals in set arrives. With notifications on it
+ * wakes every NOTIFY_POLL_NS to print them; otherwise it sleeps in sigwait. */
+static int wait_for_stop(ferry_engine *engine, const sigset_t *set, int print_notifies) {
+  const struct timespec poll = {0, NOTIFY_POLL_NS};
+  for (;;) {
+    int sig;
+    if (!print_notifies) {
+      if (sigwait(set, &sig) == 0)
+        return sig;
+      continue;
+    }
+    sig = sigtimedwait(set, NULL, &poll);
+    if (sig > 0) {
+      drain_notifications(engine);
+      return sig;
+    }
+    if (errno == EAGAIN)
+      drain_notifications(engine);
+  }
+}
+
+static void print_ready(ferry_engine *engine, const void *buf, const serve_opts *o) {
+  char protocols[64];
+  ferry_cli_protocol_names(o->engine.transports, protocols, sizeof protocols);
+  printf("ready target=%s addr=0x%llx size=%zu protocol=%s\n", ferry_engine_name(engine),
+         (unsigned long long)(uintptr_t)buf, o->size, protocols);
+  fflush(stdout);
+}
+
+int ferry_cmd_serve(int argc, char **argv) {
+  serve_opts o;
+  int rc = parse_serve_args(argc, argv, &o);
+  if (rc == 1) {
+    serve_usage(stdout);
+    return 0;
+  }
+  if (rc != 0) {
+    serve_usage(stderr);
+    return 2;
+  }
+  /* Block the stop signals before the engine starts its threads: they
+   * inherit the mask, so the signal can only be taken by sigwait here. */
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, NULL);
+
+  ferry_engine *engine;
+  if (ferry_cli_engine_create(PROG, &o.engine, &engine) != FERRY_OK)
+    return 1;
+  void *buf;
+  ferry_status st = ferry_memory_alloc(engine, o.size, &buf);
+  if (st != FERRY_OK) {
+    ferry_cli_report(PROG, "cannot allocate the buffer", st);
+    ferry_engine_destroy(engine);
+    return 1;
+  }
+  print_ready(engine, buf, &o);
+  wait_for_stop(engine, &stop, o.print_notifies);
+  ferry_memory_free(engine, buf);
+  ferry_engine_destroy(engine);
+  return 0;
+}
