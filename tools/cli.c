@@ -82,8 +82,12 @@ int ferry_cli_parse_protocol(const char *text, unsigned *out) {
 }
 
 void ferry_cli_protocol_names(unsigned transports, char *buf, size_t size) {
-  if (transports == 0)
-    transports = FERRY_TRANSPORT_ALL;
+  /* The default allows whatever the library can offer; naming every bit
+   * would claim transports this build may not have. */
+  if (transports == 0 || (transports & FERRY_TRANSPORT_ALL) == FERRY_TRANSPORT_ALL) {
+    snprintf(buf, size, "all");
+    return;
+  }
   size_t used = 0;
   buf[0] = '\0';
   for (unsigned bit = 1; bit <= FERRY_TRANSPORT_ALL && used < size; bit <<= 1) {

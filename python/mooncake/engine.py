@@ -10,7 +10,8 @@ calling thread's last message, ``last_error_code()`` its Mooncake code.
 
 - ``"P2PHANDSHAKE"``: the host part of ``local_hostname`` is advertised and
   bound (unless ``MC_TCP_BIND_ADDRESS`` is set, which libferry then uses);
-  the RPC port is picked by the engine (``get_rpc_port()``).
+  the RPC port is picked by the engine (``get_rpc_port()``), or, with
+  ``MC_LEGACY_RPC_PORT_BINDING`` set, taken from ``local_hostname``.
 - ``"http://host:port/path"``: ferry's metadata client; ``local_hostname`` is
   the segment name, verbatim.
 - ``redis://``, ``etcd://`` and bare ``host:port`` (etcd) are not supported:
@@ -192,7 +193,11 @@ class TransferEngine:
         except ValueError as e:
             return self._fail("initialize", e)
         if server.upper() == _P2PHANDSHAKE:
-            port = 0
+            # Mooncake picks the RPC port itself, unless MC_LEGACY_RPC_PORT_BINDING
+            # asks for the port given in local_hostname.
+            if not os.environ.get("MC_LEGACY_RPC_PORT_BINDING"):
+                port = 0
+            port = port or 0
         elif server.lower().startswith(("http://", "https://")):
             kwargs["metadata_url"] = server
             kwargs["segment_name"] = local_hostname

@@ -130,6 +130,7 @@ static ferry_status receive_reply(tcp_channel *ch, tcp_slot *s, uint64_t id, int
     *fatal = st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT;
     return st;
   }
+  *fatal = 0;
   if (write)
     return FERRY_OK; /* header decode guaranteed an empty body */
   st = receive_read_data(ch, s, &h, checksum);

@@ -119,12 +119,16 @@ static int is_reply(uint8_t type) {
   }
 }
 
+/* The checksum flag belongs on frames that carry data (WRITE, READ_REPLY:
+ * a crc32c u32 follows the payload) and on READ, where it adds no bytes and
+ * asks the target to checksum its READ_REPLY: the reader has no other way
+ * to ask for it. */
 static ferry_status check_flags(const ferry_frame_header *h) {
   if (h->flags & ~FERRY_FRAME_FLAG_CHECKSUM)
     return bad_frame(h, "unknown flags 0x%02x", (unsigned)h->flags);
   if ((h->flags & FERRY_FRAME_FLAG_CHECKSUM) && h->type != FERRY_FRAME_WRITE &&
-      h->type != FERRY_FRAME_READ_REPLY)
-    return bad_frame(h, "checksum flag on a frame without payload");
+      h->type != FERRY_FRAME_READ && h->type != FERRY_FRAME_READ_REPLY)
+    return bad_frame(h, "checksum flag on a frame that carries no data");
   return FERRY_OK;
 }
 

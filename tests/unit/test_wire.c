@@ -121,7 +121,14 @@ static void test_header_flags_and_status(void **state) {
   (void)state;
   assert_int_equal(check_header(header(FERRY_FRAME_PING, 0x2, 0, 0, 0)), FERRY_EPROTO);
   assert_detail("flags");
+  /* On READ the flag asks for a checksummed reply and adds no bytes. */
   assert_int_equal(check_header(header(FERRY_FRAME_READ, FERRY_FRAME_FLAG_CHECKSUM, 1, 0, 16)),
+                   FERRY_OK);
+  assert_int_equal(check_header(header(FERRY_FRAME_READ, FERRY_FRAME_FLAG_CHECKSUM, 1, 0, 20)),
+                   FERRY_EPROTO);
+  assert_int_equal(check_header(header(FERRY_FRAME_HELLO, FERRY_FRAME_FLAG_CHECKSUM, 0, 0, 31)),
+                   FERRY_EPROTO);
+  assert_int_equal(check_header(header(FERRY_FRAME_NOTIFY, FERRY_FRAME_FLAG_CHECKSUM, 0, 0, 9)),
                    FERRY_EPROTO);
   assert_int_equal(check_header(header(FERRY_FRAME_WRITE_ACK, FERRY_FRAME_FLAG_CHECKSUM, 0, 0, 0)),
                    FERRY_EPROTO);
