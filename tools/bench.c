@@ -102,7 +102,7 @@ static void bench_usage(FILE *out) {
                "  --threads N        concurrent threads, each on its own slice (default 1)\n"
                "  --duration SEC     timed run length (default 5)\n"
                "  --verify           write: read each slice back after the run and compare;\n"
-          "                     read: seed a pattern, compare every read byte\n"
+               "                     read: seed a pattern, compare every read byte\n"
                "  --json             print one JSON object instead of a line of text\n"
                "  --protocol P       tcp|shm|all transports to allow (default all)\n"
                "  --connections N    TCP data connections per peer\n"
@@ -598,8 +598,10 @@ static void print_human(const bench_opts *o, const bench_result *r) {
     printf(", %u errors", r->errors);
   /* A write run can only check what the slices hold at the end: say so. */
   if (o->verify && verify_ok(o, r))
-    printf(", verified %s%.0f MB OK", o->op == FERRY_OP_WRITE ? "final " : "",
-           (double)r->verified_bytes / 1e6);
+    printf(", verified %s%.0f %s OK", o->op == FERRY_OP_WRITE ? "final " : "",
+           r->verified_bytes < 1000000 ? (double)r->verified_bytes / 1e3
+                                       : (double)r->verified_bytes / 1e6,
+           r->verified_bytes < 1000000 ? "KB" : "MB");
   else if (o->verify)
     printf(", verification FAILED (%" PRIu64 " blocks differ, %.0f MB verified)", r->mismatches,
            (double)r->verified_bytes / 1e6);

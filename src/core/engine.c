@@ -18,13 +18,6 @@
 #include "peer.h"
 #include "transport/transport.h"
 
-struct ferry_allocation {
-  void *addr;
-  size_t length;
-  int fd; /* memfd: same-host peers can map it */
-  struct ferry_allocation *next;
-};
-
 uint64_t ferry_engine_deadline(const ferry_engine *e, uint64_t bytes) {
   uint64_t extra = (bytes >> 20) * (uint64_t)e->cfg.timeout_ns_per_mb;
   return ferry_now_ns() + (uint64_t)e->cfg.timeout_ms * 1000000ull + extra;

@@ -17,7 +17,16 @@
 typedef struct ferry_peer ferry_peer;
 typedef struct ferry_server ferry_server;
 typedef struct ferry_workers ferry_workers;
-typedef struct ferry_allocation ferry_allocation;
+typedef struct ferry_shm_service ferry_shm_service;
+
+/* Memory from ferry_memory_alloc: a memfd mapping, so a same-host peer can
+ * map it too. */
+typedef struct ferry_allocation {
+  void *addr;
+  size_t length;
+  int fd;
+  struct ferry_allocation *next;
+} ferry_allocation;
 
 struct ferry_engine {
   ferry_config cfg;        /* strings below are owned copies */
@@ -35,6 +44,8 @@ struct ferry_engine {
   ferry_server *server;
   ferry_workers *workers;
   ferry_metadata *metadata;      /* NULL in peer-to-peer mode */
+  ferry_shm_service *shm;        /* same-host service, NULL when shm is off */
+  char shm_path[FERRY_WIRE_MAX_NAME + 1]; /* its UNIX socket, advertised in HELLO_REPLY */
 
   pthread_mutex_t peers_lock;
   ferry_peer *peers;

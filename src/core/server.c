@@ -70,6 +70,7 @@ static void fill_hello_reply(ferry_engine *e, ferry_hello_reply *r, uint16_t ver
   r->transports = e->transports;
   memcpy(r->boot_id, e->boot_id, sizeof r->boot_id);
   r->pid = (uint32_t)getpid();
+  snprintf(r->shm_path, sizeof r->shm_path, "%s", e->shm_path);
   ferry_auth_nonce(r->nonce);
 }
 

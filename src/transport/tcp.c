@@ -194,5 +194,3 @@ const ferry_transport ferry_transport_tcp = {
     .channel_shutdown = tcp_shutdown,
     .channel_close = tcp_close,
 };
-
-const ferry_transport *const ferry_transports[] = {&ferry_transport_tcp, NULL};
