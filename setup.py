@@ -40,6 +40,7 @@ ferry_ext = Extension(
     "ferry._ferry",
     sources=_sources(),
     include_dirs=["include", "src"],
+    define_macros=[("_GNU_SOURCE", "1")],  # as the CMake build
     libraries=["crypto", "curl", "jansson", "pthread"],
     extra_compile_args=["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
 )
@@ -49,5 +50,7 @@ setup(
     packages=["ferry", "mooncake"],
     ext_modules=[ferry_ext],
     cmdclass={"build_ext": ParallelBuildExt},
+    # Intermediate files under python/build (gitignored), away from CMake's build/.
+    options={"build": {"build_base": "python/build"}},
     zip_safe=False,
 )

@@ -7,6 +7,8 @@ set -euo pipefail
 
 FERRY=${1:-build/ferry}
 READY_TIMEOUT_S=10
+# Info lines from both engines would bury the results; FERRY_LOG still wins.
+export FERRY_LOG=${FERRY_LOG:-warn}
 
 if [ ! -x "$FERRY" ]; then
   echo "demo: $FERRY is not an executable; build first (cmake --build build)" >&2

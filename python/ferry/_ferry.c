@@ -577,6 +577,35 @@ static void batch_release_memory(BatchObject *b) {
   notify_release(&b->notify);
 }
 
+/* How a batch ended, captured without the GIL. */
+typedef struct {
+  int state;
+  ferry_status error;
+  char detail[ERRBUF_SIZE];
+} BatchOutcome;
+
+/* Without the GIL: waits for fb (bounded by its own deadline), records how it
+ * ended and frees it. */
+static void batch_finish_nogil(ferry_batch *fb, BatchOutcome *out) {
+  ferry_status cause = FERRY_OK;
+  ferry_status st = ferry_batch_wait(fb, -1);
+  out->detail[0] = 0;
+  if (st != FERRY_OK)
+    capture_error(out->detail);
+  out->state = ferry_batch_status(fb, &cause);
+  out->error = st != FERRY_OK ? st : cause;
+  if (out->state == FERRY_BATCH_PENDING) {
+    out->state = FERRY_BATCH_FAILED;
+    if (out->error == FERRY_OK)
+      out->error = FERRY_EINPROGRESS;
+  } else if (out->state == FERRY_BATCH_DONE) {
+    out->error = FERRY_OK;
+  }
+  ferry_batch_free(fb);
+}
+
+static void batch_record(BatchObject *self, int state, ferry_status st, const char *err);
+
 /* Closes the engine: waits for running calls, frees outstanding batches,
  * destroys the engine and drops held buffers. Called with the GIL. */
 static void engine_close_impl(EngineObject *self) {
@@ -601,13 +630,16 @@ static void engine_close_impl(EngineObject *self) {
     n++;
   BatchObject **objs = n ? PyMem_Calloc(n, sizeof *objs) : NULL;
   ferry_batch **raw = n ? PyMem_Calloc(n, sizeof *raw) : NULL;
+  BatchOutcome *outs = n ? PyMem_Calloc(n, sizeof *outs) : NULL;
   size_t k = 0;
-  if (n && (!objs || !raw)) {
+  if (n && (!objs || !raw || !outs)) {
     /* Out of memory: free the batches one by one with the GIL held. */
     PyMem_Free(objs);
     PyMem_Free(raw);
+    PyMem_Free(outs);
     objs = NULL;
     raw = NULL;
+    outs = NULL;
     for (BatchObject *b = self->batches; b; b = b->next) {
       if (b->b) {
         ferry_batch_free(b->b);
@@ -628,15 +660,13 @@ static void engine_close_impl(EngineObject *self) {
   ferry_engine *eng = self->eng;
   PyThreadState *ts_ = PyEval_SaveThread();
   for (size_t i = 0; i < k; i++)
-    ferry_batch_free(raw[i]);
+    batch_finish_nogil(raw[i], &outs[i]);
   ferry_engine_destroy(eng);
   PyEval_RestoreThread(ts_);
   self->eng = NULL;
   for (size_t i = 0; i < k; i++) {
-    if (objs[i]->state == FERRY_BATCH_PENDING) {
-      objs[i]->state = FERRY_BATCH_FAILED;
-      objs[i]->error = FERRY_ECLOSED;
-    }
+    if (objs[i]->state == FERRY_BATCH_PENDING)
+      batch_record(objs[i], outs[i].state, outs[i].error, outs[i].detail);
     batch_release_memory(objs[i]);
     Py_DECREF(objs[i]);
   }
@@ -644,6 +674,7 @@ static void engine_close_impl(EngineObject *self) {
     batch_unlink(self->batches);
   PyMem_Free(objs);
   PyMem_Free(raw);
+  PyMem_Free(outs);
   Py_CLEAR(self->held);
 }
 
@@ -1662,7 +1693,8 @@ static PyObject *batch_wait(BatchObject *self, PyObject *args, PyObject *kwds) {
   Py_RETURN_TRUE;
 }
 
-/* Frees the ferry batch (waiting for it if pending) and drops held memory. */
+/* Frees the ferry batch (waiting for it if pending, bounded by its deadline)
+ * and drops the memory it held; its final state stays readable. */
 static void batch_free_impl(BatchObject *self) {
   while (self->b && self->busy > 0) {
     PyThreadState *ts_ = PyEval_SaveThread();
@@ -1671,17 +1703,20 @@ static void batch_free_impl(BatchObject *self) {
   }
   if (self->b) {
     ferry_batch *fb = self->b;
+    int known = self->state != FERRY_BATCH_PENDING;
+    BatchOutcome out;
     self->b = NULL;
     EngineObject *e = self->engine;
     e->active++;
     PyThreadState *ts_ = PyEval_SaveThread();
-    ferry_batch_free(fb);
+    if (known)
+      ferry_batch_free(fb);
+    else
+      batch_finish_nogil(fb, &out);
     PyEval_RestoreThread(ts_);
     e->active--;
-    if (self->state == FERRY_BATCH_PENDING) {
-      self->state = FERRY_BATCH_FAILED; /* outcome unknown once freed */
-      self->error = FERRY_ECLOSED;
-    }
+    if (!known)
+      batch_record(self, out.state, out.error, out.detail);
   }
   batch_unlink(self);
   batch_release_memory(self);

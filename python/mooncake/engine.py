@@ -165,8 +165,8 @@ class TransferEngine:
     def _eng(self):
         eng = self._engine
         if eng is None:
-            raise ferry.Error(ferry.EINVAL, "TransferEngine is not initialized",
-                              "call initialize() first")
+            raise ferry.Error(ferry.EINVAL,
+                              "TransferEngine is not initialized; call initialize() first")
         return eng
 
     # ---- initialization -------------------------------------------------

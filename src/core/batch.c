@@ -40,8 +40,9 @@ static ferry_status copy_notification(ferry_batch *b, const ferry_notification *
     return FERRY_OK;
   if (!n->name || !*n->name || strlen(n->name) > FERRY_WIRE_MAX_NAME ||
       n->length > FERRY_WIRE_MAX_NOTIFY_DATA || (n->length && !n->data))
-    return ferry_fail(FERRY_EINVAL, "batch notification needs a name of 1..%d bytes and data of "
-                                    "at most %u bytes",
+    return ferry_fail(FERRY_EINVAL,
+                      "batch notification needs a name of 1..%d bytes and data of "
+                      "at most %u bytes",
                       FERRY_WIRE_MAX_NAME, FERRY_WIRE_MAX_NOTIFY_DATA);
   b->notify.name = strdup(n->name);
   b->notify.data = malloc(n->length + 1);
@@ -76,6 +77,7 @@ static ferry_batch *batch_alloc(ferry_engine *e, const ferry_entry *entries, siz
   memcpy(b->entries, entries, count * sizeof *entries);
   b->engine = e;
   b->count = count;
+  ferry_chunker_init(&b->cursor, b->entries, count);
   b->refs = 1;
   pthread_mutex_init(&b->lock, NULL);
   pthread_condattr_t attr;
@@ -138,42 +140,18 @@ static unsigned wanted_drivers(const ferry_batch *b) {
 
 /* ---- claiming and completing ------------------------------------------------------ */
 
-static int cursor_at_end(const ferry_batch *b) { return b->next_entry >= b->count; }
-
 int ferry_batch_has_work(ferry_batch *b) {
   pthread_mutex_lock(&b->lock);
-  int work = !cursor_at_end(b);
+  int work = !ferry_chunker_done(&b->cursor);
   pthread_mutex_unlock(&b->lock);
   return work;
 }
 
 int ferry_batch_claim(ferry_batch *b, size_t slice_size, ferry_chunk *c) {
   pthread_mutex_lock(&b->lock);
-  c->count = 0;
-  c->bytes = 0;
-  while (!cursor_at_end(b) && c->count < FERRY_CHUNK_MAX_SEGMENTS && c->bytes < slice_size) {
-    const ferry_entry *en = &b->entries[b->next_entry];
-    if (c->count && en->op != c->op)
-      break; /* one op per frame */
-    uint64_t take = en->length - b->next_offset;
-    if (take > slice_size - c->bytes)
-      take = slice_size - c->bytes;
-    c->op = en->op;
-    c->local[c->count].iov_base = (char *)en->local + b->next_offset;
-    c->local[c->count].iov_len = (size_t)take;
-    c->remote[c->count].addr = en->remote + b->next_offset;
-    c->remote[c->count].length = take;
-    c->count++;
-    c->bytes += take;
-    b->next_offset += take;
-    if (b->next_offset == en->length) {
-      b->next_entry++;
-      b->next_offset = 0;
-    }
-  }
-  int claimed = c->count > 0;
+  int claimed = ferry_chunker_next(&b->cursor, slice_size, c);
   b->outstanding += (unsigned)claimed;
-  int exhausted = cursor_at_end(b);
+  int exhausted = ferry_chunker_done(&b->cursor);
   pthread_mutex_unlock(&b->lock);
   if (exhausted)
     ferry_peer_wake(b->peer); /* threads waiting for a channel can stop */
@@ -185,25 +163,26 @@ static void record_error(ferry_batch *b, ferry_status status) {
     return;
   b->error = status;
   snprintf(b->detail, sizeof b->detail, "%s", ferry_last_error());
-  b->next_entry = b->count; /* hand out nothing more */
+  ferry_chunker_stop(&b->cursor);
 }
 
 /* Called with the lock held when nothing is outstanding: makes the state
  * final, sending the notification first if the data all landed. */
 static void finish_locked(ferry_batch *b) {
-  if (b->state != FERRY_BATCH_PENDING || b->finishing || b->outstanding || !cursor_at_end(b))
+  if (b->state != FERRY_BATCH_PENDING || b->finishing || b->outstanding ||
+      !ferry_chunker_done(&b->cursor))
     return;
   if (!b->error && b->has_notify) {
     b->finishing = 1;
     pthread_mutex_unlock(&b->lock);
-    ferry_status st = ferry_peer_notify(b->peer, b->notify.name, b->notify.data,
-                                        b->notify.length, b->deadline_ns);
+    ferry_status st = ferry_peer_notify(b->peer, b->notify.name, b->notify.data, b->notify.length,
+                                        b->deadline_ns);
     pthread_mutex_lock(&b->lock);
     b->finishing = 0;
     if (st)
       record_error(b, st);
   }
-  b->state = !b->error                    ? FERRY_BATCH_DONE
+  b->state = !b->error                     ? FERRY_BATCH_DONE
              : b->error == FERRY_ETIMEDOUT ? FERRY_BATCH_TIMEDOUT
                                            : FERRY_BATCH_FAILED;
   pthread_cond_broadcast(&b->cond);
@@ -331,8 +310,7 @@ void ferry_batch_free(ferry_batch *b) {
 /* ---- public entry points ------------------------------------------------------------------ */
 
 ferry_status ferry_batch_submit(ferry_engine *e, const char *target, const ferry_entry *entries,
-                                size_t count, const ferry_notification *notify,
-                                ferry_batch **out) {
+                                size_t count, const ferry_notification *notify, ferry_batch **out) {
   ferry_status st = batch_create(e, target, entries, count, notify, out);
   if (!st)
     ferry_workers_post(e, *out, wanted_drivers(*out));

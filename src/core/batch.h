@@ -7,19 +7,8 @@
 
 #include <sys/uio.h>
 
+#include "core/chunker.h"
 #include "core/engine.h"
-
-/* Room for the frame header, the segment table and a checksum next to the
- * segments in one sendmsg (IOV_MAX is 1024). */
-#define FERRY_CHUNK_MAX_SEGMENTS (FERRY_WIRE_MAX_SEGMENTS - 4)
-
-typedef struct ferry_chunk {
-  ferry_op op;
-  uint32_t count;
-  uint64_t bytes;
-  struct iovec local[FERRY_CHUNK_MAX_SEGMENTS];
-  ferry_region remote[FERRY_CHUNK_MAX_SEGMENTS];
-} ferry_chunk;
 
 struct ferry_batch {
   ferry_engine *engine;
@@ -34,10 +23,9 @@ struct ferry_batch {
 
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  size_t next_entry;      /* claim cursor */
-  uint64_t next_offset;
-  unsigned outstanding;   /* claimed chunks not yet completed */
-  int finishing;          /* a thread is sending the notification */
+  ferry_chunker cursor; /* what is left to claim */
+  unsigned outstanding; /* claimed chunks not yet completed */
+  int finishing;        /* a thread is sending the notification */
   ferry_batch_state state;
   ferry_status error;
   char detail[512];

@@ -1,9 +1,9 @@
 /* engine.c - engine lifetime, memory registration and the notification
  * queue: the parts of the public API that are not about moving bytes. */
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
-#include <arpa/inet.h>
 #include <net/if.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -229,8 +229,8 @@ ferry_status ferry_memory_unregister(ferry_engine *e, void *addr) {
   return st;
 }
 
-ferry_status ferry_memory_register_batch(ferry_engine *e, void *const *addrs,
-                                         const size_t *lengths, size_t count) {
+ferry_status ferry_memory_register_batch(ferry_engine *e, void *const *addrs, const size_t *lengths,
+                                         size_t count) {
   if (!e || (count && (!addrs || !lengths)))
     return ferry_fail(FERRY_EINVAL, "register batch: null engine or arrays");
   ferry_region *regions = malloc((count ? count : 1) * sizeof *regions);

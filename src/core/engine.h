@@ -29,22 +29,22 @@ typedef struct ferry_allocation {
 } ferry_allocation;
 
 struct ferry_engine {
-  ferry_config cfg;        /* strings below are owned copies */
+  ferry_config cfg; /* strings below are owned copies */
   char *advertise_host;
   char *bind_host;
   char *secret;
   char *segment_name;
   char name[FERRY_HOST_MAX + 8]; /* what peers pass as target */
   uint16_t port;
-  uint64_t instance_id;          /* random per engine: peers notice restarts */
+  uint64_t instance_id; /* random per engine: peers notice restarts */
   uint8_t boot_id[FERRY_WIRE_BOOT_ID_SIZE];
-  unsigned transports;           /* allowed and available here */
+  unsigned transports; /* allowed and available here */
 
   ferry_registry *registry;
   ferry_server *server;
   ferry_workers *workers;
-  ferry_metadata *metadata;      /* NULL in peer-to-peer mode */
-  ferry_shm_service *shm;        /* same-host service, NULL when shm is off */
+  ferry_metadata *metadata;               /* NULL in peer-to-peer mode */
+  ferry_shm_service *shm;                 /* same-host service, NULL when shm is off */
   char shm_path[FERRY_WIRE_MAX_NAME + 1]; /* its UNIX socket, advertised in HELLO_REPLY */
 
   pthread_mutex_t peers_lock;
@@ -68,8 +68,8 @@ ferry_status ferry_server_start(ferry_engine *engine, int listen_fd);
 void ferry_server_stop(ferry_engine *engine);
 
 /* notify queue (engine.c), fed by the server. */
-ferry_status ferry_engine_push_notification(ferry_engine *engine, const char *name,
-                                            size_t name_len, const void *data, size_t len);
+ferry_status ferry_engine_push_notification(ferry_engine *engine, const char *name, size_t name_len,
+                                            const void *data, size_t len);
 
 /* auth.c: the shared-secret proof, HMAC-SHA256 over both nonces. */
 void ferry_auth_nonce(uint8_t nonce[FERRY_WIRE_NONCE_SIZE]);

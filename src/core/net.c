@@ -23,8 +23,7 @@
 
 #define FERRY_SOCKET_BUFFER (8 << 20)
 
-ferry_status ferry_net_parse_target(const char *target, char host[FERRY_HOST_MAX],
-                                    uint16_t *port) {
+ferry_status ferry_net_parse_target(const char *target, char host[FERRY_HOST_MAX], uint16_t *port) {
   if (!target || !*target)
     return ferry_fail(FERRY_EINVAL, "target is empty (expected host:port)");
   const char *colon;
@@ -46,8 +45,8 @@ ferry_status ferry_net_parse_target(const char *target, char host[FERRY_HOST_MAX
   char *end;
   errno = 0;
   unsigned long p = strtoul(colon + 1, &end, 10);
-  if (host_len == 0 || host_len >= FERRY_HOST_MAX || *end || colon[1] == 0 || p == 0 ||
-      p > 65535 || errno)
+  if (host_len == 0 || host_len >= FERRY_HOST_MAX || *end || colon[1] == 0 || p == 0 || p > 65535 ||
+      errno)
     return ferry_fail(FERRY_EINVAL, "target \"%s\" is not host:port with a port in 1..65535",
                       target);
   memcpy(host, host_start, host_len);
@@ -204,7 +203,8 @@ static ferry_status arm_timeout(ferry_sock *s, const char *step) {
   } else if (s->timeout_set_ns == 0) {
     return FERRY_OK;
   }
-  struct timeval tv = {(time_t)(left / 1000000000ull), (suseconds_t)((left % 1000000000ull) / 1000)};
+  struct timeval tv = {(time_t)(left / 1000000000ull),
+                       (suseconds_t)((left % 1000000000ull) / 1000)};
   setsockopt(s->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   s->timeout_set_ns = left;
@@ -330,7 +330,8 @@ ferry_status ferry_sock_read_refusal(ferry_sock *s, const ferry_frame_header *h,
   ferry_status code = (ferry_status)h->status;
   if (code > 0 || code < FERRY_EINPROGRESS)
     code = FERRY_EREMOTE;
-  return ferry_fail(code, "%s refused by %s: %s", step, s->peer, len ? reason : ferry_strerror(code));
+  return ferry_fail(code, "%s refused by %s: %s", step, s->peer,
+                    len ? reason : ferry_strerror(code));
 }
 
 int ferry_net_idle_alive(int fd) {

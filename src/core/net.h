@@ -14,8 +14,7 @@
 #define FERRY_HOST_MAX 256
 
 /* "host:port" or "[v6]:port" -> host (without brackets) and port. */
-ferry_status ferry_net_parse_target(const char *target, char host[FERRY_HOST_MAX],
-                                    uint16_t *port);
+ferry_status ferry_net_parse_target(const char *target, char host[FERRY_HOST_MAX], uint16_t *port);
 /* Formats host and port the way targets are written ("[v6]:port" for v6). */
 void ferry_net_format_target(char *out, size_t size, const char *host, uint16_t port);
 
@@ -30,8 +29,8 @@ void ferry_net_tune(int fd);
  * currently set on it, so each call sets SO_*TIMEO only when it shrinks. */
 typedef struct ferry_sock {
   int fd;
-  const char *peer;      /* "host:port", for messages */
-  uint64_t deadline_ns;  /* 0 = none */
+  const char *peer;     /* "host:port", for messages */
+  uint64_t deadline_ns; /* 0 = none */
   uint64_t timeout_set_ns;
 } ferry_sock;
 

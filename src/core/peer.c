@@ -41,7 +41,7 @@ static ferry_peer *peer_new(ferry_engine *e, const char *target) {
 }
 
 ferry_status ferry_peer_get(ferry_engine *e, const char *target, ferry_peer **out) {
-  if (!target || !*target || strlen(target) >= sizeof ((ferry_peer *)0)->target)
+  if (!target || !*target || strlen(target) >= sizeof((ferry_peer *)0)->target)
     return ferry_fail(FERRY_EINVAL, "target name is empty or too long");
   if (!e->metadata) {
     char host[FERRY_HOST_MAX];
@@ -217,7 +217,8 @@ static ferry_status control_once(ferry_peer *p, const ferry_frame_header *req, c
   }
   if (p->control_fd < 0) {
     ferry_hello_reply reply;
-    ferry_status st = ferry_peer_connect(p, FERRY_CONN_CONTROL, deadline_ns, &p->control_fd, &reply);
+    ferry_status st =
+        ferry_peer_connect(p, FERRY_CONN_CONTROL, deadline_ns, &p->control_fd, &reply);
     if (st)
       return st;
     p->control_instance = reply.engine_id;

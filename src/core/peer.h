@@ -14,24 +14,24 @@ struct ferry_transport;
 struct ferry_peer {
   ferry_engine *engine;
   struct ferry_peer *next;
-  char target[FERRY_HOST_MAX + 8];  /* as the caller names it */
+  char target[FERRY_HOST_MAX + 8]; /* as the caller names it */
 
-  pthread_mutex_t lock;             /* everything below */
-  pthread_cond_t cond;              /* a channel was returned */
-  char host[FERRY_HOST_MAX];        /* where it listens (resolved from metadata) */
+  pthread_mutex_t lock;      /* everything below */
+  pthread_cond_t cond;       /* a channel was returned */
+  char host[FERRY_HOST_MAX]; /* where it listens (resolved from metadata) */
   uint16_t port;
   char address[FERRY_HOST_MAX + 8]; /* "host:port", for messages */
   int known;                        /* info below is valid */
   ferry_hello_reply info;
   const struct ferry_transport *transport;
-  ferry_region *regions;            /* sorted cache of its table */
+  ferry_region *regions; /* sorted cache of its table */
   size_t region_count;
-  unsigned generation;              /* bumped on failure: retire old channels */
+  unsigned generation; /* bumped on failure: retire old channels */
   struct ferry_channel *idle;
   struct ferry_channel *all;
   unsigned open_channels;
 
-  pthread_mutex_t control_lock;     /* one request at a time on control */
+  pthread_mutex_t control_lock; /* one request at a time on control */
   int control_fd;
   uint64_t control_instance;
 };
@@ -52,8 +52,7 @@ ferry_status ferry_peer_connect(ferry_peer *peer, ferry_conn_kind kind, uint64_t
                                 int *fd, ferry_hello_reply *reply);
 /* Takes a channel for a batch (opening one if below the limit, else
  * waiting); FERRY_ENOTFOUND when the batch has no work left to claim. */
-ferry_status ferry_peer_checkout(ferry_peer *peer, ferry_batch *batch,
-                                 struct ferry_channel **out);
+ferry_status ferry_peer_checkout(ferry_peer *peer, ferry_batch *batch, struct ferry_channel **out);
 void ferry_peer_checkin(ferry_peer *peer, struct ferry_channel *channel);
 /* Wakes threads waiting in checkout (a batch ran out of work). */
 void ferry_peer_wake(ferry_peer *peer);

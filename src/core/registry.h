@@ -37,7 +37,6 @@ uint64_t ferry_registry_generation(ferry_registry *registry);
 
 /* Binary search in a sorted, disjoint table (no locking): the region index
  * containing [addr, addr+length), or -1. */
-long ferry_regions_search(const ferry_region *sorted, size_t count, uint64_t addr,
-                          uint64_t length);
+long ferry_regions_search(const ferry_region *sorted, size_t count, uint64_t addr, uint64_t length);
 
 #endif

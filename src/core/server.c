@@ -95,7 +95,8 @@ static ferry_status handshake(server_conn *c) {
   ferry_frame_header h;
   uint8_t body[FERRY_WIRE_HELLO_MAX];
   ferry_hello hello;
-  ferry_sock_set_deadline(&c->sock, ferry_now_ns() + c->engine->cfg.connect_timeout_ms * 1000000ull);
+  ferry_sock_set_deadline(&c->sock,
+                          ferry_now_ns() + c->engine->cfg.connect_timeout_ms * 1000000ull);
   ferry_status st = ferry_sock_recv_header(&c->sock, &h, "receive HELLO");
   if (st)
     return st;
@@ -176,7 +177,8 @@ static ferry_status serve_write(server_conn *c, const ferry_frame_header *h) {
   if (st)
     return st;
   int checksum = h->flags & FERRY_FRAME_FLAG_CHECKSUM;
-  uint64_t expected = h->body_len - (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE - (checksum ? 4 : 0);
+  uint64_t expected =
+      h->body_len - (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE - (checksum ? 4 : 0);
   if (total != expected)
     return ferry_fail(FERRY_EPROTO, "WRITE from %s: segments sum to %llu bytes, frame carries %llu",
                       c->peer, (unsigned long long)total, (unsigned long long)expected);
@@ -283,8 +285,7 @@ static ferry_status serve_frame(server_conn *c, const ferry_frame_header *h) {
   case FERRY_FRAME_NOTIFY: return serve_notify(c, h);
   case FERRY_FRAME_REGIONS_REQ: return serve_regions(c, h);
   case FERRY_FRAME_PING: return reply(c, FERRY_FRAME_PONG, h->id, FERRY_OK, NULL);
-  default:
-    return ferry_fail(FERRY_EPROTO, "unexpected frame type %u from %s", h->type, c->peer);
+  default: return ferry_fail(FERRY_EPROTO, "unexpected frame type %u from %s", h->type, c->peer);
   }
 }
 

@@ -118,12 +118,14 @@ static ferry_status receive_reply(tcp_channel *ch, tcp_slot *s, uint64_t id, int
   int write = s->chunk.op == FERRY_OP_WRITE;
   ferry_frame_header h;
   *fatal = 1;
-  ferry_status st = ferry_sock_recv_header(&ch->sock, &h, write ? "receive WRITE ack" : "receive READ reply");
+  ferry_status st =
+      ferry_sock_recv_header(&ch->sock, &h, write ? "receive WRITE ack" : "receive READ reply");
   if (st)
     return st;
   uint8_t want = write ? FERRY_FRAME_WRITE_ACK : FERRY_FRAME_READ_REPLY;
   if (h.type != want || h.id != id)
-    return ferry_fail(FERRY_EPROTO, "reply from %s is frame type %u id %llu, expected type %u id %llu",
+    return ferry_fail(FERRY_EPROTO,
+                      "reply from %s is frame type %u id %llu, expected type %u id %llu",
                       ch->address, h.type, (unsigned long long)h.id, want, (unsigned long long)id);
   if (h.status) {
     st = ferry_sock_read_refusal(&ch->sock, &h, write ? "WRITE" : "READ");
@@ -159,8 +161,9 @@ static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
     if (done == sent)
       break;
     int fatal = 0;
-    ferry_status st = base->broken ? first
-                                   : receive_reply(ch, &ch->slots[done % TCP_WINDOW], done, checksum, &fatal);
+    ferry_status st =
+        base->broken ? first
+                     : receive_reply(ch, &ch->slots[done % TCP_WINDOW], done, checksum, &fatal);
     if (fatal)
       base->broken = 1;
     if (st && !first)
@@ -176,7 +179,9 @@ static int tcp_alive(ferry_channel *base) {
   return ferry_net_idle_alive(((tcp_channel *)base)->sock.fd);
 }
 
-static void tcp_shutdown(ferry_channel *base) { shutdown(((tcp_channel *)base)->sock.fd, SHUT_RDWR); }
+static void tcp_shutdown(ferry_channel *base) {
+  shutdown(((tcp_channel *)base)->sock.fd, SHUT_RDWR);
+}
 
 static void tcp_close(ferry_channel *base) {
   tcp_channel *ch = (tcp_channel *)base;

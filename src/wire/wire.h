@@ -56,7 +56,9 @@ typedef enum ferry_frame_type {
 } ferry_frame_type;
 
 /* flags */
-#define FERRY_FRAME_FLAG_CHECKSUM 0x1 /* WRITE / READ_REPLY payload followed by crc32c u32 */
+/* WRITE: payload followed by its crc32c (u32). READ: asks for a checksummed
+ * reply. READ_REPLY: payload followed by its crc32c. */
+#define FERRY_FRAME_FLAG_CHECKSUM 0x1
 
 typedef struct ferry_frame_header {
   uint8_t type;

@@ -53,8 +53,8 @@ int test_target_start(test_target *t, uint16_t port, uint64_t size, const char *
   char port_s[16], size_s[32];
   snprintf(port_s, sizeof port_s, "%u", port);
   snprintf(size_s, sizeof size_s, "%llu", (unsigned long long)size);
-  const char *argv[32] = {tool_path(), "serve", "--host", "127.0.0.1", "--port", port_s,
-                          "--size", size_s};
+  const char *argv[32] = {tool_path(), "serve", "--host", "127.0.0.1",
+                          "--port",    port_s,  "--size", size_s};
   int argc = 8;
   for (int i = 0; extra && extra[i] && argc < 31; i++)
     argv[argc++] = extra[i];

@@ -12,9 +12,9 @@
 
 typedef struct test_target {
   pid_t pid;
-  char target[64];   /* "127.0.0.1:PORT" */
+  char target[64]; /* "127.0.0.1:PORT" */
   uint16_t port;
-  uint64_t addr;     /* its registered buffer */
+  uint64_t addr; /* its registered buffer */
   uint64_t size;
 } test_target;
 

@@ -1,0 +1,52 @@
+# The two commands of README.md:
+#   make demo   - installs what is missing, builds, runs a verified transfer demo
+#   make check  - installs what is missing, builds, runs every test suite
+# Each step is also a target of its own (deps, build, test, test-asan, ...).
+
+JOBS ?= 2
+PYTHON ?= /usr/bin/python3
+BUILD ?= build
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build demo check test test-asan test-tsan test-python test-fuzz bench-smoke format clean
+
+all: build
+
+deps:
+	@./scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j$(JOBS)
+
+demo: build
+	@./scripts/demo.sh $(BUILD)/ferry
+
+# Plain build: every ctest (unit, integration, fault).
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j1
+
+# AddressSanitizer + UBSan build of the whole C suite.
+test-asan: deps
+	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=address >/dev/null
+	@cmake --build $(BUILD)-asan -j$(JOBS)
+	@cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --output-on-failure -j1 -LE soak
+
+# ThreadSanitizer build of the threaded tests.
+test-tsan: deps
+	@cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread >/dev/null
+	@cmake --build $(BUILD)-tsan -j$(JOBS)
+	@cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure -j1 -L 'threaded|unit'
+
+test-python: build
+	@$(PYTHON) setup.py -q build_ext --inplace >/dev/null
+	@FERRY_TOOL=$(CURDIR)/$(BUILD)/ferry $(PYTHON) -m pytest -q tests/python
+
+check: test test-asan test-tsan test-python
+	@echo "make check: all suites passed"
+
+format:
+	@clang-format -i include/*.h src/*/*.[ch] tools/*.[ch] tests/*/*.[ch] python/ferry/*.c
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz python/ferry/*.so

@@ -1,0 +1,188 @@
+/* pingpong.c - TCP round-trip baseline for bench/run: the client sends a
+ * small message, the server echoes it back, and the client records every
+ * round trip. The server serves one connection and exits, like `iperf3 -1`.
+ *
+ *   pingpong server [HOST [PORT]]     prints "ready port=N", echoes until EOF
+ *   pingpong client HOST PORT [SIZE [SECONDS]]
+ *                                     prints one JSON line with p50/p99 in us
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_MSG 65536
+#define WARMUP_ROUNDS 1000
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void die(const char *what) {
+  fprintf(stderr, "pingpong: %s: %s\n", what, strerror(errno));
+  exit(1);
+}
+
+static void set_nodelay(int fd) {
+  int one = 1;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
+    die("TCP_NODELAY");
+}
+
+static int write_all(int fd, const char *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return -1;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+static int read_all(int fd, char *p, size_t n) {
+  while (n > 0) {
+    ssize_t r = recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+static struct addrinfo *resolve(const char *host, const char *port, int passive) {
+  struct addrinfo hints = {0}, *ai;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  int rc = getaddrinfo(host, port, &hints, &ai);
+  if (rc != 0) {
+    fprintf(stderr, "pingpong: resolve %s: %s\n", host, gai_strerror(rc));
+    exit(1);
+  }
+  return ai;
+}
+
+static int run_server(const char *host, const char *port) {
+  struct addrinfo *ai = resolve(host, port, 1);
+  int lfd = socket(ai->ai_family, SOCK_STREAM, 0);
+  int one = 1;
+  if (lfd < 0)
+    die("socket");
+  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(lfd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(lfd, 1) < 0)
+    die("bind/listen");
+  freeaddrinfo(ai);
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  getsockname(lfd, (struct sockaddr *)&ss, &len);
+  unsigned bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                  : ((struct sockaddr_in *)&ss)->sin_port);
+  printf("ready port=%u\n", bound);
+  fflush(stdout);
+  int fd = accept(lfd, NULL, NULL);
+  if (fd < 0)
+    die("accept");
+  close(lfd);
+  set_nodelay(fd);
+  static char buf[MAX_MSG];
+  for (;;) {
+    ssize_t r = recv(fd, buf, sizeof buf, 0);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break;
+    if (write_all(fd, buf, (size_t)r) != 0)
+      break;
+  }
+  close(fd);
+  return 0;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+static double pct_us(const uint64_t *sorted, size_t n, double p) {
+  size_t rank = (size_t)(p * (double)n + 0.999999);
+  if (rank < 1)
+    rank = 1;
+  if (rank > n)
+    rank = n;
+  return (double)sorted[rank - 1] / 1e3;
+}
+
+static int run_client(const char *host, const char *port, size_t size, double seconds) {
+  struct addrinfo *ai = resolve(host, port, 0);
+  int fd = socket(ai->ai_family, SOCK_STREAM, 0);
+  if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0)
+    die("connect");
+  freeaddrinfo(ai);
+  set_nodelay(fd);
+  static char msg[MAX_MSG], back[MAX_MSG];
+  memset(msg, 0x5a, size);
+  size_t cap = 1 << 16, n = 0;
+  uint64_t *rtt = malloc(cap * sizeof *rtt);
+  if (!rtt)
+    die("malloc");
+  for (int i = 0; i < WARMUP_ROUNDS; i++)
+    if (write_all(fd, msg, size) || read_all(fd, back, size))
+      die("warm-up round trip");
+  uint64_t start = now_ns(), end = start + (uint64_t)(seconds * 1e9), t = start;
+  while (t < end) {
+    uint64_t t0 = now_ns();
+    if (write_all(fd, msg, size) || read_all(fd, back, size))
+      die("round trip");
+    t = now_ns();
+    if (n == cap) {
+      cap *= 2;
+      uint64_t *grown = realloc(rtt, cap * sizeof *rtt);
+      if (!grown)
+        die("realloc");
+      rtt = grown;
+    }
+    rtt[n++] = t - t0;
+  }
+  close(fd);
+  qsort(rtt, n, sizeof *rtt, cmp_u64);
+  double sum = 0;
+  for (size_t i = 0; i < n; i++)
+    sum += (double)rtt[i];
+  printf("{\"size\":%zu,\"count\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f,\"mean_us\":%.2f}\n", size, n,
+         pct_us(rtt, n, 0.50), pct_us(rtt, n, 0.99), sum / (double)n / 1e3);
+  free(rtt);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 2 && strcmp(argv[1], "server") == 0)
+    return run_server(argc > 2 ? argv[2] : "127.0.0.1", argc > 3 ? argv[3] : "0");
+  if (argc >= 4 && strcmp(argv[1], "client") == 0) {
+    long size = argc > 4 ? atol(argv[4]) : 64;
+    double seconds = argc > 5 ? atof(argv[5]) : 2.0;
+    if (size < 1 || size > MAX_MSG || !(seconds > 0)) {
+      fprintf(stderr, "pingpong: size must be 1..%d and seconds > 0\n", MAX_MSG);
+      return 2;
+    }
+    return run_client(argv[2], argv[3], (size_t)size, seconds);
+  }
+  fprintf(stderr, "usage: pingpong server [HOST [PORT]]\n"
+                  "       pingpong client HOST PORT [SIZE [SECONDS]]\n");
+  return 2;
+}

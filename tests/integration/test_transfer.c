@@ -1,0 +1,555 @@
+/* test_transfer.c - two engines in two processes over loopback: the target
+ * is a `ferry serve` process (or a forked child), the initiator is this
+ * test. Every transfer is verified byte for byte. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* cmocka needs the headers above first. */
+#include <cmocka.h>
+
+#include "ferry.h"
+#include "harness.h"
+#include "rawclient.h"
+
+#define MiB (1024ull * 1024ull)
+#define TARGET_SIZE (256 * MiB)
+
+static test_target target;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int start_target(void **state) { return test_target_start(&target, 0, TARGET_SIZE, NULL); }
+
+static int stop_target(void **state) {
+  test_target_stop(&target);
+  return 0;
+}
+
+static ferry_engine *engine_with_timeout(uint32_t timeout_ms, const char *secret) {
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.timeout_ms = timeout_ms;
+  cfg.connect_timeout_ms = timeout_ms < 5000 ? timeout_ms : 5000;
+  cfg.secret = secret;
+  ferry_engine *e = NULL;
+  assert_int_equal(ferry_engine_create(&cfg, &e), FERRY_OK);
+  return e;
+}
+
+/* Writes random bytes of `size` at `offset` of the target, reads them back
+ * into a second buffer and compares. */
+static void round_trip(ferry_engine *e, uint8_t *out, uint8_t *in, uint64_t offset, size_t size,
+                       uint64_t seed) {
+  test_fill_random(out, size, seed);
+  memset(in, 0, size);
+  ferry_status st =
+      ferry_transfer_sync(e, target.target, FERRY_OP_WRITE, out, target.addr + offset, size);
+  if (st)
+    fail_msg("write of %zu bytes: %s", size, ferry_last_error());
+  st = ferry_transfer_sync(e, target.target, FERRY_OP_READ, in, target.addr + offset, size);
+  if (st)
+    fail_msg("read of %zu bytes: %s", size, ferry_last_error());
+  assert_memory_equal(out, in, size);
+}
+
+static void random_sizes_round_trip(void **state) {
+  ferry_engine *e = test_engine(NULL);
+  size_t cap = 64 * MiB;
+  uint8_t *out = test_buffer(e, cap), *in = test_buffer(e, cap);
+  size_t fixed[] = {1, 2, 3, 63, 64, 4095, 4096, 4097, 65537, MiB + 3, 7 * MiB + 1, 64 * MiB};
+  for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
+    round_trip(e, out, in, (i * 4099) % (TARGET_SIZE - cap), fixed[i], i + 1);
+  srand(12345);
+  for (int i = 0; i < 24; i++) {
+    size_t size = 1 + ((size_t)rand() * 7919u) % cap;
+    uint64_t offset = ((uint64_t)rand() * 4093u) % (TARGET_SIZE - size);
+    round_trip(e, out, in, offset, size, 100 + (uint64_t)i);
+  }
+  ferry_engine_destroy(e);
+  free(out);
+  free(in);
+}
+
+/* 100,000 entries of 2 KiB scattered over the target, written in one batch
+ * and read back in one batch. */
+static void hundred_thousand_entry_batch(void **state) {
+  enum { N = 100000, ENTRY = 2048 };
+  ferry_engine *e = test_engine(NULL);
+  uint8_t *out = test_buffer(e, (size_t)N * ENTRY), *in = test_buffer(e, (size_t)N * ENTRY);
+  ferry_entry *entries = malloc(N * sizeof *entries);
+  test_fill_random(out, (size_t)N * ENTRY, 77);
+  for (size_t i = 0; i < N; i++) {
+    /* remote slots in a scrambled order, so neighbours are not contiguous */
+    size_t slot = (i * 7919) % N;
+    entries[i] = (ferry_entry){FERRY_OP_WRITE, out + i * ENTRY, target.addr + slot * ENTRY, ENTRY};
+  }
+  double t0 = now_s();
+  assert_int_equal(ferry_transfer_sync_batch(e, target.target, entries, N, NULL), FERRY_OK);
+  for (size_t i = 0; i < N; i++) {
+    entries[i].op = FERRY_OP_READ;
+    entries[i].local = in + i * ENTRY;
+  }
+  assert_int_equal(ferry_transfer_sync_batch(e, target.target, entries, N, NULL), FERRY_OK);
+  print_message("100,000 x 2 KiB written and read back in %.2f s\n", now_s() - t0);
+  assert_memory_equal(out, in, (size_t)N * ENTRY);
+  free(entries);
+  ferry_engine_destroy(e);
+  free(out);
+  free(in);
+}
+
+static void async_batch_polled_to_completion(void **state) {
+  enum { N = 64 };
+  ferry_engine *e = test_engine(NULL);
+  size_t size = N * MiB;
+  uint8_t *out = test_buffer(e, size), *in = test_buffer(e, size);
+  test_fill_random(out, size, 5);
+  ferry_entry entries[N];
+  for (size_t i = 0; i < N; i++)
+    entries[i] = (ferry_entry){FERRY_OP_WRITE, out + i * MiB, target.addr + (N - 1 - i) * MiB, MiB};
+  ferry_batch *b;
+  assert_int_equal(ferry_batch_submit(e, target.target, entries, N, NULL, &b), FERRY_OK);
+  ferry_batch_state state_now;
+  ferry_status error = FERRY_OK;
+  int polls = 0;
+  while ((state_now = ferry_batch_status(b, &error)) == FERRY_BATCH_PENDING) {
+    polls++;
+    usleep(1000);
+  }
+  assert_int_equal(state_now, FERRY_BATCH_DONE);
+  assert_int_equal(error, FERRY_OK);
+  assert_int_equal(ferry_batch_wait(b, 0), FERRY_OK);
+  ferry_batch_free(b);
+  for (size_t i = 0; i < N; i++)
+    entries[i] = (ferry_entry){FERRY_OP_READ, in + i * MiB, target.addr + (N - 1 - i) * MiB, MiB};
+  assert_int_equal(ferry_batch_submit(e, target.target, entries, N, NULL, &b), FERRY_OK);
+  assert_int_equal(ferry_batch_wait(b, 30000), FERRY_OK);
+  ferry_batch_free(b);
+  assert_memory_equal(out, in, size);
+  print_message("async batch polled %d times\n", polls);
+  ferry_engine_destroy(e);
+  free(out);
+  free(in);
+}
+
+typedef struct thread_job {
+  ferry_engine *engine;
+  int index;
+  int failures;
+} thread_job;
+
+static void *thread_transfers(void *arg) {
+  thread_job *job = arg;
+  const size_t span = 8 * MiB; /* each thread owns its own slice of the target */
+  uint8_t *out = test_buffer(job->engine, span), *in = test_buffer(job->engine, span);
+  uint64_t base = target.addr + (uint64_t)job->index * span;
+  unsigned seed = (unsigned)job->index * 31u + 1;
+  for (int i = 0; i < 40 && out && in; i++) {
+    size_t size = 1 + (size_t)rand_r(&seed) % span;
+    test_fill_random(out, size, (uint64_t)job->index * 1000 + (uint64_t)i);
+    if (ferry_transfer_sync(job->engine, target.target, FERRY_OP_WRITE, out, base, size) ||
+        ferry_transfer_sync(job->engine, target.target, FERRY_OP_READ, in, base, size) ||
+        memcmp(out, in, size) != 0)
+      job->failures++;
+  }
+  ferry_memory_unregister(job->engine, out);
+  ferry_memory_unregister(job->engine, in);
+  free(out);
+  free(in);
+  return NULL;
+}
+
+static void many_threads_one_engine(void **state) {
+  enum { THREADS = 8 };
+  ferry_engine *e = test_engine(NULL);
+  pthread_t threads[THREADS];
+  thread_job jobs[THREADS];
+  for (int i = 0; i < THREADS; i++) {
+    jobs[i] = (thread_job){e, i, 0};
+    pthread_create(&threads[i], NULL, thread_transfers, &jobs[i]);
+  }
+  for (int i = 0; i < THREADS; i++) {
+    pthread_join(threads[i], NULL);
+    assert_int_equal(jobs[i].failures, 0);
+  }
+  ferry_engine_destroy(e);
+}
+
+/* The target itself refuses an out-of-region WRITE (sent by a raw client
+ * that skips the initiator's own check), and the same connection then
+ * carries a valid WRITE and READ. */
+static void target_refuses_unregistered_and_connection_survives(void **state) {
+  int fd = raw_connect(target.port);
+  assert_true(fd >= 0);
+  assert_int_equal(raw_hello(fd, 1, 1, NULL, 0), 0);
+  char reason[1100] = "";
+  uint8_t data[4096], back[4096];
+  test_fill_random(data, sizeof data, 9);
+  int st = raw_write(fd, target.addr + TARGET_SIZE - 100, data, sizeof data, reason, sizeof reason);
+  assert_int_equal(st, FERRY_ENOTREG);
+  assert_non_null(strstr(reason, "not registered"));
+  st = raw_write(fd, 0x1000, data, sizeof data, reason, sizeof reason);
+  assert_int_equal(st, FERRY_ENOTREG);
+  assert_int_equal(raw_write(fd, target.addr + 12345, data, sizeof data, NULL, 0), 0);
+  assert_int_equal(raw_read(fd, target.addr + 12345, back, sizeof back), 0);
+  assert_memory_equal(data, back, sizeof data);
+  assert_int_equal(raw_read(fd, target.addr - 8, back, 16), FERRY_ENOTREG);
+  close(fd);
+}
+
+static void initiator_refuses_unregistered_addresses(void **state) {
+  ferry_engine *e = test_engine(NULL);
+  uint8_t *buf = test_buffer(e, MiB);
+  uint8_t unregistered[64];
+  ferry_status st =
+      ferry_transfer_sync(e, target.target, FERRY_OP_WRITE, buf, target.addr + TARGET_SIZE, 64);
+  assert_int_equal(st, FERRY_ENOTREG);
+  assert_non_null(strstr(ferry_last_error(), "not registered"));
+  assert_non_null(strstr(ferry_last_error(), target.target));
+  st = ferry_transfer_sync(e, target.target, FERRY_OP_WRITE, unregistered, target.addr, 64);
+  assert_int_equal(st, FERRY_ENOTREG);
+  assert_non_null(strstr(ferry_last_error(), "local address"));
+  assert_int_equal(ferry_transfer_sync(e, target.target, FERRY_OP_WRITE, buf, target.addr, 0),
+                   FERRY_EINVAL);
+  assert_int_equal(ferry_transfer_sync(e, target.target, FERRY_OP_WRITE, buf, target.addr, MiB),
+                   FERRY_OK);
+  ferry_engine_destroy(e);
+  free(buf);
+}
+
+static void version_mismatch_names_both_versions(void **state) {
+  int fd = raw_connect(target.port);
+  assert_true(fd >= 0);
+  char reason[1100] = "";
+  assert_int_equal(raw_hello(fd, 7, 9, reason, sizeof reason), FERRY_EVERSION);
+  assert_non_null(strstr(reason, "7..9"));
+  assert_non_null(strstr(reason, "1..1"));
+  close(fd);
+}
+
+static void malformed_frames_close_only_their_connection(void **state) {
+  int fd = raw_connect(target.port);
+  assert_int_equal(raw_send(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n..........", 40), 0);
+  assert_true(raw_closed_by_peer(fd, 5000));
+  close(fd);
+
+  fd = raw_connect(target.port);
+  assert_int_equal(raw_hello(fd, 1, 1, NULL, 0), 0);
+  ferry_frame_header h = {.type = FERRY_FRAME_WRITE, .count = 1, .body_len = 1ull << 40};
+  uint8_t raw[FERRY_WIRE_HEADER_SIZE];
+  ferry_wire_header_encode(raw, &h);
+  assert_int_equal(raw_send(fd, raw, sizeof raw), 0);
+  assert_true(raw_closed_by_peer(fd, 5000));
+  close(fd);
+
+  fd = raw_connect(target.port); /* truncated frame, then hang up */
+  assert_int_equal(raw_hello(fd, 1, 1, NULL, 0), 0);
+  assert_int_equal(raw_send(fd, raw, 10), 0);
+  close(fd);
+
+  ferry_engine *e = test_engine(NULL);
+  assert_int_equal(ferry_probe(e, target.target), FERRY_OK);
+  uint8_t *buf = test_buffer(e, 4096);
+  assert_int_equal(ferry_transfer_sync(e, target.target, FERRY_OP_WRITE, buf, target.addr, 4096),
+                   FERRY_OK);
+  ferry_engine_destroy(e);
+  free(buf);
+}
+
+static void probe_live_and_dead_peers(void **state) {
+  ferry_engine *e = test_engine(NULL);
+  assert_int_equal(ferry_probe(e, target.target), FERRY_OK);
+  assert_int_equal(ferry_probe(e, "127.0.0.1:1"), FERRY_ESOCKET);
+  assert_non_null(strstr(ferry_last_error(), "127.0.0.1:1"));
+  assert_non_null(strstr(ferry_last_error(), "refused"));
+  assert_int_equal(ferry_probe(e, "not-a-target"), FERRY_EINVAL);
+  assert_int_equal(ferry_probe(e, "no.such.host.invalid:80"), FERRY_EDNS);
+  ferry_engine_destroy(e);
+}
+
+static void transport_choice_is_reported(void **state) {
+  ferry_engine *e = test_engine(NULL);
+  unsigned transport = 0;
+  assert_int_equal(ferry_peer_transport(e, target.target, &transport), FERRY_OK);
+  assert_true(transport == FERRY_TRANSPORT_TCP || transport == FERRY_TRANSPORT_SHM);
+  ferry_region *regions;
+  size_t count;
+  assert_int_equal(ferry_peer_regions(e, target.target, &regions, &count), FERRY_OK);
+  assert_int_equal(count, 1);
+  assert_int_equal(regions[0].addr, target.addr);
+  assert_int_equal(regions[0].length, TARGET_SIZE);
+  free(regions);
+  ferry_engine_destroy(e);
+}
+
+/* ---- tests with their own targets --------------------------------------------- */
+
+static void wrong_secret_is_refused(void **state) {
+  test_target t;
+  const char *extra[] = {"--secret", "right-secret", NULL};
+  assert_int_equal(test_target_start(&t, 0, MiB, extra), 0);
+  ferry_engine *none = test_engine(NULL), *wrong = test_engine("wrong-secret"),
+               *right = test_engine("right-secret");
+  uint8_t *b1 = test_buffer(none, 4096), *b2 = test_buffer(wrong, 4096),
+          *b3 = test_buffer(right, 4096);
+  assert_int_equal(ferry_transfer_sync(none, t.target, FERRY_OP_WRITE, b1, t.addr, 4096),
+                   FERRY_EAUTH);
+  assert_non_null(strstr(ferry_last_error(), "secret"));
+  assert_int_equal(ferry_transfer_sync(wrong, t.target, FERRY_OP_WRITE, b2, t.addr, 4096),
+                   FERRY_EAUTH);
+  assert_non_null(strstr(ferry_last_error(), "wrong shared secret"));
+  assert_int_equal(ferry_transfer_sync(right, t.target, FERRY_OP_WRITE, b3, t.addr, 4096),
+                   FERRY_OK);
+  ferry_engine_destroy(none);
+  ferry_engine_destroy(wrong);
+  ferry_engine_destroy(right);
+  free(b1);
+  free(b2);
+  free(b3);
+  assert_int_equal(test_target_stop(&t), 0);
+}
+
+static void stopped_target_times_out(void **state) {
+  test_target t;
+  assert_int_equal(test_target_start(&t, 0, 64 * MiB, NULL), 0);
+  ferry_engine *e = engine_with_timeout(1000, NULL);
+  uint8_t *buf = test_buffer(e, 64 * MiB);
+  assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr, 4096), FERRY_OK);
+  kill(t.pid, SIGSTOP); /* it stops reading, mid-conversation */
+  double t0 = now_s();
+  ferry_status st = ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr, 64 * MiB);
+  double took = now_s() - t0;
+  assert_int_equal(st, FERRY_ETIMEDOUT);
+  print_message("timed out after %.2f s: %s\n", took, ferry_last_error());
+  assert_true(took < 5.0);
+  kill(t.pid, SIGCONT);
+  /* once it reads again, the next call works */
+  assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr, MiB), FERRY_OK);
+  ferry_engine_destroy(e);
+  free(buf);
+  test_target_stop(&t);
+}
+
+static void target_restart_on_same_port(void **state) {
+  test_target t;
+  assert_int_equal(test_target_start(&t, 0, 256 * MiB, NULL), 0);
+  uint16_t port = t.port;
+  ferry_engine *e = engine_with_timeout(5000, NULL);
+  size_t size = 256 * MiB;
+  uint8_t *buf = test_buffer(e, size), *back = test_buffer(e, MiB);
+  assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr, MiB), FERRY_OK);
+
+  kill(t.pid, SIGSTOP); /* make sure the batch is in flight when the target dies */
+  ferry_entry entries[64];
+  for (int i = 0; i < 64; i++)
+    entries[i] = (ferry_entry){FERRY_OP_WRITE, buf + (size_t)i * 4 * MiB,
+                               t.addr + (uint64_t)i * 4 * MiB, 4 * MiB};
+  ferry_batch *b;
+  assert_int_equal(ferry_batch_submit(e, t.target, entries, 64, NULL, &b), FERRY_OK);
+  usleep(200 * 1000);
+  double t0 = now_s();
+  test_target_kill(&t);
+  ferry_status st = ferry_batch_wait(b, -1);
+  double took = now_s() - t0;
+  print_message("in-flight batch ended after %.2f s: %s\n", took, ferry_last_error());
+  assert_true(st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT);
+  assert_non_null(strstr(ferry_last_error(), "127.0.0.1"));
+  assert_true(took < 8.0);
+  ferry_batch_free(b);
+
+  assert_int_equal(ferry_probe(e, t.target), FERRY_ESOCKET);
+  int started = -1;
+  for (int attempt = 0; attempt < 50 && started != 0; attempt++) {
+    started = test_target_start(&t, port, 256 * MiB, NULL);
+    if (started != 0)
+      usleep(100 * 1000); /* the port may linger for a moment */
+  }
+  assert_int_equal(started, 0);
+  assert_int_equal(t.port, port);
+  test_fill_random(buf, MiB, 4);
+  assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr, MiB), FERRY_OK);
+  assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_READ, back, t.addr, MiB), FERRY_OK);
+  assert_memory_equal(buf, back, MiB);
+  ferry_engine_destroy(e);
+  free(buf);
+  free(back);
+  test_target_stop(&t);
+}
+
+/* The target is this process; the initiator is a forked child that writes a
+ * pattern with a batch carrying a notification. When the notification is
+ * seen, the whole pattern must already be in memory. */
+static void notification_arrives_after_data(void **state) {
+  enum { SIZE = 32 * MiB };
+  int to_child[2], from_child[2];
+  assert_int_equal(pipe(to_child), 0);
+  assert_int_equal(pipe(from_child), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    char line[128];
+    ssize_t n = read(to_child[0], line, sizeof line - 1);
+    line[n > 0 ? n : 0] = 0;
+    char name[64];
+    unsigned long long addr;
+    if (sscanf(line, "%63s %llx", name, &addr) != 2)
+      _exit(2);
+    ferry_engine *e = test_engine(NULL);
+    uint8_t *buf = test_buffer(e, SIZE);
+    test_fill_random(buf, SIZE, 2024);
+    ferry_entry entries[32];
+    for (int i = 0; i < 32; i++)
+      entries[i] =
+          (ferry_entry){FERRY_OP_WRITE, buf + (size_t)i * MiB, addr + (uint64_t)i * MiB, MiB};
+    ferry_notification note = {"kv-ready", "request-42", 10};
+    ferry_status st = ferry_transfer_sync_batch(e, name, entries, 32, &note);
+    if (!st)
+      st = ferry_notify_send(e, name, "plain", "hello", 5);
+    ferry_engine_destroy(e);
+    _exit(st == FERRY_OK ? 0 : 1);
+  }
+  ferry_engine *e = test_engine(NULL);
+  void *landing;
+  assert_int_equal(ferry_memory_alloc(e, SIZE, &landing), FERRY_OK);
+  uint8_t *expected = malloc(SIZE);
+  test_fill_random(expected, SIZE, 2024);
+  char line[128];
+  int len = snprintf(line, sizeof line, "%s %llx\n", ferry_engine_name(e),
+                     (unsigned long long)(uintptr_t)landing);
+  assert_int_equal(write(to_child[1], line, (size_t)len), len);
+  int got_batch = 0, got_plain = 0;
+  for (int waited = 0; waited < 20000 && !(got_batch && got_plain); waited += 5) {
+    ferry_notification *list;
+    size_t count;
+    assert_int_equal(ferry_notify_drain(e, &list, &count), FERRY_OK);
+    for (size_t i = 0; i < count; i++) {
+      if (strcmp(list[i].name, "kv-ready") == 0) {
+        assert_string_equal(list[i].data, "request-42");
+        assert_memory_equal(landing, expected, SIZE); /* data before notification */
+        got_batch = 1;
+      } else if (strcmp(list[i].name, "plain") == 0) {
+        assert_int_equal(list[i].length, 5);
+        got_plain = 1;
+      }
+    }
+    ferry_notify_free(list, count);
+    usleep(5000);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  assert_true(got_batch && got_plain);
+  free(expected);
+  ferry_memory_free(e, landing);
+  ferry_engine_destroy(e);
+}
+
+/* Two engines in this process: the target registers a region after the
+ * initiator fetched its table; the initiator refreshes on the miss. */
+static void region_registered_after_connect_is_reachable(void **state) {
+  ferry_engine *a = test_engine(NULL), *b = test_engine(NULL);
+  uint8_t *first = test_buffer(a, 4096), *src = test_buffer(b, MiB);
+  assert_int_equal(ferry_transfer_sync(b, ferry_engine_name(a), FERRY_OP_WRITE, src,
+                                       (uint64_t)(uintptr_t)first, 4096),
+                   FERRY_OK);
+  uint8_t *later = test_buffer(a, MiB);
+  test_fill_random(src, MiB, 3);
+  assert_int_equal(ferry_transfer_sync(b, ferry_engine_name(a), FERRY_OP_WRITE, src,
+                                       (uint64_t)(uintptr_t)later, MiB),
+                   FERRY_OK);
+  assert_memory_equal(src, later, MiB);
+  /* after unregistration the target refuses again */
+  assert_int_equal(ferry_memory_unregister(a, later), FERRY_OK);
+  assert_int_equal(ferry_transfer_sync(b, ferry_engine_name(a), FERRY_OP_WRITE, src,
+                                       (uint64_t)(uintptr_t)later, MiB),
+                   FERRY_ENOTREG);
+  ferry_engine_destroy(b);
+  ferry_engine_destroy(a);
+  free(first);
+  free(later);
+  free(src);
+}
+
+static void registration_rules(void **state) {
+  ferry_engine *e = test_engine(NULL);
+  uint8_t *buf = malloc(8192);
+  assert_int_equal(ferry_memory_register(e, buf, 4096), FERRY_OK);
+  assert_int_equal(ferry_memory_register(e, buf, 4096), FERRY_OK); /* identical: harmless */
+  assert_int_equal(ferry_memory_register(e, buf + 100, 4096), FERRY_EOVERLAP);
+  assert_non_null(strstr(ferry_last_error(), "overlaps"));
+  assert_int_equal(ferry_memory_unregister(e, buf + 1), FERRY_ENOTREG);
+  assert_int_equal(ferry_memory_unregister(e, buf), FERRY_OK);
+  void *addrs[2] = {buf, buf + 4096};
+  size_t lens[2] = {4096, 4096};
+  assert_int_equal(ferry_memory_register_batch(e, addrs, lens, 2), FERRY_OK);
+  assert_int_equal(ferry_memory_unregister_batch(e, addrs, 2), FERRY_OK);
+  ferry_engine_destroy(e);
+  free(buf);
+}
+
+static void ipv6_loopback_target(void **state) {
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "::1";
+  ferry_engine *a = NULL;
+  if (ferry_engine_create(&cfg, &a) != FERRY_OK) {
+    print_message("IPv6 loopback unavailable here: %s\n", ferry_last_error());
+    skip();
+  }
+  ferry_engine *b = test_engine(NULL);
+  assert_non_null(strstr(ferry_engine_name(a), "[::1]:"));
+  uint8_t *dst = test_buffer(a, 4096), *src = test_buffer(b, 4096);
+  test_fill_random(src, 4096, 6);
+  assert_int_equal(ferry_transfer_sync(b, ferry_engine_name(a), FERRY_OP_WRITE, src,
+                                       (uint64_t)(uintptr_t)dst, 4096),
+                   FERRY_OK);
+  assert_memory_equal(src, dst, 4096);
+  ferry_engine_destroy(b);
+  ferry_engine_destroy(a);
+  free(dst);
+  free(src);
+}
+
+int main(void) {
+  const struct CMUnitTest shared_target[] = {
+      cmocka_unit_test(random_sizes_round_trip),
+      cmocka_unit_test(hundred_thousand_entry_batch),
+      cmocka_unit_test(async_batch_polled_to_completion),
+      cmocka_unit_test(many_threads_one_engine),
+      cmocka_unit_test(target_refuses_unregistered_and_connection_survives),
+      cmocka_unit_test(initiator_refuses_unregistered_addresses),
+      cmocka_unit_test(version_mismatch_names_both_versions),
+      cmocka_unit_test(malformed_frames_close_only_their_connection),
+      cmocka_unit_test(probe_live_and_dead_peers),
+      cmocka_unit_test(transport_choice_is_reported),
+  };
+  const struct CMUnitTest own_targets[] = {
+      cmocka_unit_test(wrong_secret_is_refused),
+      cmocka_unit_test(stopped_target_times_out),
+      cmocka_unit_test(target_restart_on_same_port),
+      cmocka_unit_test(notification_arrives_after_data),
+      cmocka_unit_test(region_registered_after_connect_is_reachable),
+      cmocka_unit_test(registration_rules),
+      cmocka_unit_test(ipv6_loopback_target),
+  };
+  int failed =
+      cmocka_run_group_tests_name("shared target", shared_target, start_target, stop_target);
+  failed += cmocka_run_group_tests_name("own targets", own_targets, NULL, NULL);
+  return failed;
+}

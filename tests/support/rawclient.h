@@ -1,0 +1,26 @@
+/* rawclient.h - a hand-driven wire-protocol client for tests that must send
+ * what a well-behaved engine never would: out-of-region addresses, wrong
+ * versions, garbage and truncated frames. */
+#ifndef FERRY_TEST_RAWCLIENT_H
+#define FERRY_TEST_RAWCLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire/wire.h"
+
+/* Connects to 127.0.0.1:port; -1 on failure. */
+int raw_connect(uint16_t port);
+/* Sends HELLO with the version range; returns the reply status (0 = ok) and
+ * copies a refusal reason into reason (may be NULL). */
+int raw_hello(int fd, uint16_t vmin, uint16_t vmax, char *reason, size_t reason_size);
+/* WRITE of one segment; returns the ack status, or 1 if the connection broke. */
+int raw_write(int fd, uint64_t remote, const void *data, size_t len, char *reason,
+              size_t reason_size);
+/* READ of one segment into out; returns the reply status or 1. */
+int raw_read(int fd, uint64_t remote, void *out, size_t len);
+int raw_send(int fd, const void *data, size_t len);
+/* Nonzero when the peer closed the connection within timeout_ms. */
+int raw_closed_by_peer(int fd, int timeout_ms);
+
+#endif
