@@ -3,7 +3,9 @@
  * throughput, per-batch latency percentiles and CPU cost, optionally checking
  * every byte. Each thread owns a disjoint slice of the remote buffer and its
  * own registered local buffer, so threads never race on data and --verify
- * can predict exactly what each slice must hold. */
+ * can predict exactly what each slice must hold. With --random-offsets the
+ * entries land on block-sized slots picked at random (fixed seed) from the
+ * whole remote region instead, still disjoint between threads. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -41,6 +43,7 @@ typedef struct bench_opts {
   double duration;
   int verify;
   int json;
+  int random_offsets;
 } bench_opts;
 
 /* Latencies of one thread's batch calls, in nanoseconds. */
@@ -58,6 +61,7 @@ typedef struct bench_shared {
    * rendezvous of all workers and the main thread on this barrier. */
   pthread_barrier_t phase;
   uint64_t deadline_ns; /* written by main between two barrier waits */
+  uint64_t *slots;      /* --random-offsets: threads*batch slot numbers */
 } bench_shared;
 
 typedef struct bench_worker {
@@ -99,6 +103,8 @@ static void bench_usage(FILE *out) {
                "  --op write|read    direction (default write)\n"
                "  --block SIZE       bytes per entry, K/M/G suffixes (default 1M)\n"
                "  --batch N          entries per submitted batch (default 1)\n"
+               "  --random-offsets   scatter entries over random block-sized slots of the\n"
+               "                     remote region (default: one contiguous slice)\n"
                "  --threads N        concurrent threads, each on its own slice (default 1)\n"
                "  --duration SEC     timed run length (default 5)\n"
                "  --verify           write: read each slice back after the run and compare;\n"
@@ -147,6 +153,7 @@ static int apply_option(int c, const char *arg, bench_opts *o) {
   case 'H': o->engine.host = arg; return 0;
   case 'v': o->verify = 1; return 0;
   case 'j': o->json = 1; return 0;
+  case 'r': o->random_offsets = 1; return 0;
   case 'a':
     o->remote_addr_set = 1;
     return parse_addr(arg, &o->remote_addr) ? ferry_cli_bad_value(PROG, "remote-addr", arg) : 0;
@@ -183,6 +190,7 @@ static int parse_bench_args(int argc, char **argv, bench_opts *o) {
                                            {"op", required_argument, NULL, 'o'},
                                            {"block", required_argument, NULL, 'b'},
                                            {"batch", required_argument, NULL, 'B'},
+                                           {"random-offsets", no_argument, NULL, 'r'},
                                            {"threads", required_argument, NULL, 'T'},
                                            {"duration", required_argument, NULL, 'd'},
                                            {"verify", no_argument, NULL, 'v'},
@@ -413,8 +421,10 @@ static void *worker_main(void *arg) {
 /* ---- Set-up ------------------------------------------------------------- */
 
 /* Picks the remote start address and checks that every thread's slice fits
- * inside one registered region of the target. */
-static int resolve_remote(ferry_engine *engine, const bench_opts *o, uint64_t *base) {
+ * inside one registered region of the target; *room gets the bytes from
+ * the start to the end of that region. */
+static int resolve_remote(ferry_engine *engine, const bench_opts *o, uint64_t *base,
+                          uint64_t *room) {
   ferry_region *regions = NULL;
   size_t count = 0;
   ferry_status st = ferry_peer_regions(engine, o->target, &regions, &count);
@@ -447,10 +457,57 @@ static int resolve_remote(ferry_engine *engine, const bench_opts *o, uint64_t *b
             PROG, o->threads, o->batch, o->block, r->addr + r->length - start, o->target, start);
   } else {
     *base = start;
+    *room = r->addr + r->length - start;
     rc = 0;
   }
   free(regions);
   return rc;
+}
+
+/* Largest region span --random-offsets scatters over, in multiples of the
+ * entries placed: wide enough to defeat locality, small enough for a bitmap. */
+#define RANDOM_SPREAD_MAX 64
+
+/* --random-offsets: n distinct slot numbers below room/block, in random order,
+ * from a fixed seed so every run hits the same places. */
+static uint64_t *pick_slots(uint64_t room, size_t block, uint64_t n) {
+  uint64_t slots = room / block, seed = 0x5EED;
+  if (slots > n * RANDOM_SPREAD_MAX)
+    slots = n * RANDOM_SPREAD_MAX;
+  uint64_t *out = malloc(n * sizeof *out);
+  if (out == NULL)
+    return NULL;
+  if (n * 2 <= slots) { /* sparse: draw, rejecting slots already taken */
+    uint8_t *taken = calloc(slots / 8 + 1, 1);
+    if (taken == NULL) {
+      free(out);
+      return NULL;
+    }
+    for (uint64_t i = 0; i < n;) {
+      uint64_t s = mix64(seed++) % slots;
+      if (!(taken[s / 8] & (1u << (s % 8)))) {
+        taken[s / 8] |= (uint8_t)(1u << (s % 8));
+        out[i++] = s;
+      }
+    }
+    free(taken);
+    return out;
+  }
+  uint64_t *all = malloc(slots * sizeof *all); /* dense: partial Fisher-Yates */
+  if (all == NULL) {
+    free(out);
+    return NULL;
+  }
+  for (uint64_t i = 0; i < slots; i++)
+    all[i] = i;
+  for (uint64_t i = 0; i < n; i++) {
+    uint64_t j = i + mix64(seed++) % (slots - i), t = all[i];
+    all[i] = all[j];
+    all[j] = t;
+    out[i] = all[i];
+  }
+  free(all);
+  return out;
 }
 
 /* Allocates one worker's buffers and lays its entries over its slice. */
@@ -477,7 +534,8 @@ static int setup_worker(bench_worker *w, bench_shared *s, unsigned index) {
   for (size_t e = 0; e < o->batch; e++) {
     w->entries[e].op = o->op;
     w->entries[e].local = w->local + e * o->block;
-    w->entries[e].remote = w->remote + e * o->block;
+    w->entries[e].remote = s->slots ? s->remote_base + s->slots[index * o->batch + e] * o->block
+                                    : w->remote + e * o->block;
     w->entries[e].length = o->block;
   }
   return 0;
@@ -581,19 +639,21 @@ static void print_json(const bench_opts *o, const bench_result *r) {
   printf("{\"op\":\"%s\",\"protocol\":\"%s\",\"block\":%zu,\"batch\":%lu,\"threads\":%lu,"
          "\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"gbps\":%.4f,\"p50_us\":%.1f,\"p99_us\":%.1f,"
          "\"errors\":%u,\"verified\":%s,\"verified_bytes\":%" PRIu64 ",\"mismatches\":%" PRIu64
-         ",\"cpu_user_s\":%.3f,\"cpu_sys_s\":%.3f,\"cpu_s_per_gb\":%.4f}\n",
+         ",\"cpu_user_s\":%.3f,\"cpu_sys_s\":%.3f,\"cpu_s_per_gb\":%.4f,"
+         "\"random_offsets\":%s}\n",
          o->op == FERRY_OP_WRITE ? "write" : "read", r->protocol, o->block, o->batch, o->threads,
          r->bytes, r->seconds, gbps, r->p50_us, r->p99_us, r->errors,
          verify_ok(o, r) ? "true" : "false", r->verified_bytes, r->mismatches, r->cpu_user_s,
-         r->cpu_sys_s, per_gb);
+         r->cpu_sys_s, per_gb, o->random_offsets ? "true" : "false");
 }
 
 static void print_human(const bench_opts *o, const bench_result *r) {
   double gbps = r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0.0;
-  printf("%s block=%zu batch=%lu threads=%lu protocol=%s: %.2f GB/s, p50 %.0f us, p99 %.0f us, "
+  printf("%s block=%zu batch=%lu%s threads=%lu protocol=%s: %.2f GB/s, p50 %.0f us, p99 %.0f us, "
          "%.0f MB in %.2f s",
-         o->op == FERRY_OP_WRITE ? "write" : "read", o->block, o->batch, o->threads, r->protocol,
-         gbps, r->p50_us, r->p99_us, (double)r->bytes / 1e6, r->seconds);
+         o->op == FERRY_OP_WRITE ? "write" : "read", o->block, o->batch,
+         o->random_offsets ? " random-offsets" : "", o->threads, r->protocol, gbps, r->p50_us,
+         r->p99_us, (double)r->bytes / 1e6, r->seconds);
   if (r->errors > 0)
     printf(", %u errors", r->errors);
   /* A write run can only check what the slices hold at the end: say so. */
@@ -642,7 +702,8 @@ static void run_workers(bench_shared *s, bench_worker *workers, bench_result *r)
 static int bench_with_engine(ferry_engine *engine, const bench_opts *o) {
   bench_shared s = {.engine = engine, .opts = o};
   bench_result r = {0};
-  if (resolve_remote(engine, o, &s.remote_base) != 0)
+  uint64_t room = 0;
+  if (resolve_remote(engine, o, &s.remote_base, &room) != 0)
     return 1;
   unsigned transport = 0;
   ferry_status st = ferry_peer_transport(engine, o->target, &transport);
@@ -657,6 +718,11 @@ static int bench_with_engine(ferry_engine *engine, const bench_opts *o) {
     return 1;
   }
   int rc = 0;
+  if (o->random_offsets &&
+      (s.slots = pick_slots(room, o->block, (uint64_t)o->threads * o->batch)) == NULL) {
+    fprintf(stderr, "%s: out of memory\n", PROG);
+    rc = 1;
+  }
   for (unsigned long i = 0; i < o->threads && rc == 0; i++)
     rc = setup_worker(&workers[i], &s, (unsigned)i);
   if (rc == 0) {
@@ -674,6 +740,7 @@ static int bench_with_engine(ferry_engine *engine, const bench_opts *o) {
     rc = 1;
   }
   free_workers(workers, o->threads, engine);
+  free(s.slots);
   return rc;
 }
 

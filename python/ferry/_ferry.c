@@ -1539,7 +1539,9 @@ static PyObject *engine_exit_ctx(EngineObject *self, PyObject *Py_UNUSED(args)) 
 static PyMethodDef engine_methods[] = {
     {"register", KW(engine_register),
      "register(buf_or_addr, length=None) -> int\n\nRegisters memory (an int address with a "
-     "length, or a buffer object, held until unregistered) and returns its address."},
+     "length, or a buffer object, held until unregistered) and returns its address. A read-only "
+     "buffer (bytes) may be registered to serve as a WRITE source, but peers can write into any "
+     "registered memory: register read-only objects only with trusted peers."},
     {"unregister", KW(engine_unregister), "unregister(addr)"},
     {"register_batch", KW(engine_register_batch),
      "register_batch(items, lengths=None) -> list of addresses"},

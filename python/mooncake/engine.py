@@ -114,6 +114,11 @@ def _opcode(opcode):
     return value
 
 
+def _op_name(opcode):
+    value = getattr(opcode, "value", opcode)
+    return {0: "read", 1: "write"}.get(value, "opcode %r" % (opcode,))
+
+
 def _notify(notify):
     """None, TransferNotify, (name, msg) or an object with .name/.msg -> (name, msg)."""
     if notify is None:
@@ -217,17 +222,19 @@ class TransferEngine:
             kwargs["bind_host"] = "::" if ":" in host else "0.0.0.0"
 
         proto = (protocol or "").strip().lower()
-        if proto == "tcp" or _env_true("MC_FORCE_TCP"):
+        if proto == "tcp":
             kwargs["transports"] = "tcp"
-            if proto not in ("tcp", ""):
-                logger.info("MC_FORCE_TCP is set: protocol %r replaced by tcp", protocol)
+        elif _env_true("MC_FORCE_TCP"):
+            kwargs["transports"] = "tcp"
+            logger.info("MC_FORCE_TCP is set: protocol %r replaced by tcp", protocol)
         else:
-            kwargs["transports"] = "all"
-            names = [ferry.transport_name(bit) for bit in
-                     (ferry.TRANSPORT_TCP, ferry.TRANSPORT_SHM, ferry.TRANSPORT_FABRIC)]
-            logger.info("protocol %r: RDMA is not available in ferry; using its own transports "
-                        "(%s, chosen per peer: shm on the same host, tcp otherwise)",
-                        protocol, ", ".join(names))
+            # No transports argument: libferry's default, all it has built in
+            # (FERRY_TRANSPORTS narrows it).
+            env = os.environ.get("FERRY_TRANSPORTS")
+            logger.info("protocol %r: RDMA is not available in ferry; using ferry's own "
+                        "transports (%s), the best one both peers offer chosen per peer "
+                        "(tcp between hosts)", protocol,
+                        "FERRY_TRANSPORTS=%s" % env if env else "all built in")
         if device_name:
             logger.debug("device_name %r ignored by ferry", device_name)
 
@@ -360,8 +367,8 @@ class TransferEngine:
                                    notify=note)
             return 0
         except (ferry.Error, ValueError, OverflowError) as e:
-            return self._fail("transfer_sync(%s, opcode %s, %s bytes)" % (
-                target_hostname, opcode, length), e)
+            return self._fail("transfer_sync(%s, %s, %s bytes)" % (
+                target_hostname, _op_name(opcode), length), e)
 
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses,
                                   lengths, transport_hint=""):

@@ -162,7 +162,12 @@ static void record_error(ferry_batch *b, ferry_status status) {
   if (b->error)
     return;
   b->error = status;
-  snprintf(b->detail, sizeof b->detail, "%s", ferry_last_error());
+  if (status == FERRY_ETIMEDOUT) /* say which budget ran out, not just the step */
+    snprintf(b->detail, sizeof b->detail,
+             "batch of %zu entries (%llu bytes) to %s passed its deadline: %s", b->count,
+             (unsigned long long)b->total_bytes, b->peer->address, ferry_last_error());
+  else
+    snprintf(b->detail, sizeof b->detail, "%s", ferry_last_error());
   ferry_chunker_stop(&b->cursor);
 }
 
@@ -247,8 +252,8 @@ void ferry_batch_drive(ferry_batch *b) {
 static void expire_locked(ferry_batch *b) {
   if (b->state != FERRY_BATCH_PENDING || ferry_now_ns() < b->deadline_ns || b->error)
     return;
-  ferry_fail(FERRY_ETIMEDOUT, "batch of %zu entries (%llu bytes) to %s did not finish in time",
-             b->count, (unsigned long long)b->total_bytes, b->peer->address);
+  ferry_fail(FERRY_ETIMEDOUT, "not finished within %u ms plus %u ms per MiB",
+             b->engine->cfg.timeout_ms, b->engine->cfg.timeout_ns_per_mb / 1000000);
   record_error(b, FERRY_ETIMEDOUT);
   finish_locked(b);
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,6 +62,7 @@ int test_target_start(test_target *t, uint16_t port, uint64_t size, const char *
   argv[argc] = NULL;
   pid_t pid = fork();
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a crashed test */
     dup2(fds[1], STDOUT_FILENO);
     close(fds[0]);
     close(fds[1]);
