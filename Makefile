@@ -36,7 +36,7 @@ test-asan: deps
 test-tsan: deps
 	@cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread >/dev/null
 	@cmake --build $(BUILD)-tsan -j$(JOBS)
-	@cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure -j1 -L 'threaded|unit'
+	@cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp ctest --output-on-failure -j1 -L 'threaded|unit'
 
 test-python: build
 	@$(PYTHON) setup.py -q build_ext --inplace >/dev/null

@@ -185,10 +185,10 @@ static void many_threads_one_engine(void **state) {
     jobs[i] = (thread_job){e, i, 0};
     pthread_create(&threads[i], NULL, thread_transfers, &jobs[i]);
   }
-  for (int i = 0; i < THREADS; i++) {
+  for (int i = 0; i < THREADS; i++)
     pthread_join(threads[i], NULL);
+  for (int i = 0; i < THREADS; i++)
     assert_int_equal(jobs[i].failures, 0);
-  }
   ferry_engine_destroy(e);
 }
 
