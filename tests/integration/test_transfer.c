@@ -300,6 +300,43 @@ static void transport_choice_is_reported(void **state) {
   ferry_engine_destroy(e);
 }
 
+/* utime + stime of a process, in clock ticks. */
+static long cpu_ticks(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')'); /* fields after the command name */
+  long utime = 0, stime = 0;
+  if (!p ||
+      sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &utime, &stime) != 2)
+    return -1;
+  return utime + stime;
+}
+
+/* Nothing polls: a target with open connections and an initiator with
+ * pooled channels both sit at zero CPU while no transfer runs. */
+static void idle_engines_use_no_cpu(void **state) {
+  ferry_engine *e = test_engine(NULL);
+  uint8_t *buf = test_buffer(e, MiB);
+  assert_int_equal(ferry_transfer_sync(e, target.target, FERRY_OP_WRITE, buf, target.addr, MiB),
+                   FERRY_OK);
+  long target_before = cpu_ticks(target.pid), self_before = cpu_ticks(getpid());
+  sleep(2);
+  long target_used = cpu_ticks(target.pid) - target_before;
+  long self_used = cpu_ticks(getpid()) - self_before;
+  print_message("idle for 2 s: target used %ld ticks, initiator %ld ticks\n", target_used,
+                self_used);
+  assert_true(target_before >= 0 && target_used <= 2);
+  assert_true(self_used <= 2);
+  ferry_engine_destroy(e);
+  free(buf);
+}
+
 /* ---- tests with their own targets --------------------------------------------- */
 
 static void wrong_secret_is_refused(void **state) {
@@ -539,6 +576,7 @@ int main(void) {
       cmocka_unit_test(malformed_frames_close_only_their_connection),
       cmocka_unit_test(probe_live_and_dead_peers),
       cmocka_unit_test(transport_choice_is_reported),
+      cmocka_unit_test(idle_engines_use_no_cpu),
   };
   const struct CMUnitTest own_targets[] = {
       cmocka_unit_test(wrong_secret_is_refused),
