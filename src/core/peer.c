@@ -166,11 +166,6 @@ ferry_status ferry_peer_connect(ferry_peer *p, ferry_conn_kind kind, uint64_t de
   ferry_status st = resolve_address(p, host, &port);
   if (st)
     return st;
-  pthread_mutex_lock(&p->lock);
-  snprintf(p->host, sizeof p->host, "%s", host);
-  p->port = port;
-  ferry_net_format_target(p->address, sizeof p->address, host, port);
-  pthread_mutex_unlock(&p->lock);
   uint64_t connect_deadline =
       ferry_now_ns() + (uint64_t)p->engine->cfg.connect_timeout_ms * 1000000ull;
   if (connect_deadline > deadline_ns)

@@ -14,13 +14,11 @@ struct ferry_transport;
 struct ferry_peer {
   ferry_engine *engine;
   struct ferry_peer *next;
-  char target[FERRY_HOST_MAX + 8]; /* as the caller names it */
+  char target[FERRY_HOST_MAX + 8];  /* as the caller names it */
+  char address[FERRY_HOST_MAX + 8]; /* same, for messages (never rewritten) */
 
   pthread_mutex_t lock;      /* everything below */
   pthread_cond_t cond;       /* a channel was returned */
-  char host[FERRY_HOST_MAX]; /* where it listens (resolved from metadata) */
-  uint16_t port;
-  char address[FERRY_HOST_MAX + 8]; /* "host:port", for messages */
   int known;                        /* info below is valid */
   ferry_hello_reply info;
   const struct ferry_transport *transport;
