@@ -541,7 +541,10 @@ ferry_status ferry_peer_transport(ferry_engine *e, const char *target, unsigned 
   ferry_status st = ferry_peer_get(e, target, &p);
   if (!st)
     st = ferry_peer_ensure(p, connect_deadline(e));
-  if (!st)
+  if (!st) {
+    pthread_mutex_lock(&p->lock);
     *transport = p->transport->id;
+    pthread_mutex_unlock(&p->lock);
+  }
   return st;
 }
