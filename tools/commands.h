@@ -8,5 +8,6 @@ int ferry_cmd_serve(int argc, char **argv);
 int ferry_cmd_bench(int argc, char **argv);
 int ferry_cmd_probe(int argc, char **argv);
 int ferry_cmd_metadata_server(int argc, char **argv);
+int ferry_cmd_doctor(int argc, char **argv);
 
 #endif

@@ -27,6 +27,7 @@ static const command commands[] = {
     {"bench", ferry_cmd_bench, "measure WRITE/READ throughput and latency against a target"},
     {"probe", ferry_cmd_probe, "check that a target answers"},
     {"metadata-server", ferry_cmd_metadata_server, "run an HTTP metadata service"},
+    {"doctor", ferry_cmd_doctor, "check what ferry can do on this host (and reach a target)"},
     {"version", cmd_version, "print the library version"},
     {"help", cmd_help, "show this help"},
 };

@@ -1,0 +1,168 @@
+/* doctor.c - `ferry doctor [--target HOST:PORT]`: tells an operator, before
+ * anything is deployed, what ferry can do on this host: which transports
+ * are built and actually move bytes here, which address an engine would
+ * advertise, what the environment overrides, and whether a given peer
+ * answers. Every line says OK, WARN or FAIL and why. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "ferry.h"
+
+#define PROG "ferry doctor"
+#define SELFTEST_BYTES (4u << 20)
+
+static int failures;
+
+static void line(const char *verdict, const char *what, const char *detail) {
+  printf("%-5s %-28s %s\n", verdict, what, detail);
+  if (strcmp(verdict, "FAIL") == 0)
+    failures++;
+}
+
+static void show_environment(void) {
+  static const char *const vars[] = {"MC_TCP_BIND_ADDRESS", "MC_TRANSFER_TIMEOUT", "MC_FORCE_TCP",
+                                     "FERRY_TRANSPORTS",    "FERRY_LOG",           "FERRY_CHECKSUM",
+                                     "FERRY_SECRET"};
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+    const char *v = getenv(vars[i]);
+    if (v)
+      line("INFO", vars[i], strcmp(vars[i], "FERRY_SECRET") == 0 ? "(set)" : v);
+  }
+}
+
+static void show_default_engine(void) {
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.port = 0;
+  ferry_engine *e;
+  ferry_status st = ferry_engine_create(&cfg, &e);
+  char detail[600];
+  if (st) {
+    snprintf(detail, sizeof detail, "%s: %s", ferry_strerror(st), ferry_last_error());
+    line("FAIL", "default engine", detail);
+    return;
+  }
+  snprintf(detail, sizeof detail, "peers would be told %s (override: MC_TCP_BIND_ADDRESS)",
+           ferry_engine_name(e));
+  line("OK", "advertised address", detail);
+  ferry_engine_destroy(e);
+}
+
+static int dir_has_entries(const char *path) {
+  DIR *d = opendir(path);
+  int found = 0;
+  struct dirent *ent;
+  while (d && (ent = readdir(d)) != NULL)
+    if (ent->d_name[0] != '.')
+      found = 1;
+  if (d)
+    closedir(d);
+  return found;
+}
+
+static void show_rdma(void) {
+  if (dir_has_entries("/sys/class/infiniband"))
+    line("OK", "RDMA devices", "present under /sys/class/infiniband");
+  else
+    line("INFO", "RDMA devices", "none: \"rdma\" requests fall back to tcp/shm");
+}
+
+/* Two engines in this process, forced to one transport: write, read back,
+ * compare. Proves the transport moves bytes here, not just that it exists. */
+static ferry_status selftest(unsigned transport, char *detail, size_t size) {
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.transports = transport;
+  ferry_engine *a = NULL, *b = NULL;
+  void *src = NULL, *dst = NULL, *back = NULL;
+  ferry_status st = ferry_engine_create(&cfg, &a);
+  if (!st)
+    st = ferry_engine_create(&cfg, &b);
+  if (!st)
+    st = ferry_memory_alloc(a, SELFTEST_BYTES, &src);
+  if (!st)
+    st = ferry_memory_alloc(a, SELFTEST_BYTES, &back);
+  if (!st)
+    st = ferry_memory_alloc(b, SELFTEST_BYTES, &dst);
+  if (!st) {
+    memset(src, 0x5a, SELFTEST_BYTES);
+    st = ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst,
+                             SELFTEST_BYTES);
+  }
+  if (!st)
+    st = ferry_transfer_sync(a, ferry_engine_name(b), FERRY_OP_READ, back, (uint64_t)(uintptr_t)dst,
+                             SELFTEST_BYTES);
+  unsigned used = 0;
+  if (!st)
+    st = ferry_peer_transport(a, ferry_engine_name(b), &used);
+  if (st)
+    snprintf(detail, size, "%s: %s", ferry_strerror(st), ferry_last_error());
+  else if (memcmp(src, back, SELFTEST_BYTES) != 0)
+    snprintf(detail, size, "data read back differs from data written"), st = FERRY_EREMOTE;
+  else
+    snprintf(detail, size, "4 MiB written and read back over %s, verified",
+             ferry_transport_name(used));
+  ferry_engine_destroy(a);
+  ferry_engine_destroy(b);
+  return st;
+}
+
+static void show_transports(void) {
+  static const unsigned all[] = {FERRY_TRANSPORT_TCP, FERRY_TRANSPORT_SHM, FERRY_TRANSPORT_FABRIC};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+    char what[64], detail[700];
+    snprintf(what, sizeof what, "transport %s", ferry_transport_name(all[i]));
+    ferry_status st = selftest(all[i], detail, sizeof detail);
+    if (st == FERRY_ETRANSPORT && strstr(detail, "built in"))
+      line("INFO", what, "not built into this library");
+    else
+      line(st ? "FAIL" : "OK", what, detail);
+  }
+}
+
+static void show_target(const char *target) {
+  ferry_cli_engine_opts opts;
+  ferry_cli_engine_opts_init(&opts);
+  opts.host = NULL; /* the default address: the one peers would really see */
+  ferry_engine *e;
+  char detail[700];
+  if (ferry_cli_engine_create(PROG, &opts, &e))
+    return;
+  ferry_status st = ferry_probe(e, target);
+  unsigned used = 0;
+  if (!st)
+    st = ferry_peer_transport(e, target, &used);
+  if (st)
+    snprintf(detail, sizeof detail, "%s: %s", ferry_strerror(st), ferry_last_error());
+  else
+    snprintf(detail, sizeof detail, "answers; data would go over %s", ferry_transport_name(used));
+  line(st ? "FAIL" : "OK", target, detail);
+  ferry_engine_destroy(e);
+}
+
+int ferry_cmd_doctor(int argc, char **argv) {
+  const char *target = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--target") == 0 && i + 1 < argc)
+      target = argv[++i];
+    else {
+      fprintf(stderr, "usage: %s [--target HOST:PORT]\n", PROG);
+      return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+    }
+  }
+  ferry_log_set_level(FERRY_LOG_ERROR); /* the report is the output */
+  printf("ferry %s doctor\n", ferry_version());
+  show_environment();
+  show_default_engine();
+  show_rdma();
+  show_transports();
+  if (target)
+    show_target(target);
+  printf("%s\n", failures ? "some checks FAILED" : "all checks passed");
+  return failures ? 1 : 0;
+}
