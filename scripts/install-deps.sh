@@ -11,7 +11,7 @@ packages=(
   libcurl4-openssl-dev                  # http metadata client
   libjansson-dev                        # JSON for metadata descriptors
   libmicrohttpd-dev                     # embedded HTTP server: ferry metadata-server
-  python3 python3-dev python3-setuptools python3-pytest python3-numpy python3-pip
+  python3 python3-dev python3-setuptools python3-pytest python3-numpy python3-pip python3-wheel
   iperf3 iproute2 procps                # baselines and network-namespace tests
 )
 
