@@ -168,7 +168,7 @@ typedef struct thread_job {
 
 static void *thread_transfers(void *arg) {
   thread_job *job = arg;
-  const size_t span = 8 * MiB; /* each thread owns its own slice of the target */
+  const size_t span = LARGEST_BLOCK / 8; /* each thread owns its own slice of the target */
   uint8_t *out = test_buffer(job->engine, span), *in = test_buffer(job->engine, span);
   uint64_t base = target.addr + (uint64_t)job->index * span;
   unsigned seed = (unsigned)job->index * 31u + 1;
