@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -240,45 +241,39 @@ static struct iovec *iov_advance(struct iovec *iov, int *iovcnt, size_t n) {
   return iov;
 }
 
-ferry_status ferry_sock_sendv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+/* Moves the whole iovec through sendmsg or recvmsg, resuming after partial
+ * transfers, early timeouts and signals. The kernel takes at most IOV_MAX
+ * entries per call; longer lists simply take more calls. */
+static ferry_status transfer_iov(ferry_sock *s, struct iovec *iov, int iovcnt, int sending,
+                                 const char *step) {
   while (iovcnt > 0 && iov->iov_len == 0)
     iov++, iovcnt--;
   while (iovcnt > 0) {
     ferry_status st = arm_timeout(s, step);
     if (st)
       return st;
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
-    ssize_t n = sendmsg(s->fd, &msg, MSG_NOSIGNAL);
+    struct msghdr msg = {.msg_iov = iov,
+                         .msg_iovlen = (size_t)(iovcnt < IOV_MAX ? iovcnt : IOV_MAX)};
+    ssize_t n = sending ? sendmsg(s->fd, &msg, MSG_NOSIGNAL) : recvmsg(s->fd, &msg, MSG_WAITALL);
     if (n < 0) {
       if (errno == EINTR || timeout_is_early(s, errno))
         continue;
       return io_error(s, errno, step);
     }
-    iov = iov_advance(iov, &iovcnt, (size_t)n);
-  }
-  return FERRY_OK;
-}
-
-ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
-  while (iovcnt > 0 && iov->iov_len == 0)
-    iov++, iovcnt--;
-  while (iovcnt > 0) {
-    ferry_status st = arm_timeout(s, step);
-    if (st)
-      return st;
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
-    ssize_t n = recvmsg(s->fd, &msg, MSG_WAITALL);
-    if (n < 0) {
-      if (errno == EINTR || timeout_is_early(s, errno))
-        continue;
-      return io_error(s, errno, step);
-    }
-    if (n == 0)
+    if (n == 0 && !sending)
       return ferry_fail(FERRY_ESOCKET, "%s from %s failed: connection closed by peer", step,
                         s->peer);
     iov = iov_advance(iov, &iovcnt, (size_t)n);
   }
   return FERRY_OK;
+}
+
+ferry_status ferry_sock_sendv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+  return transfer_iov(s, iov, iovcnt, 1, step);
+}
+
+ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+  return transfer_iov(s, iov, iovcnt, 0, step);
 }
 
 ferry_status ferry_sock_recv(ferry_sock *s, void *buf, size_t len, const char *step) {
