@@ -576,6 +576,9 @@ static void ipv6_loopback_target(void **state) {
 }
 
 int main(void) {
+  /* This suite is about the TCP path; same-host shm has test_shm.c. The
+   * target processes inherit the setting. */
+  setenv("FERRY_TRANSPORTS", "tcp", 1);
   const struct CMUnitTest shared_target[] = {
       cmocka_unit_test(random_sizes_round_trip),
       cmocka_unit_test(hundred_thousand_entry_batch),
