@@ -221,10 +221,11 @@ static int timeout_is_early(ferry_sock *s, int err) {
   return 1;
 }
 
-static ferry_status io_error(ferry_sock *s, int err, const char *step) {
+static ferry_status io_error(ferry_sock *s, int err, int sending, const char *step) {
+  const char *dir = sending ? "to" : "from";
   if (err == EAGAIN || err == EWOULDBLOCK)
-    return ferry_fail(FERRY_ETIMEDOUT, "%s to %s timed out", step, s->peer);
-  return ferry_fail_errno(FERRY_ESOCKET, err, "%s to %s failed", step, s->peer);
+    return ferry_fail(FERRY_ETIMEDOUT, "%s %s %s timed out", step, dir, s->peer);
+  return ferry_fail_errno(FERRY_ESOCKET, err, "%s %s %s failed", step, dir, s->peer);
 }
 
 /* Drops n bytes from the front of an iovec array; returns the new start. */
@@ -258,7 +259,7 @@ static ferry_status transfer_iov(ferry_sock *s, struct iovec *iov, int iovcnt, i
     if (n < 0) {
       if (errno == EINTR || timeout_is_early(s, errno))
         continue;
-      return io_error(s, errno, step);
+      return io_error(s, errno, sending, step);
     }
     if (n == 0 && !sending)
       return ferry_fail(FERRY_ESOCKET, "%s from %s failed: connection closed by peer", step,
