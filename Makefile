@@ -22,7 +22,8 @@ build: deps
 demo: build
 	@./scripts/demo.sh $(BUILD)/ferry
 
-# Plain build: every ctest (unit, integration, fault).
+# Plain build: every ctest (unit, integration, fault injection, soak, fuzz
+# corpus replay).
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j1
 
@@ -30,20 +31,25 @@ test: build
 test-asan: deps
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=address >/dev/null
 	@cmake --build $(BUILD)-asan -j$(JOBS)
-	@cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --output-on-failure -j1 -LE soak
+	@cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 FERRY_SOAK_SECONDS=30 \
+	  ctest --output-on-failure -j1 -L 'unit|threaded|soak|fuzz'
 
-# ThreadSanitizer build of the threaded tests.
+# ThreadSanitizer build of the threaded tests and the soak.
 test-tsan: deps
 	@cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread >/dev/null
 	@cmake --build $(BUILD)-tsan -j$(JOBS)
-	@cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp ctest --output-on-failure -j1 -L 'threaded|unit'
+	@cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp \
+	  FERRY_SOAK_SECONDS=30 ctest --output-on-failure -j1 -L 'unit|threaded|soak'
 
 test-python: build
 	@$(PYTHON) setup.py -q build_ext --inplace >/dev/null
 	@FERRY_TOOL=$(CURDIR)/$(BUILD)/ferry $(PYTHON) -m pytest -q tests/python
 
-check: test test-asan test-tsan test-python
-	@echo "make check: all suites passed"
+# libFuzzer (clang): every network parser for a bounded time, 6 s each.
+test-fuzz: deps
+	@fuzz/run.sh 6
+
+check: test test-asan test-tsan test-fuzz test-python
 
 format:
 	@clang-format -i include/*.h src/*/*.[ch] tools/*.[ch] tests/*/*.[ch] python/ferry/*.c

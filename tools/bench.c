@@ -524,6 +524,8 @@ static int setup_worker(bench_worker *w, bench_shared *s, unsigned index) {
     ferry_cli_report(PROG, "cannot allocate a local buffer", st);
     return -1;
   }
+  /* Fault every page in now: first-touch faults are set-up, not transfer. */
+  memset(w->local, 0, w->span);
   w->entries = calloc(o->batch, sizeof *w->entries);
   if (o->verify && o->op == FERRY_OP_READ)
     w->expected = malloc(w->span);

@@ -25,11 +25,13 @@ typedef struct serve_opts {
   ferry_cli_engine_opts engine;
   size_t size;
   int print_notifies;
+  int use_malloc; /* plain memory (reached over CMA by same-host peers) */
 } serve_opts;
 
 static void serve_usage(FILE *out) {
   fprintf(out, "usage: ferry serve [--host ADDR] [--port N] [--size SIZE] [--secret S]\n"
                "                   [--protocol tcp|shm|all] [--connections N] [--print-notifies]\n"
+               "                   [--malloc]\n"
                "  --host ADDR        bind and advertise address (default 127.0.0.1)\n"
                "  --port N           RPC port, 0 picks a free one (default 0)\n"
                "  --size SIZE        registered buffer size, K/M/G suffixes (default 256M)\n"
@@ -37,6 +39,7 @@ static void serve_usage(FILE *out) {
                "  --protocol P       transports to allow (default all)\n"
                "  --connections N    TCP data connections per peer\n"
                "  --print-notifies   print received notifications to stdout\n"
+               "  --malloc           register malloc'd memory instead of ferry_memory_alloc\n"
                "Prints one line \"ready target=HOST:PORT addr=0xADDR size=BYTES protocol=...\"\n"
                "and serves until SIGINT or SIGTERM.\n");
 }
@@ -50,11 +53,13 @@ static int parse_serve_args(int argc, char **argv, serve_opts *o) {
                                            {"protocol", required_argument, NULL, 'P'},
                                            {"connections", required_argument, NULL, 'c'},
                                            {"print-notifies", no_argument, NULL, 'n'},
+                                           {"malloc", no_argument, NULL, 'm'},
                                            {"help", no_argument, NULL, 'h'},
                                            {NULL, 0, NULL, 0}};
   ferry_cli_engine_opts_init(&o->engine);
   o->size = (size_t)256 << 20;
   o->print_notifies = 0;
+  o->use_malloc = 0;
   unsigned long n;
   int c;
   optind = 1;
@@ -63,6 +68,7 @@ static int parse_serve_args(int argc, char **argv, serve_opts *o) {
     case 'H': o->engine.host = optarg; break;
     case 'S': o->engine.secret = optarg; break;
     case 'n': o->print_notifies = 1; break;
+    case 'm': o->use_malloc = 1; break;
     case 'h': return 1;
     case 'p':
       if (ferry_cli_parse_count(optarg, 0, 65535, &n) != 0)
@@ -151,6 +157,29 @@ static void print_ready(ferry_engine *engine, const void *buf, const serve_opts 
   fflush(stdout);
 }
 
+/* The served buffer: shareable memory from ferry, or (--malloc) plain
+ * zeroed memory registered as it is, like a user's own buffer. */
+static ferry_status alloc_buffer(ferry_engine *engine, const serve_opts *o, void **buf) {
+  if (!o->use_malloc)
+    return ferry_memory_alloc(engine, o->size, buf);
+  *buf = calloc(1, o->size);
+  if (*buf == NULL)
+    return FERRY_ENOMEM;
+  ferry_status st = ferry_memory_register(engine, *buf, o->size);
+  if (st != FERRY_OK)
+    free(*buf);
+  return st;
+}
+
+static void free_buffer(ferry_engine *engine, const serve_opts *o, void *buf) {
+  if (!o->use_malloc) {
+    ferry_memory_free(engine, buf);
+    return;
+  }
+  ferry_memory_unregister(engine, buf);
+  free(buf);
+}
+
 int ferry_cmd_serve(int argc, char **argv) {
   serve_opts o;
   int rc = parse_serve_args(argc, argv, &o);
@@ -174,7 +203,7 @@ int ferry_cmd_serve(int argc, char **argv) {
   if (ferry_cli_engine_create(PROG, &o.engine, &engine) != FERRY_OK)
     return 1;
   void *buf;
-  ferry_status st = ferry_memory_alloc(engine, o.size, &buf);
+  ferry_status st = alloc_buffer(engine, &o, &buf);
   if (st != FERRY_OK) {
     ferry_cli_report(PROG, "cannot allocate the buffer", st);
     ferry_engine_destroy(engine);
@@ -182,7 +211,7 @@ int ferry_cmd_serve(int argc, char **argv) {
   }
   print_ready(engine, buf, &o);
   wait_for_stop(engine, &stop, o.print_notifies);
-  ferry_memory_free(engine, buf);
+  free_buffer(engine, &o, buf);
   ferry_engine_destroy(engine);
   return 0;
 }

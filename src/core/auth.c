@@ -1,8 +1,9 @@
 /* auth.c - randomness and the shared-secret proof of the handshake.
  *
- * The target sends a fresh nonce; the initiator answers with
- * HMAC-SHA256(secret, label | client nonce | target nonce). The secret never
- * crosses the wire and a recorded proof is useless against a new nonce. */
+ * Both sides send a fresh nonce; the initiator answers the target's with
+ * HMAC-SHA256(secret, label | client nonce | target nonce), and the target
+ * answers with its own proof, so neither talks to an impostor. The secret
+ * never crosses the wire and a recorded proof is useless against new nonces. */
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -14,7 +15,10 @@
 
 #include "engine.h"
 
-static const char proof_label[] = "ferry-auth-v1";
+/* Each side proves the secret with its own label, so a proof can never be
+ * reflected back as the other side's. */
+static const char initiator_label[] = "ferry-auth-v1-initiator";
+static const char target_label[] = "ferry-auth-v1-target";
 
 static void fill_random(void *buf, size_t len) {
   size_t got = 0;
@@ -43,15 +47,35 @@ uint64_t ferry_random_u64(void) {
   return v;
 }
 
+static void hmac_proof(const char *label, const char *secret,
+                       const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
+                       const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
+                       uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
+  uint8_t msg[sizeof initiator_label + 2 * FERRY_WIRE_NONCE_SIZE];
+  size_t label_len = strlen(label);
+  memcpy(msg, label, label_len);
+  memcpy(msg + label_len, client_nonce, FERRY_WIRE_NONCE_SIZE);
+  memcpy(msg + label_len + FERRY_WIRE_NONCE_SIZE, server_nonce, FERRY_WIRE_NONCE_SIZE);
+  unsigned int len = FERRY_WIRE_PROOF_SIZE;
+  HMAC(EVP_sha256(), secret, (int)strlen(secret), msg, label_len + 2 * FERRY_WIRE_NONCE_SIZE, proof,
+       &len);
+}
+
 void ferry_auth_proof(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
                       const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
                       uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
-  uint8_t msg[sizeof proof_label + 2 * FERRY_WIRE_NONCE_SIZE];
-  memcpy(msg, proof_label, sizeof proof_label);
-  memcpy(msg + sizeof proof_label, client_nonce, FERRY_WIRE_NONCE_SIZE);
-  memcpy(msg + sizeof proof_label + FERRY_WIRE_NONCE_SIZE, server_nonce, FERRY_WIRE_NONCE_SIZE);
-  unsigned int len = FERRY_WIRE_PROOF_SIZE;
-  HMAC(EVP_sha256(), secret, (int)strlen(secret), msg, sizeof msg, proof, &len);
+  hmac_proof(initiator_label, secret, client_nonce, server_nonce, proof);
+}
+
+void ferry_auth_target_proof(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
+                             const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
+                             uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
+  hmac_proof(target_label, secret, client_nonce, server_nonce, proof);
+}
+
+static int proofs_equal(const uint8_t a[FERRY_WIRE_PROOF_SIZE],
+                        const uint8_t b[FERRY_WIRE_PROOF_SIZE]) {
+  return CRYPTO_memcmp(a, b, FERRY_WIRE_PROOF_SIZE) == 0;
 }
 
 int ferry_auth_check(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
@@ -59,7 +83,15 @@ int ferry_auth_check(const char *secret, const uint8_t client_nonce[FERRY_WIRE_N
                      const uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
   uint8_t expected[FERRY_WIRE_PROOF_SIZE];
   ferry_auth_proof(secret, client_nonce, server_nonce, expected);
-  return CRYPTO_memcmp(expected, proof, FERRY_WIRE_PROOF_SIZE) == 0;
+  return proofs_equal(expected, proof);
+}
+
+int ferry_auth_check_target(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
+                            const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
+                            const uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
+  uint8_t expected[FERRY_WIRE_PROOF_SIZE];
+  ferry_auth_target_proof(secret, client_nonce, server_nonce, expected);
+  return proofs_equal(expected, proof);
 }
 
 /* Two engines with the same boot id run on the same booted kernel, which is

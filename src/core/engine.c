@@ -16,6 +16,7 @@
 #include "error.h"
 #include "log.h"
 #include "peer.h"
+#include "transport/shm.h"
 #include "transport/transport.h"
 
 uint64_t ferry_engine_deadline(const ferry_engine *e, uint64_t bytes) {
@@ -119,7 +120,10 @@ static ferry_status engine_start(ferry_engine *e, const ferry_config *cfg) {
   if (st)
     return st;
   ferry_net_format_target(e->name, sizeof e->name, e->advertise_host, e->port);
-  st = ferry_server_start(e, fd);
+  /* Before the server: its HELLO_REPLY advertises e->shm_path. */
+  st = e->transports & FERRY_TRANSPORT_SHM ? ferry_shm_service_start(e) : FERRY_OK;
+  if (!st)
+    st = ferry_server_start(e, fd);
   if (st) {
     close(fd);
     return st;
@@ -178,6 +182,7 @@ void ferry_engine_destroy(ferry_engine *e) {
     ferry_metadata_close(e->metadata);
   }
   ferry_server_stop(e);
+  ferry_shm_service_stop(e);
   ferry_peers_shutdown(e);
   ferry_workers_stop(e);
   ferry_peers_destroy(e);
@@ -224,8 +229,10 @@ ferry_status ferry_memory_unregister(ferry_engine *e, void *addr) {
   if (!e)
     return ferry_fail(FERRY_EINVAL, "unregister: null engine");
   ferry_status st = ferry_registry_remove(e->registry, (uint64_t)(uintptr_t)addr);
-  if (!st)
+  if (!st) {
+    ferry_shm_revoke(e); /* same-host peers can no longer copy into it */
     republish_regions(e);
+  }
   return st;
 }
 
@@ -259,6 +266,7 @@ ferry_status ferry_memory_unregister_batch(ferry_engine *e, void *const *addrs, 
       snprintf(detail, sizeof detail, "%s", ferry_last_error());
     }
   }
+  ferry_shm_revoke(e);
   republish_regions(e);
   if (first)
     ferry_error_set_detail(detail);
@@ -343,6 +351,15 @@ ferry_status ferry_engine_push_notification(ferry_engine *e, const char *name, s
     return ferry_fail(FERRY_ENOMEM, "no memory for a notification");
   }
   pthread_mutex_lock(&e->notify_lock);
+  if (e->notify_bytes + name_len + len > FERRY_NOTIFY_QUEUE_MAX) {
+    /* Nobody drains: refuse rather than let a peer grow this process. */
+    size_t queued = e->notify_bytes;
+    pthread_mutex_unlock(&e->notify_lock);
+    free(n.name);
+    free(n.data);
+    return ferry_fail(FERRY_EBUSY, "notification queue of %s is full (%zu bytes not drained)",
+                      e->name, queued);
+  }
   if (e->notify_count == e->notify_cap) {
     size_t cap = e->notify_cap ? e->notify_cap * 2 : 64;
     ferry_notification *grown = realloc(e->notifications, cap * sizeof *grown);
@@ -356,6 +373,7 @@ ferry_status ferry_engine_push_notification(ferry_engine *e, const char *name, s
     e->notify_cap = cap;
   }
   e->notifications[e->notify_count++] = n;
+  e->notify_bytes += name_len + len;
   pthread_mutex_unlock(&e->notify_lock);
   return FERRY_OK;
 }
@@ -368,6 +386,7 @@ ferry_status ferry_notify_drain(ferry_engine *e, ferry_notification **out, size_
   *count = e->notify_count;
   e->notifications = NULL;
   e->notify_count = e->notify_cap = 0;
+  e->notify_bytes = 0;
   pthread_mutex_unlock(&e->notify_lock);
   return FERRY_OK;
 }

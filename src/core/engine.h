@@ -14,6 +14,10 @@
 #include "metadata/metadata.h"
 #include "wire/wire.h"
 
+/* Received notifications wait here until drained; past this many bytes a
+ * sender gets FERRY_EBUSY instead of growing the process without bound. */
+#define FERRY_NOTIFY_QUEUE_MAX (64u << 20)
+
 typedef struct ferry_peer ferry_peer;
 typedef struct ferry_server ferry_server;
 typedef struct ferry_workers ferry_workers;
@@ -53,6 +57,7 @@ struct ferry_engine {
   pthread_mutex_t notify_lock;
   ferry_notification *notifications;
   size_t notify_count, notify_cap;
+  size_t notify_bytes; /* queued, bounded by FERRY_NOTIFY_QUEUE_MAX */
 
   pthread_mutex_t alloc_lock;
   ferry_allocation *allocations;
@@ -76,6 +81,12 @@ void ferry_auth_nonce(uint8_t nonce[FERRY_WIRE_NONCE_SIZE]);
 void ferry_auth_proof(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
                       const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
                       uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
+void ferry_auth_target_proof(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
+                             const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
+                             uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
+int ferry_auth_check_target(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
+                            const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
+                            const uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
 int ferry_auth_check(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
                      const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
                      const uint8_t proof[FERRY_WIRE_PROOF_SIZE]);

@@ -316,6 +316,25 @@ ferry_status ferry_sock_recv_header(ferry_sock *s, ferry_frame_header *h, const 
   return FERRY_OK;
 }
 
+/* The codes a target sends for a refused request. Anything else (a local
+ * meaning such as FERRY_EINPROGRESS, FERRY_ETIMEDOUT or FERRY_ECLOSED, or a
+ * code from a newer peer) would mislead the caller: it becomes EREMOTE. */
+static int remote_status_ok(ferry_status code) {
+  switch (code) {
+  case FERRY_EINVAL:
+  case FERRY_ENOTREG:
+  case FERRY_ENOMEM:
+  case FERRY_EVERSION:
+  case FERRY_EAUTH:
+  case FERRY_EPROTO:
+  case FERRY_ENOTIMPL:
+  case FERRY_EBUSY:
+  case FERRY_ECHECKSUM:
+  case FERRY_EREMOTE: return 1;
+  default: return 0;
+  }
+}
+
 ferry_status ferry_sock_read_refusal(ferry_sock *s, const ferry_frame_header *h, const char *step) {
   char reason[FERRY_WIRE_MAX_REASON + 1];
   size_t len = (size_t)h->body_len; /* header decode bounded it by MAX_REASON */
@@ -324,7 +343,7 @@ ferry_status ferry_sock_read_refusal(ferry_sock *s, const ferry_frame_header *h,
     return st;
   reason[len] = 0;
   ferry_status code = (ferry_status)h->status;
-  if (code > 0 || code < FERRY_EINPROGRESS)
+  if (!remote_status_ok(code))
     code = FERRY_EREMOTE;
   return ferry_fail(code, "%s refused by %s: %s", step, s->peer,
                     len ? reason : ferry_strerror(code));

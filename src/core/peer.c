@@ -140,7 +140,12 @@ static ferry_status prove_secret(ferry_peer *p, ferry_sock *s, const ferry_hello
   if (h.type != FERRY_FRAME_AUTH_REPLY)
     return ferry_fail(FERRY_EHANDSHAKE, "authenticate with %s: answered with frame type %u",
                       s->peer, h.type);
-  return h.status ? ferry_sock_read_refusal(s, &h, "authenticate") : FERRY_OK;
+  if (h.status)
+    return ferry_sock_read_refusal(s, &h, "authenticate");
+  st = ferry_sock_recv(s, proof, sizeof proof, "authenticate");
+  if (!st && !ferry_auth_check_target(p->engine->secret, hello->nonce, reply->nonce, proof))
+    st = ferry_fail(FERRY_EAUTH, "peer %s could not prove it knows the shared secret", s->peer);
+  return st;
 }
 
 /* Records the target's facts; a new instance id means it restarted, so the
@@ -182,6 +187,11 @@ ferry_status ferry_peer_connect(ferry_peer *p, ferry_conn_kind kind, uint64_t de
     st = receive_hello_reply(&s, reply);
   if (!st && reply->auth_required)
     st = prove_secret(p, &s, &hello, reply);
+  else if (!st && p->engine->secret)
+    st = ferry_fail(FERRY_EAUTH,
+                    "peer %s does not ask for the shared secret; refusing an "
+                    "unauthenticated target",
+                    p->address);
   if (st) {
     close(*fd);
     *fd = -1;
@@ -327,11 +337,23 @@ static ferry_status choose_transport(ferry_peer *p) {
   return ferry_fail(FERRY_ETRANSPORT, "no transport usable with %s (%s)", p->address, reasons);
 }
 
+/* A control connection the target closed means it may have restarted, and a
+ * restarted target can register the very same addresses: then the cached
+ * table still matches and only a new handshake reveals the new instance. A
+ * connection busy with another request is alive. */
+static int control_lost(ferry_peer *p) {
+  if (pthread_mutex_trylock(&p->control_lock) != 0)
+    return 0;
+  int lost = p->control_fd < 0 || !ferry_net_idle_alive(p->control_fd);
+  pthread_mutex_unlock(&p->control_lock);
+  return lost;
+}
+
 ferry_status ferry_peer_ensure(ferry_peer *p, uint64_t deadline_ns) {
   pthread_mutex_lock(&p->lock);
   int ready = p->known && p->transport && p->regions;
   pthread_mutex_unlock(&p->lock);
-  if (ready)
+  if (ready && !control_lost(p))
     return FERRY_OK;
   ferry_status st = refresh_regions(p, deadline_ns);
   if (st)

@@ -88,7 +88,9 @@ static ferry_status check_proof(server_conn *c, const ferry_hello *hello,
     return st;
   if (!ferry_auth_check(c->engine->secret, hello->nonce, r->nonce, proof))
     return refuse(c, FERRY_FRAME_AUTH_REPLY, FERRY_EAUTH, "wrong shared secret");
-  return reply(c, FERRY_FRAME_AUTH_REPLY, 0, FERRY_OK, NULL);
+  ferry_auth_target_proof(c->engine->secret, hello->nonce, r->nonce, proof);
+  ferry_frame_header ok = {.type = FERRY_FRAME_AUTH_REPLY, .body_len = sizeof proof};
+  return ferry_sock_send_frame(&c->sock, &ok, proof, "send AUTH_REPLY");
 }
 
 static ferry_status handshake(server_conn *c) {

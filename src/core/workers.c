@@ -1,6 +1,9 @@
-/* workers.c - a small pool of threads that drive batches: all of an async
- * batch, and the extra channels of a large sync one. Idle workers sleep on
- * a condition variable; nothing polls. */
+/* workers.c - a pool of threads that drive batches: all of an async batch,
+ * and the extra channels of a large sync one. Idle workers sleep on a
+ * condition variable; nothing polls. A driver blocks for as long as its
+ * peer takes (up to the batch deadline), so when every worker is busy the
+ * pool grows, up to FERRY_WORKERS_MAX: a stalled peer must not hold up
+ * batches to healthy ones. */
 #include <stdlib.h>
 
 #include "batch.h"
@@ -12,22 +15,29 @@ typedef struct ticket {
   struct ticket *next;
 } ticket;
 
+#define FERRY_WORKERS_MAX 256
+
 struct ferry_workers {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   ticket *head, *tail;
   int stopping;
-  unsigned count;
-  pthread_t threads[];
+  unsigned count;  /* threads started */
+  unsigned idle;   /* of which waiting for a ticket */
+  unsigned queued; /* tickets not yet taken */
+  pthread_t threads[FERRY_WORKERS_MAX];
 };
 
 static ticket *next_ticket(ferry_workers *w) {
   pthread_mutex_lock(&w->lock);
+  w->idle++;
   while (!w->head && !w->stopping)
     pthread_cond_wait(&w->cond, &w->lock);
+  w->idle--;
   ticket *t = w->head;
   if (t && !w->stopping) {
     w->head = t->next;
+    w->queued--;
     if (!w->head)
       w->tail = NULL;
   } else {
@@ -49,12 +59,14 @@ static void *worker_main(void *arg) {
 }
 
 ferry_status ferry_workers_start(ferry_engine *e, unsigned count) {
-  ferry_workers *w = calloc(1, sizeof *w + count * sizeof(pthread_t));
+  ferry_workers *w = calloc(1, sizeof *w);
   if (!w)
     return ferry_fail(FERRY_ENOMEM, "no memory for %u workers", count);
   pthread_mutex_init(&w->lock, NULL);
   pthread_cond_init(&w->cond, NULL);
   e->workers = w;
+  if (count > FERRY_WORKERS_MAX)
+    count = FERRY_WORKERS_MAX;
   for (; w->count < count; w->count++)
     if (pthread_create(&w->threads[w->count], NULL, worker_main, w) != 0)
       return ferry_fail(FERRY_ENOMEM, "cannot start worker thread %u", w->count);
@@ -81,6 +93,12 @@ void ferry_workers_post(ferry_engine *e, ferry_batch *b, unsigned drivers) {
     else
       w->head = t;
     w->tail = t;
+    w->queued++;
+    /* Every worker busy (blocked on some peer): one more, so this batch
+     * does not wait behind them. */
+    if (w->queued > w->idle && w->count < FERRY_WORKERS_MAX &&
+        pthread_create(&w->threads[w->count], NULL, worker_main, w) == 0)
+      w->count++;
     pthread_cond_signal(&w->cond);
     pthread_mutex_unlock(&w->lock);
   }

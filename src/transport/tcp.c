@@ -185,6 +185,13 @@ static void tcp_shutdown(ferry_channel *base) {
 
 static void tcp_close(ferry_channel *base) {
   tcp_channel *ch = (tcp_channel *)base;
+  if (base->broken) {
+    /* Abandoned mid-conversation (timeout, error): reset rather than close
+     * gracefully, so bytes still queued in the kernel are dropped instead of
+     * being delivered later, on top of a newer WRITE. */
+    struct linger hard = {1, 0};
+    setsockopt(ch->sock.fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+  }
   close(ch->sock.fd);
   free(ch);
 }

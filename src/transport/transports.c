@@ -1,5 +1,7 @@
 /* transports.c - the transports built into this library, best first. A
  * peer uses the first one that both sides offer and that can reach it. */
+#include "transport/shm.h"
 #include "transport/transport.h"
 
-const ferry_transport *const ferry_transports[] = {&ferry_transport_tcp, NULL};
+const ferry_transport *const ferry_transports[] = {&ferry_transport_shm, &ferry_transport_tcp,
+                                                   NULL};

@@ -198,8 +198,9 @@ static ferry_status check_type_limits(const ferry_frame_header *h) {
   case FERRY_FRAME_HELLO: return check_body_range(h, HELLO_FIXED, FERRY_WIRE_HELLO_MAX);
   case FERRY_FRAME_HELLO_REPLY:
     return check_body_range(h, HELLO_REPLY_FIXED, FERRY_WIRE_HELLO_REPLY_MAX);
-  case FERRY_FRAME_AUTH: return check_body_range(h, FERRY_WIRE_PROOF_SIZE, FERRY_WIRE_PROOF_SIZE);
-  case FERRY_FRAME_AUTH_REPLY:
+  case FERRY_FRAME_AUTH:
+  case FERRY_FRAME_AUTH_REPLY: /* the target's own proof */
+    return check_body_range(h, FERRY_WIRE_PROOF_SIZE, FERRY_WIRE_PROOF_SIZE);
   case FERRY_FRAME_REGIONS_REQ:
   case FERRY_FRAME_WRITE_ACK:
   case FERRY_FRAME_NOTIFY_ACK:

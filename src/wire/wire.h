@@ -10,7 +10,7 @@
  *
  * Conversation on a connection (initiator "c", target "s"):
  *   c: HELLO          s: HELLO_REPLY (status != 0: refused, body = reason)
- *   c: AUTH (if HELLO_REPLY asked for it)   s: AUTH_REPLY
+ *   c: AUTH (if HELLO_REPLY asked for it)   s: AUTH_REPLY (the target's proof)
  *   then any number of requests, each answered in order:
  *   REGIONS_REQ -> REGIONS_REPLY, WRITE -> WRITE_ACK, READ -> READ_REPLY,
  *   NOTIFY -> NOTIFY_ACK, PING -> PONG.

@@ -150,6 +150,9 @@ const char *fault_proxy_target(const fault_proxy *p); /* "bind:port" to aim at *
  * READ_REPLY (from the target) frames that carry data. */
 void fault_proxy_corrupt(fault_proxy *p, uint8_t frame_type, unsigned n);
 unsigned fault_proxy_corrupted(const fault_proxy *p); /* frames corrupted so far */
+/* Data frames (WRITE and READ_REPLY with payload) seen, and how many of them
+ * carried the checksum flag. */
+void fault_proxy_data_frames(const fault_proxy *p, unsigned *frames, unsigned *checksummed);
 void fault_proxy_stop(fault_proxy *p);
 
 /* ---- engines ------------------------------------------------------------------------------ */
@@ -161,5 +164,11 @@ ferry_engine *fault_engine(const char *bind, uint32_t timeout_ms, uint32_t conne
 /* malloc'd, page-aligned buffer registered on e. */
 void *fault_buffer(ferry_engine *e, size_t size);
 void fault_buffer_free(ferry_engine *e, void *buf);
+/* Writes len bytes of fault_pattern(seed) from local to remote, reads them
+ * back into local + len (local must hold 2 * len registered bytes) and
+ * compares crc32c of both. FERRY_OK, the failing call's status, or
+ * FERRY_ECHECKSUM when the bytes read back differ. */
+ferry_status fault_roundtrip(ferry_engine *e, const char *target, uint8_t *local, uint64_t remote,
+                             size_t len, uint64_t seed);
 
 #endif

@@ -5,7 +5,9 @@
  * their order and only "reordered" packets overtake. The queue is bounded
  * like netem's (1000 packets per direction by default): beyond it packets
  * are dropped, as a full router queue would. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "fault_emu.h"
 
 #include <errno.h>

@@ -7,7 +7,9 @@
  * fatal-signal handlers all walk. Removing a namespace is what `ip netns del`
  * does (detach the bind mount, unlink it), done with plain syscalls so the
  * signal handler can do it too; links die with their namespaces. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -112,7 +114,7 @@ int fault_cmd(char *out, size_t out_size, const char *fmt, ...) {
 
 /* ---- cleanup registry --------------------------------------------------------------- */
 
-static char tracked_ns[MAX_TRACKED][96]; /* "" = free slot */
+static char tracked_ns[MAX_TRACKED][160]; /* "" = free slot */
 static volatile pid_t tracked_pid[MAX_TRACKED];
 static char log_dir[64];
 static int handlers_installed;
@@ -521,7 +523,8 @@ void fault_link_counters(const fault_net *n, int link, uint64_t *forwarded, uint
     fault_emu_counters(n->links[link].emu, forwarded, dropped);
 }
 
-/* ---- ferry serve processes -------------------------------------------------------------------- */
+/* ---- ferry serve processes --------------------------------------------------------------------
+ */
 
 static const char *tool_path(void) {
   const char *tool = getenv("FERRY_TOOL");
@@ -565,8 +568,8 @@ static int spawn_serve(fault_proc *p) {
     return -1;
   char port_s[16];
   snprintf(port_s, sizeof port_s, "%u", p->port);
-  const char *argv[24] = {tool_path(), "serve", "--host", p->bind, "--port", port_s,
-                          "--size",    p->size_arg};
+  const char *argv[24] = {tool_path(), "serve", "--host", p->bind,
+                          "--port",    port_s,  "--size", p->size_arg};
   int argc = 8;
   for (int i = 0; i < 7 && p->extra[i]; i++)
     argv[argc++] = p->extra[i];
@@ -613,7 +616,8 @@ static int spawn_serve(fault_proc *p) {
   int rc = read_line(fds[0], line, sizeof line, 20000);
   close(fds[0]);
   unsigned long long addr, size;
-  if (rc == 0 && sscanf(line, "ready target=%79s addr=%llx size=%llu", p->target, &addr, &size) == 3) {
+  if (rc == 0 &&
+      sscanf(line, "ready target=%79s addr=%llx size=%llu", p->target, &addr, &size) == 3) {
     p->addr = addr;
     p->size = size;
     return 0;
@@ -625,8 +629,7 @@ static int spawn_serve(fault_proc *p) {
 }
 
 int fault_serve_start(fault_proc *p, const fault_net *net, int host, const char *bind,
-                      uint16_t port, const char *size, const char *const *extra,
-                      int fixed_layout) {
+                      uint16_t port, const char *size, const char *const *extra, int fixed_layout) {
   install_handlers();
   memset(p, 0, sizeof *p);
   p->net = net;
@@ -722,7 +725,8 @@ long fault_rss_kib(pid_t pid) {
   return rss * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
-/* ---- engines ------------------------------------------------------------------------------------ */
+/* ---- engines ------------------------------------------------------------------------------------
+ */
 
 ferry_engine *fault_engine(const char *bind, uint32_t timeout_ms, uint32_t connect_timeout_ms,
                            int checksum) {
@@ -761,4 +765,20 @@ void fault_buffer_free(ferry_engine *e, void *buf) {
     return;
   ferry_memory_unregister(e, buf);
   free(buf);
+}
+
+ferry_status fault_roundtrip(ferry_engine *e, const char *target, uint8_t *local, uint64_t remote,
+                             size_t len, uint64_t seed) {
+  fault_pattern(local, len, seed);
+  memset(local + len, 0xee, len);
+  uint32_t sent = ferry_crc32c(0, local, len);
+  ferry_status st = ferry_transfer_sync(e, target, FERRY_OP_WRITE, local, remote, len);
+  if (st == FERRY_OK)
+    st = ferry_transfer_sync(e, target, FERRY_OP_READ, local + len, remote, len);
+  if (st == FERRY_OK && ferry_crc32c(0, local + len, len) != sent) {
+    fprintf(stderr, "fault: %zu bytes at %s 0x%llx read back differently\n", len, target,
+            (unsigned long long)remote);
+    return FERRY_ECHECKSUM;
+  }
+  return st;
 }

@@ -2,7 +2,9 @@
  * speaks (or abuses) the wire protocol with the codecs of src/wire, and a
  * proxy that understands frames well enough to corrupt one payload byte in
  * flight, the fault that checksum mode exists to catch. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
@@ -164,7 +166,10 @@ ferry_status fault_raw_handshake(fault_raw *r, const char *secret) {
     return st;
   if (h.type != FERRY_FRAME_AUTH_REPLY)
     return FERRY_EPROTO;
-  return h.status ? take_refusal(r, &h) : FERRY_OK;
+  if (h.status)
+    return take_refusal(r, &h);
+  /* the target's proof of the secret */
+  return fault_raw_recv(r, proof, sizeof proof) == 0 ? FERRY_OK : FERRY_ESOCKET;
 }
 
 int fault_raw_closed_by_peer(fault_raw *r, unsigned timeout_ms) {
@@ -183,8 +188,7 @@ int fault_raw_closed_by_peer(fault_raw *r, unsigned timeout_ms) {
   }
 }
 
-ferry_status fault_raw_write(fault_raw *r, uint64_t remote, const void *data, size_t len,
-                             int crc) {
+ferry_status fault_raw_write(fault_raw *r, uint64_t remote, const void *data, size_t len, int crc) {
   ferry_frame_header h = {.type = FERRY_FRAME_WRITE,
                           .flags = crc ? FERRY_FRAME_FLAG_CHECKSUM : 0,
                           .count = 1,
@@ -210,8 +214,7 @@ ferry_status fault_raw_write(fault_raw *r, uint64_t remote, const void *data, si
   return ack.status ? take_refusal(r, &ack) : FERRY_OK;
 }
 
-ferry_status fault_raw_read(fault_raw *r, uint64_t remote, void *data, size_t len,
-                            int checksum) {
+ferry_status fault_raw_read(fault_raw *r, uint64_t remote, void *data, size_t len, int checksum) {
   ferry_frame_header h = {.type = FERRY_FRAME_READ,
                           .flags = checksum ? FERRY_FRAME_FLAG_CHECKSUM : 0,
                           .count = 1,
@@ -263,6 +266,7 @@ struct fault_proxy {
   int npumps;
   int armed_write, armed_read; /* frames left to corrupt */
   unsigned corrupted;
+  unsigned data_frames, checksummed;
 };
 
 static int take_armed(int *counter) {
@@ -318,6 +322,18 @@ static int forward(int from, int to, uint64_t len, uint64_t flip) {
   return 0;
 }
 
+/* Copies everything until EOF or an error, frames or not. */
+static void pass_raw(int from, int to) {
+  uint8_t buf[65536];
+  for (;;) {
+    ssize_t n = recv(from, buf, sizeof buf, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0 || write_full(to, buf, (size_t)n) != 0)
+      return;
+  }
+}
+
 static void *pump_loop(void *arg) {
   proxy_pump *pp = arg;
   struct fault_proxy *px = pp->proxy;
@@ -328,12 +344,18 @@ static void *pump_loop(void *arg) {
     ferry_frame_header h;
     if (ferry_wire_header_decode(raw, &h) != FERRY_OK) {
       /* Not ours to judge: pass it on and leave the rest raw. */
-      write_full(pp->to, raw, sizeof raw);
-      forward(pp->from, pp->to, UINT64_MAX, UINT64_MAX);
+      if (write_full(pp->to, raw, sizeof raw) == 0)
+        pass_raw(pp->from, pp->to);
       break;
     }
     uint64_t flip = UINT64_MAX;
     uint64_t trailer = (h.flags & FERRY_FRAME_FLAG_CHECKSUM) ? 4 : 0;
+    if (h.status == 0 && ((!pp->upstream && h.type == FERRY_FRAME_WRITE) ||
+                          (pp->upstream && h.type == FERRY_FRAME_READ_REPLY))) {
+      __atomic_add_fetch(&px->data_frames, 1, __ATOMIC_RELAXED);
+      if (trailer)
+        __atomic_add_fetch(&px->checksummed, 1, __ATOMIC_RELAXED);
+    }
     if (!pp->upstream && h.type == FERRY_FRAME_WRITE && h.status == 0) {
       uint64_t table = (uint64_t)h.count * FERRY_WIRE_SEGMENT_SIZE;
       if (h.body_len > table + trailer && take_armed(&px->armed_write))
@@ -420,6 +442,11 @@ void fault_proxy_corrupt(fault_proxy *px, uint8_t frame_type, unsigned n) {
 
 unsigned fault_proxy_corrupted(const fault_proxy *px) {
   return __atomic_load_n(&px->corrupted, __ATOMIC_RELAXED);
+}
+
+void fault_proxy_data_frames(const fault_proxy *px, unsigned *frames, unsigned *checksummed) {
+  *frames = __atomic_load_n(&px->data_frames, __ATOMIC_RELAXED);
+  *checksummed = __atomic_load_n(&px->checksummed, __ATOMIC_RELAXED);
 }
 
 void fault_proxy_stop(fault_proxy *px) {

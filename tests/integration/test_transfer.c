@@ -366,6 +366,14 @@ static void wrong_secret_is_refused(void **state) {
   assert_non_null(strstr(ferry_last_error(), "wrong shared secret"));
   assert_int_equal(ferry_transfer_sync(right, t.target, FERRY_OP_WRITE, b3, t.addr, 4096),
                    FERRY_OK);
+  /* Authentication is mutual: an engine with a secret refuses a target
+   * that does not ask for it (it could be anyone listening there). */
+  test_target open;
+  assert_int_equal(test_target_start(&open, 0, MiB, NULL), 0);
+  assert_int_equal(ferry_transfer_sync(right, open.target, FERRY_OP_WRITE, b3, open.addr, 4096),
+                   FERRY_EAUTH);
+  assert_non_null(strstr(ferry_last_error(), "unauthenticated target"));
+  assert_int_equal(test_target_stop(&open), 0);
   ferry_engine_destroy(none);
   ferry_engine_destroy(wrong);
   ferry_engine_destroy(right);
@@ -535,6 +543,31 @@ static void region_registered_after_connect_is_reachable(void **state) {
   free(src);
 }
 
+/* A target that never drains refuses notifications past its queue limit
+ * instead of growing without bound, and accepts again once drained. */
+static void undrained_notifications_are_bounded(void **state) {
+  ferry_engine *a = test_engine(NULL), *b = test_engine(NULL);
+  size_t size = 4 * MiB;
+  char *data = calloc(1, size);
+  ferry_status st = FERRY_OK;
+  int sent = 0;
+  while (sent < 64 &&
+         (st = ferry_notify_send(b, ferry_engine_name(a), "big", data, size)) == FERRY_OK)
+    sent++;
+  assert_int_equal(st, FERRY_EBUSY);
+  assert_non_null(strstr(ferry_last_error(), "queue"));
+  assert_true(sent >= 8 && sent <= 16);
+  ferry_notification *list;
+  size_t count;
+  assert_int_equal(ferry_notify_drain(a, &list, &count), FERRY_OK);
+  assert_int_equal(count, (size_t)sent);
+  ferry_notify_free(list, count);
+  assert_int_equal(ferry_notify_send(b, ferry_engine_name(a), "big", data, size), FERRY_OK);
+  free(data);
+  ferry_engine_destroy(b);
+  ferry_engine_destroy(a);
+}
+
 static void registration_rules(void **state) {
   ferry_engine *e = test_engine(NULL);
   uint8_t *buf = malloc(8192);
@@ -598,6 +631,7 @@ int main(void) {
       cmocka_unit_test(target_restart_on_same_port),
       cmocka_unit_test(notification_arrives_after_data),
       cmocka_unit_test(region_registered_after_connect_is_reachable),
+      cmocka_unit_test(undrained_notifications_are_bounded),
       cmocka_unit_test(registration_rules),
       cmocka_unit_test(ipv6_loopback_target),
   };

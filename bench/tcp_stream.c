@@ -1,0 +1,169 @@
+/* tcp_stream.c - plain-socket bulk baseline for bench/run: one TCP stream
+ * that sends a buffer of BLOCK bytes over and over into a receive buffer of
+ * the same size, so that its memory footprint matches a ferry transfer of
+ * that block size (iperf3 cannot go past 1 MiB buffers, which stay in
+ * cache). The server answers EOF with the bytes it received and the CPU
+ * time it used; the client prints one JSON line.
+ *
+ *   tcp_stream server [HOST [PORT]] BLOCK   prints "ready port=N"
+ *   tcp_stream client HOST PORT BLOCK [SECONDS]
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static void die(const char *what) {
+  fprintf(stderr, "tcp_stream: %s: %s\n", what, strerror(errno));
+  exit(1);
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t cpu_ns(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) * 1000000000ull +
+         ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000ull;
+}
+
+static size_t parse_size(const char *s) {
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  switch (toupper((unsigned char)*end)) {
+  case 'K': v <<= 10; break;
+  case 'M': v <<= 20; break;
+  case 'G': v <<= 30; break;
+  default: break;
+  }
+  return (size_t)v;
+}
+
+/* A buffer with every page faulted in, so first touches are not timed. */
+static char *buffer(size_t n) {
+  char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    die("mmap");
+  memset(p, 0x3c, n);
+  return p;
+}
+
+static struct addrinfo *resolve(const char *host, const char *port, int passive) {
+  struct addrinfo hints = {0}, *ai;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  int rc = getaddrinfo(host, port, &hints, &ai);
+  if (rc != 0) {
+    fprintf(stderr, "tcp_stream: resolve %s: %s\n", host, gai_strerror(rc));
+    exit(1);
+  }
+  return ai;
+}
+
+static int run_server(const char *host, const char *port, size_t block) {
+  struct addrinfo *ai = resolve(host, port, 1);
+  int lfd = socket(ai->ai_family, SOCK_STREAM, 0), one = 1;
+  if (lfd < 0)
+    die("socket");
+  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(lfd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(lfd, 1) < 0)
+    die("bind/listen");
+  freeaddrinfo(ai);
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  getsockname(lfd, (struct sockaddr *)&ss, &len);
+  char *buf = buffer(block);
+  printf("ready port=%u\n",
+         ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                        : ((struct sockaddr_in *)&ss)->sin_port));
+  fflush(stdout);
+  int fd = accept(lfd, NULL, NULL);
+  if (fd < 0)
+    die("accept");
+  close(lfd);
+  uint64_t cpu0 = cpu_ns(), total = 0;
+  size_t at = 0;
+  for (;;) {
+    ssize_t r = recv(fd, buf + at, block - at, MSG_WAITALL);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break;
+    total += (uint64_t)r;
+    at = (at + (size_t)r) % block;
+  }
+  uint64_t answer[2] = {total, cpu_ns() - cpu0};
+  if (send(fd, answer, sizeof answer, MSG_NOSIGNAL) != (ssize_t)sizeof answer)
+    die("send result");
+  close(fd);
+  return 0;
+}
+
+static int run_client(const char *host, const char *port, size_t block, double seconds) {
+  char *buf = buffer(block);
+  struct addrinfo *ai = resolve(host, port, 0);
+  int fd = socket(ai->ai_family, SOCK_STREAM, 0);
+  if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0)
+    die("connect");
+  freeaddrinfo(ai);
+  uint64_t cpu0 = cpu_ns(), start = now_ns(), end = start + (uint64_t)(seconds * 1e9);
+  while (now_ns() < end) {
+    size_t at = 0;
+    while (at < block) {
+      ssize_t w = send(fd, buf + at, block - at, MSG_NOSIGNAL);
+      if (w < 0 && errno == EINTR)
+        continue;
+      if (w <= 0)
+        die("send");
+      at += (size_t)w;
+    }
+  }
+  shutdown(fd, SHUT_WR);
+  uint64_t answer[2];
+  size_t got = 0;
+  while (got < sizeof answer) {
+    ssize_t r = recv(fd, (char *)answer + got, sizeof answer - got, 0);
+    if (r <= 0)
+      die("receive result");
+    got += (size_t)r;
+  }
+  double secs = (double)(now_ns() - start) / 1e9;
+  double cpu = (double)(cpu_ns() - cpu0 + answer[1]) / 1e9;
+  close(fd);
+  printf("{\"block\":%zu,\"bytes\":%llu,\"seconds\":%.4f,\"gbps\":%.4f,\"cpu_s_per_gb\":%.4f}\n",
+         block, (unsigned long long)answer[0], secs, (double)answer[0] / secs / 1e9,
+         answer[0] ? cpu / ((double)answer[0] / 1e9) : 0.0);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 3 && strcmp(argv[1], "server") == 0) {
+    const char *host = argc > 4 ? argv[2] : "127.0.0.1";
+    const char *port = argc > 4 ? argv[3] : "0";
+    size_t block = parse_size(argv[argc - 1]);
+    if (block > 0)
+      return run_server(host, port, block);
+  } else if (argc >= 5 && strcmp(argv[1], "client") == 0) {
+    size_t block = parse_size(argv[4]);
+    double seconds = argc > 5 ? atof(argv[5]) : 2.0;
+    if (block > 0 && seconds > 0)
+      return run_client(argv[2], argv[3], block, seconds);
+  }
+  fprintf(stderr, "usage: tcp_stream server [HOST PORT] BLOCK\n"
+                  "       tcp_stream client HOST PORT BLOCK [SECONDS]\n");
+  return 2;
+}

@@ -1,0 +1,775 @@
+/* shm.c - the same-host data transport: WRITE and READ are copies made by
+ * the initiator itself, with no syscall per transfer for ferry-allocated
+ * memory.
+ *
+ * Links. The first channel to a peer opens a link: a SOCK_SEQPACKET
+ * connection to the target's service (shm_service.c), which hands over its
+ * region table (a memfd mapped read-only) and a page of slots. Buffers the
+ * target got from ferry_memory_alloc are memfds: the link maps each one the
+ * first time a transfer touches it (MAP request, fd by SCM_RIGHTS) and then
+ * copies with memcpy, or with non-temporal AVX2 stores for large copies.
+ * Other registered memory (malloc, numpy) is reached with process_vm_writev
+ * and process_vm_readv on the target's pid (as seen through SO_PEERCRED, so
+ * pid namespaces cannot mislead it). The peer's channels share one link;
+ * each channel owns one slot. A large batch is cut into several chunks, so
+ * the workers' channels copy its parts in parallel.
+ *
+ * Choice. usable() says yes only for a peer with our boot id whose service
+ * answers and whose memory process_vm_readv may read (a probe of a word the
+ * target names); otherwise the reason goes to the log and TCP is used.
+ *
+ * Validation and revocation. Before each chunk the channel stores the
+ * table's seq in its slot, re-reads seq (both sequentially consistent),
+ * checks every segment against the table, confirms seq did not move, copies
+ * and clears the slot. A miss asks the service to refresh the table once
+ * (new registrations), then fails with FERRY_ENOTREG. Unregistration on the
+ * target rewrites the table (new seq) and then waits until no slot holds an
+ * older seq. So for in-flight transfers: a chunk that passed its check
+ * before the table changed may still complete, but once
+ * ferry_memory_unregister (or ferry_memory_free) returns on the target, no
+ * copy into the region is running and none will start; later chunks fail
+ * with FERRY_ENOTREG. A target that sees no copy end within its timeout
+ * logs a warning and returns anyway (a stopped initiator cannot hang it).
+ *
+ * Peer exit. Mapped memory stays valid after the target dies, so a copy
+ * cannot crash; the link's socket then reports a hang-up, which fails the
+ * chunk being completed and every later checkout of the channel, and the
+ * next transfer reconnects (ping + new link) or fails with the reason.
+ *
+ * Notifications still go over the control connection after the data; done
+ * means the copy finished, so the bytes are in the target's memory. There
+ * is no network to guard, so checksum mode does not apply here. */
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "transport/shm.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SHM_HAVE_STREAMING 1
+#endif
+
+#define SHM_SLICE_MAX (64ull << 20) /* no frame limit: one chunk may be this large */
+#define SHM_SPLIT_MIN (4ull << 20)  /* batches from here on are split across CPUs */
+/* Non-temporal stores from here on. Measured on 2 cores: 64 MiB batches (two
+ * 32 MiB pieces) ran about 2x faster with them; 8 MiB pieces ran slower. */
+#define SHM_NT_MIN (32ull << 20)
+#define SHM_RESOLVE_TRIES 64
+
+/* A mapping of one of the target's memfd buffers. */
+typedef struct shm_map {
+  uint64_t ino, base, length; /* base/length: the buffer in the target */
+  uint8_t *local;
+} shm_map;
+
+typedef struct shm_link {
+  int fd; /* SOCK_SEQPACKET connection to the target's service */
+  pid_t pid;
+  uint64_t engine_id;
+  char address[FERRY_HOST_MAX + 8];
+  const shm_table *table; /* read-only */
+  uint64_t *slots;
+  int dead;
+
+  pthread_mutex_t lock; /* requests on fd, slot_used, refs */
+  unsigned refs;
+  uint8_t slot_used[SHM_SLOTS];
+
+  pthread_rwlock_t maps_lock; /* held for reading while copying */
+  shm_map *maps;
+  size_t map_count, map_cap;
+} shm_link;
+
+typedef struct shm_channel {
+  ferry_channel base;
+  shm_link *link;
+  unsigned slot;
+  ferry_chunk chunk;
+  uint8_t *mapped[FERRY_CHUNK_MAX_SEGMENTS]; /* per segment; NULL: reached with CMA */
+  struct iovec cma_local[FERRY_CHUNK_MAX_SEGMENTS];
+  struct iovec cma_remote[FERRY_CHUNK_MAX_SEGMENTS];
+} shm_channel;
+
+/* ---- copying ------------------------------------------------------------------------ */
+
+#ifdef SHM_HAVE_STREAMING
+/* Streaming stores bypass the cache: no read-for-ownership of the
+ * destination, which pays off once copies are far larger than the caches. */
+__attribute__((target("avx2"))) static void copy_streaming(uint8_t *dst, const uint8_t *src,
+                                                           size_t n) {
+  while (n && ((uintptr_t)dst & 31)) {
+    *dst++ = *src++;
+    n--;
+  }
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)(src + i));
+    __m256i b = _mm256_loadu_si256((const __m256i *)(src + i + 32));
+    __m256i c = _mm256_loadu_si256((const __m256i *)(src + i + 64));
+    __m256i d = _mm256_loadu_si256((const __m256i *)(src + i + 96));
+    _mm256_stream_si256((__m256i *)(dst + i), a);
+    _mm256_stream_si256((__m256i *)(dst + i + 32), b);
+    _mm256_stream_si256((__m256i *)(dst + i + 64), c);
+    _mm256_stream_si256((__m256i *)(dst + i + 96), d);
+  }
+  _mm_sfence(); /* streaming stores are weakly ordered: complete them before "done" */
+  memcpy(dst + i, src + i, n - i);
+}
+
+static int have_avx2(void) {
+  static int cached = -1;
+  int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+  if (v < 0) {
+    __builtin_cpu_init();
+    v = __builtin_cpu_supports("avx2") ? 1 : 0;
+    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+  }
+  return v;
+}
+
+#else
+static int have_avx2(void) { return 0; }
+static void copy_streaming(uint8_t *dst, const uint8_t *src, size_t n) { memcpy(dst, src, n); }
+#endif
+
+static void copy_bytes(void *dst, const void *src, size_t n) {
+  if (n >= SHM_NT_MIN && have_avx2())
+    copy_streaming(dst, src, n);
+  else
+    memcpy(dst, src, n);
+}
+
+/* Advances a pair of iovec arrays with equal element lengths by `bytes`. */
+static void iov_advance(struct iovec **a, struct iovec **b, int *n, size_t bytes) {
+  while (bytes && *n) {
+    size_t step = bytes < (*a)->iov_len ? bytes : (*a)->iov_len;
+    (*a)->iov_base = (char *)(*a)->iov_base + step;
+    (*a)->iov_len -= step;
+    (*b)->iov_base = (char *)(*b)->iov_base + step;
+    (*b)->iov_len -= step;
+    bytes -= step;
+    if ((*a)->iov_len == 0) {
+      (*a)++, (*b)++, (*n)--;
+    }
+  }
+}
+
+static ferry_status cma_error(const shm_link *l, int err, int write) {
+  const char *call = write ? "process_vm_writev" : "process_vm_readv";
+  if (err == ESRCH)
+    return ferry_fail(FERRY_ESOCKET, "peer %s: its process (pid %d) is gone", l->address,
+                      (int)l->pid);
+  if (err == EPERM)
+    return ferry_fail_errno(FERRY_ETRANSPORT, err, "peer %s: %s on pid %d refused", l->address,
+                            call, (int)l->pid);
+  return ferry_fail_errno(FERRY_EREMOTE, err, "peer %s: %s on pid %d failed", l->address, call,
+                          (int)l->pid);
+}
+
+/* Cross-memory attach for the segments that are not in a mapped buffer. */
+static ferry_status cma_move(const shm_link *l, int write, struct iovec *local,
+                             struct iovec *remote, int n) {
+  while (n > 0) {
+    ssize_t done =
+        write ? process_vm_writev(l->pid, local, (unsigned long)n, remote, (unsigned long)n, 0)
+              : process_vm_readv(l->pid, local, (unsigned long)n, remote, (unsigned long)n, 0);
+    if (done < 0 && errno == EINTR)
+      continue;
+    if (done <= 0)
+      return cma_error(l, done < 0 ? errno : EFAULT, write);
+    iov_advance(&local, &remote, &n, (size_t)done);
+  }
+  return FERRY_OK;
+}
+
+/* ---- the shared table -------------------------------------------------------------- */
+
+/* Seqlock reads are acquire loads (plain moves on x86): nothing after one,
+ * such as the final check of seq, can be done before it. */
+static uint64_t load64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+/* The entry holding [addr, addr+length) whole; a seqlock read that the
+ * caller validates with table_stable. */
+static int table_find(const shm_table *t, uint64_t addr, uint64_t length, shm_table_entry *out) {
+  uint64_t count = load64(&t->count);
+  size_t lo = 0, hi = count < SHM_TABLE_CAPACITY ? (size_t)count : SHM_TABLE_CAPACITY;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (load64(&t->entries[mid].addr) <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0)
+    return 0;
+  const shm_table_entry *e = &t->entries[lo - 1];
+  *out = (shm_table_entry){load64(&e->addr), load64(&e->length), load64(&e->ino)};
+  uint64_t off = addr - out->addr;
+  return off < out->length && length <= out->length - off;
+}
+
+static int table_stable(const shm_table *t, uint64_t seq) { return load64(&t->seq) == seq; }
+
+static int link_alive(shm_link *l) {
+  if (__atomic_load_n(&l->dead, __ATOMIC_ACQUIRE))
+    return 0;
+  struct pollfd p = {l->fd, POLLRDHUP, 0};
+  if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+    __atomic_store_n(&l->dead, 1, __ATOMIC_RELEASE);
+    return 0;
+  }
+  return 1;
+}
+
+static ferry_status link_gone(shm_link *l) {
+  __atomic_store_n(&l->dead, 1, __ATOMIC_RELEASE);
+  return ferry_fail(FERRY_ESOCKET, "peer %s: its shm service closed the link (peer exited?)",
+                    l->address);
+}
+
+/* Publishes the table version this channel checks against, in a way the
+ * target's revocation cannot miss (see the top comment). */
+static ferry_status slot_enter(shm_channel *ch, uint64_t deadline_ns, uint64_t *seq) {
+  shm_link *l = ch->link;
+  uint64_t *slot = &l->slots[ch->slot];
+  for (unsigned round = 0;; round++) {
+    uint64_t s = __atomic_load_n(&l->table->seq, __ATOMIC_ACQUIRE);
+    if (s && !(s & 1)) {
+      __atomic_store_n(slot, s, __ATOMIC_SEQ_CST);
+      if (__atomic_load_n(&l->table->seq, __ATOMIC_SEQ_CST) == s) {
+        *seq = s;
+        return FERRY_OK;
+      }
+      __atomic_store_n(slot, 0, __ATOMIC_RELEASE);
+    }
+    if (round < 16) {
+      sched_yield();
+      continue;
+    }
+    if (!link_alive(l))
+      return link_gone(l);
+    if (ferry_now_ns() >= deadline_ns)
+      return ferry_fail(FERRY_ETIMEDOUT, "peer %s: its region table stayed locked", l->address);
+    struct timespec ts = {0, 20 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static void slot_leave(shm_channel *ch) {
+  __atomic_store_n(&ch->link->slots[ch->slot], 0, __ATOMIC_RELEASE);
+}
+
+/* ---- requests to the service --------------------------------------------------------- */
+
+/* One request and its reply on the link; fds may be NULL. */
+static ferry_status link_call(shm_link *l, const shm_msg *req, shm_msg *reply, int *fds,
+                              int *nfds) {
+  pthread_mutex_lock(&l->lock);
+  int rc = shm_msg_send(l->fd, req, NULL, 0, 0);
+  if (rc == 0)
+    rc = shm_msg_recv(l->fd, reply, (shm_msg_type)(req->type + 1), fds, nfds, 0);
+  pthread_mutex_unlock(&l->lock);
+  if (rc == 0)
+    return FERRY_OK;
+  __atomic_store_n(&l->dead, 1, __ATOMIC_RELEASE); /* out of step: never reuse it */
+  if (rc == -EAGAIN)
+    return ferry_fail(FERRY_ETIMEDOUT, "peer %s: its shm service did not answer", l->address);
+  if (rc == -EPROTO)
+    return ferry_fail(FERRY_EPROTO, "peer %s: malformed message from its shm service", l->address);
+  return link_gone(l);
+}
+
+static ferry_status link_sync(shm_link *l) {
+  shm_msg req, reply;
+  shm_msg_init(&req, SHM_SYNC);
+  return link_call(l, &req, &reply, NULL, NULL);
+}
+
+static const shm_map *map_find(const shm_link *l, uint64_t ino) {
+  for (size_t i = 0; i < l->map_count; i++)
+    if (l->maps[i].ino == ino)
+      return &l->maps[i];
+  return NULL;
+}
+
+static int table_lists_ino(const shm_table *t, uint64_t ino) {
+  uint64_t count = load64(&t->count);
+  for (size_t i = 0; i < count && i < SHM_TABLE_CAPACITY; i++)
+    if (load64(&t->entries[i].ino) == ino)
+      return 1;
+  return 0;
+}
+
+/* Unmaps buffers the target no longer lists (freed there: the mapping was
+ * all that kept their pages). Caller holds maps_lock for writing, so no
+ * copy is using them; a torn read of the table only costs a later re-map. */
+static void maps_prune(shm_link *l) {
+  if (load64(&l->table->seq) & 1)
+    return;
+  for (size_t i = l->map_count; i-- > 0;) {
+    if (table_lists_ino(l->table, l->maps[i].ino))
+      continue;
+    munmap(l->maps[i].local, l->maps[i].length);
+    l->maps[i] = l->maps[--l->map_count];
+  }
+}
+
+static ferry_status maps_add(shm_link *l, const shm_map *m) {
+  pthread_rwlock_wrlock(&l->maps_lock);
+  ferry_status st = FERRY_OK;
+  if (map_find(l, m->ino)) {
+    munmap(m->local, m->length); /* another channel was faster */
+  } else {
+    maps_prune(l);
+    if (l->map_count == l->map_cap) {
+      size_t cap = l->map_cap ? l->map_cap * 2 : 8;
+      shm_map *grown = realloc(l->maps, cap * sizeof *grown);
+      if (grown) {
+        l->maps = grown;
+        l->map_cap = cap;
+      }
+    }
+    if (l->map_count < l->map_cap)
+      l->maps[l->map_count++] = *m;
+    else
+      st = ferry_fail(FERRY_ENOMEM, "peer %s: no memory to track a mapping", l->address);
+    if (st)
+      munmap(m->local, m->length);
+  }
+  pthread_rwlock_unlock(&l->maps_lock);
+  return st;
+}
+
+/* Asks for the memfd of the buffer with this inode and maps it. */
+static ferry_status link_map(shm_link *l, uint64_t ino) {
+  shm_msg req, reply;
+  shm_msg_init(&req, SHM_MAP);
+  req.ino = ino;
+  int fds[SHM_MAX_FDS], nfds = 0;
+  ferry_status st = link_call(l, &req, &reply, fds, &nfds);
+  if (st)
+    return st;
+  if (reply.status || nfds != 1) {
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+    return FERRY_ENOTREG; /* freed meanwhile: the caller refreshes the table */
+  }
+  struct stat info;
+  shm_map m = {ino, reply.addr, reply.length, MAP_FAILED};
+  if (fstat(fds[0], &info) == 0 && (uint64_t)info.st_size >= m.length && m.length)
+    m.local = mmap(NULL, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+  else
+    errno = EPROTO; /* smaller than announced: touching it would fault */
+  int err = errno;
+  close(fds[0]);
+  if (m.local == MAP_FAILED)
+    return ferry_fail_errno(FERRY_EREMOTE, err, "peer %s: cannot map its %llu-byte buffer",
+                            l->address, (unsigned long long)m.length);
+  return maps_add(l, &m);
+}
+
+/* ---- one chunk ------------------------------------------------------------------------ */
+
+typedef enum resolve_result { RESOLVED, MISSING, NEED_MAP } resolve_result;
+
+/* Finds every segment in the table and its mapping (if any). Caller holds
+ * maps_lock for reading and is inside its slot. */
+static resolve_result resolve(shm_channel *ch, const ferry_chunk *c, uint32_t *bad,
+                              uint64_t *need_ino) {
+  shm_link *l = ch->link;
+  for (uint32_t i = 0; i < c->count; i++) {
+    shm_table_entry en;
+    uint64_t addr = c->remote[i].addr, len = c->remote[i].length;
+    if (!table_find(l->table, addr, len, &en)) {
+      *bad = i;
+      return MISSING;
+    }
+    ch->mapped[i] = NULL;
+    if (!en.ino)
+      continue;
+    const shm_map *m = map_find(l, en.ino);
+    if (!m) {
+      *bad = i;
+      *need_ino = en.ino;
+      return NEED_MAP;
+    }
+    if (addr < m->base || addr - m->base > m->length || len > m->length - (addr - m->base)) {
+      *bad = i;
+      return MISSING; /* table and buffer disagree: treat as not registered */
+    }
+    ch->mapped[i] = m->local + (addr - m->base);
+  }
+  return RESOLVED;
+}
+
+/* Copies a resolved chunk: mapped segments by memcpy, the rest by CMA. */
+static ferry_status move(shm_channel *ch, const ferry_chunk *c) {
+  int write = c->op == FERRY_OP_WRITE, n = 0;
+  for (uint32_t i = 0; i < c->count; i++) {
+    void *local = c->local[i].iov_base;
+    size_t len = c->local[i].iov_len;
+    if (ch->mapped[i]) {
+      copy_bytes(write ? (void *)ch->mapped[i] : local, write ? local : ch->mapped[i], len);
+      continue;
+    }
+    ch->cma_local[n] = c->local[i];
+    ch->cma_remote[n++] = (struct iovec){(void *)(uintptr_t)c->remote[i].addr, len};
+  }
+  return n ? cma_move(ch->link, write, ch->cma_local, ch->cma_remote, n) : FERRY_OK;
+}
+
+static ferry_status refuse(const shm_link *l, const ferry_chunk *c, uint32_t i) {
+  const char *why = load64(&l->table->truncated) ? " (its shared table is full)" : "";
+  return ferry_fail(FERRY_ENOTREG, "remote address 0x%llx (+%llu bytes) is not registered at %s%s",
+                    (unsigned long long)c->remote[i].addr, (unsigned long long)c->remote[i].length,
+                    l->address, why);
+}
+
+/* Checks and copies one chunk (see the top comment for the protocol). */
+static ferry_status copy_chunk(shm_channel *ch, const ferry_chunk *c, uint64_t deadline_ns) {
+  shm_link *l = ch->link;
+  int synced = 0;
+  for (unsigned tries = 0; tries < SHM_RESOLVE_TRIES; tries++) {
+    uint32_t bad = 0;
+    uint64_t seq = 0, ino = 0;
+    pthread_rwlock_rdlock(&l->maps_lock);
+    ferry_status st = slot_enter(ch, deadline_ns, &seq);
+    resolve_result r = st ? MISSING : resolve(ch, c, &bad, &ino);
+    int stable = !st && table_stable(l->table, seq);
+    if (stable && r == RESOLVED)
+      st = move(ch, c);
+    slot_leave(ch);
+    pthread_rwlock_unlock(&l->maps_lock);
+    if (st || (stable && r == RESOLVED))
+      return st;
+    if (!stable)
+      continue; /* the table changed while we read it */
+    if (r == NEED_MAP && (st = link_map(l, ino)) != FERRY_ENOTREG) {
+      if (st)
+        return st;
+      continue;
+    }
+    if (synced++)
+      return refuse(l, c, bad);
+    if ((st = link_sync(l)) != FERRY_OK)
+      return st;
+  }
+  return ferry_fail(FERRY_EBUSY, "peer %s: its region table kept changing under the transfer",
+                    l->address);
+}
+
+/* Chunk size: small batches in one piece, large ones split so that every
+ * CPU's driver gets a part. */
+static size_t shm_slice(const ferry_batch *b) {
+  static long cpus;
+  long n = __atomic_load_n(&cpus, __ATOMIC_RELAXED);
+  if (!n) {
+    n = sysconf(_SC_NPROCESSORS_ONLN);
+    n = n < 1 ? 1 : n;
+    __atomic_store_n(&cpus, n, __ATOMIC_RELAXED);
+  }
+  if (b->total_bytes < SHM_SPLIT_MIN || n == 1)
+    return SHM_SLICE_MAX;
+  uint64_t part = (b->total_bytes + (uint64_t)n - 1) / (uint64_t)n;
+  part = (part + 65535) & ~65535ull;
+  return part < SHM_SLICE_MAX ? (size_t)part : SHM_SLICE_MAX;
+}
+
+static ferry_status chan_drive(ferry_channel *base, ferry_batch *b) {
+  shm_channel *ch = (shm_channel *)base;
+  size_t slice = shm_slice(b);
+  ferry_status first = FERRY_OK;
+  while (!base->broken && ferry_batch_claim(b, slice, &ch->chunk)) {
+    ferry_status st = copy_chunk(ch, &ch->chunk, b->deadline_ns);
+    if (!st && !link_alive(ch->link))
+      st = link_gone(ch->link); /* the bytes went to a process that is gone */
+    if (st == FERRY_ESOCKET || st == FERRY_EPROTO || st == FERRY_ETRANSPORT)
+      base->broken = 1;
+    if (st && !first)
+      first = st;
+    ferry_batch_complete(b, st);
+  }
+  return first;
+}
+
+/* ---- links ------------------------------------------------------------------------------ */
+
+static ferry_status unix_connect(const char *path, uint32_t timeout_ms, const char *address,
+                                 int *out) {
+  struct sockaddr_un sa;
+  unsigned len;
+  if (shm_sockaddr(path, &sa, &len) != 0)
+    return ferry_fail(FERRY_EHANDSHAKE, "peer %s advertises a bad shm socket name", address);
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
+      connect(fd, (struct sockaddr *)&sa, len) < 0) {
+    int err = errno;
+    if (fd >= 0)
+      close(fd);
+    return ferry_fail_errno(FERRY_ESOCKET, err, "connect to the shm socket %s of %s", path,
+                            address);
+  }
+  *out = fd;
+  return FERRY_OK;
+}
+
+/* Connects to the service and reads its greeting; *pid gets the target's
+ * pid in this process's namespace (0 when it is not visible here). */
+static ferry_status service_open(const ferry_engine *e, const ferry_hello_reply *info,
+                                 const char *address, int *fd, shm_msg *greeting, pid_t *pid) {
+  ferry_status st = unix_connect(info->shm_path, e->cfg.connect_timeout_ms, address, fd);
+  if (st)
+    return st;
+  struct ucred cred = {0};
+  socklen_t len = sizeof cred;
+  int rc = shm_msg_recv(*fd, greeting, SHM_GREETING, NULL, NULL, 0);
+  if (rc == 0 && greeting->engine_id != info->engine_id)
+    st = ferry_fail(FERRY_EHANDSHAKE, "the shm socket %s belongs to another engine than %s",
+                    info->shm_path, address);
+  else if (rc == 0 && getsockopt(*fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
+    st = ferry_fail_errno(FERRY_ESOCKET, errno, "SO_PEERCRED on the shm socket of %s", address);
+  else if (rc)
+    st = ferry_fail_errno(FERRY_EHANDSHAKE, -rc, "no greeting from the shm service of %s", address);
+  if (st) {
+    close(*fd);
+    return st;
+  }
+  *pid = cred.pid;
+  return FERRY_OK;
+}
+
+/* Whether process_vm_readv may read the target: it must return the engine
+ * id stored at the probe address, which also proves pid is the right one. */
+static int cma_permitted(pid_t pid, const shm_msg *greeting, char *why, size_t size) {
+  uint64_t value = 0;
+  struct iovec local = {&value, sizeof value};
+  struct iovec remote = {(void *)(uintptr_t)greeting->probe_addr, sizeof value};
+  if (pid <= 0) {
+    snprintf(why, size, "the peer's process is not visible here (another pid namespace)");
+    return 0;
+  }
+  ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  if (n == (ssize_t)sizeof value && value == greeting->engine_id)
+    return 1;
+  snprintf(why, size, "process_vm_readv on pid %d %s%s", (int)pid,
+           n < 0 ? "refused: " : "read the wrong process",
+           n < 0 ? (errno == EPERM ? "permission denied (ptrace scope or different users)"
+                                   : strerror(errno))
+                 : "");
+  return 0;
+}
+
+static int shm_usable(ferry_engine *e, const ferry_hello_reply *info, char *why, size_t size) {
+  static const uint8_t zero[FERRY_WIRE_BOOT_ID_SIZE];
+  if (memcmp(info->boot_id, e->boot_id, sizeof zero) != 0 || !memcmp(e->boot_id, zero, sizeof zero))
+    return snprintf(why, size, "another host (boot ids differ)"), 0;
+  if (!info->shm_path[0])
+    return snprintf(why, size, "the peer runs no shm service"), 0;
+  int fd;
+  shm_msg greeting;
+  pid_t pid;
+  if (service_open(e, info, info->shm_path, &fd, &greeting, &pid) != FERRY_OK)
+    return snprintf(why, size, "%s", ferry_last_error()), 0;
+  close(fd);
+  if (cma_permitted(pid, &greeting, why, size))
+    return 1;
+  FERRY_WARN("shm transport not used with the engine on %s: %s; using TCP for that peer",
+             info->shm_path, why);
+  return 0;
+}
+
+/* HELLO (with the proof of the shared secret) and the ATTACH reply, which
+ * carries the table and this link's slots. */
+static ferry_status link_attach(shm_link *l, const ferry_engine *e, const shm_msg *greeting) {
+  shm_msg hello, reply;
+  shm_msg_init(&hello, SHM_HELLO);
+  ferry_auth_nonce(hello.nonce);
+  if (greeting->auth_required && e->secret)
+    ferry_auth_proof(e->secret, hello.nonce, greeting->nonce, hello.proof);
+  int fds[SHM_MAX_FDS], nfds = 0;
+  ferry_status st = link_call(l, &hello, &reply, fds, &nfds);
+  if (st)
+    return st;
+  struct stat a, b;
+  if (reply.status || nfds != 2 || fstat(fds[0], &a) || fstat(fds[1], &b) ||
+      (uint64_t)a.st_size < SHM_TABLE_BYTES || (uint64_t)b.st_size < SHM_SLOTS_BYTES) {
+    st = ferry_fail(reply.status ? (ferry_status)reply.status : FERRY_EHANDSHAKE,
+                    "the shm service of %s refused the link%s", l->address,
+                    reply.status == FERRY_EAUTH ? " (shared secret)" : "");
+  } else {
+    void *t = mmap(NULL, SHM_TABLE_BYTES, PROT_READ, MAP_SHARED, fds[0], 0);
+    void *s = mmap(NULL, SHM_SLOTS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
+    l->table = t == MAP_FAILED ? NULL : t;
+    l->slots = s == MAP_FAILED ? NULL : s;
+    if (!l->table || !l->slots)
+      st = ferry_fail(FERRY_ENOMEM, "cannot map the shm table of %s", l->address);
+  }
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  return st;
+}
+
+static void link_destroy(shm_link *l) {
+  for (size_t i = 0; i < l->map_count; i++)
+    munmap(l->maps[i].local, l->maps[i].length);
+  free(l->maps);
+  if (l->table)
+    munmap((void *)l->table, SHM_TABLE_BYTES);
+  if (l->slots)
+    munmap(l->slots, SHM_SLOTS_BYTES);
+  if (l->fd >= 0)
+    close(l->fd);
+  pthread_mutex_destroy(&l->lock);
+  pthread_rwlock_destroy(&l->maps_lock);
+  free(l);
+}
+
+static shm_link *link_alloc(const char *address) {
+  shm_link *l = calloc(1, sizeof *l);
+  if (!l)
+    return NULL;
+  l->fd = -1;
+  snprintf(l->address, sizeof l->address, "%s", address);
+  pthread_mutex_init(&l->lock, NULL);
+  pthread_rwlockattr_t attr;
+  pthread_rwlockattr_init(&attr);
+  pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init(&l->maps_lock, &attr);
+  pthread_rwlockattr_destroy(&attr);
+  return l;
+}
+
+/* A new link to the peer as it is now: the ping reconnects the control
+ * connection if the peer restarted, which refreshes its facts. */
+static ferry_status link_create(ferry_peer *p, uint64_t deadline_ns, shm_link **out) {
+  ferry_status st = ferry_peer_ping(p, deadline_ns);
+  if (st)
+    return st;
+  ferry_hello_reply info;
+  char address[sizeof p->address];
+  pthread_mutex_lock(&p->lock);
+  info = p->info;
+  snprintf(address, sizeof address, "%s", p->address);
+  pthread_mutex_unlock(&p->lock);
+  if (!info.shm_path[0])
+    return ferry_fail(FERRY_ETRANSPORT, "peer %s no longer offers shm", address);
+  shm_link *l = link_alloc(address);
+  if (!l)
+    return ferry_fail(FERRY_ENOMEM, "no memory for a shm link to %s", address);
+  shm_msg greeting;
+  st = service_open(p->engine, &info, address, &l->fd, &greeting, &l->pid);
+  if (!st)
+    st = link_attach(l, p->engine, &greeting);
+  if (st) {
+    link_destroy(l);
+    return st;
+  }
+  l->engine_id = info.engine_id;
+  FERRY_DEBUG("shm link to %s (pid %d) attached", address, (int)l->pid);
+  *out = l;
+  return FERRY_OK;
+}
+
+/* Takes a free slot and a reference; 0 when the link is full. */
+static int link_join(shm_link *l, unsigned *slot) {
+  int joined = 0;
+  pthread_mutex_lock(&l->lock);
+  for (unsigned i = 0; i < SHM_SLOTS && !joined; i++) {
+    if (l->slot_used[i])
+      continue;
+    l->slot_used[i] = 1;
+    l->refs++;
+    *slot = i;
+    joined = 1;
+  }
+  pthread_mutex_unlock(&l->lock);
+  return joined;
+}
+
+static void link_leave(shm_link *l, unsigned slot) {
+  pthread_mutex_lock(&l->lock);
+  l->slot_used[slot] = 0;
+  int last = --l->refs == 0;
+  pthread_mutex_unlock(&l->lock);
+  if (last)
+    link_destroy(l);
+}
+
+/* A live link of another channel of this peer, to the same incarnation,
+ * with a free slot. */
+static shm_link *link_find(ferry_peer *p, unsigned *slot) {
+  shm_link *found = NULL;
+  pthread_mutex_lock(&p->lock);
+  for (ferry_channel *c = p->all; c && !found; c = c->next_all) {
+    if (c->transport != &ferry_transport_shm)
+      continue;
+    shm_link *l = ((shm_channel *)c)->link;
+    if (l->engine_id == p->info.engine_id && link_alive(l) && link_join(l, slot))
+      found = l;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return found;
+}
+
+/* ---- channels ----------------------------------------------------------------------------- */
+
+static ferry_status chan_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel **out) {
+  shm_channel *ch = calloc(1, sizeof *ch);
+  if (!ch)
+    return ferry_fail(FERRY_ENOMEM, "no memory for a shm channel to %s", p->address);
+  ch->link = link_find(p, &ch->slot);
+  if (!ch->link) {
+    ferry_status st = link_create(p, deadline_ns, &ch->link);
+    if (st) {
+      free(ch);
+      return st;
+    }
+    link_join(ch->link, &ch->slot);
+  }
+  ch->base.transport = &ferry_transport_shm;
+  ch->base.peer = p;
+  ch->base.peer_instance = ch->link->engine_id;
+  *out = &ch->base;
+  return FERRY_OK;
+}
+
+static int chan_alive(ferry_channel *base) { return link_alive(((shm_channel *)base)->link); }
+
+static void chan_shutdown(ferry_channel *base) {
+  shm_link *l = ((shm_channel *)base)->link;
+  __atomic_store_n(&l->dead, 1, __ATOMIC_RELEASE);
+  shutdown(l->fd, SHUT_RDWR);
+}
+
+static void chan_close(ferry_channel *base) {
+  shm_channel *ch = (shm_channel *)base;
+  link_leave(ch->link, ch->slot);
+  free(ch);
+}
+
+const ferry_transport ferry_transport_shm = {
+    .name = "shm",
+    .id = FERRY_TRANSPORT_SHM,
+    .usable = shm_usable,
+    .channel_open = chan_open,
+    .channel_drive = chan_drive,
+    .channel_alive = chan_alive,
+    .channel_shutdown = chan_shutdown,
+    .channel_close = chan_close,
+};

@@ -1,0 +1,89 @@
+/* shm.h - private to the same-host transport: the layout both processes
+ * share, the messages of its UNIX-socket service, and the engine hooks.
+ *
+ * The target's service (shm_service.c) and the initiator's transport
+ * (shm.c) talk over one SOCK_SEQPACKET connection per link: every message
+ * is one shm_msg, optionally carrying file descriptors (SCM_RIGHTS). Both
+ * ends are on one host and run the same library, so fields are native. */
+#ifndef FERRY_SHM_H
+#define FERRY_SHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transport/transport.h"
+
+#define SHM_MAGIC 0x4d485346u /* "FSHM" */
+#define SHM_VERSION 1
+#define SHM_TABLE_CAPACITY (1u << 20) /* regions the shared table can list */
+#define SHM_SLOTS 256                 /* copying channels per link */
+#define SHM_MAX_FDS 2
+
+/* The target's region table, shared read-only with every initiator. seq is
+ * a seqlock: odd while the table is rewritten, bumped by 2 per version.
+ * Entries are sorted by addr and disjoint. ino != 0: the region lies in a
+ * ferry_memory_alloc buffer (a memfd with that inode) that initiators map;
+ * ino == 0: plain memory, reached with process_vm_writev/readv. */
+typedef struct shm_table_entry {
+  uint64_t addr, length, ino;
+} shm_table_entry;
+
+typedef struct shm_table {
+  uint64_t seq;
+  uint64_t count;
+  uint64_t truncated; /* nonzero: more regions registered than fit */
+  uint64_t reserved[5];
+  shm_table_entry entries[];
+} shm_table;
+
+#define SHM_TABLE_BYTES (sizeof(shm_table) + (size_t)SHM_TABLE_CAPACITY * sizeof(shm_table_entry))
+/* One page of slots per link, read-write for both sides: a copying
+ * channel's slot holds the table seq it checked against, 0 when idle. */
+#define SHM_SLOTS_BYTES ((size_t)SHM_SLOTS * sizeof(uint64_t))
+
+typedef enum shm_msg_type {
+  SHM_GREETING = 1, /* service -> initiator on connect: engine_id, probe_addr, nonce */
+  SHM_HELLO = 2,    /* initiator: nonce, proof (when the target has a secret) */
+  SHM_ATTACH = 3,   /* service: status; fds = table (read-only), slots */
+  SHM_SYNC = 4,     /* initiator: bring the table up to date with the registry */
+  SHM_SYNCED = 5,   /* service: seq */
+  SHM_MAP = 6,      /* initiator: ino of an allocation it wants to map */
+  SHM_MAPPED = 7,   /* service: status, ino, addr, length; fd = the memfd */
+} shm_msg_type;
+
+typedef struct shm_msg {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;
+  int32_t status;
+  uint32_t auth_required;
+  uint64_t engine_id;
+  uint64_t probe_addr; /* GREETING: target address holding engine_id, for a CMA probe */
+  uint64_t ino, addr, length;
+  uint64_t seq;
+  uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
+  uint8_t proof[FERRY_WIRE_PROOF_SIZE];
+} shm_msg;
+
+/* Fills the fixed fields of a message of `type`. */
+void shm_msg_init(shm_msg *m, shm_msg_type type);
+/* Sends one message with up to SHM_MAX_FDS descriptors; 0 or -errno. */
+int shm_msg_send(int fd, const shm_msg *m, const int *fds, int nfds, int flags);
+/* Receives one message of the expected type; descriptors received go to
+ * fds (closed on any failure). 0, -errno, or -EPROTO for a bad message. */
+int shm_msg_recv(int fd, shm_msg *m, shm_msg_type type, int *fds, int *nfds, int flags);
+
+/* "@name" is an abstract-namespace socket, anything else a path. */
+int shm_sockaddr(const char *path, void *addr, unsigned *len);
+
+extern const ferry_transport ferry_transport_shm;
+
+/* Engine hooks (engine.c). start: the service (fills e->shm, e->shm_path);
+ * on failure it warns and drops shm from e->transports, failing only when
+ * shm was the only transport. revoke: after unregistration, rewrite the
+ * table and return once no initiator copy that checked the old table runs. */
+ferry_status ferry_shm_service_start(ferry_engine *engine);
+void ferry_shm_service_stop(ferry_engine *engine);
+void ferry_shm_revoke(ferry_engine *engine);
+
+#endif

@@ -1,0 +1,595 @@
+/* shm_service.c - the target side of the same-host transport.
+ *
+ * A thread listens on an abstract UNIX socket ("@ferry-<pid>-<random>", no
+ * filesystem path) and serves initiators on this host: on connect it greets
+ * them (engine id, an address to test process_vm_readv on, an auth nonce);
+ * after a HELLO (with a proof when the engine has a secret) it hands over,
+ * by SCM_RIGHTS, the region table (a memfd, read-only) and a page of slots
+ * for that link; later it answers SYNC (refresh the table) and MAP (the
+ * memfd of one ferry_memory_alloc buffer). The data never passes here.
+ *
+ * The table is rewritten under a seqlock whenever it is stale (the registry
+ * or the allocation list changed) and an initiator asks, and eagerly by
+ * ferry_shm_revoke after every unregistration, which then waits until no
+ * initiator is still copying under a table version older than the new one.
+ * See shm.c for the initiator's half of that protocol. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "transport/shm.h"
+
+typedef struct svc_conn {
+  int fd;
+  int attached;    /* HELLO accepted: it holds the table and may copy */
+  uint64_t *slots; /* shared with the initiator */
+  int slots_fd;
+  uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
+  struct svc_conn *next;
+} svc_conn;
+
+struct ferry_shm_service {
+  ferry_engine *engine;
+  int listen_fd;
+  int wake[2];
+  pthread_t thread;
+  int thread_started;
+  uint64_t probe; /* holds the engine id; initiators read it with CMA */
+
+  pthread_mutex_t lock; /* conns */
+  svc_conn *conns;
+
+  pthread_mutex_t table_lock; /* everything below: one writer at a time */
+  shm_table *table;
+  int table_fd, table_ro_fd;
+  int built;
+  uint64_t built_generation;
+  size_t built_allocs;
+  int warned_truncated;
+};
+
+/* ---- messages (shared with shm.c) --------------------------------------------- */
+
+void shm_msg_init(shm_msg *m, shm_msg_type type) {
+  memset(m, 0, sizeof *m);
+  m->magic = SHM_MAGIC;
+  m->version = SHM_VERSION;
+  m->type = (uint16_t)type;
+}
+
+int shm_msg_send(int fd, const shm_msg *m, const int *fds, int nfds, int flags) {
+  struct iovec iov = {(void *)m, sizeof *m};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int) * SHM_MAX_FDS)];
+  } ctl;
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (nfds > 0) {
+    memset(&ctl, 0, sizeof ctl);
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+  }
+  ssize_t n;
+  do
+    n = sendmsg(fd, &mh, MSG_NOSIGNAL | flags);
+  while (n < 0 && errno == EINTR);
+  if (n < 0)
+    return -errno;
+  return n == (ssize_t)sizeof *m ? 0 : -EPROTO;
+}
+
+/* Moves the descriptors of every SCM_RIGHTS header into fds (at most max;
+ * extra ones are closed). Returns how many were kept. */
+static int take_fds(struct msghdr *mh, int *fds, int max) {
+  int kept = 0;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+      continue;
+    size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; i++) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      if (kept < max)
+        fds[kept++] = fd;
+      else
+        close(fd);
+    }
+  }
+  return kept;
+}
+
+int shm_msg_recv(int fd, shm_msg *m, shm_msg_type type, int *fds, int *nfds, int flags) {
+  struct iovec iov = {m, sizeof *m};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int) * SHM_MAX_FDS)];
+  } ctl;
+  struct msghdr mh = {
+      .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+  ssize_t n;
+  do
+    n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | flags);
+  while (n < 0 && errno == EINTR);
+  if (n < 0)
+    return -errno;
+  int got = take_fds(&mh, fds ? fds : (int[1]){0}, fds ? SHM_MAX_FDS : 0);
+  if (nfds)
+    *nfds = got;
+  int bad = n != (ssize_t)sizeof *m || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
+            m->magic != SHM_MAGIC || m->version != SHM_VERSION || (type && m->type != type);
+  if (n == 0 || bad) {
+    for (int i = 0; i < got; i++)
+      close(fds[i]);
+    if (nfds)
+      *nfds = 0;
+    return n == 0 ? -ECONNRESET : -EPROTO;
+  }
+  return 0;
+}
+
+int shm_sockaddr(const char *path, void *addr, unsigned *len) {
+  struct sockaddr_un *sa = addr;
+  size_t n = strlen(path);
+  if (n == 0 || n >= sizeof sa->sun_path)
+    return -1;
+  memset(sa, 0, sizeof *sa);
+  sa->sun_family = AF_UNIX;
+  memcpy(sa->sun_path, path, n);
+  if (path[0] == '@')
+    sa->sun_path[0] = '\0'; /* abstract namespace: the name is not NUL-terminated */
+  *len = (unsigned)(offsetof(struct sockaddr_un, sun_path) + n + (path[0] == '@' ? 0 : 1));
+  return 0;
+}
+
+/* ---- memfds ---------------------------------------------------------------------- */
+
+/* A sealed memfd of `size` bytes (it can neither shrink nor grow, so a
+ * peer's mapping of it can never fault), mapped read-write here. */
+static ferry_status sealed_memfd(const char *name, size_t size, int *fd, void **map) {
+  *fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (*fd < 0)
+    return ferry_fail_errno(FERRY_ENOMEM, errno, "shm service: memfd_create failed");
+  if (ftruncate(*fd, (off_t)size) < 0 ||
+      fcntl(*fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
+      (*map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0)) == MAP_FAILED) {
+    int err = errno;
+    close(*fd);
+    *fd = -1;
+    return ferry_fail_errno(FERRY_ENOMEM, err, "shm service: %zu-byte shared table", size);
+  }
+  return FERRY_OK;
+}
+
+/* A read-only descriptor of the same memfd, so initiators can only map the
+ * table for reading. Without /proc the writable one is shared instead. */
+static int read_only_fd(int fd) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  int ro = open(path, O_RDONLY | O_CLOEXEC);
+  return ro >= 0 ? ro : dup(fd);
+}
+
+static uint64_t fd_ino(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* ---- the table ------------------------------------------------------------------- */
+
+typedef struct alloc_info {
+  uint64_t addr, length, ino;
+} alloc_info;
+
+static int compare_allocs(const void *a, const void *b) {
+  const alloc_info *x = a, *y = b;
+  return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* The engine's allocations, sorted by address (malloc'd; NULL when none). */
+static size_t list_allocations(ferry_engine *e, alloc_info **out) {
+  size_t n = 0, cap = 0;
+  alloc_info *list = NULL;
+  pthread_mutex_lock(&e->alloc_lock);
+  for (ferry_allocation *a = e->allocations; a; a = a->next) {
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      alloc_info *grown = realloc(list, cap * sizeof *grown);
+      if (!grown)
+        break; /* regions left out are reached with CMA instead */
+      list = grown;
+    }
+    list[n++] = (alloc_info){(uint64_t)(uintptr_t)a->addr, a->length, fd_ino(a->fd)};
+  }
+  pthread_mutex_unlock(&e->alloc_lock);
+  if (n > 1)
+    qsort(list, n, sizeof *list, compare_allocs);
+  *out = list;
+  return n;
+}
+
+/* Inode of the allocation holding the whole region, 0 if none does. */
+static uint64_t region_ino(const alloc_info *allocs, size_t n, const ferry_region *r) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (allocs[mid].addr <= r->addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0)
+    return 0;
+  const alloc_info *a = &allocs[lo - 1];
+  uint64_t off = r->addr - a->addr;
+  return off < a->length && r->length <= a->length - off ? a->ino : 0;
+}
+
+/* Seqlock write: odd while entries change; readers that saw the old even
+ * value notice the change and look again. */
+static uint64_t table_publish(ferry_shm_service *s, const ferry_region *regions, size_t count,
+                              const alloc_info *allocs, size_t nallocs) {
+  shm_table *t = s->table;
+  uint64_t seq = __atomic_load_n(&t->seq, __ATOMIC_RELAXED);
+  size_t n = count < SHM_TABLE_CAPACITY ? count : SHM_TABLE_CAPACITY;
+  __atomic_store_n(&t->seq, seq + 1, __ATOMIC_SEQ_CST);
+  /* Release stores (plain moves on x86): a reader that sees new data also
+   * sees the odd seq before it. */
+  for (size_t i = 0; i < n; i++) {
+    __atomic_store_n(&t->entries[i].addr, regions[i].addr, __ATOMIC_RELEASE);
+    __atomic_store_n(&t->entries[i].length, regions[i].length, __ATOMIC_RELEASE);
+    __atomic_store_n(&t->entries[i].ino, region_ino(allocs, nallocs, &regions[i]),
+                     __ATOMIC_RELEASE);
+  }
+  __atomic_store_n(&t->count, (uint64_t)n, __ATOMIC_RELEASE);
+  __atomic_store_n(&t->truncated, (uint64_t)(n < count), __ATOMIC_RELEASE);
+  __atomic_store_n(&t->seq, seq + 2, __ATOMIC_SEQ_CST);
+  if (n < count && !s->warned_truncated++)
+    FERRY_WARN("shm: %zu regions registered, the shared table lists the first %u; same-host "
+               "peers are refused the rest",
+               count, SHM_TABLE_CAPACITY);
+  return seq + 2;
+}
+
+/* Rewrites the table from the registry when it changed (or always, with
+ * force). Returns the table's seq afterwards. */
+static uint64_t table_refresh(ferry_shm_service *s, int force) {
+  ferry_engine *e = s->engine;
+  pthread_mutex_lock(&s->table_lock);
+  uint64_t generation = ferry_registry_generation(e->registry);
+  alloc_info *allocs;
+  size_t nallocs = list_allocations(e, &allocs);
+  if (force || !s->built || generation != s->built_generation || nallocs != s->built_allocs) {
+    ferry_region *regions = NULL;
+    size_t count = ferry_registry_snapshot(e->registry, &regions);
+    table_publish(s, regions, count, allocs, nallocs);
+    free(regions);
+    s->built = 1;
+    s->built_generation = generation;
+    s->built_allocs = nallocs;
+  }
+  free(allocs);
+  uint64_t seq = __atomic_load_n(&s->table->seq, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&s->table_lock);
+  return seq;
+}
+
+/* ---- revocation ------------------------------------------------------------------- */
+
+static int conn_hung_up(const svc_conn *c) {
+  struct pollfd p = {c->fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+static void pause_briefly(unsigned round) {
+  if (round < 16) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, 50 * 1000};
+  nanosleep(&ts, NULL);
+}
+
+/* Waits while a slot of this link holds a table version older than seq:
+ * that copy checked a table that may still list the revoked region. */
+static void wait_slots(ferry_shm_service *s, svc_conn *c, uint64_t seq, uint64_t deadline) {
+  for (unsigned i = 0; i < SHM_SLOTS; i++) {
+    for (unsigned round = 0;; round++) {
+      uint64_t v = __atomic_load_n(&c->slots[i], __ATOMIC_SEQ_CST);
+      if (v == 0 || v >= seq || conn_hung_up(c))
+        break;
+      if (ferry_now_ns() > deadline) {
+        FERRY_WARN("shm: unregister did not see a same-host peer's copy end in %u ms; returning "
+                   "anyway",
+                   s->engine->cfg.timeout_ms);
+        return;
+      }
+      pause_briefly(round);
+    }
+  }
+}
+
+void ferry_shm_revoke(ferry_engine *e) {
+  ferry_shm_service *s = e->shm;
+  if (!s)
+    return;
+  pthread_mutex_lock(&s->lock);
+  int attached = 0;
+  for (svc_conn *c = s->conns; c && !attached; c = c->next)
+    attached = c->attached;
+  if (attached) {
+    /* With nobody attached the table is rebuilt on the next HELLO. */
+    uint64_t seq = table_refresh(s, 1);
+    uint64_t deadline = ferry_now_ns() + (uint64_t)e->cfg.timeout_ms * 1000000ull;
+    for (svc_conn *c = s->conns; c; c = c->next)
+      if (c->attached)
+        wait_slots(s, c, seq, deadline);
+  }
+  pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- connections ------------------------------------------------------------------ */
+
+static void conn_free(svc_conn *c) {
+  if (c->slots)
+    munmap(c->slots, SHM_SLOTS_BYTES);
+  if (c->slots_fd >= 0)
+    close(c->slots_fd);
+  close(c->fd);
+  free(c);
+}
+
+static void conn_drop(ferry_shm_service *s, svc_conn *c) {
+  pthread_mutex_lock(&s->lock);
+  svc_conn **pp = &s->conns;
+  while (*pp && *pp != c)
+    pp = &(*pp)->next;
+  if (*pp)
+    *pp = c->next;
+  pthread_mutex_unlock(&s->lock);
+  conn_free(c);
+}
+
+static void accept_one(ferry_shm_service *s) {
+  int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0)
+    return;
+  svc_conn *c = calloc(1, sizeof *c);
+  void *slots = NULL;
+  if (!c || sealed_memfd("ferry-shm-slots", SHM_SLOTS_BYTES, &c->slots_fd, &slots)) {
+    FERRY_WARN("shm: refused a same-host peer: %s", c ? ferry_last_error() : "out of memory");
+    free(c);
+    close(fd);
+    return;
+  }
+  c->fd = fd;
+  c->slots = slots;
+  ferry_auth_nonce(c->nonce);
+  shm_msg m;
+  shm_msg_init(&m, SHM_GREETING);
+  m.engine_id = s->engine->instance_id;
+  m.probe_addr = (uint64_t)(uintptr_t)&s->probe;
+  m.auth_required = s->engine->secret != NULL;
+  memcpy(m.nonce, c->nonce, sizeof m.nonce);
+  if (shm_msg_send(fd, &m, NULL, 0, MSG_DONTWAIT) != 0) {
+    conn_free(c);
+    return;
+  }
+  pthread_mutex_lock(&s->lock);
+  c->next = s->conns;
+  s->conns = c;
+  pthread_mutex_unlock(&s->lock);
+}
+
+static int serve_hello(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
+  shm_msg m;
+  shm_msg_init(&m, SHM_ATTACH);
+  const char *secret = s->engine->secret;
+  if (c->attached || (secret && !ferry_auth_check(secret, req->nonce, c->nonce, req->proof))) {
+    FERRY_WARN("shm: refused a same-host peer: %s",
+               c->attached ? "second HELLO" : "wrong shared secret");
+    m.status = FERRY_EAUTH;
+    shm_msg_send(c->fd, &m, NULL, 0, MSG_DONTWAIT);
+    return -1;
+  }
+  pthread_mutex_lock(&s->lock);
+  c->attached = 1; /* before the table is built: revocations now wait for it */
+  pthread_mutex_unlock(&s->lock);
+  m.seq = table_refresh(s, 0);
+  int fds[2] = {s->table_ro_fd, c->slots_fd};
+  return shm_msg_send(c->fd, &m, fds, 2, MSG_DONTWAIT);
+}
+
+/* Finds the allocation with this inode; *fd gets a duplicate of its memfd. */
+static int find_allocation(ferry_engine *e, uint64_t ino, shm_msg *m, int *fd) {
+  *fd = -1;
+  pthread_mutex_lock(&e->alloc_lock);
+  for (ferry_allocation *a = e->allocations; a && *fd < 0; a = a->next) {
+    if (fd_ino(a->fd) != ino)
+      continue;
+    *fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
+    m->addr = (uint64_t)(uintptr_t)a->addr;
+    m->length = a->length;
+  }
+  pthread_mutex_unlock(&e->alloc_lock);
+  return *fd >= 0;
+}
+
+static int serve_map(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
+  shm_msg m;
+  shm_msg_init(&m, SHM_MAPPED);
+  m.ino = req->ino;
+  int fd;
+  if (!find_allocation(s->engine, req->ino, &m, &fd)) {
+    m.status = FERRY_ENOTREG;
+    return shm_msg_send(c->fd, &m, NULL, 0, MSG_DONTWAIT);
+  }
+  int rc = shm_msg_send(c->fd, &m, &fd, 1, MSG_DONTWAIT);
+  close(fd);
+  return rc;
+}
+
+/* One request; nonzero drops the connection. */
+static int serve_request(ferry_shm_service *s, svc_conn *c) {
+  shm_msg req;
+  if (shm_msg_recv(c->fd, &req, 0, NULL, NULL, MSG_DONTWAIT) != 0)
+    return -1;
+  if (req.type == SHM_HELLO)
+    return serve_hello(s, c, &req);
+  if (!c->attached)
+    return -1;
+  if (req.type == SHM_MAP)
+    return serve_map(s, c, &req);
+  if (req.type != SHM_SYNC)
+    return -1;
+  shm_msg m;
+  shm_msg_init(&m, SHM_SYNCED);
+  m.seq = table_refresh(s, 0);
+  return shm_msg_send(c->fd, &m, NULL, 0, MSG_DONTWAIT);
+}
+
+/* ---- the service thread ------------------------------------------------------------- */
+
+#define POLL_MAX 1024
+
+/* Fills the poll set: wake pipe, listener, then connections. */
+static size_t poll_set(ferry_shm_service *s, struct pollfd *pfd, svc_conn **conns) {
+  size_t n = 0;
+  pfd[n++] = (struct pollfd){s->wake[0], POLLIN, 0};
+  pfd[n++] = (struct pollfd){s->listen_fd, POLLIN, 0};
+  pthread_mutex_lock(&s->lock);
+  for (svc_conn *c = s->conns; c && n < POLL_MAX; c = c->next) {
+    conns[n] = c;
+    pfd[n++] = (struct pollfd){c->fd, POLLIN, 0};
+  }
+  pthread_mutex_unlock(&s->lock);
+  return n;
+}
+
+static void *service_main(void *arg) {
+  ferry_shm_service *s = arg;
+  struct pollfd *pfd = calloc(POLL_MAX, sizeof *pfd);
+  svc_conn **conns = calloc(POLL_MAX, sizeof *conns);
+  while (pfd && conns) {
+    size_t n = poll_set(s, pfd, conns);
+    if (poll(pfd, n, -1) < 0 && errno != EINTR)
+      break;
+    if (pfd[0].revents)
+      break;
+    for (size_t i = 2; i < n; i++)
+      if (pfd[i].revents && serve_request(s, conns[i]) != 0)
+        conn_drop(s, conns[i]); /* only this thread frees connections */
+    if (pfd[1].revents)
+      accept_one(s);
+  }
+  free(pfd);
+  free(conns);
+  return NULL;
+}
+
+/* ---- start and stop ------------------------------------------------------------------ */
+
+static ferry_status listen_abstract(ferry_shm_service *s, char *path, size_t size) {
+  snprintf(path, size, "@ferry-%d-%016llx", (int)getpid(), (unsigned long long)ferry_random_u64());
+  struct sockaddr_un sa;
+  unsigned len;
+  shm_sockaddr(path, &sa, &len);
+  s->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s->listen_fd < 0 || bind(s->listen_fd, (struct sockaddr *)&sa, len) < 0 ||
+      listen(s->listen_fd, 64) < 0)
+    return ferry_fail_errno(FERRY_ESOCKET, errno, "shm service: cannot listen on %s", path);
+  return FERRY_OK;
+}
+
+static ferry_status service_init(ferry_shm_service *s, char *path, size_t size) {
+  void *table;
+  ferry_status st = sealed_memfd("ferry-shm-table", SHM_TABLE_BYTES, &s->table_fd, &table);
+  if (st)
+    return st;
+  s->table = table;
+  s->table_ro_fd = read_only_fd(s->table_fd);
+  if (s->table_ro_fd < 0)
+    return ferry_fail_errno(FERRY_ENOMEM, errno, "shm service: no descriptor for the table");
+  st = listen_abstract(s, path, size);
+  if (st)
+    return st;
+  if (pipe2(s->wake, O_CLOEXEC) < 0)
+    return ferry_fail_errno(FERRY_ESOCKET, errno, "shm service: pipe");
+  if (pthread_create(&s->thread, NULL, service_main, s) != 0)
+    return ferry_fail(FERRY_ENOMEM, "shm service: cannot start its thread");
+  s->thread_started = 1;
+  return FERRY_OK;
+}
+
+static void service_free(ferry_shm_service *s) {
+  if (s->thread_started) {
+    ssize_t unused = write(s->wake[1], "x", 1);
+    (void)unused;
+    pthread_join(s->thread, NULL);
+  }
+  while (s->conns) {
+    svc_conn *c = s->conns;
+    s->conns = c->next;
+    conn_free(c); /* initiators see the hang-up and stop using their links */
+  }
+  int fds[] = {s->listen_fd, s->wake[0], s->wake[1], s->table_fd, s->table_ro_fd};
+  for (size_t i = 0; i < sizeof fds / sizeof *fds; i++)
+    if (fds[i] >= 0)
+      close(fds[i]);
+  if (s->table)
+    munmap(s->table, SHM_TABLE_BYTES);
+  pthread_mutex_destroy(&s->lock);
+  pthread_mutex_destroy(&s->table_lock);
+  free(s);
+}
+
+ferry_status ferry_shm_service_start(ferry_engine *e) {
+  ferry_shm_service *s = calloc(1, sizeof *s);
+  if (!s)
+    return ferry_fail(FERRY_ENOMEM, "no memory for the shm service");
+  s->engine = e;
+  s->probe = e->instance_id;
+  s->listen_fd = s->table_fd = s->table_ro_fd = s->wake[0] = s->wake[1] = -1;
+  pthread_mutex_init(&s->lock, NULL);
+  pthread_mutex_init(&s->table_lock, NULL);
+  char path[sizeof e->shm_path];
+  ferry_status st = service_init(s, path, sizeof path);
+  if (st) {
+    service_free(s);
+    e->transports &= ~(unsigned)FERRY_TRANSPORT_SHM;
+    if (!e->transports)
+      return st;
+    FERRY_WARN("shm transport disabled: %s", ferry_last_error());
+    return FERRY_OK;
+  }
+  snprintf(e->shm_path, sizeof e->shm_path, "%s", path);
+  e->shm = s;
+  FERRY_DEBUG("shm service listening on %s", path);
+  return FERRY_OK;
+}
+
+void ferry_shm_service_stop(ferry_engine *e) {
+  if (!e->shm)
+    return;
+  ferry_shm_service *s = e->shm;
+  e->shm = NULL;
+  e->shm_path[0] = '\0';
+  service_free(s);
+}

@@ -1,0 +1,387 @@
+/* test_fault_link.c - links that fail under a transfer: cut for 5 s in the
+ * middle of 1 GiB, or impaired with delay, loss and reordering.
+ *
+ * Hosts: a (initiator, the test process), b (a `ferry serve` with 1 GiB,
+ * veth link that gets cut), c (a small target behind the userspace link
+ * emulator), d (a small target behind a veth link with tc netem, where the
+ * kernel has netem). Every transfer is checked end to end with crc32c of
+ * the bytes sent against the bytes read back.
+ *
+ * Promises checked: a call never hangs (it ends by its deadline: base
+ * timeout + per-MiB allowance), never reports success with wrong data, and
+ * the next call after a failure works; with loss and delay transfers still
+ * complete and verify. Needs network namespaces (root); skipped with the
+ * reason where they are unavailable. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fault.h"
+
+#define BIG (1ull << 30)
+#define CHUNK (64ull << 20)
+#define SMALL_PORT 15200
+#define BIG_PORT 15201
+#define OUTAGE_MS 5000
+
+typedef struct env {
+  fault_net *net;
+  int cut_link, emu_link, netem_link;
+  fault_proc big, small_emu, small_netem;
+  char skip_why[512];
+} env;
+
+static env E;
+
+static int setup(void **state) {
+  *state = &E;
+  if (!fault_netns_available(E.skip_why, sizeof E.skip_why))
+    return 0;
+  char why[512];
+  E.net = fault_net_create(4, 1, why, sizeof why);
+  if (!E.net) {
+    fprintf(stderr, "cannot create test hosts: %s\n", why);
+    return -1;
+  }
+  E.cut_link = fault_net_link(E.net, 0, 1, FAULT_LINK_VETH);
+  E.emu_link = fault_net_link(E.net, 0, 2, FAULT_LINK_EMU);
+  E.netem_link = fault_net_link(E.net, 0, 3, FAULT_LINK_VETH);
+  if (E.cut_link < 0 || E.emu_link < 0 || E.netem_link < 0)
+    return -1;
+  if (fault_serve_start(&E.big, E.net, 1, fault_link_addr(E.net, E.cut_link, 1), BIG_PORT, "1G",
+                        NULL, 0) != 0 ||
+      fault_serve_start(&E.small_emu, E.net, 2, fault_link_addr(E.net, E.emu_link, 1), SMALL_PORT,
+                        "64M", NULL, 0) != 0 ||
+      fault_serve_start(&E.small_netem, E.net, 3, fault_link_addr(E.net, E.netem_link, 1),
+                        SMALL_PORT, "64M", NULL, 0) != 0)
+    return -1;
+  return 0;
+}
+
+static int teardown(void **state) {
+  if (E.net) {
+    fault_proc_term(&E.big);
+    fault_proc_term(&E.small_emu);
+    fault_proc_term(&E.small_netem);
+    fault_net_destroy(E.net);
+  }
+  return 0;
+}
+
+static void skip_without_namespaces(void) {
+  if (!E.net) {
+    printf("SKIP: %s\n", E.skip_why);
+    skip();
+  }
+}
+
+/* crc32c of remote [addr, addr + len), read back CHUNK bytes at a time. */
+static ferry_status remote_crc(ferry_engine *eng, const char *target, uint8_t *scratch,
+                               uint64_t addr, uint64_t len, uint32_t *crc) {
+  *crc = 0;
+  for (uint64_t off = 0; off < len; off += CHUNK) {
+    size_t n = (size_t)(len - off < CHUNK ? len - off : CHUNK);
+    ferry_status st = ferry_transfer_sync(eng, target, FERRY_OP_READ, scratch, addr + off, n);
+    if (st)
+      return st;
+    *crc = ferry_crc32c(*crc, scratch, n);
+  }
+  return FERRY_OK;
+}
+
+typedef struct outcome {
+  ferry_status status;
+  double took_s;      /* submit to end */
+  double limit_s;     /* the batch's own deadline */
+  int pending_at_cut; /* the cut really hit a transfer in flight */
+} outcome;
+
+/* One 1 GiB batch (16 entries of 64 MiB) with the link cut OUTAGE_MS after
+ * cut_after_ms and restored; returns how it ended. */
+static outcome big_transfer_with_outage(ferry_engine *eng, uint32_t timeout_ms, ferry_op op,
+                                        uint8_t *local, unsigned cut_after_ms) {
+  ferry_entry entries[BIG / CHUNK];
+  for (size_t i = 0; i < BIG / CHUNK; i++)
+    entries[i] = (ferry_entry){op, local + i * CHUNK, E.big.addr + i * CHUNK, CHUNK};
+  outcome o = {0};
+  o.limit_s = timeout_ms / 1000.0 + (double)(BIG >> 20) * 1e-3; /* + 1 ms per MiB */
+  double t0 = fault_now();
+  ferry_batch *b;
+  ferry_status st = ferry_batch_submit(eng, E.big.target, entries, BIG / CHUNK, NULL, &b);
+  if (st)
+    fail_msg("submit: %s: %s", ferry_strerror(st), ferry_last_error());
+  fault_sleep_ms(cut_after_ms);
+  o.pending_at_cut = ferry_batch_status(b, NULL) == FERRY_BATCH_PENDING;
+  assert_int_equal(fault_link_set_up(E.net, E.cut_link, 0), 0);
+  double cut_at = fault_now();
+  /* Waiting through the outage: a batch that gives up must do so by its
+   * deadline even while the link is still down. */
+  st = ferry_batch_wait(b, OUTAGE_MS);
+  o.took_s = fault_now() - t0;
+  double rest = OUTAGE_MS / 1000.0 - (fault_now() - cut_at);
+  if (rest > 0)
+    fault_sleep_ms((unsigned)(rest * 1000));
+  assert_int_equal(fault_link_set_up(E.net, E.cut_link, 1), 0);
+  if (st == FERRY_EINPROGRESS) {
+    double left = o.limit_s - (fault_now() - t0);
+    st = ferry_batch_wait(b, (int64_t)((left > 0 ? left : 0) * 1000) + 5000);
+    o.took_s = fault_now() - t0;
+  }
+  if (st == FERRY_EINPROGRESS)
+    fail_msg("1 GiB %s still pending %.1f s after submit (deadline %.1f s): hung",
+             op == FERRY_OP_WRITE ? "WRITE" : "READ", o.took_s, o.limit_s);
+  if (st != FERRY_OK)
+    printf("  ended with %s after %.2f s: %s\n", ferry_strerror(st), o.took_s, ferry_last_error());
+  ferry_batch_free(b);
+  o.status = st;
+  return o;
+}
+
+/* Link down 5 s with a generous timeout: the batch survives the outage
+ * (TCP retransmits) or fails by its deadline; either way the bytes that
+ * are reported as moved are exactly right. */
+static void test_link_down_during_1gib(void **state) {
+  skip_without_namespaces();
+  fault_watchdog(200, "link down during 1 GiB");
+  assert_int_equal(fault_net_enter(E.net, 0), 0);
+  ferry_engine *eng = fault_engine(fault_link_addr(E.net, E.cut_link, 0), 20000, 3000, 0);
+  assert_non_null(eng);
+  uint8_t *local = fault_buffer(eng, BIG);
+  uint8_t *scratch = fault_buffer(eng, CHUNK);
+  assert_non_null(local);
+  assert_non_null(scratch);
+  fault_pattern(local, BIG, 77);
+  uint32_t sent = ferry_crc32c(0, local, BIG);
+  /* Channels open before the cut: 4 x 64 MiB takes all four. */
+  assert_int_equal(
+      ferry_transfer_sync(eng, E.big.target, FERRY_OP_WRITE, local, E.big.addr, 4 * CHUNK),
+      FERRY_OK);
+
+  /* WRITE under an outage. */
+  outcome o = big_transfer_with_outage(eng, 20000, FERRY_OP_WRITE, local, 30);
+  printf("1 GiB WRITE, link down 5 s: %s after %.2f s (deadline %.2f s, in flight at the cut: "
+         "%s)\n",
+         o.status ? ferry_strerror(o.status) : "completed", o.took_s, o.limit_s,
+         o.pending_at_cut ? "yes" : "no");
+  assert_true(o.took_s <= o.limit_s + 3.0);
+  assert_true(o.pending_at_cut);
+  if (o.status != FERRY_OK) {
+    assert_true(o.status == FERRY_ETIMEDOUT || o.status == FERRY_ESOCKET);
+    ferry_status st =
+        ferry_transfer_sync(eng, E.big.target, FERRY_OP_WRITE, local, E.big.addr, BIG);
+    if (st)
+      fail_msg("retry after the link returned: %s: %s", ferry_strerror(st), ferry_last_error());
+  }
+  uint32_t got;
+  assert_int_equal(remote_crc(eng, E.big.target, scratch, E.big.addr, BIG, &got), FERRY_OK);
+  assert_int_equal(got, sent);
+
+  /* READ under an outage: local gets the target's bytes or the call fails. */
+  memset(local, 0, BIG);
+  o = big_transfer_with_outage(eng, 20000, FERRY_OP_READ, local, 30);
+  printf("1 GiB READ, link down 5 s: %s after %.2f s (deadline %.2f s, in flight at the cut: %s)\n",
+         o.status ? ferry_strerror(o.status) : "completed", o.took_s, o.limit_s,
+         o.pending_at_cut ? "yes" : "no");
+  assert_true(o.took_s <= o.limit_s + 3.0);
+  if (o.status == FERRY_OK)
+    assert_int_equal(ferry_crc32c(0, local, BIG), sent);
+  else
+    assert_true(o.status == FERRY_ETIMEDOUT || o.status == FERRY_ESOCKET);
+
+  fault_buffer_free(eng, scratch);
+  fault_buffer_free(eng, local);
+  ferry_engine_destroy(eng);
+  fault_net_leave(E.net);
+  fault_watchdog(0, NULL);
+}
+
+/* Link down 5 s with a 2 s timeout: the call must fail by its deadline (not
+ * hang until the link returns), and once the link is back the next call
+ * works and its bytes stay put. */
+static void test_link_down_short_timeout(void **state) {
+  skip_without_namespaces();
+  fault_watchdog(120, "link down, short timeout");
+  assert_int_equal(fault_net_enter(E.net, 0), 0);
+  ferry_engine *eng = fault_engine(fault_link_addr(E.net, E.cut_link, 0), 2000, 1000, 0);
+  assert_non_null(eng);
+  uint8_t *local = fault_buffer(eng, BIG);
+  uint8_t *scratch = fault_buffer(eng, CHUNK);
+  assert_non_null(local);
+  fault_pattern(local, BIG, 91);
+
+  outcome o = big_transfer_with_outage(eng, 2000, FERRY_OP_WRITE, local, 30);
+  printf("1 GiB WRITE, 2 s timeout, link down 5 s: %s after %.2f s (deadline %.2f s)\n",
+         o.status ? ferry_strerror(o.status) : "completed", o.took_s, o.limit_s);
+  assert_true(o.pending_at_cut);
+  assert_int_equal(o.status, FERRY_ETIMEDOUT);
+  /* With the link down at the start of a call: it fails by its deadline. */
+  ferry_batch *b;
+  ferry_entry en = {FERRY_OP_WRITE, local, E.big.addr, CHUNK};
+  assert_int_equal(fault_link_set_up(E.net, E.cut_link, 0), 0);
+  double t0 = fault_now();
+  ferry_status st = ferry_batch_submit(eng, E.big.target, &en, 1, NULL, &b);
+  if (st == FERRY_OK) {
+    st = ferry_batch_wait(b, 10000);
+    ferry_batch_free(b);
+  }
+  double took = fault_now() - t0;
+  assert_int_equal(fault_link_set_up(E.net, E.cut_link, 1), 0);
+  printf("64 MiB WRITE with the link down: %s after %.2f s\n", ferry_strerror(st), took);
+  assert_int_not_equal(st, FERRY_OK);
+  assert_int_not_equal(st, FERRY_EINPROGRESS);
+  assert_true(took <= 2.0 + 0.064 + 1.5);
+
+  /* Link back: the next call works, and what it wrote is what stays. */
+  fault_pattern(scratch, CHUNK, 92);
+  uint32_t want = ferry_crc32c(0, scratch, CHUNK);
+  st = ferry_transfer_sync(eng, E.big.target, FERRY_OP_WRITE, scratch, E.big.addr, CHUNK);
+  if (st)
+    fail_msg("first call after the link returned: %s: %s", ferry_strerror(st), ferry_last_error());
+  memset(scratch, 0, CHUNK);
+  assert_int_equal(
+      ferry_transfer_sync(eng, E.big.target, FERRY_OP_READ, scratch, E.big.addr, CHUNK), FERRY_OK);
+  assert_int_equal(ferry_crc32c(0, scratch, CHUNK), want);
+  fault_buffer_free(eng, scratch);
+  fault_buffer_free(eng, local);
+  ferry_engine_destroy(eng);
+  fault_net_leave(E.net);
+  fault_watchdog(0, NULL);
+}
+
+/* A WRITE that timed out while the link was down still sits in the
+ * initiator's socket buffer. Once the link is back, TCP may deliver it
+ * (retransmission backoff: seconds later), after a later WRITE to the same
+ * range already succeeded. The promise: it must not. */
+static void test_no_late_landing_after_timeout(void **state) {
+  skip_without_namespaces();
+  fault_watchdog(60, "late landing after a timeout");
+  assert_int_equal(fault_net_enter(E.net, 0), 0);
+  ferry_engine *eng = fault_engine(fault_link_addr(E.net, E.cut_link, 0), 1500, 1000, 0);
+  assert_non_null(eng);
+  size_t len = 512 << 10;
+  uint8_t *old = fault_buffer(eng, len);
+  uint8_t *fresh = fault_buffer(eng, 2 * len);
+  uint64_t where = E.big.addr + (256ull << 20);
+  /* A live channel first, so the doomed WRITE goes out on it. */
+  assert_int_equal(fault_roundtrip(eng, E.big.target, fresh, where, 4096, 1), FERRY_OK);
+  assert_int_equal(fault_link_set_up(E.net, E.cut_link, 0), 0);
+  fault_pattern(old, len, 21);
+  ferry_status st = ferry_transfer_sync(eng, E.big.target, FERRY_OP_WRITE, old, where, len);
+  printf("WRITE with the link down: %s (%s)\n", ferry_strerror(st), ferry_last_error());
+  assert_int_not_equal(st, FERRY_OK);
+  assert_int_equal(fault_link_set_up(E.net, E.cut_link, 1), 0);
+  double t0 = fault_now();
+  st = fault_roundtrip(eng, E.big.target, fresh, where, len, 22);
+  if (st)
+    fail_msg("first call after the link returned: %s: %s", ferry_strerror(st), ferry_last_error());
+  /* Past the next retransmissions of the abandoned socket. */
+  size_t stale = 0;
+  double seen_at = 0;
+  while (fault_now() - t0 < 8.0 && !stale) {
+    fault_sleep_ms(250);
+    assert_int_equal(ferry_transfer_sync(eng, E.big.target, FERRY_OP_READ, fresh + len, where, len),
+                     FERRY_OK);
+    for (size_t i = 0; i < len; i++)
+      stale += fresh[len + i] != fresh[i];
+    seen_at = fault_now() - t0;
+  }
+  fault_buffer_free(eng, fresh);
+  fault_buffer_free(eng, old);
+  ferry_engine_destroy(eng);
+  fault_net_leave(E.net);
+  fault_watchdog(0, NULL);
+  if (stale)
+    fail_msg("%zu of %zu bytes written by a successful WRITE were overwritten %.1f s later by an "
+             "earlier WRITE that had failed (its bytes were still queued in TCP)",
+             stale, len, seen_at);
+}
+
+/* Transfers of many sizes over an impaired link, each verified. */
+static void impaired_transfers(const char *bind, const fault_proc *t, const char *label) {
+  assert_int_equal(fault_net_enter(E.net, 0), 0);
+  ferry_engine *eng = fault_engine(bind, 60000, 20000, 0);
+  assert_non_null(eng);
+  const size_t sizes[] = {1, 100, 4096, 65536, 300000, 1 << 20};
+  uint8_t *local = fault_buffer(eng, 4 << 20);
+  assert_non_null(local);
+  double t0 = fault_now();
+  size_t moved = 0;
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    ferry_status st =
+        fault_roundtrip(eng, t->target, local, t->addr + i * 4096 * 7, sizes[i], i + 5);
+    if (st)
+      fail_msg("%s: %zu-byte round trip: %s: %s", label, sizes[i], ferry_strerror(st),
+               ferry_last_error());
+    moved += 2 * sizes[i];
+  }
+  /* A batch of small entries, then a notification. */
+  ferry_entry entries[64];
+  fault_pattern(local, 64 * 4096, 99);
+  for (int i = 0; i < 64; i++)
+    entries[i] =
+        (ferry_entry){FERRY_OP_WRITE, local + i * 4096, t->addr + (1 << 20) + i * 8192, 4096};
+  ferry_status st = ferry_transfer_sync_batch(eng, t->target, entries, 64, NULL);
+  assert_int_equal(st, FERRY_OK);
+  for (int i = 0; i < 64; i++)
+    entries[i] = (ferry_entry){FERRY_OP_READ, local + (1 << 20) + i * 4096,
+                               t->addr + (1 << 20) + i * 8192, 4096};
+  assert_int_equal(ferry_transfer_sync_batch(eng, t->target, entries, 64, NULL), FERRY_OK);
+  assert_memory_equal(local, local + (1 << 20), 64 * 4096);
+  assert_int_equal(ferry_notify_send(eng, t->target, "impaired", "ok", 2), FERRY_OK);
+  moved += 2 * 64 * 4096;
+  printf("%s: %zu bytes moved and verified in %.1f s\n", label, moved, fault_now() - t0);
+  fault_buffer_free(eng, local);
+  ferry_engine_destroy(eng);
+  fault_net_leave(E.net);
+}
+
+static void test_loss_and_delay_emulated(void **state) {
+  skip_without_namespaces();
+  fault_watchdog(150, "5% loss + 50 ms delay (emulator)");
+  assert_int_equal(fault_link_impair(E.net, E.emu_link, 50, 5.0, 0), 0);
+  impaired_transfers(fault_link_addr(E.net, E.emu_link, 0), &E.small_emu,
+                     "5% loss, 50 ms delay each way (userspace emulator)");
+  assert_int_equal(fault_link_impair(E.net, E.emu_link, 20, 1.0, 10.0), 0);
+  impaired_transfers(fault_link_addr(E.net, E.emu_link, 0), &E.small_emu,
+                     "1% loss, 20 ms delay, 10% reordered (userspace emulator)");
+  uint64_t forwarded, dropped;
+  fault_link_counters(E.net, E.emu_link, &forwarded, &dropped);
+  printf("emulator: %llu packets forwarded, %llu dropped\n", (unsigned long long)forwarded,
+         (unsigned long long)dropped);
+  assert_true(dropped > 0);
+  fault_link_impair(E.net, E.emu_link, 0, 0, 0);
+  fault_watchdog(0, NULL);
+}
+
+static void test_loss_and_delay_netem(void **state) {
+  skip_without_namespaces();
+  int rc = fault_link_impair(E.net, E.netem_link, 50, 5.0, 0);
+  if (rc == FAULT_UNSUPPORTED) {
+    printf("SKIP: tc netem is not available in this kernel (CONFIG_NET_SCH_NETEM); the same "
+           "faults run through the userspace emulator in test_loss_and_delay_emulated\n");
+    skip();
+  }
+  assert_int_equal(rc, 0);
+  fault_watchdog(150, "5% loss + 50 ms delay (netem)");
+  impaired_transfers(fault_link_addr(E.net, E.netem_link, 0), &E.small_netem,
+                     "5% loss, 50 ms delay (tc netem)");
+  fault_link_impair(E.net, E.netem_link, 0, 0, 0);
+  fault_watchdog(0, NULL);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_link_down_during_1gib),
+      cmocka_unit_test(test_link_down_short_timeout),
+      cmocka_unit_test(test_no_late_landing_after_timeout),
+      cmocka_unit_test(test_loss_and_delay_emulated),
+      cmocka_unit_test(test_loss_and_delay_netem),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
