@@ -122,6 +122,7 @@ static ferry_status batch_create(ferry_engine *e, const char *target, const ferr
   }
   pthread_mutex_lock(&peer->lock);
   b->peer_instance = peer->info.engine_id;
+  b->transport = peer->transport;
   pthread_mutex_unlock(&peer->lock);
   *out = b;
   return FERRY_OK;
@@ -129,7 +130,7 @@ static ferry_status batch_create(ferry_engine *e, const char *target, const ferr
 
 /* How many channels are worth driving this batch in parallel. */
 static unsigned wanted_drivers(const ferry_batch *b) {
-  size_t slice = b->engine->cfg.slice_size;
+  size_t slice = b->transport->slice_size(b);
   uint64_t chunks = (b->total_bytes + slice - 1) / slice;
   uint64_t by_count = (b->count + FERRY_CHUNK_MAX_SEGMENTS - 1) / FERRY_CHUNK_MAX_SEGMENTS;
   if (by_count > chunks)

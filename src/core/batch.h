@@ -18,6 +18,7 @@ struct ferry_batch {
   uint64_t total_bytes;
   uint64_t deadline_ns;
   uint64_t peer_instance; /* incarnation of the target the batch was checked against */
+  const struct ferry_transport *transport; /* the peer's, when the batch was made */
   ferry_notification notify;
   int has_notify;
 

@@ -314,7 +314,11 @@ ferry_status ferry_peer_notify(ferry_peer *p, const char *name, const void *data
 
 /* ---- transport choice and region checks -------------------------------------------- */
 
-static ferry_status choose_transport(ferry_peer *p) {
+/* Picks the first transport both sides offer that can reach the peer, and
+ * logs why the better ones could not. Runs without the peer lock: a
+ * transport's check may talk to the peer. */
+static ferry_status choose_transport(ferry_peer *p, const ferry_hello_reply *info,
+                                     const ferry_transport **chosen) {
   char reasons[512] = "";
   size_t used = 0;
   for (size_t i = 0; ferry_transports[i]; i++) {
@@ -322,10 +326,10 @@ static ferry_status choose_transport(ferry_peer *p) {
     char why[160] = "";
     if (!(p->engine->transports & t->id))
       snprintf(why, sizeof why, "not enabled here");
-    else if (!(p->info.transports & t->id))
+    else if (!(info->transports & t->id))
       snprintf(why, sizeof why, "not offered by the peer");
-    else if (t->usable(p->engine, &p->info, why, sizeof why)) {
-      p->transport = t;
+    else if (t->usable(p->engine, info, why, sizeof why)) {
+      *chosen = t;
       FERRY_INFO("peer %s: using %s%s%s", p->address, t->name, used ? "; " : "", reasons);
       return FERRY_OK;
     }
@@ -359,9 +363,19 @@ ferry_status ferry_peer_ensure(ferry_peer *p, uint64_t deadline_ns) {
   if (st)
     return st;
   pthread_mutex_lock(&p->lock);
-  st = p->transport ? FERRY_OK : choose_transport(p);
+  const ferry_transport *chosen = p->transport;
+  ferry_hello_reply info = p->info;
   pthread_mutex_unlock(&p->lock);
-  return st;
+  if (chosen)
+    return FERRY_OK;
+  st = choose_transport(p, &info, &chosen);
+  if (st)
+    return st;
+  pthread_mutex_lock(&p->lock);
+  if (!p->transport) /* a racing thread may have chosen first: keep one choice */
+    p->transport = chosen;
+  pthread_mutex_unlock(&p->lock);
+  return FERRY_OK;
 }
 
 static long first_unknown_remote(ferry_peer *p, const ferry_entry *entries, size_t count) {

@@ -767,6 +767,7 @@ const ferry_transport ferry_transport_shm = {
     .name = "shm",
     .id = FERRY_TRANSPORT_SHM,
     .usable = shm_usable,
+    .slice_size = shm_slice,
     .channel_open = chan_open,
     .channel_drive = chan_drive,
     .channel_alive = chan_alive,

@@ -38,6 +38,8 @@ static int tcp_usable(ferry_engine *e, const ferry_hello_reply *info, char *why,
   return 1; /* anything that answered the handshake over TCP can carry data over TCP */
 }
 
+static size_t tcp_slice(const ferry_batch *b) { return b->engine->cfg.slice_size; }
+
 static ferry_status tcp_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel **out) {
   tcp_channel *ch = calloc(1, sizeof *ch);
   if (!ch)
@@ -143,7 +145,7 @@ static ferry_status receive_reply(tcp_channel *ch, tcp_slot *s, uint64_t id, int
 static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
   tcp_channel *ch = (tcp_channel *)base;
   int checksum = b->engine->cfg.checksum;
-  size_t slice = b->engine->cfg.slice_size;
+  size_t slice = tcp_slice(b);
   uint64_t sent = 0, done = 0; /* frame ids; slot = id % window */
   ferry_status first = FERRY_OK;
   ferry_sock_set_deadline(&ch->sock, b->deadline_ns);
@@ -200,6 +202,7 @@ const ferry_transport ferry_transport_tcp = {
     .name = "tcp",
     .id = FERRY_TRANSPORT_TCP,
     .usable = tcp_usable,
+    .slice_size = tcp_slice,
     .channel_open = tcp_open,
     .channel_drive = tcp_drive,
     .channel_alive = tcp_alive,

@@ -30,6 +30,8 @@ struct ferry_transport {
    * reply; otherwise why gets the reason, for the log. */
   int (*usable)(ferry_engine *engine, const ferry_hello_reply *peer_info, char *why,
                 size_t why_size);
+  /* Bytes per chunk for this batch: decides how many channels drive it. */
+  size_t (*slice_size)(const ferry_batch *batch);
   ferry_status (*channel_open)(ferry_peer *peer, uint64_t deadline_ns, ferry_channel **out);
   /* Claims chunks of the batch and moves them until none are left. A failed
    * chunk is reported to the batch; the return value is the first error. */
