@@ -225,14 +225,20 @@ ferry_status ferry_memory_register(ferry_engine *e, void *addr, size_t length) {
   return st;
 }
 
+/* Once unregister returns, no peer touches the region any more: same-host
+ * mappings are revoked and TCP requests already checked are waited for. */
+static void after_unregister(ferry_engine *e) {
+  ferry_shm_revoke(e);
+  ferry_server_quiesce(e);
+  republish_regions(e);
+}
+
 ferry_status ferry_memory_unregister(ferry_engine *e, void *addr) {
   if (!e)
     return ferry_fail(FERRY_EINVAL, "unregister: null engine");
   ferry_status st = ferry_registry_remove(e->registry, (uint64_t)(uintptr_t)addr);
-  if (!st) {
-    ferry_shm_revoke(e); /* same-host peers can no longer copy into it */
-    republish_regions(e);
-  }
+  if (!st)
+    after_unregister(e);
   return st;
 }
 
@@ -266,8 +272,7 @@ ferry_status ferry_memory_unregister_batch(ferry_engine *e, void *const *addrs, 
       snprintf(detail, sizeof detail, "%s", ferry_last_error());
     }
   }
-  ferry_shm_revoke(e);
-  republish_regions(e);
+  after_unregister(e);
   if (first)
     ferry_error_set_detail(detail);
   return first;

@@ -71,6 +71,9 @@ uint64_t ferry_engine_deadline(const ferry_engine *engine, uint64_t bytes);
 /* server.c: accepts connections and serves frames against the registry. */
 ferry_status ferry_server_start(ferry_engine *engine, int listen_fd);
 void ferry_server_stop(ferry_engine *engine);
+/* After an unregister: waits (bounded by the base timeout) until no peer's
+ * WRITE or READ checked against the old registry still touches memory. */
+void ferry_server_quiesce(ferry_engine *engine);
 
 /* notify queue (engine.c), fed by the server. */
 ferry_status ferry_engine_push_notification(ferry_engine *engine, const char *name, size_t name_len,

@@ -28,6 +28,7 @@ typedef struct server_conn {
   int fd;
   pthread_t thread;
   int finished;
+  uint64_t serving_gen; /* registry generation a WRITE/READ was checked at; 0 = none */
   struct server_conn *next;
   char peer[FERRY_HOST_MAX + 8];
   ferry_sock sock;
@@ -41,6 +42,8 @@ struct ferry_server {
   int wake[2]; /* a byte here stops the accept loop */
   pthread_t thread;
   pthread_mutex_t lock;
+  pthread_cond_t quiet; /* a connection finished touching registered memory */
+  int waiters;
   server_conn *conns;
 };
 
@@ -280,10 +283,28 @@ static ferry_status serve_regions(server_conn *c, const ferry_frame_header *h) {
   return st;
 }
 
+/* Serves a WRITE or READ while advertising the registry generation it was
+ * checked against, so an unregister can wait for it (ferry_server_quiesce).
+ * The generation is published before the check: a check that saw the
+ * region is always waited for. */
+static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
+  ferry_server *s = c->engine->server;
+  __atomic_store_n(&c->serving_gen, ferry_registry_generation(c->engine->registry),
+                   __ATOMIC_SEQ_CST);
+  ferry_status st = h->type == FERRY_FRAME_WRITE ? serve_write(c, h) : serve_read(c, h);
+  __atomic_store_n(&c->serving_gen, 0, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&s->waiters, __ATOMIC_SEQ_CST)) {
+    pthread_mutex_lock(&s->lock);
+    pthread_cond_broadcast(&s->quiet);
+    pthread_mutex_unlock(&s->lock);
+  }
+  return st;
+}
+
 static ferry_status serve_frame(server_conn *c, const ferry_frame_header *h) {
   switch (h->type) {
-  case FERRY_FRAME_WRITE: return serve_write(c, h);
-  case FERRY_FRAME_READ: return serve_read(c, h);
+  case FERRY_FRAME_WRITE:
+  case FERRY_FRAME_READ: return serve_memory(c, h);
   case FERRY_FRAME_NOTIFY: return serve_notify(c, h);
   case FERRY_FRAME_REGIONS_REQ: return serve_regions(c, h);
   case FERRY_FRAME_PING: return reply(c, FERRY_FRAME_PONG, h->id, FERRY_OK, NULL);
@@ -406,6 +427,11 @@ ferry_status ferry_server_start(ferry_engine *e, int listen_fd) {
     return ferry_fail_errno(FERRY_ESOCKET, errno, "pipe for the server");
   }
   pthread_mutex_init(&s->lock, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->quiet, &attr);
+  pthread_condattr_destroy(&attr);
   e->server = s;
   if (pthread_create(&s->thread, NULL, accept_loop, e) != 0) {
     close(s->wake[0]);
@@ -439,6 +465,38 @@ void ferry_server_stop(ferry_engine *e) {
   close(s->wake[0]);
   close(s->wake[1]);
   pthread_mutex_destroy(&s->lock);
+  pthread_cond_destroy(&s->quiet);
   free(s);
   e->server = NULL;
+}
+
+/* A connection still moving bytes of a request checked before the registry
+ * reached `generation`. Called with the server lock held. */
+static int busy_before(ferry_server *s, uint64_t generation) {
+  for (server_conn *c = s->conns; c; c = c->next) {
+    uint64_t g = __atomic_load_n(&c->serving_gen, __ATOMIC_SEQ_CST);
+    if (g && g < generation)
+      return 1;
+  }
+  return 0;
+}
+
+void ferry_server_quiesce(ferry_engine *e) {
+  ferry_server *s = e->server;
+  if (!s)
+    return;
+  uint64_t generation = ferry_registry_generation(e->registry);
+  uint64_t deadline = ferry_now_ns() + (uint64_t)e->cfg.timeout_ms * 1000000ull;
+  pthread_mutex_lock(&s->lock);
+  __atomic_add_fetch(&s->waiters, 1, __ATOMIC_SEQ_CST);
+  int timed_out = 0;
+  while (busy_before(s, generation) && !timed_out) {
+    struct timespec until = ferry_timespec(deadline);
+    timed_out = pthread_cond_timedwait(&s->quiet, &s->lock, &until) == ETIMEDOUT;
+  }
+  __atomic_sub_fetch(&s->waiters, 1, __ATOMIC_SEQ_CST);
+  pthread_mutex_unlock(&s->lock);
+  if (timed_out)
+    FERRY_WARN("unregister: a peer's transfer into the old region was still running after %u ms",
+               e->cfg.timeout_ms);
 }

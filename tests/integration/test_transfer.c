@@ -543,6 +543,36 @@ static void region_registered_after_connect_is_reachable(void **state) {
   free(src);
 }
 
+/* Once unregister returns, no byte of a WRITE already in flight lands in
+ * the region any more: the target waits for requests it had checked. */
+static void unregister_waits_for_writes_in_flight(void **state) {
+  enum { N = 64 };
+  size_t size = N * (LARGEST_BLOCK / 32);
+  ferry_engine *a = test_engine(NULL), *b = test_engine(NULL);
+  uint8_t *dst = test_buffer(a, size), *src = test_buffer(b, size), *snapshot = malloc(size);
+  memset(src, 0xab, size);
+  ferry_entry entries[N];
+  for (size_t i = 0; i < N; i++)
+    entries[i] = (ferry_entry){FERRY_OP_WRITE, src + i * (size / N),
+                               (uint64_t)(uintptr_t)dst + i * (size / N), size / N};
+  ferry_batch *batch;
+  assert_int_equal(ferry_batch_submit(b, ferry_engine_name(a), entries, N, NULL, &batch), FERRY_OK);
+  usleep(2000);
+  assert_int_equal(ferry_memory_unregister(a, dst), FERRY_OK);
+  memcpy(snapshot, dst, size);
+  ferry_status st = ferry_batch_wait(batch, -1);
+  print_message("batch ended with: %s\n", st ? ferry_last_error() : "success");
+  assert_true(st == FERRY_OK || st == FERRY_ENOTREG);
+  ferry_batch_free(batch);
+  usleep(50 * 1000);
+  assert_memory_equal(snapshot, dst, size);
+  ferry_engine_destroy(b);
+  ferry_engine_destroy(a);
+  free(dst);
+  free(src);
+  free(snapshot);
+}
+
 /* A target that never drains refuses notifications past its queue limit
  * instead of growing without bound, and accepts again once drained. */
 static void undrained_notifications_are_bounded(void **state) {
@@ -632,6 +662,7 @@ int main(void) {
       cmocka_unit_test(notification_arrives_after_data),
       cmocka_unit_test(region_registered_after_connect_is_reachable),
       cmocka_unit_test(undrained_notifications_are_bounded),
+      cmocka_unit_test(unregister_waits_for_writes_in_flight),
       cmocka_unit_test(registration_rules),
       cmocka_unit_test(ipv6_loopback_target),
   };
