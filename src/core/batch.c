@@ -14,6 +14,7 @@
 #include "error.h"
 #include "log.h"
 #include "peer.h"
+#include "sync.h"
 #include "transport/transport.h"
 
 /* ---- creation ------------------------------------------------------------------ */
@@ -80,11 +81,7 @@ static ferry_batch *batch_alloc(ferry_engine *e, const ferry_entry *entries, siz
   ferry_chunker_init(&b->cursor, b->entries, count);
   b->refs = 1;
   pthread_mutex_init(&b->lock, NULL);
-  pthread_condattr_t attr;
-  pthread_condattr_init(&attr);
-  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  pthread_cond_init(&b->cond, &attr);
-  pthread_condattr_destroy(&attr);
+  ferry_cond_init(&b->cond);
   return b;
 }
 

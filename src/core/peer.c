@@ -18,6 +18,7 @@
 #include "error.h"
 #include "log.h"
 #include "peer.h"
+#include "sync.h"
 #include "transport/transport.h"
 
 /* ---- finding peers ------------------------------------------------------------ */
@@ -32,11 +33,7 @@ static ferry_peer *peer_new(ferry_engine *e, const char *target) {
   snprintf(p->address, sizeof p->address, "%s", target);
   pthread_mutex_init(&p->lock, NULL);
   pthread_mutex_init(&p->control_lock, NULL);
-  pthread_condattr_t attr;
-  pthread_condattr_init(&attr);
-  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  pthread_cond_init(&p->cond, &attr);
-  pthread_condattr_destroy(&attr);
+  ferry_cond_init(&p->cond);
   return p;
 }
 

@@ -17,9 +17,9 @@ struct ferry_peer {
   char target[FERRY_HOST_MAX + 8];  /* as the caller names it */
   char address[FERRY_HOST_MAX + 8]; /* same, for messages (never rewritten) */
 
-  pthread_mutex_t lock;      /* everything below */
-  pthread_cond_t cond;       /* a channel was returned */
-  int known;                        /* info below is valid */
+  pthread_mutex_t lock; /* everything below */
+  pthread_cond_t cond;  /* a channel was returned */
+  int known;            /* info below is valid */
   ferry_hello_reply info;
   const struct ferry_transport *transport;
   ferry_region *regions; /* sorted cache of its table */

@@ -12,6 +12,8 @@
 #endif
 #include "core/registry.h"
 
+#include "core/sync.h"
+
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -93,26 +95,11 @@ long ferry_regions_search(const ferry_region *sorted, size_t count, uint64_t add
   return (long)(lo - 1);
 }
 
-/* Lookups never stop while transfers run, and glibc's default rwlock lets a
- * steady stream of readers starve a writer: ask for writer preference so a
- * register/unregister call is not held up indefinitely. */
-static int init_lock(pthread_rwlock_t *lock) {
-  pthread_rwlockattr_t attr;
-  if (pthread_rwlockattr_init(&attr) != 0)
-    return -1;
-#ifdef PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP
-  pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-#endif
-  int rc = pthread_rwlock_init(lock, &attr);
-  pthread_rwlockattr_destroy(&attr);
-  return rc;
-}
-
 ferry_registry *ferry_registry_create(void) {
   ferry_registry *registry = calloc(1, sizeof *registry);
   if (registry == NULL)
     return NULL;
-  if (init_lock(&registry->lock) != 0) {
+  if (ferry_rwlock_init(&registry->lock) != 0) {
     free(registry);
     return NULL;
   }

@@ -22,6 +22,7 @@
 #include "engine.h"
 #include "error.h"
 #include "log.h"
+#include "sync.h"
 
 typedef struct server_conn {
   ferry_engine *engine;
@@ -427,11 +428,7 @@ ferry_status ferry_server_start(ferry_engine *e, int listen_fd) {
     return ferry_fail_errno(FERRY_ESOCKET, errno, "pipe for the server");
   }
   pthread_mutex_init(&s->lock, NULL);
-  pthread_condattr_t attr;
-  pthread_condattr_init(&attr);
-  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  pthread_cond_init(&s->quiet, &attr);
-  pthread_condattr_destroy(&attr);
+  ferry_cond_init(&s->quiet);
   e->server = s;
   if (pthread_create(&s->thread, NULL, accept_loop, e) != 0) {
     close(s->wake[0]);

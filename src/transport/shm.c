@@ -56,6 +56,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/sync.h"
 #include "transport/shm.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -647,11 +648,7 @@ static shm_link *link_alloc(const char *address) {
   l->fd = -1;
   snprintf(l->address, sizeof l->address, "%s", address);
   pthread_mutex_init(&l->lock, NULL);
-  pthread_rwlockattr_t attr;
-  pthread_rwlockattr_init(&attr);
-  pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-  pthread_rwlock_init(&l->maps_lock, &attr);
-  pthread_rwlockattr_destroy(&attr);
+  ferry_rwlock_init(&l->maps_lock);
   return l;
 }
 
