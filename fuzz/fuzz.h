@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "ferry.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* fuzz_server: the target's registered buffer sits at a fixed address so
@@ -20,6 +22,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * seeds' REGIONS_REPLY announces a region holding it. */
 #define FUZZ_CLIENT_REMOTE 0x10000ull
 #define FUZZ_CLIENT_LEN 4096
+
+/* fuzz_client, fuzz_server: a configuration for an engine on 127.0.0.1,
+ * TCP only, with one worker thread. */
+static inline void fuzz_loopback_config(ferry_config *cfg) {
+  ferry_config_init(cfg);
+  cfg->bind_host = cfg->advertise_host = "127.0.0.1";
+  cfg->transports = FERRY_TRANSPORT_TCP;
+  cfg->workers = 1;
+}
 
 #define FUZZ_CHECK(cond)                                                                           \
   do {                                                                                             \

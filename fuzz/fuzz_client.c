@@ -111,10 +111,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   pthread_create(&thread, NULL, fake_target, &s);
 
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
-  cfg.transports = FERRY_TRANSPORT_TCP;
-  cfg.workers = 1;
+  fuzz_loopback_config(&cfg);
   cfg.tcp_connections = 2;
   cfg.timeout_ms = 3000;
   cfg.connect_timeout_ms = 3000;

@@ -32,10 +32,7 @@ static void start(void) {
   FUZZ_CHECK(buf == (void *)(uintptr_t)FUZZ_SERVER_BUF);
   for (int i = 0; i < 2; i++) {
     ferry_config cfg;
-    ferry_config_init(&cfg);
-    cfg.bind_host = cfg.advertise_host = "127.0.0.1";
-    cfg.transports = FERRY_TRANSPORT_TCP;
-    cfg.workers = 1;
+    fuzz_loopback_config(&cfg);
     cfg.connect_timeout_ms = 2000;
     cfg.secret = i ? FUZZ_SERVER_SECRET : NULL;
     FUZZ_CHECK(ferry_engine_create(&cfg, &engines[i]) == FERRY_OK);

@@ -4,6 +4,8 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +130,29 @@ ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_op
 
 void ferry_cli_report(const char *prog, const char *what, ferry_status status) {
   fprintf(stderr, "%s: %s: %s: %s\n", prog, what, ferry_strerror(status), ferry_last_error());
+}
+
+int ferry_cli_no_operands(const char *prog, int argc, char **argv) {
+  if (optind == argc)
+    return 0;
+  fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[optind]);
+  return 2;
+}
+
+int ferry_cli_usage_exit(int parse_rc, void (*usage)(FILE *out)) {
+  if (parse_rc == 1) {
+    usage(stdout);
+    return 0;
+  }
+  usage(stderr);
+  return 2;
+}
+
+void ferry_cli_block_stop_signals(sigset_t *stop) {
+  sigemptyset(stop);
+  sigaddset(stop, SIGINT);
+  sigaddset(stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, stop, NULL);
 }
 
 int ferry_cli_bad_value(const char *prog, const char *option, const char *value) {

@@ -4,8 +4,10 @@
 #ifndef FERRY_TOOLS_CLI_H
 #define FERRY_TOOLS_CLI_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "ferry.h"
 
@@ -50,5 +52,19 @@ int ferry_cli_bad_value(const char *prog, const char *option, const char *value)
 
 /* Prints "PROG: WHAT: <strerror>: <last error>" to stderr. */
 void ferry_cli_report(const char *prog, const char *what, ferry_status status);
+
+/* After getopt: 0 when no operands are left, else prints
+ * "PROG: unexpected argument 'ARG'" and returns 2, the usage error code. */
+int ferry_cli_no_operands(const char *prog, int argc, char **argv);
+
+/* For a command whose option parser returned parse_rc != 0 (1: --help,
+ * 2: usage error): prints usage to stdout or stderr and returns the exit
+ * code, 0 or 2. */
+int ferry_cli_usage_exit(int parse_rc, void (*usage)(FILE *out));
+
+/* Blocks SIGINT and SIGTERM in the calling thread and fills stop with them,
+ * for sigwait(). Call it before any thread starts: threads inherit the mask,
+ * so only the sigwait can take the signal. */
+void ferry_cli_block_stop_signals(sigset_t *stop);
 
 #endif

@@ -338,11 +338,7 @@ static int parse_options(int argc, char **argv, options *opt) {
     default: return 2;
     }
   }
-  if (optind != argc) {
-    fprintf(stderr, "%s: unexpected argument '%s'\n", PROG, argv[optind]);
-    return 2;
-  }
-  return 0;
+  return ferry_cli_no_operands(PROG, argc, argv);
 }
 
 /* Resolves host (numeric or a name) to the first usable socket address. */
@@ -393,20 +389,12 @@ static void print_ready(const options *opt, struct MHD_Daemon *d) {
 int ferry_cmd_metadata_server(int argc, char **argv) {
   options opt;
   int rc = parse_options(argc, argv, &opt);
-  if (rc == 1)
-    usage(stdout);
-  else if (rc == 2)
-    usage(stderr);
-  if (rc)
-    return rc == 1 ? 0 : rc;
+  if (rc != 0)
+    return ferry_cli_usage_exit(rc, usage);
 
-  /* Block the stop signals in every thread (MHD's inherit this mask) so
-   * that only sigwait below receives them. */
+  /* Before MHD starts its threads, so that they inherit the mask. */
   sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, NULL);
+  ferry_cli_block_stop_signals(&stop);
   signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not kill us */
 
   kv_map map;

@@ -49,14 +49,8 @@ int ferry_cmd_probe(int argc, char **argv) {
   ferry_cli_engine_opts o;
   const char *target = NULL;
   int rc = parse_probe_args(argc, argv, &o, &target);
-  if (rc == 1) {
-    probe_usage(stdout);
-    return 0;
-  }
-  if (rc != 0) {
-    probe_usage(stderr);
-    return 2;
-  }
+  if (rc != 0)
+    return ferry_cli_usage_exit(rc, probe_usage);
   ferry_engine *engine;
   if (ferry_cli_engine_create(PROG, &o, &engine) != FERRY_OK)
     return 1;

@@ -91,11 +91,7 @@ static int parse_serve_args(int argc, char **argv, serve_opts *o) {
     default: return 2;
     }
   }
-  if (optind != argc) {
-    fprintf(stderr, "%s: unexpected argument '%s'\n", PROG, argv[optind]);
-    return 2;
-  }
-  return 0;
+  return ferry_cli_no_operands(PROG, argc, argv);
 }
 
 /* Prints one notification as `notify name=N length=L data=ESCAPED`, escaping
@@ -183,21 +179,11 @@ static void free_buffer(ferry_engine *engine, const serve_opts *o, void *buf) {
 int ferry_cmd_serve(int argc, char **argv) {
   serve_opts o;
   int rc = parse_serve_args(argc, argv, &o);
-  if (rc == 1) {
-    serve_usage(stdout);
-    return 0;
-  }
-  if (rc != 0) {
-    serve_usage(stderr);
-    return 2;
-  }
-  /* Block the stop signals before the engine starts its threads: they
-   * inherit the mask, so the signal can only be taken by sigwait here. */
+  if (rc != 0)
+    return ferry_cli_usage_exit(rc, serve_usage);
+  /* Before the engine starts its threads, so that they inherit the mask. */
   sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, NULL);
+  ferry_cli_block_stop_signals(&stop);
 
   ferry_engine *engine;
   if (ferry_cli_engine_create(PROG, &o.engine, &engine) != FERRY_OK)

@@ -137,9 +137,41 @@ static PyObject *raise_status(ferry_status st, const char *detail) {
 
 static void capture_error(char *buf) { snprintf(buf, ERRBUF_SIZE, "%s", ferry_last_error()); }
 
-static void sleep_ms(long ms) {
+/* A libferry call's status and, when it failed, the ferry_last_error() text
+ * captured right after it. */
+typedef struct {
+  ferry_status st;
+  char err[ERRBUF_SIZE];
+} CallResult;
+
+/* Runs `call`, an expression yielding a ferry_status, with the GIL released
+ * and records it in the CallResult res. A failure's detail is captured
+ * before the GIL is taken back, while it still describes this call. */
+#define CALL_WITHOUT_GIL(res, call)                                                                \
+  do {                                                                                             \
+    PyThreadState *ts_ = PyEval_SaveThread();                                                      \
+    (res).st = (call);                                                                             \
+    if ((res).st != FERRY_OK)                                                                      \
+      capture_error((res).err);                                                                    \
+    PyEval_RestoreThread(ts_);                                                                     \
+  } while (0)
+
+/* Raises ferry.Error for a failed call. */
+static PyObject *raise_result(const CallResult *r) { return raise_status(r->st, r->err); }
+
+/* None when the call succeeded, else raises ferry.Error. */
+static PyObject *none_or_raise(const CallResult *r) {
+  if (r->st != FERRY_OK)
+    return raise_result(r);
+  Py_RETURN_NONE;
+}
+
+/* Sleeps with the GIL released, in loops that wait for other threads. */
+static void sleep_ms_without_gil(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  PyThreadState *ts_ = PyEval_SaveThread();
   nanosleep(&ts, NULL);
+  PyEval_RestoreThread(ts_);
 }
 
 /* ======================================================================
@@ -254,6 +286,18 @@ static void local_release(LocalArg *la) {
     PyBuffer_Release(&la->view);
     la->has_view = 0;
   }
+}
+
+/* local_get() and local_length() together; on failure nothing is held. */
+static int local_get_with_length(PyObject *obj, int writable, PyObject *length_obj, LocalArg *la,
+                                 size_t *len) {
+  if (local_get(obj, writable, la) < 0)
+    return -1;
+  if (local_length(la, length_obj, len) < 0) {
+    local_release(la);
+    return -1;
+  }
+  return 0;
 }
 
 /* A notification argument: None, (name, data) or an object with .name and
@@ -382,12 +426,8 @@ static int entries_parse(PyObject *entries, EntryList *l) {
     if (as_op(op_o, &e->op) < 0 || as_u64(rem_o, &e->remote) < 0)
       goto fail;
     LocalArg la;
-    if (local_get(loc_o, e->op == FERRY_OP_READ, &la) < 0)
+    if (local_get_with_length(loc_o, e->op == FERRY_OP_READ, len_o, &la, &e->length) < 0)
       goto fail;
-    if (local_length(&la, len_o, &e->length) < 0) {
-      local_release(&la);
-      goto fail;
-    }
     e->local = la.ptr;
     if (la.has_view) {
       Py_buffer *nv = PyMem_Realloc(l->views, (l->nviews + 1) * sizeof *nv);
@@ -561,6 +601,14 @@ static int eng_enter(EngineObject *self) {
 
 static void eng_leave(EngineObject *self) { self->active--; }
 
+/* CALL_WITHOUT_GIL on an engine the caller entered with eng_enter(), which
+ * it then leaves. */
+#define ENGINE_CALL(self, res, call)                                                               \
+  do {                                                                                             \
+    CALL_WITHOUT_GIL(res, call);                                                                   \
+    eng_leave(self);                                                                               \
+  } while (0)
+
 static void batch_unlink(BatchObject *b) {
   EngineObject *e = b->engine;
   if (b->prev)
@@ -611,9 +659,7 @@ static void batch_record(BatchObject *self, int state, ferry_status st, const ch
 static void engine_close_impl(EngineObject *self) {
   if (self->closing) {
     while (self->eng) { /* another thread is closing it */
-      PyThreadState *ts_ = PyEval_SaveThread();
-      sleep_ms(1);
-      PyEval_RestoreThread(ts_);
+      sleep_ms_without_gil(1);
     }
     return;
   }
@@ -621,9 +667,7 @@ static void engine_close_impl(EngineObject *self) {
     return;
   self->closing = 1;
   while (self->active > 0) {
-    PyThreadState *ts_ = PyEval_SaveThread();
-    sleep_ms(1);
-    PyEval_RestoreThread(ts_);
+    sleep_ms_without_gil(1);
   }
   size_t n = 0;
   for (BatchObject *b = self->batches; b; b = b->next)
@@ -804,37 +848,26 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
     cfg.bind_host = bind_host;
   if (advertise_host)
     cfg.advertise_host = advertise_host;
-  uint64_t v;
-  v = cfg.port;
-  if (opt_uint(port, "port", 65535, &v) < 0)
+  /* Numeric options go through uint64_t; each keeps its default unless given. */
+  uint64_t port_v = cfg.port, connections_v = cfg.tcp_connections, workers_v = cfg.workers,
+           timeout_v = cfg.timeout_ms, connect_timeout_v = cfg.connect_timeout_ms,
+           ns_per_mb_v = cfg.timeout_ns_per_mb, slice_v = cfg.slice_size;
+  if (opt_uint(port, "port", 65535, &port_v) < 0 ||
+      parse_transports(transports, &cfg.transports) < 0 ||
+      opt_uint(connections, "connections", UINT32_MAX, &connections_v) < 0 ||
+      opt_uint(workers, "workers", UINT32_MAX, &workers_v) < 0 ||
+      opt_uint(timeout_ms, "timeout_ms", UINT32_MAX, &timeout_v) < 0 ||
+      opt_uint(connect_timeout_ms, "connect_timeout_ms", UINT32_MAX, &connect_timeout_v) < 0 ||
+      opt_uint(timeout_ns_per_mb, "timeout_ns_per_mb", UINT32_MAX, &ns_per_mb_v) < 0 ||
+      opt_uint(slice_size, "slice_size", SIZE_MAX, &slice_v) < 0)
     return -1;
-  cfg.port = (uint16_t)v;
-  if (parse_transports(transports, &cfg.transports) < 0)
-    return -1;
-  v = cfg.tcp_connections;
-  if (opt_uint(connections, "connections", UINT32_MAX, &v) < 0)
-    return -1;
-  cfg.tcp_connections = (unsigned)v;
-  v = cfg.workers;
-  if (opt_uint(workers, "workers", UINT32_MAX, &v) < 0)
-    return -1;
-  cfg.workers = (unsigned)v;
-  v = cfg.timeout_ms;
-  if (opt_uint(timeout_ms, "timeout_ms", UINT32_MAX, &v) < 0)
-    return -1;
-  cfg.timeout_ms = (uint32_t)v;
-  v = cfg.connect_timeout_ms;
-  if (opt_uint(connect_timeout_ms, "connect_timeout_ms", UINT32_MAX, &v) < 0)
-    return -1;
-  cfg.connect_timeout_ms = (uint32_t)v;
-  v = cfg.timeout_ns_per_mb;
-  if (opt_uint(timeout_ns_per_mb, "timeout_ns_per_mb", UINT32_MAX, &v) < 0)
-    return -1;
-  cfg.timeout_ns_per_mb = (uint32_t)v;
-  v = cfg.slice_size;
-  if (opt_uint(slice_size, "slice_size", SIZE_MAX, &v) < 0)
-    return -1;
-  cfg.slice_size = (size_t)v;
+  cfg.port = (uint16_t)port_v;
+  cfg.tcp_connections = (unsigned)connections_v;
+  cfg.workers = (unsigned)workers_v;
+  cfg.timeout_ms = (uint32_t)timeout_v;
+  cfg.connect_timeout_ms = (uint32_t)connect_timeout_v;
+  cfg.timeout_ns_per_mb = (uint32_t)ns_per_mb_v;
+  cfg.slice_size = (size_t)slice_v;
   if (secret)
     cfg.secret = secret;
   if (metadata_url)
@@ -854,15 +887,10 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
   }
 
   ferry_engine *eng = NULL;
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_engine_create(&cfg, &eng);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  if (st != FERRY_OK) {
-    raise_status(st, err);
+  CallResult r;
+  CALL_WITHOUT_GIL(r, ferry_engine_create(&cfg, &eng));
+  if (r.st != FERRY_OK) {
+    raise_result(&r);
     return -1;
   }
   self->held = PyDict_New();
@@ -963,28 +991,18 @@ static PyObject *engine_register(EngineObject *self, PyObject *args, PyObject *k
   if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:register", kwlist, &obj, &length_o))
     return NULL;
   LocalArg la;
-  if (local_get(obj, 0, &la) < 0)
-    return NULL;
   size_t len;
-  if (local_length(&la, length_o, &len) < 0) {
-    local_release(&la);
+  if (local_get_with_length(obj, 0, length_o, &la, &len) < 0)
     return NULL;
-  }
   if (eng_enter(self) < 0) {
     local_release(&la);
     return NULL;
   }
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_memory_register(self->eng, la.ptr, len);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
-  if (st != FERRY_OK) {
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_memory_register(self->eng, la.ptr, len));
+  if (r.st != FERRY_OK) {
     local_release(&la);
-    return raise_status(st, err);
+    return raise_result(&r);
   }
   if (la.has_view) {
     la.has_view = 0;
@@ -1012,16 +1030,10 @@ static PyObject *engine_unregister(EngineObject *self, PyObject *args, PyObject 
   void *addr;
   if (addr_arg(obj, &addr) < 0 || eng_enter(self) < 0)
     return NULL;
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_memory_unregister(self->eng, addr);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
-  if (st != FERRY_OK)
-    return raise_status(st, err);
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_memory_unregister(self->eng, addr));
+  if (r.st != FERRY_OK)
+    return raise_result(&r);
   unhold(self, addr);
   Py_RETURN_NONE;
 }
@@ -1061,27 +1073,18 @@ static PyObject *engine_register_batch(EngineObject *self, PyObject *args, PyObj
     goto out;
   }
   for (; got < n; got++) {
-    if (local_get(PySequence_Fast_GET_ITEM(items, got), 0, &las[got]) < 0)
+    if (local_get_with_length(PySequence_Fast_GET_ITEM(items, got), 0,
+                              lens ? PySequence_Fast_GET_ITEM(lens, got) : Py_None, &las[got],
+                              &lengths[got]) < 0)
       goto out;
-    if (local_length(&las[got], lens ? PySequence_Fast_GET_ITEM(lens, got) : Py_None,
-                     &lengths[got]) < 0) {
-      local_release(&las[got]);
-      goto out;
-    }
     addrs[got] = las[got].ptr;
   }
   if (eng_enter(self) < 0)
     goto out;
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_memory_register_batch(self->eng, addrs, lengths, (size_t)n);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
-  if (st != FERRY_OK) {
-    raise_status(st, err);
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_memory_register_batch(self->eng, addrs, lengths, (size_t)n));
+  if (r.st != FERRY_OK) {
+    raise_result(&r);
     goto out;
   }
   result = PyList_New(n);
@@ -1130,16 +1133,10 @@ static PyObject *engine_unregister_batch(EngineObject *self, PyObject *args, PyO
       goto out;
   if (eng_enter(self) < 0)
     goto out;
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_memory_unregister_batch(self->eng, addrs, (size_t)n);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
-  if (st != FERRY_OK) {
-    raise_status(st, err);
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_memory_unregister_batch(self->eng, addrs, (size_t)n));
+  if (r.st != FERRY_OK) {
+    raise_result(&r);
     goto out;
   }
   for (Py_ssize_t i = 0; i < n; i++)
@@ -1160,16 +1157,10 @@ static PyObject *engine_alloc(EngineObject *self, PyObject *args, PyObject *kwds
       as_size(len_o, &len) < 0 || eng_enter(self) < 0)
     return NULL;
   void *p = NULL;
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_memory_alloc(self->eng, len, &p);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
-  if (st != FERRY_OK)
-    return raise_status(st, err);
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_memory_alloc(self->eng, len, &p));
+  if (r.st != FERRY_OK)
+    return raise_result(&r);
   return PyLong_FromVoidPtr(p);
 }
 
@@ -1180,17 +1171,9 @@ static PyObject *engine_free(EngineObject *self, PyObject *args, PyObject *kwds)
   if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:free", kwlist, &a_o) || as_u64(a_o, &a) < 0 ||
       eng_enter(self) < 0)
     return NULL;
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_memory_free(self->eng, (void *)(uintptr_t)a);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
-  if (st != FERRY_OK)
-    return raise_status(st, err);
-  Py_RETURN_NONE;
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_memory_free(self->eng, (void *)(uintptr_t)a));
+  return none_or_raise(&r);
 }
 
 /* ---- transfers ------------------------------------------------------- */
@@ -1206,25 +1189,17 @@ static PyObject *engine_transfer_one(EngineObject *self, PyObject *args, PyObjec
   if (as_u64(remote_o, &remote) < 0)
     return NULL;
   LocalArg la;
-  if (local_get(local_o, op == FERRY_OP_READ, &la) < 0)
-    return NULL;
   size_t len;
-  if (local_length(&la, len_o, &len) < 0 || eng_enter(self) < 0) {
+  if (local_get_with_length(local_o, op == FERRY_OP_READ, len_o, &la, &len) < 0)
+    return NULL;
+  if (eng_enter(self) < 0) {
     local_release(&la);
     return NULL;
   }
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_transfer_sync(self->eng, target, op, la.ptr, remote, len);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_transfer_sync(self->eng, target, op, la.ptr, remote, len));
   local_release(&la);
-  if (st != FERRY_OK)
-    return raise_status(st, err);
-  Py_RETURN_NONE;
+  return none_or_raise(&r);
 }
 
 static PyObject *engine_write(EngineObject *self, PyObject *args, PyObject *kwds) {
@@ -1235,34 +1210,31 @@ static PyObject *engine_read(EngineObject *self, PyObject *args, PyObject *kwds)
   return engine_transfer_one(self, args, kwds, FERRY_OP_READ, "sOO|O:read");
 }
 
+/* Drops a parsed request that will not be (or no longer needs to be) kept. */
+static void request_release(EntryList *l, NotifyArg *na) {
+  entries_release(l);
+  notify_release(na);
+}
+
 /* Runs a parsed entry list synchronously; consumes l and na. */
 static PyObject *run_sync(EngineObject *self, const char *target, EntryList *l, NotifyArg *na) {
   if (eng_enter(self) < 0) {
-    entries_release(l);
-    notify_release(na);
+    request_release(l, na);
     return NULL;
   }
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_transfer_sync_batch(self->eng, target, l->e, l->n, na->present ? &na->n : NULL);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
-  entries_release(l);
-  notify_release(na);
-  if (st != FERRY_OK)
-    return raise_status(st, err);
-  Py_RETURN_NONE;
+  CallResult r;
+  ENGINE_CALL(
+      self, r,
+      ferry_transfer_sync_batch(self->eng, target, l->e, l->n, na->present ? &na->n : NULL));
+  request_release(l, na);
+  return none_or_raise(&r);
 }
 
 /* Submits a parsed entry list; the Batch takes l's views and na. */
 static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l, NotifyArg *na) {
   BatchObject *b = PyObject_New(BatchObject, &BatchType);
   if (!b) {
-    entries_release(l);
-    notify_release(na);
+    request_release(l, na);
     return NULL;
   }
   b->engine = NULL;
@@ -1275,28 +1247,21 @@ static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l
   b->detail = NULL;
   b->prev = b->next = NULL;
   if (eng_enter(self) < 0) {
-    entries_release(l);
-    notify_release(na);
+    request_release(l, na);
     Py_DECREF(b);
     return NULL;
   }
   ferry_batch *fb = NULL;
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_batch_submit(self->eng, target, l->e, l->n, na->present ? &na->n : NULL, &fb);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
+  CallResult r;
+  ENGINE_CALL(self, r,
+              ferry_batch_submit(self->eng, target, l->e, l->n, na->present ? &na->n : NULL, &fb));
   /* The library copied the entries; keep only the buffer views. */
   PyMem_Free(l->e);
   l->e = NULL;
-  if (st != FERRY_OK) {
-    entries_release(l);
-    notify_release(na);
+  if (r.st != FERRY_OK) {
+    request_release(l, na);
     Py_DECREF(b);
-    return raise_status(st, err);
+    return raise_result(&r);
   }
   b->b = fb;
   b->entries = *l;
@@ -1312,87 +1277,76 @@ static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l
   return (PyObject *)b;
 }
 
-static PyObject *engine_transfer_batch(EngineObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"target", "entries", "notify", NULL};
+/* How transfer_batch(), submit() and their *_arrays forms take entries and
+ * what they do with them. */
+enum { ENTRY_TUPLES, PARALLEL_ARRAYS };
+enum { RUN_NOW, SUBMIT_BATCH };
+
+/* Parses (target, entries | op + three integer sequences, notify), then runs
+ * the transfer synchronously or submits it as a Batch. */
+static PyObject *engine_request(EngineObject *self, PyObject *args, PyObject *kwds, const char *fmt,
+                                int form, int mode) {
+  static char *tuples_kwlist[] = {"target", "entries", "notify", NULL};
+  static char *arrays_kwlist[] = {"target",  "op",     "local_addrs", "remote_addrs",
+                                  "lengths", "notify", NULL};
   const char *target;
-  PyObject *entries, *notify = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|O:transfer_batch", kwlist, &target, &entries,
-                                   &notify))
+  PyObject *entries = NULL, *op = NULL, *locals = NULL, *remotes = NULL, *lengths = NULL;
+  PyObject *notify = Py_None;
+  int ok =
+      form == PARALLEL_ARRAYS
+          ? PyArg_ParseTupleAndKeywords(args, kwds, fmt, arrays_kwlist, &target, &op, &locals,
+                                        &remotes, &lengths, &notify)
+          : PyArg_ParseTupleAndKeywords(args, kwds, fmt, tuples_kwlist, &target, &entries, &notify);
+  if (!ok)
     return NULL;
   NotifyArg na;
   if (notify_get(notify, &na) < 0)
     return NULL;
   EntryList l;
-  if (entries_parse(entries, &l) < 0) {
+  int parsed = form == PARALLEL_ARRAYS ? arrays_parse(op, locals, remotes, lengths, &l)
+                                       : entries_parse(entries, &l);
+  if (parsed < 0) {
     notify_release(&na);
     return NULL;
   }
-  return run_sync(self, target, &l, &na);
+  return mode == SUBMIT_BATCH ? run_submit(self, target, &l, &na) : run_sync(self, target, &l, &na);
+}
+
+static PyObject *engine_transfer_batch(EngineObject *self, PyObject *args, PyObject *kwds) {
+  return engine_request(self, args, kwds, "sO|O:transfer_batch", ENTRY_TUPLES, RUN_NOW);
 }
 
 static PyObject *engine_submit(EngineObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"target", "entries", "notify", NULL};
-  const char *target;
-  PyObject *entries, *notify = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO|O:submit", kwlist, &target, &entries, &notify))
-    return NULL;
-  NotifyArg na;
-  if (notify_get(notify, &na) < 0)
-    return NULL;
-  EntryList l;
-  if (entries_parse(entries, &l) < 0) {
-    notify_release(&na);
-    return NULL;
-  }
-  return run_submit(self, target, &l, &na);
-}
-
-static PyObject *engine_arrays(EngineObject *self, PyObject *args, PyObject *kwds, int submit) {
-  static char *kwlist[] = {"target",  "op",     "local_addrs", "remote_addrs",
-                           "lengths", "notify", NULL};
-  const char *target;
-  PyObject *op, *locals, *remotes, *lengths, *notify = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds,
-                                   submit ? "sOOOO|O:submit_arrays" : "sOOOO|O:transfer_arrays",
-                                   kwlist, &target, &op, &locals, &remotes, &lengths, &notify))
-    return NULL;
-  NotifyArg na;
-  if (notify_get(notify, &na) < 0)
-    return NULL;
-  EntryList l;
-  if (arrays_parse(op, locals, remotes, lengths, &l) < 0) {
-    notify_release(&na);
-    return NULL;
-  }
-  return submit ? run_submit(self, target, &l, &na) : run_sync(self, target, &l, &na);
+  return engine_request(self, args, kwds, "sO|O:submit", ENTRY_TUPLES, SUBMIT_BATCH);
 }
 
 static PyObject *engine_transfer_arrays(EngineObject *self, PyObject *args, PyObject *kwds) {
-  return engine_arrays(self, args, kwds, 0);
+  return engine_request(self, args, kwds, "sOOOO|O:transfer_arrays", PARALLEL_ARRAYS, RUN_NOW);
 }
 
 static PyObject *engine_submit_arrays(EngineObject *self, PyObject *args, PyObject *kwds) {
-  return engine_arrays(self, args, kwds, 1);
+  return engine_request(self, args, kwds, "sOOOO|O:submit_arrays", PARALLEL_ARRAYS, SUBMIT_BATCH);
 }
 
 /* ---- peers and notifications ------------------------------------------ */
 
-static PyObject *engine_probe(EngineObject *self, PyObject *args, PyObject *kwds) {
+/* Parses the lone `target` argument of probe() and peer_*(), then enters
+ * the engine. */
+static int target_arg_enter(EngineObject *self, PyObject *args, PyObject *kwds, const char *fmt,
+                            const char **target) {
   static char *kwlist[] = {"target", NULL};
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, target))
+    return -1;
+  return eng_enter(self);
+}
+
+static PyObject *engine_probe(EngineObject *self, PyObject *args, PyObject *kwds) {
   const char *target;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "s:probe", kwlist, &target) || eng_enter(self) < 0)
+  if (target_arg_enter(self, args, kwds, "s:probe", &target) < 0)
     return NULL;
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_probe(self->eng, target);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
-  if (st != FERRY_OK)
-    return raise_status(st, err);
-  Py_RETURN_NONE;
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_probe(self->eng, target));
+  return none_or_raise(&r);
 }
 
 static PyObject *engine_notify(EngineObject *self, PyObject *args, PyObject *kwds) {
@@ -1418,19 +1372,11 @@ static PyObject *engine_notify(EngineObject *self, PyObject *args, PyObject *kwd
   const char *np = PyBytes_AS_STRING(name);
   const char *dp = PyBytes_AS_STRING(data);
   size_t dl = (size_t)PyBytes_GET_SIZE(data);
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_notify_send(self->eng, target, np, dp, dl);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_notify_send(self->eng, target, np, dp, dl));
   Py_DECREF(name);
   Py_DECREF(data);
-  if (st != FERRY_OK)
-    return raise_status(st, err);
-  Py_RETURN_NONE;
+  return none_or_raise(&r);
 }
 
 static PyObject *engine_drain(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
@@ -1438,16 +1384,10 @@ static PyObject *engine_drain(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
     return NULL;
   ferry_notification *list = NULL;
   size_t count = 0;
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_notify_drain(self->eng, &list, &count);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
-  if (st != FERRY_OK)
-    return raise_status(st, err);
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_notify_drain(self->eng, &list, &count));
+  if (r.st != FERRY_OK)
+    return raise_result(&r);
   PyObject *result = PyList_New((Py_ssize_t)count);
   for (size_t i = 0; result && i < count; i++) {
     const char *nm = list[i].name ? list[i].name : "";
@@ -1467,23 +1407,15 @@ static PyObject *engine_drain(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
 }
 
 static PyObject *engine_peer_regions(EngineObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"target", NULL};
   const char *target;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "s:peer_regions", kwlist, &target) ||
-      eng_enter(self) < 0)
+  if (target_arg_enter(self, args, kwds, "s:peer_regions", &target) < 0)
     return NULL;
   ferry_region *regions = NULL;
   size_t count = 0;
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_peer_regions(self->eng, target, &regions, &count);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
-  if (st != FERRY_OK)
-    return raise_status(st, err);
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_peer_regions(self->eng, target, &regions, &count));
+  if (r.st != FERRY_OK)
+    return raise_result(&r);
   PyObject *result = PyList_New((Py_ssize_t)count);
   for (size_t i = 0; result && i < count; i++) {
     PyObject *t = Py_BuildValue("(KK)", (unsigned long long)regions[i].addr,
@@ -1498,22 +1430,14 @@ static PyObject *engine_peer_regions(EngineObject *self, PyObject *args, PyObjec
 }
 
 static PyObject *engine_peer_transport(EngineObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"target", NULL};
   const char *target;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "s:peer_transport", kwlist, &target) ||
-      eng_enter(self) < 0)
+  if (target_arg_enter(self, args, kwds, "s:peer_transport", &target) < 0)
     return NULL;
   unsigned t = 0;
-  ferry_status st;
-  char err[ERRBUF_SIZE];
-  PyThreadState *ts_ = PyEval_SaveThread();
-  st = ferry_peer_transport(self->eng, target, &t);
-  if (st != FERRY_OK)
-    capture_error(err);
-  PyEval_RestoreThread(ts_);
-  eng_leave(self);
-  if (st != FERRY_OK)
-    return raise_status(st, err);
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_peer_transport(self->eng, target, &t));
+  if (r.st != FERRY_OK)
+    return raise_result(&r);
   return PyLong_FromUnsignedLong(t);
 }
 
@@ -1699,9 +1623,7 @@ static PyObject *batch_wait(BatchObject *self, PyObject *args, PyObject *kwds) {
  * and drops the memory it held; its final state stays readable. */
 static void batch_free_impl(BatchObject *self) {
   while (self->b && self->busy > 0) {
-    PyThreadState *ts_ = PyEval_SaveThread();
-    sleep_ms(1);
-    PyEval_RestoreThread(ts_);
+    sleep_ms_without_gil(1);
   }
   if (self->b) {
     ferry_batch *fb = self->b;

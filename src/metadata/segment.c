@@ -83,6 +83,18 @@ static ferry_status parse_object(const char *key, const char *text, json_t **out
   return FERRY_OK;
 }
 
+/* Gets key (get_key) and parses its value as a JSON object (parse_object). */
+static ferry_status get_object(ferry_metadata *md, const char *key, const char *name,
+                               json_t **out) {
+  char *text = NULL;
+  ferry_status st = get_key(md, key, name, &text);
+  if (st != FERRY_OK)
+    return st;
+  st = parse_object(key, text, out);
+  free(text);
+  return st;
+}
+
 static ferry_status bad_field(const char *key, const char *field, const char *want) {
   return ferry_fail(FERRY_EJSON, "metadata key %s: field \"%s\" missing or not %s", key, field,
                     want);
@@ -191,13 +203,8 @@ ferry_status ferry_segment_lookup(ferry_metadata *md, const char *name, char *ho
   if (!host || !host_size || !port)
     return ferry_fail(FERRY_EINVAL, "segment \"%s\" lookup: NULL output", name);
 
-  char *text = NULL;
   json_t *root = NULL;
-  if ((st = get_key(md, key, name, &text)) != FERRY_OK)
-    return st;
-  st = parse_object(key, text, &root);
-  free(text);
-  if (st != FERRY_OK)
+  if ((st = get_object(md, key, name, &root)) != FERRY_OK)
     return st;
 
   json_t *h = json_object_get(root, "ip_or_host_name");
@@ -250,13 +257,8 @@ ferry_status ferry_segment_lookup_regions(ferry_metadata *md, const char *name,
   *regions = NULL;
   *count = 0;
 
-  char *text = NULL;
   json_t *root = NULL;
-  if ((st = get_key(md, key, name, &text)) != FERRY_OK)
-    return st;
-  st = parse_object(key, text, &root);
-  free(text);
-  if (st != FERRY_OK)
+  if ((st = get_object(md, key, name, &root)) != FERRY_OK)
     return st;
 
   json_t *buffers = json_object_get(root, "buffers");

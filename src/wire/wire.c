@@ -172,22 +172,26 @@ static ferry_status check_write(const ferry_frame_header *h) {
   return FERRY_OK;
 }
 
+/* A body that is exactly h->count table entries (`what`: segments or regions). */
+static ferry_status check_table_body(const ferry_frame_header *h, const char *what) {
+  uint64_t table = (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE;
+  if (h->body_len != table)
+    return bad_frame(h, "body of %" PRIu64 " bytes does not match %" PRIu32 " %s", h->body_len,
+                     h->count, what);
+  return FERRY_OK;
+}
+
 static ferry_status check_read(const ferry_frame_header *h) {
   ferry_status st = check_segment_count(h);
   if (st != FERRY_OK)
     return st;
-  uint64_t table = (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE;
-  if (h->body_len != table)
-    return bad_frame(h, "body of %" PRIu64 " bytes does not match %" PRIu32 " segments",
-                     h->body_len, h->count);
-  return FERRY_OK;
+  return check_table_body(h, "segments");
 }
 
 static ferry_status check_regions_reply(const ferry_frame_header *h) {
-  uint64_t table = (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE;
-  if (h->body_len != table)
-    return bad_frame(h, "body of %" PRIu64 " bytes does not match %" PRIu32 " regions", h->body_len,
-                     h->count);
+  ferry_status st = check_table_body(h, "regions");
+  if (st != FERRY_OK)
+    return st;
   return check_body_range(h, 0, FERRY_WIRE_MAX_CONTROL_BODY);
 }
 

@@ -52,10 +52,16 @@ int fault_netns_available(char *why, size_t why_size);
 /* nhosts namespaces (isolated = 1), or loopback mode (isolated = 0: every
  * host is 127.0.0.1). NULL with why filled when isolated mode fails. */
 fault_net *fault_net_create(int nhosts, int isolated, char *why, size_t why_size);
+/* A test's hosts: namespaces where they can be used, else loopback mode
+ * (a note on stdout says why). NULL, with the reason on stderr, on failure. */
+fault_net *fault_net_open(int nhosts);
 /* Removes every namespace, link and emulator of the net (idempotent). The
  * calling thread is moved back to the namespace it started in. */
 void fault_net_destroy(fault_net *net);
 int fault_net_isolated(const fault_net *net);
+/* port in isolated mode; 0 (any free port) in loopback mode, where a fixed
+ * port could be taken by something else on the machine. */
+uint16_t fault_port(const fault_net *net, uint16_t port);
 /* Joins hosts a and b; returns the link id (>= 0) or -1. */
 int fault_net_link(fault_net *net, int a, int b, fault_link_kind kind);
 /* Address of side 0 (host a) or side 1 (host b) of a link. */

@@ -33,6 +33,7 @@
 
 #include "fault.h"
 #include "fault_emu.h"
+#include "harness.h"
 
 #define NETNS_DIR "/var/run/netns"
 #define NS_PREFIX "ferryt-"
@@ -40,11 +41,7 @@
 
 /* ---- time and helpers ------------------------------------------------------------ */
 
-double fault_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
+double fault_now(void) { return test_now_s(); }
 
 void fault_sleep_ms(unsigned ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -333,7 +330,20 @@ fault_net *fault_net_create(int nhosts, int isolated, char *why, size_t why_size
   return n;
 }
 
+fault_net *fault_net_open(int nhosts) {
+  char why[512] = "";
+  int isolated = fault_netns_available(why, sizeof why);
+  if (!isolated)
+    printf("note: running on 127.0.0.1 without namespaces: %s\n", why);
+  fault_net *net = fault_net_create(nhosts, isolated, why, sizeof why);
+  if (!net)
+    fprintf(stderr, "cannot create test hosts: %s\n", why);
+  return net;
+}
+
 int fault_net_isolated(const fault_net *n) { return n->isolated; }
+
+uint16_t fault_port(const fault_net *n, uint16_t port) { return n->isolated ? port : 0; }
 
 const char *fault_host_ns(const fault_net *n, int host) {
   return host >= 0 && host < n->nhosts ? n->ns[host] : "";
@@ -526,50 +536,14 @@ void fault_link_counters(const fault_net *n, int link, uint64_t *forwarded, uint
 /* ---- ferry serve processes --------------------------------------------------------------------
  */
 
-static const char *tool_path(void) {
-  const char *tool = getenv("FERRY_TOOL");
-  return tool && *tool ? tool : "./ferry";
-}
-
-static int read_line(int fd, char *line, size_t size, int timeout_ms) {
-  size_t used = 0;
-  double deadline = fault_now() + timeout_ms / 1000.0;
-  while (used + 1 < size) {
-    int left = (int)((deadline - fault_now()) * 1000);
-    struct pollfd p = {fd, POLLIN, 0};
-    if (left <= 0 || poll(&p, 1, left) <= 0)
-      return -1;
-    ssize_t n = read(fd, line + used, 1);
-    if (n <= 0)
-      return -1;
-    if (line[used] == '\n')
-      break;
-    used++;
-  }
-  line[used] = 0;
-  return 0;
-}
-
-static int wait_exit(pid_t pid, int timeout_ms, int *status) {
-  for (int waited = 0; waited <= timeout_ms; waited += 5) {
-    pid_t r = waitpid(pid, status, WNOHANG);
-    if (r == pid)
-      return 0;
-    if (r < 0)
-      return -1;
-    fault_sleep_ms(5);
-  }
-  return -2;
-}
-
 static int spawn_serve(fault_proc *p) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) < 0)
     return -1;
   char port_s[16];
   snprintf(port_s, sizeof port_s, "%u", p->port);
-  const char *argv[24] = {tool_path(), "serve", "--host", p->bind,
-                          "--port",    port_s,  "--size", p->size_arg};
+  const char *argv[24] = {test_tool_path(), "serve", "--host", p->bind,
+                          "--port",         port_s,  "--size", p->size_arg};
   int argc = 8;
   for (int i = 0; i < 7 && p->extra[i]; i++)
     argv[argc++] = p->extra[i];
@@ -613,7 +587,7 @@ static int spawn_serve(fault_proc *p) {
   p->pid = pid;
   track_pid(pid);
   char line[512];
-  int rc = read_line(fds[0], line, sizeof line, 20000);
+  int rc = test_read_line(fds[0], line, sizeof line, 20000);
   close(fds[0]);
   unsigned long long addr, size;
   if (rc == 0 &&
@@ -666,10 +640,7 @@ int fault_serve_restart(fault_proc *p) {
 void fault_proc_kill(fault_proc *p) {
   if (p->pid <= 0)
     return;
-  kill(p->pid, SIGCONT);
-  kill(p->pid, SIGKILL);
-  int status;
-  wait_exit(p->pid, 10000, &status);
+  test_kill_and_reap(p->pid, 10000);
   untrack_pid(p->pid);
   p->pid = 0;
 }
@@ -680,9 +651,9 @@ int fault_proc_term(fault_proc *p) {
   kill(p->pid, SIGCONT);
   kill(p->pid, SIGTERM);
   int status = -1;
-  if (wait_exit(p->pid, 10000, &status) != 0) {
+  if (test_wait_exit(p->pid, 10000, &status) != 0) {
     kill(p->pid, SIGKILL);
-    wait_exit(p->pid, 10000, &status);
+    test_wait_exit(p->pid, 10000, &status);
     status = -1;
   }
   untrack_pid(p->pid);

@@ -21,6 +21,38 @@
 #include "core/engine.h"
 #include "fault.h"
 
+/* ---- whole-buffer socket I/O ------------------------------------------------------ */
+
+/* Receives exactly len bytes: 0, 1 on a clean end of stream, -1 on error. */
+static int recv_full(int fd, void *buf, size_t len) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = recv(fd, p, len, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return n == 0 ? 1 : -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* Sends all len bytes: 0 or -1. */
+static int send_full(int fd, const void *buf, size_t len) {
+  const uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
 /* ---- raw client ----------------------------------------------------------------- */
 
 static int split_target(const char *target, char *host, size_t host_size, char *port,
@@ -72,19 +104,7 @@ void fault_raw_close(fault_raw *r) {
   r->fd = -1;
 }
 
-int fault_raw_send(fault_raw *r, const void *buf, size_t len) {
-  const uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t n = send(r->fd, p, len, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return -1;
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
+int fault_raw_send(fault_raw *r, const void *buf, size_t len) { return send_full(r->fd, buf, len); }
 
 int fault_raw_send_frame(fault_raw *r, const ferry_frame_header *h, const void *body) {
   uint8_t raw[FERRY_WIRE_HEADER_SIZE];
@@ -94,19 +114,7 @@ int fault_raw_send_frame(fault_raw *r, const ferry_frame_header *h, const void *
   return body && h->body_len ? fault_raw_send(r, body, (size_t)h->body_len) : 0;
 }
 
-int fault_raw_recv(fault_raw *r, void *buf, size_t len) {
-  uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t n = recv(r->fd, p, len, 0);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return n == 0 ? 1 : -1; /* 1: clean EOF */
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
+int fault_raw_recv(fault_raw *r, void *buf, size_t len) { return recv_full(r->fd, buf, len); }
 
 ferry_status fault_raw_recv_header(fault_raw *r, ferry_frame_header *h, int *eof) {
   uint8_t raw[FERRY_WIRE_HEADER_SIZE];
@@ -130,6 +138,18 @@ static ferry_status take_refusal(fault_raw *r, const ferry_frame_header *h) {
   return (ferry_status)h->status;
 }
 
+/* Receives the reply to the request with id: FERRY_EPROTO unless it is a
+ * `type` frame answering that id, the peer's status (its reason read) if it
+ * refused, else FERRY_OK with the reply's header in *h. */
+static ferry_status recv_reply(fault_raw *r, uint8_t type, uint64_t id, ferry_frame_header *h) {
+  ferry_status st = fault_raw_recv_header(r, h, NULL);
+  if (st)
+    return st;
+  if (h->type != type || h->id != id)
+    return FERRY_EPROTO;
+  return h->status ? take_refusal(r, h) : FERRY_OK;
+}
+
 ferry_status fault_raw_handshake(fault_raw *r, const char *secret) {
   ferry_hello hello;
   memset(&hello, 0, sizeof hello);
@@ -144,13 +164,10 @@ ferry_status fault_raw_handshake(fault_raw *r, const char *secret) {
   h.body_len = ferry_wire_hello_encode(body, &hello);
   if (fault_raw_send_frame(r, &h, body) != 0)
     return FERRY_ESOCKET;
-  ferry_status st = fault_raw_recv_header(r, &h, NULL);
+  /* Handshake frames carry id 0, and so do their replies. */
+  ferry_status st = recv_reply(r, FERRY_FRAME_HELLO_REPLY, 0, &h);
   if (st)
     return st;
-  if (h.type != FERRY_FRAME_HELLO_REPLY)
-    return FERRY_EPROTO;
-  if (h.status)
-    return take_refusal(r, &h);
   if (fault_raw_recv(r, body, (size_t)h.body_len) != 0)
     return FERRY_ESOCKET;
   st = ferry_wire_hello_reply_decode(body, (size_t)h.body_len, &r->info);
@@ -161,13 +178,9 @@ ferry_status fault_raw_handshake(fault_raw *r, const char *secret) {
   ferry_frame_header ah = {.type = FERRY_FRAME_AUTH, .body_len = sizeof proof};
   if (fault_raw_send_frame(r, &ah, proof) != 0)
     return FERRY_ESOCKET;
-  st = fault_raw_recv_header(r, &h, NULL);
+  st = recv_reply(r, FERRY_FRAME_AUTH_REPLY, 0, &h);
   if (st)
     return st;
-  if (h.type != FERRY_FRAME_AUTH_REPLY)
-    return FERRY_EPROTO;
-  if (h.status)
-    return take_refusal(r, &h);
   /* the target's proof of the secret */
   return fault_raw_recv(r, proof, sizeof proof) == 0 ? FERRY_OK : FERRY_ESOCKET;
 }
@@ -206,12 +219,7 @@ ferry_status fault_raw_write(fault_raw *r, uint64_t remote, const void *data, si
       fault_raw_send(r, data, len) || (crc && fault_raw_send(r, trailer, 4)))
     return FERRY_ESOCKET;
   ferry_frame_header ack;
-  ferry_status st = fault_raw_recv_header(r, &ack, NULL);
-  if (st)
-    return st;
-  if (ack.type != FERRY_FRAME_WRITE_ACK || ack.id != h.id)
-    return FERRY_EPROTO;
-  return ack.status ? take_refusal(r, &ack) : FERRY_OK;
+  return recv_reply(r, FERRY_FRAME_WRITE_ACK, h.id, &ack);
 }
 
 ferry_status fault_raw_read(fault_raw *r, uint64_t remote, void *data, size_t len, int checksum) {
@@ -226,13 +234,9 @@ ferry_status fault_raw_read(fault_raw *r, uint64_t remote, void *data, size_t le
   if (fault_raw_send_frame(r, &h, table) != 0)
     return FERRY_ESOCKET;
   ferry_frame_header rep;
-  ferry_status st = fault_raw_recv_header(r, &rep, NULL);
+  ferry_status st = recv_reply(r, FERRY_FRAME_READ_REPLY, h.id, &rep);
   if (st)
     return st;
-  if (rep.type != FERRY_FRAME_READ_REPLY || rep.id != h.id)
-    return FERRY_EPROTO;
-  if (rep.status)
-    return take_refusal(r, &rep);
   if (rep.body_len != len + (checksum ? 4 : 0) || fault_raw_recv(r, data, len) != 0)
     return FERRY_EPROTO;
   if (!checksum)
@@ -277,45 +281,17 @@ static int take_armed(int *counter) {
   return 0;
 }
 
-static int read_full(int fd, void *buf, size_t len) {
-  uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t n = recv(fd, p, len, 0);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return -1;
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
-static int write_full(int fd, const void *buf, size_t len) {
-  const uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return -1;
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
 /* Forwards len bytes, flipping the byte at offset flip (if < len). */
 static int forward(int from, int to, uint64_t len, uint64_t flip) {
   uint8_t buf[65536];
   uint64_t pos = 0;
   while (pos < len) {
     size_t chunk = len - pos < sizeof buf ? (size_t)(len - pos) : sizeof buf;
-    if (read_full(from, buf, chunk) != 0)
+    if (recv_full(from, buf, chunk) != 0)
       return -1;
     if (flip >= pos && flip < pos + chunk)
       buf[flip - pos] ^= 0x01;
-    if (write_full(to, buf, chunk) != 0)
+    if (send_full(to, buf, chunk) != 0)
       return -1;
     pos += chunk;
   }
@@ -329,7 +305,7 @@ static void pass_raw(int from, int to) {
     ssize_t n = recv(from, buf, sizeof buf, 0);
     if (n < 0 && errno == EINTR)
       continue;
-    if (n <= 0 || write_full(to, buf, (size_t)n) != 0)
+    if (n <= 0 || send_full(to, buf, (size_t)n) != 0)
       return;
   }
 }
@@ -339,12 +315,12 @@ static void *pump_loop(void *arg) {
   struct fault_proxy *px = pp->proxy;
   for (;;) {
     uint8_t raw[FERRY_WIRE_HEADER_SIZE];
-    if (read_full(pp->from, raw, sizeof raw) != 0)
+    if (recv_full(pp->from, raw, sizeof raw) != 0)
       break;
     ferry_frame_header h;
     if (ferry_wire_header_decode(raw, &h) != FERRY_OK) {
       /* Not ours to judge: pass it on and leave the rest raw. */
-      if (write_full(pp->to, raw, sizeof raw) == 0)
+      if (send_full(pp->to, raw, sizeof raw) == 0)
         pass_raw(pp->from, pp->to);
       break;
     }
@@ -366,7 +342,7 @@ static void *pump_loop(void *arg) {
     }
     if (flip != UINT64_MAX)
       __atomic_add_fetch(&px->corrupted, 1, __ATOMIC_RELAXED);
-    if (write_full(pp->to, raw, sizeof raw) != 0 || forward(pp->from, pp->to, h.body_len, flip))
+    if (send_full(pp->to, raw, sizeof raw) != 0 || forward(pp->from, pp->to, h.body_len, flip))
       break;
   }
   shutdown(pp->to, SHUT_WR);

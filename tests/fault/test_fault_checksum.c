@@ -32,16 +32,12 @@ typedef struct env {
 static env E;
 
 static int setup(void **state) {
-  char why[512] = "";
-  int isolated = fault_netns_available(why, sizeof why);
-  if (!isolated)
-    printf("note: running on 127.0.0.1 without namespaces: %s\n", why);
-  E.net = fault_net_create(2, isolated, why, sizeof why);
+  E.net = fault_net_open(2);
   if (!E.net)
     return -1;
   E.link = fault_net_link(E.net, 0, 1, FAULT_LINK_VETH);
   if (E.link < 0 || fault_serve_start(&E.target, E.net, 1, fault_link_addr(E.net, E.link, 1),
-                                      isolated ? PORT : 0, "64M", NULL, 0))
+                                      fault_port(E.net, PORT), "64M", NULL, 0))
     return -1;
   /* The proxy's threads and sockets live in host a, like the engines. */
   if (fault_net_enter(E.net, 0) != 0)

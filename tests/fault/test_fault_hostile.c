@@ -68,20 +68,16 @@ static void *honest_loop(void *arg) {
 }
 
 static int setup(void **state) {
-  char why[512] = "";
-  int isolated = fault_netns_available(why, sizeof why);
-  if (!isolated)
-    printf("note: running on 127.0.0.1 without namespaces: %s\n", why);
-  E.net = fault_net_create(2, isolated, why, sizeof why);
+  E.net = fault_net_open(2);
   if (!E.net)
     return -1;
   E.link = fault_net_link(E.net, 0, 1, FAULT_LINK_VETH);
   const char *addr_b = fault_link_addr(E.net, E.link, 1);
   static const char *const secret_args[] = {"--secret", SECRET, NULL};
   if (E.link < 0 ||
-      fault_serve_start(&E.open, E.net, 1, addr_b, isolated ? PORT_OPEN : 0, "64M", NULL, 0) ||
-      fault_serve_start(&E.locked, E.net, 1, addr_b, isolated ? PORT_SECRET : 0, "64M", secret_args,
-                        0))
+      fault_serve_start(&E.open, E.net, 1, addr_b, fault_port(E.net, PORT_OPEN), "64M", NULL, 0) ||
+      fault_serve_start(&E.locked, E.net, 1, addr_b, fault_port(E.net, PORT_SECRET), "64M",
+                        secret_args, 0))
     return -1;
   if (fault_net_enter(E.net, 0) != 0)
     return -1;

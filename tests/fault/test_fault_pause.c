@@ -36,16 +36,12 @@ typedef struct env {
 static env E;
 
 static int setup(void **state) {
-  char why[512] = "";
-  int isolated = fault_netns_available(why, sizeof why);
-  if (!isolated)
-    printf("note: running on 127.0.0.1 without namespaces: %s\n", why);
-  E.net = fault_net_create(3, isolated, why, sizeof why);
+  E.net = fault_net_open(3);
   if (!E.net)
     return -1;
   E.link_b = fault_net_link(E.net, 0, 1, FAULT_LINK_VETH);
   E.link_c = fault_net_link(E.net, 0, 2, FAULT_LINK_VETH);
-  uint16_t pb = isolated ? PORT_B : 0, pc = isolated ? PORT_C : 0;
+  uint16_t pb = fault_port(E.net, PORT_B), pc = fault_port(E.net, PORT_C);
   if (E.link_b < 0 || E.link_c < 0 ||
       fault_serve_start(&E.b, E.net, 1, fault_link_addr(E.net, E.link_b, 1), pb, "64M", NULL, 0) ||
       fault_serve_start(&E.c, E.net, 2, fault_link_addr(E.net, E.link_c, 1), pc, "64M", NULL, 0))

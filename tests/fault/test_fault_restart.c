@@ -45,15 +45,9 @@ static int rounds(int fallback) {
 
 static int setup(void **state) {
   static env e;
-  char why[512] = "";
-  int isolated = fault_netns_available(why, sizeof why);
-  if (!isolated)
-    printf("note: running on 127.0.0.1 without namespaces: %s\n", why);
-  e.net = fault_net_create(2, isolated, why, sizeof why);
-  if (!e.net) {
-    fprintf(stderr, "cannot create test hosts: %s\n", why);
+  e.net = fault_net_open(2);
+  if (!e.net)
     return -1;
-  }
   int link = fault_net_link(e.net, 0, 1, FAULT_LINK_VETH);
   if (link < 0)
     return -1;
@@ -76,7 +70,7 @@ typedef struct stats {
 
 static void kill_restart_rounds(env *e, int fixed_layout, int count, stats *s) {
   fault_proc target;
-  uint16_t port = fault_net_isolated(e->net) ? TARGET_PORT : 0;
+  uint16_t port = fault_port(e->net, TARGET_PORT);
   assert_int_equal(
       fault_serve_start(&target, e->net, 1, e->addr_b, port, "32M", NULL, fixed_layout), 0);
   assert_int_equal(fault_net_enter(e->net, 0), 0);

@@ -28,12 +28,6 @@
 #define TARGET_SIZE (512 * MiB)
 #define MAX_TRANSFER (256 * MiB)
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static ferry_engine *engine_with(unsigned transports, const char *secret) {
   ferry_config cfg;
   ferry_config_init(&cfg);
@@ -101,7 +95,7 @@ static void random_round_trips(const char *const *serve_args, const char *kind) 
   assert_int_equal(transport_to(c.shm, t.target), FERRY_TRANSPORT_SHM);
   assert_int_equal(transport_to(c.tcp, t.target), FERRY_TRANSPORT_TCP);
   uint64_t rng = 0x5eed0000u + (uint64_t)kind[0], bytes = 0;
-  double t0 = now_s();
+  double t0 = test_now_s();
   round_trip(&c, 0, 1, 1);
   round_trip(&c, TARGET_SIZE - MAX_TRANSFER, MAX_TRANSFER, 2);
   for (int i = 0; i < 16; i++) {
@@ -111,7 +105,7 @@ static void random_round_trips(const char *const *serve_args, const char *kind) 
     bytes += size;
   }
   print_message("%s: 18 round trips (%.0f MiB random) verified in %.2f s\n", kind,
-                (double)bytes / MiB, now_s() - t0);
+                (double)bytes / MiB, test_now_s() - t0);
   ferry_engine_destroy(c.shm);
   ferry_engine_destroy(c.tcp);
   free(c.out);
@@ -138,10 +132,7 @@ static void shm_is_chosen_on_the_same_host(void **state) {
   ferry_engine *e = engine_with(0, "s3cret");
   uint8_t *buf = test_buffer(e, MiB), *back = test_buffer(e, MiB);
   assert_int_equal(transport_to(e, t.target), FERRY_TRANSPORT_SHM);
-  test_fill_random(buf, MiB, 7);
-  assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr, MiB), FERRY_OK);
-  assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_READ, back, t.addr, MiB), FERRY_OK);
-  assert_memory_equal(buf, back, MiB);
+  test_round_trip(e, t.target, buf, back, t.addr, MiB, 7);
   ferry_engine_destroy(e);
   free(buf);
   free(back);
@@ -271,13 +262,7 @@ static void peer_restart_reconnects(void **state) {
   uint8_t *buf = test_buffer(e, MiB), *back = test_buffer(e, MiB);
   assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr, MiB), FERRY_OK);
   test_target_kill(&t);
-  int started = -1;
-  for (int attempt = 0; attempt < 50 && started != 0; attempt++) {
-    started = test_target_start(&t, port, 16 * MiB, NULL);
-    if (started != 0)
-      usleep(100 * 1000); /* the port may linger for a moment */
-  }
-  assert_int_equal(started, 0);
+  assert_int_equal(test_target_restart(&t, port, 16 * MiB), 0);
   test_fill_random(buf, MiB, 61);
   ferry_status st = ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr, MiB);
   if (st != FERRY_OK) {
@@ -388,11 +373,11 @@ static void in_flight_write_and_unregister(int allocated) {
   ferry_batch *b;
   assert_int_equal(ferry_batch_submit(p.initiator, p.name, &entry, 1, NULL, &b), FERRY_OK);
   volatile uint8_t *first = p.remote, *middle = p.remote + p.size / 2;
-  double t0 = now_s();
-  while (*first != 0x77 && *middle != 0x77 && now_s() - t0 < 10) /* a copy is under way */
+  double t0 = test_now_s();
+  while (*first != 0x77 && *middle != 0x77 && test_now_s() - t0 < 10) /* a copy is under way */
     ;
   assert_int_equal(ferry_memory_unregister(p.target, p.remote), FERRY_OK);
-  double unregistered = now_s();
+  double unregistered = test_now_s();
   uint8_t *snapshot = malloc(p.size);
   memcpy(snapshot, p.remote, p.size);
   ferry_status st = ferry_batch_wait(b, -1);

@@ -39,12 +39,6 @@
 
 static test_target target;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static int start_target(void **state) { return test_target_start(&target, 0, TARGET_SIZE, NULL); }
 
 static int stop_target(void **state) {
@@ -111,14 +105,14 @@ static void hundred_thousand_entry_batch(void **state) {
     size_t slot = (i * 7919) % N;
     entries[i] = (ferry_entry){FERRY_OP_WRITE, out + i * ENTRY, target.addr + slot * ENTRY, ENTRY};
   }
-  double t0 = now_s();
+  double t0 = test_now_s();
   assert_int_equal(ferry_transfer_sync_batch(e, target.target, entries, N, NULL), FERRY_OK);
   for (size_t i = 0; i < N; i++) {
     entries[i].op = FERRY_OP_READ;
     entries[i].local = in + i * ENTRY;
   }
   assert_int_equal(ferry_transfer_sync_batch(e, target.target, entries, N, NULL), FERRY_OK);
-  print_message("100,000 x %d B written and read back in %.2f s\n", ENTRY, now_s() - t0);
+  print_message("100,000 x %d B written and read back in %.2f s\n", ENTRY, test_now_s() - t0);
   assert_memory_equal(out, in, (size_t)N * ENTRY);
   free(entries);
   ferry_engine_destroy(e);
@@ -390,9 +384,9 @@ static void stopped_target_times_out(void **state) {
   uint8_t *buf = test_buffer(e, 64 * MiB);
   assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr, 4096), FERRY_OK);
   kill(t.pid, SIGSTOP); /* it stops reading, mid-conversation */
-  double t0 = now_s();
+  double t0 = test_now_s();
   ferry_status st = ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr, 64 * MiB);
-  double took = now_s() - t0;
+  double took = test_now_s() - t0;
   assert_int_equal(st, FERRY_ETIMEDOUT);
   print_message("timed out after %.2f s: %s\n", took, ferry_last_error());
   assert_true(took < 5.0);
@@ -421,10 +415,10 @@ static void target_restart_on_same_port(void **state) {
   ferry_batch *b;
   assert_int_equal(ferry_batch_submit(e, t.target, entries, 64, NULL, &b), FERRY_OK);
   usleep(200 * 1000);
-  double t0 = now_s();
+  double t0 = test_now_s();
   test_target_kill(&t);
   ferry_status st = ferry_batch_wait(b, -1);
-  double took = now_s() - t0;
+  double took = test_now_s() - t0;
   print_message("in-flight batch ended after %.2f s: %s\n", took, ferry_last_error());
   assert_true(st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT);
   assert_non_null(strstr(ferry_last_error(), "127.0.0.1"));
@@ -432,18 +426,9 @@ static void target_restart_on_same_port(void **state) {
   ferry_batch_free(b);
 
   assert_int_equal(ferry_probe(e, t.target), FERRY_ESOCKET);
-  int started = -1;
-  for (int attempt = 0; attempt < 50 && started != 0; attempt++) {
-    started = test_target_start(&t, port, 256 * MiB, NULL);
-    if (started != 0)
-      usleep(100 * 1000); /* the port may linger for a moment */
-  }
-  assert_int_equal(started, 0);
+  assert_int_equal(test_target_restart(&t, port, 256 * MiB), 0);
   assert_int_equal(t.port, port);
-  test_fill_random(buf, MiB, 4);
-  assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr, MiB), FERRY_OK);
-  assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_READ, back, t.addr, MiB), FERRY_OK);
-  assert_memory_equal(buf, back, MiB);
+  test_round_trip(e, t.target, buf, back, t.addr, MiB, 4);
   ferry_engine_destroy(e);
   free(buf);
   free(back);

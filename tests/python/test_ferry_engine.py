@@ -29,6 +29,16 @@ def pair():
     b.close()
 
 
+def registered_buffers(pair, size):
+    """A zeroed source registered on a and a destination registered on b:
+    returns (src, dst, dst's address)."""
+    a, b = pair
+    src = bytearray(size)
+    dst = bytearray(size)
+    a.register(src)
+    return src, dst, b.register(dst)
+
+
 # ---- module ---------------------------------------------------------------
 
 def test_module_functions_and_constants():
@@ -352,10 +362,7 @@ def test_failed_batch(pair):
 
 def test_wait_timeout_zero_returns_bool(pair):
     a, b = pair
-    src = bytearray(8 << 20)
-    dst = bytearray(8 << 20)
-    a.register(src)
-    daddr = b.register(dst)
+    src, dst, daddr = registered_buffers(pair, 8 << 20)
     batch = a.submit(b.name, [(ferry.OP_WRITE, src, daddr, None)])
     first = batch.wait(0)
     assert first in (True, False)
@@ -380,10 +387,7 @@ def test_context_manager_and_closed_engine():
 
 def test_close_with_outstanding_batch(pair):
     a, b = pair
-    src = bytearray(4 << 20)
-    dst = bytearray(4 << 20)
-    a.register(src)
-    daddr = b.register(dst)
+    src, dst, daddr = registered_buffers(pair, 4 << 20)
     batch = a.submit(b.name, [(ferry.OP_WRITE, src, daddr, None)])
     a.close()
     assert batch.freed
@@ -397,10 +401,7 @@ def test_close_with_outstanding_batch(pair):
 @pytest.mark.timeout_s(120)
 def test_close_while_threads_transfer(pair):
     a, b = pair
-    src = bytearray(1 << 16)
-    dst = bytearray(1 << 16)
-    a.register(src)
-    daddr = b.register(dst)
+    src, dst, daddr = registered_buffers(pair, 1 << 16)
     stop = threading.Event()
     outcomes = []
 

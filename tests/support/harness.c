@@ -12,16 +12,32 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *tool_path(void) {
-  const char *tool = getenv("FERRY_TOOL");
-  return tool ? tool : "./ferry";
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* cmocka needs the headers above first. */
+#include <cmocka.h>
+
+double test_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static int read_line(int fd, char *line, size_t size, int timeout_ms) {
+const char *test_tool_path(void) {
+  const char *tool = getenv("FERRY_TOOL");
+  return tool && *tool ? tool : "./ferry";
+}
+
+int test_read_line(int fd, char *line, size_t size, int timeout_ms) {
   size_t used = 0;
+  double deadline = test_now_s() + timeout_ms / 1000.0;
   while (used + 1 < size) {
+    int left = (int)((deadline - test_now_s()) * 1000);
     struct pollfd p = {fd, POLLIN, 0};
-    if (poll(&p, 1, timeout_ms) <= 0)
+    if (left <= 0 || poll(&p, 1, left) <= 0)
       return -1;
     ssize_t n = read(fd, line + used, 1);
     if (n <= 0)
@@ -54,8 +70,8 @@ int test_target_start(test_target *t, uint16_t port, uint64_t size, const char *
   char port_s[16], size_s[32];
   snprintf(port_s, sizeof port_s, "%u", port);
   snprintf(size_s, sizeof size_s, "%llu", (unsigned long long)size);
-  const char *argv[32] = {tool_path(), "serve", "--host", "127.0.0.1",
-                          "--port",    port_s,  "--size", size_s};
+  const char *argv[32] = {test_tool_path(), "serve", "--host", "127.0.0.1",
+                          "--port",         port_s,  "--size", size_s};
   int argc = 8;
   for (int i = 0; extra && extra[i] && argc < 31; i++)
     argv[argc++] = extra[i];
@@ -73,7 +89,7 @@ int test_target_start(test_target *t, uint16_t port, uint64_t size, const char *
   memset(t, 0, sizeof *t);
   t->pid = pid;
   char line[512];
-  int rc = pid > 0 ? read_line(fds[0], line, sizeof line, 10000) : -1;
+  int rc = pid > 0 ? test_read_line(fds[0], line, sizeof line, 10000) : -1;
   close(fds[0]);
   if (rc == 0)
     rc = parse_ready(t, line);
@@ -82,39 +98,54 @@ int test_target_start(test_target *t, uint16_t port, uint64_t size, const char *
   return rc;
 }
 
-static int wait_exit(pid_t pid, int timeout_ms) {
-  for (int waited = 0; waited <= timeout_ms; waited += 10) {
-    int status;
-    pid_t r = waitpid(pid, &status, WNOHANG);
+int test_target_restart(test_target *t, uint16_t port, uint64_t size) {
+  int started = -1;
+  for (int attempt = 0; attempt < 50 && started != 0; attempt++) {
+    started = test_target_start(t, port, size, NULL);
+    if (started != 0)
+      usleep(100 * 1000); /* the port may linger for a moment */
+  }
+  return started;
+}
+
+int test_wait_exit(pid_t pid, int timeout_ms, int *status) {
+  for (int waited = 0; waited <= timeout_ms; waited += 5) {
+    pid_t r = waitpid(pid, status, WNOHANG);
     if (r == pid)
-      return status;
+      return 0;
     if (r < 0)
       return -1;
-    struct timespec ts = {0, 10 * 1000000};
+    struct timespec ts = {0, 5 * 1000000};
     nanosleep(&ts, NULL);
   }
   return -2;
+}
+
+void test_kill_and_reap(pid_t pid, int timeout_ms) {
+  kill(pid, SIGCONT);
+  kill(pid, SIGKILL);
+  int status;
+  test_wait_exit(pid, timeout_ms, &status);
 }
 
 int test_target_stop(test_target *t) {
   if (t->pid <= 0)
     return -1;
   kill(t->pid, SIGTERM);
-  int status = wait_exit(t->pid, 5000);
-  if (status == -2) {
+  int status;
+  int rc = test_wait_exit(t->pid, 5000, &status);
+  if (rc == -2) {
     kill(t->pid, SIGKILL);
-    status = wait_exit(t->pid, 5000);
+    rc = test_wait_exit(t->pid, 5000, &status);
   }
   t->pid = 0;
-  return status;
+  return rc == 0 ? status : rc;
 }
 
 void test_target_kill(test_target *t) {
   if (t->pid <= 0)
     return;
-  kill(t->pid, SIGCONT);
-  kill(t->pid, SIGKILL);
-  wait_exit(t->pid, 5000);
+  test_kill_and_reap(t->pid, 5000);
   t->pid = 0;
 }
 
@@ -139,6 +170,14 @@ void *test_buffer(ferry_engine *e, size_t size) {
     return NULL;
   }
   return buf;
+}
+
+void test_round_trip(ferry_engine *e, const char *target, uint8_t *out, uint8_t *in,
+                     uint64_t remote, size_t size, uint64_t seed) {
+  test_fill_random(out, size, seed);
+  assert_int_equal(ferry_transfer_sync(e, target, FERRY_OP_WRITE, out, remote, size), FERRY_OK);
+  assert_int_equal(ferry_transfer_sync(e, target, FERRY_OP_READ, in, remote, size), FERRY_OK);
+  assert_memory_equal(out, in, size);
 }
 
 void test_fill_random(void *buf, size_t size, uint64_t seed) {

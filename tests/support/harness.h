@@ -21,14 +21,38 @@ typedef struct test_target {
 /* Starts `$FERRY_TOOL serve --host 127.0.0.1 --port PORT --size SIZE [extra...]`
  * and waits (10 s at most) for its ready line. extra is NULL-terminated. */
 int test_target_start(test_target *t, uint16_t port, uint64_t size, const char *const *extra);
+/* test_target_start on a port (with no extra arguments) that its previous
+ * process may still hold for a moment: retries for about 5 s. */
+int test_target_restart(test_target *t, uint16_t port, uint64_t size);
 /* SIGTERM, then SIGKILL after 5 s; returns the exit status. */
 int test_target_stop(test_target *t);
 void test_target_kill(test_target *t); /* SIGKILL, reaped */
+
+/* ---- process plumbing, shared with the fault tests ---- */
+
+/* The ferry tool to run: $FERRY_TOOL, or ./ferry when that is unset or empty. */
+const char *test_tool_path(void);
+/* Reads one line from fd into line (without the newline), waiting at most
+ * timeout_ms for all of it. 0, or -1 on timeout, error or end of file. */
+int test_read_line(int fd, char *line, size_t size, int timeout_ms);
+/* Waits at most timeout_ms for pid to exit and reaps it: 0 with *status
+ * set, -1 if waitpid fails, -2 on timeout. */
+int test_wait_exit(pid_t pid, int timeout_ms, int *status);
+/* SIGKILL (continuing a stopped process first), then reaps it, waiting at
+ * most timeout_ms. */
+void test_kill_and_reap(pid_t pid, int timeout_ms);
+/* Monotonic seconds. */
+double test_now_s(void);
 
 /* An engine on 127.0.0.1, port 0, with optional secret (NULL). */
 ferry_engine *test_engine(const char *secret);
 /* malloc'd buffer registered on the engine. */
 void *test_buffer(ferry_engine *e, size_t size);
 void test_fill_random(void *buf, size_t size, uint64_t seed);
+/* Fills out with test_fill_random(seed), WRITEs it to remote on target,
+ * READs it back into in and asserts (cmocka) that both calls succeed and
+ * the bytes match. */
+void test_round_trip(ferry_engine *e, const char *target, uint8_t *out, uint8_t *in,
+                     uint64_t remote, size_t size, uint64_t seed);
 
 #endif
