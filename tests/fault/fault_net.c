@@ -279,9 +279,14 @@ int fault_netns_available(char *why, size_t why_size) {
   char out[512];
   char name[64];
   snprintf(name, sizeof name, NS_PREFIX "%d-probe", (int)getpid());
+  /* `ip -n` also needs a private mount namespace (it remounts / as a
+   * slave): that fails where / is not a mount point, e.g. in a chroot. */
   int rc = fault_cmd(out, sizeof out, "ip netns add %s", name);
+  if (rc == 0 && fault_cmd(out, sizeof out, "ip -n %s link set lo up", name) != 0)
+    rc = 1;
   if (rc != 0) {
-    snprintf(why, why_size, "`ip netns add` failed (%s): %s",
+    snprintf(why, why_size,
+             "network namespaces unusable here: `ip netns add` / `ip -n` failed (%s): %s",
              rc < 0 ? "cannot run ip" : "exit status", out);
     return 0;
   }
@@ -361,7 +366,7 @@ int fault_net_enter(fault_net *n, int host) {
 }
 
 int fault_net_leave(fault_net *n) {
-  if (!n->isolated || n->root_fd < 0)
+  if (!n || !n->isolated || n->root_fd < 0)
     return 0;
   return setns(n->root_fd, CLONE_NEWNET);
 }

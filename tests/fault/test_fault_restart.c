@@ -58,8 +58,9 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) {
-  env *e = *state;
-  fault_net_destroy(e->net);
+  env *e = *state; /* NULL when the group setup failed */
+  if (e)
+    fault_net_destroy(e->net);
   return 0;
 }
 
