@@ -282,16 +282,18 @@ int fault_netns_available(char *why, size_t why_size) {
   /* `ip -n` also needs a private mount namespace (it remounts / as a
    * slave): that fails where / is not a mount point, e.g. in a chroot. */
   int rc = fault_cmd(out, sizeof out, "ip netns add %s", name);
-  if (rc == 0 && fault_cmd(out, sizeof out, "ip -n %s link set lo up", name) != 0)
+  char path[128];
+  snprintf(path, sizeof path, NETNS_DIR "/%s", name);
+  if (rc == 0 && fault_cmd(out, sizeof out, "ip -n %s link set lo up", name) != 0) {
+    remove_ns_path(path);
     rc = 1;
+  }
   if (rc != 0) {
     snprintf(why, why_size,
              "network namespaces unusable here: `ip netns add` / `ip -n` failed (%s): %s",
              rc < 0 ? "cannot run ip" : "exit status", out);
     return 0;
   }
-  char path[128];
-  snprintf(path, sizeof path, NETNS_DIR "/%s", name);
   remove_ns_path(path);
   return 1;
 }
