@@ -242,6 +242,29 @@ static struct iovec *iov_advance(struct iovec *iov, int *iovcnt, size_t n) {
   return iov;
 }
 
+#if defined(__SANITIZE_THREAD__)
+#define FERRY_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FERRY_TSAN 1
+#endif
+#endif
+
+#ifdef FERRY_TSAN
+/* The payload is registered user memory, and the order of accesses to it
+ * is set by the peers over the network, which ThreadSanitizer cannot see
+ * (just as with RDMA hardware). Checking every byte of every frame would
+ * only report races between remote peers, and slow the TSan build to a
+ * crawl; ferry's own state is still checked everywhere else. */
+void __tsan_ignore_thread_begin(void);
+void __tsan_ignore_thread_end(void);
+#define IGNORE_PAYLOAD_BEGIN() __tsan_ignore_thread_begin()
+#define IGNORE_PAYLOAD_END() __tsan_ignore_thread_end()
+#else
+#define IGNORE_PAYLOAD_BEGIN() ((void)0)
+#define IGNORE_PAYLOAD_END() ((void)0)
+#endif
+
 /* Moves the whole iovec through sendmsg or recvmsg, resuming after partial
  * transfers, early timeouts and signals. The kernel takes at most IOV_MAX
  * entries per call; longer lists simply take more calls. */
@@ -255,11 +278,14 @@ static ferry_status transfer_iov(ferry_sock *s, struct iovec *iov, int iovcnt, i
       return st;
     struct msghdr msg = {.msg_iov = iov,
                          .msg_iovlen = (size_t)(iovcnt < IOV_MAX ? iovcnt : IOV_MAX)};
+    IGNORE_PAYLOAD_BEGIN();
     ssize_t n = sending ? sendmsg(s->fd, &msg, MSG_NOSIGNAL) : recvmsg(s->fd, &msg, MSG_WAITALL);
+    int err = errno;
+    IGNORE_PAYLOAD_END();
     if (n < 0) {
-      if (errno == EINTR || timeout_is_early(s, errno))
+      if (err == EINTR || timeout_is_early(s, err))
         continue;
-      return io_error(s, errno, sending, step);
+      return io_error(s, err, sending, step);
     }
     if (n == 0 && !sending)
       return ferry_fail(FERRY_ESOCKET, "%s from %s failed: connection closed by peer", step,
