@@ -49,10 +49,15 @@ test-python: build
 test-fuzz: deps
 	@fuzz/run.sh 6
 
-check: test test-asan test-tsan test-fuzz test-python
+# bench/run end to end in its short form, so the benchmark keeps working;
+# figures come from a full `bench/run` (BENCHMARKS.md), never from here.
+bench-smoke: build
+	@./bench/run --quick >/dev/null
+
+check: test test-asan test-tsan test-fuzz bench-smoke test-python
 
 format:
-	@clang-format -i include/*.h src/*/*.[ch] tools/*.[ch] tests/*/*.[ch] python/ferry/*.c
+	@clang-format -i include/*.h src/*/*.[ch] tools/*.[ch] tests/*/*.[ch] python/ferry/*.c bench/*.c fuzz/*.[ch]
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz python/ferry/*.so

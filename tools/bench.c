@@ -44,6 +44,7 @@ typedef struct bench_opts {
   int verify;
   int json;
   int random_offsets;
+  unsigned long depth; /* batches in flight per thread (async when > 1) */
 } bench_opts;
 
 /* Latencies of one thread's batch calls, in nanoseconds. */
@@ -106,6 +107,8 @@ static void bench_usage(FILE *out) {
                "  --random-offsets   scatter entries over random block-sized slots of the\n"
                "                     remote region (default: one contiguous slice)\n"
                "  --threads N        concurrent threads, each on its own slice (default 1)\n"
+               "  --depth N          batches each thread keeps in flight, submitted\n"
+               "                     asynchronously (default 1: synchronous calls)\n"
                "  --duration SEC     timed run length (default 5)\n"
                "  --verify           write: read each slice back after the run and compare;\n"
                "                     read: seed a pattern, compare every read byte\n"
@@ -164,6 +167,9 @@ static int apply_option(int c, const char *arg, bench_opts *o) {
     return ferry_cli_parse_count(arg, 1, 1ul << 20, &o->batch)
                ? ferry_cli_bad_value(PROG, "batch", arg)
                : 0;
+  case 'D':
+    return ferry_cli_parse_count(arg, 1, 1024, &o->depth) ? ferry_cli_bad_value(PROG, "depth", arg)
+                                                          : 0;
   case 'T':
     return ferry_cli_parse_count(arg, 1, 1024, &o->threads)
                ? ferry_cli_bad_value(PROG, "threads", arg)
@@ -192,6 +198,7 @@ static int parse_bench_args(int argc, char **argv, bench_opts *o) {
                                            {"batch", required_argument, NULL, 'B'},
                                            {"random-offsets", no_argument, NULL, 'r'},
                                            {"threads", required_argument, NULL, 'T'},
+                                           {"depth", required_argument, NULL, 'D'},
                                            {"duration", required_argument, NULL, 'd'},
                                            {"verify", no_argument, NULL, 'v'},
                                            {"json", no_argument, NULL, 'j'},
@@ -207,6 +214,7 @@ static int parse_bench_args(int argc, char **argv, bench_opts *o) {
   o->block = (size_t)1 << 20;
   o->batch = 1;
   o->threads = 1;
+  o->depth = 1;
   o->duration = 5.0;
   int c;
   optind = 1;
@@ -222,6 +230,11 @@ static int parse_bench_args(int argc, char **argv, bench_opts *o) {
   }
   if (o->target == NULL) {
     fprintf(stderr, "%s: --target is required\n", PROG);
+    return 2;
+  }
+  if (o->depth > 1 && o->verify) {
+    /* In-flight batches share one buffer: their bytes cannot be predicted. */
+    fprintf(stderr, "%s: --verify needs --depth 1\n", PROG);
     return 2;
   }
   return 0;
@@ -370,6 +383,14 @@ static void verify_written(bench_worker *w) {
     w->verified_bytes += w->span;
 }
 
+/* One finished batch: its latency and its bytes. */
+static void count_batch(bench_worker *w, uint64_t ns) {
+  lat_push(&w->lat, ns);
+  atomic_store_explicit(&w->bytes, atomic_load_explicit(&w->bytes, memory_order_relaxed) + w->span,
+                        memory_order_relaxed);
+  w->iterations++;
+}
+
 /* The timed loop: one batch call per iteration until the deadline. */
 static void run_timed(bench_worker *w) {
   const bench_opts *o = w->shared->opts;
@@ -391,14 +412,58 @@ static void run_timed(bench_worker *w) {
       report_error(w, o->op == FERRY_OP_WRITE ? "write failed" : "read failed", st);
       return;
     }
-    lat_push(&w->lat, t - t0);
-    atomic_store_explicit(&w->bytes,
-                          atomic_load_explicit(&w->bytes, memory_order_relaxed) + w->span,
-                          memory_order_relaxed);
-    w->iterations++;
+    count_batch(w, t - t0);
     if (verify_read)
       check_read(w);
   }
+}
+
+/* --depth N: keeps N batches over the same buffers in flight, submitting a
+ * new one as the oldest completes; latency is submit to completion. Those
+ * still in flight at the deadline are waited for and counted (the run's
+ * time includes them). */
+static void run_timed_async(bench_worker *w) {
+  const bench_opts *o = w->shared->opts;
+  const bench_shared *s = w->shared;
+  ferry_batch **flight = calloc(o->depth, sizeof *flight);
+  uint64_t *start = calloc(o->depth, sizeof *start);
+  if (flight == NULL || start == NULL) {
+    report_error(w, "no memory for the batches in flight", FERRY_ENOMEM);
+    free(flight);
+    free(start);
+    return;
+  }
+  ferry_status st = FERRY_OK;
+  for (size_t i = 0; i < o->depth && st == FERRY_OK; i++) {
+    start[i] = now_ns();
+    st = ferry_batch_submit(s->engine, o->target, w->entries, o->batch, NULL, &flight[i]);
+  }
+  if (st != FERRY_OK)
+    report_error(w, "submit failed", st);
+  for (size_t i = 0; flight[i] != NULL; i = (i + 1) % o->depth) {
+    ferry_status done = ferry_batch_wait(flight[i], -1);
+    uint64_t t = now_ns();
+    ferry_batch_free(flight[i]);
+    flight[i] = NULL;
+    if (done != FERRY_OK) {
+      if (st == FERRY_OK)
+        report_error(w, o->op == FERRY_OP_WRITE ? "write failed" : "read failed", done);
+      st = done;
+      continue;
+    }
+    count_batch(w, t - start[i]);
+    if (st == FERRY_OK && t < s->deadline_ns) {
+      start[i] = now_ns();
+      st = ferry_batch_submit(s->engine, o->target, w->entries, o->batch, NULL, &flight[i]);
+      if (st != FERRY_OK)
+        report_error(w, "submit failed", st);
+    }
+  }
+  for (size_t i = 0; i < o->depth; i++) /* after a failure, the rest */
+    if (flight[i] != NULL)
+      ferry_batch_free(flight[i]);
+  free(flight);
+  free(start);
 }
 
 static void *worker_main(void *arg) {
@@ -409,7 +474,9 @@ static void *worker_main(void *arg) {
     prep = prepare_read_verify(w);
   pthread_barrier_wait(&w->shared->phase); /* prepared */
   pthread_barrier_wait(&w->shared->phase); /* deadline set: go */
-  if (prep == FERRY_OK)
+  if (prep == FERRY_OK && o->depth > 1)
+    run_timed_async(w);
+  else if (prep == FERRY_OK)
     run_timed(w);
   pthread_barrier_wait(&w->shared->phase); /* stopped */
   pthread_barrier_wait(&w->shared->phase); /* main has measured */
@@ -642,20 +709,21 @@ static void print_json(const bench_opts *o, const bench_result *r) {
          "\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"gbps\":%.4f,\"p50_us\":%.1f,\"p99_us\":%.1f,"
          "\"errors\":%u,\"verified\":%s,\"verified_bytes\":%" PRIu64 ",\"mismatches\":%" PRIu64
          ",\"cpu_user_s\":%.3f,\"cpu_sys_s\":%.3f,\"cpu_s_per_gb\":%.4f,"
-         "\"random_offsets\":%s}\n",
+         "\"random_offsets\":%s,\"depth\":%lu}\n",
          o->op == FERRY_OP_WRITE ? "write" : "read", r->protocol, o->block, o->batch, o->threads,
          r->bytes, r->seconds, gbps, r->p50_us, r->p99_us, r->errors,
          verify_ok(o, r) ? "true" : "false", r->verified_bytes, r->mismatches, r->cpu_user_s,
-         r->cpu_sys_s, per_gb, o->random_offsets ? "true" : "false");
+         r->cpu_sys_s, per_gb, o->random_offsets ? "true" : "false", o->depth);
 }
 
 static void print_human(const bench_opts *o, const bench_result *r) {
   double gbps = r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0.0;
-  printf("%s block=%zu batch=%lu%s threads=%lu protocol=%s: %.2f GB/s, p50 %.0f us, p99 %.0f us, "
+  printf("%s block=%zu batch=%lu%s threads=%lu depth=%lu protocol=%s: %.2f GB/s, p50 %.0f us, "
+         "p99 %.0f us, "
          "%.0f MB in %.2f s",
          o->op == FERRY_OP_WRITE ? "write" : "read", o->block, o->batch,
-         o->random_offsets ? " random-offsets" : "", o->threads, r->protocol, gbps, r->p50_us,
-         r->p99_us, (double)r->bytes / 1e6, r->seconds);
+         o->random_offsets ? " random-offsets" : "", o->threads, o->depth, r->protocol, gbps,
+         r->p50_us, r->p99_us, (double)r->bytes / 1e6, r->seconds);
   if (r->errors > 0)
     printf(", %u errors", r->errors);
   /* A write run can only check what the slices hold at the end: say so. */
