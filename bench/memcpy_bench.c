@@ -12,23 +12,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static size_t parse_size(const char *s) {
-  char *end;
-  unsigned long long v = strtoull(s, &end, 10);
-  switch (toupper((unsigned char)*end)) {
-  case 'K': v <<= 10; break;
-  case 'M': v <<= 20; break;
-  case 'G': v <<= 30; break;
-  default: break;
-  }
-  return (size_t)v;
-}
+#include "bench_common.h"
 
 static void *map(size_t n) {
   void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -19,14 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
+
 #define MAX_MSG 65536
 #define WARMUP_ROUNDS 1000
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void die(const char *what) {
   fprintf(stderr, "pingpong: %s: %s\n", what, strerror(errno));
@@ -65,21 +61,8 @@ static int read_all(int fd, char *p, size_t n) {
   return 0;
 }
 
-static struct addrinfo *resolve(const char *host, const char *port, int passive) {
-  struct addrinfo hints = {0}, *ai;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
-  int rc = getaddrinfo(host, port, &hints, &ai);
-  if (rc != 0) {
-    fprintf(stderr, "pingpong: resolve %s: %s\n", host, gai_strerror(rc));
-    exit(1);
-  }
-  return ai;
-}
-
 static int run_server(const char *host, const char *port) {
-  struct addrinfo *ai = resolve(host, port, 1);
+  struct addrinfo *ai = resolve("pingpong", host, port, 1);
   int lfd = socket(ai->ai_family, SOCK_STREAM, 0);
   int one = 1;
   if (lfd < 0)
@@ -129,7 +112,7 @@ static double pct_us(const uint64_t *sorted, size_t n, double p) {
 }
 
 static int run_client(const char *host, const char *port, size_t size, double seconds) {
-  struct addrinfo *ai = resolve(host, port, 0);
+  struct addrinfo *ai = resolve("pingpong", host, port, 0);
   int fd = socket(ai->ai_family, SOCK_STREAM, 0);
   if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0)
     die("connect");

@@ -22,15 +22,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
+
 static void die(const char *what) {
   fprintf(stderr, "tcp_stream: %s: %s\n", what, strerror(errno));
   exit(1);
-}
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static uint64_t cpu_ns(void) {
@@ -38,18 +34,6 @@ static uint64_t cpu_ns(void) {
   getrusage(RUSAGE_SELF, &ru);
   return ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) * 1000000000ull +
          ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000ull;
-}
-
-static size_t parse_size(const char *s) {
-  char *end;
-  unsigned long long v = strtoull(s, &end, 10);
-  switch (toupper((unsigned char)*end)) {
-  case 'K': v <<= 10; break;
-  case 'M': v <<= 20; break;
-  case 'G': v <<= 30; break;
-  default: break;
-  }
-  return (size_t)v;
 }
 
 /* A buffer with every page faulted in, so first touches are not timed. */
@@ -61,21 +45,8 @@ static char *buffer(size_t n) {
   return p;
 }
 
-static struct addrinfo *resolve(const char *host, const char *port, int passive) {
-  struct addrinfo hints = {0}, *ai;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
-  int rc = getaddrinfo(host, port, &hints, &ai);
-  if (rc != 0) {
-    fprintf(stderr, "tcp_stream: resolve %s: %s\n", host, gai_strerror(rc));
-    exit(1);
-  }
-  return ai;
-}
-
 static int run_server(const char *host, const char *port, size_t block) {
-  struct addrinfo *ai = resolve(host, port, 1);
+  struct addrinfo *ai = resolve("tcp_stream", host, port, 1);
   int lfd = socket(ai->ai_family, SOCK_STREAM, 0), one = 1;
   if (lfd < 0)
     die("socket");
@@ -115,7 +86,7 @@ static int run_server(const char *host, const char *port, size_t block) {
 
 static int run_client(const char *host, const char *port, size_t block, double seconds) {
   char *buf = buffer(block);
-  struct addrinfo *ai = resolve(host, port, 0);
+  struct addrinfo *ai = resolve("tcp_stream", host, port, 0);
   int fd = socket(ai->ai_family, SOCK_STREAM, 0);
   if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0)
     die("connect");
