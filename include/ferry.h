@@ -94,23 +94,23 @@ typedef struct ferry_config {
   const char *advertise_host;
   /* Address to listen on. NULL: MC_TCP_BIND_ADDRESS, else "0.0.0.0". */
   const char *bind_host;
-  uint16_t port;              /* RPC port; 0 picks a free one */
-  unsigned transports;        /* FERRY_TRANSPORT_* bits allowed; 0 = all */
-  unsigned tcp_connections;   /* data connections per peer (default 4) */
-  unsigned workers;           /* threads driving async batches (default 4) */
-  uint32_t timeout_ms;        /* base transfer timeout (default 30000,
-                                 MC_TRANSFER_TIMEOUT seconds overrides) */
-  uint32_t timeout_ns_per_mb; /* extra time per MiB moved (default 1 ms) */
-  uint32_t connect_timeout_ms;/* connect + handshake bound (default 5000) */
-  size_t slice_size;          /* max bytes per data frame (default 1 MiB) */
-  ferry_log_level log_level;  /* applied process-wide when set explicitly */
-  int log_level_set;          /* nonzero: log_level above is meant */
-  const char *secret;         /* shared secret peers must prove; NULL = none */
+  uint16_t port;               /* RPC port; 0 picks a free one */
+  unsigned transports;         /* FERRY_TRANSPORT_* bits allowed; 0 = all */
+  unsigned tcp_connections;    /* data connections per peer (default 4) */
+  unsigned workers;            /* threads driving async batches (default 4) */
+  uint32_t timeout_ms;         /* base transfer timeout (default 30000,
+                                  MC_TRANSFER_TIMEOUT seconds overrides) */
+  uint32_t timeout_ns_per_mb;  /* extra time per MiB moved (default 1 ms) */
+  uint32_t connect_timeout_ms; /* connect + handshake bound (default 5000) */
+  size_t slice_size;           /* max bytes per data frame (default 1 MiB) */
+  ferry_log_level log_level;   /* applied process-wide when set explicitly */
+  int log_level_set;           /* nonzero: log_level above is meant */
+  const char *secret;          /* shared secret peers must prove; NULL = none */
   /* Metadata service ("http://host:port/path"); NULL = peer-to-peer only. */
   const char *metadata_url;
   /* Segment name published in the metadata service; NULL = "host:port". */
   const char *segment_name;
-  int checksum;               /* nonzero: every data frame carries a crc32c */
+  int checksum; /* nonzero: every data frame carries a crc32c */
 } ferry_config;
 
 /* Fills cfg with defaults, including those taken from the environment. */
@@ -131,8 +131,7 @@ ferry_status ferry_memory_register(ferry_engine *engine, void *addr, size_t leng
 ferry_status ferry_memory_unregister(ferry_engine *engine, void *addr);
 ferry_status ferry_memory_register_batch(ferry_engine *engine, void *const *addrs,
                                          const size_t *lengths, size_t count);
-ferry_status ferry_memory_unregister_batch(ferry_engine *engine, void *const *addrs,
-                                           size_t count);
+ferry_status ferry_memory_unregister_batch(ferry_engine *engine, void *const *addrs, size_t count);
 /* Allocates a registered buffer from shareable memory, zero-filled. */
 ferry_status ferry_memory_alloc(ferry_engine *engine, size_t length, void **out);
 ferry_status ferry_memory_free(ferry_engine *engine, void *addr);
@@ -148,8 +147,7 @@ ferry_status ferry_peer_regions(ferry_engine *engine, const char *target, ferry_
                                 size_t *count);
 /* Transport used for data with this peer (FERRY_TRANSPORT_* bit); connects
  * if needed. */
-ferry_status ferry_peer_transport(ferry_engine *engine, const char *target,
-                                  unsigned *transport);
+ferry_status ferry_peer_transport(ferry_engine *engine, const char *target, unsigned *transport);
 
 /* ---- Transfers --------------------------------------------------------- */
 typedef enum ferry_op {
@@ -183,8 +181,9 @@ typedef struct ferry_notification {
 
 /* Starts a batch of entries to one target. notify may be NULL. The copy of
  * entries is taken; the memory they point to must stay valid until done. */
-ferry_status ferry_batch_submit(ferry_engine *engine, const char *target, const ferry_entry *entries,
-                                size_t count, const ferry_notification *notify, ferry_batch **out);
+ferry_status ferry_batch_submit(ferry_engine *engine, const char *target,
+                                const ferry_entry *entries, size_t count,
+                                const ferry_notification *notify, ferry_batch **out);
 /* Current state; on FAILED/TIMEDOUT *error (if non-NULL) gets the cause and
  * the calling thread's last error gets the detail. */
 ferry_batch_state ferry_batch_status(ferry_batch *batch, ferry_status *error);
@@ -195,8 +194,8 @@ ferry_status ferry_batch_wait(ferry_batch *batch, int64_t timeout_ms);
 void ferry_batch_free(ferry_batch *batch);
 
 /* Synchronous helpers: submit, wait, free. */
-ferry_status ferry_transfer_sync(ferry_engine *engine, const char *target, ferry_op op,
-                                 void *local, uint64_t remote, size_t length);
+ferry_status ferry_transfer_sync(ferry_engine *engine, const char *target, ferry_op op, void *local,
+                                 uint64_t remote, size_t length);
 ferry_status ferry_transfer_sync_batch(ferry_engine *engine, const char *target,
                                        const ferry_entry *entries, size_t count,
                                        const ferry_notification *notify);

@@ -27,15 +27,15 @@
 #define FERRY_WIRE_VERSION_MIN 1
 #define FERRY_WIRE_VERSION_MAX 1
 #define FERRY_WIRE_HEADER_SIZE 32
-#define FERRY_WIRE_SEGMENT_SIZE 16                 /* u64 addr, u64 length */
-#define FERRY_WIRE_MAX_SEGMENTS 1024               /* per data frame (IOV_MAX) */
-#define FERRY_WIRE_MAX_PAYLOAD (64ull << 20)       /* per data frame */
-#define FERRY_WIRE_MAX_CONTROL_BODY (32ull << 20)  /* region tables etc. */
-#define FERRY_WIRE_MAX_REASON 1024                 /* error text in replies */
-#define FERRY_WIRE_MAX_NAME 256                    /* notification name */
-#define FERRY_WIRE_MAX_NOTIFY_DATA (4u << 20)      /* notification payload */
+#define FERRY_WIRE_SEGMENT_SIZE 16                /* u64 addr, u64 length */
+#define FERRY_WIRE_MAX_SEGMENTS 1024              /* per data frame (IOV_MAX) */
+#define FERRY_WIRE_MAX_PAYLOAD (64ull << 20)      /* per data frame */
+#define FERRY_WIRE_MAX_CONTROL_BODY (32ull << 20) /* region tables etc. */
+#define FERRY_WIRE_MAX_REASON 1024                /* error text in replies */
+#define FERRY_WIRE_MAX_NAME 256                   /* notification name */
+#define FERRY_WIRE_MAX_NOTIFY_DATA (4u << 20)     /* notification payload */
 #define FERRY_WIRE_NONCE_SIZE 16
-#define FERRY_WIRE_PROOF_SIZE 32                   /* HMAC-SHA256 */
+#define FERRY_WIRE_PROOF_SIZE 32 /* HMAC-SHA256 */
 #define FERRY_WIRE_BOOT_ID_SIZE 16
 
 typedef enum ferry_frame_type {
@@ -63,10 +63,10 @@ typedef enum ferry_frame_type {
 typedef struct ferry_frame_header {
   uint8_t type;
   uint8_t flags;
-  uint32_t count;    /* segments in WRITE/READ, regions in REGIONS_REPLY */
-  int32_t status;    /* replies: ferry_status of the request */
+  uint32_t count; /* segments in WRITE/READ, regions in REGIONS_REPLY */
+  int32_t status; /* replies: ferry_status of the request */
   uint64_t body_len;
-  uint64_t id;       /* request id, echoed by the reply */
+  uint64_t id; /* request id, echoed by the reply */
 } ferry_frame_header;
 
 void ferry_wire_header_encode(uint8_t out[FERRY_WIRE_HEADER_SIZE], const ferry_frame_header *h);
@@ -86,29 +86,30 @@ typedef enum ferry_conn_kind { FERRY_CONN_CONTROL = 1, FERRY_CONN_DATA = 2 } fer
 
 typedef struct ferry_hello {
   uint16_t version_min, version_max;
-  uint8_t conn_kind;                         /* ferry_conn_kind */
-  uint64_t engine_id;                        /* initiator's random instance id */
+  uint8_t conn_kind;  /* ferry_conn_kind */
+  uint64_t engine_id; /* initiator's random instance id */
   uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
-  char name[FERRY_WIRE_MAX_NAME + 1];        /* initiator's own name, for logs */
+  char name[FERRY_WIRE_MAX_NAME + 1]; /* initiator's own name, for logs */
 } ferry_hello;
 
 typedef struct ferry_hello_reply {
-  uint16_t version;                          /* chosen */
-  uint16_t version_min, version_max;         /* target's range */
+  uint16_t version;                  /* chosen */
+  uint16_t version_min, version_max; /* target's range */
   uint8_t auth_required;
-  uint64_t engine_id;                        /* target's random instance id */
+  uint64_t engine_id; /* target's random instance id */
   uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
-  uint32_t transports;                       /* FERRY_TRANSPORT_* it serves */
-  uint8_t boot_id[FERRY_WIRE_BOOT_ID_SIZE];  /* same host <=> same boot id */
+  uint32_t transports;                      /* FERRY_TRANSPORT_* it serves */
+  uint8_t boot_id[FERRY_WIRE_BOOT_ID_SIZE]; /* same host <=> same boot id */
   uint32_t pid;
-  char shm_path[FERRY_WIRE_MAX_NAME + 1];    /* UNIX socket of its shm service, or "" */
+  char shm_path[FERRY_WIRE_MAX_NAME + 1]; /* UNIX socket of its shm service, or "" */
 } ferry_hello_reply;
 
 /* Encoders return the number of bytes written into out (sized by the
  * *_max_size constants), decoders check body_len exactly. */
 #define FERRY_WIRE_HELLO_MAX (2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 2 + FERRY_WIRE_MAX_NAME)
-#define FERRY_WIRE_HELLO_REPLY_MAX \
-  (2 + 2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 2 + FERRY_WIRE_MAX_NAME)
+#define FERRY_WIRE_HELLO_REPLY_MAX                                                                 \
+  (2 + 2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 2 +               \
+   FERRY_WIRE_MAX_NAME)
 size_t ferry_wire_hello_encode(uint8_t *out, const ferry_hello *hello);
 ferry_status ferry_wire_hello_decode(const uint8_t *in, size_t len, ferry_hello *hello);
 size_t ferry_wire_hello_reply_encode(uint8_t *out, const ferry_hello_reply *reply);
