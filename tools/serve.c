@@ -46,16 +46,13 @@ static void serve_usage(FILE *out) {
 
 /* Returns 0 to run, 1 for --help, 2 on a usage error. */
 static int parse_serve_args(int argc, char **argv, serve_opts *o) {
-  static const struct option longopts[] = {{"host", required_argument, NULL, 'H'},
-                                           {"port", required_argument, NULL, 'p'},
-                                           {"size", required_argument, NULL, 's'},
-                                           {"secret", required_argument, NULL, 'S'},
-                                           {"protocol", required_argument, NULL, 'P'},
-                                           {"connections", required_argument, NULL, 'c'},
-                                           {"print-notifies", no_argument, NULL, 'n'},
-                                           {"malloc", no_argument, NULL, 'm'},
-                                           {"help", no_argument, NULL, 'h'},
-                                           {NULL, 0, NULL, 0}};
+  static const struct option longopts[] = {
+      {"host", required_argument, NULL, 'H'},     {"port", required_argument, NULL, 'p'},
+      {"size", required_argument, NULL, 's'},     {"secret", required_argument, NULL, 'S'},
+      {"protocol", required_argument, NULL, 'P'}, {"connections", required_argument, NULL, 'c'},
+      {"print-notifies", no_argument, NULL, 'n'}, {"malloc", no_argument, NULL, 'm'},
+      {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+  };
   ferry_cli_engine_opts_init(&o->engine);
   o->size = (size_t)256 << 20;
   o->print_notifies = 0;
