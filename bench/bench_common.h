@@ -6,11 +6,13 @@
 
 #include <ctype.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 static inline uint64_t now_ns(void) {
   struct timespec ts;
@@ -43,6 +45,33 @@ static inline struct addrinfo *resolve(const char *prog, const char *host, const
     exit(1);
   }
   return ai;
+}
+
+/* Listens on host:port, prints "ready port=N" (the port really bound, for
+ * port 0) and returns the one connection a client makes. Exits on failure. */
+static inline int accept_one(const char *prog, const char *host, const char *port) {
+  struct addrinfo *ai = resolve(prog, host, port, 1);
+  int lfd = socket(ai->ai_family, SOCK_STREAM, 0), one = 1;
+  if (lfd < 0 || setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+      bind(lfd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(lfd, 1) < 0) {
+    perror(prog);
+    exit(1);
+  }
+  freeaddrinfo(ai);
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  getsockname(lfd, (struct sockaddr *)&ss, &len);
+  printf("ready port=%u\n",
+         ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                        : ((struct sockaddr_in *)&ss)->sin_port));
+  fflush(stdout);
+  int fd = accept(lfd, NULL, NULL);
+  if (fd < 0) {
+    perror(prog);
+    exit(1);
+  }
+  close(lfd);
+  return fd;
 }
 
 #endif

@@ -62,26 +62,7 @@ static int read_all(int fd, char *p, size_t n) {
 }
 
 static int run_server(const char *host, const char *port) {
-  struct addrinfo *ai = resolve("pingpong", host, port, 1);
-  int lfd = socket(ai->ai_family, SOCK_STREAM, 0);
-  int one = 1;
-  if (lfd < 0)
-    die("socket");
-  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(lfd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(lfd, 1) < 0)
-    die("bind/listen");
-  freeaddrinfo(ai);
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  getsockname(lfd, (struct sockaddr *)&ss, &len);
-  unsigned bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                  : ((struct sockaddr_in *)&ss)->sin_port);
-  printf("ready port=%u\n", bound);
-  fflush(stdout);
-  int fd = accept(lfd, NULL, NULL);
-  if (fd < 0)
-    die("accept");
-  close(lfd);
+  int fd = accept_one("pingpong", host, port);
   set_nodelay(fd);
   static char buf[MAX_MSG];
   for (;;) {

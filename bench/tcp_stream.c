@@ -46,26 +46,8 @@ static char *buffer(size_t n) {
 }
 
 static int run_server(const char *host, const char *port, size_t block) {
-  struct addrinfo *ai = resolve("tcp_stream", host, port, 1);
-  int lfd = socket(ai->ai_family, SOCK_STREAM, 0), one = 1;
-  if (lfd < 0)
-    die("socket");
-  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(lfd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(lfd, 1) < 0)
-    die("bind/listen");
-  freeaddrinfo(ai);
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  getsockname(lfd, (struct sockaddr *)&ss, &len);
   char *buf = buffer(block);
-  printf("ready port=%u\n",
-         ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                        : ((struct sockaddr_in *)&ss)->sin_port));
-  fflush(stdout);
-  int fd = accept(lfd, NULL, NULL);
-  if (fd < 0)
-    die("accept");
-  close(lfd);
+  int fd = accept_one("tcp_stream", host, port);
   uint64_t cpu0 = cpu_ns(), total = 0;
   size_t at = 0;
   for (;;) {
