@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "crc32c_reference.h"
 #include "ferry.h"
 #include "wire/wire.h"
 
@@ -463,17 +464,6 @@ static void test_notify(void **state) {
 }
 
 /* ---- crc32c ------------------------------------------------------------- */
-
-/* Bit-at-a-time reference, independent of both library code paths. */
-static uint32_t crc32c_reference(uint32_t crc, const uint8_t *p, size_t n) {
-  crc = ~crc;
-  while (n--) {
-    crc ^= *p++;
-    for (int k = 0; k < 8; k++)
-      crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
-  }
-  return ~crc;
-}
 
 static void test_crc32c_vectors(void **state) {
   (void)state;
