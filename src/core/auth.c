@@ -61,37 +61,21 @@ static void hmac_proof(const char *label, const char *secret,
        &len);
 }
 
-void ferry_auth_proof(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
+void ferry_auth_proof(const char *secret, ferry_auth_role role,
+                      const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
                       const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
                       uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
-  hmac_proof(initiator_label, secret, client_nonce, server_nonce, proof);
+  hmac_proof(role == FERRY_AUTH_TARGET ? target_label : initiator_label, secret, client_nonce,
+             server_nonce, proof);
 }
 
-void ferry_auth_target_proof(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
-                             const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
-                             uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
-  hmac_proof(target_label, secret, client_nonce, server_nonce, proof);
-}
-
-static int proofs_equal(const uint8_t a[FERRY_WIRE_PROOF_SIZE],
-                        const uint8_t b[FERRY_WIRE_PROOF_SIZE]) {
-  return CRYPTO_memcmp(a, b, FERRY_WIRE_PROOF_SIZE) == 0;
-}
-
-int ferry_auth_check(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
+int ferry_auth_check(const char *secret, ferry_auth_role role,
+                     const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
                      const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
                      const uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
   uint8_t expected[FERRY_WIRE_PROOF_SIZE];
-  ferry_auth_proof(secret, client_nonce, server_nonce, expected);
-  return proofs_equal(expected, proof);
-}
-
-int ferry_auth_check_target(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
-                            const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
-                            const uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
-  uint8_t expected[FERRY_WIRE_PROOF_SIZE];
-  ferry_auth_target_proof(secret, client_nonce, server_nonce, expected);
-  return proofs_equal(expected, proof);
+  ferry_auth_proof(secret, role, client_nonce, server_nonce, expected);
+  return CRYPTO_memcmp(expected, proof, FERRY_WIRE_PROOF_SIZE) == 0;
 }
 
 /* Two engines with the same boot id run on the same booted kernel, which is

@@ -81,16 +81,15 @@ ferry_status ferry_engine_push_notification(ferry_engine *engine, const char *na
 
 /* auth.c: the shared-secret proof, HMAC-SHA256 over both nonces. */
 void ferry_auth_nonce(uint8_t nonce[FERRY_WIRE_NONCE_SIZE]);
-void ferry_auth_proof(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
+/* Which side proves: each uses its own label, so a proof cannot be
+ * reflected back as the other side's. */
+typedef enum ferry_auth_role { FERRY_AUTH_INITIATOR, FERRY_AUTH_TARGET } ferry_auth_role;
+void ferry_auth_proof(const char *secret, ferry_auth_role role,
+                      const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
                       const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
                       uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
-void ferry_auth_target_proof(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
-                             const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
-                             uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
-int ferry_auth_check_target(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
-                            const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
-                            const uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
-int ferry_auth_check(const char *secret, const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
+int ferry_auth_check(const char *secret, ferry_auth_role role,
+                     const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
                      const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
                      const uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
 uint64_t ferry_random_u64(void);

@@ -127,7 +127,7 @@ static ferry_status prove_secret(ferry_peer *p, ferry_sock *s, const ferry_hello
     return ferry_fail(FERRY_EAUTH, "peer %s requires a shared secret and none is configured",
                       s->peer);
   uint8_t proof[FERRY_WIRE_PROOF_SIZE];
-  ferry_auth_proof(p->engine->secret, hello->nonce, reply->nonce, proof);
+  ferry_auth_proof(p->engine->secret, FERRY_AUTH_INITIATOR, hello->nonce, reply->nonce, proof);
   ferry_frame_header h = {.type = FERRY_FRAME_AUTH, .body_len = sizeof proof};
   ferry_status st = ferry_sock_send_frame(s, &h, proof, "send AUTH");
   if (!st)
@@ -140,7 +140,8 @@ static ferry_status prove_secret(ferry_peer *p, ferry_sock *s, const ferry_hello
   if (h.status)
     return ferry_sock_read_refusal(s, &h, "authenticate");
   st = ferry_sock_recv(s, proof, sizeof proof, "authenticate");
-  if (!st && !ferry_auth_check_target(p->engine->secret, hello->nonce, reply->nonce, proof))
+  if (!st &&
+      !ferry_auth_check(p->engine->secret, FERRY_AUTH_TARGET, hello->nonce, reply->nonce, proof))
     st = ferry_fail(FERRY_EAUTH, "peer %s could not prove it knows the shared secret", s->peer);
   return st;
 }

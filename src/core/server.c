@@ -90,9 +90,9 @@ static ferry_status check_proof(server_conn *c, const ferry_hello *hello,
   st = ferry_sock_recv(&c->sock, proof, sizeof proof, "receive AUTH");
   if (st)
     return st;
-  if (!ferry_auth_check(c->engine->secret, hello->nonce, r->nonce, proof))
+  if (!ferry_auth_check(c->engine->secret, FERRY_AUTH_INITIATOR, hello->nonce, r->nonce, proof))
     return refuse(c, FERRY_FRAME_AUTH_REPLY, FERRY_EAUTH, "wrong shared secret");
-  ferry_auth_target_proof(c->engine->secret, hello->nonce, r->nonce, proof);
+  ferry_auth_proof(c->engine->secret, FERRY_AUTH_TARGET, hello->nonce, r->nonce, proof);
   ferry_frame_header ok = {.type = FERRY_FRAME_AUTH_REPLY, .body_len = sizeof proof};
   return ferry_sock_send_frame(&c->sock, &ok, proof, "send AUTH_REPLY");
 }

@@ -602,7 +602,7 @@ static ferry_status link_attach(shm_link *l, const ferry_engine *e, const shm_ms
   shm_msg_init(&hello, SHM_HELLO);
   ferry_auth_nonce(hello.nonce);
   if (greeting->auth_required && e->secret)
-    ferry_auth_proof(e->secret, hello.nonce, greeting->nonce, hello.proof);
+    ferry_auth_proof(e->secret, FERRY_AUTH_INITIATOR, hello.nonce, greeting->nonce, hello.proof);
   int fds[SHM_MAX_FDS], nfds = 0;
   ferry_status st = link_call(l, &hello, &reply, fds, &nfds);
   if (st)

@@ -402,7 +402,8 @@ static int serve_hello(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
   shm_msg m;
   shm_msg_init(&m, SHM_ATTACH);
   const char *secret = s->engine->secret;
-  if (c->attached || (secret && !ferry_auth_check(secret, req->nonce, c->nonce, req->proof))) {
+  if (c->attached || (secret && !ferry_auth_check(secret, FERRY_AUTH_INITIATOR, req->nonce,
+                                                  c->nonce, req->proof))) {
     FERRY_WARN("shm: refused a same-host peer: %s",
                c->attached ? "second HELLO" : "wrong shared secret");
     m.status = FERRY_EAUTH;

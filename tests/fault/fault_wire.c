@@ -174,7 +174,7 @@ ferry_status fault_raw_handshake(fault_raw *r, const char *secret) {
   if (st || !r->info.auth_required || !secret)
     return st;
   uint8_t proof[FERRY_WIRE_PROOF_SIZE];
-  ferry_auth_proof(secret, hello.nonce, r->info.nonce, proof);
+  ferry_auth_proof(secret, FERRY_AUTH_INITIATOR, hello.nonce, r->info.nonce, proof);
   ferry_frame_header ah = {.type = FERRY_FRAME_AUTH, .body_len = sizeof proof};
   if (fault_raw_send_frame(r, &ah, proof) != 0)
     return FERRY_ESOCKET;

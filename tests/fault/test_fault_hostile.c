@@ -348,7 +348,7 @@ static void test_replayed_proof(void **state) {
     assert_int_equal(ferry_wire_hello_reply_decode(body, (size_t)h.body_len, &reply), FERRY_OK);
     if (round == 0) {
       /* Recorded from an honest session (computed here with the secret). */
-      ferry_auth_proof(SECRET, hello.nonce, reply.nonce, proof);
+      ferry_auth_proof(SECRET, FERRY_AUTH_INITIATOR, hello.nonce, reply.nonce, proof);
     }
     ferry_frame_header ah = {.type = FERRY_FRAME_AUTH, .body_len = sizeof proof};
     assert_int_equal(fault_raw_send_frame(&r, &ah, proof), 0);
