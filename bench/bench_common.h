@@ -74,4 +74,46 @@ static inline int accept_one(const char *prog, const char *host, const char *por
   return fd;
 }
 
+/* Per-operation latencies, sorted at the end for percentiles. */
+typedef struct samples {
+  uint64_t *ns;
+  size_t n, cap;
+} samples;
+
+static inline void samples_add(samples *s, uint64_t ns) {
+  if (s->n == s->cap) {
+    s->cap = s->cap ? 2 * s->cap : 1 << 16;
+    uint64_t *grown = realloc(s->ns, s->cap * sizeof *grown);
+    if (!grown) {
+      perror("realloc");
+      exit(1);
+    }
+    s->ns = grown;
+  }
+  s->ns[s->n++] = ns;
+}
+
+static inline int samples_cmp(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+static inline void samples_sort(samples *s) { qsort(s->ns, s->n, sizeof *s->ns, samples_cmp); }
+
+/* Percentile p (0..1) of sorted samples, in microseconds; 0 when empty. */
+static inline double samples_pct_us(const samples *s, double p) {
+  if (!s->n)
+    return 0;
+  size_t rank = (size_t)(p * (double)s->n + 0.999999);
+  rank = rank < 1 ? 1 : rank > s->n ? s->n : rank;
+  return (double)s->ns[rank - 1] / 1e3;
+}
+
+static inline double samples_mean_us(const samples *s) {
+  double sum = 0;
+  for (size_t i = 0; i < s->n; i++)
+    sum += (double)s->ns[i];
+  return s->n ? sum / (double)s->n / 1e3 : 0;
+}
+
 #endif

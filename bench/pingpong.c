@@ -78,20 +78,6 @@ static int run_server(const char *host, const char *port) {
   return 0;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return (x > y) - (x < y);
-}
-
-static double pct_us(const uint64_t *sorted, size_t n, double p) {
-  size_t rank = (size_t)(p * (double)n + 0.999999);
-  if (rank < 1)
-    rank = 1;
-  if (rank > n)
-    rank = n;
-  return (double)sorted[rank - 1] / 1e3;
-}
-
 static int run_client(const char *host, const char *port, size_t size, double seconds) {
   struct addrinfo *ai = resolve("pingpong", host, port, 0);
   int fd = socket(ai->ai_family, SOCK_STREAM, 0);
@@ -101,10 +87,7 @@ static int run_client(const char *host, const char *port, size_t size, double se
   set_nodelay(fd);
   static char msg[MAX_MSG], back[MAX_MSG];
   memset(msg, 0x5a, size);
-  size_t cap = 1 << 16, n = 0;
-  uint64_t *rtt = malloc(cap * sizeof *rtt);
-  if (!rtt)
-    die("malloc");
+  samples rtt = {0};
   for (int i = 0; i < WARMUP_ROUNDS; i++)
     if (write_all(fd, msg, size) || read_all(fd, back, size))
       die("warm-up round trip");
@@ -114,23 +97,13 @@ static int run_client(const char *host, const char *port, size_t size, double se
     if (write_all(fd, msg, size) || read_all(fd, back, size))
       die("round trip");
     t = now_ns();
-    if (n == cap) {
-      cap *= 2;
-      uint64_t *grown = realloc(rtt, cap * sizeof *rtt);
-      if (!grown)
-        die("realloc");
-      rtt = grown;
-    }
-    rtt[n++] = t - t0;
+    samples_add(&rtt, t - t0);
   }
   close(fd);
-  qsort(rtt, n, sizeof *rtt, cmp_u64);
-  double sum = 0;
-  for (size_t i = 0; i < n; i++)
-    sum += (double)rtt[i];
-  printf("{\"size\":%zu,\"count\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f,\"mean_us\":%.2f}\n", size, n,
-         pct_us(rtt, n, 0.50), pct_us(rtt, n, 0.99), sum / (double)n / 1e3);
-  free(rtt);
+  samples_sort(&rtt);
+  printf("{\"size\":%zu,\"count\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f,\"mean_us\":%.2f}\n", size,
+         rtt.n, samples_pct_us(&rtt, 0.50), samples_pct_us(&rtt, 0.99), samples_mean_us(&rtt));
+  free(rtt.ns);
   return 0;
 }
 

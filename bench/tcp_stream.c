@@ -1,17 +1,24 @@
-/* tcp_stream.c - plain-socket bulk baseline for bench/run: one TCP stream
- * that sends a buffer of BLOCK bytes over and over into a receive buffer of
- * the same size, so that its memory footprint matches a ferry transfer of
- * that block size (iperf3 cannot go past 1 MiB buffers, which stay in
- * cache). The server answers EOF with the bytes it received and the CPU
- * time it used; the client prints one JSON line.
+/* tcp_stream.c - plain-socket baselines for bench/run with ferry's memory
+ * footprint: BLOCK bytes are sent from a buffer of BLOCK bytes into a
+ * receive buffer of the same size, in pieces of at most 1 MiB (ferry's
+ * slice, and iperf3's -l 1M). iperf3 reuses one 1 MiB buffer, which stays in
+ * the CPU cache; these keep a large block's working set as large as ferry's.
  *
- *   tcp_stream server [HOST [PORT]] BLOCK   prints "ready port=N"
- *   tcp_stream client HOST PORT BLOCK [SECONDS]
+ *   stream: the client sends block after block and never waits, the bound
+ *           for pipelined transfers (async batches, large blocks);
+ *   ack:    after each block the server answers 8 bytes and the client waits
+ *           for them, the bound for one synchronous call per block.
+ *
+ * At EOF the server answers with the bytes it received and the CPU time it
+ * used; the client prints one JSON line (with latency percentiles per block
+ * in ack mode).
+ *
+ *   tcp_stream server HOST PORT BLOCK MODE      prints "ready port=N"
+ *   tcp_stream client HOST PORT BLOCK SECONDS MODE
  */
-#include <ctype.h>
 #include <errno.h>
-#include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +30,8 @@
 #include <unistd.h>
 
 #include "bench_common.h"
+
+#define PIECE (1u << 20)
 
 static void die(const char *what) {
   fprintf(stderr, "tcp_stream: %s: %s\n", what, strerror(errno));
@@ -45,78 +54,121 @@ static char *buffer(size_t n) {
   return p;
 }
 
-static int run_server(const char *host, const char *port, size_t block) {
-  char *buf = buffer(block);
-  int fd = accept_one("tcp_stream", host, port);
-  uint64_t cpu0 = cpu_ns(), total = 0;
+static void nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* Receives one block piece by piece; 0 at EOF, else the bytes (== block). */
+static size_t receive_block(int fd, char *buf, size_t block) {
   size_t at = 0;
-  for (;;) {
-    ssize_t r = recv(fd, buf + at, block - at, MSG_WAITALL);
+  while (at < block) {
+    size_t want = block - at < PIECE ? block - at : PIECE;
+    ssize_t r = recv(fd, buf + at, want, MSG_WAITALL);
     if (r < 0 && errno == EINTR)
       continue;
     if (r <= 0)
-      break;
-    total += (uint64_t)r;
-    at = (at + (size_t)r) % block;
+      return 0;
+    at += (size_t)r;
+  }
+  return at;
+}
+
+static void send_all(int fd, const char *buf, size_t len, const char *what) {
+  size_t at = 0;
+  while (at < len) {
+    size_t want = len - at < PIECE ? len - at : PIECE;
+    ssize_t w = send(fd, buf + at, want, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      die(what);
+    at += (size_t)w;
+  }
+}
+
+static void receive_all(int fd, void *buf, size_t len, const char *what) {
+  size_t at = 0;
+  while (at < len) {
+    ssize_t r = recv(fd, (char *)buf + at, len - at, 0);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      die(what);
+    at += (size_t)r;
+  }
+}
+
+static int run_server(const char *host, const char *port, size_t block, int ack) {
+  char *buf = buffer(block);
+  int fd = accept_one("tcp_stream", host, port);
+  nodelay(fd);
+  uint64_t cpu0 = cpu_ns(), total = 0, reply = 0;
+  size_t got;
+  while ((got = receive_block(fd, buf, block)) != 0) {
+    total += got;
+    if (ack)
+      send_all(fd, (const char *)&reply, sizeof reply, "send ack");
   }
   uint64_t answer[2] = {total, cpu_ns() - cpu0};
-  if (send(fd, answer, sizeof answer, MSG_NOSIGNAL) != (ssize_t)sizeof answer)
-    die("send result");
+  send_all(fd, (const char *)answer, sizeof answer, "send result");
   close(fd);
   return 0;
 }
 
-static int run_client(const char *host, const char *port, size_t block, double seconds) {
+static int run_client(const char *host, const char *port, size_t block, double seconds, int ack) {
   char *buf = buffer(block);
   struct addrinfo *ai = resolve("tcp_stream", host, port, 0);
   int fd = socket(ai->ai_family, SOCK_STREAM, 0);
   if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0)
     die("connect");
   freeaddrinfo(ai);
-  uint64_t cpu0 = cpu_ns(), start = now_ns(), end = start + (uint64_t)(seconds * 1e9);
-  while (now_ns() < end) {
-    size_t at = 0;
-    while (at < block) {
-      ssize_t w = send(fd, buf + at, block - at, MSG_NOSIGNAL);
-      if (w < 0 && errno == EINTR)
-        continue;
-      if (w <= 0)
-        die("send");
-      at += (size_t)w;
-    }
+  nodelay(fd);
+  samples lat = {0};
+  uint64_t cpu0 = cpu_ns(), start = now_ns(), end = start + (uint64_t)(seconds * 1e9), t = start;
+  while (t < end) {
+    uint64_t t0 = t, reply;
+    send_all(fd, buf, block, "send");
+    if (ack)
+      receive_all(fd, &reply, sizeof reply, "receive ack");
+    t = now_ns();
+    samples_add(&lat, t - t0);
   }
   shutdown(fd, SHUT_WR);
   uint64_t answer[2];
-  size_t got = 0;
-  while (got < sizeof answer) {
-    ssize_t r = recv(fd, (char *)answer + got, sizeof answer - got, 0);
-    if (r <= 0)
-      die("receive result");
-    got += (size_t)r;
-  }
+  receive_all(fd, answer, sizeof answer, "receive result");
   double secs = (double)(now_ns() - start) / 1e9;
   double cpu = (double)(cpu_ns() - cpu0 + answer[1]) / 1e9;
   close(fd);
-  printf("{\"block\":%zu,\"bytes\":%llu,\"seconds\":%.4f,\"gbps\":%.4f,\"cpu_s_per_gb\":%.4f}\n",
-         block, (unsigned long long)answer[0], secs, (double)answer[0] / secs / 1e9,
-         answer[0] ? cpu / ((double)answer[0] / 1e9) : 0.0);
+  samples_sort(&lat);
+  printf("{\"block\":%zu,\"mode\":\"%s\",\"bytes\":%llu,\"seconds\":%.4f,\"gbps\":%.4f,"
+         "\"cpu_s_per_gb\":%.4f,\"p50_us\":%.1f,\"p99_us\":%.1f}\n",
+         block, ack ? "ack" : "stream", (unsigned long long)answer[0], secs,
+         (double)answer[0] / secs / 1e9, answer[0] ? cpu / ((double)answer[0] / 1e9) : 0.0,
+         ack ? samples_pct_us(&lat, 0.50) : 0.0, ack ? samples_pct_us(&lat, 0.99) : 0.0);
+  free(lat.ns);
   return 0;
 }
 
+/* "stream" -> 0, "ack" -> 1, anything else -> -1 */
+static int parse_mode(const char *mode) {
+  return strcmp(mode, "stream") == 0 ? 0 : strcmp(mode, "ack") == 0 ? 1 : -1;
+}
+
 int main(int argc, char **argv) {
-  if (argc >= 3 && strcmp(argv[1], "server") == 0) {
-    const char *host = argc > 4 ? argv[2] : "127.0.0.1";
-    const char *port = argc > 4 ? argv[3] : "0";
-    size_t block = parse_size(argv[argc - 1]);
-    if (block > 0)
-      return run_server(host, port, block);
-  } else if (argc >= 5 && strcmp(argv[1], "client") == 0) {
+  if (argc == 6 && strcmp(argv[1], "server") == 0) {
     size_t block = parse_size(argv[4]);
-    double seconds = argc > 5 ? atof(argv[5]) : 2.0;
-    if (block > 0 && seconds > 0)
-      return run_client(argv[2], argv[3], block, seconds);
+    int ack = parse_mode(argv[5]);
+    if (block > 0 && ack >= 0)
+      return run_server(argv[2], argv[3], block, ack);
+  } else if (argc == 7 && strcmp(argv[1], "client") == 0) {
+    size_t block = parse_size(argv[4]);
+    double seconds = atof(argv[5]);
+    int ack = parse_mode(argv[6]);
+    if (block > 0 && seconds > 0 && ack >= 0)
+      return run_client(argv[2], argv[3], block, seconds, ack);
   }
-  fprintf(stderr, "usage: tcp_stream server [HOST PORT] BLOCK\n"
-                  "       tcp_stream client HOST PORT BLOCK [SECONDS]\n");
+  fprintf(stderr, "usage: tcp_stream server HOST PORT BLOCK stream|ack\n"
+                  "       tcp_stream client HOST PORT BLOCK SECONDS stream|ack\n");
   return 2;
 }

@@ -183,7 +183,16 @@ void ferry_sock_init(ferry_sock *s, int fd, const char *peer) {
   s->peer = peer;
   s->deadline_ns = 0;
   s->timeout_set_ns = 0; /* a new socket has no timeout */
+  s->rbuf = NULL;
+  s->rcap = s->rpos = s->rlen = 0;
 }
+
+void ferry_sock_readahead(ferry_sock *s, uint8_t *buf, size_t cap) {
+  s->rbuf = buf;
+  s->rcap = cap;
+}
+
+int ferry_sock_buffered(const ferry_sock *s) { return s->rpos < s->rlen; }
 
 void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns) { s->deadline_ns = deadline_ns; }
 
@@ -226,6 +235,10 @@ static ferry_status io_error(ferry_sock *s, int err, int sending, const char *st
   if (err == EAGAIN || err == EWOULDBLOCK)
     return ferry_fail(FERRY_ETIMEDOUT, "%s %s %s timed out", step, dir, s->peer);
   return ferry_fail_errno(FERRY_ESOCKET, err, "%s %s %s failed", step, dir, s->peer);
+}
+
+static ferry_status closed_by_peer(ferry_sock *s, const char *step) {
+  return ferry_fail(FERRY_ESOCKET, "%s from %s failed: connection closed by peer", step, s->peer);
 }
 
 /* Drops n bytes from the front of an iovec array; returns the new start. */
@@ -288,8 +301,7 @@ static ferry_status transfer_iov(ferry_sock *s, struct iovec *iov, int iovcnt, i
       return io_error(s, err, sending, step);
     }
     if (n == 0 && !sending)
-      return ferry_fail(FERRY_ESOCKET, "%s from %s failed: connection closed by peer", step,
-                        s->peer);
+      return closed_by_peer(s, step);
     iov = iov_advance(iov, &iovcnt, (size_t)n);
   }
   return FERRY_OK;
@@ -299,8 +311,53 @@ ferry_status ferry_sock_sendv(ferry_sock *s, struct iovec *iov, int iovcnt, cons
   return transfer_iov(s, iov, iovcnt, 1, step);
 }
 
+/* Moves read-ahead bytes into the iovec; returns its new start. */
+static struct iovec *drain_readahead(ferry_sock *s, struct iovec *iov, int *iovcnt) {
+  while (ferry_sock_buffered(s) && *iovcnt > 0) {
+    size_t n = s->rlen - s->rpos;
+    if (n > iov->iov_len)
+      n = iov->iov_len;
+    IGNORE_PAYLOAD_BEGIN(); /* iov may be registered memory, like recvmsg's */
+    memcpy(iov->iov_base, s->rbuf + s->rpos, n);
+    IGNORE_PAYLOAD_END();
+    s->rpos += n;
+    iov = iov_advance(iov, iovcnt, n);
+  }
+  if (s->rpos == s->rlen)
+    s->rpos = s->rlen = 0;
+  return iov;
+}
+
+static size_t iov_total(const struct iovec *iov, int iovcnt) {
+  size_t n = 0;
+  for (int i = 0; i < iovcnt; i++)
+    n += iov[i].iov_len;
+  return n;
+}
+
 ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
-  return transfer_iov(s, iov, iovcnt, 0, step);
+  if (!s->rbuf)
+    return transfer_iov(s, iov, iovcnt, 0, step);
+  iov = drain_readahead(s, iov, &iovcnt);
+  if (iov_total(iov, iovcnt) >= s->rcap)
+    return transfer_iov(s, iov, iovcnt, 0, step); /* large: straight into place */
+  while (iovcnt > 0 && iov_total(iov, iovcnt) > 0) {
+    ferry_status st = arm_timeout(s, step);
+    if (st)
+      return st;
+    ssize_t n = recv(s->fd, s->rbuf, s->rcap, 0);
+    if (n < 0) {
+      if (errno == EINTR || timeout_is_early(s, errno))
+        continue;
+      return io_error(s, errno, 0, step);
+    }
+    if (n == 0)
+      return closed_by_peer(s, step);
+    s->rpos = 0;
+    s->rlen = (size_t)n;
+    iov = drain_readahead(s, iov, &iovcnt);
+  }
+  return FERRY_OK;
 }
 
 ferry_status ferry_sock_recv(ferry_sock *s, void *buf, size_t len, const char *step) {

@@ -12,6 +12,8 @@
 #include "wire/wire.h"
 
 #define FERRY_HOST_MAX 256
+/* Read-ahead buffer of the long-lived data connections (see ferry_sock). */
+#define FERRY_READAHEAD (16 * 1024)
 
 /* "host:port" or "[v6]:port" -> host (without brackets) and port. */
 ferry_status ferry_net_parse_target(const char *target, char host[FERRY_HOST_MAX], uint16_t *port);
@@ -32,9 +34,18 @@ typedef struct ferry_sock {
   const char *peer;     /* "host:port", for messages */
   uint64_t deadline_ns; /* 0 = none */
   uint64_t timeout_set_ns;
+  /* Optional read-ahead: a receive of less than rcap bytes takes whatever
+   * has arrived (up to rcap) in one recv, so a small frame's header, table
+   * and payload cost one system call. NULL: every receive goes direct. */
+  uint8_t *rbuf;
+  size_t rcap, rpos, rlen;
 } ferry_sock;
 
 void ferry_sock_init(ferry_sock *s, int fd, const char *peer);
+/* Turns read-ahead on, with a buffer that lives as long as the socket. */
+void ferry_sock_readahead(ferry_sock *s, uint8_t *buf, size_t cap);
+/* Nonzero when read-ahead holds bytes nobody has asked for yet. */
+int ferry_sock_buffered(const ferry_sock *s);
 void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns);
 /* Sends/receives the whole iovec (which is consumed). step names the
  * operation for the message ("send WRITE"). FERRY_ETIMEDOUT at the

@@ -37,22 +37,40 @@ static ferry_peer *peer_new(ferry_engine *e, const char *target) {
   return p;
 }
 
-ferry_status ferry_peer_get(ferry_engine *e, const char *target, ferry_peer **out) {
+static ferry_status check_target_name(ferry_engine *e, const char *target) {
   if (!target || !*target || strlen(target) >= sizeof((ferry_peer *)0)->target)
     return ferry_fail(FERRY_EINVAL, "target name is empty or too long");
-  if (!e->metadata) {
-    char host[FERRY_HOST_MAX];
-    uint16_t port;
-    ferry_status st = ferry_net_parse_target(target, host, &port);
-    if (st)
-      return ferry_fail(st, "target \"%s\" is not host:port and no metadata service is configured",
-                        target);
-  }
-  pthread_mutex_lock(&e->peers_lock);
+  if (e->metadata)
+    return FERRY_OK; /* any segment name: the service resolves it */
+  char host[FERRY_HOST_MAX];
+  uint16_t port;
+  ferry_status st = ferry_net_parse_target(target, host, &port);
+  if (st)
+    return ferry_fail(st, "target \"%s\" is not host:port and no metadata service is configured",
+                      target);
+  return FERRY_OK;
+}
+
+static ferry_peer *find_peer(ferry_engine *e, const char *target) {
   ferry_peer *p = e->peers;
   while (p && strcmp(p->target, target) != 0)
     p = p->next;
-  if (!p && (p = peer_new(e, target)) != NULL) {
+  return p;
+}
+
+ferry_status ferry_peer_get(ferry_engine *e, const char *target, ferry_peer **out) {
+  pthread_mutex_lock(&e->peers_lock);
+  ferry_peer *p = target ? find_peer(e, target) : NULL;
+  pthread_mutex_unlock(&e->peers_lock);
+  if (p) { /* known targets were checked when first seen */
+    *out = p;
+    return FERRY_OK;
+  }
+  ferry_status st = check_target_name(e, target);
+  if (st)
+    return st;
+  pthread_mutex_lock(&e->peers_lock);
+  if ((p = find_peer(e, target)) == NULL && (p = peer_new(e, target)) != NULL) {
     p->next = e->peers;
     e->peers = p;
   }
@@ -354,8 +372,9 @@ static int control_lost(ferry_peer *p) {
 ferry_status ferry_peer_ensure(ferry_peer *p, uint64_t deadline_ns) {
   pthread_mutex_lock(&p->lock);
   int ready = p->known && p->transport && p->regions;
+  int proven = ferry_now_ns() - p->replied_ns < FERRY_PEER_TRUST_NS;
   pthread_mutex_unlock(&p->lock);
-  if (ready && !control_lost(p))
+  if (ready && (proven || !control_lost(p)))
     return FERRY_OK;
   ferry_status st = refresh_regions(p, deadline_ns);
   if (st)
@@ -476,8 +495,12 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
 
 void ferry_peer_checkin(ferry_peer *p, ferry_channel *ch) {
   pthread_mutex_lock(&p->lock);
-  if (ch->broken)
+  if (ch->broken) {
     p->generation++; /* its siblings may be just as dead (peer restart) */
+    p->replied_ns = 0;
+  } else if (ch->replied_ns > p->replied_ns) {
+    p->replied_ns = ch->replied_ns;
+  }
   if (ch->broken || ch->generation != p->generation ||
       __atomic_load_n(&p->engine->closing, __ATOMIC_ACQUIRE)) {
     unlink_channel(p, ch);

@@ -28,11 +28,18 @@ struct ferry_peer {
   struct ferry_channel *idle;
   struct ferry_channel *all;
   unsigned open_channels;
+  uint64_t replied_ns; /* last reply on a data channel that stayed in step */
 
   pthread_mutex_t control_lock; /* one request at a time on control */
   int control_fd;
   uint64_t control_instance;
 };
+
+/* How long a reply proves a peer and its connections alive, so back-to-back
+ * calls skip the liveness polls (one system call each). A restart takes far
+ * longer than this; a link lost within it fails the call that meets it, and
+ * the next call reconnects. */
+#define FERRY_PEER_TRUST_NS (1000 * 1000ull)
 
 /* Finds or creates the peer for a target (no I/O). */
 ferry_status ferry_peer_get(ferry_engine *engine, const char *target, ferry_peer **out);

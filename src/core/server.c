@@ -36,6 +36,7 @@ typedef struct server_conn {
   uint8_t table[FERRY_WIRE_MAX_SEGMENTS * FERRY_WIRE_SEGMENT_SIZE];
   ferry_region segs[FERRY_WIRE_MAX_SEGMENTS];
   struct iovec iov[FERRY_WIRE_MAX_SEGMENTS + 2];
+  uint8_t readahead[FERRY_READAHEAD];
 } server_conn;
 
 struct ferry_server {
@@ -384,6 +385,7 @@ static void start_connection(ferry_engine *e, int fd) {
   ferry_net_tune(fd);
   describe_peer(fd, c->peer, sizeof c->peer);
   ferry_sock_init(&c->sock, fd, c->peer);
+  ferry_sock_readahead(&c->sock, c->readahead, sizeof c->readahead);
   pthread_mutex_lock(&s->lock);
   reap_finished(s);
   if (pthread_create(&c->thread, NULL, serve_connection, c) != 0) {

@@ -503,6 +503,8 @@ static ferry_status chan_drive(ferry_channel *base, ferry_batch *b) {
     if (st && !first)
       first = st;
     ferry_batch_complete(b, st);
+    if (!base->broken)
+      base->replied_ns = ferry_now_ns(); /* the link was seen alive after the copy */
   }
   return first;
 }

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "transport/transport.h"
@@ -32,6 +33,7 @@ typedef struct tcp_channel {
   char address[FERRY_HOST_MAX + 8];
   struct iovec iov[FERRY_WIRE_MAX_SEGMENTS + 4];
   tcp_slot slots[TCP_WINDOW];
+  uint8_t readahead[FERRY_READAHEAD];
 } tcp_channel;
 
 static int tcp_usable(ferry_engine *e, const ferry_hello_reply *info, char *why, size_t size) {
@@ -56,6 +58,7 @@ static ferry_status tcp_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel 
   ch->base.peer_instance = reply.engine_id;
   snprintf(ch->address, sizeof ch->address, "%s", p->address);
   ferry_sock_init(&ch->sock, fd, ch->address);
+  ferry_sock_readahead(&ch->sock, ch->readahead, sizeof ch->readahead);
   FERRY_DEBUG("opened tcp data connection to %s", ch->address);
   *out = &ch->base;
   return FERRY_OK;
@@ -174,11 +177,18 @@ static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
     done++;
   }
   ferry_sock_set_deadline(&ch->sock, 0);
+  if (done && !base->broken)
+    base->replied_ns = ferry_now_ns();
   return first;
 }
 
 static int tcp_alive(ferry_channel *base) {
-  return ferry_net_idle_alive(((tcp_channel *)base)->sock.fd);
+  tcp_channel *ch = (tcp_channel *)base;
+  if (ferry_sock_buffered(&ch->sock))
+    return 0; /* bytes nobody asked for: the stream is out of step */
+  if (ferry_now_ns() - base->replied_ns < FERRY_PEER_TRUST_NS)
+    return 1;
+  return ferry_net_idle_alive(ch->sock.fd);
 }
 
 static void tcp_shutdown(ferry_channel *base) {

@@ -19,6 +19,7 @@ typedef struct ferry_channel {
   uint64_t peer_instance; /* the target incarnation this channel talks to */
   unsigned generation;    /* peer generation when opened; older ones are retired */
   int broken;             /* set by drive on a failure that desynchronized it */
+  uint64_t replied_ns;    /* when a reply last arrived: recent proof the link works */
   struct ferry_channel *next_idle;
   struct ferry_channel *next_all;
 } ferry_channel;
@@ -36,6 +37,8 @@ struct ferry_transport {
   /* Claims chunks of the batch and moves them until none are left. A failed
    * chunk is reported to the batch; the return value is the first error. */
   ferry_status (*channel_drive)(ferry_channel *channel, ferry_batch *batch);
+  /* Nonzero when an idle channel can take a batch. A channel that got a
+   * reply within FERRY_PEER_TRUST_NS counts as alive without asking. */
   int (*channel_alive)(ferry_channel *channel);
   void (*channel_shutdown)(ferry_channel *channel); /* wakes a blocked driver */
   void (*channel_close)(ferry_channel *channel);
