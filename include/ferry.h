@@ -102,7 +102,7 @@ typedef struct ferry_config {
                                   MC_TRANSFER_TIMEOUT seconds overrides) */
   uint32_t timeout_ns_per_mb;  /* extra time per MiB moved (default 1 ms) */
   uint32_t connect_timeout_ms; /* connect + handshake bound (default 5000) */
-  size_t slice_size;           /* max bytes per data frame (default 1 MiB) */
+  size_t slice_size;           /* max bytes per data frame (default 512 KiB) */
   ferry_log_level log_level;   /* applied process-wide when set explicitly */
   int log_level_set;           /* nonzero: log_level above is meant */
   const char *secret;          /* shared secret peers must prove; NULL = none */

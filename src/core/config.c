@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
 #include "ferry.h"
 
 static long env_long(const char *name, long fallback) {
@@ -26,7 +27,7 @@ void ferry_config_init(ferry_config *cfg) {
     cfg->timeout_ms = (uint32_t)(seconds * 1000);
   cfg->timeout_ns_per_mb = 1000000; /* 1 ns per byte, as Mooncake allows */
   cfg->connect_timeout_ms = 5000;
-  cfg->slice_size = 1 << 20;
+  cfg->slice_size = FERRY_DEFAULT_SLICE;
   cfg->log_level = ferry_log_get_level();
   cfg->secret = getenv("FERRY_SECRET");
   cfg->checksum = env_long("FERRY_CHECKSUM", 0) != 0;

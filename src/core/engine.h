@@ -17,6 +17,11 @@
 /* Received notifications wait here until drained; past this many bytes a
  * sender gets FERRY_EBUSY instead of growing the process without bound. */
 #define FERRY_NOTIFY_QUEUE_MAX (64u << 20)
+/* Bytes per data frame. With 4 connections of one frame each, 2 MiB are in
+ * flight: far above a datacenter link's bandwidth-delay product, and small
+ * enough that the receiver copies bytes the sender's copy left in the CPU
+ * cache (1 MiB frames, 4 deep, ran 35-45% slower at 16-64 MiB, BENCHMARKS.md). */
+#define FERRY_DEFAULT_SLICE (512u << 10)
 
 typedef struct ferry_peer ferry_peer;
 typedef struct ferry_server ferry_server;
