@@ -7,7 +7,10 @@
  *   stream: the client sends block after block and never waits, the bound
  *           for pipelined transfers (async batches, large blocks);
  *   ack:    after each block the server answers 8 bytes and the client waits
- *           for them, the bound for one synchronous call per block.
+ *           for them, the bound for one synchronous call per block;
+ *   spin:   ack, but both ends poll with MSG_DONTWAIT instead of sleeping in
+ *           recv: no wake-up ever goes through an idle CPU. What a
+ *           synchronous call could reach by burning a CPU per end.
  *
  * At EOF the server answers with the bytes it received and the CPU time it
  * used; the client prints one JSON line (with latency percentiles per block
@@ -15,6 +18,7 @@
  *
  *   tcp_stream server HOST PORT BLOCK MODE      prints "ready port=N"
  *   tcp_stream client HOST PORT BLOCK SECONDS MODE
+ * MODE: stream, ack or spin.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -32,6 +36,10 @@
 #include "bench_common.h"
 
 #define PIECE (1u << 20)
+
+enum mode { MODE_STREAM, MODE_ACK, MODE_SPIN };
+static const char *const MODE_NAMES[] = {"stream", "ack", "spin"};
+static int recv_flags = MSG_WAITALL; /* MSG_DONTWAIT in spin mode */
 
 static void die(const char *what) {
   fprintf(stderr, "tcp_stream: %s: %s\n", what, strerror(errno));
@@ -64,8 +72,8 @@ static size_t receive_block(int fd, char *buf, size_t block) {
   size_t at = 0;
   while (at < block) {
     size_t want = block - at < PIECE ? block - at : PIECE;
-    ssize_t r = recv(fd, buf + at, want, MSG_WAITALL);
-    if (r < 0 && errno == EINTR)
+    ssize_t r = recv(fd, buf + at, want, recv_flags);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN))
       continue;
     if (r <= 0)
       return 0;
@@ -90,8 +98,8 @@ static void send_all(int fd, const char *buf, size_t len, const char *what) {
 static void receive_all(int fd, void *buf, size_t len, const char *what) {
   size_t at = 0;
   while (at < len) {
-    ssize_t r = recv(fd, (char *)buf + at, len - at, 0);
-    if (r < 0 && errno == EINTR)
+    ssize_t r = recv(fd, (char *)buf + at, len - at, recv_flags & MSG_DONTWAIT);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN))
       continue;
     if (r <= 0)
       die(what);
@@ -99,7 +107,7 @@ static void receive_all(int fd, void *buf, size_t len, const char *what) {
   }
 }
 
-static int run_server(const char *host, const char *port, size_t block, int ack) {
+static int run_server(const char *host, const char *port, size_t block, enum mode mode) {
   char *buf = buffer(block);
   int fd = accept_one("tcp_stream", host, port);
   nodelay(fd);
@@ -107,7 +115,7 @@ static int run_server(const char *host, const char *port, size_t block, int ack)
   size_t got;
   while ((got = receive_block(fd, buf, block)) != 0) {
     total += got;
-    if (ack)
+    if (mode != MODE_STREAM)
       send_all(fd, (const char *)&reply, sizeof reply, "send ack");
   }
   uint64_t answer[2] = {total, cpu_ns() - cpu0};
@@ -116,7 +124,8 @@ static int run_server(const char *host, const char *port, size_t block, int ack)
   return 0;
 }
 
-static int run_client(const char *host, const char *port, size_t block, double seconds, int ack) {
+static int run_client(const char *host, const char *port, size_t block, double seconds,
+                      enum mode mode) {
   char *buf = buffer(block);
   struct addrinfo *ai = resolve("tcp_stream", host, port, 0);
   int fd = socket(ai->ai_family, SOCK_STREAM, 0);
@@ -129,12 +138,13 @@ static int run_client(const char *host, const char *port, size_t block, double s
   while (t < end) {
     uint64_t t0 = t, reply;
     send_all(fd, buf, block, "send");
-    if (ack)
+    if (mode != MODE_STREAM)
       receive_all(fd, &reply, sizeof reply, "receive ack");
     t = now_ns();
     samples_add(&lat, t - t0);
   }
   shutdown(fd, SHUT_WR);
+  recv_flags = MSG_WAITALL; /* the server may take a while to answer */
   uint64_t answer[2];
   receive_all(fd, answer, sizeof answer, "receive result");
   double secs = (double)(now_ns() - start) / 1e9;
@@ -143,32 +153,43 @@ static int run_client(const char *host, const char *port, size_t block, double s
   samples_sort(&lat);
   printf("{\"block\":%zu,\"mode\":\"%s\",\"bytes\":%llu,\"seconds\":%.4f,\"gbps\":%.4f,"
          "\"cpu_s_per_gb\":%.4f,\"p50_us\":%.1f,\"p99_us\":%.1f}\n",
-         block, ack ? "ack" : "stream", (unsigned long long)answer[0], secs,
+         block, MODE_NAMES[mode], (unsigned long long)answer[0], secs,
          (double)answer[0] / secs / 1e9, answer[0] ? cpu / ((double)answer[0] / 1e9) : 0.0,
-         ack ? samples_pct_us(&lat, 0.50) : 0.0, ack ? samples_pct_us(&lat, 0.99) : 0.0);
+         mode == MODE_STREAM ? 0.0 : samples_pct_us(&lat, 0.50),
+         mode == MODE_STREAM ? 0.0 : samples_pct_us(&lat, 0.99));
   free(lat.ns);
   return 0;
 }
 
-/* "stream" -> 0, "ack" -> 1, anything else -> -1 */
-static int parse_mode(const char *mode) {
-  return strcmp(mode, "stream") == 0 ? 0 : strcmp(mode, "ack") == 0 ? 1 : -1;
+/* A mode's number, or -1. */
+static int parse_mode(const char *name) {
+  for (int m = MODE_STREAM; m <= MODE_SPIN; m++)
+    if (strcmp(name, MODE_NAMES[m]) == 0)
+      return m;
+  return -1;
+}
+
+static int set_mode(const char *name) {
+  int mode = parse_mode(name);
+  if (mode == MODE_SPIN)
+    recv_flags = MSG_DONTWAIT;
+  return mode;
 }
 
 int main(int argc, char **argv) {
   if (argc == 6 && strcmp(argv[1], "server") == 0) {
     size_t block = parse_size(argv[4]);
-    int ack = parse_mode(argv[5]);
-    if (block > 0 && ack >= 0)
-      return run_server(argv[2], argv[3], block, ack);
+    int mode = set_mode(argv[5]);
+    if (block > 0 && mode >= 0)
+      return run_server(argv[2], argv[3], block, (enum mode)mode);
   } else if (argc == 7 && strcmp(argv[1], "client") == 0) {
     size_t block = parse_size(argv[4]);
     double seconds = atof(argv[5]);
-    int ack = parse_mode(argv[6]);
-    if (block > 0 && seconds > 0 && ack >= 0)
-      return run_client(argv[2], argv[3], block, seconds, ack);
+    int mode = set_mode(argv[6]);
+    if (block > 0 && seconds > 0 && mode >= 0)
+      return run_client(argv[2], argv[3], block, seconds, (enum mode)mode);
   }
-  fprintf(stderr, "usage: tcp_stream server HOST PORT BLOCK stream|ack\n"
-                  "       tcp_stream client HOST PORT BLOCK SECONDS stream|ack\n");
+  fprintf(stderr, "usage: tcp_stream server HOST PORT BLOCK stream|ack|spin\n"
+                  "       tcp_stream client HOST PORT BLOCK SECONDS stream|ack|spin\n");
   return 2;
 }

@@ -1,7 +1,7 @@
 /* config.c - defaults for ferry_config, and the environment variables users
  * of Mooncake already set (MC_TCP_BIND_ADDRESS, MC_TRANSFER_TIMEOUT,
  * MC_FORCE_TCP) plus ferry's own (FERRY_LOG, FERRY_TRANSPORTS,
- * FERRY_CHECKSUM, FERRY_SECRET). */
+ * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +31,8 @@ void ferry_config_init(ferry_config *cfg) {
   cfg->log_level = ferry_log_get_level();
   cfg->secret = getenv("FERRY_SECRET");
   cfg->checksum = env_long("FERRY_CHECKSUM", 0) != 0;
+  long spin = env_long("FERRY_SPIN_US", 0);
+  cfg->spin_us = spin > 0 && spin <= FERRY_SPIN_US_MAX ? (unsigned)spin : 0;
   const char *transports = getenv("FERRY_TRANSPORTS");
   if (transports)
     cfg->transports = ferry_transport_parse(transports);

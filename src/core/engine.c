@@ -73,6 +73,8 @@ static ferry_status copy_config(ferry_engine *e, const ferry_config *cfg) {
     e->cfg.workers = 1;
   if (e->cfg.slice_size < 4096 || e->cfg.slice_size > FERRY_WIRE_MAX_PAYLOAD)
     e->cfg.slice_size = FERRY_DEFAULT_SLICE;
+  if (e->cfg.spin_us > FERRY_SPIN_US_MAX)
+    e->cfg.spin_us = FERRY_SPIN_US_MAX;
   if (!e->cfg.connect_timeout_ms)
     e->cfg.connect_timeout_ms = 5000;
   if (!e->cfg.timeout_ms)

@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,6 +186,7 @@ void ferry_sock_init(ferry_sock *s, int fd, const char *peer) {
   s->timeout_set_ns = 0; /* a new socket has no timeout */
   s->rbuf = NULL;
   s->rcap = s->rpos = s->rlen = 0;
+  s->spin_ns = 0;
 }
 
 void ferry_sock_readahead(ferry_sock *s, uint8_t *buf, size_t cap) {
@@ -278,6 +280,23 @@ void __tsan_ignore_thread_end(void);
 #define IGNORE_PAYLOAD_END() ((void)0)
 #endif
 
+/* Bounded spin (ferry_sock.spin_ns): until spin_until a receive does not
+ * sleep but polls, yielding the CPU between tries so that a peer thread on
+ * the same CPU can run and answer. */
+static uint64_t spin_deadline(const ferry_sock *s) {
+  return s->spin_ns ? ferry_now_ns() + s->spin_ns : 0;
+}
+
+static int still_spinning(uint64_t spin_until) { return spin_until && ferry_now_ns() < spin_until; }
+
+/* A polling receive found nothing yet: yield, and try again. */
+static int spun_empty(int spin, int err) {
+  if (!spin || (err != EAGAIN && err != EWOULDBLOCK))
+    return 0;
+  sched_yield();
+  return 1;
+}
+
 /* Moves the whole iovec through sendmsg or recvmsg, resuming after partial
  * transfers, early timeouts and signals. The kernel takes at most IOV_MAX
  * entries per call; longer lists simply take more calls. */
@@ -285,18 +304,21 @@ static ferry_status transfer_iov(ferry_sock *s, struct iovec *iov, int iovcnt, i
                                  const char *step) {
   while (iovcnt > 0 && iov->iov_len == 0)
     iov++, iovcnt--;
+  uint64_t spin_until = sending ? 0 : spin_deadline(s);
   while (iovcnt > 0) {
     ferry_status st = arm_timeout(s, step);
     if (st)
       return st;
     struct msghdr msg = {.msg_iov = iov,
                          .msg_iovlen = (size_t)(iovcnt < IOV_MAX ? iovcnt : IOV_MAX)};
+    int spin = still_spinning(spin_until);
     IGNORE_PAYLOAD_BEGIN();
-    ssize_t n = sending ? sendmsg(s->fd, &msg, MSG_NOSIGNAL) : recvmsg(s->fd, &msg, MSG_WAITALL);
+    ssize_t n = sending ? sendmsg(s->fd, &msg, MSG_NOSIGNAL)
+                        : recvmsg(s->fd, &msg, spin ? MSG_DONTWAIT : MSG_WAITALL);
     int err = errno;
     IGNORE_PAYLOAD_END();
     if (n < 0) {
-      if (err == EINTR || timeout_is_early(s, err))
+      if (err == EINTR || timeout_is_early(s, err) || spun_empty(spin, err))
         continue;
       return io_error(s, err, sending, step);
     }
@@ -341,13 +363,15 @@ ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, cons
   iov = drain_readahead(s, iov, &iovcnt);
   if (iov_total(iov, iovcnt) >= s->rcap)
     return transfer_iov(s, iov, iovcnt, 0, step); /* large: straight into place */
+  uint64_t spin_until = spin_deadline(s);
   while (iovcnt > 0 && iov_total(iov, iovcnt) > 0) {
     ferry_status st = arm_timeout(s, step);
     if (st)
       return st;
-    ssize_t n = recv(s->fd, s->rbuf, s->rcap, 0);
+    int spin = still_spinning(spin_until);
+    ssize_t n = recv(s->fd, s->rbuf, s->rcap, spin ? MSG_DONTWAIT : 0);
     if (n < 0) {
-      if (errno == EINTR || timeout_is_early(s, errno))
+      if (errno == EINTR || timeout_is_early(s, errno) || spun_empty(spin, errno))
         continue;
       return io_error(s, errno, 0, step);
     }

@@ -39,6 +39,7 @@ typedef struct ferry_sock {
    * and payload cost one system call. NULL: every receive goes direct. */
   uint8_t *rbuf;
   size_t rcap, rpos, rlen;
+  uint64_t spin_ns; /* receives poll this long before sleeping (0: never) */
 } ferry_sock;
 
 void ferry_sock_init(ferry_sock *s, int fd, const char *peer);

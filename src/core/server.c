@@ -386,6 +386,7 @@ static void start_connection(ferry_engine *e, int fd) {
   describe_peer(fd, c->peer, sizeof c->peer);
   ferry_sock_init(&c->sock, fd, c->peer);
   ferry_sock_readahead(&c->sock, c->readahead, sizeof c->readahead);
+  c->sock.spin_ns = e->cfg.spin_us * 1000ull;
   pthread_mutex_lock(&s->lock);
   reap_finished(s);
   if (pthread_create(&c->thread, NULL, serve_connection, c) != 0) {

@@ -62,6 +62,7 @@ static ferry_status tcp_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel 
   snprintf(ch->address, sizeof ch->address, "%s", p->address);
   ferry_sock_init(&ch->sock, fd, ch->address);
   ferry_sock_readahead(&ch->sock, ch->readahead, sizeof ch->readahead);
+  ch->sock.spin_ns = p->engine->cfg.spin_us * 1000ull;
   FERRY_DEBUG("opened tcp data connection to %s", ch->address);
   *out = &ch->base;
   return FERRY_OK;

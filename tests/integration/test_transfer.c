@@ -344,6 +344,37 @@ static void idle_engines_use_no_cpu(void **state) {
 
 /* ---- tests with their own targets --------------------------------------------- */
 
+/* FERRY_SPIN_US on both ends: data-socket receives poll before they sleep.
+ * Every size still arrives intact (partial non-blocking reads included),
+ * and once the traffic stops both engines are back at zero CPU: the spin
+ * is bounded. */
+static void spinning_receives_then_idle(void **state) {
+  setenv("FERRY_SPIN_US", "300", 1); /* the target process inherits it */
+  test_target t;
+  int started = test_target_start(&t, 0, 16 * MiB, NULL);
+  ferry_engine *e = test_engine(NULL);
+  unsetenv("FERRY_SPIN_US");
+  assert_int_equal(started, 0);
+  assert_non_null(e);
+  size_t sizes[] = {1, 100, 4096, 20000, 70000, MiB + 1, 5 * MiB + 3};
+  uint8_t *buf = test_buffer(e, 6 * MiB), *back = test_buffer(e, 6 * MiB);
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+    for (int round = 0; round < 20; round++)
+      test_round_trip(e, t.target, buf, back, t.addr + 4099 * i, sizes[i], 10 * i + round);
+  long target_before = cpu_ticks(t.pid), self_before = cpu_ticks(getpid());
+  sleep(2);
+  long target_used = cpu_ticks(t.pid) - target_before;
+  long self_used = cpu_ticks(getpid()) - self_before;
+  print_message("spinning engines idle for 2 s: target used %ld ticks, initiator %ld\n",
+                target_used, self_used);
+  assert_true(target_before >= 0 && target_used <= 2);
+  assert_true(self_used <= 2);
+  ferry_engine_destroy(e);
+  free(buf);
+  free(back);
+  assert_int_equal(test_target_stop(&t), 0);
+}
+
 static void wrong_secret_is_refused(void **state) {
   test_target t;
   const char *extra[] = {"--secret", "right-secret", NULL};
@@ -650,6 +681,7 @@ int main(void) {
       cmocka_unit_test(unregister_waits_for_writes_in_flight),
       cmocka_unit_test(registration_rules),
       cmocka_unit_test(ipv6_loopback_target),
+      cmocka_unit_test(spinning_receives_then_idle),
   };
   int failed =
       cmocka_run_group_tests_name("shared target", shared_target, start_target, stop_target);
