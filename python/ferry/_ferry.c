@@ -818,24 +818,38 @@ static int parse_transports(PyObject *o, unsigned *out) {
 }
 
 static int engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {
-      "host",       "bind_host",  "port",           "transports",         "connections",
-      "workers",    "timeout_ms", "secret",         "metadata_url",       "segment_name",
-      "checksum",   "log_level",  "advertise_host", "connect_timeout_ms", "timeout_ns_per_mb",
-      "slice_size", NULL};
+  static char *kwlist[] = {"host",
+                           "bind_host",
+                           "port",
+                           "transports",
+                           "connections",
+                           "workers",
+                           "timeout_ms",
+                           "secret",
+                           "metadata_url",
+                           "segment_name",
+                           "checksum",
+                           "log_level",
+                           "advertise_host",
+                           "connect_timeout_ms",
+                           "timeout_ns_per_mb",
+                           "slice_size",
+                           "spin_us",
+                           NULL};
   const char *host = NULL, *bind_host = NULL, *secret = NULL, *metadata_url = NULL,
              *segment_name = NULL, *advertise_host = NULL;
   PyObject *port = NULL, *transports = NULL, *connections = NULL, *workers = NULL,
            *timeout_ms = NULL, *checksum = NULL, *log_level = NULL, *connect_timeout_ms = NULL,
-           *timeout_ns_per_mb = NULL, *slice_size = NULL;
+           *timeout_ns_per_mb = NULL, *slice_size = NULL, *spin_us = NULL;
   if (self->initialized) {
     PyErr_SetString(PyExc_RuntimeError, "Engine is already initialized");
     return -1;
   }
-  if (!PyArg_ParseTupleAndKeywords(
-          args, kwds, "|z$zOOOOOzzzOOzOOO:Engine", kwlist, &host, &bind_host, &port, &transports,
-          &connections, &workers, &timeout_ms, &secret, &metadata_url, &segment_name, &checksum,
-          &log_level, &advertise_host, &connect_timeout_ms, &timeout_ns_per_mb, &slice_size))
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|z$zOOOOOzzzOOzOOOO:Engine", kwlist, &host,
+                                   &bind_host, &port, &transports, &connections, &workers,
+                                   &timeout_ms, &secret, &metadata_url, &segment_name, &checksum,
+                                   &log_level, &advertise_host, &connect_timeout_ms,
+                                   &timeout_ns_per_mb, &slice_size, &spin_us))
     return -1;
 
   ferry_config cfg;
@@ -851,7 +865,7 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
   /* Numeric options go through uint64_t; each keeps its default unless given. */
   uint64_t port_v = cfg.port, connections_v = cfg.tcp_connections, workers_v = cfg.workers,
            timeout_v = cfg.timeout_ms, connect_timeout_v = cfg.connect_timeout_ms,
-           ns_per_mb_v = cfg.timeout_ns_per_mb, slice_v = cfg.slice_size;
+           ns_per_mb_v = cfg.timeout_ns_per_mb, slice_v = cfg.slice_size, spin_v = cfg.spin_us;
   if (opt_uint(port, "port", 65535, &port_v) < 0 ||
       parse_transports(transports, &cfg.transports) < 0 ||
       opt_uint(connections, "connections", UINT32_MAX, &connections_v) < 0 ||
@@ -859,7 +873,8 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
       opt_uint(timeout_ms, "timeout_ms", UINT32_MAX, &timeout_v) < 0 ||
       opt_uint(connect_timeout_ms, "connect_timeout_ms", UINT32_MAX, &connect_timeout_v) < 0 ||
       opt_uint(timeout_ns_per_mb, "timeout_ns_per_mb", UINT32_MAX, &ns_per_mb_v) < 0 ||
-      opt_uint(slice_size, "slice_size", SIZE_MAX, &slice_v) < 0)
+      opt_uint(slice_size, "slice_size", SIZE_MAX, &slice_v) < 0 ||
+      opt_uint(spin_us, "spin_us", 10000, &spin_v) < 0)
     return -1;
   cfg.port = (uint16_t)port_v;
   cfg.tcp_connections = (unsigned)connections_v;
@@ -868,6 +883,7 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
   cfg.connect_timeout_ms = (uint32_t)connect_timeout_v;
   cfg.timeout_ns_per_mb = (uint32_t)ns_per_mb_v;
   cfg.slice_size = (size_t)slice_v;
+  cfg.spin_us = (unsigned)spin_v;
   if (secret)
     cfg.secret = secret;
   if (metadata_url)
@@ -1516,10 +1532,11 @@ static PyTypeObject EngineType = {
     .tp_doc = "Engine(host=None, *, bind_host=None, port=0, transports='all', connections=None,\n"
               "       workers=None, timeout_ms=None, secret=None, metadata_url=None,\n"
               "       segment_name=None, checksum=None, log_level=None, advertise_host=None,\n"
-              "       connect_timeout_ms=None, timeout_ns_per_mb=None, slice_size=None)\n\n"
+              "       connect_timeout_ms=None, timeout_ns_per_mb=None, slice_size=None,\n"
+              "       spin_us=None)\n\n"
               "A ferry transfer engine. host is both the advertised and the bound address.\n"
               "Options left as None keep libferry's defaults (including those from the\n"
-              "environment: MC_TCP_BIND_ADDRESS, MC_TRANSFER_TIMEOUT).",
+              "environment: MC_TCP_BIND_ADDRESS, MC_TRANSFER_TIMEOUT, FERRY_SPIN_US).",
     .tp_methods = engine_methods,
     .tp_getset = engine_getset,
     .tp_init = (initproc)engine_init,

@@ -91,6 +91,27 @@ def test_engine_properties_and_bad_options(pair):
         ferry.Engine("127.0.0.1", no_such_option=1)
 
 
+def test_spin_option():
+    """spin_us (FERRY_SPIN_US) changes how receives wait, never what arrives;
+    out of range is refused."""
+    with pytest.raises((ValueError, OverflowError)):
+        ferry.Engine("127.0.0.1", spin_us=10001)
+    a = ferry.Engine("127.0.0.1", transports="tcp", spin_us=200)
+    b = ferry.Engine("127.0.0.1", transports="tcp", spin_us=200)
+    try:
+        for size in (1, 4096, 100000, 3 << 20):
+            src, dst, daddr = registered_buffers((a, b), size)
+            src[:] = os.urandom(size)
+            a.write(b.name, src, daddr)
+            back = bytearray(size)
+            a.register(back)
+            a.read(b.name, back, daddr)
+            assert bytes(dst) == bytes(src) == bytes(back)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_uninitialized_engine():
     e = ferry.Engine.__new__(ferry.Engine)
     with pytest.raises(ferry.Error) as info:
