@@ -289,7 +289,9 @@ static uint64_t spin_deadline(const ferry_sock *s) {
 
 static int still_spinning(uint64_t spin_until) { return spin_until && ferry_now_ns() < spin_until; }
 
-/* A polling receive found nothing yet: yield, and try again. */
+/* A polling receive found nothing yet: yield, and try again. Checked before
+ * timeout_is_early, which would take this EAGAIN for a socket timeout and
+ * re-arm the timeouts (two setsockopt calls) on every try. */
 static int spun_empty(int spin, int err) {
   if (!spin || (err != EAGAIN && err != EWOULDBLOCK))
     return 0;
@@ -318,7 +320,7 @@ static ferry_status transfer_iov(ferry_sock *s, struct iovec *iov, int iovcnt, i
     int err = errno;
     IGNORE_PAYLOAD_END();
     if (n < 0) {
-      if (err == EINTR || timeout_is_early(s, err) || spun_empty(spin, err))
+      if (err == EINTR || spun_empty(spin, err) || timeout_is_early(s, err))
         continue;
       return io_error(s, err, sending, step);
     }
@@ -371,7 +373,7 @@ ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, cons
     int spin = still_spinning(spin_until);
     ssize_t n = recv(s->fd, s->rbuf, s->rcap, spin ? MSG_DONTWAIT : 0);
     if (n < 0) {
-      if (errno == EINTR || timeout_is_early(s, errno) || spun_empty(spin, errno))
+      if (errno == EINTR || spun_empty(spin, errno) || timeout_is_early(s, errno))
         continue;
       return io_error(s, errno, 0, step);
     }
