@@ -483,10 +483,7 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
       break;
     }
     struct timespec until = ferry_timespec(b->deadline_ns);
-    __atomic_add_fetch(&p->waiting, 1, __ATOMIC_RELEASE);
-    int rc = pthread_cond_timedwait(&p->cond, &p->lock, &until);
-    __atomic_sub_fetch(&p->waiting, 1, __ATOMIC_RELEASE);
-    if (rc == ETIMEDOUT) {
+    if (pthread_cond_timedwait(&p->cond, &p->lock, &until) == ETIMEDOUT) {
       st = ferry_fail(FERRY_ETIMEDOUT, "no free connection to %s before the batch deadline",
                       p->address);
       break;
@@ -517,11 +514,6 @@ void ferry_peer_checkin(ferry_peer *p, ferry_channel *ch) {
 }
 
 void ferry_peer_wake(ferry_peer *p) {
-  /* Nobody waiting, nothing to do (the common case: one driver). A thread
-   * that starts waiting just after this read still wakes at the next
-   * check-in, which always broadcasts. */
-  if (!__atomic_load_n(&p->waiting, __ATOMIC_ACQUIRE))
-    return;
   pthread_mutex_lock(&p->lock);
   pthread_cond_broadcast(&p->cond);
   pthread_mutex_unlock(&p->lock);

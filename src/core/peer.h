@@ -28,7 +28,6 @@ struct ferry_peer {
   struct ferry_channel *idle;
   struct ferry_channel *all;
   unsigned open_channels;
-  unsigned waiting;    /* threads waiting in checkout for a channel */
   uint64_t replied_ns; /* last reply on a data channel that stayed in step */
 
   pthread_mutex_t control_lock; /* one request at a time on control */
