@@ -32,7 +32,8 @@ void ferry_config_init(ferry_config *cfg) {
   cfg->secret = getenv("FERRY_SECRET");
   cfg->checksum = env_long("FERRY_CHECKSUM", 0) != 0;
   long spin = env_long("FERRY_SPIN_US", 0);
-  cfg->spin_us = spin > 0 && spin <= FERRY_SPIN_US_MAX ? (unsigned)spin : 0;
+  /* Clamped as ferry_engine_create clamps a value set in code. */
+  cfg->spin_us = spin <= 0 ? 0 : spin > FERRY_SPIN_US_MAX ? FERRY_SPIN_US_MAX : (unsigned)spin;
   const char *transports = getenv("FERRY_TRANSPORTS");
   if (transports)
     cfg->transports = ferry_transport_parse(transports);

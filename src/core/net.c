@@ -289,14 +289,19 @@ static uint64_t spin_deadline(const ferry_sock *s) {
 
 static int still_spinning(uint64_t spin_until) { return spin_until && ferry_now_ns() < spin_until; }
 
-/* A polling receive found nothing yet: yield, and try again. Checked before
- * timeout_is_early, which would take this EAGAIN for a socket timeout and
- * re-arm the timeouts (two setsockopt calls) on every try. */
-static int spun_empty(int spin, int err) {
-  if (!spin || (err != EAGAIN && err != EWOULDBLOCK))
-    return 0;
-  sched_yield();
-  return 1;
+/* Nonzero when a failed socket call should simply be tried again: a signal,
+ * a polling receive that found nothing yet (yield first), or a socket timeout
+ * armed for an earlier deadline. The poll is checked before the timeout,
+ * which would take its EAGAIN for an expired SO_RCVTIMEO and re-arm the
+ * timeouts (two setsockopt calls) on every try. */
+static int retry_after(ferry_sock *s, int spin, int err) {
+  if (err == EINTR)
+    return 1;
+  if (spin && (err == EAGAIN || err == EWOULDBLOCK)) {
+    sched_yield();
+    return 1;
+  }
+  return timeout_is_early(s, err);
 }
 
 /* Moves the whole iovec through sendmsg or recvmsg, resuming after partial
@@ -320,7 +325,7 @@ static ferry_status transfer_iov(ferry_sock *s, struct iovec *iov, int iovcnt, i
     int err = errno;
     IGNORE_PAYLOAD_END();
     if (n < 0) {
-      if (err == EINTR || spun_empty(spin, err) || timeout_is_early(s, err))
+      if (retry_after(s, spin, err))
         continue;
       return io_error(s, err, sending, step);
     }
@@ -373,7 +378,7 @@ ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, cons
     int spin = still_spinning(spin_until);
     ssize_t n = recv(s->fd, s->rbuf, s->rcap, spin ? MSG_DONTWAIT : 0);
     if (n < 0) {
-      if (errno == EINTR || spun_empty(spin, errno) || timeout_is_early(s, errno))
+      if (retry_after(s, spin, errno))
         continue;
       return io_error(s, errno, 0, step);
     }
