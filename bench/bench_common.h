@@ -7,6 +7,7 @@
 #include <ctype.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,8 +48,18 @@ static inline struct addrinfo *resolve(const char *prog, const char *host, const
   return ai;
 }
 
+/* TCP_NODELAY, as ferry sets it: small messages leave at once. */
+static inline void set_nodelay(const char *prog, int fd) {
+  int one = 1;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0) {
+    perror(prog);
+    exit(1);
+  }
+}
+
 /* Listens on host:port, prints "ready port=N" (the port really bound, for
- * port 0) and returns the one connection a client makes. Exits on failure. */
+ * port 0) and returns the one connection a client makes, with TCP_NODELAY.
+ * Exits on failure. */
 static inline int accept_one(const char *prog, const char *host, const char *port) {
   struct addrinfo *ai = resolve(prog, host, port, 1);
   int lfd = socket(ai->ai_family, SOCK_STREAM, 0), one = 1;
@@ -71,6 +82,21 @@ static inline int accept_one(const char *prog, const char *host, const char *por
     exit(1);
   }
   close(lfd);
+  set_nodelay(prog, fd);
+  return fd;
+}
+
+/* Connects to host:port and returns the socket, with TCP_NODELAY. Exits on
+ * failure. */
+static inline int connect_one(const char *prog, const char *host, const char *port) {
+  struct addrinfo *ai = resolve(prog, host, port, 0);
+  int fd = socket(ai->ai_family, SOCK_STREAM, 0);
+  if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+    perror(prog);
+    exit(1);
+  }
+  freeaddrinfo(ai);
+  set_nodelay(prog, fd);
   return fd;
 }
 

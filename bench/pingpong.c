@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,12 +26,6 @@
 static void die(const char *what) {
   fprintf(stderr, "pingpong: %s: %s\n", what, strerror(errno));
   exit(1);
-}
-
-static void set_nodelay(int fd) {
-  int one = 1;
-  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
-    die("TCP_NODELAY");
 }
 
 static int write_all(int fd, const char *p, size_t n) {
@@ -63,7 +56,6 @@ static int read_all(int fd, char *p, size_t n) {
 
 static int run_server(const char *host, const char *port) {
   int fd = accept_one("pingpong", host, port);
-  set_nodelay(fd);
   static char buf[MAX_MSG];
   for (;;) {
     ssize_t r = recv(fd, buf, sizeof buf, 0);
@@ -79,12 +71,7 @@ static int run_server(const char *host, const char *port) {
 }
 
 static int run_client(const char *host, const char *port, size_t size, double seconds) {
-  struct addrinfo *ai = resolve("pingpong", host, port, 0);
-  int fd = socket(ai->ai_family, SOCK_STREAM, 0);
-  if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0)
-    die("connect");
-  freeaddrinfo(ai);
-  set_nodelay(fd);
+  int fd = connect_one("pingpong", host, port);
   static char msg[MAX_MSG], back[MAX_MSG];
   memset(msg, 0x5a, size);
   samples rtt = {0};

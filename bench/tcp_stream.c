@@ -22,7 +22,6 @@
  */
 #include <errno.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,11 +59,6 @@ static char *buffer(size_t n) {
     die("mmap");
   memset(p, 0x3c, n);
   return p;
-}
-
-static void nodelay(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
 /* Receives one block piece by piece; 0 at EOF, else the bytes (== block). */
@@ -110,7 +104,6 @@ static void receive_all(int fd, void *buf, size_t len, const char *what) {
 static int run_server(const char *host, const char *port, size_t block, enum mode mode) {
   char *buf = buffer(block);
   int fd = accept_one("tcp_stream", host, port);
-  nodelay(fd);
   uint64_t cpu0 = cpu_ns(), total = 0, reply = 0;
   size_t got;
   while ((got = receive_block(fd, buf, block)) != 0) {
@@ -127,12 +120,7 @@ static int run_server(const char *host, const char *port, size_t block, enum mod
 static int run_client(const char *host, const char *port, size_t block, double seconds,
                       enum mode mode) {
   char *buf = buffer(block);
-  struct addrinfo *ai = resolve("tcp_stream", host, port, 0);
-  int fd = socket(ai->ai_family, SOCK_STREAM, 0);
-  if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0)
-    die("connect");
-  freeaddrinfo(ai);
-  nodelay(fd);
+  int fd = connect_one("tcp_stream", host, port);
   samples lat = {0};
   uint64_t cpu0 = cpu_ns(), start = now_ns(), end = start + (uint64_t)(seconds * 1e9), t = start;
   while (t < end) {
