@@ -87,6 +87,8 @@ unsigned ferry_transport_parse(const char *names);
 /* ---- Engine ------------------------------------------------------------ */
 typedef struct ferry_engine ferry_engine;
 
+#define FERRY_SPIN_US_MAX 10000 /* a longer spin is a busy loop, not a wait */
+
 typedef struct ferry_config {
   /* Address peers should use to reach this engine. NULL: MC_TCP_BIND_ADDRESS,
    * else bind_host when it is not a wildcard, else this host's first
@@ -112,9 +114,10 @@ typedef struct ferry_config {
   const char *segment_name;
   int checksum; /* nonzero: every data frame carries a crc32c */
   /* Microseconds a data-socket receive polls (yielding the CPU between
-   * tries) before it sleeps (FERRY_SPIN_US, default 0: sleep at once).
-   * Trades CPU during traffic for latency where waking a sleeping thread on
-   * another CPU is slow (VMs); an idle engine still uses no CPU. */
+   * tries) before it sleeps (FERRY_SPIN_US, default 0: sleep at once; at
+   * most FERRY_SPIN_US_MAX). Trades CPU during traffic for latency where
+   * waking a sleeping thread on another CPU is slow (VMs); an idle engine
+   * still uses no CPU. */
   unsigned spin_us;
 } ferry_config;
 

@@ -874,7 +874,7 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
       opt_uint(connect_timeout_ms, "connect_timeout_ms", UINT32_MAX, &connect_timeout_v) < 0 ||
       opt_uint(timeout_ns_per_mb, "timeout_ns_per_mb", UINT32_MAX, &ns_per_mb_v) < 0 ||
       opt_uint(slice_size, "slice_size", SIZE_MAX, &slice_v) < 0 ||
-      opt_uint(spin_us, "spin_us", 10000, &spin_v) < 0)
+      opt_uint(spin_us, "spin_us", FERRY_SPIN_US_MAX, &spin_v) < 0)
     return -1;
   cfg.port = (uint16_t)port_v;
   cfg.tcp_connections = (unsigned)connections_v;

@@ -22,7 +22,6 @@
  * enough that the receiver copies bytes the sender's copy left in the CPU
  * cache (1 MiB frames, 4 deep, ran 35-45% slower at 16-64 MiB, BENCHMARKS.md). */
 #define FERRY_DEFAULT_SLICE (512u << 10)
-#define FERRY_SPIN_US_MAX 10000 /* a longer spin is a busy loop, not a wait */
 
 typedef struct ferry_peer ferry_peer;
 typedef struct ferry_server ferry_server;
