@@ -37,8 +37,9 @@ struct ferry_transport {
   /* Claims chunks of the batch and moves them until none are left. A failed
    * chunk is reported to the batch; the return value is the first error. */
   ferry_status (*channel_drive)(ferry_channel *channel, ferry_batch *batch);
-  /* Nonzero when an idle channel can take a batch. A channel that got a
-   * reply within FERRY_PEER_TRUST_NS counts as alive without asking. */
+  /* Nonzero when an idle channel can take a batch. A transport whose check
+   * costs a system call may skip it for a channel that got a reply within
+   * FERRY_PEER_TRUST_NS (tcp does; shm's link check stays). */
   int (*channel_alive)(ferry_channel *channel);
   void (*channel_shutdown)(ferry_channel *channel); /* wakes a blocked driver */
   void (*channel_close)(ferry_channel *channel);
