@@ -371,16 +371,17 @@ ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, cons
   if (iov_total(iov, iovcnt) >= s->rcap)
     return transfer_iov(s, iov, iovcnt, 0, step); /* large: straight into place */
   uint64_t spin_until = spin_deadline(s);
-  while (iovcnt > 0 && iov_total(iov, iovcnt) > 0) {
+  while (iov_total(iov, iovcnt) > 0) {
     ferry_status st = arm_timeout(s, step);
     if (st)
       return st;
     int spin = still_spinning(spin_until);
     ssize_t n = recv(s->fd, s->rbuf, s->rcap, spin ? MSG_DONTWAIT : 0);
+    int err = errno;
     if (n < 0) {
-      if (retry_after(s, spin, errno))
+      if (retry_after(s, spin, err))
         continue;
-      return io_error(s, errno, 0, step);
+      return io_error(s, err, 0, step);
     }
     if (n == 0)
       return closed_by_peer(s, step);
