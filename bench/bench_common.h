@@ -1,6 +1,7 @@
 /* bench_common.h - the few helpers the small baseline programs of bench/
- * share: a monotonic clock, size parsing ("4K", "16M") and address
- * resolution. Header-only, since bench/run compiles each program alone. */
+ * share: size parsing ("4K", "16M"), address resolution and latency
+ * samples, plus the engine's own clock (ferry_now_ns). Header-only, since
+ * bench/run compiles each program alone. */
 #ifndef FERRY_BENCH_COMMON_H
 #define FERRY_BENCH_COMMON_H
 
@@ -12,14 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
-static inline uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+#include "../src/core/clock.h"
 
 static inline size_t parse_size(const char *s) {
   char *end;

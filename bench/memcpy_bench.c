@@ -29,14 +29,14 @@ static void *map(size_t n) {
 static void measure(size_t size, double seconds) {
   char *src = map(size), *dst = map(size);
   size_t per_check = size >= (1 << 20) ? 1 : (1 << 20) / size;
-  uint64_t copies = 0, start = now_ns(), end = start + (uint64_t)(seconds * 1e9), t = start;
+  uint64_t copies = 0, start = ferry_now_ns(), end = start + (uint64_t)(seconds * 1e9), t = start;
   while (t < end) {
     for (size_t i = 0; i < per_check; i++) {
       memcpy(dst, src, size);
       __asm__ volatile("" : : "r"(dst), "r"(src) : "memory"); /* keep every copy */
     }
     copies += per_check;
-    t = now_ns();
+    t = ferry_now_ns();
   }
   double secs = (double)(t - start) / 1e9;
   double bytes = (double)copies * (double)size;

@@ -78,12 +78,12 @@ static int run_client(const char *host, const char *port, size_t size, double se
   for (int i = 0; i < WARMUP_ROUNDS; i++)
     if (write_all(fd, msg, size) || read_all(fd, back, size))
       die("warm-up round trip");
-  uint64_t start = now_ns(), end = start + (uint64_t)(seconds * 1e9), t = start;
+  uint64_t start = ferry_now_ns(), end = start + (uint64_t)(seconds * 1e9), t = start;
   while (t < end) {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = ferry_now_ns();
     if (write_all(fd, msg, size) || read_all(fd, back, size))
       die("round trip");
-    t = now_ns();
+    t = ferry_now_ns();
     samples_add(&rtt, t - t0);
   }
   close(fd);

@@ -122,20 +122,21 @@ static int run_client(const char *host, const char *port, size_t block, double s
   char *buf = buffer(block);
   int fd = connect_one("tcp_stream", host, port);
   samples lat = {0};
-  uint64_t cpu0 = cpu_ns(), start = now_ns(), end = start + (uint64_t)(seconds * 1e9), t = start;
+  uint64_t cpu0 = cpu_ns(), start = ferry_now_ns(), end = start + (uint64_t)(seconds * 1e9),
+           t = start;
   while (t < end) {
     uint64_t t0 = t, reply;
     send_all(fd, buf, block, "send");
     if (mode != MODE_STREAM)
       receive_all(fd, &reply, sizeof reply, "receive ack");
-    t = now_ns();
+    t = ferry_now_ns();
     samples_add(&lat, t - t0);
   }
   shutdown(fd, SHUT_WR);
   recv_flags = MSG_WAITALL; /* the server may take a while to answer */
   uint64_t answer[2];
   receive_all(fd, answer, sizeof answer, "receive result");
-  double secs = (double)(now_ns() - start) / 1e9;
+  double secs = (double)(ferry_now_ns() - start) / 1e9;
   double cpu = (double)(cpu_ns() - cpu0 + answer[1]) / 1e9;
   close(fd);
   samples_sort(&lat);
