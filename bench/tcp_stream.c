@@ -61,11 +61,12 @@ static char *buffer(size_t n) {
   return p;
 }
 
-/* Receives one block piece by piece; 0 at EOF, else the bytes (== block). */
-static size_t receive_block(int fd, char *buf, size_t block) {
+/* Receives len bytes (a block, an ack, the result) piece by piece; 0 at
+ * EOF or on an error, else len. */
+static size_t receive_block(int fd, char *buf, size_t len) {
   size_t at = 0;
-  while (at < block) {
-    size_t want = block - at < PIECE ? block - at : PIECE;
+  while (at < len) {
+    size_t want = len - at < PIECE ? len - at : PIECE;
     ssize_t r = recv(fd, buf + at, want, recv_flags);
     if (r < 0 && (errno == EINTR || errno == EAGAIN))
       continue;
@@ -90,15 +91,8 @@ static void send_all(int fd, const char *buf, size_t len, const char *what) {
 }
 
 static void receive_all(int fd, void *buf, size_t len, const char *what) {
-  size_t at = 0;
-  while (at < len) {
-    ssize_t r = recv(fd, (char *)buf + at, len - at, recv_flags & MSG_DONTWAIT);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN))
-      continue;
-    if (r <= 0)
-      die(what);
-    at += (size_t)r;
-  }
+  if (receive_block(fd, buf, len) == 0)
+    die(what);
 }
 
 static int run_server(const char *host, const char *port, size_t block, enum mode mode) {
