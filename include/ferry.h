@@ -89,7 +89,17 @@ typedef struct ferry_engine ferry_engine;
 
 #define FERRY_SPIN_US_MAX 10000 /* a longer spin is a busy loop, not a wait */
 
+/* ABI rule. Within one major version (the soname libferry.so.MAJOR), a
+ * program keeps working with a newer libferry without recompiling:
+ * functions and enum values are only added; struct ferry_config only grows,
+ * at its end; its first field is the caller's sizeof, so the library reads
+ * no more than the caller has and gives fields added later their defaults.
+ * Always fill a config with ferry_config_init, never by hand. Removing or
+ * changing anything else bumps the major version. */
 typedef struct ferry_config {
+  /* sizeof(ferry_config) as the caller was compiled: set by
+   * ferry_config_init; ferry_engine_create refuses a size it cannot have. */
+  size_t size;
   /* Address peers should use to reach this engine. NULL: MC_TCP_BIND_ADDRESS,
    * else bind_host when it is not a wildcard, else this host's first
    * non-loopback address. */
@@ -98,13 +108,14 @@ typedef struct ferry_config {
   const char *bind_host;
   uint16_t port;               /* RPC port; 0 picks a free one */
   unsigned transports;         /* FERRY_TRANSPORT_* bits allowed; 0 = all */
-  unsigned tcp_connections;    /* data connections per peer (default 4) */
-  unsigned workers;            /* threads driving async batches (default 4) */
-  uint32_t timeout_ms;         /* base transfer timeout (default 30000,
+  unsigned tcp_connections;    /* data connections per peer, 1 to 1024 (default 4) */
+  unsigned workers;            /* threads driving async batches, 1 to 1024 (default 4) */
+  uint32_t timeout_ms;         /* base transfer timeout (0 = default 30000,
                                   MC_TRANSFER_TIMEOUT seconds overrides) */
   uint32_t timeout_ns_per_mb;  /* extra time per MiB moved (default 1 ms) */
-  uint32_t connect_timeout_ms; /* connect + handshake bound (default 5000) */
-  size_t slice_size;           /* max bytes per data frame (default 512 KiB) */
+  uint32_t connect_timeout_ms; /* connect + handshake bound (0 = default 5000) */
+  size_t slice_size;           /* max bytes per data frame: 4096 to 64 MiB,
+                                  0 = default 512 KiB */
   ferry_log_level log_level;   /* applied process-wide when set explicitly */
   int log_level_set;           /* nonzero: log_level above is meant */
   const char *secret;          /* shared secret peers must prove; NULL = none */
@@ -114,16 +125,28 @@ typedef struct ferry_config {
   const char *segment_name;
   int checksum; /* nonzero: every data frame carries a crc32c */
   /* Microseconds a data-socket receive polls (yielding the CPU between
-   * tries) before it sleeps (FERRY_SPIN_US, default 0: sleep at once; at
-   * most FERRY_SPIN_US_MAX). Trades CPU during traffic for latency where
+   * tries) before it sleeps (FERRY_SPIN_US, default 0: sleep at once; more
+   * than FERRY_SPIN_US_MAX is refused). Trades CPU during traffic for latency where
    * waking a sleeping thread on another CPU is slow (VMs); an idle engine
    * still uses no CPU. */
   unsigned spin_us;
 } ferry_config;
 
-/* Fills cfg with defaults, including those taken from the environment. */
-void ferry_config_init(ferry_config *cfg);
+/* Fills cfg with defaults, including those taken from the environment
+ * (see ferry_engine_create for the variables), and cfg->size. A value it
+ * cannot parse is left at its default here and refused by
+ * ferry_engine_create. Call it as ferry_config_init(&cfg). */
+void ferry_config_init_size(ferry_config *cfg, size_t size);
+#define ferry_config_init(cfg) ferry_config_init_size((cfg), sizeof *(cfg))
 
+/* Starts an engine (cfg NULL: the defaults). Every field is checked, and so
+ * is every environment variable that is set and not empty, whatever cfg
+ * holds: MC_TCP_BIND_ADDRESS (host), MC_TRANSFER_TIMEOUT (seconds, 1 to
+ * 4294967), MC_FORCE_TCP and FERRY_CHECKSUM (booleans: 1/0, true/false,
+ * yes/no, on/off, any case), FERRY_TRANSPORTS (tcp, shm, fabric, all, comma
+ * separated), FERRY_LOG (debug, info, warn, error, off), FERRY_SPIN_US (0 to
+ * FERRY_SPIN_US_MAX), FERRY_SECRET. A bad one fails with FERRY_EINVAL and a
+ * message naming the setting, the value and what is accepted. */
 ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out);
 /* Stops every thread and closes every socket; pending batches fail. */
 void ferry_engine_destroy(ferry_engine *engine);

@@ -1,45 +1,261 @@
-/* config.c - defaults for ferry_config, and the environment variables users
- * of Mooncake already set (MC_TCP_BIND_ADDRESS, MC_TRANSFER_TIMEOUT,
+/* config.c - defaults for ferry_config, the environment variables users of
+ * Mooncake already set (MC_TCP_BIND_ADDRESS, MC_TRANSFER_TIMEOUT,
  * MC_FORCE_TCP) plus ferry's own (FERRY_LOG, FERRY_TRANSPORTS,
- * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US). */
+ * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US), and their validation.
+ *
+ * ferry_config_init cannot report anything, so it applies only the values
+ * it understands; ferry_engine_create then parses every variable again with
+ * the same parsers and refuses a bad one, so a typo in the environment is an
+ * error naming the variable, never a silently ignored setting. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "engine.h"
-#include "ferry.h"
+#include "error.h"
+#include "log.h"
 
-static long env_long(const char *name, long fallback) {
-  const char *v = getenv(name);
-  if (!v || !*v)
-    return fallback;
-  char *end;
-  long n = strtol(v, &end, 10);
-  return *end ? fallback : n;
+#define TIMEOUT_S_MAX (UINT32_MAX / 1000u) /* timeout_ms is 32 bits */
+#define COUNT_MAX 1024u                    /* connections or workers: more is a typo, not a plan */
+#define SLICE_MIN 4096u
+
+/* The fields every caller has had since ferry_config carried its size. */
+#define CONFIG_MIN_SIZE (offsetof(ferry_config, spin_us) + sizeof(unsigned))
+
+/* ---- value parsers (each returns 0 or -1) ------------------------------ */
+
+int ferry_parse_bool(const char *text, int *out) {
+  static const char *const yes[] = {"1", "true", "yes", "on"};
+  static const char *const no[] = {"0", "false", "no", "off"};
+  for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) {
+    if (strcasecmp(text, yes[i]) == 0)
+      return *out = 1, 0;
+    if (strcasecmp(text, no[i]) == 0)
+      return *out = 0, 0;
+  }
+  return -1;
 }
 
-void ferry_config_init(ferry_config *cfg) {
+/* A decimal number in [min, max], nothing else (no sign, blanks or unit). */
+static int parse_ulong(const char *text, unsigned long min, unsigned long max, unsigned long *out) {
+  if (!isdigit((unsigned char)text[0]))
+    return -1;
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(text, &end, 10);
+  if (errno || *end || v < min || v > max)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+/* The library's defaults, before the environment. */
+static void defaults(ferry_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
+  cfg->size = sizeof *cfg;
   cfg->tcp_connections = 4;
   cfg->workers = 4;
   cfg->timeout_ms = 30000;
-  long seconds = env_long("MC_TRANSFER_TIMEOUT", 0);
-  if (seconds > 0)
-    cfg->timeout_ms = (uint32_t)(seconds * 1000);
   cfg->timeout_ns_per_mb = 1000000; /* 1 ns per byte, as Mooncake allows */
   cfg->connect_timeout_ms = 5000;
   cfg->slice_size = FERRY_DEFAULT_SLICE;
   cfg->log_level = ferry_log_get_level();
-  cfg->secret = getenv("FERRY_SECRET");
-  cfg->checksum = env_long("FERRY_CHECKSUM", 0) != 0;
-  long spin = env_long("FERRY_SPIN_US", 0);
-  /* Clamped as ferry_engine_create clamps a value set in code. */
-  cfg->spin_us = spin <= 0 ? 0 : spin > FERRY_SPIN_US_MAX ? FERRY_SPIN_US_MAX : (unsigned)spin;
-  const char *transports = getenv("FERRY_TRANSPORTS");
-  if (transports)
-    cfg->transports = ferry_transport_parse(transports);
-  if (env_long("MC_FORCE_TCP", 0))
-    cfg->transports = FERRY_TRANSPORT_TCP;
 }
+
+/* ---- environment ------------------------------------------------------- */
+
+/* Applies one variable's value to cfg; returns FERRY_EINVAL naming the
+ * variable, the value and what is accepted when it cannot. */
+typedef ferry_status (*env_apply)(const char *name, const char *value, ferry_config *cfg);
+
+static ferry_status bad_env(const char *name, const char *value, const char *accepted) {
+  return ferry_fail(FERRY_EINVAL, "environment %s=\"%s\" is not valid: expected %s", name, value,
+                    accepted);
+}
+
+static ferry_status apply_timeout(const char *name, const char *value, ferry_config *cfg) {
+  unsigned long s;
+  if (parse_ulong(value, 1, TIMEOUT_S_MAX, &s))
+    return bad_env(name, value, "whole seconds, 1 to 4294967");
+  cfg->timeout_ms = (uint32_t)(s * 1000);
+  return FERRY_OK;
+}
+
+static ferry_status apply_spin(const char *name, const char *value, ferry_config *cfg) {
+  unsigned long us;
+  if (parse_ulong(value, 0, FERRY_SPIN_US_MAX, &us))
+    return bad_env(name, value, "microseconds, 0 to 10000");
+  cfg->spin_us = (unsigned)us;
+  return FERRY_OK;
+}
+
+static ferry_status apply_checksum(const char *name, const char *value, ferry_config *cfg) {
+  if (ferry_parse_bool(value, &cfg->checksum))
+    return bad_env(name, value, FERRY_BOOL_SPELLINGS);
+  return FERRY_OK;
+}
+
+static ferry_status apply_force_tcp(const char *name, const char *value, ferry_config *cfg) {
+  int on;
+  if (ferry_parse_bool(value, &on))
+    return bad_env(name, value, FERRY_BOOL_SPELLINGS);
+  if (on)
+    cfg->transports = FERRY_TRANSPORT_TCP;
+  return FERRY_OK;
+}
+
+static ferry_status apply_transports(const char *name, const char *value, ferry_config *cfg) {
+  unsigned bits = ferry_transport_parse(value);
+  if (!bits)
+    return bad_env(name, value, "a comma-separated list of tcp, shm, fabric or all");
+  cfg->transports = bits;
+  return FERRY_OK;
+}
+
+static ferry_status apply_log(const char *name, const char *value, ferry_config *cfg) {
+  if (ferry_log_level_parse(value, &cfg->log_level))
+    return bad_env(name, value, "debug, info, warn, error or off");
+  return FERRY_OK;
+}
+
+static ferry_status apply_secret(const char *name, const char *value, ferry_config *cfg) {
+  cfg->secret = value;
+  return FERRY_OK;
+}
+
+/* engine.c reads it (it is both addresses); here it is only checked. */
+static ferry_status check_bind(const char *name, const char *value, ferry_config *cfg) {
+  if (strlen(value) >= FERRY_HOST_MAX || strpbrk(value, " \t\n/"))
+    return bad_env(name, value, "a host name or IP address");
+  return FERRY_OK;
+}
+
+/* In order of precedence: MC_FORCE_TCP, applied after FERRY_TRANSPORTS,
+ * wins over it. */
+static const struct env_var {
+  const char *name;
+  env_apply apply;
+} env_vars[] = {
+    {"MC_TCP_BIND_ADDRESS", check_bind},
+    {"MC_TRANSFER_TIMEOUT", apply_timeout},
+    {"FERRY_TRANSPORTS", apply_transports},
+    {"MC_FORCE_TCP", apply_force_tcp},
+    {"FERRY_CHECKSUM", apply_checksum},
+    {"FERRY_SPIN_US", apply_spin},
+    {"FERRY_LOG", apply_log},
+    {"FERRY_SECRET", apply_secret},
+};
+
+/* Applies every variable that is set (an empty value counts as unset).
+ * With stop_on_error, returns the first bad one; else skips bad ones. */
+static ferry_status apply_env(ferry_config *cfg, int stop_on_error) {
+  for (size_t i = 0; i < sizeof env_vars / sizeof *env_vars; i++) {
+    const char *value = getenv(env_vars[i].name);
+    if (!value || !*value)
+      continue;
+    ferry_status st = env_vars[i].apply(env_vars[i].name, value, cfg);
+    if (st && stop_on_error)
+      return st;
+  }
+  return FERRY_OK;
+}
+
+const char *ferry_env_name(size_t i) {
+  return i < sizeof env_vars / sizeof *env_vars ? env_vars[i].name : NULL;
+}
+
+ferry_status ferry_env_check(const char *name) {
+  const char *value = getenv(name);
+  ferry_config scratch;
+  defaults(&scratch);
+  for (size_t i = 0; i < sizeof env_vars / sizeof *env_vars; i++)
+    if (strcmp(env_vars[i].name, name) == 0)
+      return value && *value ? env_vars[i].apply(name, value, &scratch) : FERRY_OK;
+  return ferry_fail(FERRY_ENOTFOUND, "%s is not a variable ferry reads", name);
+}
+
+/* ---- ferry_config ------------------------------------------------------ */
+
+void ferry_config_init_size(ferry_config *cfg, size_t size) {
+  ferry_config full;
+  defaults(&full);
+  apply_env(&full, 0);
+  /* A caller compiled against an older ferry.h has a shorter struct: fill
+   * only what it has, and say how much that was. */
+  memcpy(cfg, &full, size < sizeof full ? size : sizeof full);
+  if (size >= sizeof cfg->size)
+    cfg->size = size;
+}
+
+static ferry_status bad_field(const char *field, unsigned long long value, const char *accepted) {
+  return ferry_fail(FERRY_EINVAL, "ferry_config.%s = %llu is not valid: expected %s", field, value,
+                    accepted);
+}
+
+static ferry_status check_host(const char *field, const char *host) {
+  if (host && (!*host || strlen(host) >= FERRY_HOST_MAX))
+    return ferry_fail(FERRY_EINVAL,
+                      "ferry_config.%s (\"%.64s\") is not valid: expected a host name or IP "
+                      "address of 1 to %d characters, or NULL",
+                      field, host, FERRY_HOST_MAX - 1);
+  return FERRY_OK;
+}
+
+/* Range checks of the fields; zero timeouts and slice size mean "default"
+ * (documented in ferry.h) and are resolved here. */
+static ferry_status check_fields(ferry_config *cfg) {
+  ferry_status st = check_host("bind_host", cfg->bind_host);
+  if (!st)
+    st = check_host("advertise_host", cfg->advertise_host);
+  if (st)
+    return st;
+  if (cfg->transports & ~(unsigned)FERRY_TRANSPORT_ALL)
+    return bad_field("transports", cfg->transports, "FERRY_TRANSPORT_* bits, or 0 for all");
+  if (cfg->tcp_connections < 1 || cfg->tcp_connections > COUNT_MAX)
+    return bad_field("tcp_connections", cfg->tcp_connections, "1 to 1024");
+  if (cfg->workers < 1 || cfg->workers > COUNT_MAX)
+    return bad_field("workers", cfg->workers, "1 to 1024");
+  if (cfg->slice_size && (cfg->slice_size < SLICE_MIN || cfg->slice_size > FERRY_WIRE_MAX_PAYLOAD))
+    return bad_field("slice_size", cfg->slice_size, "4096 to 67108864 bytes, or 0 for 512 KiB");
+  if (cfg->spin_us > FERRY_SPIN_US_MAX)
+    return bad_field("spin_us", cfg->spin_us, "0 to 10000 microseconds");
+  if (cfg->log_level_set && (cfg->log_level < FERRY_LOG_DEBUG || cfg->log_level > FERRY_LOG_OFF))
+    return bad_field("log_level", (unsigned long long)cfg->log_level, "a FERRY_LOG_* level");
+  if (!cfg->slice_size)
+    cfg->slice_size = FERRY_DEFAULT_SLICE;
+  if (!cfg->timeout_ms)
+    cfg->timeout_ms = 30000;
+  if (!cfg->connect_timeout_ms)
+    cfg->connect_timeout_ms = 5000;
+  return FERRY_OK;
+}
+
+ferry_status ferry_config_adopt(ferry_config *dst, const ferry_config *src) {
+  if (src->size < CONFIG_MIN_SIZE || src->size > sizeof *dst)
+    return ferry_fail(FERRY_EINVAL,
+                      "ferry_config.size = %zu is not valid: expected %zu to %zu (call "
+                      "ferry_config_init first; a larger size means a ferry.h newer than this "
+                      "libferry %s)",
+                      src->size, CONFIG_MIN_SIZE, sizeof *dst, FERRY_VERSION_STRING);
+  ferry_config scratch;
+  defaults(&scratch);
+  ferry_status st = apply_env(&scratch, 1);
+  if (st)
+    return st;
+  /* Fields newer than the caller's header keep their defaults. */
+  defaults(dst);
+  apply_env(dst, 0);
+  memcpy(dst, src, src->size);
+  dst->size = sizeof *dst;
+  return check_fields(dst);
+}
+
+/* ---- transport names --------------------------------------------------- */
 
 static const struct {
   const char *name;

@@ -13,6 +13,7 @@
 
 #include "batch.h"
 #include "clock.h"
+#include "config.h"
 #include "error.h"
 #include "log.h"
 #include "peer.h"
@@ -49,7 +50,9 @@ static char *guess_advertise_host(void) {
 }
 
 static ferry_status copy_config(ferry_engine *e, const ferry_config *cfg) {
-  e->cfg = *cfg;
+  ferry_status st = ferry_config_adopt(&e->cfg, cfg);
+  if (st)
+    return st;
   const char *env_bind = getenv("MC_TCP_BIND_ADDRESS");
   if (env_bind && !*env_bind)
     env_bind = NULL;
@@ -67,18 +70,6 @@ static ferry_status copy_config(ferry_engine *e, const ferry_config *cfg) {
   e->segment_name = cfg->segment_name ? strdup(cfg->segment_name) : NULL;
   if (!e->bind_host || !e->advertise_host || (cfg->secret && *cfg->secret && !e->secret))
     return ferry_fail(FERRY_ENOMEM, "no memory for the engine configuration");
-  if (!e->cfg.tcp_connections)
-    e->cfg.tcp_connections = 1;
-  if (!e->cfg.workers)
-    e->cfg.workers = 1;
-  if (e->cfg.slice_size < 4096 || e->cfg.slice_size > FERRY_WIRE_MAX_PAYLOAD)
-    e->cfg.slice_size = FERRY_DEFAULT_SLICE;
-  if (e->cfg.spin_us > FERRY_SPIN_US_MAX)
-    e->cfg.spin_us = FERRY_SPIN_US_MAX;
-  if (!e->cfg.connect_timeout_ms)
-    e->cfg.connect_timeout_ms = 5000;
-  if (!e->cfg.timeout_ms)
-    e->cfg.timeout_ms = 30000;
   return FERRY_OK;
 }
 

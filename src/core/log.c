@@ -15,13 +15,19 @@ static volatile int current_level = FERRY_LOG_INFO;
 
 static const char *const level_names[] = {"debug", "info", "warn", "error", "off"};
 
+int ferry_log_level_parse(const char *name, ferry_log_level *out) {
+  for (int i = 0; i <= FERRY_LOG_OFF; i++)
+    if (strcasecmp(name, level_names[i]) == 0)
+      return *out = (ferry_log_level)i, 0;
+  return -1;
+}
+
+/* A bad value leaves the default; ferry_engine_create reports it. */
 static void level_from_env(void) {
   const char *env = getenv("FERRY_LOG");
-  if (!env)
-    return;
-  for (int i = 0; i <= FERRY_LOG_OFF; i++)
-    if (strcasecmp(env, level_names[i]) == 0)
-      current_level = i;
+  ferry_log_level level;
+  if (env && ferry_log_level_parse(env, &level) == 0)
+    current_level = level;
 }
 
 void ferry_log_set_level(ferry_log_level level) {

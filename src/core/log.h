@@ -6,6 +6,8 @@
 
 void ferry_log(ferry_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int ferry_log_enabled(ferry_log_level level);
+/* "debug", "info", "warn", "error" or "off" (any case). Returns 0 or -1. */
+int ferry_log_level_parse(const char *name, ferry_log_level *out);
 
 #define FERRY_DEBUG(...)                                                                           \
   do {                                                                                             \
