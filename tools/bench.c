@@ -6,9 +6,11 @@
  * can predict exactly what each slice must hold. With --random-offsets the
  * entries land on block-sized slots picked at random (fixed seed) from the
  * whole remote region instead, still disjoint between threads. */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +65,8 @@ typedef struct bench_shared {
   pthread_barrier_t phase;
   uint64_t deadline_ns; /* written by main between two barrier waits */
   uint64_t *slots;      /* --random-offsets: threads*batch slot numbers */
+  sigset_t stop;        /* SIGINT, SIGTERM: end the run early, keep its result */
+  atomic_int interrupted;
 } bench_shared;
 
 typedef struct bench_worker {
@@ -93,6 +97,7 @@ typedef struct bench_result {
   double cpu_user_s;
   double cpu_sys_s;
   const char *protocol;
+  int interrupted; /* stopped by SIGINT/SIGTERM before the duration */
 } bench_result;
 
 /* ---- Options ------------------------------------------------------------ */
@@ -113,10 +118,14 @@ static void bench_usage(FILE *out) {
                "  --verify           write: read each slice back after the run and compare;\n"
                "                     read: seed a pattern, compare every read byte\n"
                "  --json             print one JSON object instead of a line of text\n"
+               "                     (gbytes_per_s: 10^9 bytes per second; p50_us, p99_us:\n"
+               "                     latency of one batch call, submit to completion)\n"
                "  --protocol P       tcp|shm|all transports to allow (default all)\n"
                "  --connections N    TCP data connections per peer\n"
                "  --secret S         shared secret\n"
-               "  --host ADDR        address of this side's engine (default 127.0.0.1)\n");
+               "  --host ADDR        address of this side's engine (default 127.0.0.1)\n"
+               "SIGINT (Ctrl-C) or SIGTERM ends the run early: the result so far is printed\n"
+               "(\"interrupted\":true in JSON) and the exit code is 130.\n");
 }
 
 static int parse_op(const char *text, ferry_op *op) {
@@ -306,6 +315,10 @@ static void set_entries_op(bench_worker *w, ferry_op op) {
     w->entries[e].op = op;
 }
 
+static int interrupted(const bench_shared *s) {
+  return atomic_load_explicit(&s->interrupted, memory_order_relaxed);
+}
+
 static ferry_status run_batch(bench_worker *w) {
   const bench_shared *s = w->shared;
   return ferry_transfer_sync_batch(s->engine, s->opts->target, w->entries, s->opts->batch, NULL);
@@ -398,7 +411,7 @@ static void run_timed(bench_worker *w) {
   const int verify_read = o->verify && o->op == FERRY_OP_READ;
   uint64_t deadline = w->shared->deadline_ns;
   uint64_t t = now_ns();
-  while (t < deadline) {
+  while (t < deadline && !interrupted(w->shared)) {
     if (verify_write)
       fill_batch(w, w->local, w->iterations);
     else if (verify_read)
@@ -452,7 +465,7 @@ static void run_timed_async(bench_worker *w) {
       continue;
     }
     count_batch(w, t - start[i]);
-    if (st == FERRY_OK && t < s->deadline_ns) {
+    if (st == FERRY_OK && t < s->deadline_ns && !interrupted(s)) {
       start[i] = now_ns();
       st = ferry_batch_submit(s->engine, o->target, w->entries, o->batch, NULL, &flight[i]);
       if (st != FERRY_OK)
@@ -677,18 +690,33 @@ static uint64_t total_bytes(bench_worker *workers, unsigned long n) {
   return sum;
 }
 
-/* Sleeps until the deadline; on long runs prints progress to stderr every
- * PROGRESS_EVERY_S seconds, sleeping in between rather than polling. */
-static void watch_progress(bench_worker *workers, unsigned long n, uint64_t start,
-                           uint64_t deadline, int verbose) {
-  uint64_t tick = start, last_bytes = 0;
-  for (;;) {
-    uint64_t next = verbose ? tick + PROGRESS_EVERY_S * NS_PER_S : deadline;
-    if (next >= deadline)
-      return;
-    struct timespec ts = {(time_t)(next / NS_PER_S), (long)(next % NS_PER_S)};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
+/* Waits until the absolute time `until`, or until SIGINT/SIGTERM, which
+ * ends the run: returns 1 then. */
+static int wait_or_stop(bench_shared *s, uint64_t until) {
+  for (uint64_t now = now_ns(); now < until; now = now_ns()) {
+    struct timespec left = {(time_t)((until - now) / NS_PER_S), (long)((until - now) % NS_PER_S)};
+    if (sigtimedwait(&s->stop, NULL, &left) > 0) {
+      atomic_store(&s->interrupted, 1);
+      return 1;
     }
+  }
+  return 0;
+}
+
+/* Waits until the deadline; on long runs prints progress to stderr every
+ * PROGRESS_EVERY_S seconds, sleeping in between rather than polling. */
+static void watch_progress(bench_shared *s, bench_worker *workers, uint64_t start, int verbose) {
+  const unsigned long n = s->opts->threads;
+  uint64_t tick = start, last_bytes = 0;
+  if (verbose)
+    fprintf(stderr, "%s: running for %.0f s (Ctrl-C stops early and prints the result so far)\n",
+            PROG, s->opts->duration);
+  for (;;) {
+    uint64_t next = verbose ? tick + PROGRESS_EVERY_S * NS_PER_S : s->deadline_ns;
+    if (next > s->deadline_ns)
+      next = s->deadline_ns;
+    if (wait_or_stop(s, next) || next == s->deadline_ns)
+      return;
     uint64_t bytes = total_bytes(workers, n);
     fprintf(stderr, "%s: %.0f s: %.0f MB, %.2f GB/s\n", PROG, (double)(next - start) / 1e9,
             (double)bytes / 1e6, (double)(bytes - last_bytes) / (PROGRESS_EVERY_S * 1e9));
@@ -706,14 +734,16 @@ static void print_json(const bench_opts *o, const bench_result *r) {
   double cpu = r->cpu_user_s + r->cpu_sys_s;
   double per_gb = r->bytes > 0 ? cpu / ((double)r->bytes / 1e9) : 0.0;
   printf("{\"op\":\"%s\",\"protocol\":\"%s\",\"block\":%zu,\"batch\":%lu,\"threads\":%lu,"
-         "\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"gbps\":%.4f,\"p50_us\":%.1f,\"p99_us\":%.1f,"
+         "\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"gbytes_per_s\":%.4f,\"gbps\":%.4f,"
+         "\"p50_us\":%.1f,\"p99_us\":%.1f,"
          "\"errors\":%u,\"verified\":%s,\"verified_bytes\":%" PRIu64 ",\"mismatches\":%" PRIu64
          ",\"cpu_user_s\":%.3f,\"cpu_sys_s\":%.3f,\"cpu_s_per_gb\":%.4f,"
-         "\"random_offsets\":%s,\"depth\":%lu}\n",
+         "\"random_offsets\":%s,\"depth\":%lu,\"interrupted\":%s}\n",
          o->op == FERRY_OP_WRITE ? "write" : "read", r->protocol, o->block, o->batch, o->threads,
-         r->bytes, r->seconds, gbps, r->p50_us, r->p99_us, r->errors,
+         r->bytes, r->seconds, gbps, gbps, r->p50_us, r->p99_us, r->errors,
          verify_ok(o, r) ? "true" : "false", r->verified_bytes, r->mismatches, r->cpu_user_s,
-         r->cpu_sys_s, per_gb, o->random_offsets ? "true" : "false", o->depth);
+         r->cpu_sys_s, per_gb, o->random_offsets ? "true" : "false", o->depth,
+         r->interrupted ? "true" : "false");
 }
 
 static void print_human(const bench_opts *o, const bench_result *r) {
@@ -724,6 +754,8 @@ static void print_human(const bench_opts *o, const bench_result *r) {
          o->op == FERRY_OP_WRITE ? "write" : "read", o->block, o->batch,
          o->random_offsets ? " random-offsets" : "", o->threads, o->depth, r->protocol, gbps,
          r->p50_us, r->p99_us, (double)r->bytes / 1e6, r->seconds);
+  if (r->interrupted)
+    printf(", interrupted");
   if (r->errors > 0)
     printf(", %u errors", r->errors);
   /* A write run can only check what the slices hold at the end: say so. */
@@ -757,8 +789,9 @@ static void run_workers(bench_shared *s, bench_worker *workers, bench_result *r)
   uint64_t start = now_ns();
   s->deadline_ns = start + (uint64_t)(o->duration * 1e9);
   pthread_barrier_wait(&s->phase); /* go */
-  watch_progress(workers, o->threads, start, s->deadline_ns, o->duration > PROGRESS_AFTER_S);
+  watch_progress(s, workers, start, o->duration > PROGRESS_AFTER_S);
   pthread_barrier_wait(&s->phase); /* stopped */
+  r->interrupted = interrupted(s);
   r->seconds = (double)(now_ns() - start) / 1e9;
   getrusage(RUSAGE_SELF, &ru1);
   r->cpu_user_s = timeval_s(ru1.ru_utime) - timeval_s(ru0.ru_utime);
@@ -769,8 +802,8 @@ static void run_workers(bench_shared *s, bench_worker *workers, bench_result *r)
 }
 
 /* Everything after the engine exists: target checks, buffers, the run. */
-static int bench_with_engine(ferry_engine *engine, const bench_opts *o) {
-  bench_shared s = {.engine = engine, .opts = o};
+static int bench_with_engine(ferry_engine *engine, const bench_opts *o, const sigset_t *stop) {
+  bench_shared s = {.engine = engine, .opts = o, .stop = *stop};
   bench_result r = {0};
   uint64_t room = 0;
   if (resolve_remote(engine, o, &s.remote_base, &room) != 0)
@@ -805,7 +838,7 @@ static int bench_with_engine(ferry_engine *engine, const bench_opts *o) {
     else
       print_human(o, &r);
     fflush(stdout);
-    rc = (r.errors > 0 || (o->verify && !verify_ok(o, &r))) ? 1 : 0;
+    rc = (r.errors > 0 || (o->verify && !verify_ok(o, &r))) ? 1 : r.interrupted ? 130 : 0;
   } else {
     rc = 1;
   }
@@ -822,13 +855,16 @@ int ferry_cmd_bench(int argc, char **argv) {
     return 0;
   }
   if (rc != 0) {
-    bench_usage(stderr);
+    fprintf(stderr, "Run `ferry bench --help` for the options.\n");
     return 2;
   }
+  /* Before the engine's threads exist, so only the timed wait takes them. */
+  sigset_t stop;
+  ferry_cli_block_stop_signals(&stop);
   ferry_engine *engine;
   if (ferry_cli_engine_create(PROG, &o.engine, &engine) != FERRY_OK)
     return 1;
-  rc = bench_with_engine(engine, &o);
+  rc = bench_with_engine(engine, &o, &stop);
   ferry_engine_destroy(engine);
   return rc;
 }

@@ -155,7 +155,34 @@ void ferry_cli_block_stop_signals(sigset_t *stop) {
   pthread_sigmask(SIG_BLOCK, stop, NULL);
 }
 
+/* What each option accepts, so a usage error says how to fix it. */
+static const struct {
+  const char *option, *accepted;
+  int numeric; /* digits that do not parse are out of range, not garbage */
+} accepted_values[] = {
+    {"port", "a port number, 0 to 65535 (0 picks a free one)", 1},
+    {"size", FERRY_CLI_SIZE_SYNTAX, 0},
+    {"block", FERRY_CLI_SIZE_SYNTAX, 0},
+    {"protocol", "tcp, shm, fabric or all, or a comma-separated list (tcp,shm)", 0},
+    {"connections", "a whole number, 1 to 1024", 1},
+    {"threads", "a whole number, 1 to 1024", 1},
+    {"depth", "a whole number, 1 to 1024", 1},
+    {"batch", "a whole number, 1 to 1048576", 1},
+    {"op", "write or read", 0},
+    {"duration", "seconds, more than 0 and at most 1000000 (5, 0.5)", 0},
+    {"remote-addr", "an address, decimal or 0x-prefixed hexadecimal", 0},
+};
+
 int ferry_cli_bad_value(const char *prog, const char *option, const char *value) {
+  for (size_t i = 0; i < sizeof accepted_values / sizeof *accepted_values; i++) {
+    if (strcmp(accepted_values[i].option, option) != 0)
+      continue;
+    int digits = *value && strspn(value, "0123456789") == strlen(value);
+    fprintf(stderr, "%s: %s '%s' for --%s: expected %s\n", prog,
+            accepted_values[i].numeric && digits ? "value out of range" : "invalid value", value,
+            option, accepted_values[i].accepted);
+    return 2;
+  }
   fprintf(stderr, "%s: invalid value '%s' for --%s\n", prog, value, option);
   return 2;
 }

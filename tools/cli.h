@@ -46,8 +46,13 @@ void ferry_cli_engine_opts_init(ferry_cli_engine_opts *opts);
 ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_opts *opts,
                                      ferry_engine **out);
 
-/* Prints "PROG: invalid value 'VALUE' for --OPTION" and returns 2, the usage
- * error exit code. */
+/* What ferry_cli_parse_size accepts, in words. */
+#define FERRY_CLI_SIZE_SYNTAX                                                                      \
+  "a size in bytes, more than 0, with an optional binary K, M, G or T suffix (4096, 64K, 1M, 2G)"
+
+/* Prints "PROG: invalid value 'VALUE' for --OPTION: expected WHAT IT ACCEPTS"
+ * ("value out of range" for a number outside the option's range) and
+ * returns 2, the usage error exit code. */
 int ferry_cli_bad_value(const char *prog, const char *option, const char *value);
 
 /* Prints "PROG: WHAT: <strerror>: <last error>" to stderr. */

@@ -47,8 +47,9 @@ ferry_status ferry_net_parse_target(const char *target, char host[FERRY_HOST_MAX
   char *end;
   errno = 0;
   unsigned long p = strtoul(colon + 1, &end, 10);
-  if (host_len == 0 || host_len >= FERRY_HOST_MAX || *end || colon[1] == 0 || p == 0 || p > 65535 ||
-      errno)
+  if (host_len && host_len < FERRY_HOST_MAX && !*end && colon[1] && (p == 0 || p > 65535 || errno))
+    return ferry_fail(FERRY_EINVAL, "target \"%s\": port out of range (expected 1..65535)", target);
+  if (host_len == 0 || host_len >= FERRY_HOST_MAX || *end || colon[1] == 0)
     return ferry_fail(FERRY_EINVAL, "target \"%s\" is not host:port with a port in 1..65535",
                       target);
   memcpy(host, host_start, host_len);

@@ -45,9 +45,12 @@ static ferry_status check_target_name(ferry_engine *e, const char *target) {
   char host[FERRY_HOST_MAX];
   uint16_t port;
   ferry_status st = ferry_net_parse_target(target, host, &port);
-  if (st)
-    return ferry_fail(st, "target \"%s\" is not host:port and no metadata service is configured",
-                      target);
+  if (st) {
+    char detail[FERRY_ERROR_MAX];
+    snprintf(detail, sizeof detail, "%s", ferry_last_error());
+    return ferry_fail(st, "%s, and no metadata service is configured to look it up as a name",
+                      detail);
+  }
   return FERRY_OK;
 }
 
