@@ -7,8 +7,11 @@ JOBS ?= 2
 PYTHON ?= /usr/bin/python3
 BUILD ?= build
 CMAKE_FLAGS ?=
+PREFIX ?= /usr/local
+DESTDIR ?=
 
-.PHONY: all deps build demo check test test-asan test-tsan test-python test-fuzz bench-smoke format clean
+.PHONY: all deps build install demo check test test-asan test-tsan test-python test-fuzz \
+	test-examples bench-smoke format clean
 
 all: build
 
@@ -18,6 +21,12 @@ deps:
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j$(JOBS)
+
+# libferry.so.MAJOR (+ the libferry.so link) and libferry.a, ferry.h, ferry.pc,
+# the CMake package (find_package(ferry)) and the ferry tool, under
+# $(DESTDIR)$(PREFIX).
+install: build
+	@DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
 
 demo: build
 	@./scripts/demo.sh $(BUILD)/ferry
@@ -54,10 +63,16 @@ test-fuzz: deps
 bench-smoke: build
 	@./bench/run --quick >/dev/null
 
-check: test test-asan test-tsan test-fuzz bench-smoke test-python
+# The examples, built with pkg-config and find_package against a temporary
+# install and run, so the install path cannot rot (seconds).
+test-examples: build
+	@./examples/run.sh $(BUILD)
+
+check: test test-asan test-tsan test-fuzz bench-smoke test-python test-examples
 
 format:
-	@clang-format -i include/*.h src/*/*.[ch] tools/*.[ch] tests/*/*.[ch] python/ferry/*.c bench/*.c fuzz/*.[ch]
+	@clang-format -i include/*.h src/*/*.[ch] tools/*.[ch] tests/*/*.[ch] python/ferry/*.c bench/*.c \
+	  fuzz/*.[ch] examples/*.c
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz python/ferry/*.so
