@@ -1,9 +1,13 @@
 """setup.py - builds the Python packages `ferry` (with its C extension
-ferry._ferry) and `mooncake` (Mooncake-compatible TransferEngine).
+ferry._ferry) and `mooncake` (Mooncake-compatible TransferEngine), and the
+`ferry` command-line tool they carry (ferry/ferry-tool, run by `python -m
+ferry`, the `ferry` and `mooncake_http_metadata_server` commands and
+`python -m mooncake.http_metadata_server`).
 
 The extension compiles python/ferry/_ferry.c together with every libferry
 source (src/**/*.c), so it needs no separately installed libferry; it links
-libcrypto, libcurl and jansson.
+libcrypto, libcurl and jansson. The tool links the same objects with
+tools/*.c and libmicrohttpd.
 
   /usr/bin/python3 setup.py build_ext --inplace        # in-place, for tests
   /usr/bin/python3 -m pip install --no-build-isolation --break-system-packages .
@@ -18,27 +22,50 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _sources():
+def _glob(pattern):
     # Relative paths, sorted, so builds are reproducible.
-    libferry = sorted(
-        os.path.relpath(p, HERE)
-        for p in glob.glob(os.path.join(HERE, "src", "**", "*.c"), recursive=True)
-    )
-    return ["python/ferry/_ferry.c"] + libferry
+    return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, pattern),
+                                                              recursive=True))
+
+
+LIBFERRY_SOURCES = _glob("src/**/*.c")
+TOOL_SOURCES = _glob("tools/*.c")
+TOOL_NAME = "ferry-tool"  # inside the ferry package, next to the extension
 
 
 class ParallelBuildExt(build_ext):
-    """Compiles the many libferry sources in parallel unless -j is given."""
+    """Compiles the many libferry sources in parallel unless -j is given, and
+    links the `ferry` tool from the extension's libferry objects."""
 
     def finalize_options(self):
         super().finalize_options()
         if not self.parallel:
             self.parallel = os.cpu_count() or 1
 
+    def build_extension(self, ext):
+        super().build_extension(ext)
+        if ext.name == "ferry._ferry":
+            self._build_tool(ext)
+
+    def _build_tool(self, ext):
+        compile_args = dict(output_dir=self.build_temp, macros=ext.define_macros,
+                            include_dirs=ext.include_dirs, extra_postargs=ext.extra_compile_args)
+        objects = self.compiler.compile(TOOL_SOURCES, **compile_args)
+        objects += self.compiler.object_filenames(LIBFERRY_SOURCES, output_dir=self.build_temp)
+        package_dir = os.path.dirname(self.get_ext_fullpath(ext.name))
+        self.compiler.link_executable(objects, TOOL_NAME, output_dir=package_dir,
+                                      libraries=ext.libraries + ["microhttpd", "m"])
+
+    def copy_extensions_to_source(self):
+        # --inplace: the tool goes next to the extension in python/ferry too.
+        super().copy_extensions_to_source()
+        built = os.path.join(self.build_lib, "ferry", TOOL_NAME)
+        self.copy_file(built, os.path.join(HERE, "python", "ferry", TOOL_NAME))
+
 
 ferry_ext = Extension(
     "ferry._ferry",
-    sources=_sources(),
+    sources=["python/ferry/_ferry.c"] + LIBFERRY_SOURCES,
     include_dirs=["include", "src"],
     define_macros=[("_GNU_SOURCE", "1")],  # as the CMake build
     libraries=["crypto", "curl", "jansson", "pthread"],

@@ -18,7 +18,7 @@ calling thread's last message, ``last_error_code()`` its Mooncake code.
   a negative code is returned and the scheme is logged.
 - ``protocol``: ``"tcp"`` restricts ferry to TCP; anything else (``"rdma"``,
   ``"efa"``, ...) lets ferry choose among all its transports, and says so in
-  the log. ``MC_FORCE_TCP=1`` forces TCP. ``device_name`` is ignored.
+  the log. ``MC_FORCE_TCP=1`` (or true/yes/on) forces TCP. ``device_name`` is ignored.
 
 Timeouts follow libferry's defaults (30 s + time per byte;
 ``MC_TRANSFER_TIMEOUT`` overrides the base in seconds).

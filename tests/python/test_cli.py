@@ -1,0 +1,213 @@
+"""test_cli.py - the command line as a Python-only user meets it: `python -m
+ferry` and `python -m mooncake.http_metadata_server` run the tool built with
+the package; a bad value on the command line or in the environment is
+refused with a message naming what is accepted, in the tools, the C
+library and the Python packages alike; `ferry bench` keeps its result when
+interrupted. Only 127.0.0.1 is used.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+import ferry
+from conftest import ROOT, LineReader
+
+PYTHON_DIR = os.path.join(ROOT, "python")
+
+
+def tool_env(**extra):
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR, FERRY_LOG="warn")
+    env.update(extra)
+    return env
+
+
+def run_ferry(*args, timeout=60, **env):
+    """`python -m ferry ARGS` -> CompletedProcess (text)."""
+    return subprocess.run([sys.executable, "-m", "ferry"] + list(args), env=tool_env(**env),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_python_m_ferry_runs_the_bundled_tool():
+    env = tool_env()
+    env.pop("FERRY_TOOL", None)  # the binary built with the package, not build/ferry
+    out = subprocess.run([sys.executable, "-m", "ferry", "version"], env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ferry %s" % ferry.version()
+    assert os.access(os.path.join(PYTHON_DIR, "ferry", "ferry-tool"), os.X_OK)
+
+
+@pytest.mark.parametrize("args, rc, message", [
+    (["bench", "--target", "127.0.0.1:1", "--op", "frobnicate"], 2,
+     "invalid value 'frobnicate' for --op: expected write or read"),
+    (["bench", "--target", "127.0.0.1:1", "--block", "1X"], 2,
+     "invalid value '1X' for --block: expected a size in bytes, more than 0, with an optional "
+     "binary K, M, G or T suffix"),
+    (["bench", "--target", "127.0.0.1:1", "--threads", "5000"], 2,
+     "value out of range '5000' for --threads: expected a whole number, 1 to 1024"),
+    (["bench", "--target", "127.0.0.1:1", "--protocol", "rdma"], 2,
+     "expected tcp, shm, fabric or all"),
+    (["serve", "--port", "99999"], 2, "expected a port number, 0 to 65535"),
+    (["probe", "127.0.0.1:99999"], 1, "port out of range (expected 1..65535)"),
+])
+def test_bad_values_name_what_is_accepted(args, rc, message):
+    out = run_ferry(*args)
+    assert out.returncode == rc, out.stderr
+    assert message in out.stderr
+
+
+def test_doctor_help_documents_its_options():
+    out = run_ferry("doctor", "--help")
+    assert out.returncode == 0
+    assert "--target HOST:PORT" in out.stdout and "FAIL" in out.stdout
+    assert run_ferry("doctor", "--frobnicate").returncode == 2
+
+
+def test_doctor_reports_bad_environment_as_failures():
+    out = run_ferry("doctor", FERRY_LOG="verbose", MC_TRANSFER_TIMEOUT="abc", MC_FORCE_TCP="yes")
+    assert out.returncode == 1, out.stdout
+    lines = out.stdout.splitlines()
+    assert any(re.match(r"FAIL +FERRY_LOG .*\"verbose\".*debug, info, warn, error or off", l)
+               for l in lines), out.stdout
+    assert any(re.match(r"FAIL +MC_TRANSFER_TIMEOUT .*\"abc\".*whole seconds", l)
+               for l in lines), out.stdout
+    assert any(re.match(r"INFO +MC_FORCE_TCP +yes", l) for l in lines), out.stdout
+
+
+@pytest.mark.parametrize("name, value, accepted", [
+    ("FERRY_TRANSPORTS", "tpc", "tcp, shm, fabric or all"),
+    ("FERRY_LOG", "verbose", "debug, info, warn, error or off"),
+    ("MC_TRANSFER_TIMEOUT", "abc", "whole seconds, 1 to 4294967"),
+    ("FERRY_SPIN_US", "abc", "microseconds, 0 to 10000"),
+    ("MC_FORCE_TCP", "maybe", "1, 0, true, false, yes, no, on or off"),
+])
+def test_engine_refuses_bad_environment(monkeypatch, name, value, accepted):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ferry.Error) as info:
+        ferry.Engine("127.0.0.1")
+    assert info.value.code == ferry.EINVAL
+    assert name in info.value.detail and '"%s"' % value in info.value.detail
+    assert accepted in info.value.detail
+
+
+def test_mooncake_initialize_refuses_bad_boolean(monkeypatch):
+    from mooncake.engine import TransferEngine
+
+    monkeypatch.setenv("MC_FORCE_TCP", "maybe")
+    te = TransferEngine()
+    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") < 0
+    assert "MC_FORCE_TCP" in te.last_error()
+
+
+def _transport_between_two_engines():
+    with ferry.Engine("127.0.0.1") as a, ferry.Engine("127.0.0.1") as b:
+        a.register(bytearray(4096))
+        b.register(bytearray(4096))
+        return ferry.transport_name(a.peer_transport(b.name))
+
+
+@pytest.mark.parametrize("value, forced", [
+    ("1", True), ("true", True), ("YES", True), ("on", True),
+    ("0", False), ("false", False), ("No", False), ("off", False),
+])
+def test_boolean_spellings_in_c(monkeypatch, value, forced):
+    """MC_FORCE_TCP is read by libferry itself: every spelling works there, as
+    in the Python drop-in (same-host engines use shm unless tcp is forced)."""
+    monkeypatch.delenv("FERRY_TRANSPORTS", raising=False)
+    monkeypatch.setenv("MC_FORCE_TCP", value)
+    assert _transport_between_two_engines() == ("tcp" if forced else "shm")
+
+
+def _start(argv, ready_pattern, **env):
+    proc = subprocess.Popen(argv, env=tool_env(**env), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = LineReader(proc.stdout)
+    line = out.get(30)
+    m = re.search(ready_pattern, line or "")
+    if not m:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise RuntimeError("%s did not start: %r %s" % (argv, line, proc.stderr.read()))
+    return proc, m.group(1)
+
+
+def _stop(proc):
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+@pytest.mark.timeout_s(90)
+def test_bench_interrupted_prints_the_partial_result():
+    serve, target = _start([sys.executable, "-m", "ferry", "serve", "--host", "127.0.0.1",
+                            "--port", "0", "--size", "8M"], r"ready target=(\S+)")
+    bench = None
+    try:
+        bench = subprocess.Popen(
+            [sys.executable, "-m", "ferry", "bench", "--target", target, "--block", "64K",
+             "--duration", "600", "--json"], env=tool_env(), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        err = LineReader(bench.stderr)
+        # The timed run has started once it says so: interrupt it then.
+        while True:
+            line = err.get(30)
+            assert line is not None, "bench never started its timed run"
+            if "running for 600 s" in line:
+                break
+        bench.send_signal(signal.SIGINT)
+        assert bench.wait(timeout=30) == 130
+        result = json.loads(bench.stdout.read())
+        assert result["interrupted"] is True
+        assert 0 < result["seconds"] < 600
+        assert result["bytes"] > 0 and result["errors"] == 0
+        assert result["gbytes_per_s"] == result["gbps"] > 0
+        assert result["gbytes_per_s"] == pytest.approx(  # printed rounded: %.4f, %.6f
+            result["bytes"] / result["seconds"] / 1e9, rel=0.01, abs=1e-3)
+    finally:
+        if bench is not None:
+            if bench.poll() is None:
+                bench.kill()
+                bench.wait(timeout=10)
+            bench.stdout.close()
+            bench.stderr.close()
+        _stop(serve)
+
+
+def _http(method, url, data=None):
+    req = urllib.request.Request(url, data=data, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_mooncake_http_metadata_server():
+    """What SGLang's and vLLM's docs start beside the engine, same path and
+    answers as Mooncake's."""
+    proc, url = _start([sys.executable, "-m", "mooncake.http_metadata_server", "--port", "0"],
+                       r"url=(\S+)")
+    try:
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/metadata")
+        assert _http("GET", url)[0] == 400
+        assert _http("GET", url + "?key=")[0] == 400
+        assert _http("GET", url + "?key=unknown")[0] == 404
+        assert _http("PUT", url + "?key=k", b"v1")[0] == 200
+        assert _http("GET", url + "?key=k") == (200, b"v1")
+    finally:
+        _stop(proc)
