@@ -242,14 +242,11 @@ ferry_status ferry_config_adopt(ferry_config *dst, const ferry_config *src) {
                       "ferry_config_init first; a larger size means a ferry.h newer than this "
                       "libferry %s)",
                       src->size, CONFIG_MIN_SIZE, sizeof *dst, FERRY_VERSION_STRING);
-  ferry_config scratch;
-  defaults(&scratch);
-  ferry_status st = apply_env(&scratch, 1);
-  if (st)
-    return st;
   /* Fields newer than the caller's header keep their defaults. */
   defaults(dst);
-  apply_env(dst, 0);
+  ferry_status st = apply_env(dst, 1);
+  if (st)
+    return st;
   memcpy(dst, src, src->size);
   dst->size = sizeof *dst;
   return check_fields(dst);

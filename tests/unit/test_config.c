@@ -185,7 +185,7 @@ static void size_is_checked(void **state) {
  * the library gives the fields it lacks their defaults. */
 static void older_shorter_config_works(void **state) {
   const size_t old_size = offsetof(ferry_config, spin_us) + sizeof(unsigned);
-  unsigned char buf[sizeof(ferry_config) + 16];
+  _Alignas(ferry_config) unsigned char buf[sizeof(ferry_config) + 16];
   memset(buf, 0xEE, sizeof buf);
   ferry_config *old = (ferry_config *)(void *)buf;
   /* Shorter still than any real caller, so the bound is tested even while
