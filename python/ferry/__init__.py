@@ -6,6 +6,9 @@ This package is a thin layer over libferry's C API (the extension module
 ``Engine(host=None, *, port=0, transports="all", metadata_url=None, ...)``
     One engine per process. It listens on an RPC port; peers name it by
     ``engine.name`` ("host:port", or its segment name with a metadata service).
+    A bad option, or a bad value of an environment variable libferry reads
+    (``FERRY_TRANSPORTS``, ``MC_FORCE_TCP``, ...), raises ``Error`` with code
+    ``EINVAL`` naming it, its value and what is accepted.
 
     - ``register(buf_or_addr, length=None)`` / ``unregister(addr)`` and the
       ``*_batch`` forms; ``alloc(length)`` / ``free(addr)`` for a registered,
@@ -39,6 +42,10 @@ Module functions: ``strerror(code)``, ``to_mooncake(code)``, ``version()``,
 
 ``mooncake.engine.TransferEngine`` (installed alongside) offers Mooncake's
 Python API on top of this package.
+
+``python -m ferry COMMAND ...`` (or the ``ferry`` command) runs the ferry
+command-line tool built with this package: ``metadata-server``, ``doctor``,
+``bench``, ``serve``, ``probe``.
 """
 
 from ferry._ferry import (  # noqa: F401
