@@ -166,6 +166,18 @@ static void record_error(ferry_batch *b, ferry_status status) {
   ferry_chunker_stop(&b->cursor);
 }
 
+/* A failure that shutdown caused (sockets shut down under the drivers) is
+ * reported as FERRY_ECLOSED, keeping the step in the detail. Drivers only:
+ * they run while the engine exists. */
+static ferry_status closed_cause(ferry_batch *b, ferry_status status) {
+  if (!status || status == FERRY_ECLOSED || !ferry_engine_closing(b->engine))
+    return status;
+  char detail[FERRY_ERROR_MAX];
+  snprintf(detail, sizeof detail, "%s", ferry_last_error());
+  return ferry_fail(FERRY_ECLOSED, "engine shut down during the batch to %s (%s)", b->address,
+                    detail);
+}
+
 /* The notification may finish after the batch's deadline: the data landed
  * in time, and a TIMEDOUT batch whose notification then arrives would be
  * retried and notified twice. Its own bound is a control round trip. */
@@ -191,7 +203,7 @@ static void finish_locked(ferry_batch *b) {
     pthread_mutex_lock(&b->lock);
     b->finishing = 0;
     if (st)
-      record_error(b, st);
+      record_error(b, closed_cause(b, st));
   }
   b->state = !b->error                     ? FERRY_BATCH_DONE
              : b->error == FERRY_ETIMEDOUT ? FERRY_BATCH_TIMEDOUT
@@ -200,6 +212,7 @@ static void finish_locked(ferry_batch *b) {
 }
 
 void ferry_batch_complete(ferry_batch *b, ferry_status status) {
+  status = closed_cause(b, status);
   pthread_mutex_lock(&b->lock);
   if (status)
     record_error(b, status);
@@ -209,6 +222,7 @@ void ferry_batch_complete(ferry_batch *b, ferry_status status) {
 }
 
 void ferry_batch_fail(ferry_batch *b, ferry_status status) {
+  status = closed_cause(b, status);
   pthread_mutex_lock(&b->lock);
   record_error(b, status);
   finish_locked(b);
