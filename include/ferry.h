@@ -222,8 +222,12 @@ ferry_status ferry_batch_submit(ferry_engine *engine, const char *target,
 /* Current state; on FAILED/TIMEDOUT *error (if non-NULL) gets the cause and
  * the calling thread's last error gets the detail. */
 ferry_batch_state ferry_batch_status(ferry_batch *batch, ferry_status *error);
-/* Waits up to timeout_ms (-1: until the batch's own deadline). Returns
- * FERRY_OK, the batch's error, or FERRY_EINPROGRESS if still pending. */
+/* Waits up to timeout_ms (-1: until the batch's own deadline, or until its
+ * notification's send ends if that is later). Returns FERRY_OK, the batch's
+ * error, or FERRY_EINPROGRESS if still pending. A batch whose notification
+ * is being sent stays PENDING, past its deadline if need be (the send is
+ * bounded by connect_timeout_ms), and is DONE once the target acknowledged
+ * it: a batch never reads TIMEDOUT after its notification was delivered. */
 ferry_status ferry_batch_wait(ferry_batch *batch, int64_t timeout_ms);
 /* Frees a batch; a pending one is waited for first (bounded by its deadline). */
 void ferry_batch_free(ferry_batch *batch);
