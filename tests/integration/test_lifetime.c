@@ -185,6 +185,61 @@ static void destroy_during_probe_and_notify(void **state) {
   close(notify_fd);
 }
 
+/* A listener whose accept queue is full: the kernel drops further SYNs, so
+ * a connect to it hangs until the caller's connect timeout. */
+static int full_listener(char *target, size_t size, int fillers[2]) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  socklen_t len = sizeof a;
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  assert_true(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 0) == 0 &&
+              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+  for (int i = 0; i < 2; i++) {
+    fillers[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    connect(fillers[i], (struct sockaddr *)&a, sizeof a);
+  }
+  snprintf(target, size, "127.0.0.1:%u", ntohs(a.sin_port));
+  return fd;
+}
+
+/* Nonzero while some socket of this host is in SYN_SENT towards port. */
+static int syn_sent_to(uint16_t port) {
+  FILE *f = fopen("/proc/net/tcp", "r");
+  assert_non_null(f);
+  char line[256];
+  unsigned rport, state;
+  int found = 0;
+  while (!found && fgets(line, sizeof line, f))
+    found =
+        sscanf(line, "%*d: %*x:%*x %*x:%x %x", &rport, &state) == 2 && rport == port && state == 2;
+  fclose(f);
+  return found;
+}
+
+/* A call destroy cannot wake (a connect in progress) ends by its own
+ * deadline, and destroy waits for it before freeing anything. */
+static void destroy_waits_for_a_call_it_cannot_wake(void **state) {
+  char target[64];
+  int fillers[2];
+  int lfd = full_listener(target, sizeof target, fillers);
+  ferry_engine *e = engine_with(FERRY_TRANSPORT_TCP, LONG_MS, 1000);
+  call c = {.kind = CALL_PROBE, .engine = e};
+  snprintf(c.target, sizeof c.target, "%s", target);
+  call_start(&c);
+  uint16_t port = (uint16_t)atoi(strrchr(target, ':') + 1);
+  for (double t0 = test_now_s(); !syn_sent_to(port);)
+    if (test_now_s() - t0 > PROMPT_S)
+      fail_msg("the probe never started connecting");
+    else
+      usleep(1000);
+  ferry_engine_destroy(e);
+  assert_true(__atomic_load_n(&c.finished, __ATOMIC_SEQ_CST)); /* before destroy returned */
+  assert_int_equal(call_join(&c), FERRY_ECLOSED);
+  close(fillers[0]);
+  close(fillers[1]);
+  close(lfd);
+}
+
 /* ---- destroy while transfers are in flight ------------------------------------------------------
  */
 
@@ -447,6 +502,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(destroy_during_handshake),
       cmocka_unit_test(destroy_during_probe_and_notify),
+      cmocka_unit_test(destroy_waits_for_a_call_it_cannot_wake),
       cmocka_unit_test(destroy_while_writers_in_flight),
       cmocka_unit_test(shutdown_while_writers_run),
       cmocka_unit_test(destroy_while_threads_wait_on_batches),
