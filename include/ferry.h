@@ -130,6 +130,10 @@ typedef struct ferry_config {
    * waking a sleeping thread on another CPU is slow (VMs); an idle engine
    * still uses no CPU. */
   unsigned spin_us;
+  /* Milliseconds a worker thread beyond `workers` may sit idle before it
+   * exits (default 10000): the pool grows while peers stall its threads and
+   * shrinks back to `workers` when the stall is over. */
+  unsigned worker_idle_ms;
 } ferry_config;
 
 /* Fills cfg with defaults, including those taken from the environment
@@ -148,7 +152,25 @@ void ferry_config_init_size(ferry_config *cfg, size_t size);
  * FERRY_SPIN_US_MAX), FERRY_SECRET. A bad one fails with FERRY_EINVAL and a
  * message naming the setting, the value and what is accepted. */
 ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out);
-/* Stops every thread and closes every socket; pending batches fail. */
+/* Threads. Every call on an engine may be made from any thread, and calls
+ * may run concurrently with each other, including ferry_engine_shutdown and
+ * ferry_engine_destroy. A call in progress when shutdown begins, or begun
+ * while it runs, returns promptly: FERRY_ECLOSED (the detail names what it
+ * was doing), or the error that ended it first. Blocked sockets are shut
+ * down and waits are woken; what cannot be woken (a TCP connect, a
+ * metadata-service request, a same-host service request) ends by its own
+ * deadline (connect_timeout_ms, timeout_ms).
+ *
+ * Stops the engine: waits until no call is inside it (see above), closes
+ * the listening socket and every connection, stops every thread and fails
+ * the batches no thread will drive (FERRY_ECLOSED). The handle stays valid:
+ * later calls return FERRY_ECLOSED at once. Idempotent; concurrent callers
+ * all return once it is done. */
+void ferry_engine_shutdown(ferry_engine *engine);
+/* ferry_engine_shutdown, then frees the engine. A call that starts after
+ * destroy returned uses freed memory: that is the caller's bug. A binding
+ * that cannot rule it out calls shutdown first and destroy once its own
+ * callers are gone. Batch handles outlive their engine (see ferry_batch). */
 void ferry_engine_destroy(ferry_engine *engine);
 /* The RPC port actually bound. */
 uint16_t ferry_engine_port(const ferry_engine *engine);
@@ -193,6 +215,11 @@ typedef struct ferry_entry {
   size_t length;   /* > 0 */
 } ferry_entry;
 
+/* A batch handle belongs to the caller until ferry_batch_free, even past
+ * the engine's shutdown or destroy: every batch is final (DONE, FAILED or
+ * TIMEDOUT) once shutdown returns, and status, wait and free on it stay
+ * safe afterwards, touching only the batch. Status and wait may be called
+ * from several threads at once; free only once, after the others return. */
 typedef struct ferry_batch ferry_batch;
 
 typedef enum ferry_batch_state {
@@ -218,8 +245,12 @@ ferry_status ferry_batch_submit(ferry_engine *engine, const char *target,
 /* Current state; on FAILED/TIMEDOUT *error (if non-NULL) gets the cause and
  * the calling thread's last error gets the detail. */
 ferry_batch_state ferry_batch_status(ferry_batch *batch, ferry_status *error);
-/* Waits up to timeout_ms (-1: until the batch's own deadline). Returns
- * FERRY_OK, the batch's error, or FERRY_EINPROGRESS if still pending. */
+/* Waits up to timeout_ms (-1: until the batch's own deadline, or until its
+ * notification's send ends if that is later). Returns FERRY_OK, the batch's
+ * error, or FERRY_EINPROGRESS if still pending. A batch whose notification
+ * is being sent stays PENDING, past its deadline if need be (the send is
+ * bounded by connect_timeout_ms), and is DONE once the target acknowledged
+ * it: a batch never reads TIMEDOUT after its notification was delivered. */
 ferry_status ferry_batch_wait(ferry_batch *batch, int64_t timeout_ms);
 /* Frees a batch; a pending one is waited for first (bounded by its deadline). */
 void ferry_batch_free(ferry_batch *batch);

@@ -11,13 +11,18 @@
  * (ferry_last_error(), per thread) is copied in the same thread right after
  * the failing call, before the GIL is taken back.
  *
- * Lifetime rules: a method running with the GIL released counts itself in
- * Engine.active; close() marks the engine closing, waits for that count to
- * drop to zero, frees every outstanding batch and only then destroys the
- * engine, so no call can use a destroyed engine. A Batch holds a reference
- * to its Engine and the Py_buffers of the objects its entries point into
- * until it is freed. Buffer objects passed to register() are held (their
- * memory cannot be resized or freed) until unregister() or close(). */
+ * Lifetime rules: libferry lets calls on other threads race with the
+ * engine's shutdown (they return FERRY_ECLOSED promptly) and keeps batch
+ * handles valid after it. The binding only has to make sure no thread
+ * enters the library after ferry_engine_destroy: a method counts itself in
+ * Engine.active (under the GIL) from before it releases the GIL until it
+ * has it back. close() calls ferry_engine_shutdown, which ends the calls in
+ * progress, and whoever leaves last (close() itself or the last method)
+ * then destroys the engine. Nobody waits or polls. A Batch holds a
+ * reference to its Engine and the Py_buffers of the objects its entries
+ * point into until it is freed. Buffer objects passed to register() are
+ * held (their memory cannot be resized or freed) until unregister() or
+ * close(). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
@@ -164,14 +169,6 @@ static PyObject *none_or_raise(const CallResult *r) {
   if (r->st != FERRY_OK)
     return raise_result(r);
   Py_RETURN_NONE;
-}
-
-/* Sleeps with the GIL released, in loops that wait for other threads. */
-static void sleep_ms_without_gil(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  PyThreadState *ts_ = PyEval_SaveThread();
-  nanosleep(&ts, NULL);
-  PyEval_RestoreThread(ts_);
 }
 
 /* ======================================================================
@@ -561,10 +558,9 @@ typedef struct {
   PyObject ob_base;
   ferry_engine *eng;
   int initialized; /* set once ferry_engine_create succeeded (stays set after close) */
-  int closing;
-  long active;          /* methods running with the GIL released */
-  PyObject *held;       /* dict: address -> capsule owning a registered Py_buffer */
-  BatchObject *batches; /* live batches whose ferry_batch is not yet freed */
+  int closing;     /* close() began: new calls raise ECLOSED */
+  long active;     /* methods that may be inside libferry (see the top comment) */
+  PyObject *held;  /* dict: address -> capsule owning a registered Py_buffer */
 } EngineObject;
 
 struct BatchObject {
@@ -573,11 +569,11 @@ struct BatchObject {
   ferry_batch *b;
   EntryList entries; /* only the views are kept; entries.e is freed after submit */
   NotifyArg notify;
-  long busy;
+  long busy;        /* methods using b without the GIL */
+  int free_pending; /* free() came while busy: the last of them frees */
   int state;
   int error;
   PyObject *detail;
-  BatchObject *prev, *next;
 };
 
 static PyTypeObject EngineType;
@@ -599,7 +595,18 @@ static int eng_enter(EngineObject *self) {
   return 0;
 }
 
-static void eng_leave(EngineObject *self) { self->active--; }
+static void engine_close_impl(EngineObject *self);
+
+/* Called with the GIL by whoever leaves last once close() began: the engine
+ * is shut down, so destroying it only frees memory. */
+static void eng_leave(EngineObject *self) {
+  if (--self->active > 0 || !self->closing || !self->eng)
+    return;
+  ferry_engine *eng = self->eng;
+  self->eng = NULL;
+  ferry_engine_destroy(eng);
+  Py_CLEAR(self->held);
+}
 
 /* CALL_WITHOUT_GIL on an engine the caller entered with eng_enter(), which
  * it then leaves. */
@@ -608,17 +615,6 @@ static void eng_leave(EngineObject *self) { self->active--; }
     CALL_WITHOUT_GIL(res, call);                                                                   \
     eng_leave(self);                                                                               \
   } while (0)
-
-static void batch_unlink(BatchObject *b) {
-  EngineObject *e = b->engine;
-  if (b->prev)
-    b->prev->next = b->next;
-  else if (e && e->batches == b)
-    e->batches = b->next;
-  if (b->next)
-    b->next->prev = b->prev;
-  b->prev = b->next = NULL;
-}
 
 static void batch_release_memory(BatchObject *b) {
   entries_release(&b->entries);
@@ -654,72 +650,19 @@ static void batch_finish_nogil(ferry_batch *fb, BatchOutcome *out) {
 
 static void batch_record(BatchObject *self, int state, ferry_status st, const char *err);
 
-/* Closes the engine: waits for running calls, frees outstanding batches,
- * destroys the engine and drops held buffers. Called with the GIL. */
+/* Shuts the engine down (calls in progress end promptly, pending batches
+ * fail) and destroys it, here or in the last method still inside. Called
+ * with the GIL; a concurrent close() waits in shutdown for the first. */
 static void engine_close_impl(EngineObject *self) {
-  if (self->closing) {
-    while (self->eng) { /* another thread is closing it */
-      sleep_ms_without_gil(1);
-    }
-    return;
-  }
   if (!self->eng)
     return;
   self->closing = 1;
-  while (self->active > 0) {
-    sleep_ms_without_gil(1);
-  }
-  size_t n = 0;
-  for (BatchObject *b = self->batches; b; b = b->next)
-    n++;
-  BatchObject **objs = n ? PyMem_Calloc(n, sizeof *objs) : NULL;
-  ferry_batch **raw = n ? PyMem_Calloc(n, sizeof *raw) : NULL;
-  BatchOutcome *outs = n ? PyMem_Calloc(n, sizeof *outs) : NULL;
-  size_t k = 0;
-  if (n && (!objs || !raw || !outs)) {
-    /* Out of memory: free the batches one by one with the GIL held. */
-    PyMem_Free(objs);
-    PyMem_Free(raw);
-    PyMem_Free(outs);
-    objs = NULL;
-    raw = NULL;
-    outs = NULL;
-    for (BatchObject *b = self->batches; b; b = b->next) {
-      if (b->b) {
-        ferry_batch_free(b->b);
-        b->b = NULL;
-      }
-    }
-  } else {
-    for (BatchObject *b = self->batches; b; b = b->next) {
-      if (!b->b)
-        continue;
-      Py_INCREF(b);
-      objs[k] = b;
-      raw[k] = b->b;
-      b->b = NULL;
-      k++;
-    }
-  }
+  self->active++;
   ferry_engine *eng = self->eng;
   PyThreadState *ts_ = PyEval_SaveThread();
-  for (size_t i = 0; i < k; i++)
-    batch_finish_nogil(raw[i], &outs[i]);
-  ferry_engine_destroy(eng);
+  ferry_engine_shutdown(eng);
   PyEval_RestoreThread(ts_);
-  self->eng = NULL;
-  for (size_t i = 0; i < k; i++) {
-    if (objs[i]->state == FERRY_BATCH_PENDING)
-      batch_record(objs[i], outs[i].state, outs[i].error, outs[i].detail);
-    batch_release_memory(objs[i]);
-    Py_DECREF(objs[i]);
-  }
-  while (self->batches)
-    batch_unlink(self->batches);
-  PyMem_Free(objs);
-  PyMem_Free(raw);
-  PyMem_Free(outs);
-  Py_CLEAR(self->held);
+  eng_leave(self);
 }
 
 static PyObject *engine_new(PyTypeObject *type, PyObject *Py_UNUSED(args),
@@ -922,13 +865,13 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
 }
 
 static PyObject *engine_get_port(EngineObject *self, void *Py_UNUSED(closure)) {
-  if (!self->eng)
+  if (!self->eng || self->closing)
     return raise_closed();
   return PyLong_FromLong((long)ferry_engine_port(self->eng));
 }
 
 static PyObject *engine_get_name(EngineObject *self, void *Py_UNUSED(closure)) {
-  if (!self->eng)
+  if (!self->eng || self->closing)
     return raise_closed();
   return PyUnicode_FromString(ferry_engine_name(self->eng));
 }
@@ -938,7 +881,7 @@ static PyObject *engine_get_closed(EngineObject *self, void *Py_UNUSED(closure))
 }
 
 static PyObject *engine_repr(EngineObject *self) {
-  if (!self->eng)
+  if (!self->eng || self->closing)
     return PyUnicode_FromString("<ferry.Engine closed>");
   return PyUnicode_FromFormat("<ferry.Engine %s>", ferry_engine_name(self->eng));
 }
@@ -1258,10 +1201,10 @@ static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l
   memset(&b->entries, 0, sizeof b->entries);
   memset(&b->notify, 0, sizeof b->notify);
   b->busy = 0;
+  b->free_pending = 0;
   b->state = FERRY_BATCH_PENDING;
   b->error = 0;
   b->detail = NULL;
-  b->prev = b->next = NULL;
   if (eng_enter(self) < 0) {
     request_release(l, na);
     Py_DECREF(b);
@@ -1286,10 +1229,6 @@ static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l
   memset(na, 0, sizeof *na);
   Py_INCREF(self);
   b->engine = self;
-  b->next = self->batches;
-  if (self->batches)
-    self->batches->prev = b;
-  self->batches = b;
   return (PyObject *)b;
 }
 
@@ -1510,7 +1449,8 @@ static PyMethodDef engine_methods[] = {
     {"peer_transport", KW(engine_peer_transport),
      "peer_transport(target) -> TRANSPORT_* bit used with that peer"},
     {"close", (PyCFunction)engine_close, METH_NOARGS,
-     "close(): waits for running calls, fails pending batches, stops the engine"},
+     "close(): stops the engine; calls in progress on other threads end with ECLOSED and "
+     "pending batches fail (Batch objects stay usable)"},
     {"__enter__", (PyCFunction)engine_enter_ctx, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)engine_exit_ctx, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -1545,26 +1485,22 @@ static PyTypeObject EngineType = {
 
 /* ---- Batch ------------------------------------------------------------ */
 
+static void batch_free_now(BatchObject *self);
+
+/* A batch handle stays valid after its engine is closed (libferry keeps
+ * it), so only a freed batch is refused. */
 static int batch_enter(BatchObject *self) {
   if (!self->b) {
-    if (self->engine && (!self->engine->eng || self->engine->closing))
-      raise_closed();
-    else
-      raise_status(FERRY_EINVAL, "the batch has been freed");
-    return -1;
-  }
-  if (self->engine->closing) {
-    raise_closed();
+    raise_status(FERRY_EINVAL, "the batch has been freed");
     return -1;
   }
   self->busy++;
-  self->engine->active++;
   return 0;
 }
 
 static void batch_leave(BatchObject *self) {
-  self->busy--;
-  self->engine->active--;
+  if (--self->busy == 0 && self->free_pending)
+    batch_free_now(self);
 }
 
 static void batch_record(BatchObject *self, int state, ferry_status st, const char *err) {
@@ -1638,29 +1574,31 @@ static PyObject *batch_wait(BatchObject *self, PyObject *args, PyObject *kwds) {
 
 /* Frees the ferry batch (waiting for it if pending, bounded by its deadline)
  * and drops the memory it held; its final state stays readable. */
-static void batch_free_impl(BatchObject *self) {
-  while (self->b && self->busy > 0) {
-    sleep_ms_without_gil(1);
-  }
-  if (self->b) {
-    ferry_batch *fb = self->b;
-    int known = self->state != FERRY_BATCH_PENDING;
-    BatchOutcome out;
-    self->b = NULL;
-    EngineObject *e = self->engine;
-    e->active++;
-    PyThreadState *ts_ = PyEval_SaveThread();
-    if (known)
-      ferry_batch_free(fb);
-    else
-      batch_finish_nogil(fb, &out);
-    PyEval_RestoreThread(ts_);
-    e->active--;
-    if (!known)
-      batch_record(self, out.state, out.error, out.detail);
-  }
-  batch_unlink(self);
+static void batch_free_now(BatchObject *self) {
+  ferry_batch *fb = self->b;
+  int known = self->state != FERRY_BATCH_PENDING;
+  BatchOutcome out;
+  self->b = NULL;
+  self->free_pending = 0;
+  PyThreadState *ts_ = PyEval_SaveThread();
+  if (known)
+    ferry_batch_free(fb);
+  else
+    batch_finish_nogil(fb, &out);
+  PyEval_RestoreThread(ts_);
+  if (!known)
+    batch_record(self, out.state, out.error, out.detail);
   batch_release_memory(self);
+}
+
+/* A batch another thread is waiting on is freed when that thread is done. */
+static void batch_free_impl(BatchObject *self) {
+  if (!self->b)
+    batch_release_memory(self);
+  else if (self->busy)
+    self->free_pending = 1;
+  else
+    batch_free_now(self);
 }
 
 static PyObject *batch_free(BatchObject *self, PyObject *Py_UNUSED(noargs)) {

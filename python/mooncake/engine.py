@@ -500,15 +500,16 @@ class TransferEngine:
 
     # ---- ferry extras ---------------------------------------------------
     def close(self):
-        """Frees outstanding batches and stops the engine. ferry extra."""
+        """Stops the engine, then frees outstanding batches (final by then:
+        the engine's shutdown failed what it had not finished). ferry extra."""
+        eng, self._engine = self._engine, None
+        if eng is not None:
+            eng.close()
         with self._lock:
             batches = list(self._batches.values())
             self._batches.clear()
         for batch in batches:
             batch.free()
-        eng, self._engine = self._engine, None
-        if eng is not None:
-            eng.close()
 
 
 def _safe_len(seq):

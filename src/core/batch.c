@@ -93,8 +93,6 @@ static ferry_status batch_create(ferry_engine *e, const char *target, const ferr
   if (!e || !entries || !count || !out)
     return ferry_fail(FERRY_EINVAL, "submit to %s: null engine, entries or out, or zero entries",
                       target ? target : "(null)");
-  if (__atomic_load_n(&e->closing, __ATOMIC_ACQUIRE))
-    return ferry_fail(FERRY_ECLOSED, "engine is shutting down");
   uint64_t total;
   ferry_peer *peer;
   ferry_status st = check_entries(e, entries, count, &total);
@@ -106,21 +104,20 @@ static ferry_status batch_create(ferry_engine *e, const char *target, const ferr
   if (!b)
     return ferry_fail(FERRY_ENOMEM, "no memory for a batch of %zu entries", count);
   b->peer = peer;
+  snprintf(b->address, sizeof b->address, "%s", peer->address);
   b->total_bytes = total;
+  uint64_t now = ferry_now_ns();
   b->deadline_ns = ferry_engine_deadline(e, total);
+  b->budget_ms = (uint32_t)((b->deadline_ns - now) / 1000000ull);
   st = copy_notification(b, notify);
   if (!st)
-    st = ferry_peer_ensure(peer, b->deadline_ns);
+    st = ferry_peer_ensure(peer, b->deadline_ns, &b->transport, &b->peer_instance);
   if (!st)
     st = ferry_peer_check_remote(peer, entries, count, b->deadline_ns);
   if (st) {
     batch_destroy(b);
     return st;
   }
-  pthread_mutex_lock(&peer->lock);
-  b->peer_instance = peer->info.engine_id;
-  b->transport = peer->transport;
-  pthread_mutex_unlock(&peer->lock);
   *out = b;
   return FERRY_OK;
 }
@@ -163,27 +160,50 @@ static void record_error(ferry_batch *b, ferry_status status) {
   if (status == FERRY_ETIMEDOUT) /* say which budget ran out, not just the step */
     snprintf(b->detail, sizeof b->detail,
              "batch of %zu entries (%llu bytes) to %s passed its deadline: %s", b->count,
-             (unsigned long long)b->total_bytes, b->peer->address, ferry_last_error());
+             (unsigned long long)b->total_bytes, b->address, ferry_last_error());
   else
     snprintf(b->detail, sizeof b->detail, "%s", ferry_last_error());
   ferry_chunker_stop(&b->cursor);
 }
 
+/* A failure that shutdown caused (sockets shut down under the drivers) is
+ * reported as FERRY_ECLOSED, keeping the step in the detail. Drivers only:
+ * they run while the engine exists. */
+static ferry_status closed_cause(ferry_batch *b, ferry_status status) {
+  if (!status || status == FERRY_ECLOSED || !ferry_engine_closing(b->engine))
+    return status;
+  char detail[FERRY_ERROR_MAX];
+  snprintf(detail, sizeof detail, "%s", ferry_last_error());
+  return ferry_fail(FERRY_ECLOSED, "engine shut down during the batch to %s (%s)", b->address,
+                    detail);
+}
+
+/* The notification may finish after the batch's deadline: the data landed
+ * in time, and a TIMEDOUT batch whose notification then arrives would be
+ * retried and notified twice. Its own bound is a control round trip. */
+static uint64_t notify_deadline(const ferry_batch *b) {
+  uint64_t own = ferry_now_ns() + (uint64_t)b->engine->cfg.connect_timeout_ms * 1000000ull;
+  return own > b->deadline_ns ? own : b->deadline_ns;
+}
+
 /* Called with the lock held when nothing is outstanding: makes the state
- * final, sending the notification first if the data all landed. */
+ * final, sending the notification first if the data all landed. While it
+ * is sent the batch stays PENDING (nothing expires it), so the state a
+ * caller reads is the send's outcome: DONE when the target acknowledged. */
 static void finish_locked(ferry_batch *b) {
   if (b->state != FERRY_BATCH_PENDING || b->finishing || b->outstanding ||
       !ferry_chunker_done(&b->cursor))
     return;
   if (!b->error && b->has_notify) {
     b->finishing = 1;
+    uint64_t deadline = notify_deadline(b);
     pthread_mutex_unlock(&b->lock);
-    ferry_status st = ferry_peer_notify(b->peer, b->notify.name, b->notify.data, b->notify.length,
-                                        b->deadline_ns);
+    ferry_status st =
+        ferry_peer_notify(b->peer, b->notify.name, b->notify.data, b->notify.length, deadline);
     pthread_mutex_lock(&b->lock);
     b->finishing = 0;
     if (st)
-      record_error(b, st);
+      record_error(b, closed_cause(b, st));
   }
   b->state = !b->error                     ? FERRY_BATCH_DONE
              : b->error == FERRY_ETIMEDOUT ? FERRY_BATCH_TIMEDOUT
@@ -192,6 +212,7 @@ static void finish_locked(ferry_batch *b) {
 }
 
 void ferry_batch_complete(ferry_batch *b, ferry_status status) {
+  status = closed_cause(b, status);
   pthread_mutex_lock(&b->lock);
   if (status)
     record_error(b, status);
@@ -201,6 +222,7 @@ void ferry_batch_complete(ferry_batch *b, ferry_status status) {
 }
 
 void ferry_batch_fail(ferry_batch *b, ferry_status status) {
+  status = closed_cause(b, status);
   pthread_mutex_lock(&b->lock);
   record_error(b, status);
   finish_locked(b);
@@ -248,10 +270,10 @@ void ferry_batch_drive(ferry_batch *b) {
 /* Past its deadline a batch stops handing out work; chunks in flight end by
  * the same deadline (their sockets carry it), then the state is final. */
 static void expire_locked(ferry_batch *b) {
-  if (b->state != FERRY_BATCH_PENDING || ferry_now_ns() < b->deadline_ns || b->error)
+  if (b->state != FERRY_BATCH_PENDING || b->finishing || ferry_now_ns() < b->deadline_ns ||
+      b->error)
     return;
-  ferry_fail(FERRY_ETIMEDOUT, "not finished within %u ms plus %u ms per MiB",
-             b->engine->cfg.timeout_ms, b->engine->cfg.timeout_ns_per_mb / 1000000);
+  ferry_fail(FERRY_ETIMEDOUT, "not finished within its %u ms", b->budget_ms);
   record_error(b, FERRY_ETIMEDOUT);
   finish_locked(b);
 }
@@ -284,8 +306,8 @@ ferry_status ferry_batch_wait(ferry_batch *b, int64_t timeout_ms) {
   pthread_mutex_lock(&b->lock);
   while (b->state == FERRY_BATCH_PENDING) {
     uint64_t wake = b->deadline_ns < until ? b->deadline_ns : until;
-    if (b->error || b->outstanding)
-      wake = until; /* draining: in-flight chunks end by their own deadline */
+    if (b->error || b->outstanding || b->finishing)
+      wake = until; /* draining: in-flight chunks and the notification end by their own deadline */
     if (wake != UINT64_MAX) {
       struct timespec ts = ferry_timespec(wake);
       pthread_cond_timedwait(&b->cond, &b->lock, &ts);
@@ -299,7 +321,7 @@ ferry_status ferry_batch_wait(ferry_batch *b, int64_t timeout_ms) {
   ferry_status st = result_locked(b);
   pthread_mutex_unlock(&b->lock);
   if (st == FERRY_EINPROGRESS)
-    ferry_fail(FERRY_EINPROGRESS, "batch to %s still in progress", b->peer->address);
+    ferry_fail(FERRY_EINPROGRESS, "batch to %s still in progress", b->address);
   return st;
 }
 
@@ -312,17 +334,18 @@ void ferry_batch_free(ferry_batch *b) {
 
 /* ---- public entry points ------------------------------------------------------------------ */
 
-ferry_status ferry_batch_submit(ferry_engine *e, const char *target, const ferry_entry *entries,
-                                size_t count, const ferry_notification *notify, ferry_batch **out) {
+static ferry_status batch_submit(ferry_engine *e, const char *target, const ferry_entry *entries,
+                                 size_t count, const ferry_notification *notify,
+                                 ferry_batch **out) {
   ferry_status st = batch_create(e, target, entries, count, notify, out);
   if (!st)
     ferry_workers_post(e, *out, wanted_drivers(*out));
   return st;
 }
 
-ferry_status ferry_transfer_sync_batch(ferry_engine *e, const char *target,
-                                       const ferry_entry *entries, size_t count,
-                                       const ferry_notification *notify) {
+static ferry_status transfer_sync_batch(ferry_engine *e, const char *target,
+                                        const ferry_entry *entries, size_t count,
+                                        const ferry_notification *notify) {
   ferry_batch *b;
   ferry_status st = batch_create(e, target, entries, count, notify, &b);
   if (st)
@@ -336,6 +359,17 @@ ferry_status ferry_transfer_sync_batch(ferry_engine *e, const char *target,
   st = ferry_batch_wait(b, -1);
   ferry_batch_release(b);
   return st;
+}
+
+ferry_status ferry_batch_submit(ferry_engine *e, const char *target, const ferry_entry *entries,
+                                size_t count, const ferry_notification *notify, ferry_batch **out) {
+  FERRY_GATED(e, batch_submit(e, target, entries, count, notify, out));
+}
+
+ferry_status ferry_transfer_sync_batch(ferry_engine *e, const char *target,
+                                       const ferry_entry *entries, size_t count,
+                                       const ferry_notification *notify) {
+  FERRY_GATED(e, transfer_sync_batch(e, target, entries, count, notify));
 }
 
 ferry_status ferry_transfer_sync(ferry_engine *e, const char *target, ferry_op op, void *local,

@@ -10,9 +10,15 @@
 #include "core/chunker.h"
 #include "core/engine.h"
 
+/* Drivers (the submitting thread, workers) use engine and peer; they all
+ * run inside the engine's call gate, so both outlive them. Status, wait and
+ * free may come after the engine is gone: they use only the batch's own
+ * fields (address, budget_ms), never engine or peer. */
 struct ferry_batch {
   ferry_engine *engine;
   ferry_peer *peer;
+  char address[FERRY_HOST_MAX + 8]; /* the target, for messages */
+  uint32_t budget_ms;               /* deadline_ns - submit time, for messages */
   ferry_entry *entries;
   size_t count;
   uint64_t total_bytes;
@@ -26,7 +32,7 @@ struct ferry_batch {
   pthread_cond_t cond;
   ferry_chunker cursor; /* what is left to claim */
   unsigned outstanding; /* claimed chunks not yet completed */
-  int finishing;        /* a thread is sending the notification */
+  int finishing;        /* the notification is being sent: state waits for its outcome */
   ferry_batch_state state;
   ferry_status error;
   char detail[512];

@@ -17,6 +17,7 @@
 #include "error.h"
 #include "log.h"
 #include "peer.h"
+#include "sync.h"
 #include "transport/shm.h"
 #include "transport/transport.h"
 
@@ -70,6 +71,8 @@ static ferry_status copy_config(ferry_engine *e, const ferry_config *cfg) {
   e->segment_name = cfg->segment_name ? strdup(cfg->segment_name) : NULL;
   if (!e->bind_host || !e->advertise_host || (cfg->secret && *cfg->secret && !e->secret))
     return ferry_fail(FERRY_ENOMEM, "no memory for the engine configuration");
+  if (!e->cfg.worker_idle_ms)
+    e->cfg.worker_idle_ms = 10000; /* documented zero: the default */
   return FERRY_OK;
 }
 
@@ -141,6 +144,9 @@ ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out) {
   pthread_mutex_init(&e->peers_lock, NULL);
   pthread_mutex_init(&e->notify_lock, NULL);
   pthread_mutex_init(&e->alloc_lock, NULL);
+  pthread_mutex_init(&e->gate_lock, NULL);
+  pthread_mutex_init(&e->shutdown_lock, NULL);
+  ferry_cond_init(&e->gate_cond);
   ferry_status st = engine_start(e, cfg);
   if (st) {
     char detail[FERRY_ERROR_MAX];
@@ -166,19 +172,85 @@ static void free_allocations(ferry_engine *e) {
   }
 }
 
+/* ---- the call gate and shutdown ------------------------------------------------- */
+
+/* Calls nested in a call of the same thread (ferry_memory_free unregisters)
+ * are never refused: the outer call already holds its place in the gate. */
+static __thread unsigned gate_depth;
+
+ferry_status ferry_engine_enter(ferry_engine *e) {
+  __atomic_add_fetch(&e->calls, 1, __ATOMIC_SEQ_CST);
+  gate_depth++;
+  if (gate_depth > 1 || !ferry_engine_closing(e))
+    return FERRY_OK;
+  ferry_engine_leave(e, FERRY_OK);
+  return ferry_fail(FERRY_ECLOSED, "engine %s is shutting down", e->name);
+}
+
+ferry_status ferry_engine_leave(ferry_engine *e, ferry_status st) {
+  gate_depth--;
+  if (!ferry_engine_closing(e)) {
+    __atomic_sub_fetch(&e->calls, 1, __ATOMIC_SEQ_CST);
+    return st; /* a shutdown starting now sees the count drop at its next look */
+  }
+  if (st && st != FERRY_ECLOSED && st != FERRY_EINVAL) {
+    char detail[FERRY_ERROR_MAX];
+    snprintf(detail, sizeof detail, "%s", ferry_last_error());
+    st = ferry_fail(FERRY_ECLOSED, "engine %s shut down during the call (%s)", e->name, detail);
+  }
+  /* Under the lock, so shutdown cannot free the engine before we are out. */
+  pthread_mutex_lock(&e->gate_lock);
+  if (__atomic_sub_fetch(&e->calls, 1, __ATOMIC_SEQ_CST) == 0)
+    pthread_cond_broadcast(&e->gate_cond);
+  pthread_mutex_unlock(&e->gate_lock);
+  return st;
+}
+
+/* How often shutdown repeats its wake-up pass while calls remain: a call
+ * may open a socket after a pass and block on it. */
+#define FERRY_DRAIN_PASS_NS (20 * 1000 * 1000ull)
+
+/* Wakes every call blocked on a peer (sockets shut down, waits broadcast)
+ * and returns once no call is inside the engine. */
+static void drain_calls(ferry_engine *e) {
+  pthread_mutex_lock(&e->gate_lock);
+  while (__atomic_load_n(&e->calls, __ATOMIC_SEQ_CST)) {
+    pthread_mutex_unlock(&e->gate_lock);
+    ferry_peers_shutdown(e);
+    pthread_mutex_lock(&e->gate_lock);
+    if (__atomic_load_n(&e->calls, __ATOMIC_SEQ_CST)) {
+      struct timespec until = ferry_timespec(ferry_now_ns() + FERRY_DRAIN_PASS_NS);
+      pthread_cond_timedwait(&e->gate_cond, &e->gate_lock, &until);
+    }
+  }
+  pthread_mutex_unlock(&e->gate_lock);
+}
+
+void ferry_engine_shutdown(ferry_engine *e) {
+  if (!e)
+    return;
+  pthread_mutex_lock(&e->shutdown_lock); /* a second caller waits for the first */
+  if (!e->shut_down) {
+    __atomic_store_n(&e->closing, 1, __ATOMIC_SEQ_CST);
+    drain_calls(e);
+    if (e->metadata) {
+      ferry_segment_unpublish(e->metadata, e->name);
+      ferry_metadata_close(e->metadata);
+      e->metadata = NULL;
+    }
+    ferry_server_stop(e);
+    ferry_shm_service_stop(e);
+    ferry_workers_stop(e); /* fails batches still queued */
+    ferry_peers_destroy(e);
+    e->shut_down = 1;
+  }
+  pthread_mutex_unlock(&e->shutdown_lock);
+}
+
 void ferry_engine_destroy(ferry_engine *e) {
   if (!e)
     return;
-  __atomic_store_n(&e->closing, 1, __ATOMIC_RELEASE);
-  if (e->metadata) {
-    ferry_segment_unpublish(e->metadata, e->name);
-    ferry_metadata_close(e->metadata);
-  }
-  ferry_server_stop(e);
-  ferry_shm_service_stop(e);
-  ferry_peers_shutdown(e);
-  ferry_workers_stop(e);
-  ferry_peers_destroy(e);
+  ferry_engine_shutdown(e);
   ferry_notify_free(e->notifications, e->notify_count);
   free_allocations(e);
   ferry_registry_destroy(e->registry);
@@ -189,6 +261,9 @@ void ferry_engine_destroy(ferry_engine *e) {
   pthread_mutex_destroy(&e->peers_lock);
   pthread_mutex_destroy(&e->notify_lock);
   pthread_mutex_destroy(&e->alloc_lock);
+  pthread_mutex_destroy(&e->gate_lock);
+  pthread_mutex_destroy(&e->shutdown_lock);
+  pthread_cond_destroy(&e->gate_cond);
   free(e);
 }
 
@@ -208,7 +283,7 @@ static void republish_regions(ferry_engine *e) {
   free(regions);
 }
 
-ferry_status ferry_memory_register(ferry_engine *e, void *addr, size_t length) {
+static ferry_status memory_register(ferry_engine *e, void *addr, size_t length) {
   if (!e || !addr || !length)
     return ferry_fail(FERRY_EINVAL, "register %p (+%zu bytes): null engine, address or length",
                       addr, length);
@@ -226,7 +301,7 @@ static void after_unregister(ferry_engine *e) {
   republish_regions(e);
 }
 
-ferry_status ferry_memory_unregister(ferry_engine *e, void *addr) {
+static ferry_status memory_unregister(ferry_engine *e, void *addr) {
   if (!e)
     return ferry_fail(FERRY_EINVAL, "unregister: null engine");
   ferry_status st = ferry_registry_remove(e->registry, (uint64_t)(uintptr_t)addr);
@@ -235,8 +310,8 @@ ferry_status ferry_memory_unregister(ferry_engine *e, void *addr) {
   return st;
 }
 
-ferry_status ferry_memory_register_batch(ferry_engine *e, void *const *addrs, const size_t *lengths,
-                                         size_t count) {
+static ferry_status memory_register_batch(ferry_engine *e, void *const *addrs,
+                                          const size_t *lengths, size_t count) {
   if (!e || (count && (!addrs || !lengths)))
     return ferry_fail(FERRY_EINVAL, "register batch: null engine or arrays");
   ferry_region *regions = malloc((count ? count : 1) * sizeof *regions);
@@ -253,7 +328,7 @@ ferry_status ferry_memory_register_batch(ferry_engine *e, void *const *addrs, co
   return st;
 }
 
-ferry_status ferry_memory_unregister_batch(ferry_engine *e, void *const *addrs, size_t count) {
+static ferry_status memory_unregister_batch(ferry_engine *e, void *const *addrs, size_t count) {
   if (!e || (count && !addrs))
     return ferry_fail(FERRY_EINVAL, "unregister batch: null engine or array");
   ferry_status first = FERRY_OK;
@@ -271,7 +346,7 @@ ferry_status ferry_memory_unregister_batch(ferry_engine *e, void *const *addrs, 
   return first;
 }
 
-ferry_status ferry_memory_alloc(ferry_engine *e, size_t length, void **out) {
+static ferry_status memory_alloc(ferry_engine *e, size_t length, void **out) {
   if (!e || !length || !out)
     return ferry_fail(FERRY_EINVAL, "alloc of %zu bytes: null engine/out or zero length", length);
   ferry_allocation *a = calloc(1, sizeof *a);
@@ -293,7 +368,7 @@ ferry_status ferry_memory_alloc(ferry_engine *e, size_t length, void **out) {
     return ferry_fail_errno(FERRY_ENOMEM, err, "mapping %zu bytes failed", length);
   }
   a->length = length;
-  ferry_status st = ferry_memory_register(e, a->addr, length);
+  ferry_status st = memory_register(e, a->addr, length);
   if (st) {
     munmap(a->addr, length);
     close(a->fd);
@@ -308,7 +383,7 @@ ferry_status ferry_memory_alloc(ferry_engine *e, size_t length, void **out) {
   return FERRY_OK;
 }
 
-ferry_status ferry_memory_free(ferry_engine *e, void *addr) {
+static ferry_status memory_free(ferry_engine *e, void *addr) {
   if (!e)
     return ferry_fail(FERRY_EINVAL, "free: null engine");
   pthread_mutex_lock(&e->alloc_lock);
@@ -376,7 +451,7 @@ ferry_status ferry_engine_push_notification(ferry_engine *e, const char *name, s
   return FERRY_OK;
 }
 
-ferry_status ferry_notify_drain(ferry_engine *e, ferry_notification **out, size_t *count) {
+static ferry_status notify_drain(ferry_engine *e, ferry_notification **out, size_t *count) {
   if (!e || !out || !count)
     return ferry_fail(FERRY_EINVAL, "notify drain: null argument");
   pthread_mutex_lock(&e->notify_lock);
@@ -395,4 +470,35 @@ void ferry_notify_free(ferry_notification *list, size_t count) {
     free(list[i].data);
   }
   free(list);
+}
+
+/* ---- the public calls above, inside the gate ------------------------------------- */
+
+ferry_status ferry_memory_register(ferry_engine *e, void *addr, size_t length) {
+  FERRY_GATED(e, memory_register(e, addr, length));
+}
+
+ferry_status ferry_memory_unregister(ferry_engine *e, void *addr) {
+  FERRY_GATED(e, memory_unregister(e, addr));
+}
+
+ferry_status ferry_memory_register_batch(ferry_engine *e, void *const *addrs, const size_t *lengths,
+                                         size_t count) {
+  FERRY_GATED(e, memory_register_batch(e, addrs, lengths, count));
+}
+
+ferry_status ferry_memory_unregister_batch(ferry_engine *e, void *const *addrs, size_t count) {
+  FERRY_GATED(e, memory_unregister_batch(e, addrs, count));
+}
+
+ferry_status ferry_memory_alloc(ferry_engine *e, size_t length, void **out) {
+  FERRY_GATED(e, memory_alloc(e, length, out));
+}
+
+ferry_status ferry_memory_free(ferry_engine *e, void *addr) {
+  FERRY_GATED(e, memory_free(e, addr));
+}
+
+ferry_status ferry_notify_drain(ferry_engine *e, ferry_notification **out, size_t *count) {
+  FERRY_GATED(e, notify_drain(e, out, count));
 }

@@ -68,7 +68,34 @@ struct ferry_engine {
   ferry_allocation *allocations;
 
   int closing;
+
+  /* Public calls inside the engine right now (ferry_engine_enter/leave);
+   * destroy waits under gate_lock until none is left. */
+  unsigned calls;
+  pthread_mutex_t gate_lock;
+  pthread_cond_t gate_cond;
+  pthread_mutex_t shutdown_lock; /* one shutdown at a time */
+  int shut_down;                 /* threads stopped, peers freed */
 };
+
+/* The call gate. Every public call on an engine runs between enter (which
+ * refuses with FERRY_ECLOSED once destroy began) and leave, which returns
+ * st, turned into FERRY_ECLOSED (detail kept) when destroy cut the call
+ * short. Two atomic operations: no lock on the data path. */
+ferry_status ferry_engine_enter(ferry_engine *engine);
+ferry_status ferry_engine_leave(ferry_engine *engine, ferry_status st);
+/* The body of a public call: returns call run inside the gate. A null
+ * engine goes straight to call, which refuses it. */
+#define FERRY_GATED(e, call)                                                                       \
+  do {                                                                                             \
+    if (!(e))                                                                                      \
+      return (call);                                                                               \
+    ferry_status gate_st_ = ferry_engine_enter(e);                                                 \
+    return gate_st_ ? gate_st_ : ferry_engine_leave(e, (call));                                    \
+  } while (0)
+static inline int ferry_engine_closing(const ferry_engine *engine) {
+  return __atomic_load_n(&engine->closing, __ATOMIC_SEQ_CST);
+}
 
 /* Deadline for moving `bytes`: base timeout plus a per-MiB allowance. */
 uint64_t ferry_engine_deadline(const ferry_engine *engine, uint64_t bytes);

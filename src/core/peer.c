@@ -167,20 +167,64 @@ static ferry_status prove_secret(ferry_peer *p, ferry_sock *s, const ferry_hello
   return st;
 }
 
-/* Records the target's facts; a new instance id means it restarted, so the
- * cached regions and pooled channels belong to a process that is gone. */
+static void unlink_channel(ferry_peer *p, struct ferry_channel *ch);
+
+/* Drops what was derived from the target's previous incarnation: its table,
+ * the transport chosen for it (the new one may offer others) and its
+ * channels, closed by their transport now if idle, at checkin if busy. */
+static void retire_instance_locked(ferry_peer *p) {
+  free(p->regions);
+  p->regions = NULL;
+  p->region_count = 0;
+  p->transport = NULL;
+  p->generation++;
+  p->replied_ns = 0;
+  while (p->idle) {
+    ferry_channel *ch = p->idle;
+    p->idle = ch->next_idle;
+    unlink_channel(p, ch);
+    ch->transport->channel_close(ch);
+  }
+}
+
+/* Records the target's facts; a new instance id means it restarted. */
 static void note_instance(ferry_peer *p, const ferry_hello_reply *reply) {
   pthread_mutex_lock(&p->lock);
   if (p->known && p->info.engine_id != reply->engine_id) {
     FERRY_INFO("peer %s restarted (new instance); dropping its cached state", p->address);
-    free(p->regions);
-    p->regions = NULL;
-    p->region_count = 0;
-    p->generation++;
+    retire_instance_locked(p);
   }
   p->info = *reply;
   p->known = 1;
   pthread_mutex_unlock(&p->lock);
+}
+
+/* Lists a handshake's socket for shutdown to wake; 0 (and not listed) when
+ * the engine is already closing. Checked under the lock shutdown takes, so
+ * a socket is either listed before its pass or refused. */
+static int handshake_begin(ferry_peer *p, ferry_handshake *h) {
+  pthread_mutex_lock(&p->lock);
+  int open = !ferry_engine_closing(p->engine);
+  if (open) {
+    h->next = p->handshakes;
+    p->handshakes = h;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return open;
+}
+
+static void handshake_end(ferry_peer *p, ferry_handshake *h) {
+  pthread_mutex_lock(&p->lock);
+  ferry_handshake **pp = &p->handshakes;
+  while (*pp != h)
+    pp = &(*pp)->next;
+  *pp = h->next;
+  pthread_mutex_unlock(&p->lock);
+}
+
+static ferry_status closed_error(ferry_peer *p, const char *step) {
+  return ferry_fail(FERRY_ECLOSED, "%s with %s abandoned: the engine is shutting down", step,
+                    p->address);
 }
 
 ferry_status ferry_peer_connect(ferry_peer *p, ferry_conn_kind kind, uint64_t deadline_ns, int *fd,
@@ -197,6 +241,12 @@ ferry_status ferry_peer_connect(ferry_peer *p, ferry_conn_kind kind, uint64_t de
   st = ferry_net_connect(host, port, connect_deadline, fd);
   if (st)
     return st;
+  ferry_handshake pending = {*fd, NULL};
+  if (!handshake_begin(p, &pending)) {
+    close(*fd);
+    *fd = -1;
+    return closed_error(p, "handshake");
+  }
   ferry_sock s;
   ferry_hello hello;
   ferry_sock_init(&s, *fd, p->address);
@@ -211,6 +261,7 @@ ferry_status ferry_peer_connect(ferry_peer *p, ferry_conn_kind kind, uint64_t de
                     "peer %s does not ask for the shared secret; refusing an "
                     "unauthenticated target",
                     p->address);
+  handshake_end(p, &pending);
   if (st) {
     close(*fd);
     *fd = -1;
@@ -225,10 +276,27 @@ ferry_status ferry_peer_connect(ferry_peer *p, ferry_conn_kind kind, uint64_t de
 typedef ferry_status (*reply_reader)(ferry_peer *p, ferry_sock *s, const ferry_frame_header *h,
                                      void *ctx);
 
+/* Both with the control lock held. */
 static void control_close(ferry_peer *p) {
+  pthread_mutex_lock(&p->lock);
   if (p->control_fd >= 0)
     close(p->control_fd);
   p->control_fd = -1;
+  pthread_mutex_unlock(&p->lock);
+}
+
+static ferry_status control_adopt(ferry_peer *p, int fd, uint64_t instance) {
+  pthread_mutex_lock(&p->lock);
+  int open = !ferry_engine_closing(p->engine);
+  if (open) {
+    p->control_fd = fd;
+    p->control_instance = instance;
+  }
+  pthread_mutex_unlock(&p->lock);
+  if (open)
+    return FERRY_OK;
+  close(fd);
+  return closed_error(p, "control request");
 }
 
 static ferry_status control_once(ferry_peer *p, const ferry_frame_header *req, const void *body,
@@ -241,11 +309,12 @@ static ferry_status control_once(ferry_peer *p, const ferry_frame_header *req, c
   }
   if (p->control_fd < 0) {
     ferry_hello_reply reply;
-    ferry_status st =
-        ferry_peer_connect(p, FERRY_CONN_CONTROL, deadline_ns, &p->control_fd, &reply);
+    int fd;
+    ferry_status st = ferry_peer_connect(p, FERRY_CONN_CONTROL, deadline_ns, &fd, &reply);
+    if (!st)
+      st = control_adopt(p, fd, reply.engine_id);
     if (st)
       return st;
-    p->control_instance = reply.engine_id;
   }
   ferry_sock s;
   ferry_sock_init(&s, p->control_fd, p->address);
@@ -372,10 +441,13 @@ static int control_lost(ferry_peer *p) {
   return lost;
 }
 
-ferry_status ferry_peer_ensure(ferry_peer *p, uint64_t deadline_ns) {
+ferry_status ferry_peer_ensure(ferry_peer *p, uint64_t deadline_ns,
+                               const ferry_transport **transport, uint64_t *instance) {
   pthread_mutex_lock(&p->lock);
   int ready = p->known && p->transport && p->regions;
   int proven = ferry_now_ns() - p->replied_ns < FERRY_PEER_TRUST_NS;
+  *transport = p->transport;
+  *instance = p->info.engine_id;
   pthread_mutex_unlock(&p->lock);
   if (ready && (proven || !control_lost(p)))
     return FERRY_OK;
@@ -386,15 +458,16 @@ ferry_status ferry_peer_ensure(ferry_peer *p, uint64_t deadline_ns) {
   const ferry_transport *chosen = p->transport;
   ferry_hello_reply info = p->info;
   pthread_mutex_unlock(&p->lock);
-  if (chosen)
-    return FERRY_OK;
-  st = choose_transport(p, &info, &chosen);
-  if (st)
+  if (!chosen && (st = choose_transport(p, &info, &chosen)) != FERRY_OK)
     return st;
   pthread_mutex_lock(&p->lock);
-  if (!p->transport) /* a racing thread may have chosen first: keep one choice */
+  /* Keep one choice per incarnation: a racing thread may have chosen first,
+   * or the target restarted meanwhile (then this batch fails at checkout). */
+  if (!p->transport && p->info.engine_id == info.engine_id)
     p->transport = chosen;
   pthread_mutex_unlock(&p->lock);
+  *transport = chosen;
+  *instance = info.engine_id;
   return FERRY_OK;
 }
 
@@ -450,11 +523,14 @@ static ferry_channel *take_idle(ferry_peer *p) {
 
 static ferry_status open_channel(ferry_peer *p, ferry_batch *b, ferry_channel **out) {
   p->open_channels++;
-  const ferry_transport *t = p->transport;
   pthread_mutex_unlock(&p->lock);
   ferry_channel *ch = NULL;
-  ferry_status st = t->channel_open(p, b->deadline_ns, &ch);
+  ferry_status st = b->transport->channel_open(p, b->deadline_ns, &ch);
   pthread_mutex_lock(&p->lock);
+  if (!st && ferry_engine_closing(p->engine)) {
+    ch->transport->channel_close(ch); /* shutdown's pass may have missed it */
+    st = closed_error(p, "transfer");
+  }
   if (st) {
     p->open_channels--;
     pthread_cond_broadcast(&p->cond);
@@ -471,8 +547,13 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
   ferry_status st = FERRY_OK;
   pthread_mutex_lock(&p->lock);
   for (;;) {
-    if (__atomic_load_n(&p->engine->closing, __ATOMIC_ACQUIRE)) {
-      st = ferry_fail(FERRY_ECLOSED, "engine is shutting down");
+    if (ferry_engine_closing(p->engine)) {
+      st = closed_error(p, "transfer");
+      break;
+    }
+    if (p->info.engine_id != b->peer_instance) {
+      /* Never let a batch checked against one incarnation land in another. */
+      st = ferry_fail(FERRY_ESOCKET, "peer %s restarted during the batch", p->address);
       break;
     }
     if (!ferry_batch_has_work(b)) {
@@ -504,8 +585,7 @@ void ferry_peer_checkin(ferry_peer *p, ferry_channel *ch) {
   } else if (ch->replied_ns > p->replied_ns) {
     p->replied_ns = ch->replied_ns;
   }
-  if (ch->broken || ch->generation != p->generation ||
-      __atomic_load_n(&p->engine->closing, __ATOMIC_ACQUIRE)) {
+  if (ch->broken || ch->generation != p->generation || ferry_engine_closing(p->engine)) {
     unlink_channel(p, ch);
     ch->transport->channel_close(ch);
   } else {
@@ -528,6 +608,10 @@ void ferry_peers_shutdown(ferry_engine *e) {
     pthread_mutex_lock(&p->lock);
     for (ferry_channel *ch = p->all; ch; ch = ch->next_all)
       ch->transport->channel_shutdown(ch);
+    for (ferry_handshake *h = p->handshakes; h; h = h->next)
+      shutdown(h->fd, SHUT_RDWR);
+    if (p->control_fd >= 0)
+      shutdown(p->control_fd, SHUT_RDWR);
     pthread_cond_broadcast(&p->cond);
     pthread_mutex_unlock(&p->lock);
   }
@@ -543,7 +627,8 @@ void ferry_peers_destroy(ferry_engine *e) {
       p->all = ch->next_all;
       ch->transport->channel_close(ch);
     }
-    control_close(p);
+    if (p->control_fd >= 0)
+      close(p->control_fd);
     free(p->regions);
     pthread_mutex_destroy(&p->lock);
     pthread_mutex_destroy(&p->control_lock);
@@ -558,7 +643,7 @@ static uint64_t connect_deadline(ferry_engine *e) {
   return ferry_now_ns() + (uint64_t)e->cfg.connect_timeout_ms * 1000000ull;
 }
 
-ferry_status ferry_probe(ferry_engine *e, const char *target) {
+static ferry_status probe(ferry_engine *e, const char *target) {
   if (!e)
     return ferry_fail(FERRY_EINVAL, "probe: null engine");
   ferry_peer *p;
@@ -566,8 +651,8 @@ ferry_status ferry_probe(ferry_engine *e, const char *target) {
   return st ? st : ferry_peer_ping(p, connect_deadline(e));
 }
 
-ferry_status ferry_notify_send(ferry_engine *e, const char *target, const char *name,
-                               const void *data, size_t length) {
+static ferry_status notify_send(ferry_engine *e, const char *target, const char *name,
+                                const void *data, size_t length) {
   if (!e || (length && !data))
     return ferry_fail(FERRY_EINVAL, "notify: null engine or data");
   ferry_peer *p;
@@ -575,8 +660,8 @@ ferry_status ferry_notify_send(ferry_engine *e, const char *target, const char *
   return st ? st : ferry_peer_notify(p, name, data, length, ferry_engine_deadline(e, length));
 }
 
-ferry_status ferry_peer_regions(ferry_engine *e, const char *target, ferry_region **out,
-                                size_t *count) {
+static ferry_status peer_regions(ferry_engine *e, const char *target, ferry_region **out,
+                                 size_t *count) {
   if (!e || !out || !count)
     return ferry_fail(FERRY_EINVAL, "peer regions: null argument");
   ferry_peer *p;
@@ -594,17 +679,32 @@ ferry_status ferry_peer_regions(ferry_engine *e, const char *target, ferry_regio
   return *out ? FERRY_OK : ferry_fail(FERRY_ENOMEM, "no memory for a region table");
 }
 
-ferry_status ferry_peer_transport(ferry_engine *e, const char *target, unsigned *transport) {
+static ferry_status peer_transport(ferry_engine *e, const char *target, unsigned *transport) {
   if (!e || !transport)
     return ferry_fail(FERRY_EINVAL, "peer transport: null argument");
   ferry_peer *p;
+  const ferry_transport *chosen;
+  uint64_t instance;
   ferry_status st = ferry_peer_get(e, target, &p);
   if (!st)
-    st = ferry_peer_ensure(p, connect_deadline(e));
-  if (!st) {
-    pthread_mutex_lock(&p->lock);
-    *transport = p->transport->id;
-    pthread_mutex_unlock(&p->lock);
-  }
+    st = ferry_peer_ensure(p, connect_deadline(e), &chosen, &instance);
+  if (!st)
+    *transport = chosen->id;
   return st;
+}
+
+ferry_status ferry_probe(ferry_engine *e, const char *target) { FERRY_GATED(e, probe(e, target)); }
+
+ferry_status ferry_notify_send(ferry_engine *e, const char *target, const char *name,
+                               const void *data, size_t length) {
+  FERRY_GATED(e, notify_send(e, target, name, data, length));
+}
+
+ferry_status ferry_peer_regions(ferry_engine *e, const char *target, ferry_region **out,
+                                size_t *count) {
+  FERRY_GATED(e, peer_regions(e, target, out, count));
+}
+
+ferry_status ferry_peer_transport(ferry_engine *e, const char *target, unsigned *transport) {
+  FERRY_GATED(e, peer_transport(e, target, transport));
 }

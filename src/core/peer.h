@@ -11,6 +11,13 @@
 struct ferry_channel;
 struct ferry_transport;
 
+/* A socket in a handshake, listed on its peer so that shutdown can wake
+ * the thread blocked on it (lives on that thread's stack). */
+typedef struct ferry_handshake {
+  int fd;
+  struct ferry_handshake *next;
+} ferry_handshake;
+
 struct ferry_peer {
   ferry_engine *engine;
   struct ferry_peer *next;
@@ -29,9 +36,10 @@ struct ferry_peer {
   struct ferry_channel *all;
   unsigned open_channels;
   uint64_t replied_ns; /* last reply on a data channel that stayed in step */
+  ferry_handshake *handshakes;
 
   pthread_mutex_t control_lock; /* one request at a time on control */
-  int control_fd;
+  int control_fd;               /* set and closed under both locks */
   uint64_t control_instance;
 };
 
@@ -44,15 +52,21 @@ struct ferry_peer {
 /* Finds or creates the peer for a target (no I/O). */
 ferry_status ferry_peer_get(ferry_engine *engine, const char *target, ferry_peer **out);
 void ferry_peers_destroy(ferry_engine *engine);
-/* Handshakes over the control connection if this peer is not known yet, or
- * if `force`; chooses the transport and fetches the region table. */
-ferry_status ferry_peer_ensure(ferry_peer *peer, uint64_t deadline_ns);
+/* Handshakes over the control connection if this peer is not known yet (or
+ * its connection was lost), fetches the region table and chooses the
+ * transport; *transport and *instance get the choice and the target
+ * incarnation it was made for. */
+ferry_status ferry_peer_ensure(ferry_peer *peer, uint64_t deadline_ns,
+                               const struct ferry_transport **transport, uint64_t *instance);
 /* Nonzero when every remote range is inside the cached table; refreshes the
  * table once on a miss. Sets the error detail naming the first bad range. */
 ferry_status ferry_peer_check_remote(ferry_peer *peer, const ferry_entry *entries, size_t count,
                                      uint64_t deadline_ns);
 /* A socket that completed HELLO (+ AUTH) as conn kind. reply gets the
- * target's facts. Notices a restarted target (new instance id). */
+ * target's facts. Notices a restarted target (new instance id): then
+ * everything derived from the old incarnation is dropped (region table,
+ * transport choice, idle channels, through their transport's close; busy
+ * ones retire when checked in) and the next ensure negotiates afresh. */
 ferry_status ferry_peer_connect(ferry_peer *peer, ferry_conn_kind kind, uint64_t deadline_ns,
                                 int *fd, ferry_hello_reply *reply);
 /* Takes a channel for a batch (opening one if below the limit, else
@@ -61,7 +75,9 @@ ferry_status ferry_peer_checkout(ferry_peer *peer, ferry_batch *batch, struct fe
 void ferry_peer_checkin(ferry_peer *peer, struct ferry_channel *channel);
 /* Wakes threads waiting in checkout (a batch ran out of work). */
 void ferry_peer_wake(ferry_peer *peer);
-/* Engine shutdown: wake every blocked driver, then free everything. */
+/* Engine shutdown: wakes every thread blocked on a peer (shuts down the
+ * sockets of channels, control connections and handshakes; broadcasts).
+ * Safe to repeat while calls remain. */
 void ferry_peers_shutdown(ferry_engine *engine);
 
 ferry_status ferry_peer_ping(ferry_peer *peer, uint64_t deadline_ns);

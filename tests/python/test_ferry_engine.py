@@ -411,12 +411,20 @@ def test_close_with_outstanding_batch(pair):
     src, dst, daddr = registered_buffers(pair, 4 << 20)
     batch = a.submit(b.name, [(ferry.OP_WRITE, src, daddr, None)])
     a.close()
-    assert batch.freed
-    assert batch.state in (ferry.BATCH_DONE, ferry.BATCH_FAILED, ferry.BATCH_TIMEDOUT)
-    assert batch.status() == batch.state
-    batch.free()
-    if batch.state == ferry.BATCH_DONE:
+    # The batch outlives its engine: final once close() returned, and its
+    # methods still work.
+    assert not batch.freed
+    state = batch.status()
+    assert state in (ferry.BATCH_DONE, ferry.BATCH_FAILED, ferry.BATCH_TIMEDOUT)
+    if state == ferry.BATCH_DONE:
+        assert batch.wait() is True
         assert dst == src
+    else:
+        with pytest.raises(ferry.Error) as info:
+            batch.wait()
+        assert info.value.code == ferry.ECLOSED
+    batch.free()
+    assert batch.freed
 
 
 @pytest.mark.timeout_s(120)
@@ -449,6 +457,42 @@ def test_close_while_threads_transfer(pair):
     assert len(outcomes) == 8
     assert all(code in (0, ferry.ECLOSED) for _, code in outcomes), outcomes
     assert sum(n for n, _ in outcomes) > 0
+
+
+@pytest.mark.timeout_s(60)
+def test_close_while_a_call_is_blocked_in_a_handshake():
+    """A listener that accepts and never answers: the call is inside the
+    library, blocked on its socket, when close() runs. close() must end it
+    (libferry wakes it) instead of waiting for its 60 s deadline."""
+    import socket
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    target = "127.0.0.1:%d" % listener.getsockname()[1]
+    e = ferry.Engine("127.0.0.1", transports="tcp", timeout_ms=60000,
+                     connect_timeout_ms=60000)
+    outcome = []
+
+    def prober():
+        try:
+            e.probe(target)
+            outcome.append(0)
+        except ferry.Error as err:
+            outcome.append(err.code)
+
+    t = threading.Thread(target=prober)
+    t.start()
+    conn, _ = listener.accept()
+    conn.settimeout(30)
+    assert conn.recv(1)  # its HELLO: the probe now waits for a reply
+    started = time.monotonic()
+    e.close()
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert time.monotonic() - started < 20
+    assert outcome == [ferry.ECLOSED]
+    conn.close()
+    listener.close()
 
 
 @pytest.mark.timeout_s(120)

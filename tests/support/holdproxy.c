@@ -1,0 +1,219 @@
+/* holdproxy.c - see holdproxy.h. Two threads per connection: one copies
+ * the initiator's bytes as they come, the other cuts the target's stream
+ * into frames (header + body_len bytes) and parks a held frame's header
+ * until release. */
+#include "holdproxy.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "wire/wire.h"
+
+#define PROXY_MAX_CONNS 64
+
+typedef struct proxy_conn {
+  hold_proxy *proxy;
+  int client, server;
+  pthread_t up, down;
+} proxy_conn;
+
+struct hold_proxy {
+  int listen_fd;
+  uint16_t target_port;
+  char target[32];
+  pthread_t acceptor;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int hold_type; /* -1: none */
+  unsigned held;
+  int stopping;
+  proxy_conn conns[PROXY_MAX_CONNS];
+  unsigned count;
+};
+
+static int send_all(int fd, const void *buf, size_t len) {
+  for (size_t done = 0; done < len;) {
+    ssize_t n = send(fd, (const char *)buf + done, len - done, MSG_NOSIGNAL);
+    if (n <= 0)
+      return -1;
+    done += (size_t)n;
+  }
+  return 0;
+}
+
+static int recv_all(int fd, void *buf, size_t len) {
+  for (size_t done = 0; done < len;) {
+    ssize_t n = recv(fd, (char *)buf + done, len - done, 0);
+    if (n <= 0)
+      return -1;
+    done += (size_t)n;
+  }
+  return 0;
+}
+
+/* Copies len bytes from one socket to the other. */
+static int forward(int from, int to, uint64_t len) {
+  char buf[64 * 1024];
+  while (len) {
+    size_t want = len < sizeof buf ? (size_t)len : sizeof buf;
+    ssize_t n = recv(from, buf, want, 0);
+    if (n <= 0 || send_all(to, buf, (size_t)n) < 0)
+      return -1;
+    len -= (uint64_t)n;
+  }
+  return 0;
+}
+
+static void *up_main(void *arg) {
+  proxy_conn *c = arg;
+  char buf[64 * 1024];
+  ssize_t n;
+  while ((n = recv(c->client, buf, sizeof buf, 0)) > 0 && send_all(c->server, buf, (size_t)n) == 0)
+    ;
+  shutdown(c->server, SHUT_WR);
+  return NULL;
+}
+
+/* Parks a frame of the held type until release (or stop). */
+static void maybe_hold(hold_proxy *p, uint8_t type) {
+  pthread_mutex_lock(&p->lock);
+  if (p->hold_type == type && !p->stopping) {
+    p->held++;
+    pthread_cond_broadcast(&p->cond);
+    while (p->hold_type == type && !p->stopping)
+      pthread_cond_wait(&p->cond, &p->lock);
+    p->held--;
+  }
+  pthread_mutex_unlock(&p->lock);
+}
+
+static void *down_main(void *arg) {
+  proxy_conn *c = arg;
+  uint8_t raw[FERRY_WIRE_HEADER_SIZE];
+  ferry_frame_header h;
+  while (recv_all(c->server, raw, sizeof raw) == 0 && ferry_wire_header_decode(raw, &h) == 0) {
+    maybe_hold(c->proxy, h.type);
+    if (send_all(c->client, raw, sizeof raw) < 0 || forward(c->server, c->client, h.body_len) < 0)
+      break;
+  }
+  shutdown(c->client, SHUT_WR);
+  return NULL;
+}
+
+static int connect_target(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+    return fd;
+  if (fd >= 0)
+    close(fd);
+  return -1;
+}
+
+static void *accept_main(void *arg) {
+  hold_proxy *p = arg;
+  for (;;) {
+    int client = accept(p->listen_fd, NULL, NULL);
+    if (client < 0)
+      return NULL; /* stop shut the listener down */
+    int server = connect_target(p->target_port);
+    pthread_mutex_lock(&p->lock);
+    if (server < 0 || p->stopping || p->count == PROXY_MAX_CONNS) {
+      pthread_mutex_unlock(&p->lock);
+      close(client);
+      if (server >= 0)
+        close(server);
+      continue;
+    }
+    proxy_conn *c = &p->conns[p->count++];
+    *c = (proxy_conn){.proxy = p, .client = client, .server = server};
+    pthread_create(&c->up, NULL, up_main, c);
+    pthread_create(&c->down, NULL, down_main, c);
+    pthread_mutex_unlock(&p->lock);
+  }
+}
+
+hold_proxy *hold_proxy_start(uint16_t target_port) {
+  hold_proxy *p = calloc(1, sizeof *p);
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  socklen_t len = sizeof a;
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  p->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (p->listen_fd < 0 || bind(p->listen_fd, (struct sockaddr *)&a, sizeof a) < 0 ||
+      listen(p->listen_fd, 64) < 0 || getsockname(p->listen_fd, (struct sockaddr *)&a, &len) < 0) {
+    if (p->listen_fd >= 0)
+      close(p->listen_fd);
+    free(p);
+    return NULL;
+  }
+  p->target_port = target_port;
+  p->hold_type = -1;
+  snprintf(p->target, sizeof p->target, "127.0.0.1:%u", ntohs(a.sin_port));
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->cond, NULL);
+  pthread_create(&p->acceptor, NULL, accept_main, p);
+  return p;
+}
+
+const char *hold_proxy_target(const hold_proxy *p) { return p->target; }
+
+void hold_proxy_hold(hold_proxy *p, uint8_t frame_type) {
+  pthread_mutex_lock(&p->lock);
+  p->hold_type = frame_type;
+  pthread_mutex_unlock(&p->lock);
+}
+
+int hold_proxy_wait_held(hold_proxy *p, unsigned count, int timeout_ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += timeout_ms / 1000;
+  until.tv_nsec += (timeout_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  int rc = 0;
+  pthread_mutex_lock(&p->lock);
+  while (p->held < count && rc == 0)
+    rc = pthread_cond_timedwait(&p->cond, &p->lock, &until);
+  int ok = p->held >= count;
+  pthread_mutex_unlock(&p->lock);
+  return ok ? 0 : -1;
+}
+
+void hold_proxy_release(hold_proxy *p) {
+  pthread_mutex_lock(&p->lock);
+  p->hold_type = -1;
+  pthread_cond_broadcast(&p->cond);
+  pthread_mutex_unlock(&p->lock);
+}
+
+void hold_proxy_stop(hold_proxy *p) {
+  pthread_mutex_lock(&p->lock);
+  p->stopping = 1;
+  pthread_cond_broadcast(&p->cond);
+  pthread_mutex_unlock(&p->lock);
+  shutdown(p->listen_fd, SHUT_RDWR);
+  pthread_join(p->acceptor, NULL);
+  for (unsigned i = 0; i < p->count; i++) {
+    shutdown(p->conns[i].client, SHUT_RDWR);
+    shutdown(p->conns[i].server, SHUT_RDWR);
+    pthread_join(p->conns[i].up, NULL);
+    pthread_join(p->conns[i].down, NULL);
+    close(p->conns[i].client);
+    close(p->conns[i].server);
+  }
+  close(p->listen_fd);
+  pthread_mutex_destroy(&p->lock);
+  pthread_cond_destroy(&p->cond);
+  free(p);
+}
