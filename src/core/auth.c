@@ -22,6 +22,7 @@
 #include <openssl/hmac.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -152,20 +153,51 @@ void ferry_session_start(ferry_session *s, const char *secret, ferry_auth_role s
 
 /* ---- frame tags ----------------------------------------------------------- */
 
-/* One cipher context per thread, re-keyed per tag: a tag is computed within
- * one call, so no context outlives it or is shared between threads. */
-static pthread_key_t ctx_key;
-static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
+/* Cipher contexts per thread, each keeping its key schedule: a tag under
+ * a key the thread used recently only sets the nonce (re-keying costs about
+ * as much as tagging 4 KiB). A tag is computed within one call, so no
+ * context is shared between threads or outlives its use. A thread drives
+ * one connection at a time: its two keys, with room to spare. */
+#define TAG_CACHE 4
 
-static void ctx_free(void *ctx) { EVP_CIPHER_CTX_free(ctx); }
-static void ctx_key_init(void) { pthread_key_create(&ctx_key, ctx_free); }
+typedef struct tag_cache {
+  EVP_CIPHER_CTX *ctx[TAG_CACHE];
+  uint8_t key[TAG_CACHE][FERRY_SESSION_KEY_SIZE];
+  unsigned next; /* the slot a new key replaces */
+} tag_cache;
 
-static EVP_CIPHER_CTX *thread_ctx(void) {
-  pthread_once(&ctx_once, ctx_key_init);
-  EVP_CIPHER_CTX *ctx = pthread_getspecific(ctx_key);
-  if (!ctx && (ctx = EVP_CIPHER_CTX_new()) != NULL)
-    pthread_setspecific(ctx_key, ctx);
-  return ctx;
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+
+static void cache_free(void *arg) {
+  tag_cache *c = arg;
+  for (int i = 0; i < TAG_CACHE; i++)
+    EVP_CIPHER_CTX_free(c->ctx[i]);
+  OPENSSL_cleanse(c, sizeof *c);
+  free(c);
+}
+
+static void cache_key_init(void) { pthread_key_create(&cache_key, cache_free); }
+
+/* A context ready to tag under key with nonce; NULL when out of memory. */
+static EVP_CIPHER_CTX *keyed_ctx(const uint8_t key[FERRY_SESSION_KEY_SIZE], const uint8_t *nonce) {
+  pthread_once(&cache_once, cache_key_init);
+  tag_cache *c = pthread_getspecific(cache_key);
+  if (!c && (c = calloc(1, sizeof *c)) != NULL)
+    pthread_setspecific(cache_key, c);
+  if (!c)
+    return NULL;
+  for (int i = 0; i < TAG_CACHE; i++)
+    if (c->ctx[i] && CRYPTO_memcmp(c->key[i], key, FERRY_SESSION_KEY_SIZE) == 0)
+      return EVP_EncryptInit_ex(c->ctx[i], NULL, NULL, NULL, nonce) ? c->ctx[i] : NULL;
+  unsigned i = c->next++ % TAG_CACHE;
+  if (!c->ctx[i] && (c->ctx[i] = EVP_CIPHER_CTX_new()) == NULL)
+    return NULL;
+  memset(c->key[i], 0, FERRY_SESSION_KEY_SIZE); /* unusable until keyed */
+  if (!EVP_EncryptInit_ex(c->ctx[i], EVP_aes_256_gcm(), NULL, key, nonce))
+    return NULL;
+  memcpy(c->key[i], key, FERRY_SESSION_KEY_SIZE);
+  return c->ctx[i];
 }
 
 int ferry_session_tag(const uint8_t key[FERRY_SESSION_KEY_SIZE], uint64_t seq, uint8_t part,
@@ -173,8 +205,8 @@ int ferry_session_tag(const uint8_t key[FERRY_SESSION_KEY_SIZE], uint64_t seq, u
   uint8_t nonce[12] = {part};
   for (int i = 0; i < 8; i++)
     nonce[4 + i] = (uint8_t)(seq >> (8 * i));
-  EVP_CIPHER_CTX *ctx = thread_ctx();
-  int len, ok = ctx && EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, nonce);
+  EVP_CIPHER_CTX *ctx = keyed_ctx(key, nonce);
+  int len, ok = ctx != NULL;
   for (int i = 0; ok && i < iovcnt; i++)
     ok = iov[i].iov_len == 0 ||
          EVP_EncryptUpdate(ctx, NULL, &len, iov[i].iov_base, (int)iov[i].iov_len);
