@@ -458,6 +458,108 @@ static void relay_altering_the_hello_is_refused(void **state) {
   assert_int_equal(st, FERRY_EAUTH);
 }
 
+/* ---- a claimed same-host identity -------------------------------------------- */
+
+/* The facts a target without a secret gives anyone (its HELLO_REPLY). */
+static ferry_hello_reply facts_of(ferry_engine *e) {
+  int fd = raw_connect(ferry_engine_port(e));
+  assert_true(fd >= 0);
+  ferry_hello hello = {.version_min = FERRY_WIRE_VERSION_MIN,
+                       .version_max = FERRY_WIRE_VERSION_MAX,
+                       .conn_kind = FERRY_CONN_CONTROL};
+  uint8_t body[FERRY_WIRE_HELLO_REPLY_MAX], raw[FERRY_WIRE_HEADER_SIZE];
+  ferry_frame_header h = {.type = FERRY_FRAME_HELLO};
+  h.body_len = ferry_wire_hello_encode(body, &hello);
+  send_frame(fd, &h, body);
+  recv_frame(fd, raw, body, sizeof body, &h);
+  ferry_hello_reply r;
+  assert_int_equal(ferry_wire_hello_reply_decode(body, (size_t)h.body_len, &r), FERRY_OK);
+  close(fd);
+  return r;
+}
+
+/* A fake target that claims to be on this host with another engine's shm
+ * service (but its own engine id), and answers the control requests. */
+typedef struct impostor {
+  int listen_fd;
+  char name[64];
+  ferry_hello_reply claim;
+  pthread_t thread;
+} impostor;
+
+static void *impostor_serve(void *arg) {
+  impostor *m = arg;
+  int fd = accept(m->listen_fd, NULL, NULL);
+  uint8_t raw[FERRY_WIRE_HEADER_SIZE], body[FERRY_WIRE_HELLO_REPLY_MAX];
+  ferry_frame_header h;
+  for (int n = 0; fd >= 0 && recv_exact(fd, raw, sizeof raw) == 0; n++) {
+    if (ferry_wire_header_decode(raw, &h) != FERRY_OK || h.body_len > sizeof body ||
+        recv_exact(fd, body, (size_t)h.body_len) != 0)
+      break;
+    ferry_frame_header out = {.id = h.id};
+    uint8_t reply[FERRY_WIRE_HELLO_REPLY_MAX];
+    if (h.type == FERRY_FRAME_HELLO) {
+      out.type = FERRY_FRAME_HELLO_REPLY;
+      out.body_len = ferry_wire_hello_reply_encode(reply, &m->claim);
+    } else if (h.type == FERRY_FRAME_REGIONS_REQ) {
+      ferry_region region = {(uint64_t)(uintptr_t)target_buf, BUF_SIZE};
+      ferry_wire_regions_encode(reply, &region, 1);
+      out = (ferry_frame_header){
+          .type = FERRY_FRAME_REGIONS_REPLY, .count = 1, .id = h.id, .body_len = 16};
+    } else if (h.type == FERRY_FRAME_PING) {
+      out.type = FERRY_FRAME_PONG;
+    } else {
+      break;
+    }
+    uint8_t head[FERRY_WIRE_HEADER_SIZE];
+    ferry_wire_header_encode(head, &out);
+    if (raw_send(fd, head, sizeof head) || (out.body_len && raw_send(fd, reply, out.body_len)))
+      break;
+  }
+  if (fd >= 0)
+    close(fd);
+  return NULL;
+}
+
+/* A remote peer's claim of our boot id and a local engine's shm path does
+ * not make the initiator attach to that engine: the service must prove the
+ * claimed engine id, and does not. */
+static void claimed_same_host_identity_is_verified(void **state) {
+  ferry_engine *local = test_engine(NULL), *initiator = test_engine(NULL);
+  assert_non_null(local);
+  assert_non_null(initiator);
+  impostor m = {.claim = facts_of(local)};
+  if (!m.claim.shm_path[0]) {
+    ferry_engine_destroy(local);
+    ferry_engine_destroy(initiator);
+    skip(); /* no shm service here */
+  }
+  m.claim.engine_id ^= 0x5a5a; /* an impostor's own id */
+  m.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  assert_int_equal(bind(m.listen_fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(m.listen_fd, 4), 0);
+  getsockname(m.listen_fd, (struct sockaddr *)&a, &len);
+  snprintf(m.name, sizeof m.name, "127.0.0.1:%u", ntohs(a.sin_port));
+  assert_int_equal(pthread_create(&m.thread, NULL, impostor_serve, &m), 0);
+  log_capture log;
+  capture_start(&log);
+  unsigned transport = 0;
+  ferry_status st = ferry_peer_transport(initiator, m.name, &transport);
+  int said = capture_stop(&log, "another engine");
+  printf("transport chosen for the impostor: %s (%s)\n", ferry_transport_name(transport),
+         ferry_strerror(st));
+  assert_int_equal(st, FERRY_OK);
+  assert_int_equal(transport, FERRY_TRANSPORT_TCP);
+  assert_true(said);
+  ferry_engine_destroy(initiator); /* closes its connection: the impostor ends */
+  pthread_join(m.thread, NULL);
+  close(m.listen_fd);
+  ferry_engine_destroy(local);
+}
+
 /* ---- the warning -------------------------------------------------------------- */
 
 /* Creates an engine on bind_host (secret may be NULL) with stderr captured;
@@ -523,6 +625,7 @@ int main(void) {
       cmocka_unit_test(hello_reply_reveals_nothing_before_auth),
       cmocka_unit_test(relay_cannot_use_the_session),
       cmocka_unit_test(relay_altering_the_hello_is_refused),
+      cmocka_unit_test(claimed_same_host_identity_is_verified),
   };
   int failed = cmocka_run_group_tests_name("warning", alone, NULL, NULL);
   return failed + cmocka_run_group_tests_name("sessions", tests, setup, teardown);
