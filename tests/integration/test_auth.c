@@ -3,8 +3,9 @@
  * A target engine with a shared secret in this process, on 127.0.0.1, and
  * hand-driven peers: a relay between an honest initiator and the target, a
  * client that knows the secret and sends sealed frames that were tampered
- * with, replayed or reordered, and a look at what HELLO_REPLY reveals before
- * the proof. Every interleaving is driven frame by frame, never by sleeps.
+ * with, replayed or reordered, a look at what HELLO_REPLY reveals before the
+ * proof, and a fake target claiming another local engine's shm service.
+ * Every interleaving is driven frame by frame, never by sleeps.
  * The warning for an engine reachable beyond loopback without a secret is
  * checked in a network namespace of its own (so nothing is exposed). */
 #include <arpa/inet.h>
