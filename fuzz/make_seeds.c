@@ -54,7 +54,7 @@ static void add_frame(buf *b, uint8_t type, uint8_t flags, uint32_t count, int32
 static size_t hello(uint8_t *out) {
   ferry_hello h;
   memset(&h, 0, sizeof h);
-  h.version_min = h.version_max = 1;
+  h.version_min = h.version_max = FERRY_WIRE_VERSION_MIN;
   h.conn_kind = FERRY_CONN_DATA;
   h.engine_id = 0x1122334455667788ull;
   memset(h.nonce, 0xab, sizeof h.nonce);
@@ -62,15 +62,19 @@ static size_t hello(uint8_t *out) {
   return ferry_wire_hello_encode(out, &h);
 }
 
-static size_t hello_reply(uint8_t *out) {
+/* auth_required: the negotiation alone (the facts follow the proof). */
+static size_t hello_reply_auth(uint8_t *out, uint8_t auth_required) {
   ferry_hello_reply r;
   memset(&r, 0, sizeof r);
-  r.version = r.version_min = r.version_max = 1;
+  r.version = r.version_min = r.version_max = FERRY_WIRE_VERSION_MIN;
+  r.auth_required = auth_required;
   r.engine_id = 0x99;
   r.transports = FERRY_TRANSPORT_TCP;
   r.pid = 4242;
   return ferry_wire_hello_reply_encode(out, &r);
 }
+
+static size_t hello_reply(uint8_t *out) { return hello_reply_auth(out, 0); }
 
 /* WRITE of `len` bytes (value v) to addr, optionally checksummed. */
 static void add_write(buf *b, uint64_t id, uint64_t addr, size_t len, int checksum) {
@@ -110,6 +114,7 @@ static void header_seeds(void) {
       {"regions_reply", {.type = FERRY_FRAME_REGIONS_REPLY, .count = 2, .body_len = 32}},
       {"notify", {.type = FERRY_FRAME_NOTIFY, .body_len = 10}},
       {"ping", {.type = FERRY_FRAME_PING, .id = 1}},
+      {"auth_reply", {.type = FERRY_FRAME_AUTH_REPLY, .body_len = FERRY_WIRE_PROOF_SIZE + 34}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     ferry_wire_header_encode(raw, &cases[i].h);
@@ -129,6 +134,7 @@ static void wire_seeds(void) {
 
   put("fuzz_hello", "hello", out, hello(out));
   put("fuzz_hello_reply", "reply", out, hello_reply(out));
+  put("fuzz_hello_reply", "reply_auth", out, hello_reply_auth(out, 1));
 
   ferry_region regions[3] = {{0x1000, 0x1000}, {0x4000, 0x100}, {0x7f0000000000ull, 1 << 30}};
   memset(out, 0, 4);

@@ -104,7 +104,9 @@ typedef struct ferry_config {
    * else bind_host when it is not a wildcard, else this host's first
    * non-loopback address. */
   const char *advertise_host;
-  /* Address to listen on. NULL: MC_TCP_BIND_ADDRESS, else "0.0.0.0". */
+  /* Address to listen on. NULL: MC_TCP_BIND_ADDRESS, else "0.0.0.0". An
+   * engine that listens beyond loopback with no secret logs a WARN naming
+   * FERRY_SECRET, once, when it is created. */
   const char *bind_host;
   uint16_t port;               /* RPC port; 0 picks a free one */
   unsigned transports;         /* FERRY_TRANSPORT_* bits allowed; 0 = all */
@@ -118,7 +120,12 @@ typedef struct ferry_config {
                                   0 = default 512 KiB */
   ferry_log_level log_level;   /* applied process-wide when set explicitly */
   int log_level_set;           /* nonzero: log_level above is meant */
-  const char *secret;          /* shared secret peers must prove; NULL = none */
+  /* Shared secret peers must prove (FERRY_SECRET); NULL = none. With one,
+   * both sides prove it over the whole handshake, the target reveals its
+   * identity only afterwards, and every later frame on every connection is
+   * authenticated (not encrypted) and refused if forged, altered, replayed
+   * or reordered; a peer without it gets FERRY_EAUTH (RELIABILITY.md). */
+  const char *secret;
   /* Metadata service ("http://host:port/path"); NULL = peer-to-peer only. */
   const char *metadata_url;
   /* Segment name published in the metadata service; NULL = "host:port". */

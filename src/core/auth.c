@@ -1,13 +1,28 @@
-/* auth.c - randomness and the shared-secret proof of the handshake.
+/* auth.c - randomness, the shared-secret proofs and the per-frame tags.
  *
- * Both sides send a fresh nonce; the initiator answers the target's with
- * HMAC-SHA256(secret, label | client nonce | target nonce), and the target
- * answers with its own proof, so neither talks to an impostor. The secret
- * never crosses the wire and a recorded proof is useless against new nonces. */
+ * TCP handshake (wire version 2). The proofs cover the transcript: a hash of
+ * the HELLO and HELLO_REPLY bodies as sent (both nonces, versions, engine
+ * ids, conn kind, names). The initiator answers with HMAC-SHA256(secret,
+ * label | transcript); the target answers with its own label over the
+ * transcript and the facts it reveals only now (ids, boot id, shm path). A
+ * relay that forwards the handshake unchanged gets nothing it can use:
+ * every later frame carries a tag under keys derived from the secret and
+ * the transcript, one per direction, over an implicit frame counter, so a
+ * frame it forges, replays, reorders or reflects is refused.
+ *
+ * Tags are AES-256-GCM with no plaintext (GMAC): the fastest authenticator
+ * OpenSSL offers on CPUs with AES-NI and carry-less multiply (BENCHMARKS.md).
+ * The nonce is (frame counter, part): unique, since keys are per connection
+ * and direction.
+ *
+ * The shm service still uses the older proof over two nonces: its socket is
+ * local and checked with SO_PEERCRED, so there is no relay to bind against. */
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -19,6 +34,10 @@
  * reflected back as the other side's. */
 static const char initiator_label[] = "ferry-auth-v1-initiator";
 static const char target_label[] = "ferry-auth-v1-target";
+static const char transcript_label[] = "ferry-transcript-v2";
+static const char initiator_label_v2[] = "ferry-auth-v2-initiator";
+static const char target_label_v2[] = "ferry-auth-v2-target";
+static const char session_label[] = "ferry-session-v2";
 
 static void fill_random(void *buf, size_t len) {
   size_t got = 0;
@@ -47,26 +66,26 @@ uint64_t ferry_random_u64(void) {
   return v;
 }
 
-static void hmac_proof(const char *label, const char *secret,
-                       const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
-                       const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
-                       uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
-  uint8_t msg[sizeof initiator_label + 2 * FERRY_WIRE_NONCE_SIZE];
-  size_t label_len = strlen(label);
-  memcpy(msg, label, label_len);
-  memcpy(msg + label_len, client_nonce, FERRY_WIRE_NONCE_SIZE);
-  memcpy(msg + label_len + FERRY_WIRE_NONCE_SIZE, server_nonce, FERRY_WIRE_NONCE_SIZE);
+/* HMAC-SHA256(key, a | b | c); b and c may be empty. */
+static void hmac3(const void *key, size_t key_len, const void *a, size_t a_len, const void *b,
+                  size_t b_len, const void *c, size_t c_len, uint8_t out[FERRY_WIRE_PROOF_SIZE]) {
+  uint8_t msg[64 + FERRY_WIRE_PROOF_SIZE + FERRY_WIRE_FACTS_MAX];
+  memcpy(msg, a, a_len);
+  if (b_len)
+    memcpy(msg + a_len, b, b_len);
+  if (c_len)
+    memcpy(msg + a_len + b_len, c, c_len);
   unsigned int len = FERRY_WIRE_PROOF_SIZE;
-  HMAC(EVP_sha256(), secret, (int)strlen(secret), msg, label_len + 2 * FERRY_WIRE_NONCE_SIZE, proof,
-       &len);
+  HMAC(EVP_sha256(), key, (int)key_len, msg, a_len + b_len + c_len, out, &len);
 }
 
 void ferry_auth_proof(const char *secret, ferry_auth_role role,
                       const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
                       const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
                       uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
-  hmac_proof(role == FERRY_AUTH_TARGET ? target_label : initiator_label, secret, client_nonce,
-             server_nonce, proof);
+  const char *label = role == FERRY_AUTH_TARGET ? target_label : initiator_label;
+  hmac3(secret, strlen(secret), label, strlen(label), client_nonce, FERRY_WIRE_NONCE_SIZE,
+        server_nonce, FERRY_WIRE_NONCE_SIZE, proof);
 }
 
 int ferry_auth_check(const char *secret, ferry_auth_role role,
@@ -76,6 +95,128 @@ int ferry_auth_check(const char *secret, ferry_auth_role role,
   uint8_t expected[FERRY_WIRE_PROOF_SIZE];
   ferry_auth_proof(secret, role, client_nonce, server_nonce, expected);
   return CRYPTO_memcmp(expected, proof, FERRY_WIRE_PROOF_SIZE) == 0;
+}
+
+/* ---- handshake v2: transcript, proofs, session keys --------------------- */
+
+void ferry_auth_transcript(const uint8_t *hello, size_t hello_len, const uint8_t *reply,
+                           size_t reply_len, uint8_t th[FERRY_WIRE_PROOF_SIZE]) {
+  /* Lengths first, so no split of the same bytes hashes alike. */
+  uint8_t lens[16];
+  for (int i = 0; i < 8; i++) {
+    lens[i] = (uint8_t)((uint64_t)hello_len >> (8 * i));
+    lens[8 + i] = (uint8_t)((uint64_t)reply_len >> (8 * i));
+  }
+  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  unsigned int len = FERRY_WIRE_PROOF_SIZE;
+  if (!md || !EVP_DigestInit_ex(md, EVP_sha256(), NULL) ||
+      !EVP_DigestUpdate(md, transcript_label, sizeof transcript_label - 1) ||
+      !EVP_DigestUpdate(md, lens, sizeof lens) || !EVP_DigestUpdate(md, hello, hello_len) ||
+      !EVP_DigestUpdate(md, reply, reply_len) || !EVP_DigestFinal_ex(md, th, &len))
+    fill_random(th, FERRY_WIRE_PROOF_SIZE); /* out of memory: a hash no peer will match */
+  EVP_MD_CTX_free(md);
+}
+
+void ferry_auth_bound_proof(const char *secret, ferry_auth_role role,
+                            const uint8_t th[FERRY_WIRE_PROOF_SIZE], const uint8_t *facts,
+                            size_t facts_len, uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
+  const char *label = role == FERRY_AUTH_TARGET ? target_label_v2 : initiator_label_v2;
+  hmac3(secret, strlen(secret), label, strlen(label), th, FERRY_WIRE_PROOF_SIZE, facts, facts_len,
+        proof);
+}
+
+int ferry_auth_bound_check(const char *secret, ferry_auth_role role,
+                           const uint8_t th[FERRY_WIRE_PROOF_SIZE], const uint8_t *facts,
+                           size_t facts_len, const uint8_t proof[FERRY_WIRE_PROOF_SIZE]) {
+  uint8_t expected[FERRY_WIRE_PROOF_SIZE];
+  ferry_auth_bound_proof(secret, role, th, facts, facts_len, expected);
+  return CRYPTO_memcmp(expected, proof, FERRY_WIRE_PROOF_SIZE) == 0;
+}
+
+/* An HKDF-style extract and expand: the secret keyed by the transcript, then
+ * one key per direction, so a frame cannot be reflected back to its sender. */
+void ferry_session_start(ferry_session *s, const char *secret, ferry_auth_role self,
+                         const uint8_t th[FERRY_WIRE_PROOF_SIZE]) {
+  uint8_t prk[FERRY_WIRE_PROOF_SIZE], to_target[FERRY_SESSION_KEY_SIZE],
+      to_initiator[FERRY_SESSION_KEY_SIZE];
+  hmac3(secret, strlen(secret), session_label, sizeof session_label - 1, th, FERRY_WIRE_PROOF_SIZE,
+        NULL, 0, prk);
+  hmac3(prk, sizeof prk, "to target", 9, NULL, 0, NULL, 0, to_target);
+  hmac3(prk, sizeof prk, "to initiator", 12, NULL, 0, NULL, 0, to_initiator);
+  memset(s, 0, sizeof *s);
+  int initiator = self == FERRY_AUTH_INITIATOR;
+  memcpy(s->send_key, initiator ? to_target : to_initiator, FERRY_SESSION_KEY_SIZE);
+  memcpy(s->recv_key, initiator ? to_initiator : to_target, FERRY_SESSION_KEY_SIZE);
+  s->on = 1;
+  OPENSSL_cleanse(prk, sizeof prk);
+}
+
+/* ---- frame tags ----------------------------------------------------------- */
+
+/* Cipher contexts per thread, each keeping its key schedule: a tag under
+ * a key the thread used recently only sets the nonce (re-keying costs about
+ * as much as tagging 4 KiB). A tag is computed within one call, so no
+ * context is shared between threads or outlives its use. A thread drives
+ * one connection at a time: its two keys, with room to spare. */
+#define TAG_CACHE 4
+
+typedef struct tag_cache {
+  EVP_CIPHER_CTX *ctx[TAG_CACHE];
+  uint8_t key[TAG_CACHE][FERRY_SESSION_KEY_SIZE];
+  unsigned next; /* the slot a new key replaces */
+} tag_cache;
+
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+
+static void cache_free(void *arg) {
+  tag_cache *c = arg;
+  for (int i = 0; i < TAG_CACHE; i++)
+    EVP_CIPHER_CTX_free(c->ctx[i]);
+  OPENSSL_cleanse(c, sizeof *c);
+  free(c);
+}
+
+static void cache_key_init(void) { pthread_key_create(&cache_key, cache_free); }
+
+/* A context ready to tag under key with nonce; NULL when out of memory. */
+static EVP_CIPHER_CTX *keyed_ctx(const uint8_t key[FERRY_SESSION_KEY_SIZE], const uint8_t *nonce) {
+  pthread_once(&cache_once, cache_key_init);
+  tag_cache *c = pthread_getspecific(cache_key);
+  if (!c && (c = calloc(1, sizeof *c)) != NULL)
+    pthread_setspecific(cache_key, c);
+  if (!c)
+    return NULL;
+  for (int i = 0; i < TAG_CACHE; i++)
+    if (c->ctx[i] && CRYPTO_memcmp(c->key[i], key, FERRY_SESSION_KEY_SIZE) == 0)
+      return EVP_EncryptInit_ex(c->ctx[i], NULL, NULL, NULL, nonce) ? c->ctx[i] : NULL;
+  unsigned i = c->next++ % TAG_CACHE;
+  if (!c->ctx[i] && (c->ctx[i] = EVP_CIPHER_CTX_new()) == NULL)
+    return NULL;
+  memset(c->key[i], 0, FERRY_SESSION_KEY_SIZE); /* unusable until keyed */
+  if (!EVP_EncryptInit_ex(c->ctx[i], EVP_aes_256_gcm(), NULL, key, nonce))
+    return NULL;
+  memcpy(c->key[i], key, FERRY_SESSION_KEY_SIZE);
+  return c->ctx[i];
+}
+
+int ferry_session_tag(const uint8_t key[FERRY_SESSION_KEY_SIZE], uint64_t seq, uint8_t part,
+                      const struct iovec *iov, int iovcnt, uint8_t tag[FERRY_SESSION_TAG_SIZE]) {
+  uint8_t nonce[12] = {part};
+  for (int i = 0; i < 8; i++)
+    nonce[4 + i] = (uint8_t)(seq >> (8 * i));
+  EVP_CIPHER_CTX *ctx = keyed_ctx(key, nonce);
+  int len, ok = ctx != NULL;
+  for (int i = 0; ok && i < iovcnt; i++)
+    ok = iov[i].iov_len == 0 ||
+         EVP_EncryptUpdate(ctx, NULL, &len, iov[i].iov_base, (int)iov[i].iov_len);
+  ok = ok && EVP_EncryptFinal_ex(ctx, NULL, &len) &&
+       EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, FERRY_SESSION_TAG_SIZE, tag);
+  return ok;
+}
+
+int ferry_session_tag_equal(const uint8_t *a, const uint8_t *b) {
+  return CRYPTO_memcmp(a, b, FERRY_SESSION_TAG_SIZE) == 0;
 }
 
 /* Two engines with the same boot id run on the same booted kernel, which is

@@ -115,6 +115,10 @@ static ferry_status engine_start(ferry_engine *e, const ferry_config *cfg) {
   st = ferry_net_listen(e->bind_host, cfg->port, &fd, &e->port);
   if (st)
     return st;
+  if (!e->secret && !ferry_net_loopback_only(fd))
+    FERRY_WARN("engine listens on %s:%u, beyond loopback, with no shared secret: any host that "
+               "reaches it can read and write its registered memory; set FERRY_SECRET",
+               e->bind_host, e->port);
   ferry_net_format_target(e->name, sizeof e->name, e->advertise_host, e->port);
   /* Before the server: its HELLO_REPLY advertises e->shm_path. */
   st = e->transports & FERRY_TRANSPORT_SHM ? ferry_shm_service_start(e) : FERRY_OK;

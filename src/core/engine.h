@@ -111,7 +111,8 @@ void ferry_server_quiesce(ferry_engine *engine);
 ferry_status ferry_engine_push_notification(ferry_engine *engine, const char *name, size_t name_len,
                                             const void *data, size_t len);
 
-/* auth.c: the shared-secret proof, HMAC-SHA256 over both nonces. */
+/* auth.c: the shared-secret proofs. The shm service's: HMAC-SHA256 over
+ * both nonces. */
 void ferry_auth_nonce(uint8_t nonce[FERRY_WIRE_NONCE_SIZE]);
 /* Which side proves: each uses its own label, so a proof cannot be
  * reflected back as the other side's. */
@@ -124,6 +125,20 @@ int ferry_auth_check(const char *secret, ferry_auth_role role,
                      const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
                      const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
                      const uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
+/* The TCP handshake's (wire version 2): th hashes the HELLO and HELLO_REPLY
+ * bodies as sent; a proof is HMAC(secret, role label | th | facts), facts
+ * being what the target reveals in AUTH_REPLY (none for the initiator). */
+void ferry_auth_transcript(const uint8_t *hello, size_t hello_len, const uint8_t *reply,
+                           size_t reply_len, uint8_t th[FERRY_WIRE_PROOF_SIZE]);
+void ferry_auth_bound_proof(const char *secret, ferry_auth_role role,
+                            const uint8_t th[FERRY_WIRE_PROOF_SIZE], const uint8_t *facts,
+                            size_t facts_len, uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
+int ferry_auth_bound_check(const char *secret, ferry_auth_role role,
+                           const uint8_t th[FERRY_WIRE_PROOF_SIZE], const uint8_t *facts,
+                           size_t facts_len, const uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
+/* Keys for sealing the frames after the handshake, for side self. */
+void ferry_session_start(ferry_session *s, const char *secret, ferry_auth_role self,
+                         const uint8_t th[FERRY_WIRE_PROOF_SIZE]);
 uint64_t ferry_random_u64(void);
 void ferry_read_boot_id(uint8_t boot_id[FERRY_WIRE_BOOT_ID_SIZE]);
 

@@ -2,7 +2,12 @@
  *
  * Sockets stay blocking: a blocked thread costs no CPU, and a deadline is
  * enforced with SO_SNDTIMEO/SO_RCVTIMEO set to the time left, re-set only
- * when the time left is shorter than what the socket already has. */
+ * when the time left is shorter than what the socket already has.
+ *
+ * With a session (a shared secret) frames are sealed here, below the code
+ * that speaks the protocol: a tag after the header and head, checked before
+ * the caller sees the head (so a segment table is authentic before a byte
+ * of payload lands), and a tag after the payload. */
 #include "net.h"
 
 #include <errno.h>
@@ -106,6 +111,18 @@ ferry_status ferry_net_listen(const char *host, uint16_t port, int *fd_out, uint
   return FERRY_OK;
 }
 
+int ferry_net_loopback_only(int fd) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0)
+    return 0;
+  if (ss.ss_family == AF_INET)
+    return (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
+  if (ss.ss_family == AF_INET6)
+    return IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&ss)->sin6_addr);
+  return 0;
+}
+
 static int kernel_allows_buffer(const char *path, int want) {
   FILE *f = fopen(path, "r");
   long max = 0;
@@ -188,6 +205,11 @@ void ferry_sock_init(ferry_sock *s, int fd, const char *peer) {
   s->rbuf = NULL;
   s->rcap = s->rpos = s->rlen = 0;
   s->spin_ns = 0;
+  s->session = NULL;
+}
+
+void ferry_sock_auth(ferry_sock *s, ferry_session *session) {
+  s->session = session && session->on ? session : NULL;
 }
 
 void ferry_sock_readahead(ferry_sock *s, uint8_t *buf, size_t cap) {
@@ -337,7 +359,64 @@ static ferry_status transfer_iov(ferry_sock *s, struct iovec *iov, int iovcnt, i
   return FERRY_OK;
 }
 
+/* ---- sealed frames ------------------------------------------------------ */
+
+/* A sealed frame's iovec: its own entries plus header and two tags. */
+#define SEALED_IOV_MAX (FERRY_WIRE_MAX_SEGMENTS + 8)
+
+/* Moves the entries that cover the next n bytes of *in into out (splitting
+ * the last one if needed); returns how many it wrote. */
+static int iov_take(struct iovec *out, struct iovec **in, int *incnt, uint64_t n) {
+  int k = 0;
+  while (n > 0 && *incnt > 0) {
+    struct iovec *v = *in;
+    size_t take = v->iov_len < n ? v->iov_len : (size_t)n;
+    if (take > 0)
+      out[k++] = (struct iovec){v->iov_base, take};
+    n -= take;
+    if (take == v->iov_len) {
+      (*in)++;
+      (*incnt)--;
+    } else {
+      v->iov_base = (char *)v->iov_base + take;
+      v->iov_len -= take;
+    }
+  }
+  return k;
+}
+
+static ferry_status send_sealed(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+  ferry_session *ss = s->session;
+  ferry_frame_header h;
+  if (iovcnt < 1 || iovcnt + 3 > SEALED_IOV_MAX || iov[0].iov_len != FERRY_WIRE_HEADER_SIZE ||
+      ferry_wire_header_decode(iov[0].iov_base, &h) != FERRY_OK)
+    return ferry_fail(FERRY_EINVAL, "%s to %s: not one whole frame, cannot seal it", step, s->peer);
+  uint64_t head, payload;
+  ferry_wire_split(&h, &head, &payload);
+  struct iovec out[SEALED_IOV_MAX];
+  uint8_t head_tag[FERRY_SESSION_TAG_SIZE], payload_tag[FERRY_SESSION_TAG_SIZE];
+  struct iovec *in = iov + 1;
+  int left = iovcnt - 1;
+  out[0] = iov[0];
+  int n = 1 + iov_take(out + 1, &in, &left, head);
+  int ok = ferry_session_tag(ss->send_key, ss->send_seq, 0, out, n, head_tag);
+  out[n++] = (struct iovec){head_tag, sizeof head_tag};
+  if (payload) {
+    int first = n;
+    n += iov_take(out + n, &in, &left, payload);
+    ok =
+        ok && ferry_session_tag(ss->send_key, ss->send_seq, 1, out + first, n - first, payload_tag);
+    out[n++] = (struct iovec){payload_tag, sizeof payload_tag};
+  }
+  if (!ok)
+    return ferry_fail(FERRY_ENOMEM, "%s to %s: cannot compute the frame tag", step, s->peer);
+  ss->send_seq++;
+  return transfer_iov(s, out, n, 1, step);
+}
+
 ferry_status ferry_sock_sendv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+  if (s->session)
+    return send_sealed(s, iov, iovcnt, step);
   return transfer_iov(s, iov, iovcnt, 1, step);
 }
 
@@ -365,7 +444,7 @@ static size_t iov_total(const struct iovec *iov, int iovcnt) {
   return n;
 }
 
-ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+static ferry_status recv_plain(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
   if (!s->rbuf)
     return transfer_iov(s, iov, iovcnt, 0, step);
   iov = drain_readahead(s, iov, &iovcnt);
@@ -391,6 +470,85 @@ ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, cons
     iov = drain_readahead(s, iov, &iovcnt);
   }
   return FERRY_OK;
+}
+
+/* Receives the tag of part (0: header and head, 1: payload) of the frame
+ * being received and compares it with the one computed over iov (NULL:
+ * the payload came in pieces and was dropped; its tag is only consumed). */
+static ferry_status check_tag(ferry_sock *s, uint8_t part, const struct iovec *iov, int iovcnt,
+                              const char *step) {
+  ferry_session *ss = s->session;
+  uint8_t got[FERRY_SESSION_TAG_SIZE], want[FERRY_SESSION_TAG_SIZE];
+  struct iovec t = {got, sizeof got};
+  ferry_status st = recv_plain(s, &t, 1, step);
+  if (st)
+    return st;
+  uint64_t seq = ss->recv_seq;
+  if (part == 1 || ss->payload_left == 0)
+    ss->recv_seq++; /* the frame is complete */
+  if (!iov)
+    return FERRY_OK;
+  if (!ferry_session_tag(ss->recv_key, seq, part, iov, iovcnt, want) ||
+      !ferry_session_tag_equal(got, want))
+    return ferry_fail(FERRY_EPROTO,
+                      "%s from %s: frame %llu fails authentication (forged, altered, replayed or "
+                      "out of order)",
+                      step, s->peer, (unsigned long long)seq);
+  return FERRY_OK;
+}
+
+/* Starts receiving a sealed frame; a frame without a head has its first
+ * tag right after the header. */
+static ferry_status open_sealed(ferry_sock *s, const uint8_t raw[FERRY_WIRE_HEADER_SIZE],
+                                const ferry_frame_header *h, const char *step) {
+  ferry_session *ss = s->session;
+  memcpy(ss->header, raw, FERRY_WIRE_HEADER_SIZE);
+  ferry_wire_split(h, &ss->head_left, &ss->payload_left);
+  ss->payload_split = 0;
+  if (ss->head_left)
+    return FERRY_OK;
+  struct iovec hv = {ss->header, FERRY_WIRE_HEADER_SIZE};
+  return check_tag(s, 0, &hv, 1, step);
+}
+
+/* A receive within a sealed frame: all of its head (checked before the
+ * caller sees it), all of its payload (checked), or a piece of a payload
+ * that is being dropped. */
+static ferry_status recv_sealed(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+  ferry_session *ss = s->session;
+  int head = ss->head_left > 0;
+  uint64_t left = head ? ss->head_left : ss->payload_left;
+  uint64_t total = iov_total(iov, iovcnt);
+  if (total == 0)
+    return FERRY_OK;
+  if (total > left || (head && total != left) || iovcnt + 1 > SEALED_IOV_MAX)
+    return ferry_fail(FERRY_EPROTO, "%s from %s: a receive of %llu bytes outside the sealed frame",
+                      step, s->peer, (unsigned long long)total);
+  struct iovec copy[SEALED_IOV_MAX];
+  int n = 0;
+  if (head)
+    copy[n++] = (struct iovec){ss->header, FERRY_WIRE_HEADER_SIZE};
+  memcpy(copy + n, iov, (size_t)iovcnt * sizeof *iov);
+  n += iovcnt;
+  ferry_status st = recv_plain(s, iov, iovcnt, step);
+  if (st)
+    return st;
+  if (head) {
+    ss->head_left = 0;
+    return check_tag(s, 0, copy, n, step);
+  }
+  ss->payload_left -= total;
+  if (total < left)
+    ss->payload_split = 1;
+  if (ss->payload_left)
+    return FERRY_OK;
+  return check_tag(s, 1, ss->payload_split ? NULL : copy, n, step);
+}
+
+ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+  if (s->session)
+    return recv_sealed(s, iov, iovcnt, step);
+  return recv_plain(s, iov, iovcnt, step);
 }
 
 ferry_status ferry_sock_recv(ferry_sock *s, void *buf, size_t len, const char *step) {
@@ -420,7 +578,8 @@ ferry_status ferry_sock_send_frame(ferry_sock *s, const ferry_frame_header *h, c
 
 ferry_status ferry_sock_recv_header(ferry_sock *s, ferry_frame_header *h, const char *step) {
   uint8_t raw[FERRY_WIRE_HEADER_SIZE];
-  ferry_status st = ferry_sock_recv(s, raw, sizeof raw, step);
+  struct iovec iov = {raw, sizeof raw};
+  ferry_status st = recv_plain(s, &iov, 1, step);
   if (st)
     return st;
   st = ferry_wire_header_decode(raw, h);
@@ -429,7 +588,7 @@ ferry_status ferry_sock_recv_header(ferry_sock *s, ferry_frame_header *h, const 
     snprintf(detail, sizeof detail, "%s", ferry_last_error());
     return ferry_fail(FERRY_EPROTO, "%s from %s: %s", step, s->peer, detail);
   }
-  return FERRY_OK;
+  return s->session ? open_sealed(s, raw, h, step) : FERRY_OK;
 }
 
 /* The codes a target sends for a refused request. Anything else (a local

@@ -22,10 +22,36 @@ void ferry_net_format_target(char *out, size_t size, const char *host, uint16_t 
 
 /* Listening socket on host:port (port 0: any); *bound_port gets the port. */
 ferry_status ferry_net_listen(const char *host, uint16_t port, int *fd, uint16_t *bound_port);
+/* Nonzero when the listening socket fd is bound to a loopback address only
+ * (not the wildcard, not an interface other hosts reach). */
+int ferry_net_loopback_only(int fd);
 /* Connects with a deadline and sets the data-path socket options. */
 ferry_status ferry_net_connect(const char *host, uint16_t port, uint64_t deadline_ns, int *fd);
 /* TCP_NODELAY, keepalive, and large buffers where the kernel allows them. */
 void ferry_net_tune(int fd);
+
+/* An authenticated session (a shared secret is set): a key per direction
+ * from the handshake (auth.c) and the frame counters, which are part of
+ * every tag and never sent, so a replayed or reordered frame fails. Lives
+ * as long as its connection; the connection's ferry_sock points to it. */
+#define FERRY_SESSION_KEY_SIZE 32
+#define FERRY_SESSION_TAG_SIZE 16
+typedef struct ferry_session {
+  int on;
+  uint8_t send_key[FERRY_SESSION_KEY_SIZE], recv_key[FERRY_SESSION_KEY_SIZE];
+  uint64_t send_seq, recv_seq;
+  /* The frame being received: its header, and the bytes of its head and
+   * payload not received yet (ferry_wire_split). */
+  uint8_t header[FERRY_WIRE_HEADER_SIZE];
+  uint64_t head_left, payload_left;
+  int payload_split; /* payload taken in pieces (dropped): its tag is not checked */
+} ferry_session;
+
+/* auth.c: the tag of part (0 header and head, 1 payload) of frame seq over
+ * the bytes of iov. Zero if OpenSSL failed (the frame is then refused). */
+int ferry_session_tag(const uint8_t key[FERRY_SESSION_KEY_SIZE], uint64_t seq, uint8_t part,
+                      const struct iovec *iov, int iovcnt, uint8_t tag[FERRY_SESSION_TAG_SIZE]);
+int ferry_session_tag_equal(const uint8_t *a, const uint8_t *b); /* constant time */
 
 /* A socket with the peer's name for messages and the deadline-driven timeout
  * currently set on it, so each call sets SO_*TIMEO only when it shrinks. */
@@ -39,10 +65,16 @@ typedef struct ferry_sock {
    * and payload cost one system call. NULL: every receive goes direct. */
   uint8_t *rbuf;
   size_t rcap, rpos, rlen;
-  uint64_t spin_ns; /* receives poll this long before sleeping (0: never) */
+  uint64_t spin_ns;       /* receives poll this long before sleeping (0: never) */
+  ferry_session *session; /* NULL: frames go as they are */
 } ferry_sock;
 
 void ferry_sock_init(ferry_sock *s, int fd, const char *peer);
+/* From now on every frame sent is sealed and every frame received must be,
+ * under session (when session->on; else nothing changes). Each send must be
+ * whole frames starting with a header alone in iov[0]; each receive after a
+ * header takes the head, or the payload, or a piece of the payload. */
+void ferry_sock_auth(ferry_sock *s, ferry_session *session);
 /* Turns read-ahead on, with a buffer that lives as long as the socket. */
 void ferry_sock_readahead(ferry_sock *s, uint8_t *buf, size_t cap);
 /* Nonzero when read-ahead holds bytes nobody has asked for yet. */

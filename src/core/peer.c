@@ -102,24 +102,32 @@ static ferry_status resolve_address(ferry_peer *p, char host[FERRY_HOST_MAX], ui
 
 /* ---- handshake --------------------------------------------------------------- */
 
+/* The HELLO and HELLO_REPLY bodies as sent: the transcript the proofs and
+ * the session keys are bound to. */
+typedef struct handshake_bytes {
+  uint8_t hello[FERRY_WIRE_HELLO_MAX];
+  uint8_t reply[FERRY_WIRE_HELLO_REPLY_MAX];
+  size_t hello_len, reply_len;
+} handshake_bytes;
+
 static ferry_status send_hello(ferry_peer *p, ferry_sock *s, ferry_conn_kind kind,
-                               ferry_hello *hello) {
-  memset(hello, 0, sizeof *hello);
-  hello->version_min = FERRY_WIRE_VERSION_MIN;
-  hello->version_max = FERRY_WIRE_VERSION_MAX;
-  hello->conn_kind = (uint8_t)kind;
-  hello->engine_id = p->engine->instance_id;
-  ferry_auth_nonce(hello->nonce);
-  snprintf(hello->name, sizeof hello->name, "%.*s", FERRY_WIRE_MAX_NAME, p->engine->name);
-  uint8_t body[FERRY_WIRE_HELLO_MAX];
+                               handshake_bytes *hb) {
+  ferry_hello hello;
+  memset(&hello, 0, sizeof hello);
+  hello.version_min = FERRY_WIRE_VERSION_MIN;
+  hello.version_max = FERRY_WIRE_VERSION_MAX;
+  hello.conn_kind = (uint8_t)kind;
+  hello.engine_id = p->engine->instance_id;
+  ferry_auth_nonce(hello.nonce);
+  snprintf(hello.name, sizeof hello.name, "%.*s", FERRY_WIRE_MAX_NAME, p->engine->name);
   ferry_frame_header h = {.type = FERRY_FRAME_HELLO};
-  h.body_len = ferry_wire_hello_encode(body, hello);
-  return ferry_sock_send_frame(s, &h, body, "send HELLO");
+  h.body_len = hb->hello_len = ferry_wire_hello_encode(hb->hello, &hello);
+  return ferry_sock_send_frame(s, &h, hb->hello, "send HELLO");
 }
 
-static ferry_status receive_hello_reply(ferry_sock *s, ferry_hello_reply *reply) {
+static ferry_status receive_hello_reply(ferry_sock *s, handshake_bytes *hb,
+                                        ferry_hello_reply *reply) {
   ferry_frame_header h;
-  uint8_t body[FERRY_WIRE_HELLO_REPLY_MAX];
   ferry_status st = ferry_sock_recv_header(s, &h, "handshake");
   if (st)
     return st;
@@ -128,9 +136,10 @@ static ferry_status receive_hello_reply(ferry_sock *s, ferry_hello_reply *reply)
                       h.type);
   if (h.status)
     return ferry_sock_read_refusal(s, &h, "handshake");
-  st = ferry_sock_recv(s, body, h.body_len, "handshake");
+  hb->reply_len = (size_t)h.body_len;
+  st = ferry_sock_recv(s, hb->reply, hb->reply_len, "handshake");
   if (!st)
-    st = ferry_wire_hello_reply_decode(body, h.body_len, reply);
+    st = ferry_wire_hello_reply_decode(hb->reply, hb->reply_len, reply);
   if (st)
     return ferry_fail(FERRY_EHANDSHAKE, "handshake with %s: %s", s->peer, ferry_last_error());
   if (reply->version < FERRY_WIRE_VERSION_MIN || reply->version > FERRY_WIRE_VERSION_MAX)
@@ -142,15 +151,19 @@ static ferry_status receive_hello_reply(ferry_sock *s, ferry_hello_reply *reply)
   return FERRY_OK;
 }
 
-static ferry_status prove_secret(ferry_peer *p, ferry_sock *s, const ferry_hello *hello,
-                                 const ferry_hello_reply *reply) {
-  if (!p->engine->secret)
+/* AUTH with our proof over the transcript; AUTH_REPLY brings the target's,
+ * over the transcript and its facts, which only then go into reply. */
+static ferry_status prove_secret(ferry_peer *p, ferry_sock *s, const handshake_bytes *hb,
+                                 ferry_hello_reply *reply, ferry_session *session) {
+  const char *secret = p->engine->secret;
+  if (!secret)
     return ferry_fail(FERRY_EAUTH, "peer %s requires a shared secret and none is configured",
                       s->peer);
-  uint8_t proof[FERRY_WIRE_PROOF_SIZE];
-  ferry_auth_proof(p->engine->secret, FERRY_AUTH_INITIATOR, hello->nonce, reply->nonce, proof);
-  ferry_frame_header h = {.type = FERRY_FRAME_AUTH, .body_len = sizeof proof};
-  ferry_status st = ferry_sock_send_frame(s, &h, proof, "send AUTH");
+  uint8_t th[FERRY_WIRE_PROOF_SIZE], body[FERRY_WIRE_AUTH_REPLY_MAX];
+  ferry_auth_transcript(hb->hello, hb->hello_len, hb->reply, hb->reply_len, th);
+  ferry_auth_bound_proof(secret, FERRY_AUTH_INITIATOR, th, NULL, 0, body);
+  ferry_frame_header h = {.type = FERRY_FRAME_AUTH, .body_len = FERRY_WIRE_PROOF_SIZE};
+  ferry_status st = ferry_sock_send_frame(s, &h, body, "send AUTH");
   if (!st)
     st = ferry_sock_recv_header(s, &h, "authenticate");
   if (st)
@@ -160,11 +173,18 @@ static ferry_status prove_secret(ferry_peer *p, ferry_sock *s, const ferry_hello
                       s->peer, h.type);
   if (h.status)
     return ferry_sock_read_refusal(s, &h, "authenticate");
-  st = ferry_sock_recv(s, proof, sizeof proof, "authenticate");
-  if (!st &&
-      !ferry_auth_check(p->engine->secret, FERRY_AUTH_TARGET, hello->nonce, reply->nonce, proof))
-    st = ferry_fail(FERRY_EAUTH, "peer %s could not prove it knows the shared secret", s->peer);
-  return st;
+  size_t facts = (size_t)h.body_len - FERRY_WIRE_PROOF_SIZE; /* decode checked the range */
+  st = ferry_sock_recv(s, body, (size_t)h.body_len, "authenticate");
+  if (st)
+    return st;
+  if (!ferry_auth_bound_check(secret, FERRY_AUTH_TARGET, th, body + FERRY_WIRE_PROOF_SIZE, facts,
+                              body))
+    return ferry_fail(FERRY_EAUTH, "peer %s could not prove it knows the shared secret", s->peer);
+  st = ferry_wire_facts_decode(body + FERRY_WIRE_PROOF_SIZE, facts, reply);
+  if (st)
+    return ferry_fail(FERRY_EHANDSHAKE, "authenticate with %s: %s", s->peer, ferry_last_error());
+  ferry_session_start(session, secret, FERRY_AUTH_INITIATOR, th);
+  return FERRY_OK;
 }
 
 static void unlink_channel(ferry_peer *p, struct ferry_channel *ch);
@@ -228,7 +248,7 @@ static ferry_status closed_error(ferry_peer *p, const char *step) {
 }
 
 ferry_status ferry_peer_connect(ferry_peer *p, ferry_conn_kind kind, uint64_t deadline_ns, int *fd,
-                                ferry_hello_reply *reply) {
+                                ferry_hello_reply *reply, ferry_session *session) {
   char host[FERRY_HOST_MAX];
   uint16_t port;
   ferry_status st = resolve_address(p, host, &port);
@@ -248,14 +268,15 @@ ferry_status ferry_peer_connect(ferry_peer *p, ferry_conn_kind kind, uint64_t de
     return closed_error(p, "handshake");
   }
   ferry_sock s;
-  ferry_hello hello;
+  handshake_bytes hb;
+  memset(session, 0, sizeof *session);
   ferry_sock_init(&s, *fd, p->address);
   ferry_sock_set_deadline(&s, connect_deadline);
-  st = send_hello(p, &s, kind, &hello);
+  st = send_hello(p, &s, kind, &hb);
   if (!st)
-    st = receive_hello_reply(&s, reply);
+    st = receive_hello_reply(&s, &hb, reply);
   if (!st && reply->auth_required)
-    st = prove_secret(p, &s, &hello, reply);
+    st = prove_secret(p, &s, &hb, reply, session);
   else if (!st && p->engine->secret)
     st = ferry_fail(FERRY_EAUTH,
                     "peer %s does not ask for the shared secret; refusing an "
@@ -310,7 +331,8 @@ static ferry_status control_once(ferry_peer *p, const ferry_frame_header *req, c
   if (p->control_fd < 0) {
     ferry_hello_reply reply;
     int fd;
-    ferry_status st = ferry_peer_connect(p, FERRY_CONN_CONTROL, deadline_ns, &fd, &reply);
+    ferry_status st = ferry_peer_connect(p, FERRY_CONN_CONTROL, deadline_ns, &fd, &reply,
+                                         &p->control_session);
     if (!st)
       st = control_adopt(p, fd, reply.engine_id);
     if (st)
@@ -318,6 +340,7 @@ static ferry_status control_once(ferry_peer *p, const ferry_frame_header *req, c
   }
   ferry_sock s;
   ferry_sock_init(&s, p->control_fd, p->address);
+  ferry_sock_auth(&s, &p->control_session);
   ferry_sock_set_deadline(&s, deadline_ns);
   ferry_frame_header h;
   ferry_status st = ferry_sock_send_frame(&s, req, body, "send request");

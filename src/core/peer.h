@@ -41,6 +41,7 @@ struct ferry_peer {
   pthread_mutex_t control_lock; /* one request at a time on control */
   int control_fd;               /* set and closed under both locks */
   uint64_t control_instance;
+  ferry_session control_session; /* seals control frames (a secret is set) */
 };
 
 /* How long a reply proves a peer and its connections alive, so back-to-back
@@ -63,12 +64,15 @@ ferry_status ferry_peer_ensure(ferry_peer *peer, uint64_t deadline_ns,
 ferry_status ferry_peer_check_remote(ferry_peer *peer, const ferry_entry *entries, size_t count,
                                      uint64_t deadline_ns);
 /* A socket that completed HELLO (+ AUTH) as conn kind. reply gets the
- * target's facts. Notices a restarted target (new instance id): then
- * everything derived from the old incarnation is dropped (region table,
- * transport choice, idle channels, through their transport's close; busy
- * ones retire when checked in) and the next ensure negotiates afresh. */
+ * target's facts (from AUTH_REPLY when it asked for the secret), session
+ * the keys its frames are sealed with from now on (off without a secret):
+ * give it to every ferry_sock on fd (ferry_sock_auth). Notices a restarted
+ * target (new instance id): then everything derived from the old
+ * incarnation is dropped (region table, transport choice, idle channels,
+ * through their transport's close; busy ones retire when checked in) and
+ * the next ensure negotiates afresh. */
 ferry_status ferry_peer_connect(ferry_peer *peer, ferry_conn_kind kind, uint64_t deadline_ns,
-                                int *fd, ferry_hello_reply *reply);
+                                int *fd, ferry_hello_reply *reply, ferry_session *session);
 /* Takes a channel for a batch (opening one if below the limit, else
  * waiting); FERRY_ENOTFOUND when the batch has no work left to claim. */
 ferry_status ferry_peer_checkout(ferry_peer *peer, ferry_batch *batch, struct ferry_channel **out);

@@ -33,6 +33,7 @@ typedef struct server_conn {
   struct server_conn *next;
   char peer[FERRY_HOST_MAX + 8];
   ferry_sock sock;
+  ferry_session session; /* with a secret: seals every frame after AUTH */
   uint8_t table[FERRY_WIRE_MAX_SEGMENTS * FERRY_WIRE_SEGMENT_SIZE];
   ferry_region segs[FERRY_WIRE_MAX_SEGMENTS];
   struct iovec iov[FERRY_WIRE_MAX_SEGMENTS + 2];
@@ -65,37 +66,50 @@ static ferry_status refuse(server_conn *c, uint8_t type, ferry_status status, co
   return status;
 }
 
+/* The facts (ids, boot id, pid, shm path) go into HELLO_REPLY only when
+ * no secret is set; otherwise into AUTH_REPLY, to a peer that proved it. */
 static void fill_hello_reply(ferry_engine *e, ferry_hello_reply *r, uint16_t version) {
   memset(r, 0, sizeof *r);
   r->version = version;
   r->version_min = FERRY_WIRE_VERSION_MIN;
   r->version_max = FERRY_WIRE_VERSION_MAX;
   r->auth_required = e->secret != NULL;
+  ferry_auth_nonce(r->nonce);
   r->engine_id = e->instance_id;
   r->transports = e->transports;
   memcpy(r->boot_id, e->boot_id, sizeof r->boot_id);
   r->pid = (uint32_t)getpid();
   snprintf(r->shm_path, sizeof r->shm_path, "%s", e->shm_path);
-  ferry_auth_nonce(r->nonce);
 }
 
-static ferry_status check_proof(server_conn *c, const ferry_hello *hello,
+/* AUTH: the initiator's proof over the transcript th. AUTH_REPLY: ours,
+ * over th and the facts it carries; then the session seals every frame. */
+static ferry_status check_proof(server_conn *c, const uint8_t th[FERRY_WIRE_PROOF_SIZE],
                                 const ferry_hello_reply *r) {
+  const char *secret = c->engine->secret;
   ferry_frame_header h;
-  uint8_t proof[FERRY_WIRE_PROOF_SIZE];
+  uint8_t body[FERRY_WIRE_AUTH_REPLY_MAX];
   ferry_status st = ferry_sock_recv_header(&c->sock, &h, "receive AUTH");
   if (st)
     return st;
   if (h.type != FERRY_FRAME_AUTH)
     return refuse(c, FERRY_FRAME_AUTH_REPLY, FERRY_EAUTH, "shared secret required, no proof sent");
-  st = ferry_sock_recv(&c->sock, proof, sizeof proof, "receive AUTH");
+  st = ferry_sock_recv(&c->sock, body, FERRY_WIRE_PROOF_SIZE, "receive AUTH");
   if (st)
     return st;
-  if (!ferry_auth_check(c->engine->secret, FERRY_AUTH_INITIATOR, hello->nonce, r->nonce, proof))
-    return refuse(c, FERRY_FRAME_AUTH_REPLY, FERRY_EAUTH, "wrong shared secret");
-  ferry_auth_proof(c->engine->secret, FERRY_AUTH_TARGET, hello->nonce, r->nonce, proof);
-  ferry_frame_header ok = {.type = FERRY_FRAME_AUTH_REPLY, .body_len = sizeof proof};
-  return ferry_sock_send_frame(&c->sock, &ok, proof, "send AUTH_REPLY");
+  if (!ferry_auth_bound_check(secret, FERRY_AUTH_INITIATOR, th, NULL, 0, body))
+    return refuse(c, FERRY_FRAME_AUTH_REPLY, FERRY_EAUTH,
+                  "wrong shared secret, or the handshake was altered on the way");
+  size_t facts = ferry_wire_facts_encode(body + FERRY_WIRE_PROOF_SIZE, r);
+  ferry_auth_bound_proof(secret, FERRY_AUTH_TARGET, th, body + FERRY_WIRE_PROOF_SIZE, facts, body);
+  ferry_frame_header ok = {.type = FERRY_FRAME_AUTH_REPLY,
+                           .body_len = FERRY_WIRE_PROOF_SIZE + facts};
+  st = ferry_sock_send_frame(&c->sock, &ok, body, "send AUTH_REPLY");
+  if (!st) {
+    ferry_session_start(&c->session, secret, FERRY_AUTH_TARGET, th);
+    ferry_sock_auth(&c->sock, &c->session);
+  }
+  return st;
 }
 
 static ferry_status handshake(server_conn *c) {
@@ -131,8 +145,11 @@ static ferry_status handshake(server_conn *c) {
   ferry_frame_header rh = {.type = FERRY_FRAME_HELLO_REPLY};
   rh.body_len = ferry_wire_hello_reply_encode(out, &r);
   st = ferry_sock_send_frame(&c->sock, &rh, out, "send HELLO_REPLY");
-  if (!st && c->engine->secret)
-    st = check_proof(c, &hello, &r);
+  if (!st && c->engine->secret) {
+    uint8_t th[FERRY_WIRE_PROOF_SIZE];
+    ferry_auth_transcript(body, h.body_len, out, rh.body_len, th);
+    st = check_proof(c, th, &r);
+  }
   if (!st)
     FERRY_DEBUG("accepted %s connection from %s (%s)",
                 hello.conn_kind == FERRY_CONN_DATA ? "data" : "control", c->peer, hello.name);

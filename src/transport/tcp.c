@@ -33,6 +33,7 @@ typedef struct tcp_slot {
 typedef struct tcp_channel {
   ferry_channel base;
   ferry_sock sock;
+  ferry_session session;
   char address[FERRY_HOST_MAX + 8];
   struct iovec iov[FERRY_WIRE_MAX_SEGMENTS + 4];
   tcp_slot slots[TCP_WINDOW];
@@ -51,7 +52,7 @@ static ferry_status tcp_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel 
     return ferry_fail(FERRY_ENOMEM, "no memory for a connection to %s", p->address);
   int fd;
   ferry_hello_reply reply;
-  ferry_status st = ferry_peer_connect(p, FERRY_CONN_DATA, deadline_ns, &fd, &reply);
+  ferry_status st = ferry_peer_connect(p, FERRY_CONN_DATA, deadline_ns, &fd, &reply, &ch->session);
   if (st) {
     free(ch);
     return st;
@@ -61,6 +62,7 @@ static ferry_status tcp_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel 
   ch->base.peer_instance = reply.engine_id;
   snprintf(ch->address, sizeof ch->address, "%s", p->address);
   ferry_sock_init(&ch->sock, fd, ch->address);
+  ferry_sock_auth(&ch->sock, &ch->session);
   ferry_sock_readahead(&ch->sock, ch->readahead, sizeof ch->readahead);
   ch->sock.spin_ns = p->engine->cfg.spin_us * 1000ull;
   FERRY_DEBUG("opened tcp data connection to %s", ch->address);

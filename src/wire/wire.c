@@ -80,8 +80,7 @@ enum {
 
 /* Fixed parts of the handshake bodies (everything but the trailing string). */
 #define HELLO_FIXED (2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 2)
-#define HELLO_REPLY_FIXED                                                                          \
-  (2 + 2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 2)
+#define FACTS_FIXED (8 + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 2)
 #define CHECKSUM_SIZE 4
 
 void ferry_wire_header_encode(uint8_t out[FERRY_WIRE_HEADER_SIZE], const ferry_frame_header *h) {
@@ -201,10 +200,10 @@ static ferry_status check_type_limits(const ferry_frame_header *h) {
   switch (h->type) {
   case FERRY_FRAME_HELLO: return check_body_range(h, HELLO_FIXED, FERRY_WIRE_HELLO_MAX);
   case FERRY_FRAME_HELLO_REPLY:
-    return check_body_range(h, HELLO_REPLY_FIXED, FERRY_WIRE_HELLO_REPLY_MAX);
-  case FERRY_FRAME_AUTH:
-  case FERRY_FRAME_AUTH_REPLY: /* the target's own proof */
-    return check_body_range(h, FERRY_WIRE_PROOF_SIZE, FERRY_WIRE_PROOF_SIZE);
+    return check_body_range(h, FERRY_WIRE_NEGOTIATION_SIZE, FERRY_WIRE_HELLO_REPLY_MAX);
+  case FERRY_FRAME_AUTH: return check_body_range(h, FERRY_WIRE_PROOF_SIZE, FERRY_WIRE_PROOF_SIZE);
+  case FERRY_FRAME_AUTH_REPLY: /* the target's own proof, then its facts */
+    return check_body_range(h, FERRY_WIRE_PROOF_SIZE + FACTS_FIXED, FERRY_WIRE_AUTH_REPLY_MAX);
   case FERRY_FRAME_REGIONS_REQ:
   case FERRY_FRAME_WRITE_ACK:
   case FERRY_FRAME_NOTIFY_ACK:
@@ -401,14 +400,9 @@ ferry_status ferry_wire_hello_decode(const uint8_t *in, size_t len, ferry_hello 
   return take_string("HELLO name", p, len - (size_t)(p - in), hello->name);
 }
 
-size_t ferry_wire_hello_reply_encode(uint8_t *out, const ferry_hello_reply *reply) {
+size_t ferry_wire_facts_encode(uint8_t *out, const ferry_hello_reply *reply) {
   uint8_t *p = out;
-  p = emit_u16(p, reply->version);
-  p = emit_u16(p, reply->version_min);
-  p = emit_u16(p, reply->version_max);
-  p = emit_u8(p, reply->auth_required);
   p = emit_u64(p, reply->engine_id);
-  p = emit_bytes(p, reply->nonce, FERRY_WIRE_NONCE_SIZE);
   p = emit_u32(p, reply->transports);
   p = emit_bytes(p, reply->boot_id, FERRY_WIRE_BOOT_ID_SIZE);
   p = emit_u32(p, reply->pid);
@@ -416,22 +410,59 @@ size_t ferry_wire_hello_reply_encode(uint8_t *out, const ferry_hello_reply *repl
   return (size_t)(p - out);
 }
 
+ferry_status ferry_wire_facts_decode(const uint8_t *in, size_t len, ferry_hello_reply *reply) {
+  if (len < FACTS_FIXED || len > FERRY_WIRE_FACTS_MAX)
+    return ferry_fail(FERRY_EPROTO, "peer facts of %zu bytes (expected %d..%d)", len, FACTS_FIXED,
+                      FERRY_WIRE_FACTS_MAX);
+  const uint8_t *p = in;
+  reply->engine_id = take_u64(&p);
+  reply->transports = take_u32(&p);
+  take_bytes(&p, reply->boot_id, FERRY_WIRE_BOOT_ID_SIZE);
+  reply->pid = take_u32(&p);
+  return take_string("shm path", p, len - (size_t)(p - in), reply->shm_path);
+}
+
+size_t ferry_wire_hello_reply_encode(uint8_t *out, const ferry_hello_reply *reply) {
+  uint8_t *p = out;
+  p = emit_u16(p, reply->version);
+  p = emit_u16(p, reply->version_min);
+  p = emit_u16(p, reply->version_max);
+  p = emit_u8(p, reply->auth_required);
+  p = emit_bytes(p, reply->nonce, FERRY_WIRE_NONCE_SIZE);
+  if (!reply->auth_required)
+    p += ferry_wire_facts_encode(p, reply);
+  return (size_t)(p - out);
+}
+
 ferry_status ferry_wire_hello_reply_decode(const uint8_t *in, size_t len,
                                            ferry_hello_reply *reply) {
-  if (len < HELLO_REPLY_FIXED || len > FERRY_WIRE_HELLO_REPLY_MAX)
+  if (len < FERRY_WIRE_NEGOTIATION_SIZE || len > FERRY_WIRE_HELLO_REPLY_MAX)
     return ferry_fail(FERRY_EPROTO, "HELLO_REPLY body of %zu bytes (expected %d..%d)", len,
-                      HELLO_REPLY_FIXED, FERRY_WIRE_HELLO_REPLY_MAX);
+                      FERRY_WIRE_NEGOTIATION_SIZE, FERRY_WIRE_HELLO_REPLY_MAX);
+  memset(reply, 0, sizeof *reply);
   const uint8_t *p = in;
   reply->version = take_u16(&p);
   reply->version_min = take_u16(&p);
   reply->version_max = take_u16(&p);
   reply->auth_required = take_u8(&p);
-  reply->engine_id = take_u64(&p);
   take_bytes(&p, reply->nonce, FERRY_WIRE_NONCE_SIZE);
-  reply->transports = take_u32(&p);
-  take_bytes(&p, reply->boot_id, FERRY_WIRE_BOOT_ID_SIZE);
-  reply->pid = take_u32(&p);
-  return take_string("HELLO_REPLY shm path", p, len - (size_t)(p - in), reply->shm_path);
+  size_t rest = len - FERRY_WIRE_NEGOTIATION_SIZE;
+  if (reply->auth_required && rest != 0)
+    return ferry_fail(FERRY_EPROTO, "HELLO_REPLY asks for the secret but carries %zu more bytes",
+                      rest);
+  return reply->auth_required ? FERRY_OK : ferry_wire_facts_decode(p, rest, reply);
+}
+
+void ferry_wire_split(const ferry_frame_header *h, uint64_t *head, uint64_t *payload) {
+  *head = h->body_len;
+  *payload = 0;
+  if (h->status != 0)
+    return; /* a refusal's reason */
+  if (h->type == FERRY_FRAME_WRITE)
+    *head = (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE;
+  else if (h->type == FERRY_FRAME_READ_REPLY)
+    *head = 0;
+  *payload = h->body_len - *head;
 }
 
 /* ---- Region tables ------------------------------------------------------ */

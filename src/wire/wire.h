@@ -10,11 +10,18 @@
  *
  * Conversation on a connection (initiator "c", target "s"):
  *   c: HELLO          s: HELLO_REPLY (status != 0: refused, body = reason)
- *   c: AUTH (if HELLO_REPLY asked for it)   s: AUTH_REPLY (the target's proof)
+ *   c: AUTH (if HELLO_REPLY asked for it)   s: AUTH_REPLY (its proof, facts)
  *   then any number of requests, each answered in order:
  *   REGIONS_REQ -> REGIONS_REPLY, WRITE -> WRITE_ACK, READ -> READ_REPLY,
  *   NOTIFY -> NOTIFY_ACK, PING -> PONG.
- * A reply with status != 0 carries the target's reason as its body (text). */
+ * A reply with status != 0 carries the target's reason as its body (text).
+ *
+ * With a shared secret the target's facts (engine id, transports, boot id,
+ * pid, shm path) travel in AUTH_REPLY, after the initiator proved the
+ * secret, not in HELLO_REPLY. Every frame after AUTH_REPLY is sealed
+ * (ferry_sock, auth.c): a 16-byte tag follows the header and the frame's
+ * head (ferry_wire_split), and another follows its payload, if any. body_len
+ * never counts tags. */
 #ifndef FERRY_WIRE_H
 #define FERRY_WIRE_H
 
@@ -24,8 +31,9 @@
 #include "ferry.h"
 
 #define FERRY_WIRE_MAGIC 0x59525246u /* "FRRY" */
-#define FERRY_WIRE_VERSION_MIN 1
-#define FERRY_WIRE_VERSION_MAX 1
+/* 2: proofs over the handshake transcript, facts after AUTH, sealed frames. */
+#define FERRY_WIRE_VERSION_MIN 2
+#define FERRY_WIRE_VERSION_MAX 2
 #define FERRY_WIRE_HEADER_SIZE 32
 #define FERRY_WIRE_SEGMENT_SIZE 16                /* u64 addr, u64 length */
 #define FERRY_WIRE_MAX_SEGMENTS 1024              /* per data frame (IOV_MAX) */
@@ -92,12 +100,15 @@ typedef struct ferry_hello {
   char name[FERRY_WIRE_MAX_NAME + 1]; /* initiator's own name, for logs */
 } ferry_hello;
 
+/* HELLO_REPLY is the negotiation (version .. nonce) followed by the facts
+ * (engine_id .. shm_path), unless auth_required: then the facts come in
+ * AUTH_REPLY, after the target's proof, and are zero here. */
 typedef struct ferry_hello_reply {
   uint16_t version;                  /* chosen */
   uint16_t version_min, version_max; /* target's range */
   uint8_t auth_required;
-  uint64_t engine_id; /* target's random instance id */
   uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
+  uint64_t engine_id;                       /* target's random instance id */
   uint32_t transports;                      /* FERRY_TRANSPORT_* it serves */
   uint8_t boot_id[FERRY_WIRE_BOOT_ID_SIZE]; /* same host <=> same boot id */
   uint32_t pid;
@@ -107,13 +118,22 @@ typedef struct ferry_hello_reply {
 /* Encoders return the number of bytes written into out (sized by the
  * *_max_size constants), decoders check body_len exactly. */
 #define FERRY_WIRE_HELLO_MAX (2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 2 + FERRY_WIRE_MAX_NAME)
-#define FERRY_WIRE_HELLO_REPLY_MAX                                                                 \
-  (2 + 2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 2 +               \
-   FERRY_WIRE_MAX_NAME)
+#define FERRY_WIRE_NEGOTIATION_SIZE (2 + 2 + 2 + 1 + FERRY_WIRE_NONCE_SIZE)
+#define FERRY_WIRE_FACTS_MAX (8 + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 2 + FERRY_WIRE_MAX_NAME)
+#define FERRY_WIRE_HELLO_REPLY_MAX (FERRY_WIRE_NEGOTIATION_SIZE + FERRY_WIRE_FACTS_MAX)
+#define FERRY_WIRE_AUTH_REPLY_MAX (FERRY_WIRE_PROOF_SIZE + FERRY_WIRE_FACTS_MAX)
 size_t ferry_wire_hello_encode(uint8_t *out, const ferry_hello *hello);
 ferry_status ferry_wire_hello_decode(const uint8_t *in, size_t len, ferry_hello *hello);
 size_t ferry_wire_hello_reply_encode(uint8_t *out, const ferry_hello_reply *reply);
 ferry_status ferry_wire_hello_reply_decode(const uint8_t *in, size_t len, ferry_hello_reply *reply);
+/* The facts alone (the part of AUTH_REPLY after the proof). */
+size_t ferry_wire_facts_encode(uint8_t *out, const ferry_hello_reply *reply);
+ferry_status ferry_wire_facts_decode(const uint8_t *in, size_t len, ferry_hello_reply *reply);
+
+/* Where a sealed frame's tags go: *head bytes of body after the header
+ * (segment table, control body or reason), then *payload bytes (WRITE and
+ * READ_REPLY data with its crc). The header must have passed decode. */
+void ferry_wire_split(const ferry_frame_header *h, uint64_t *head, uint64_t *payload);
 
 /* REGIONS_REPLY body: count * (u64 addr, u64 length); decoded table must be
  * sorted and disjoint. *out is malloc'd. */

@@ -159,10 +159,10 @@ ferry_status fault_raw_handshake(fault_raw *r, const char *secret) {
   hello.engine_id = ferry_random_u64();
   ferry_auth_nonce(hello.nonce);
   snprintf(hello.name, sizeof hello.name, "fault-raw-client");
-  uint8_t body[FERRY_WIRE_HELLO_REPLY_MAX];
+  uint8_t sent[FERRY_WIRE_HELLO_MAX], body[FERRY_WIRE_AUTH_REPLY_MAX];
   ferry_frame_header h = {.type = FERRY_FRAME_HELLO};
-  h.body_len = ferry_wire_hello_encode(body, &hello);
-  if (fault_raw_send_frame(r, &h, body) != 0)
+  size_t sent_len = h.body_len = ferry_wire_hello_encode(sent, &hello);
+  if (fault_raw_send_frame(r, &h, sent) != 0)
     return FERRY_ESOCKET;
   /* Handshake frames carry id 0, and so do their replies. */
   ferry_status st = recv_reply(r, FERRY_FRAME_HELLO_REPLY, 0, &h);
@@ -173,16 +173,19 @@ ferry_status fault_raw_handshake(fault_raw *r, const char *secret) {
   st = ferry_wire_hello_reply_decode(body, (size_t)h.body_len, &r->info);
   if (st || !r->info.auth_required || !secret)
     return st;
-  uint8_t proof[FERRY_WIRE_PROOF_SIZE];
-  ferry_auth_proof(secret, FERRY_AUTH_INITIATOR, hello.nonce, r->info.nonce, proof);
+  /* The proof covers the transcript (wire version 2). Later frames would
+   * have to be sealed: this client sends none that must be accepted. */
+  uint8_t th[FERRY_WIRE_PROOF_SIZE], proof[FERRY_WIRE_PROOF_SIZE];
+  ferry_auth_transcript(sent, sent_len, body, (size_t)h.body_len, th);
+  ferry_auth_bound_proof(secret, FERRY_AUTH_INITIATOR, th, NULL, 0, proof);
   ferry_frame_header ah = {.type = FERRY_FRAME_AUTH, .body_len = sizeof proof};
   if (fault_raw_send_frame(r, &ah, proof) != 0)
     return FERRY_ESOCKET;
   st = recv_reply(r, FERRY_FRAME_AUTH_REPLY, 0, &h);
   if (st)
     return st;
-  /* the target's proof of the secret */
-  return fault_raw_recv(r, proof, sizeof proof) == 0 ? FERRY_OK : FERRY_ESOCKET;
+  /* the target's proof of the secret and its facts */
+  return fault_raw_recv(r, body, (size_t)h.body_len) == 0 ? FERRY_OK : FERRY_ESOCKET;
 }
 
 int fault_raw_closed_by_peer(fault_raw *r, unsigned timeout_ms) {

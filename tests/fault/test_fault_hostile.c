@@ -325,7 +325,7 @@ static void test_wrong_secret(void **state) {
   assert_true(fault_proc_log_has(&E.locked, "no proof sent"));
 }
 
-/* A proof is bound to both nonces: replaying one on a new connection fails. */
+/* A proof is bound to the transcript: replaying one on a new connection fails. */
 static void test_replayed_proof(void **state) {
   fault_raw r;
   raw_connect(&r, &E.locked);
@@ -335,20 +335,23 @@ static void test_replayed_proof(void **state) {
   hello.conn_kind = FERRY_CONN_DATA;
   snprintf(hello.name, sizeof hello.name, "replayer");
   memset(hello.nonce, 7, sizeof hello.nonce); /* the same client nonce both times */
-  uint8_t body[FERRY_WIRE_HELLO_REPLY_MAX], proof[FERRY_WIRE_PROOF_SIZE] = {0};
+  uint8_t sent[FERRY_WIRE_HELLO_MAX], body[FERRY_WIRE_HELLO_REPLY_MAX],
+      proof[FERRY_WIRE_PROOF_SIZE] = {0};
   for (int round = 0; round < 2; round++) {
     if (round == 1)
       raw_connect(&r, &E.locked);
     ferry_frame_header h = {.type = FERRY_FRAME_HELLO};
-    h.body_len = ferry_wire_hello_encode(body, &hello);
-    assert_int_equal(fault_raw_send_frame(&r, &h, body), 0);
+    size_t sent_len = h.body_len = ferry_wire_hello_encode(sent, &hello);
+    assert_int_equal(fault_raw_send_frame(&r, &h, sent), 0);
     assert_int_equal(fault_raw_recv_header(&r, &h, NULL), FERRY_OK);
     assert_int_equal(fault_raw_recv(&r, body, (size_t)h.body_len), 0);
     ferry_hello_reply reply;
     assert_int_equal(ferry_wire_hello_reply_decode(body, (size_t)h.body_len, &reply), FERRY_OK);
     if (round == 0) {
       /* Recorded from an honest session (computed here with the secret). */
-      ferry_auth_proof(SECRET, FERRY_AUTH_INITIATOR, hello.nonce, reply.nonce, proof);
+      uint8_t th[FERRY_WIRE_PROOF_SIZE];
+      ferry_auth_transcript(sent, sent_len, body, (size_t)h.body_len, th);
+      ferry_auth_bound_proof(SECRET, FERRY_AUTH_INITIATOR, th, NULL, 0, proof);
     }
     ferry_frame_header ah = {.type = FERRY_FRAME_AUTH, .body_len = sizeof proof};
     assert_int_equal(fault_raw_send_frame(&r, &ah, proof), 0);

@@ -21,8 +21,8 @@
 #include "wire/wire.h"
 
 #define HELLO_FIXED (2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 2)
-#define HELLO_REPLY_FIXED                                                                          \
-  (2 + 2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 2)
+#define FACTS_FIXED (8 + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 2)
+#define HELLO_REPLY_FIXED (FERRY_WIRE_NEGOTIATION_SIZE + FACTS_FIXED)
 
 /* splitmix64: deterministic randomness, so a failure reproduces. */
 static uint64_t rng_next(uint64_t *state) {
@@ -163,14 +163,17 @@ static void test_header_limits(void **state) {
       {header(FERRY_FRAME_HELLO, 0, 0, 0, FERRY_WIRE_HELLO_MAX), FERRY_OK},
       {header(FERRY_FRAME_HELLO, 0, 0, 0, FERRY_WIRE_HELLO_MAX + 1), FERRY_EPROTO},
       {header(FERRY_FRAME_HELLO, 0, 0, 0, UINT64_MAX), FERRY_EPROTO},
-      {header(FERRY_FRAME_HELLO_REPLY, 0, 0, 0, HELLO_REPLY_FIXED), FERRY_OK},
-      {header(FERRY_FRAME_HELLO_REPLY, 0, 0, 0, HELLO_REPLY_FIXED - 1), FERRY_EPROTO},
+      {header(FERRY_FRAME_HELLO_REPLY, 0, 0, 0, FERRY_WIRE_NEGOTIATION_SIZE), FERRY_OK},
+      {header(FERRY_FRAME_HELLO_REPLY, 0, 0, 0, FERRY_WIRE_NEGOTIATION_SIZE - 1), FERRY_EPROTO},
       {header(FERRY_FRAME_HELLO_REPLY, 0, 0, 0, FERRY_WIRE_HELLO_REPLY_MAX), FERRY_OK},
       {header(FERRY_FRAME_HELLO_REPLY, 0, 0, 0, FERRY_WIRE_HELLO_REPLY_MAX + 1), FERRY_EPROTO},
       {header(FERRY_FRAME_AUTH, 0, 0, 0, FERRY_WIRE_PROOF_SIZE), FERRY_OK},
       {header(FERRY_FRAME_AUTH, 0, 0, 0, FERRY_WIRE_PROOF_SIZE - 1), FERRY_EPROTO},
       {header(FERRY_FRAME_AUTH, 0, 0, 0, FERRY_WIRE_PROOF_SIZE + 1), FERRY_EPROTO},
-      {header(FERRY_FRAME_AUTH_REPLY, 0, 0, 0, FERRY_WIRE_PROOF_SIZE), FERRY_OK},
+      {header(FERRY_FRAME_AUTH_REPLY, 0, 0, 0, FERRY_WIRE_PROOF_SIZE + FACTS_FIXED), FERRY_OK},
+      {header(FERRY_FRAME_AUTH_REPLY, 0, 0, 0, FERRY_WIRE_AUTH_REPLY_MAX), FERRY_OK},
+      {header(FERRY_FRAME_AUTH_REPLY, 0, 0, 0, FERRY_WIRE_AUTH_REPLY_MAX + 1), FERRY_EPROTO},
+      {header(FERRY_FRAME_AUTH_REPLY, 0, 0, 0, FERRY_WIRE_PROOF_SIZE), FERRY_EPROTO},
       {header(FERRY_FRAME_AUTH_REPLY, 0, 0, 0, 0), FERRY_EPROTO},
       {header(FERRY_FRAME_AUTH_REPLY, 0, 0, 0, 1), FERRY_EPROTO},
       {header(FERRY_FRAME_REGIONS_REQ, 0, 1, 0, 0), FERRY_EPROTO},
@@ -324,12 +327,11 @@ static void test_hello(void **state) {
   assert_int_equal(ferry_wire_hello_decode(buf, n, &out), FERRY_EPROTO);
 }
 
-static void test_hello_reply(void **state) {
-  (void)state;
-  ferry_hello_reply r = {.version = 1,
-                         .version_min = 1,
-                         .version_max = 2,
-                         .auth_required = 1,
+static ferry_hello_reply sample_reply(uint8_t auth_required) {
+  ferry_hello_reply r = {.version = 2,
+                         .version_min = 2,
+                         .version_max = 3,
+                         .auth_required = auth_required,
                          .engine_id = 0xFEEDFACECAFEBEEFull,
                          .transports = 0x3,
                          .pid = 4242};
@@ -338,22 +340,32 @@ static void test_hello_reply(void **state) {
     r.boot_id[i] = (uint8_t)(0xF0 | i);
   }
   snprintf(r.shm_path, sizeof r.shm_path, "/tmp/ferry-4242.sock");
-  uint8_t buf[FERRY_WIRE_HELLO_REPLY_MAX];
+  return r;
+}
+
+static void assert_facts_equal(const ferry_hello_reply *a, const ferry_hello_reply *b) {
+  assert_int_equal(a->engine_id, b->engine_id);
+  assert_int_equal(a->transports, b->transports);
+  assert_memory_equal(a->boot_id, b->boot_id, 16);
+  assert_int_equal(a->pid, b->pid);
+  assert_string_equal(a->shm_path, b->shm_path);
+}
+
+static void test_hello_reply(void **state) {
+  (void)state;
+  ferry_hello_reply r = sample_reply(0);
+  uint8_t buf[FERRY_WIRE_HELLO_REPLY_MAX + 1];
   size_t n = ferry_wire_hello_reply_encode(buf, &r);
   assert_int_equal(n, HELLO_REPLY_FIXED + strlen(r.shm_path));
   ferry_hello_reply out;
   memset(&out, 0x55, sizeof out);
   assert_int_equal(ferry_wire_hello_reply_decode(buf, n, &out), FERRY_OK);
-  assert_int_equal(out.version, 1);
-  assert_int_equal(out.version_min, 1);
-  assert_int_equal(out.version_max, 2);
-  assert_int_equal(out.auth_required, 1);
-  assert_int_equal(out.engine_id, r.engine_id);
+  assert_int_equal(out.version, 2);
+  assert_int_equal(out.version_min, 2);
+  assert_int_equal(out.version_max, 3);
+  assert_int_equal(out.auth_required, 0);
   assert_memory_equal(out.nonce, r.nonce, 16);
-  assert_int_equal(out.transports, 3);
-  assert_memory_equal(out.boot_id, r.boot_id, 16);
-  assert_int_equal(out.pid, 4242);
-  assert_string_equal(out.shm_path, r.shm_path);
+  assert_facts_equal(&out, &r);
   assert_int_equal(ferry_wire_hello_reply_decode(buf, n - 1, &out), FERRY_EPROTO);
   assert_int_equal(ferry_wire_hello_reply_decode(buf, n + 1, &out), FERRY_EPROTO);
   assert_int_equal(ferry_wire_hello_reply_decode(buf, HELLO_REPLY_FIXED - 1, &out), FERRY_EPROTO);
@@ -363,6 +375,67 @@ static void test_hello_reply(void **state) {
   assert_int_equal(n, HELLO_REPLY_FIXED);
   assert_int_equal(ferry_wire_hello_reply_decode(buf, n, &out), FERRY_OK);
   assert_string_equal(out.shm_path, "");
+}
+
+/* A target that asks for the secret reveals nothing about itself before
+ * the proof: the body is the negotiation alone and carries no fact. */
+static void test_hello_reply_with_auth_hides_facts(void **state) {
+  (void)state;
+  ferry_hello_reply r = sample_reply(1), out;
+  uint8_t buf[FERRY_WIRE_HELLO_REPLY_MAX];
+  size_t n = ferry_wire_hello_reply_encode(buf, &r);
+  assert_int_equal(n, FERRY_WIRE_NEGOTIATION_SIZE);
+  assert_null(memmem(buf, n, r.boot_id, sizeof r.boot_id));
+  memset(&out, 0x55, sizeof out);
+  assert_int_equal(ferry_wire_hello_reply_decode(buf, n, &out), FERRY_OK);
+  assert_int_equal(out.auth_required, 1);
+  assert_memory_equal(out.nonce, r.nonce, 16);
+  ferry_hello_reply zero = {0};
+  assert_facts_equal(&out, &zero);
+  /* Facts appended to a reply that asks for the secret are refused. */
+  r.auth_required = 0;
+  n = ferry_wire_hello_reply_encode(buf, &r);
+  buf[6] = 1; /* auth_required */
+  assert_int_equal(ferry_wire_hello_reply_decode(buf, n, &out), FERRY_EPROTO);
+}
+
+static void test_facts(void **state) {
+  (void)state;
+  ferry_hello_reply r = sample_reply(1), out;
+  uint8_t buf[FERRY_WIRE_FACTS_MAX + 1];
+  size_t n = ferry_wire_facts_encode(buf, &r);
+  assert_int_equal(n, FACTS_FIXED + strlen(r.shm_path));
+  memset(&out, 0, sizeof out);
+  assert_int_equal(ferry_wire_facts_decode(buf, n, &out), FERRY_OK);
+  assert_facts_equal(&out, &r);
+  assert_int_equal(ferry_wire_facts_decode(buf, n - 1, &out), FERRY_EPROTO);
+  assert_int_equal(ferry_wire_facts_decode(buf, FACTS_FIXED - 1, &out), FERRY_EPROTO);
+}
+
+/* Where a sealed frame's tags go: after the table of a WRITE, right after
+ * the header of a READ_REPLY, after the whole body of anything else. */
+static void split(ferry_frame_header h, uint64_t *head, uint64_t *payload) {
+  ferry_wire_split(&h, head, payload);
+}
+
+static void test_split(void **state) {
+  (void)state;
+  uint64_t head, payload;
+  split(header(FERRY_FRAME_WRITE, 0, 2, 0, 32 + 100), &head, &payload);
+  assert_int_equal(head, 32);
+  assert_int_equal(payload, 100);
+  split(header(FERRY_FRAME_READ, 0, 2, 0, 32), &head, &payload);
+  assert_int_equal(head, 32);
+  assert_int_equal(payload, 0);
+  split(header(FERRY_FRAME_READ_REPLY, FERRY_FRAME_FLAG_CHECKSUM, 0, 0, 104), &head, &payload);
+  assert_int_equal(head, 0);
+  assert_int_equal(payload, 104);
+  split(header(FERRY_FRAME_READ_REPLY, 0, 0, FERRY_ENOTREG, 40), &head, &payload);
+  assert_int_equal(head, 40);
+  assert_int_equal(payload, 0);
+  split(header(FERRY_FRAME_NOTIFY, 0, 0, 0, 7), &head, &payload);
+  assert_int_equal(head, 7);
+  assert_int_equal(payload, 0);
 }
 
 /* ---- Region tables ------------------------------------------------------ */
@@ -520,7 +593,7 @@ static size_t valid_body(uint64_t *seed, uint8_t *buf, int kind) {
     return ferry_wire_hello_encode(buf, &h);
   }
   case 1: {
-    ferry_hello_reply r = {.version = 1, .pid = 7};
+    ferry_hello_reply r = {.version = 2, .pid = 7};
     size_t n = rng_next(seed) % (FERRY_WIRE_MAX_NAME + 1);
     memset(r.shm_path, '/', n);
     r.shm_path[n] = '\0';
@@ -671,6 +744,9 @@ int main(void) {
       cmocka_unit_test(test_segments),
       cmocka_unit_test(test_hello),
       cmocka_unit_test(test_hello_reply),
+      cmocka_unit_test(test_hello_reply_with_auth_hides_facts),
+      cmocka_unit_test(test_facts),
+      cmocka_unit_test(test_split),
       cmocka_unit_test(test_regions),
       cmocka_unit_test(test_notify),
       cmocka_unit_test(test_crc32c_vectors),
