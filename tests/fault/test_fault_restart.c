@@ -83,8 +83,7 @@ static ferry_batch *submit(ferry_engine *eng, const fault_proc *target, uint8_t 
   ferry_batch *batch;
   ferry_status st = ferry_batch_submit(eng, target->target, entries, ENTRIES, NULL, &batch);
   if (st != FERRY_OK)
-    fail_msg("round %d: submit to a live target failed: %s: %s", round, ferry_strerror(st),
-             ferry_last_error());
+    fail_msg("round %d: submit failed: %s: %s", round, ferry_strerror(st), ferry_last_error());
   return batch;
 }
 
