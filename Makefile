@@ -31,28 +31,33 @@ install: build
 demo: build
 	@./scripts/demo.sh $(BUILD)/ferry
 
+# ctest says only "Skipped"; this lists each skipped test with the reason it
+# printed (the lines tests/support/run_test.c adds), after the run's summary.
+SHOW_SKIPS = grep -h '^ferry_run_test: skipped ' Testing/Temporary/LastTest.log || true
+
 # Plain build: every ctest (unit, integration, fault injection, soak, fuzz
 # corpus replay).
 test: build
-	@cd $(BUILD) && ctest --output-on-failure -j1
+	@cd $(BUILD) && { ctest --output-on-failure -j1; rc=$$?; $(SHOW_SKIPS); exit $$rc; }
 
 # AddressSanitizer + UBSan build of the whole C suite.
 test-asan: deps
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=address >/dev/null
 	@cmake --build $(BUILD)-asan -j$(JOBS)
-	@cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 FERRY_SOAK_SECONDS=30 \
-	  ctest --output-on-failure -j1 -L 'unit|threaded|soak|fuzz'
+	@cd $(BUILD)-asan && { ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 FERRY_SOAK_SECONDS=30 \
+	  ctest --output-on-failure -j1 -L 'unit|threaded|soak|fuzz'; rc=$$?; $(SHOW_SKIPS); exit $$rc; }
 
 # ThreadSanitizer build of the threaded tests and the soak.
 test-tsan: deps
 	@cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread >/dev/null
 	@cmake --build $(BUILD)-tsan -j$(JOBS)
-	@cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-	  FERRY_SOAK_SECONDS=30 ctest --output-on-failure -j1 -L 'unit|threaded|soak'
+	@cd $(BUILD)-tsan && { TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  FERRY_SOAK_SECONDS=30 ctest --output-on-failure -j1 -L 'unit|threaded|soak'; rc=$$?; \
+	  $(SHOW_SKIPS); exit $$rc; }
 
 test-python: build
 	@$(PYTHON) setup.py -q build_ext --inplace >/dev/null
-	@FERRY_TOOL=$(CURDIR)/$(BUILD)/ferry $(PYTHON) -m pytest -q tests/python
+	@FERRY_TOOL=$(CURDIR)/$(BUILD)/ferry $(PYTHON) -m pytest -q -rs tests/python
 
 # libFuzzer (clang): every network parser for a bounded time, 6 s each.
 test-fuzz: deps

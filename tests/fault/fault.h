@@ -79,6 +79,10 @@ int fault_link_set_up(fault_net *net, int link, int up);
  * emu: applied by the emulator thread. All zero: a clean link again. */
 int fault_link_impair(fault_net *net, int link, unsigned delay_ms, double loss_pct,
                       double reorder_pct);
+/* Bytes the kernel of a link's side (0: host a, 1: host b) has received on
+ * it so far, whether or not any process read them: shows that a transfer to
+ * a stopped target is on the wire. 0, FAULT_UNSUPPORTED in loopback mode. */
+int fault_link_rx_bytes(const fault_net *net, int link, int side, uint64_t *bytes);
 /* Packets the emulator has dropped/forwarded on a link (emu links only). */
 void fault_link_counters(const fault_net *net, int link, uint64_t *forwarded, uint64_t *dropped);
 
@@ -97,6 +101,7 @@ typedef struct fault_proc {
   char size_arg[32];
   const char *extra[8];
   int fixed_layout;
+  int stopped; /* by fault_proc_pause */
 } fault_proc;
 
 /* `$FERRY_TOOL serve --host BIND --port PORT --size SIZE [extra]` inside a
@@ -108,10 +113,13 @@ int fault_serve_start(fault_proc *p, const fault_net *net, int host, const char 
                       uint16_t port, const char *size, const char *const *extra, int fixed_layout);
 /* Starts it again the same way, on the same port (after a kill). */
 int fault_serve_restart(fault_proc *p);
-void fault_proc_kill(fault_proc *p);  /* SIGKILL (continues a stopped one), reaped */
-int fault_proc_term(fault_proc *p);   /* SIGTERM; the exit status (-1 on trouble) */
-void fault_proc_pause(fault_proc *p); /* SIGSTOP */
-void fault_proc_resume(fault_proc *p);
+void fault_proc_kill(fault_proc *p); /* SIGKILL (a stopped one too, without running it), reaped */
+int fault_proc_term(fault_proc *p);  /* SIGTERM; the exit status (-1 on trouble) */
+/* SIGSTOP, and returns once the process has stopped (waitpid WUNTRACED): from
+ * then on it answers nothing, so a transfer to it provably stays in flight
+ * until fault_proc_resume. 0, or -1 if it died instead. */
+int fault_proc_pause(fault_proc *p);
+void fault_proc_resume(fault_proc *p); /* SIGCONT */
 /* Nonzero when the process's log contains needle. */
 int fault_proc_log_has(const fault_proc *p, const char *needle);
 /* Resident set of a process in KiB (0 if unknown). */
@@ -176,5 +184,14 @@ void fault_buffer_free(ferry_engine *e, void *buf);
  * FERRY_ECHECKSUM when the bytes read back differ. */
 ferry_status fault_roundtrip(ferry_engine *e, const char *target, uint8_t *local, uint64_t remote,
                              size_t len, uint64_t seed);
+
+/* ---- a mix of verified transfers, for impaired links --------------------------------------- */
+/* From a new engine bound to bind in host: round trips of 1 B to 1 MiB, a
+ * batch of 64 WRITEs and one of 64 READs, and a notification, to t, each
+ * checked end to end, with deadlines generous enough for any delay and loss
+ * the tests add. FERRY_OK (and a line "label: N bytes moved and verified in
+ * S s"), or the first failure's status (what failed on stderr). */
+ferry_status fault_transfer_mix(fault_net *net, int host, const char *bind, const fault_proc *t,
+                                const char *label);
 
 #endif

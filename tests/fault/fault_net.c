@@ -402,27 +402,39 @@ static int config_side(fault_net *n, fault_link *l, int side, int host, char *ou
   return fault_cmd(out, size, "ip -n %s link set %s up", n->ns[host], l->dev[side]) == 0 ? 0 : -1;
 }
 
-/* Opens a TUN device named dev inside a host's namespace. */
-static int open_tun(fault_net *n, int host, const char *dev) {
-  int here = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+/* Moves the calling thread into a host's namespace for a moment; *home is
+ * where end_visit takes it back. 0 on success. */
+static int visit_host(const fault_net *n, int host, int *home) {
+  *home = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
   int there = open_ns(n, host);
-  int fd = -1;
-  if (here >= 0 && there >= 0 && setns(there, CLONE_NEWNET) == 0) {
-    fd = open("/dev/net/tun", O_RDWR | O_CLOEXEC | O_NONBLOCK);
-    struct ifreq ifr;
-    memset(&ifr, 0, sizeof ifr);
-    ifr.ifr_flags = IFF_TUN | IFF_NO_PI;
-    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "%s", dev);
-    if (fd >= 0 && ioctl(fd, TUNSETIFF, &ifr) < 0) {
-      close(fd);
-      fd = -1;
-    }
-    setns(here, CLONE_NEWNET);
-  }
-  if (here >= 0)
-    close(here);
+  int rc = *home >= 0 && there >= 0 ? setns(there, CLONE_NEWNET) : -1;
   if (there >= 0)
     close(there);
+  if (rc != 0 && *home >= 0)
+    close(*home);
+  return rc;
+}
+
+static void end_visit(int home) {
+  setns(home, CLONE_NEWNET);
+  close(home);
+}
+
+/* Opens a TUN device named dev inside a host's namespace. */
+static int open_tun(fault_net *n, int host, const char *dev) {
+  int home;
+  if (visit_host(n, host, &home) != 0)
+    return -1;
+  int fd = open("/dev/net/tun", O_RDWR | O_CLOEXEC | O_NONBLOCK);
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof ifr);
+  ifr.ifr_flags = IFF_TUN | IFF_NO_PI;
+  snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "%s", dev);
+  if (fd >= 0 && ioctl(fd, TUNSETIFF, &ifr) < 0) {
+    close(fd);
+    fd = -1;
+  }
+  end_visit(home);
   return fd;
 }
 
@@ -496,6 +508,37 @@ int fault_link_set_up(fault_net *n, int link, int up) {
       return -1;
     }
   return 0;
+}
+
+/* The rx_bytes column of /proc/net/dev, read in the device's namespace: what
+ * the host's kernel received on it, whether or not a process read it. */
+int fault_link_rx_bytes(const fault_net *n, int link, int side, uint64_t *bytes) {
+  if (!n->isolated)
+    return FAULT_UNSUPPORTED;
+  if (link < 0 || link >= n->nlinks || side < 0 || side > 1)
+    return -1;
+  const fault_link *l = &n->links[link];
+  int home;
+  if (visit_host(n, side ? l->b : l->a, &home) != 0)
+    return -1;
+  FILE *f = fopen("/proc/thread-self/net/dev", "r");
+  int rc = -1;
+  char line[512];
+  while (f && rc != 0 && fgets(line, sizeof line, f)) {
+    char *colon = strchr(line, ':');
+    char *name = line + strspn(line, " ");
+    unsigned long long rx;
+    if (colon && (size_t)(colon - name) == strlen(l->dev[side]) &&
+        strncmp(name, l->dev[side], (size_t)(colon - name)) == 0 &&
+        sscanf(colon + 1, "%llu", &rx) == 1) {
+      *bytes = rx;
+      rc = 0;
+    }
+  }
+  if (f)
+    fclose(f);
+  end_visit(home);
+  return rc;
 }
 
 int fault_link_impair(fault_net *n, int link, unsigned delay_ms, double loss_pct,
@@ -650,6 +693,7 @@ void fault_proc_kill(fault_proc *p) {
   test_kill_and_reap(p->pid, 10000);
   untrack_pid(p->pid);
   p->pid = 0;
+  p->stopped = 0;
 }
 
 int fault_proc_term(fault_proc *p) {
@@ -665,17 +709,37 @@ int fault_proc_term(fault_proc *p) {
   }
   untrack_pid(p->pid);
   p->pid = 0;
+  p->stopped = 0;
   return status;
 }
 
-void fault_proc_pause(fault_proc *p) {
-  if (p->pid > 0)
-    kill(p->pid, SIGSTOP);
+int fault_proc_pause(fault_proc *p) {
+  if (p->pid <= 0)
+    return -1;
+  if (p->stopped) /* a second SIGSTOP would report no new stop to wait for */
+    return 0;
+  kill(p->pid, SIGSTOP);
+  int status;
+  pid_t r;
+  while ((r = waitpid(p->pid, &status, WUNTRACED)) < 0 && errno == EINTR)
+    ;
+  if (r == p->pid && WIFSTOPPED(status)) {
+    p->stopped = 1;
+    return 0;
+  }
+  fprintf(stderr, "fault: %s (pid %d) did not stop: %s\n", p->target, (int)p->pid,
+          r == p->pid ? "it exited" : strerror(errno));
+  if (r == p->pid) { /* reaped here: nothing left to kill */
+    untrack_pid(p->pid);
+    p->pid = 0;
+  }
+  return -1;
 }
 
 void fault_proc_resume(fault_proc *p) {
   if (p->pid > 0)
-    kill(p->pid, SIGCONT);
+    kill(p->pid, SIGCONT); /* takes effect when sent: no wait needed */
+  p->stopped = 0;
 }
 
 int fault_proc_log_has(const fault_proc *p, const char *needle) {

@@ -193,14 +193,19 @@ int fault_raw_closed_by_peer(fault_raw *r, unsigned timeout_ms) {
   char scratch[4096];
   for (;;) {
     int left = (int)((deadline - fault_now()) * 1000);
-    if (left <= 0)
-      return 0;
     struct pollfd p = {r->fd, POLLIN | POLLRDHUP, 0};
-    if (poll(&p, 1, left) <= 0)
+    /* Looks at least once: a connection already closed counts even when
+     * no time is left. */
+    if (poll(&p, 1, left > 0 ? left : 0) <= 0) {
+      if (left <= 0)
+        return 0;
       continue;
+    }
     ssize_t n = recv(r->fd, scratch, sizeof scratch, MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
       return 1;
+    if (left <= 0)
+      return 0;
   }
 }
 

@@ -8,7 +8,14 @@
  * live channels, new connections, probes and notifications alike; calls to
  * the other target keep succeeding at normal latency, synchronous and
  * asynchronous ones; after SIGCONT the next call works. Without namespaces
- * the same runs on 127.0.0.1. */
+ * the same runs on 127.0.0.1.
+ *
+ * What is asserted does not depend on how busy the machine is: the pause is
+ * complete before any call to b (waitpid reports the stop), a timeout is
+ * never early (exact) and late only by generous slack, and "not held up by
+ * the paused target" is shown by order, not by a time limit: the healthy
+ * target's batch completes while the batches to b are all still pending
+ * (they can only end by their deadline). */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +33,7 @@
 #define CONNECT_MS 1000
 #define PORT_B 15300
 #define PORT_C 15301
+#define SLACK_S 1.0 /* scheduling slack past a deadline */
 
 typedef struct env {
   fault_net *net;
@@ -91,7 +99,9 @@ static void expect_timeout(ferry_status st, double took, const char *what, doubl
   if (st != FERRY_ETIMEDOUT)
     fail_msg("%s on the paused target: %s (%s), expected a timeout", what, ferry_strerror(st),
              ferry_last_error());
-  assert_true(took <= limit_s + 0.75);
+  if (took > limit_s + SLACK_S)
+    fail_msg("%s on the paused target: timed out after %.2f s, deadline %.2f s", what, took,
+             limit_s);
 }
 
 static void test_paused_target_times_out(void **state) {
@@ -107,7 +117,7 @@ static void test_paused_target_times_out(void **state) {
   bystander by = {.eng = eng, .local = by_local};
   pthread_create(&by.thread, NULL, bystander_loop, &by);
   fault_sleep_ms(100);
-  fault_proc_pause(&E.b);
+  assert_int_equal(fault_proc_pause(&E.b), 0);
   printf("target b paused (timeout_ms %d, connect_timeout_ms %d):\n", TIMEOUT_MS, CONNECT_MS);
   /* A call ends between the connect timeout (a new connection's handshake
    * goes unanswered) and the transfer timeout (a live channel stops
@@ -138,9 +148,12 @@ static void test_paused_target_times_out(void **state) {
   ferry_status healthy_st = ferry_batch_wait(healthy, 10000);
   double healthy_took = fault_now() - h0;
   ferry_batch_free(healthy);
+  int still_stuck = 0; /* batches to b still pending when the healthy one was done */
+  for (int i = 0; i < STUCK; i++)
+    still_stuck += ferry_batch_status(stuck[i], NULL) == FERRY_BATCH_PENDING;
   printf("  async 64 KiB WRITE to the healthy target behind %d async batches to the paused one: "
-         "%s after %.3f s\n",
-         STUCK, ferry_strerror(healthy_st), healthy_took);
+         "%s after %.3f s, with %d of them still pending\n",
+         STUCK, ferry_strerror(healthy_st), healthy_took, still_stuck);
   for (int i = 0; i < STUCK; i++) {
     ferry_status st = ferry_batch_wait(stuck[i], 10000);
     double took = fault_now() - t0;
@@ -191,12 +204,16 @@ static void test_paused_target_times_out(void **state) {
 
   assert_int_equal(by.failures, 0);
   assert_true(by.ops > 10);
-  assert_true(by.worst_s < 0.5);
+  /* A round trip that waited for the paused target would take its timeout
+   * (1.5 s); the usual is milliseconds. */
+  if (by.worst_s >= TIMEOUT_MS / 1000.0)
+    fail_msg("a round trip to the healthy target took %.2f s while the other was paused",
+             by.worst_s);
   assert_int_equal(healthy_st, FERRY_OK);
-  if (healthy_took > 0.5)
-    fail_msg("an async batch to a healthy target waited %.2f s behind batches to a paused one "
-             "(worker pool head-of-line blocking)",
-             healthy_took);
+  if (still_stuck != STUCK)
+    fail_msg("an async batch to a healthy target completed only after %d of %d batches to a "
+             "paused one had ended, %.2f s after its submit (worker pool head-of-line blocking)",
+             STUCK - still_stuck, STUCK, healthy_took);
 }
 
 /* What a timed-out WRITE leaves behind: its bytes were handed to TCP, so a
@@ -214,7 +231,7 @@ static void test_paused_write_lands_late(void **state) {
   uint8_t *fresh = fault_buffer(eng, 2 * len);
   assert_int_equal(fault_roundtrip(eng, E.b.target, fresh, E.b.addr, 4096, 1), FERRY_OK);
   fault_pattern(old, len, 11);
-  fault_proc_pause(&E.b);
+  assert_int_equal(fault_proc_pause(&E.b), 0);
   ferry_status st = ferry_transfer_sync(eng, E.b.target, FERRY_OP_WRITE, old, E.b.addr, len);
   assert_int_equal(st, FERRY_ETIMEDOUT);
   fault_proc_resume(&E.b);

@@ -324,8 +324,9 @@ static void test_soak(void **state) {
     if (S.workers[i].failures)
       fprintf(stderr, "soak: thread %d: %s\n", i, S.workers[i].first_error);
   }
-  for (int wait = 0; wait < 400 && __atomic_load_n(&S.received, __ATOMIC_RELAXED) < sent_local;
-       wait++)
+  /* The drainer polls every 5 ms; a generous bound for a busy machine. */
+  for (double until = fault_now() + 30.0;
+       __atomic_load_n(&S.received, __ATOMIC_RELAXED) < sent_local && fault_now() < until;)
     fault_sleep_ms(5);
   __atomic_store_n(&S.stop_drain, 1, __ATOMIC_RELEASE);
   pthread_join(S.drainer, NULL);

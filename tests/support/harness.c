@@ -122,7 +122,8 @@ int test_wait_exit(pid_t pid, int timeout_ms, int *status) {
 }
 
 void test_kill_and_reap(pid_t pid, int timeout_ms) {
-  kill(pid, SIGCONT);
+  /* SIGKILL alone: it ends a stopped process too, where a SIGCONT sent
+   * first would let a paused target run (and answer) for a moment. */
   kill(pid, SIGKILL);
   int status;
   test_wait_exit(pid, timeout_ms, &status);

@@ -38,8 +38,8 @@ int test_read_line(int fd, char *line, size_t size, int timeout_ms);
 /* Waits at most timeout_ms for pid to exit and reaps it: 0 with *status
  * set, -1 if waitpid fails, -2 on timeout. */
 int test_wait_exit(pid_t pid, int timeout_ms, int *status);
-/* SIGKILL (continuing a stopped process first), then reaps it, waiting at
- * most timeout_ms. */
+/* SIGKILL (which also ends a stopped process, without letting it run
+ * first), then reaps it, waiting at most timeout_ms. */
 void test_kill_and_reap(pid_t pid, int timeout_ms);
 /* Monotonic seconds. */
 double test_now_s(void);
