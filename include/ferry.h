@@ -119,6 +119,23 @@ typedef struct ferry_config {
    * waking a sleeping thread on another CPU is slow (VMs); an idle engine
    * still uses no CPU. */
   unsigned spin_us;
+  /* Limits of the serving side. A peer is an initiator engine, told apart
+   * by the engine id its handshake claims. 0 in any field: the default. */
+  unsigned max_connections;          /* accepted connections open at once
+                                        (FERRY_MAX_CONNECTIONS, default 1024);
+                                        past it a new one is closed at once */
+  unsigned max_connections_per_peer; /* per peer (FERRY_MAX_CONNECTIONS_PER_PEER,
+                                        default 64; an initiator opens
+                                        tcp_connections + 1); past it the
+                                        handshake is refused with FERRY_EBUSY */
+  uint32_t idle_timeout_ms;          /* a connection with no request for this
+                                        long is closed (FERRY_IDLE_TIMEOUT_MS,
+                                        default 600000); initiators reconnect */
+  /* Memory one peer's undrained notifications may hold: payload, name,
+   * queue slot and allocator overhead (FERRY_NOTIFY_PEER_BYTES, default
+   * 64 MiB); all peers together 4 times that. Past it ferry_notify_send
+   * fails with FERRY_EBUSY until the target drains. */
+  size_t notify_peer_bytes;
 } ferry_config;
 
 /* Fills cfg with defaults, including those taken from the environment. */

@@ -1,7 +1,9 @@
 /* config.c - defaults for ferry_config, and the environment variables users
  * of Mooncake already set (MC_TCP_BIND_ADDRESS, MC_TRANSFER_TIMEOUT,
  * MC_FORCE_TCP) plus ferry's own (FERRY_LOG, FERRY_TRANSPORTS,
- * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US). */
+ * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US, and the serving limits
+ * FERRY_MAX_CONNECTIONS, FERRY_MAX_CONNECTIONS_PER_PEER,
+ * FERRY_IDLE_TIMEOUT_MS, FERRY_NOTIFY_PEER_BYTES). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,6 +41,24 @@ void ferry_config_init(ferry_config *cfg) {
     cfg->transports = ferry_transport_parse(transports);
   if (env_long("MC_FORCE_TCP", 0))
     cfg->transports = FERRY_TRANSPORT_TCP;
+  ferry_config_limits(cfg);
+}
+
+/* A limit from the environment; unset, malformed or not positive: fallback. */
+static long env_limit(const char *name, long fallback) {
+  long n = env_long(name, fallback);
+  return n > 0 ? n : fallback;
+}
+
+void ferry_config_limits(ferry_config *cfg) {
+  if (!cfg->max_connections)
+    cfg->max_connections = (unsigned)env_limit("FERRY_MAX_CONNECTIONS", 1024);
+  if (!cfg->max_connections_per_peer)
+    cfg->max_connections_per_peer = (unsigned)env_limit("FERRY_MAX_CONNECTIONS_PER_PEER", 64);
+  if (!cfg->idle_timeout_ms)
+    cfg->idle_timeout_ms = (uint32_t)env_limit("FERRY_IDLE_TIMEOUT_MS", 600000);
+  if (!cfg->notify_peer_bytes)
+    cfg->notify_peer_bytes = (size_t)env_limit("FERRY_NOTIFY_PEER_BYTES", 64l << 20);
 }
 
 static const struct {

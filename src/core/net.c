@@ -187,6 +187,7 @@ void ferry_sock_init(ferry_sock *s, int fd, const char *peer) {
   s->rbuf = NULL;
   s->rcap = s->rpos = s->rlen = 0;
   s->spin_ns = 0;
+  s->cancel = NULL;
 }
 
 void ferry_sock_readahead(ferry_sock *s, uint8_t *buf, size_t cap) {
@@ -203,6 +204,8 @@ void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns) { s->deadline_
  * UINT64_MAX = unknown, anything else = the limit last set. */
 static ferry_status arm_timeout(ferry_sock *s, const char *step) {
   uint64_t left = 0;
+  if (s->cancel && __atomic_load_n(s->cancel, __ATOMIC_ACQUIRE))
+    return ferry_fail(FERRY_ECLOSED, "%s with %s cancelled", step, s->peer);
   if (s->deadline_ns) {
     uint64_t now = ferry_now_ns();
     if (now >= s->deadline_ns)
