@@ -153,6 +153,11 @@ const char *ferry_engine_name(const ferry_engine *engine);
 /* Registering an identical region twice is harmless; a region overlapping a
  * different one fails with FERRY_EOVERLAP. */
 ferry_status ferry_memory_register(ferry_engine *engine, void *addr, size_t length);
+/* Unregistering is a fence: on return (also of _batch and ferry_memory_free)
+ * no peer reads or writes the region again over any transport, and the
+ * memory may be reused or freed. A peer's WRITE or READ still moving bytes
+ * of it is cut off (its connection closed; its call fails). Never waits for
+ * a peer: only for local threads to leave a system call (microseconds). */
 ferry_status ferry_memory_unregister(ferry_engine *engine, void *addr);
 ferry_status ferry_memory_register_batch(ferry_engine *engine, void *const *addrs,
                                          const size_t *lengths, size_t count);

@@ -3,7 +3,9 @@
  * points the test chooses, so every interleaving is driven, not timed. The
  * target is an engine in this process, so the test sees its memory. */
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,7 @@
 
 #include "ferry.h"
 #include "harness.h"
+#include "metadata/metadata.h"
 #include "rawclient.h"
 
 #define KiB 1024ull
@@ -251,6 +254,97 @@ static void connections_are_capped_per_peer_and_in_total(void **state) {
   ferry_engine_destroy(t);
 }
 
+static pid_t metadata_server = -1;
+
+static int stop_metadata_server(void **state) {
+  if (metadata_server > 0)
+    test_kill_and_reap(metadata_server, 5000);
+  metadata_server = -1;
+  return 0;
+}
+
+/* Starts `ferry metadata-server` on 127.0.0.1 (stopped by the teardown
+ * even when the test fails); its URL goes to url. */
+static pid_t start_metadata_server(char *url, size_t size) {
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    execl(test_tool_path(), test_tool_path(), "metadata-server", "--host", "127.0.0.1", "--port",
+          "0", (char *)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  char line[512];
+  assert_int_equal(test_read_line(fds[0], line, sizeof line, 10000), 0);
+  close(fds[0]);
+  const char *at = strstr(line, "url=");
+  assert_non_null(at);
+  snprintf(url, size, "%s", at + 4);
+  return pid;
+}
+
+enum { REGISTRARS = 8, PER_REGISTRAR = 32, PAGE = 4096, ROUNDS = 40 };
+
+struct registrar {
+  ferry_engine *engine;
+  uint8_t *base;
+};
+
+/* Registers its pages one by one, then unregisters every other one: many
+ * publishes racing those of the other registrars. */
+static void *register_pages(void *arg) {
+  struct registrar *r = arg;
+  for (int i = 0; i < PER_REGISTRAR; i++)
+    assert_int_equal(ferry_memory_register(r->engine, r->base + i * PAGE, PAGE), FERRY_OK);
+  for (int i = 0; i < PER_REGISTRAR; i += 2)
+    assert_int_equal(ferry_memory_unregister(r->engine, r->base + i * PAGE), FERRY_OK);
+  return NULL;
+}
+
+/* However registrations interleave, the table left in the metadata service
+ * is the registry's final one, not an older snapshot published last. */
+static void concurrent_registrations_publish_the_latest_table(void **state) {
+  char url[256];
+  metadata_server = start_metadata_server(url, sizeof url);
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.metadata_url = url;
+  cfg.segment_name = "fence-publish";
+  ferry_engine *e = NULL;
+  assert_int_equal(ferry_engine_create(&cfg, &e), FERRY_OK);
+  ferry_metadata *md = NULL;
+  assert_int_equal(ferry_metadata_open(url, &md), FERRY_OK);
+  uint8_t *pages = aligned_alloc(PAGE, (size_t)REGISTRARS * PER_REGISTRAR * PAGE);
+  for (int round = 0; round < ROUNDS; round++) {
+    struct registrar r[REGISTRARS];
+    pthread_t threads[REGISTRARS];
+    for (int t = 0; t < REGISTRARS; t++) {
+      r[t] = (struct registrar){e, pages + (size_t)t * PER_REGISTRAR * PAGE};
+      assert_int_equal(pthread_create(&threads[t], NULL, register_pages, &r[t]), 0);
+    }
+    for (int t = 0; t < REGISTRARS; t++)
+      pthread_join(threads[t], NULL);
+    ferry_region *published = NULL;
+    size_t count = 0;
+    assert_int_equal(ferry_segment_lookup_regions(md, "fence-publish", &published, &count),
+                     FERRY_OK);
+    assert_int_equal(count, REGISTRARS * PER_REGISTRAR / 2);
+    for (size_t i = 0; i < count; i++)
+      assert_int_equal(published[i].addr, (uint64_t)(uintptr_t)(pages + (2 * i + 1) * PAGE));
+    free(published);
+    void *odd[REGISTRARS * PER_REGISTRAR / 2];
+    for (size_t i = 0; i < count; i++)
+      odd[i] = pages + (2 * i + 1) * PAGE;
+    assert_int_equal(ferry_memory_unregister_batch(e, odd, count), FERRY_OK);
+  }
+  ferry_metadata_close(md);
+  ferry_engine_destroy(e);
+  free(pages);
+}
+
 int main(void) {
   setenv("FERRY_TRANSPORTS", "tcp", 1);
   const struct CMUnitTest tests[] = {
@@ -260,6 +354,8 @@ int main(void) {
       cmocka_unit_test(idle_connections_are_dropped_and_calls_reconnect),
       cmocka_unit_test(notification_shares_count_real_memory_per_peer),
       cmocka_unit_test(connections_are_capped_per_peer_and_in_total),
+      cmocka_unit_test_teardown(concurrent_registrations_publish_the_latest_table,
+                                stop_metadata_server),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
