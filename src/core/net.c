@@ -200,7 +200,8 @@ int ferry_sock_buffered(const ferry_sock *s) { return s->rpos < s->rlen; }
 void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns) { s->deadline_ns = deadline_ns; }
 
 /* Makes sure the next blocking call returns by the deadline (or blocks
- * without limit when there is none). timeout_set_ns: 0 = no limit set,
+ * without limit when there is none), and that a cancelled socket makes no
+ * further call. timeout_set_ns: 0 = no limit set,
  * UINT64_MAX = unknown, anything else = the limit last set. */
 static ferry_status arm_timeout(ferry_sock *s, const char *step) {
   uint64_t left = 0;
