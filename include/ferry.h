@@ -141,6 +141,23 @@ typedef struct ferry_config {
    * exits (default 10000): the pool grows while peers stall its threads and
    * shrinks back to `workers` when the stall is over. */
   unsigned worker_idle_ms;
+  /* Limits of the serving side. A peer is an initiator engine, told apart
+   * by the engine id its handshake claims. 0 in any field: the default. */
+  unsigned max_connections;          /* accepted connections open at once
+                                        (FERRY_MAX_CONNECTIONS, default 1024);
+                                        past it a new one is closed at once */
+  unsigned max_connections_per_peer; /* per peer (FERRY_MAX_CONNECTIONS_PER_PEER,
+                                        default 64; an initiator opens
+                                        tcp_connections + 1); past it the
+                                        handshake is refused with FERRY_EBUSY */
+  uint32_t idle_timeout_ms;          /* a connection with no request for this
+                                        long is closed (FERRY_IDLE_TIMEOUT_MS,
+                                        default 600000); initiators reconnect */
+  /* Memory one peer's undrained notifications may hold: payload, name,
+   * queue slot and allocator overhead (FERRY_NOTIFY_PEER_BYTES, default
+   * 64 MiB); all peers together 4 times that. Past it ferry_notify_send
+   * fails with FERRY_EBUSY until the target drains. */
+  size_t notify_peer_bytes;
 } ferry_config;
 
 /* Fills cfg with defaults, including those taken from the environment
@@ -156,7 +173,9 @@ void ferry_config_init_size(ferry_config *cfg, size_t size);
  * 4294967), MC_FORCE_TCP and FERRY_CHECKSUM (booleans: 1/0, true/false,
  * yes/no, on/off, any case), FERRY_TRANSPORTS (tcp, shm, fabric, all, comma
  * separated), FERRY_LOG (debug, info, warn, error, off), FERRY_SPIN_US (0 to
- * FERRY_SPIN_US_MAX), FERRY_SECRET. A bad one fails with FERRY_EINVAL and a
+ * FERRY_SPIN_US_MAX), FERRY_SECRET, and the serving limits FERRY_MAX_CONNECTIONS,
+ * FERRY_MAX_CONNECTIONS_PER_PEER, FERRY_IDLE_TIMEOUT_MS, FERRY_NOTIFY_PEER_BYTES
+ * (positive whole numbers). A bad one fails with FERRY_EINVAL and a
  * message naming the setting, the value and what is accepted. */
 ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out);
 /* Threads. Every call on an engine may be made from any thread, and calls
@@ -188,6 +207,11 @@ const char *ferry_engine_name(const ferry_engine *engine);
 /* Registering an identical region twice is harmless; a region overlapping a
  * different one fails with FERRY_EOVERLAP. */
 ferry_status ferry_memory_register(ferry_engine *engine, void *addr, size_t length);
+/* Unregistering is a fence: on return (also of _batch and ferry_memory_free)
+ * no peer reads or writes the region again over any transport, and the
+ * memory may be reused or freed. A peer's WRITE or READ still moving bytes
+ * of it is cut off (its connection closed; its call fails). Never waits for
+ * a peer: only for local threads to leave a system call (microseconds). */
 ferry_status ferry_memory_unregister(ferry_engine *engine, void *addr);
 ferry_status ferry_memory_register_batch(ferry_engine *engine, void *const *addrs,
                                          const size_t *lengths, size_t count);

@@ -1,7 +1,9 @@
 /* config.c - defaults for ferry_config, the environment variables users of
  * Mooncake already set (MC_TCP_BIND_ADDRESS, MC_TRANSFER_TIMEOUT,
  * MC_FORCE_TCP) plus ferry's own (FERRY_LOG, FERRY_TRANSPORTS,
- * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US), and their validation.
+ * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US, and the serving limits
+ * FERRY_MAX_CONNECTIONS, FERRY_MAX_CONNECTIONS_PER_PEER, FERRY_IDLE_TIMEOUT_MS,
+ * FERRY_NOTIFY_PEER_BYTES), and their validation.
  *
  * ferry_config_init cannot report anything, so it applies only the values
  * it understands; ferry_engine_create then parses every variable again with
@@ -11,7 +13,9 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -23,6 +27,13 @@
 #define TIMEOUT_S_MAX (UINT32_MAX / 1000u) /* timeout_ms is 32 bits */
 #define COUNT_MAX 1024u                    /* connections or workers: more is a typo, not a plan */
 #define SLICE_MIN 4096u
+/* Defaults a documented zero also stands for. */
+#define WORKER_IDLE_MS 10000u
+#define MAX_CONNECTIONS 1024u
+#define MAX_CONNECTIONS_PER_PEER 64u
+#define IDLE_TIMEOUT_MS 600000u
+#define NOTIFY_PEER_BYTES ((size_t)64 << 20)
+#define LIMIT_MAX (1ul << 20) /* connections: more is a typo */
 
 /* The fields every caller has had since ferry_config carried its size. */
 #define CONFIG_MIN_SIZE (offsetof(ferry_config, spin_us) + sizeof(unsigned))
@@ -65,6 +76,11 @@ static void defaults(ferry_config *cfg) {
   cfg->connect_timeout_ms = 5000;
   cfg->slice_size = FERRY_DEFAULT_SLICE;
   cfg->log_level = ferry_log_get_level();
+  cfg->worker_idle_ms = WORKER_IDLE_MS;
+  cfg->max_connections = MAX_CONNECTIONS;
+  cfg->max_connections_per_peer = MAX_CONNECTIONS_PER_PEER;
+  cfg->idle_timeout_ms = IDLE_TIMEOUT_MS;
+  cfg->notify_peer_bytes = NOTIFY_PEER_BYTES;
 }
 
 /* ---- environment ------------------------------------------------------- */
@@ -123,6 +139,49 @@ static ferry_status apply_log(const char *name, const char *value, ferry_config 
   return FERRY_OK;
 }
 
+/* A serving limit: a positive whole number up to max. */
+static ferry_status limit_env(const char *name, const char *value, unsigned long max,
+                              unsigned long *out) {
+  if (parse_ulong(value, 1, max, out)) {
+    char accepted[64];
+    snprintf(accepted, sizeof accepted, "a whole number, 1 to %lu", max);
+    return bad_env(name, value, accepted);
+  }
+  return FERRY_OK;
+}
+
+static ferry_status apply_max_connections(const char *name, const char *value, ferry_config *cfg) {
+  unsigned long n;
+  ferry_status st = limit_env(name, value, LIMIT_MAX, &n);
+  if (!st)
+    cfg->max_connections = (unsigned)n;
+  return st;
+}
+
+static ferry_status apply_max_per_peer(const char *name, const char *value, ferry_config *cfg) {
+  unsigned long n;
+  ferry_status st = limit_env(name, value, LIMIT_MAX, &n);
+  if (!st)
+    cfg->max_connections_per_peer = (unsigned)n;
+  return st;
+}
+
+static ferry_status apply_idle_timeout(const char *name, const char *value, ferry_config *cfg) {
+  unsigned long n;
+  ferry_status st = limit_env(name, value, UINT32_MAX, &n);
+  if (!st)
+    cfg->idle_timeout_ms = (uint32_t)n;
+  return st;
+}
+
+static ferry_status apply_notify_bytes(const char *name, const char *value, ferry_config *cfg) {
+  unsigned long n;
+  ferry_status st = limit_env(name, value, ULONG_MAX >> 2, &n);
+  if (!st)
+    cfg->notify_peer_bytes = (size_t)n;
+  return st;
+}
+
 static ferry_status apply_secret(const char *name, const char *value, ferry_config *cfg) {
   cfg->secret = value;
   return FERRY_OK;
@@ -149,6 +208,10 @@ static const struct env_var {
     {"FERRY_SPIN_US", apply_spin},
     {"FERRY_LOG", apply_log},
     {"FERRY_SECRET", apply_secret},
+    {"FERRY_MAX_CONNECTIONS", apply_max_connections},
+    {"FERRY_MAX_CONNECTIONS_PER_PEER", apply_max_per_peer},
+    {"FERRY_IDLE_TIMEOUT_MS", apply_idle_timeout},
+    {"FERRY_NOTIFY_PEER_BYTES", apply_notify_bytes},
 };
 
 /* Applies every variable that is set (an empty value counts as unset).
@@ -232,6 +295,16 @@ static ferry_status check_fields(ferry_config *cfg) {
     cfg->timeout_ms = 30000;
   if (!cfg->connect_timeout_ms)
     cfg->connect_timeout_ms = 5000;
+  if (!cfg->worker_idle_ms)
+    cfg->worker_idle_ms = WORKER_IDLE_MS;
+  if (!cfg->max_connections)
+    cfg->max_connections = MAX_CONNECTIONS;
+  if (!cfg->max_connections_per_peer)
+    cfg->max_connections_per_peer = MAX_CONNECTIONS_PER_PEER;
+  if (!cfg->idle_timeout_ms)
+    cfg->idle_timeout_ms = IDLE_TIMEOUT_MS;
+  if (!cfg->notify_peer_bytes)
+    cfg->notify_peer_bytes = NOTIFY_PEER_BYTES;
   return FERRY_OK;
 }
 

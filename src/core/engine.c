@@ -71,8 +71,6 @@ static ferry_status copy_config(ferry_engine *e, const ferry_config *cfg) {
   e->segment_name = cfg->segment_name ? strdup(cfg->segment_name) : NULL;
   if (!e->bind_host || !e->advertise_host || (cfg->secret && *cfg->secret && !e->secret))
     return ferry_fail(FERRY_ENOMEM, "no memory for the engine configuration");
-  if (!e->cfg.worker_idle_ms)
-    e->cfg.worker_idle_ms = 10000; /* documented zero: the default */
   return FERRY_OK;
 }
 
@@ -151,6 +149,7 @@ ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out) {
   pthread_mutex_init(&e->gate_lock, NULL);
   pthread_mutex_init(&e->shutdown_lock, NULL);
   ferry_cond_init(&e->gate_cond);
+  pthread_mutex_init(&e->publish_lock, NULL);
   ferry_status st = engine_start(e, cfg);
   if (st) {
     char detail[FERRY_ERROR_MAX];
@@ -256,6 +255,7 @@ void ferry_engine_destroy(ferry_engine *e) {
     return;
   ferry_engine_shutdown(e);
   ferry_notify_free(e->notifications, e->notify_count);
+  free(e->notify_shares);
   free_allocations(e);
   ferry_registry_destroy(e->registry);
   free(e->bind_host);
@@ -268,6 +268,7 @@ void ferry_engine_destroy(ferry_engine *e) {
   pthread_mutex_destroy(&e->gate_lock);
   pthread_mutex_destroy(&e->shutdown_lock);
   pthread_cond_destroy(&e->gate_cond);
+  pthread_mutex_destroy(&e->publish_lock);
   free(e);
 }
 
@@ -276,14 +277,20 @@ const char *ferry_engine_name(const ferry_engine *e) { return e ? e->name : ""; 
 
 /* ---- memory ------------------------------------------------------------------ */
 
-/* Keeps the ram descriptor in the metadata service in step with the registry. */
+/* Keeps the ram descriptor in the metadata service in step with the
+ * registry. Snapshot and publish go together under one lock, so publishes
+ * land in the order of their snapshots and the last one always holds every
+ * change made before it: concurrent registrations cannot leave a stale
+ * table behind. */
 static void republish_regions(ferry_engine *e) {
   if (!e->metadata)
     return;
   ferry_region *regions = NULL;
+  pthread_mutex_lock(&e->publish_lock);
   size_t count = ferry_registry_snapshot(e->registry, &regions);
   if (ferry_segment_publish_regions(e->metadata, e->name, e->port, regions, count))
     FERRY_WARN("could not publish regions of %s: %s", e->name, ferry_last_error());
+  pthread_mutex_unlock(&e->publish_lock);
   free(regions);
 }
 
@@ -297,20 +304,24 @@ static ferry_status memory_register(ferry_engine *e, void *addr, size_t length) 
   return st;
 }
 
-/* Once unregister returns, no peer touches the region any more: same-host
- * mappings are revoked and TCP requests already checked are waited for. */
-static void after_unregister(ferry_engine *e) {
+void ferry_engine_fence(ferry_engine *e, ferry_region *removed, size_t count) {
   ferry_shm_revoke(e);
-  ferry_server_quiesce(e);
+  ferry_server_fence(e, removed, count);
+}
+
+/* Once unregister returns, no peer touches the regions any more. */
+static void after_unregister(ferry_engine *e, ferry_region *removed, size_t count) {
+  ferry_engine_fence(e, removed, count);
   republish_regions(e);
 }
 
 static ferry_status memory_unregister(ferry_engine *e, void *addr) {
   if (!e)
     return ferry_fail(FERRY_EINVAL, "unregister: null engine");
-  ferry_status st = ferry_registry_remove(e->registry, (uint64_t)(uintptr_t)addr);
+  ferry_region removed;
+  ferry_status st = ferry_registry_take(e->registry, (uint64_t)(uintptr_t)addr, &removed);
   if (!st)
-    after_unregister(e);
+    after_unregister(e, &removed, 1);
   return st;
 }
 
@@ -335,16 +346,22 @@ static ferry_status memory_register_batch(ferry_engine *e, void *const *addrs,
 static ferry_status memory_unregister_batch(ferry_engine *e, void *const *addrs, size_t count) {
   if (!e || (count && !addrs))
     return ferry_fail(FERRY_EINVAL, "unregister batch: null engine or array");
+  ferry_region *removed = malloc((count ? count : 1) * sizeof *removed);
+  if (!removed)
+    return ferry_fail(FERRY_ENOMEM, "no memory to unregister %zu regions", count);
   ferry_status first = FERRY_OK;
   char detail[FERRY_ERROR_MAX] = "";
+  size_t n = 0;
   for (size_t i = 0; i < count; i++) {
-    ferry_status st = ferry_registry_remove(e->registry, (uint64_t)(uintptr_t)addrs[i]);
+    ferry_status st = ferry_registry_take(e->registry, (uint64_t)(uintptr_t)addrs[i], &removed[n]);
+    n += st == FERRY_OK;
     if (st && !first) {
       first = st;
       snprintf(detail, sizeof detail, "%s", ferry_last_error());
     }
   }
-  after_unregister(e);
+  after_unregister(e, removed, n);
+  free(removed);
   if (first)
     ferry_error_set_detail(detail);
   return first;
@@ -419,38 +436,97 @@ static char *copy_bytes(const void *data, size_t len) {
   return s;
 }
 
-ferry_status ferry_engine_push_notification(ferry_engine *e, const char *name, size_t name_len,
-                                            const void *data, size_t len) {
-  ferry_notification n = {copy_bytes(name, name_len), copy_bytes(data, len), len};
-  if (!n.name || !n.data) {
-    free(n.name);
-    free(n.data);
-    return ferry_fail(FERRY_ENOMEM, "no memory for a notification");
+/* One sending peer's memory in the queue. */
+struct ferry_notify_share {
+  uint64_t peer;
+  size_t bytes;
+};
+
+/* What malloc really takes for n bytes (glibc: an 8-byte header, 16-byte
+ * granularity, 32 bytes at least). */
+static size_t chunk_size(size_t n) {
+  size_t size = (n + 8 + 15) & ~(size_t)15;
+  return size < 32 ? 32 : size;
+}
+
+/* The memory a queued notification holds: both copies and its queue slot,
+ * counted twice because the queue grows by doubling. */
+static size_t notification_cost(size_t name_len, size_t len) {
+  return chunk_size(name_len + 1) + chunk_size(len + 1) + 2 * sizeof(ferry_notification);
+}
+
+/* The peer's share of the queue, added if new. Caller holds notify_lock. */
+static struct ferry_notify_share *notify_share(ferry_engine *e, uint64_t peer) {
+  for (size_t i = 0; i < e->notify_share_count; i++)
+    if (e->notify_shares[i].peer == peer)
+      return &e->notify_shares[i];
+  if (e->notify_share_count == e->notify_share_cap) {
+    size_t cap = e->notify_share_cap ? e->notify_share_cap * 2 : 8;
+    struct ferry_notify_share *grown = realloc(e->notify_shares, cap * sizeof *grown);
+    if (!grown)
+      return NULL;
+    e->notify_shares = grown;
+    e->notify_share_cap = cap;
   }
-  pthread_mutex_lock(&e->notify_lock);
-  if (e->notify_bytes + name_len + len > FERRY_NOTIFY_QUEUE_MAX) {
-    /* Nobody drains: refuse rather than let a peer grow this process. */
-    size_t queued = e->notify_bytes;
-    pthread_mutex_unlock(&e->notify_lock);
-    free(n.name);
-    free(n.data);
-    return ferry_fail(FERRY_EBUSY, "notification queue of %s is full (%zu bytes not drained)",
-                      e->name, queued);
-  }
+  struct ferry_notify_share *share = &e->notify_shares[e->notify_share_count++];
+  *share = (struct ferry_notify_share){peer, 0};
+  return share;
+}
+
+/* Room for one more notification of `cost` from the peer; sets the error
+ * naming the queue, the peer and the limit when there is none. Caller
+ * holds notify_lock. */
+static ferry_status notify_room(ferry_engine *e, uint64_t peer, const char *peer_name, size_t cost,
+                                struct ferry_notify_share **share) {
+  size_t limit = e->cfg.notify_peer_bytes, total = limit * FERRY_NOTIFY_PEERS_FULL;
   if (e->notify_count == e->notify_cap) {
     size_t cap = e->notify_cap ? e->notify_cap * 2 : 64;
     ferry_notification *grown = realloc(e->notifications, cap * sizeof *grown);
-    if (!grown) {
-      pthread_mutex_unlock(&e->notify_lock);
-      free(n.name);
-      free(n.data);
+    if (!grown)
       return ferry_fail(FERRY_ENOMEM, "no memory for a notification");
-    }
     e->notifications = grown;
     e->notify_cap = cap;
   }
+  *share = notify_share(e, peer);
+  if (!*share)
+    return ferry_fail(FERRY_ENOMEM, "no memory for a notification");
+  /* Nobody drains: refuse rather than let peers grow this process. */
+  if ((*share)->bytes + cost > limit)
+    return ferry_fail(FERRY_EBUSY,
+                      "notification queue of %s is full for peer %s: %zu bytes not drained, "
+                      "the limit per peer is %zu (notify_peer_bytes)",
+                      e->name, peer_name, (*share)->bytes, limit);
+  if (e->notify_bytes + cost > total)
+    return ferry_fail(FERRY_EBUSY,
+                      "notification queue of %s is full: %zu bytes not drained from all peers, "
+                      "the limit is %zu (%d x notify_peer_bytes); refused from peer %s",
+                      e->name, e->notify_bytes, total, FERRY_NOTIFY_PEERS_FULL, peer_name);
+  return FERRY_OK;
+}
+
+ferry_status ferry_engine_push_notification(ferry_engine *e, uint64_t peer, const char *peer_name,
+                                            const char *name, size_t name_len, const void *data,
+                                            size_t len) {
+  size_t cost = notification_cost(name_len, len);
+  struct ferry_notify_share *share = NULL;
+  pthread_mutex_lock(&e->notify_lock);
+  ferry_status st = notify_room(e, peer, peer_name, cost, &share);
+  ferry_notification n = {NULL, NULL, len};
+  if (!st) {
+    n.name = copy_bytes(name, name_len);
+    n.data = copy_bytes(data, len);
+    if (!n.name || !n.data)
+      st = ferry_fail(FERRY_ENOMEM, "no memory for a notification");
+  }
+  if (st) {
+    pthread_mutex_unlock(&e->notify_lock);
+    free(n.name);
+    free(n.data);
+    return st;
+  }
   e->notifications[e->notify_count++] = n;
-  e->notify_bytes += name_len + len;
+  e->notify_bytes += cost;
+  share->bytes += cost;
   pthread_mutex_unlock(&e->notify_lock);
   return FERRY_OK;
 }
@@ -464,6 +540,7 @@ static ferry_status notify_drain(ferry_engine *e, ferry_notification **out, size
   e->notifications = NULL;
   e->notify_count = e->notify_cap = 0;
   e->notify_bytes = 0;
+  e->notify_share_count = 0;
   pthread_mutex_unlock(&e->notify_lock);
   return FERRY_OK;
 }

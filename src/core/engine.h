@@ -14,9 +14,11 @@
 #include "metadata/metadata.h"
 #include "wire/wire.h"
 
-/* Received notifications wait here until drained; past this many bytes a
- * sender gets FERRY_EBUSY instead of growing the process without bound. */
-#define FERRY_NOTIFY_QUEUE_MAX (64u << 20)
+/* Received notifications wait here until drained. Each sending peer may
+ * hold cfg.notify_peer_bytes of memory in the queue, all peers together
+ * this many times that; past either a sender gets FERRY_EBUSY instead of
+ * growing the process without bound. */
+#define FERRY_NOTIFY_PEERS_FULL 4
 /* Bytes per data frame. With 4 connections of one frame each, 2 MiB are in
  * flight: far above a datacenter link's bandwidth-delay product, and small
  * enough that the receiver copies bytes the sender's copy left in the CPU
@@ -62,7 +64,11 @@ struct ferry_engine {
   pthread_mutex_t notify_lock;
   ferry_notification *notifications;
   size_t notify_count, notify_cap;
-  size_t notify_bytes; /* queued, bounded by FERRY_NOTIFY_QUEUE_MAX */
+  size_t notify_bytes;                      /* memory queued, all peers */
+  struct ferry_notify_share *notify_shares; /* memory queued, per peer */
+  size_t notify_share_count, notify_share_cap;
+
+  pthread_mutex_t publish_lock; /* one snapshot+publish of the region table at a time */
 
   pthread_mutex_t alloc_lock;
   ferry_allocation *allocations;
@@ -103,13 +109,28 @@ uint64_t ferry_engine_deadline(const ferry_engine *engine, uint64_t bytes);
 /* server.c: accepts connections and serves frames against the registry. */
 ferry_status ferry_server_start(ferry_engine *engine, int listen_fd);
 void ferry_server_stop(ferry_engine *engine);
-/* After an unregister: waits (bounded by the base timeout) until no peer's
- * WRITE or READ checked against the old registry still touches memory. */
-void ferry_server_quiesce(ferry_engine *engine);
+/* The tcp part of ferry_engine_fence: cancels every connection serving a
+ * WRITE or READ that touches `removed` (sorted here, in place) and waits
+ * until their threads have left that memory. */
+void ferry_server_fence(ferry_engine *engine, ferry_region *removed, size_t count);
 
-/* notify queue (engine.c), fed by the server. */
-ferry_status ferry_engine_push_notification(ferry_engine *engine, const char *name, size_t name_len,
-                                            const void *data, size_t len);
+/* The unregister fence (engine.c), for every transport. Called once
+ * `removed` has left the registry, so no new request can be checked against
+ * it; on return no transport reads or writes a byte of it again, for any
+ * peer. A request checked before the removal and still moving bytes of it
+ * is ended (its connection shut down) and its initiator gets an error; one
+ * that does not touch `removed` is not disturbed. Never waits for a peer,
+ * only for local threads to leave the memory (the time of a system call).
+ * A transport that serves registered memory joins here (tcp: the server;
+ * shm: revocation; RDMA: deregister a region only after its last operation
+ * completed or its endpoint was shut down). `removed` is reordered. */
+void ferry_engine_fence(ferry_engine *engine, ferry_region *removed, size_t count);
+
+/* notify queue (engine.c), fed by the server. peer is the sending engine's
+ * id (its share of the queue), peer_name its name for messages. */
+ferry_status ferry_engine_push_notification(ferry_engine *engine, uint64_t peer,
+                                            const char *peer_name, const char *name,
+                                            size_t name_len, const void *data, size_t len);
 
 /* auth.c: the shared-secret proofs. The shm service's: HMAC-SHA256 over
  * both nonces. */

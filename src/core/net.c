@@ -206,6 +206,7 @@ void ferry_sock_init(ferry_sock *s, int fd, const char *peer) {
   s->rcap = s->rpos = s->rlen = 0;
   s->spin_ns = 0;
   s->session = NULL;
+  s->cancel = NULL;
 }
 
 void ferry_sock_auth(ferry_sock *s, ferry_session *session) {
@@ -222,10 +223,13 @@ int ferry_sock_buffered(const ferry_sock *s) { return s->rpos < s->rlen; }
 void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns) { s->deadline_ns = deadline_ns; }
 
 /* Makes sure the next blocking call returns by the deadline (or blocks
- * without limit when there is none). timeout_set_ns: 0 = no limit set,
+ * without limit when there is none), and that a cancelled socket makes no
+ * further call. timeout_set_ns: 0 = no limit set,
  * UINT64_MAX = unknown, anything else = the limit last set. */
 static ferry_status arm_timeout(ferry_sock *s, const char *step) {
   uint64_t left = 0;
+  if (s->cancel && __atomic_load_n(s->cancel, __ATOMIC_ACQUIRE))
+    return ferry_fail(FERRY_ECLOSED, "%s with %s cancelled", step, s->peer);
   if (s->deadline_ns) {
     uint64_t now = ferry_now_ns();
     if (now >= s->deadline_ns)

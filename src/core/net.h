@@ -67,6 +67,10 @@ typedef struct ferry_sock {
   size_t rcap, rpos, rlen;
   uint64_t spin_ns;       /* receives poll this long before sleeping (0: never) */
   ferry_session *session; /* NULL: frames go as they are */
+  /* Optional: once *cancel is nonzero, every transfer fails with
+   * FERRY_ECLOSED before its next system call. An unregister fence sets it
+   * (and shuts the socket down to wake a blocked call). */
+  const int *cancel;
 } ferry_sock;
 
 void ferry_sock_init(ferry_sock *s, int fd, const char *peer);

@@ -270,6 +270,10 @@ ferry_status ferry_registry_add_many(ferry_registry *registry, const ferry_regio
 }
 
 ferry_status ferry_registry_remove(ferry_registry *registry, uint64_t addr) {
+  return ferry_registry_take(registry, addr, NULL);
+}
+
+ferry_status ferry_registry_take(ferry_registry *registry, uint64_t addr, ferry_region *out) {
   if (registry == NULL)
     return ferry_fail(FERRY_EINVAL, "unregister: no registry");
   ferry_status st = FERRY_OK;
@@ -279,6 +283,8 @@ ferry_status ferry_registry_remove(ferry_registry *registry, uint64_t addr) {
     st = ferry_fail(FERRY_ENOTREG, "unregister 0x%" PRIx64 ": not the start of a registered region",
                     addr);
   } else {
+    if (out != NULL)
+      *out = registry->regions[at];
     memmove(&registry->regions[at], &registry->regions[at + 1],
             (registry->count - at - 1) * sizeof *registry->regions);
     registry->count--;

@@ -25,6 +25,9 @@ ferry_status ferry_registry_add_many(ferry_registry *registry, const ferry_regio
                                      size_t count);
 /* Removes the region starting at addr; FERRY_ENOTREG if there is none. */
 ferry_status ferry_registry_remove(ferry_registry *registry, uint64_t addr);
+/* ferry_registry_remove that also hands back the region removed (out may be
+ * NULL), so an unregister knows which range to fence. */
+ferry_status ferry_registry_take(ferry_registry *registry, uint64_t addr, ferry_region *out);
 /* Nonzero when [addr, addr+length) lies inside one registered region. */
 int ferry_registry_contains(ferry_registry *registry, uint64_t addr, uint64_t length);
 /* The region holding addr, if any. */

@@ -5,7 +5,14 @@
  * Every WRITE and READ is checked against the registry before memory is
  * touched; a refused request is answered with a reason and the connection
  * stays in sync (a refused WRITE's payload is read and dropped). A frame that
- * fails the wire checks closes that connection only. */
+ * fails the wire checks closes that connection only.
+ *
+ * Each connection publishes the segments of the WRITE or READ it is serving
+ * before checking them, so an unregister can find and interrupt every
+ * request still moving bytes of a removed range (ferry_server_fence). Every
+ * frame has a deadline once its header arrived, an idle connection is
+ * dropped past idle_timeout_ms, and connections are capped per peer and in
+ * total. */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
@@ -29,7 +36,19 @@ typedef struct server_conn {
   int fd;
   pthread_t thread;
   int finished;
-  uint64_t serving_gen; /* registry generation a WRITE/READ was checked at; 0 = none */
+  /* Guarded by lock, read by fences: how many of segs[] the current WRITE or
+   * READ (serving_type) may touch, 0 = none; cancelled, set by a fence that
+   * removed one of them (also sock.cancel), and which region that was. */
+  pthread_mutex_t lock;
+  uint32_t serving;
+  uint8_t serving_type;
+  int cancelled;
+  ferry_region fenced;
+  /* The initiator engine, from its HELLO (guarded by the server lock):
+   * connections per peer and notification shares are counted by it. */
+  int identified;
+  uint64_t peer_id;
+  char peer_name[FERRY_WIRE_MAX_NAME + 1];
   struct server_conn *next;
   char peer[FERRY_HOST_MAX + 8];
   ferry_sock sock;
@@ -45,9 +64,9 @@ struct ferry_server {
   int wake[2]; /* a byte here stops the accept loop */
   pthread_t thread;
   pthread_mutex_t lock;
-  pthread_cond_t quiet; /* a connection finished touching registered memory */
-  int waiters;
+  pthread_cond_t quiet; /* a cancelled connection stopped touching registered memory */
   server_conn *conns;
+  unsigned count; /* in conns */
 };
 
 static ferry_status reply(server_conn *c, uint8_t type, uint64_t id, ferry_status status,
@@ -112,6 +131,30 @@ static ferry_status check_proof(server_conn *c, const uint8_t th[FERRY_WIRE_PROO
   return st;
 }
 
+/* Counts c against its peer's share of connections, refusing it past
+ * max_connections_per_peer. The peer is the engine id its HELLO claims. */
+static ferry_status admit_peer(server_conn *c, const ferry_hello *hello) {
+  ferry_server *s = c->engine->server;
+  unsigned limit = c->engine->cfg.max_connections_per_peer, open = 0;
+  pthread_mutex_lock(&s->lock);
+  for (server_conn *o = s->conns; o; o = o->next)
+    open += o->identified && o->peer_id == hello->engine_id &&
+            !__atomic_load_n(&o->finished, __ATOMIC_ACQUIRE);
+  if (open < limit) {
+    c->identified = 1;
+    c->peer_id = hello->engine_id;
+    snprintf(c->peer_name, sizeof c->peer_name, "%s", hello->name);
+  }
+  pthread_mutex_unlock(&s->lock);
+  if (open < limit)
+    return FERRY_OK;
+  char why[FERRY_WIRE_MAX_REASON];
+  snprintf(why, sizeof why,
+           "peer %s already has %u connections to %s, the limit (max_connections_per_peer)",
+           hello->name, open, c->engine->name);
+  return refuse(c, FERRY_FRAME_HELLO_REPLY, FERRY_EBUSY, why);
+}
+
 static ferry_status handshake(server_conn *c) {
   ferry_frame_header h;
   uint8_t body[FERRY_WIRE_HELLO_MAX];
@@ -137,6 +180,9 @@ static ferry_status handshake(server_conn *c) {
              FERRY_WIRE_VERSION_MAX);
     return refuse(c, FERRY_FRAME_HELLO_REPLY, FERRY_EVERSION, why);
   }
+  st = admit_peer(c, &hello);
+  if (st)
+    return st;
   uint16_t version =
       hello.version_max < FERRY_WIRE_VERSION_MAX ? hello.version_max : FERRY_WIRE_VERSION_MAX;
   ferry_hello_reply r;
@@ -153,7 +199,6 @@ static ferry_status handshake(server_conn *c) {
   if (!st)
     FERRY_DEBUG("accepted %s connection from %s (%s)",
                 hello.conn_kind == FERRY_CONN_DATA ? "data" : "control", c->peer, hello.name);
-  ferry_sock_set_deadline(&c->sock, 0);
   return st;
 }
 
@@ -195,54 +240,29 @@ static uint32_t segments_crc(server_conn *c, uint32_t count) {
   return crc;
 }
 
-static ferry_status serve_write(server_conn *c, const ferry_frame_header *h) {
-  uint64_t total;
-  ferry_status st = receive_segments(c, h, &total);
-  if (st)
-    return st;
+/* Receives a checked WRITE's payload into place; a crc mismatch is a
+ * verdict for the ack, not a connection error. */
+static ferry_status receive_payload(server_conn *c, const ferry_frame_header *h, uint64_t total,
+                                    ferry_status *verdict, char *reason, size_t size) {
   int checksum = h->flags & FERRY_FRAME_FLAG_CHECKSUM;
-  uint64_t expected =
-      h->body_len - (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE - (checksum ? 4 : 0);
-  if (total != expected)
-    return ferry_fail(FERRY_EPROTO, "WRITE from %s: segments sum to %llu bytes, frame carries %llu",
-                      c->peer, (unsigned long long)total, (unsigned long long)expected);
-  char reason[FERRY_WIRE_MAX_REASON];
-  ferry_status verdict = validate_segments(c, h->count, reason, sizeof reason);
-  if (verdict) {
-    FERRY_WARN("refused WRITE from %s: %s", c->peer, reason);
-    st = ferry_sock_discard(&c->sock, total + (checksum ? 4 : 0), "drop refused WRITE payload");
-    return st ? st : reply(c, FERRY_FRAME_WRITE_ACK, h->id, verdict, reason);
-  }
   uint32_t sent_crc = 0;
   int n = segments_iov(c, h->count);
   if (checksum) {
     c->iov[n].iov_base = &sent_crc;
     c->iov[n++].iov_len = sizeof sent_crc;
   }
-  st = ferry_sock_recvv(&c->sock, c->iov, n, "receive WRITE payload");
-  if (st)
-    return st;
-  if (checksum && le32toh(sent_crc) != segments_crc(c, h->count)) {
-    snprintf(reason, sizeof reason, "checksum mismatch on WRITE of %llu bytes at %s",
+  ferry_status st = ferry_sock_recvv(&c->sock, c->iov, n, "receive WRITE payload");
+  if (!st && checksum && le32toh(sent_crc) != segments_crc(c, h->count)) {
+    snprintf(reason, size, "checksum mismatch on WRITE of %llu bytes at %s",
              (unsigned long long)total, c->engine->name);
     FERRY_ERROR("%s (from %s)", reason, c->peer);
-    return reply(c, FERRY_FRAME_WRITE_ACK, h->id, FERRY_ECHECKSUM, reason);
+    *verdict = FERRY_ECHECKSUM;
   }
-  /* Acknowledged only now: every byte of the frame is in memory. */
-  return reply(c, FERRY_FRAME_WRITE_ACK, h->id, FERRY_OK, NULL);
+  return st;
 }
 
-static ferry_status serve_read(server_conn *c, const ferry_frame_header *h) {
-  uint64_t total;
-  ferry_status st = receive_segments(c, h, &total);
-  if (st)
-    return st;
-  char reason[FERRY_WIRE_MAX_REASON];
-  ferry_status verdict = validate_segments(c, h->count, reason, sizeof reason);
-  if (verdict) {
-    FERRY_WARN("refused READ from %s: %s", c->peer, reason);
-    return reply(c, FERRY_FRAME_READ_REPLY, h->id, verdict, reason);
-  }
+/* Sends a checked READ's data straight from registered memory. */
+static ferry_status send_data(server_conn *c, const ferry_frame_header *h, uint64_t total) {
   int checksum = h->flags & FERRY_FRAME_FLAG_CHECKSUM;
   uint8_t raw[FERRY_WIRE_HEADER_SIZE];
   uint32_t crc = checksum ? htole32(segments_crc(c, h->count)) : 0;
@@ -262,7 +282,21 @@ static ferry_status serve_read(server_conn *c, const ferry_frame_header *h) {
     c->iov[n].iov_base = &crc;
     c->iov[n++].iov_len = sizeof crc;
   }
+  ferry_sock_set_deadline(&c->sock, ferry_engine_deadline(c->engine, total));
   return ferry_sock_sendv(&c->sock, c->iov, n, "send READ data");
+}
+
+/* A request whose segments are not all registered: answered, and a WRITE's
+ * payload read and dropped so the connection stays in sync. */
+static ferry_status refuse_request(server_conn *c, const ferry_frame_header *h, uint64_t total,
+                                   ferry_status verdict, const char *reason) {
+  int write = h->type == FERRY_FRAME_WRITE;
+  FERRY_WARN("refused %s from %s: %s", write ? "WRITE" : "READ", c->peer, reason);
+  if (!write)
+    return reply(c, FERRY_FRAME_READ_REPLY, h->id, verdict, reason);
+  uint64_t payload = total + (h->flags & FERRY_FRAME_FLAG_CHECKSUM ? 4 : 0);
+  ferry_status st = ferry_sock_discard(&c->sock, payload, "drop refused WRITE payload");
+  return st ? st : reply(c, FERRY_FRAME_WRITE_ACK, h->id, verdict, reason);
 }
 
 static ferry_status serve_notify(server_conn *c, const ferry_frame_header *h) {
@@ -277,7 +311,8 @@ static ferry_status serve_notify(server_conn *c, const ferry_frame_header *h) {
   if (!st)
     st = ferry_wire_notify_decode(body, h->body_len, &name, &name_len, &data, &data_len);
   if (!st)
-    st = ferry_engine_push_notification(c->engine, name, name_len, data, data_len);
+    st = ferry_engine_push_notification(c->engine, c->peer_id, c->peer_name, name, name_len, data,
+                                        data_len);
   free(body);
   if (st == FERRY_EPROTO || st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT)
     return st;
@@ -302,22 +337,83 @@ static ferry_status serve_regions(server_conn *c, const ferry_frame_header *h) {
   return st;
 }
 
-/* Serves a WRITE or READ while advertising the registry generation it was
- * checked against, so an unregister can wait for it (ferry_server_quiesce).
- * The generation is published before the check: a check that saw the
- * region is always waited for. */
-static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
-  ferry_server *s = c->engine->server;
-  __atomic_store_n(&c->serving_gen, ferry_registry_generation(c->engine->registry),
-                   __ATOMIC_SEQ_CST);
-  ferry_status st = h->type == FERRY_FRAME_WRITE ? serve_write(c, h) : serve_read(c, h);
-  __atomic_store_n(&c->serving_gen, 0, __ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&s->waiters, __ATOMIC_SEQ_CST)) {
+/* Makes segs[0..count) visible to fences; before the registry check, so a
+ * check that saw a region is always seen by the fence that removes it. */
+static void publish(server_conn *c, const ferry_frame_header *h) {
+  pthread_mutex_lock(&c->lock);
+  c->serving = h->count;
+  c->serving_type = h->type;
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* Ends the publication; nonzero (and *fenced set) when a fence cancelled
+ * the request. A fence waiting for this connection is woken. */
+static int unpublish(server_conn *c, ferry_region *fenced) {
+  pthread_mutex_lock(&c->lock);
+  c->serving = 0;
+  int cancelled = c->cancelled;
+  *fenced = c->fenced;
+  pthread_mutex_unlock(&c->lock);
+  if (cancelled) {
+    ferry_server *s = c->engine->server;
     pthread_mutex_lock(&s->lock);
     pthread_cond_broadcast(&s->quiet);
     pthread_mutex_unlock(&s->lock);
   }
-  return st;
+  return cancelled;
+}
+
+/* A request a fence cut off: the connection ends (the rest of the frame
+ * cannot be trusted to arrive or be read), after telling a WRITE's
+ * initiator why if it still listens. */
+static ferry_status end_fenced(server_conn *c, const ferry_frame_header *h,
+                               const ferry_region *fenced) {
+  char reason[FERRY_WIRE_MAX_REASON];
+  int write = h->type == FERRY_FRAME_WRITE;
+  snprintf(reason, sizeof reason,
+           "region 0x%llx (+%llu bytes) unregistered at %s while the %s from %s was in flight",
+           (unsigned long long)fenced->addr, (unsigned long long)fenced->length, c->engine->name,
+           write ? "WRITE" : "READ", c->peer);
+  FERRY_WARN("%s: closing the connection", reason);
+  c->sock.cancel = NULL; /* the reply touches no registered memory */
+  if (write)
+    reply(c, FERRY_FRAME_WRITE_ACK, h->id, FERRY_ENOTREG, reason);
+  return ferry_fail(FERRY_ENOTREG, "%s", reason);
+}
+
+/* Serves a WRITE or READ: segments published, checked against the
+ * registry, then memory moved; the publication covers exactly the time
+ * registered memory may be touched. */
+static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
+  uint64_t total;
+  ferry_status st = receive_segments(c, h, &total);
+  if (st)
+    return st;
+  int write = h->type == FERRY_FRAME_WRITE;
+  if (write) {
+    uint64_t carried = h->body_len - (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE -
+                       (h->flags & FERRY_FRAME_FLAG_CHECKSUM ? 4 : 0);
+    if (total != carried)
+      return ferry_fail(FERRY_EPROTO,
+                        "WRITE from %s: segments sum to %llu bytes, frame carries %llu", c->peer,
+                        (unsigned long long)total, (unsigned long long)carried);
+  }
+  char reason[FERRY_WIRE_MAX_REASON];
+  publish(c, h);
+  ferry_status verdict = validate_segments(c, h->count, reason, sizeof reason);
+  ferry_region fenced;
+  if (verdict) {
+    unpublish(c, &fenced); /* nothing was touched: a fence has nothing to wait for */
+    return refuse_request(c, h, total, verdict, reason);
+  }
+  st = write ? receive_payload(c, h, total, &verdict, reason, sizeof reason)
+             : send_data(c, h, total);
+  if (unpublish(c, &fenced))
+    return end_fenced(c, h, &fenced);
+  if (st || !write)
+    return st;
+  /* Acknowledged only now: every byte of the frame is in memory. */
+  return reply(c, FERRY_FRAME_WRITE_ACK, h->id, verdict, verdict ? reason : NULL);
 }
 
 static ferry_status serve_frame(server_conn *c, const ferry_frame_header *h) {
@@ -331,18 +427,35 @@ static ferry_status serve_frame(server_conn *c, const ferry_frame_header *h) {
   }
 }
 
+/* Waits up to idle_timeout_ms for the next request; once its header is in,
+ * the rest of the frame must follow by the deadline of a transfer of its
+ * size, so a peer that stalls mid-frame is cut off. */
+static ferry_status next_request(server_conn *c, ferry_frame_header *h) {
+  uint32_t idle_ms = c->engine->cfg.idle_timeout_ms;
+  ferry_sock_set_deadline(&c->sock, ferry_now_ns() + idle_ms * 1000000ull);
+  ferry_status st = ferry_sock_recv_header(&c->sock, h, "receive request");
+  if (st == FERRY_ETIMEDOUT) {
+    /* Normal for a pooled connection: its initiator reconnects. */
+    FERRY_INFO("closing connection from %s (%s): no request for %u ms (idle_timeout_ms)", c->peer,
+               c->peer_name, idle_ms);
+    return ferry_fail(FERRY_ECLOSED, "connection from %s idle past idle_timeout_ms", c->peer);
+  }
+  if (st == FERRY_OK && h->status != 0)
+    st = ferry_fail(FERRY_EPROTO, "request from %s carries status %d", c->peer, h->status);
+  ferry_sock_set_deadline(&c->sock, ferry_engine_deadline(c->engine, h->body_len));
+  return st;
+}
+
 static void *serve_connection(void *arg) {
   server_conn *c = arg;
   ferry_status st = handshake(c);
   while (st == FERRY_OK) {
     ferry_frame_header h;
-    st = ferry_sock_recv_header(&c->sock, &h, "receive request");
-    if (st == FERRY_OK && h.status != 0)
-      st = ferry_fail(FERRY_EPROTO, "request from %s carries status %d", c->peer, h.status);
+    st = next_request(c, &h);
     if (st == FERRY_OK)
       st = serve_frame(c, &h);
   }
-  if (st == FERRY_EPROTO)
+  if (st == FERRY_EPROTO || st == FERRY_ETIMEDOUT)
     FERRY_WARN("closing connection: %s", ferry_last_error());
   else if (st != FERRY_ESOCKET || !strstr(ferry_last_error(), "closed by peer"))
     FERRY_DEBUG("connection from %s ended: %s", c->peer, ferry_last_error());
@@ -372,6 +485,13 @@ static void describe_peer(int fd, char *out, size_t size) {
   ferry_net_format_target(out, size, host, port);
 }
 
+static void free_connection(server_conn *c) {
+  pthread_join(c->thread, NULL);
+  close(c->fd);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
+
 /* Joins connection threads that have ended, so a long-lived engine does not
  * accumulate them. Called with the server lock held. */
 static void reap_finished(ferry_server *s) {
@@ -380,9 +500,8 @@ static void reap_finished(ferry_server *s) {
     server_conn *c = *pp;
     if (__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE)) {
       *pp = c->next;
-      pthread_join(c->thread, NULL);
-      close(c->fd);
-      free(c);
+      s->count--;
+      free_connection(c);
     } else {
       pp = &c->next;
     }
@@ -399,22 +518,33 @@ static void start_connection(ferry_engine *e, int fd) {
   }
   c->engine = e;
   c->fd = fd;
+  pthread_mutex_init(&c->lock, NULL);
+  snprintf(c->peer_name, sizeof c->peer_name, "before HELLO");
   ferry_net_tune(fd);
   describe_peer(fd, c->peer, sizeof c->peer);
   ferry_sock_init(&c->sock, fd, c->peer);
   ferry_sock_readahead(&c->sock, c->readahead, sizeof c->readahead);
   c->sock.spin_ns = e->cfg.spin_us * 1000ull;
+  c->sock.cancel = &c->cancelled;
   pthread_mutex_lock(&s->lock);
   reap_finished(s);
-  if (pthread_create(&c->thread, NULL, serve_connection, c) != 0) {
+  const char *refused = NULL;
+  if (s->count >= e->cfg.max_connections)
+    refused = "connections open, the limit (max_connections)";
+  else if (pthread_create(&c->thread, NULL, serve_connection, c) != 0)
+    refused = "connections open, and no thread for another";
+  if (refused) {
+    unsigned open = s->count;
     pthread_mutex_unlock(&s->lock);
-    FERRY_ERROR("cannot start a thread for %s; closing it", c->peer);
+    FERRY_WARN("refused connection from %s: %u %s", c->peer, open, refused);
     close(fd);
+    pthread_mutex_destroy(&c->lock);
     free(c);
     return;
   }
   c->next = s->conns;
   s->conns = c;
+  s->count++;
   pthread_mutex_unlock(&s->lock);
 }
 
@@ -467,17 +597,19 @@ void ferry_server_stop(ferry_engine *e) {
   ssize_t unused = write(s->wake[1], "x", 1);
   (void)unused;
   pthread_join(s->thread, NULL);
+  /* Joined outside the lock: a connection thread takes it to wake a fence. */
   pthread_mutex_lock(&s->lock);
-  for (server_conn *c = s->conns; c; c = c->next)
+  server_conn *list = s->conns;
+  s->conns = NULL;
+  s->count = 0;
+  for (server_conn *c = list; c; c = c->next)
     shutdown(c->fd, SHUT_RDWR); /* wakes the blocked recv of each connection */
-  while (s->conns) {
-    server_conn *c = s->conns;
-    s->conns = c->next;
-    pthread_join(c->thread, NULL);
-    close(c->fd);
-    free(c);
-  }
   pthread_mutex_unlock(&s->lock);
+  while (list) {
+    server_conn *c = list;
+    list = c->next;
+    free_connection(c);
+  }
   close(s->listen_fd);
   close(s->wake[0]);
   close(s->wake[1]);
@@ -487,33 +619,67 @@ void ferry_server_stop(ferry_engine *e) {
   e->server = NULL;
 }
 
-/* A connection still moving bytes of a request checked before the registry
- * reached `generation`. Called with the server lock held. */
-static int busy_before(ferry_server *s, uint64_t generation) {
-  for (server_conn *c = s->conns; c; c = c->next) {
-    uint64_t g = __atomic_load_n(&c->serving_gen, __ATOMIC_SEQ_CST);
-    if (g && g < generation)
-      return 1;
-  }
-  return 0;
+/* ---- the unregister fence ---------------------------------------------- */
+
+static int compare_addr(const void *a, const void *b) {
+  const ferry_region *x = a, *y = b;
+  return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-void ferry_server_quiesce(ferry_engine *e) {
-  ferry_server *s = e->server;
-  if (!s)
-    return;
-  uint64_t generation = ferry_registry_generation(e->registry);
-  uint64_t deadline = ferry_now_ns() + (uint64_t)e->cfg.timeout_ms * 1000000ull;
-  pthread_mutex_lock(&s->lock);
-  __atomic_add_fetch(&s->waiters, 1, __ATOMIC_SEQ_CST);
-  int timed_out = 0;
-  while (busy_before(s, generation) && !timed_out) {
-    struct timespec until = ferry_timespec(deadline);
-    timed_out = pthread_cond_timedwait(&s->quiet, &s->lock, &until) == ETIMEDOUT;
+/* The removed region (sorted, disjoint) that seg overlaps, or NULL. */
+static const ferry_region *overlapping(const ferry_region *seg, const ferry_region *sorted,
+                                       size_t count) {
+  size_t lo = 0, hi = count; /* first region starting at or after seg's end */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (sorted[mid].addr < seg->addr + seg->length)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
-  __atomic_sub_fetch(&s->waiters, 1, __ATOMIC_SEQ_CST);
+  if (lo == 0 || sorted[lo - 1].addr + sorted[lo - 1].length <= seg->addr)
+    return NULL;
+  return &sorted[lo - 1];
+}
+
+/* Cancels c if the request it is serving touches a removed region, and
+ * wakes its thread: a WRITE's receive stops (its socket can still answer
+ * why), a READ's send fails. Called with the server lock held. */
+static void cancel_if_touching(server_conn *c, const ferry_region *sorted, size_t count) {
+  pthread_mutex_lock(&c->lock);
+  for (uint32_t i = 0; i < c->serving && !c->cancelled; i++) {
+    const ferry_region *r = overlapping(&c->segs[i], sorted, count);
+    if (r) {
+      c->fenced = *r;
+      __atomic_store_n(&c->cancelled, 1, __ATOMIC_RELEASE);
+      shutdown(c->fd, c->serving_type == FERRY_FRAME_WRITE ? SHUT_RD : SHUT_RDWR);
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* A cancelled connection still inside its request. Server lock held. */
+static int cancelled_busy(ferry_server *s) {
+  int busy = 0;
+  for (server_conn *c = s->conns; c && !busy; c = c->next) {
+    pthread_mutex_lock(&c->lock);
+    busy = c->cancelled && c->serving;
+    pthread_mutex_unlock(&c->lock);
+  }
+  return busy;
+}
+
+void ferry_server_fence(ferry_engine *e, ferry_region *removed, size_t count) {
+  ferry_server *s = e->server;
+  if (!s || !count)
+    return;
+  qsort(removed, count, sizeof *removed, compare_addr);
+  pthread_mutex_lock(&s->lock);
+  for (server_conn *c = s->conns; c; c = c->next)
+    cancel_if_touching(c, removed, count);
+  /* No peer is waited for: the cancelled threads only have to return from
+   * the system call they were in. */
+  while (cancelled_busy(s))
+    pthread_cond_wait(&s->quiet, &s->lock);
   pthread_mutex_unlock(&s->lock);
-  if (timed_out)
-    FERRY_WARN("unregister: a peer's transfer into the old region was still running after %u ms",
-               e->cfg.timeout_ms);
 }

@@ -62,8 +62,8 @@ static int recv_reply(int fd, ferry_frame_header *h, char *reason, size_t size) 
   return h->status;
 }
 
-int raw_hello(int fd, uint16_t vmin, uint16_t vmax, char *reason, size_t reason_size) {
-  ferry_hello hello = {.version_min = vmin, .version_max = vmax, .conn_kind = FERRY_CONN_DATA};
+static int hello_with(int fd, const ferry_hello *with, char *reason, size_t reason_size) {
+  ferry_hello hello = *with;
   snprintf(hello.name, sizeof hello.name, "raw-test-client");
   uint8_t body[FERRY_WIRE_HELLO_MAX];
   ferry_frame_header h = {.type = FERRY_FRAME_HELLO};
@@ -77,26 +77,54 @@ int raw_hello(int fd, uint16_t vmin, uint16_t vmax, char *reason, size_t reason_
   return recv_all(fd, reply, h.body_len) < 0 ? 1 : 0;
 }
 
-int raw_write(int fd, uint64_t remote, const void *data, size_t len, char *reason,
-              size_t reason_size) {
+int raw_hello(int fd, uint16_t vmin, uint16_t vmax, char *reason, size_t reason_size) {
+  ferry_hello hello = {.version_min = vmin, .version_max = vmax, .conn_kind = FERRY_CONN_DATA};
+  return hello_with(fd, &hello, reason, reason_size);
+}
+
+int raw_hello_as(int fd, uint64_t engine_id, char *reason, size_t reason_size) {
+  ferry_hello hello = {.version_min = FERRY_WIRE_VERSION_MIN,
+                       .version_max = FERRY_WIRE_VERSION_MAX,
+                       .conn_kind = FERRY_CONN_DATA,
+                       .engine_id = engine_id};
+  return hello_with(fd, &hello, reason, reason_size);
+}
+
+int raw_reply(int fd, char *reason, size_t reason_size) {
+  ferry_frame_header h;
+  return recv_reply(fd, &h, reason, reason_size);
+}
+
+int raw_write_begin(int fd, uint64_t remote, const void *data, size_t len, size_t sent) {
   ferry_region seg = {remote, len};
   uint8_t table[FERRY_WIRE_SEGMENT_SIZE];
   ferry_wire_segments_encode(table, &seg, 1);
   ferry_frame_header h = {.type = FERRY_FRAME_WRITE, .count = 1, .id = 7, .body_len = 16 + len};
   uint8_t raw[FERRY_WIRE_HEADER_SIZE];
   ferry_wire_header_encode(raw, &h);
-  if (raw_send(fd, raw, sizeof raw) < 0 || raw_send(fd, table, sizeof table) < 0 ||
-      raw_send(fd, data, len) < 0)
-    return 1;
-  return recv_reply(fd, &h, reason, reason_size);
+  if (raw_send(fd, raw, sizeof raw) < 0 || raw_send(fd, table, sizeof table) < 0)
+    return -1;
+  return sent ? raw_send(fd, data, sent) : 0;
 }
 
-int raw_read(int fd, uint64_t remote, void *out, size_t len) {
+int raw_read_begin(int fd, uint64_t remote, size_t len) {
   ferry_region seg = {remote, len};
   uint8_t table[FERRY_WIRE_SEGMENT_SIZE];
   ferry_wire_segments_encode(table, &seg, 1);
   ferry_frame_header h = {.type = FERRY_FRAME_READ, .count = 1, .id = 8, .body_len = 16};
-  if (send_frame(fd, &h, table) < 0)
+  return send_frame(fd, &h, table);
+}
+
+int raw_write(int fd, uint64_t remote, const void *data, size_t len, char *reason,
+              size_t reason_size) {
+  if (raw_write_begin(fd, remote, data, len, len) < 0)
+    return 1;
+  return raw_reply(fd, reason, reason_size);
+}
+
+int raw_read(int fd, uint64_t remote, void *out, size_t len) {
+  ferry_frame_header h;
+  if (raw_read_begin(fd, remote, len) < 0)
     return 1;
   int st = recv_reply(fd, &h, NULL, 0);
   if (st)

@@ -19,6 +19,16 @@ int raw_write(int fd, uint64_t remote, const void *data, size_t len, char *reaso
               size_t reason_size);
 /* READ of one segment into out; returns the reply status or 1. */
 int raw_read(int fd, uint64_t remote, void *out, size_t len);
+/* Begins a WRITE of len bytes at remote: header, segment table and the
+ * first `sent` bytes of data, then returns, leaving the frame unfinished. */
+int raw_write_begin(int fd, uint64_t remote, const void *data, size_t len, size_t sent);
+/* Sends a READ request of len bytes and returns without reading the reply. */
+int raw_read_begin(int fd, uint64_t remote, size_t len);
+/* Receives one reply header; returns its status (reason copied), or 1 if
+ * the connection broke first. */
+int raw_reply(int fd, char *reason, size_t reason_size);
+/* HELLO as raw_hello, claiming to be the engine engine_id. */
+int raw_hello_as(int fd, uint64_t engine_id, char *reason, size_t reason_size);
 int raw_send(int fd, const void *data, size_t len);
 /* Nonzero when the peer closed the connection within timeout_ms. */
 int raw_closed_by_peer(int fd, int timeout_ms);
