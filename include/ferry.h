@@ -119,6 +119,14 @@ typedef struct ferry_config {
    * waking a sleeping thread on another CPU is slow (VMs); an idle engine
    * still uses no CPU. */
   unsigned spin_us;
+  /* Users whose processes this engine's shm service serves besides its own
+   * (by uid, as the kernel reports the connecting process: SO_PEERCRED).
+   * Any other same-host process is refused at connect and reaches this
+   * engine over TCP instead (with the shared secret, when one is set).
+   * Default none: only processes of this engine's own effective uid. The
+   * array is copied by ferry_engine_create. */
+  const uint32_t *shm_allowed_uids;
+  size_t shm_allowed_uid_count;
 } ferry_config;
 
 /* Fills cfg with defaults, including those taken from the environment. */

@@ -40,6 +40,7 @@
  * means the copy finished, so the bytes are in the target's memory. There
  * is no network to guard, so checksum mode does not apply here. */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
@@ -294,6 +295,16 @@ static ferry_status link_call(shm_link *l, const shm_msg *req, shm_msg *reply, i
   return link_gone(l);
 }
 
+/* Whether the target sealed this memfd against shrinking and it holds
+ * `size` bytes: a mapping of it can then never fault, whatever the target
+ * (or another of its peers) does later. */
+static int sealed_at_size(int fd, uint64_t size) {
+  struct stat st;
+  int seals = fcntl(fd, F_GET_SEALS);
+  return seals >= 0 && (seals & F_SEAL_SHRINK) && fstat(fd, &st) == 0 &&
+         (uint64_t)st.st_size >= size;
+}
+
 static ferry_status link_sync(shm_link *l) {
   shm_msg req, reply;
   shm_msg_init(&req, SHM_SYNC);
@@ -355,11 +366,14 @@ static ferry_status maps_add(shm_link *l, const shm_map *m) {
   return st;
 }
 
-/* Asks for the memfd of the buffer with this inode and maps it. */
-static ferry_status link_map(shm_link *l, uint64_t ino) {
+/* Asks for the memfd of the buffer with this inode, which holds the
+ * registered region `want`, and maps it. */
+static ferry_status link_map(shm_link *l, const shm_table_entry *want) {
   shm_msg req, reply;
   shm_msg_init(&req, SHM_MAP);
-  req.ino = ino;
+  req.ino = want->ino;
+  req.addr = want->addr;
+  req.length = want->length;
   int fds[SHM_MAX_FDS], nfds = 0;
   ferry_status st = link_call(l, &req, &reply, fds, &nfds);
   if (st)
@@ -369,12 +383,11 @@ static ferry_status link_map(shm_link *l, uint64_t ino) {
       close(fds[i]);
     return FERRY_ENOTREG; /* freed meanwhile: the caller refreshes the table */
   }
-  struct stat info;
-  shm_map m = {ino, reply.addr, reply.length, MAP_FAILED};
-  if (fstat(fds[0], &info) == 0 && (uint64_t)info.st_size >= m.length && m.length)
+  shm_map m = {want->ino, reply.addr, reply.length, MAP_FAILED};
+  if (m.length && sealed_at_size(fds[0], m.length))
     m.local = mmap(NULL, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
   else
-    errno = EPROTO; /* smaller than announced: touching it would fault */
+    errno = EPROTO; /* unsealed or smaller than announced: touching it could fault */
   int err = errno;
   close(fds[0]);
   if (m.local == MAP_FAILED)
@@ -390,7 +403,7 @@ typedef enum resolve_result { RESOLVED, MISSING, NEED_MAP } resolve_result;
 /* Finds every segment in the table and its mapping (if any). Caller holds
  * maps_lock for reading and is inside its slot. */
 static resolve_result resolve(shm_channel *ch, const ferry_chunk *c, uint32_t *bad,
-                              uint64_t *need_ino) {
+                              shm_table_entry *need) {
   shm_link *l = ch->link;
   for (uint32_t i = 0; i < c->count; i++) {
     shm_table_entry en;
@@ -405,7 +418,7 @@ static resolve_result resolve(shm_channel *ch, const ferry_chunk *c, uint32_t *b
     const shm_map *m = map_find(l, en.ino);
     if (!m) {
       *bad = i;
-      *need_ino = en.ino;
+      *need = en;
       return NEED_MAP;
     }
     if (addr < m->base || addr - m->base > m->length || len > m->length - (addr - m->base)) {
@@ -446,10 +459,11 @@ static ferry_status copy_chunk(shm_channel *ch, const ferry_chunk *c, uint64_t d
   int synced = 0;
   for (unsigned tries = 0; tries < SHM_RESOLVE_TRIES; tries++) {
     uint32_t bad = 0;
-    uint64_t seq = 0, ino = 0;
+    uint64_t seq = 0;
+    shm_table_entry need = {0, 0, 0};
     pthread_rwlock_rdlock(&l->maps_lock);
     ferry_status st = slot_enter(ch, deadline_ns, &seq);
-    resolve_result r = st ? MISSING : resolve(ch, c, &bad, &ino);
+    resolve_result r = st ? MISSING : resolve(ch, c, &bad, &need);
     int stable = !st && table_stable(l->table, seq);
     if (stable && r == RESOLVED)
       st = move(ch, c);
@@ -459,7 +473,7 @@ static ferry_status copy_chunk(shm_channel *ch, const ferry_chunk *c, uint64_t d
       return st;
     if (!stable)
       continue; /* the table changed while we read it */
-    if (r == NEED_MAP && (st = link_map(l, ino)) != FERRY_ENOTREG) {
+    if (r == NEED_MAP && (st = link_map(l, &need)) != FERRY_ENOTREG) {
       if (st)
         return st;
       continue;
@@ -542,7 +556,13 @@ static ferry_status service_open(const ferry_engine *e, const ferry_hello_reply 
   struct ucred cred = {0};
   socklen_t len = sizeof cred;
   int rc = shm_msg_recv(*fd, greeting, SHM_GREETING, NULL, NULL, 0);
-  if (rc == 0 && greeting->engine_id != info->engine_id)
+  if (rc == 0 && greeting->status)
+    st = ferry_fail(
+        greeting->status == FERRY_EBUSY ? FERRY_EBUSY : FERRY_EAUTH,
+        "the shm service of %s refused this process (uid %u): %s", address, (unsigned)geteuid(),
+        greeting->status == FERRY_EBUSY ? "it has too many same-host connections"
+                                        : "it serves only its own user and the uids it allows");
+  else if (rc == 0 && greeting->engine_id != info->engine_id)
     st = ferry_fail(FERRY_EHANDSHAKE, "the shm socket %s belongs to another engine than %s",
                     info->shm_path, address);
   else if (rc == 0 && getsockopt(*fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
@@ -587,11 +607,13 @@ static int shm_usable(ferry_engine *e, const ferry_hello_reply *info, char *why,
   int fd;
   shm_msg greeting;
   pid_t pid;
-  if (service_open(e, info, info->shm_path, &fd, &greeting, &pid) != FERRY_OK)
-    return snprintf(why, size, "%s", ferry_last_error()), 0;
-  close(fd);
-  if (cma_permitted(pid, &greeting, why, size))
-    return 1;
+  if (service_open(e, info, info->shm_path, &fd, &greeting, &pid) == FERRY_OK) {
+    close(fd);
+    if (cma_permitted(pid, &greeting, why, size))
+      return 1;
+  } else {
+    snprintf(why, size, "%s", ferry_last_error());
+  }
   FERRY_WARN("shm transport not used with the engine on %s: %s; using TCP for that peer",
              info->shm_path, why);
   return 0;
@@ -609,9 +631,8 @@ static ferry_status link_attach(shm_link *l, const ferry_engine *e, const shm_ms
   ferry_status st = link_call(l, &hello, &reply, fds, &nfds);
   if (st)
     return st;
-  struct stat a, b;
-  if (reply.status || nfds != 2 || fstat(fds[0], &a) || fstat(fds[1], &b) ||
-      (uint64_t)a.st_size < SHM_TABLE_BYTES || (uint64_t)b.st_size < SHM_SLOTS_BYTES) {
+  if (reply.status || nfds != 2 || !sealed_at_size(fds[0], SHM_TABLE_BYTES) ||
+      !sealed_at_size(fds[1], SHM_SLOTS_BYTES)) {
     st = ferry_fail(reply.status ? (ferry_status)reply.status : FERRY_EHANDSHAKE,
                     "the shm service of %s refused the link%s", l->address,
                     reply.status == FERRY_EAUTH ? " (shared secret)" : "");
