@@ -239,7 +239,9 @@ static int link_alive(shm_link *l) {
 
 static ferry_status link_gone(shm_link *l) {
   __atomic_store_n(&l->dead, 1, __ATOMIC_RELEASE);
-  return ferry_fail(FERRY_ESOCKET, "peer %s: its shm service closed the link (peer exited?)",
+  return ferry_fail(FERRY_ESOCKET,
+                    "peer %s: its shm service closed the link (the peer exited, or cut "
+                    "the link off because a copy outlasted an unregister)",
                     l->address);
 }
 

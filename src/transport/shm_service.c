@@ -370,22 +370,28 @@ static void refuse_conn(ferry_shm_service *s, int fd, const struct ucred *cred, 
                 (unsigned)cred->uid, why);
 }
 
-static void accept_one(ferry_shm_service *s) {
+/* 0 once nobody is waiting to be accepted. */
+static int accept_one(ferry_shm_service *s) {
   int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (fd < 0)
-    return;
+    return 0;
   struct ucred cred = {0, (uid_t)-1, (gid_t)-1};
   socklen_t len = sizeof cred;
+  const char *refusal = NULL;
+  ferry_status status = FERRY_EAUTH;
+  svc_conn *c = NULL;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
-    return refuse_conn(s, fd, &cred, FERRY_EAUTH, "its credentials are unknown");
-  if (!uid_allowed(s, cred.uid))
-    return refuse_conn(s, fd, &cred, FERRY_EAUTH,
-                       "another user (allow it with ferry_config.shm_allowed_uids)");
-  if (s->nconns >= SHM_CONNS_MAX)
-    return refuse_conn(s, fd, &cred, FERRY_EBUSY, "too many connections");
-  svc_conn *c = calloc(1, sizeof *c);
-  if (!c)
-    return refuse_conn(s, fd, &cred, FERRY_ENOMEM, "out of memory");
+    refusal = "its credentials are unknown";
+  else if (!uid_allowed(s, cred.uid))
+    refusal = "another user (allow it with ferry_config.shm_allowed_uids)";
+  else if (s->nconns >= SHM_CONNS_MAX)
+    refusal = "too many connections", status = FERRY_EBUSY;
+  else if (!(c = calloc(1, sizeof *c)))
+    refusal = "out of memory", status = FERRY_ENOMEM;
+  if (refusal) {
+    refuse_conn(s, fd, &cred, status, refusal);
+    return 1;
+  }
   c->fd = fd;
   c->cred = cred;
   c->refs = 1;
@@ -399,13 +405,14 @@ static void accept_one(ferry_shm_service *s) {
   memcpy(m.nonce, c->nonce, sizeof m.nonce);
   if (shm_msg_send(fd, &m, NULL, 0, MSG_DONTWAIT) != 0) {
     conn_free(c);
-    return;
+    return 1;
   }
   pthread_mutex_lock(&s->lock);
   c->next = s->conns;
   s->conns = c;
   s->nconns++;
   pthread_mutex_unlock(&s->lock);
+  return 1;
 }
 
 static int serve_hello(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
@@ -646,8 +653,9 @@ static void *service_main(void *arg) {
     for (size_t i = 2; i < n; i++)
       if (pfd[i].revents && serve_request(s, conns[i]) != 0)
         conn_drop(s, conns[i]); /* only this thread unlinks connections */
-    if (pfd[1].revents)
-      accept_one(s);
+    /* A bounded number per round: a flood does not starve the others. */
+    for (int i = 0; pfd[1].revents && i < 64 && accept_one(s); i++)
+      ;
   }
   free(pfd);
   free(conns);
@@ -661,7 +669,7 @@ static ferry_status listen_abstract(ferry_shm_service *s, char *path, size_t siz
   struct sockaddr_un sa;
   unsigned len;
   shm_sockaddr(path, &sa, &len);
-  s->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  s->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s->listen_fd < 0 || bind(s->listen_fd, (struct sockaddr *)&sa, len) < 0 ||
       listen(s->listen_fd, 64) < 0)
     return ferry_fail_errno(FERRY_ESOCKET, errno, "shm service: cannot listen on %s", path);
