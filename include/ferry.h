@@ -123,7 +123,8 @@ typedef struct ferry_config {
    * (by uid, as the kernel reports the connecting process: SO_PEERCRED).
    * Any other same-host process is refused at connect and reaches this
    * engine over TCP instead (with the shared secret, when one is set).
-   * Default none: only processes of this engine's own effective uid. The
+   * Likewise this engine uses shm only with targets running as its own or
+   * a listed uid. Default none: only this engine's own effective uid. The
    * array is copied by ferry_engine_create. */
   const uint32_t *shm_allowed_uids;
   size_t shm_allowed_uid_count;

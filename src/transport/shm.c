@@ -548,8 +548,34 @@ static ferry_status unix_connect(const char *path, uint32_t timeout_ms, const ch
   return FERRY_OK;
 }
 
+/* The service's first message: a refusal, or the greeting of the engine
+ * the peer's handshake named. */
+static ferry_status read_greeting(int fd, const ferry_hello_reply *info, const char *address,
+                                  shm_msg *greeting) {
+  int rc = shm_msg_recv(fd, greeting, SHM_GREETING, NULL, NULL, 0);
+  if (rc)
+    return ferry_fail_errno(FERRY_EHANDSHAKE, -rc, "no greeting from the shm service of %s",
+                            address);
+  if (greeting->status == FERRY_EBUSY)
+    return ferry_fail(FERRY_EBUSY,
+                      "the shm service of %s refused this process: it has too many "
+                      "same-host connections",
+                      address);
+  if (greeting->status)
+    return ferry_fail(FERRY_EAUTH,
+                      "the shm service of %s refused this process (uid %u): it serves only its "
+                      "own user and the uids it allows",
+                      address, (unsigned)geteuid());
+  if (greeting->engine_id != info->engine_id)
+    return ferry_fail(FERRY_EHANDSHAKE, "the shm socket %s belongs to another engine than %s",
+                      info->shm_path, address);
+  return FERRY_OK;
+}
+
 /* Connects to the service and reads its greeting; *pid gets the target's
- * pid in this process's namespace (0 when it is not visible here). */
+ * pid in this process's namespace (0 when it is not visible here). The
+ * service must run as a user this engine serves too: the bytes written
+ * over the link would otherwise go to another user. */
 static ferry_status service_open(const ferry_engine *e, const ferry_hello_reply *info,
                                  const char *address, int *fd, shm_msg *greeting, pid_t *pid) {
   ferry_status st = unix_connect(info->shm_path, e->cfg.connect_timeout_ms, address, fd);
@@ -557,20 +583,13 @@ static ferry_status service_open(const ferry_engine *e, const ferry_hello_reply 
     return st;
   struct ucred cred = {0};
   socklen_t len = sizeof cred;
-  int rc = shm_msg_recv(*fd, greeting, SHM_GREETING, NULL, NULL, 0);
-  if (rc == 0 && greeting->status)
-    st = ferry_fail(
-        greeting->status == FERRY_EBUSY ? FERRY_EBUSY : FERRY_EAUTH,
-        "the shm service of %s refused this process (uid %u): %s", address, (unsigned)geteuid(),
-        greeting->status == FERRY_EBUSY ? "it has too many same-host connections"
-                                        : "it serves only its own user and the uids it allows");
-  else if (rc == 0 && greeting->engine_id != info->engine_id)
-    st = ferry_fail(FERRY_EHANDSHAKE, "the shm socket %s belongs to another engine than %s",
-                    info->shm_path, address);
-  else if (rc == 0 && getsockopt(*fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
+  if (getsockopt(*fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
     st = ferry_fail_errno(FERRY_ESOCKET, errno, "SO_PEERCRED on the shm socket of %s", address);
-  else if (rc)
-    st = ferry_fail_errno(FERRY_EHANDSHAKE, -rc, "no greeting from the shm service of %s", address);
+  else if (!ferry_shm_uid_allowed(e, cred.uid))
+    st = ferry_fail(FERRY_EAUTH, "the shm service %s of %s runs as uid %u, not as this user",
+                    info->shm_path, address, (unsigned)cred.uid);
+  else
+    st = read_greeting(*fd, info, address, greeting);
   if (st) {
     close(*fd);
     return st;
@@ -609,7 +628,7 @@ static int shm_usable(ferry_engine *e, const ferry_hello_reply *info, char *why,
   int fd;
   shm_msg greeting;
   pid_t pid;
-  if (service_open(e, info, info->shm_path, &fd, &greeting, &pid) == FERRY_OK) {
+  if (service_open(e, info, "this peer", &fd, &greeting, &pid) == FERRY_OK) {
     close(fd);
     if (cma_permitted(pid, &greeting, why, size))
       return 1;

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "transport/transport.h"
 
@@ -92,5 +93,8 @@ extern const ferry_transport ferry_transport_shm;
 ferry_status ferry_shm_service_start(ferry_engine *engine);
 void ferry_shm_service_stop(ferry_engine *engine);
 void ferry_shm_revoke(ferry_engine *engine);
+/* Whether processes of this uid are served, and served by: the engine's
+ * own uid or one in cfg.shm_allowed_uids. */
+int ferry_shm_uid_allowed(const ferry_engine *engine, uid_t uid);
 
 #endif

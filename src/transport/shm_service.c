@@ -352,6 +352,10 @@ static int uid_allowed(const ferry_shm_service *s, uid_t uid) {
   return 0;
 }
 
+int ferry_shm_uid_allowed(const ferry_engine *e, uid_t uid) {
+  return e->shm ? uid_allowed(e->shm, uid) : uid == geteuid();
+}
+
 /* Says no in a GREETING that carries nothing but the status, and closes.
  * Only the first refusal is a warning: a flood must not flood the log. */
 static void refuse_conn(ferry_shm_service *s, int fd, const struct ucred *cred, ferry_status status,

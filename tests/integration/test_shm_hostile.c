@@ -75,9 +75,17 @@ static int child_as_nobody(const test_target *t, const char *path) {
     if (!refused)
       return 11;
   }
-  ferry_engine *e = test_engine(NULL);
+  /* This engine would use a root target (allowed here), but root's refuses it. */
+  const uint32_t root = 0;
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.shm_allowed_uids = &root;
+  cfg.shm_allowed_uid_count = 1;
+  ferry_engine *e = NULL;
   unsigned transport = 0;
-  if (!e || ferry_peer_transport(e, t->target, &transport) != FERRY_OK)
+  if (ferry_engine_create(&cfg, &e) != FERRY_OK ||
+      ferry_peer_transport(e, t->target, &transport) != FERRY_OK)
     return 13;
   ferry_engine_destroy(e);
   return transport == FERRY_TRANSPORT_TCP ? 0 : 14;
@@ -146,6 +154,62 @@ static void allowed_user_is_served(void **state) {
   ferry_engine_destroy(target);
 }
 
+/* The other way round: a root initiator does not hand its data over shm to
+ * a target run by another user (root could, with CMA), but uses TCP. */
+static void target_of_another_user_is_not_used(void **state) {
+  if (geteuid() != 0) {
+    print_message("not root: cannot act as another user\n");
+    skip();
+  }
+  int info[2], done[2];
+  assert_int_equal(pipe(info), 0);
+  assert_int_equal(pipe(done), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(info[0]); /* so the read below ends if the parent dies */
+    close(done[1]);
+    char line[128], byte;
+    void *buf = NULL;
+    /* It would serve root: only the initiator's own rule can keep it off shm. */
+    const uint32_t root = 0;
+    ferry_config cfg;
+    ferry_config_init(&cfg);
+    cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+    cfg.shm_allowed_uids = &root;
+    cfg.shm_allowed_uid_count = 1;
+    ferry_engine *e = NULL;
+    if (!become_nobody() || ferry_engine_create(&cfg, &e) != FERRY_OK ||
+        ferry_memory_alloc(e, MiB, &buf) != FERRY_OK)
+      _exit(10);
+    int n = snprintf(line, sizeof line, "%s %llx\n", ferry_engine_name(e),
+                     (unsigned long long)(uintptr_t)buf);
+    if (write(info[1], line, (size_t)n) != n || read(done[0], &byte, 1) < 0)
+      _exit(11);
+    ferry_engine_destroy(e);
+    _exit(0);
+  }
+  close(info[1]);
+  close(done[0]);
+  char line[128], target[80];
+  unsigned long long addr = 0;
+  assert_int_equal(test_read_line(info[0], line, sizeof line, 10000), 0);
+  assert_int_equal(sscanf(line, "%79s %llx", target, &addr), 2);
+  ferry_engine *e = test_engine(NULL);
+  uint8_t *buf = test_buffer(e, MiB), *back = test_buffer(e, MiB);
+  assert_int_equal(transport_to(e, target), FERRY_TRANSPORT_TCP);
+  test_round_trip(e, target, buf, back, addr, MiB, 5);
+  ferry_engine_destroy(e);
+  assert_int_equal(write(done[1], "d", 1), 1);
+  int status = -1;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  close(info[0]);
+  close(done[1]);
+  free(buf);
+  free(back);
+}
+
 /* ---- the table and the buffers cannot be changed by a peer ---------------------------- */
 
 static void table_cannot_be_made_writable(void **state) {
@@ -197,6 +261,8 @@ static void buffer_cannot_be_resized(void **state) {
   assert_int_equal(pipe(ready), 0);
   pid_t pid = fork();
   if (pid == 0) {
+    close(go[1]); /* so the read below ends if the parent dies */
+    close(ready[0]);
     ferry_engine *e = test_engine(NULL);
     uint8_t *buf = test_buffer(e, MiB), *back = test_buffer(e, MiB);
     char byte = 0;
@@ -214,6 +280,8 @@ static void buffer_cannot_be_resized(void **state) {
     ferry_engine_destroy(e);
     _exit(0);
   }
+  close(go[0]);
+  close(ready[1]);
   char byte = 0;
   assert_int_equal(read(ready[0], &byte, 1), 1);
   shmc c;
@@ -241,8 +309,8 @@ static void buffer_cannot_be_resized(void **state) {
   assert_int_equal(WEXITSTATUS(status), 0);
   close(fd);
   shmc_close(&c);
-  for (int i = 0; i < 2; i++)
-    close(go[i]), close(ready[i]);
+  close(go[1]);
+  close(ready[0]);
   test_target_stop(&t);
 }
 
@@ -419,6 +487,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(other_user_is_refused),
       cmocka_unit_test(allowed_user_is_served),
+      cmocka_unit_test(target_of_another_user_is_not_used),
       cmocka_unit_test(table_cannot_be_made_writable),
       cmocka_unit_test(buffer_cannot_be_resized),
       cmocka_unit_test(map_of_unregistered_buffer_is_refused),
