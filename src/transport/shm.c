@@ -29,7 +29,14 @@
  * ferry_memory_unregister (or ferry_memory_free) returns on the target, no
  * copy into the region is running and none will start; later chunks fail
  * with FERRY_ENOTREG. A target that sees no copy end within its timeout
- * logs a warning and returns anyway (a stopped initiator cannot hang it).
+ * cuts the link off (a stopped initiator cannot hang it); the chunk that
+ * outlasted it then fails here with FERRY_ESOCKET, as the link is checked
+ * after every copy.
+ *
+ * Trust. Links go only to a service running as this engine's uid or an
+ * allowed one (SO_PEERCRED), and every memfd received (table, slots,
+ * buffers) must be sealed against shrinking before it is mapped, so no
+ * later act of the target or of its other peers can make a copy fault.
  *
  * Peer exit. Mapped memory stays valid after the target dies, so a copy
  * cannot crash; the link's socket then reports a hang-up, which fails the

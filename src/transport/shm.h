@@ -14,8 +14,8 @@
 
 #include "transport/transport.h"
 
-#define SHM_MAGIC 0x4d485346u /* "FSHM" */
-#define SHM_VERSION 1
+#define SHM_MAGIC 0x4d485346u         /* "FSHM" */
+#define SHM_VERSION 2                 /* 2: refusals in GREETING, MAP names the region */
 #define SHM_TABLE_CAPACITY (1u << 20) /* regions the shared table can list */
 #define SHM_SLOTS 256                 /* copying channels per link */
 #define SHM_MAX_FDS 2
@@ -89,7 +89,8 @@ extern const ferry_transport ferry_transport_shm;
 /* Engine hooks (engine.c). start: the service (fills e->shm, e->shm_path);
  * on failure it warns and drops shm from e->transports, failing only when
  * shm was the only transport. revoke: after unregistration, rewrite the
- * table and return once no initiator copy that checked the old table runs. */
+ * table and return once no initiator copy that checked the old table runs,
+ * cutting off the links still copying after timeout_ms. */
 ferry_status ferry_shm_service_start(ferry_engine *engine);
 void ferry_shm_service_stop(ferry_engine *engine);
 void ferry_shm_revoke(ferry_engine *engine);
