@@ -71,8 +71,6 @@ struct ferry_shm_service {
   svc_conn *conns;
   unsigned nconns;
 
-  pthread_mutex_t revoke_lock; /* one revocation at a time */
-
   pthread_mutex_t table_lock; /* everything below: one writer at a time */
   shm_table *table;
   int table_fd;
@@ -557,7 +555,8 @@ static size_t attached_conns(ferry_shm_service *s, svc_conn **out) {
 
 /* Waits, with all connections in one loop so none uses up another's time,
  * until no link copies under a version older than seq; the ones still
- * copying at the deadline are cut off. */
+ * copying at the deadline are cut off. Concurrent revocations each wait
+ * for their own version, side by side (cutting a link twice is harmless). */
 static void wait_links(ferry_shm_service *s, svc_conn **conns, size_t n, uint64_t seq) {
   uint64_t deadline = ferry_now_ns() + (uint64_t)s->engine->cfg.timeout_ms * 1000000ull;
   for (unsigned round = 0;; round++) {
@@ -582,7 +581,6 @@ void ferry_shm_revoke(ferry_engine *e) {
   ferry_shm_service *s = e->shm;
   if (!s)
     return;
-  pthread_mutex_lock(&s->revoke_lock);
   pthread_mutex_lock(&s->lock);
   int attached = 0;
   for (svc_conn *c = s->conns; c && !attached; c = c->next)
@@ -600,7 +598,6 @@ void ferry_shm_revoke(ferry_engine *e) {
     for (size_t i = 0; i < n; i++)
       conn_release(s, held[i]);
   }
-  pthread_mutex_unlock(&s->revoke_lock);
 }
 
 /* ---- the service thread ------------------------------------------------------------- */
@@ -731,7 +728,6 @@ static void service_free(ferry_shm_service *s) {
   if (s->table)
     munmap(s->table, SHM_TABLE_BYTES);
   pthread_mutex_destroy(&s->lock);
-  pthread_mutex_destroy(&s->revoke_lock);
   pthread_mutex_destroy(&s->table_lock);
   free(s->allowed_uids);
   free(s);
@@ -746,7 +742,6 @@ ferry_status ferry_shm_service_start(ferry_engine *e) {
   s->listen_fd = s->table_fd = s->wake[0] = s->wake[1] = -1;
   s->uid = geteuid();
   pthread_mutex_init(&s->lock, NULL);
-  pthread_mutex_init(&s->revoke_lock, NULL);
   pthread_mutex_init(&s->table_lock, NULL);
   char path[sizeof e->shm_path];
   ferry_status st = allowed_uids_copy(s, &e->cfg);
