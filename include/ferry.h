@@ -158,6 +158,15 @@ typedef struct ferry_config {
    * 64 MiB); all peers together 4 times that. Past it ferry_notify_send
    * fails with FERRY_EBUSY until the target drains. */
   size_t notify_peer_bytes;
+  /* Users whose processes this engine's shm service serves besides its own
+   * (by uid, as the kernel reports the connecting process: SO_PEERCRED).
+   * Any other same-host process is refused at connect and reaches this
+   * engine over TCP instead (with the shared secret, when one is set).
+   * Likewise this engine uses shm only with targets running as its own or
+   * a listed uid. Default none: only this engine's own effective uid. The
+   * array is copied by ferry_engine_create. */
+  const uint32_t *shm_allowed_uids;
+  size_t shm_allowed_uid_count;
 } ferry_config;
 
 /* Fills cfg with defaults, including those taken from the environment

@@ -287,6 +287,9 @@ static ferry_status check_fields(ferry_config *cfg) {
     return bad_field("slice_size", cfg->slice_size, "4096 to 67108864 bytes, or 0 for 512 KiB");
   if (cfg->spin_us > FERRY_SPIN_US_MAX)
     return bad_field("spin_us", cfg->spin_us, "0 to 10000 microseconds");
+  if (cfg->shm_allowed_uid_count && !cfg->shm_allowed_uids)
+    return bad_field("shm_allowed_uid_count", cfg->shm_allowed_uid_count,
+                     "0 when shm_allowed_uids is NULL");
   if (cfg->log_level_set && (cfg->log_level < FERRY_LOG_DEBUG || cfg->log_level > FERRY_LOG_OFF))
     return bad_field("log_level", (unsigned long long)cfg->log_level, "a FERRY_LOG_* level");
   if (!cfg->slice_size)

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <stdio.h>
@@ -373,8 +374,11 @@ static ferry_status memory_alloc(ferry_engine *e, size_t length, void **out) {
   ferry_allocation *a = calloc(1, sizeof *a);
   if (!a)
     return ferry_fail(FERRY_ENOMEM, "no memory to allocate %zu bytes", length);
-  a->fd = memfd_create("ferry-buffer", MFD_CLOEXEC);
-  if (a->fd < 0 || ftruncate(a->fd, (off_t)length) < 0) {
+  /* Sealed at its size: a same-host peer that maps it may not shrink it
+   * (an honest peer's mapping would then fault) nor change the seals. */
+  a->fd = memfd_create("ferry-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (a->fd < 0 || ftruncate(a->fd, (off_t)length) < 0 ||
+      fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
     int err = errno;
     if (a->fd >= 0)
       close(a->fd);

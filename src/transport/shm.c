@@ -29,7 +29,14 @@
  * ferry_memory_unregister (or ferry_memory_free) returns on the target, no
  * copy into the region is running and none will start; later chunks fail
  * with FERRY_ENOTREG. A target that sees no copy end within its timeout
- * logs a warning and returns anyway (a stopped initiator cannot hang it).
+ * cuts the link off (a stopped initiator cannot hang it); the chunk that
+ * outlasted it then fails here with FERRY_ESOCKET, as the link is checked
+ * after every copy.
+ *
+ * Trust. Links go only to a service running as this engine's uid or an
+ * allowed one (SO_PEERCRED), and every memfd received (table, slots,
+ * buffers) must be sealed against shrinking before it is mapped, so no
+ * later act of the target or of its other peers can make a copy fault.
  *
  * Peer exit. Mapped memory stays valid after the target dies, so a copy
  * cannot crash; the link's socket then reports a hang-up, which fails the
@@ -40,6 +47,7 @@
  * means the copy finished, so the bytes are in the target's memory. There
  * is no network to guard, so checksum mode does not apply here. */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
@@ -238,7 +246,9 @@ static int link_alive(shm_link *l) {
 
 static ferry_status link_gone(shm_link *l) {
   __atomic_store_n(&l->dead, 1, __ATOMIC_RELEASE);
-  return ferry_fail(FERRY_ESOCKET, "peer %s: its shm service closed the link (peer exited?)",
+  return ferry_fail(FERRY_ESOCKET,
+                    "peer %s: its shm service closed the link (the peer exited, or cut "
+                    "the link off because a copy outlasted an unregister)",
                     l->address);
 }
 
@@ -292,6 +302,16 @@ static ferry_status link_call(shm_link *l, const shm_msg *req, shm_msg *reply, i
   if (rc == -EPROTO)
     return ferry_fail(FERRY_EPROTO, "peer %s: malformed message from its shm service", l->address);
   return link_gone(l);
+}
+
+/* Whether the target sealed this memfd against shrinking and it holds
+ * `size` bytes: a mapping of it can then never fault, whatever the target
+ * (or another of its peers) does later. */
+static int sealed_at_size(int fd, uint64_t size) {
+  struct stat st;
+  int seals = fcntl(fd, F_GET_SEALS);
+  return seals >= 0 && (seals & F_SEAL_SHRINK) && fstat(fd, &st) == 0 &&
+         (uint64_t)st.st_size >= size;
 }
 
 static ferry_status link_sync(shm_link *l) {
@@ -355,11 +375,14 @@ static ferry_status maps_add(shm_link *l, const shm_map *m) {
   return st;
 }
 
-/* Asks for the memfd of the buffer with this inode and maps it. */
-static ferry_status link_map(shm_link *l, uint64_t ino) {
+/* Asks for the memfd of the buffer with this inode, which holds the
+ * registered region `want`, and maps it. */
+static ferry_status link_map(shm_link *l, const shm_table_entry *want) {
   shm_msg req, reply;
   shm_msg_init(&req, SHM_MAP);
-  req.ino = ino;
+  req.ino = want->ino;
+  req.addr = want->addr;
+  req.length = want->length;
   int fds[SHM_MAX_FDS], nfds = 0;
   ferry_status st = link_call(l, &req, &reply, fds, &nfds);
   if (st)
@@ -369,12 +392,11 @@ static ferry_status link_map(shm_link *l, uint64_t ino) {
       close(fds[i]);
     return FERRY_ENOTREG; /* freed meanwhile: the caller refreshes the table */
   }
-  struct stat info;
-  shm_map m = {ino, reply.addr, reply.length, MAP_FAILED};
-  if (fstat(fds[0], &info) == 0 && (uint64_t)info.st_size >= m.length && m.length)
+  shm_map m = {want->ino, reply.addr, reply.length, MAP_FAILED};
+  if (m.length && sealed_at_size(fds[0], m.length))
     m.local = mmap(NULL, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
   else
-    errno = EPROTO; /* smaller than announced: touching it would fault */
+    errno = EPROTO; /* unsealed or smaller than announced: touching it could fault */
   int err = errno;
   close(fds[0]);
   if (m.local == MAP_FAILED)
@@ -390,7 +412,7 @@ typedef enum resolve_result { RESOLVED, MISSING, NEED_MAP } resolve_result;
 /* Finds every segment in the table and its mapping (if any). Caller holds
  * maps_lock for reading and is inside its slot. */
 static resolve_result resolve(shm_channel *ch, const ferry_chunk *c, uint32_t *bad,
-                              uint64_t *need_ino) {
+                              shm_table_entry *need) {
   shm_link *l = ch->link;
   for (uint32_t i = 0; i < c->count; i++) {
     shm_table_entry en;
@@ -405,7 +427,7 @@ static resolve_result resolve(shm_channel *ch, const ferry_chunk *c, uint32_t *b
     const shm_map *m = map_find(l, en.ino);
     if (!m) {
       *bad = i;
-      *need_ino = en.ino;
+      *need = en;
       return NEED_MAP;
     }
     if (addr < m->base || addr - m->base > m->length || len > m->length - (addr - m->base)) {
@@ -446,10 +468,11 @@ static ferry_status copy_chunk(shm_channel *ch, const ferry_chunk *c, uint64_t d
   int synced = 0;
   for (unsigned tries = 0; tries < SHM_RESOLVE_TRIES; tries++) {
     uint32_t bad = 0;
-    uint64_t seq = 0, ino = 0;
+    uint64_t seq = 0;
+    shm_table_entry need = {0, 0, 0};
     pthread_rwlock_rdlock(&l->maps_lock);
     ferry_status st = slot_enter(ch, deadline_ns, &seq);
-    resolve_result r = st ? MISSING : resolve(ch, c, &bad, &ino);
+    resolve_result r = st ? MISSING : resolve(ch, c, &bad, &need);
     int stable = !st && table_stable(l->table, seq);
     if (stable && r == RESOLVED)
       st = move(ch, c);
@@ -459,7 +482,7 @@ static ferry_status copy_chunk(shm_channel *ch, const ferry_chunk *c, uint64_t d
       return st;
     if (!stable)
       continue; /* the table changed while we read it */
-    if (r == NEED_MAP && (st = link_map(l, ino)) != FERRY_ENOTREG) {
+    if (r == NEED_MAP && (st = link_map(l, &need)) != FERRY_ENOTREG) {
       if (st)
         return st;
       continue;
@@ -532,8 +555,34 @@ static ferry_status unix_connect(const char *path, uint32_t timeout_ms, const ch
   return FERRY_OK;
 }
 
+/* The service's first message: a refusal, or the greeting of the engine
+ * the peer's handshake named. */
+static ferry_status read_greeting(int fd, const ferry_hello_reply *info, const char *address,
+                                  shm_msg *greeting) {
+  int rc = shm_msg_recv(fd, greeting, SHM_GREETING, NULL, NULL, 0);
+  if (rc)
+    return ferry_fail_errno(FERRY_EHANDSHAKE, -rc, "no greeting from the shm service of %s",
+                            address);
+  if (greeting->status == FERRY_EBUSY)
+    return ferry_fail(FERRY_EBUSY,
+                      "the shm service of %s refused this process: it has too many "
+                      "same-host connections",
+                      address);
+  if (greeting->status)
+    return ferry_fail(FERRY_EAUTH,
+                      "the shm service of %s refused this process (uid %u): it serves only its "
+                      "own user and the uids it allows",
+                      address, (unsigned)geteuid());
+  if (greeting->engine_id != info->engine_id)
+    return ferry_fail(FERRY_EHANDSHAKE, "the shm socket %s belongs to another engine than %s",
+                      info->shm_path, address);
+  return FERRY_OK;
+}
+
 /* Connects to the service and reads its greeting; *pid gets the target's
- * pid in this process's namespace (0 when it is not visible here). */
+ * pid in this process's namespace (0 when it is not visible here). The
+ * service must run as a user this engine serves too: the bytes written
+ * over the link would otherwise go to another user. */
 static ferry_status service_open(const ferry_engine *e, const ferry_hello_reply *info,
                                  const char *address, int *fd, shm_msg *greeting, pid_t *pid) {
   ferry_status st = unix_connect(info->shm_path, e->cfg.connect_timeout_ms, address, fd);
@@ -541,14 +590,13 @@ static ferry_status service_open(const ferry_engine *e, const ferry_hello_reply 
     return st;
   struct ucred cred = {0};
   socklen_t len = sizeof cred;
-  int rc = shm_msg_recv(*fd, greeting, SHM_GREETING, NULL, NULL, 0);
-  if (rc == 0 && greeting->engine_id != info->engine_id)
-    st = ferry_fail(FERRY_EHANDSHAKE, "the shm socket %s belongs to another engine than %s",
-                    info->shm_path, address);
-  else if (rc == 0 && getsockopt(*fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
+  if (getsockopt(*fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
     st = ferry_fail_errno(FERRY_ESOCKET, errno, "SO_PEERCRED on the shm socket of %s", address);
-  else if (rc)
-    st = ferry_fail_errno(FERRY_EHANDSHAKE, -rc, "no greeting from the shm service of %s", address);
+  else if (!ferry_shm_uid_allowed(e, cred.uid))
+    st = ferry_fail(FERRY_EAUTH, "the shm service %s of %s runs as uid %u, not as this user",
+                    info->shm_path, address, (unsigned)cred.uid);
+  else
+    st = read_greeting(*fd, info, address, greeting);
   if (st) {
     close(*fd);
     return st;
@@ -587,11 +635,13 @@ static int shm_usable(ferry_engine *e, const ferry_hello_reply *info, char *why,
   int fd;
   shm_msg greeting;
   pid_t pid;
-  if (service_open(e, info, info->shm_path, &fd, &greeting, &pid) != FERRY_OK)
-    return snprintf(why, size, "%s", ferry_last_error()), 0;
-  close(fd);
-  if (cma_permitted(pid, &greeting, why, size))
-    return 1;
+  if (service_open(e, info, "this peer", &fd, &greeting, &pid) == FERRY_OK) {
+    close(fd);
+    if (cma_permitted(pid, &greeting, why, size))
+      return 1;
+  } else {
+    snprintf(why, size, "%s", ferry_last_error());
+  }
   FERRY_WARN("shm transport not used with the engine on %s: %s; using TCP for that peer",
              info->shm_path, why);
   return 0;
@@ -609,9 +659,8 @@ static ferry_status link_attach(shm_link *l, const ferry_engine *e, const shm_ms
   ferry_status st = link_call(l, &hello, &reply, fds, &nfds);
   if (st)
     return st;
-  struct stat a, b;
-  if (reply.status || nfds != 2 || fstat(fds[0], &a) || fstat(fds[1], &b) ||
-      (uint64_t)a.st_size < SHM_TABLE_BYTES || (uint64_t)b.st_size < SHM_SLOTS_BYTES) {
+  if (reply.status || nfds != 2 || !sealed_at_size(fds[0], SHM_TABLE_BYTES) ||
+      !sealed_at_size(fds[1], SHM_SLOTS_BYTES)) {
     st = ferry_fail(reply.status ? (ferry_status)reply.status : FERRY_EHANDSHAKE,
                     "the shm service of %s refused the link%s", l->address,
                     reply.status == FERRY_EAUTH ? " (shared secret)" : "");

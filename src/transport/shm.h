@@ -10,16 +10,22 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "transport/transport.h"
 
-#define SHM_MAGIC 0x4d485346u /* "FSHM" */
-#define SHM_VERSION 1
+#define SHM_MAGIC 0x4d485346u         /* "FSHM" */
+#define SHM_VERSION 2                 /* 2: refusals in GREETING, MAP names the region */
 #define SHM_TABLE_CAPACITY (1u << 20) /* regions the shared table can list */
 #define SHM_SLOTS 256                 /* copying channels per link */
 #define SHM_MAX_FDS 2
+/* Connections the service keeps at once (one descriptor each); later ones
+ * are refused with FERRY_EBUSY until some close. */
+#define SHM_CONNS_MAX 256
 
-/* The target's region table, shared read-only with every initiator. seq is
+/* The target's region table, shared read-only with every initiator (the
+ * memfd is sealed with F_SEAL_FUTURE_WRITE, so only the target's own
+ * mapping of it can change it). seq is
  * a seqlock: odd while the table is rewritten, bumped by 2 per version.
  * Entries are sorted by addr and disjoint. ino != 0: the region lies in a
  * ferry_memory_alloc buffer (a memfd with that inode) that initiators map;
@@ -38,16 +44,18 @@ typedef struct shm_table {
 
 #define SHM_TABLE_BYTES (sizeof(shm_table) + (size_t)SHM_TABLE_CAPACITY * sizeof(shm_table_entry))
 /* One page of slots per link, read-write for both sides: a copying
- * channel's slot holds the table seq it checked against, 0 when idle. */
+ * channel's slot holds the table seq it checked against, 0 when idle. The
+ * target only reads it, as untrusted input, and bounds every wait on it. */
 #define SHM_SLOTS_BYTES ((size_t)SHM_SLOTS * sizeof(uint64_t))
 
 typedef enum shm_msg_type {
-  SHM_GREETING = 1, /* service -> initiator on connect: engine_id, probe_addr, nonce */
+  SHM_GREETING = 1, /* service -> initiator on connect: engine_id, probe_addr, nonce;
+                       or only a nonzero status: refused (another user, too many) */
   SHM_HELLO = 2,    /* initiator: nonce, proof (when the target has a secret) */
   SHM_ATTACH = 3,   /* service: status; fds = table (read-only), slots */
   SHM_SYNC = 4,     /* initiator: bring the table up to date with the registry */
   SHM_SYNCED = 5,   /* service: seq */
-  SHM_MAP = 6,      /* initiator: ino of an allocation it wants to map */
+  SHM_MAP = 6,      /* initiator: ino of an allocation, addr/length: the region it wants */
   SHM_MAPPED = 7,   /* service: status, ino, addr, length; fd = the memfd */
 } shm_msg_type;
 
@@ -81,9 +89,13 @@ extern const ferry_transport ferry_transport_shm;
 /* Engine hooks (engine.c). start: the service (fills e->shm, e->shm_path);
  * on failure it warns and drops shm from e->transports, failing only when
  * shm was the only transport. revoke: after unregistration, rewrite the
- * table and return once no initiator copy that checked the old table runs. */
+ * table and return once no initiator copy that checked the old table runs,
+ * cutting off the links still copying after timeout_ms. */
 ferry_status ferry_shm_service_start(ferry_engine *engine);
 void ferry_shm_service_stop(ferry_engine *engine);
 void ferry_shm_revoke(ferry_engine *engine);
+/* Whether processes of this uid are served, and served by: the engine's
+ * own uid or one in cfg.shm_allowed_uids. */
+int ferry_shm_uid_allowed(const ferry_engine *engine, uid_t uid);
 
 #endif

@@ -1,18 +1,29 @@
 /* shm_service.c - the target side of the same-host transport.
  *
  * A thread listens on an abstract UNIX socket ("@ferry-<pid>-<random>", no
- * filesystem path) and serves initiators on this host: on connect it greets
- * them (engine id, an address to test process_vm_readv on, an auth nonce);
- * after a HELLO (with a proof when the engine has a secret) it hands over,
- * by SCM_RIGHTS, the region table (a memfd, read-only) and a page of slots
- * for that link; later it answers SYNC (refresh the table) and MAP (the
- * memfd of one ferry_memory_alloc buffer). The data never passes here.
+ * filesystem path) and serves initiators on this host. Any process can
+ * connect to such a socket, so the service trusts only what the kernel
+ * says about the caller: a connection whose SO_PEERCRED uid is neither
+ * this process's nor in cfg.shm_allowed_uids is refused at once (a
+ * GREETING with FERRY_EAUTH, then close), and so is one past
+ * SHM_CONNS_MAX. Others are greeted (engine id, an address to test
+ * process_vm_readv on, an auth nonce) and must send HELLO (with a proof
+ * when the engine has a secret) within connect_timeout_ms. Then they get,
+ * by SCM_RIGHTS, the region table (a memfd sealed against writing: no
+ * reopened descriptor maps it writable) and a page of slots for that
+ * link; later the service answers SYNC (refresh the table) and MAP (the
+ * memfd of one ferry_memory_alloc buffer that is registered now). The
+ * data never passes here. The thread never blocks on a peer: sockets are
+ * non-blocking and a peer that does not take a reply is dropped.
  *
  * The table is rewritten under a seqlock whenever it is stale (the registry
  * or the allocation list changed) and an initiator asks, and eagerly by
  * ferry_shm_revoke after every unregistration, which then waits until no
- * initiator is still copying under a table version older than the new one.
- * See shm.c for the initiator's half of that protocol. */
+ * initiator is still copying under an older table version. The slots a
+ * peer writes are only read here, as untrusted input: a link whose slots
+ * do not clear within timeout_ms is cut off (its socket shut down, so its
+ * initiator stops using it) and unregister returns. See shm.c for the
+ * initiator's half of that protocol. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -34,9 +45,12 @@
 
 typedef struct svc_conn {
   int fd;
-  int attached;    /* HELLO accepted: it holds the table and may copy */
-  uint64_t *slots; /* shared with the initiator */
-  int slots_fd;
+  struct ucred cred;    /* of the connecting process, from the kernel */
+  uint64_t deadline_ns; /* HELLO due by then; 0 once attached */
+  int attached;         /* HELLO accepted: it holds the table and may copy */
+  int cut;              /* revocation gave up waiting for it: drop it */
+  unsigned refs;        /* the service thread's, plus one per revocation using it */
+  uint64_t *slots;      /* shared with the initiator: untrusted */
   uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
   struct svc_conn *next;
 } svc_conn;
@@ -48,13 +62,18 @@ struct ferry_shm_service {
   pthread_t thread;
   int thread_started;
   uint64_t probe; /* holds the engine id; initiators read it with CMA */
+  uid_t uid;      /* served besides the allowed list */
+  uint32_t *allowed_uids;
+  size_t allowed_count;
+  unsigned refused; /* connections refused, for the log */
 
-  pthread_mutex_t lock; /* conns */
+  pthread_mutex_t lock; /* conns, nconns, every conn's refs and attached */
   svc_conn *conns;
+  unsigned nconns;
 
   pthread_mutex_t table_lock; /* everything below: one writer at a time */
   shm_table *table;
-  int table_fd, table_ro_fd;
+  int table_fd;
   int built;
   uint64_t built_generation;
   size_t built_allocs;
@@ -161,30 +180,27 @@ int shm_sockaddr(const char *path, void *addr, unsigned *len) {
 
 /* ---- memfds ---------------------------------------------------------------------- */
 
-/* A sealed memfd of `size` bytes (it can neither shrink nor grow, so a
- * peer's mapping of it can never fault), mapped read-write here. */
-static ferry_status sealed_memfd(const char *name, size_t size, int *fd, void **map) {
+/* A memfd of `size` bytes, mapped read-write here, then sealed: it can
+ * neither shrink nor grow (a peer's mapping of it can never fault), nobody
+ * can add or remove seals, and `extra` seals more (F_SEAL_FUTURE_WRITE: no
+ * descriptor, however reopened, gives a writable mapping or write(2); only
+ * the mapping made here can change it). */
+static ferry_status sealed_memfd(const char *name, size_t size, int extra, int *fd, void **map) {
   *fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (*fd < 0)
     return ferry_fail_errno(FERRY_ENOMEM, errno, "shm service: memfd_create failed");
+  *map = MAP_FAILED;
   if (ftruncate(*fd, (off_t)size) < 0 ||
-      fcntl(*fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
-      (*map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0)) == MAP_FAILED) {
+      (*map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0)) == MAP_FAILED ||
+      fcntl(*fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL | extra) < 0) {
     int err = errno;
+    if (*map != MAP_FAILED)
+      munmap(*map, size);
     close(*fd);
     *fd = -1;
-    return ferry_fail_errno(FERRY_ENOMEM, err, "shm service: %zu-byte shared table", size);
+    return ferry_fail_errno(FERRY_ENOMEM, err, "shm service: sealed %zu-byte %s", size, name);
   }
   return FERRY_OK;
-}
-
-/* A read-only descriptor of the same memfd, so initiators can only map the
- * table for reading. Without /proc the writable one is shared instead. */
-static int read_only_fd(int fd) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  int ro = open(path, O_RDONLY | O_CLOEXEC);
-  return ro >= 0 ? ro : dup(fd);
 }
 
 static uint64_t fd_ino(int fd) {
@@ -291,96 +307,97 @@ static uint64_t table_refresh(ferry_shm_service *s, int force) {
   return seq;
 }
 
-/* ---- revocation ------------------------------------------------------------------- */
-
-static int conn_hung_up(const svc_conn *c) {
-  struct pollfd p = {c->fd, POLLRDHUP, 0};
-  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
-}
-
-static void pause_briefly(unsigned round) {
-  if (round < 16) {
-    sched_yield();
-    return;
-  }
-  struct timespec ts = {0, 50 * 1000};
-  nanosleep(&ts, NULL);
-}
-
-/* Waits while a slot of this link holds a table version older than seq:
- * that copy checked a table that may still list the revoked region. */
-static void wait_slots(ferry_shm_service *s, svc_conn *c, uint64_t seq, uint64_t deadline) {
-  for (unsigned i = 0; i < SHM_SLOTS; i++) {
-    for (unsigned round = 0;; round++) {
-      uint64_t v = __atomic_load_n(&c->slots[i], __ATOMIC_SEQ_CST);
-      if (v == 0 || v >= seq || conn_hung_up(c))
-        break;
-      if (ferry_now_ns() > deadline) {
-        FERRY_WARN("shm: unregister did not see a same-host peer's copy end in %u ms; returning "
-                   "anyway",
-                   s->engine->cfg.timeout_ms);
-        return;
-      }
-      pause_briefly(round);
-    }
-  }
-}
-
-void ferry_shm_revoke(ferry_engine *e) {
-  ferry_shm_service *s = e->shm;
-  if (!s)
-    return;
-  pthread_mutex_lock(&s->lock);
-  int attached = 0;
-  for (svc_conn *c = s->conns; c && !attached; c = c->next)
-    attached = c->attached;
-  if (attached) {
-    /* With nobody attached the table is rebuilt on the next HELLO. */
-    uint64_t seq = table_refresh(s, 1);
-    uint64_t deadline = ferry_now_ns() + (uint64_t)e->cfg.timeout_ms * 1000000ull;
-    for (svc_conn *c = s->conns; c; c = c->next)
-      if (c->attached)
-        wait_slots(s, c, seq, deadline);
-  }
-  pthread_mutex_unlock(&s->lock);
-}
-
 /* ---- connections ------------------------------------------------------------------ */
 
 static void conn_free(svc_conn *c) {
   if (c->slots)
     munmap(c->slots, SHM_SLOTS_BYTES);
-  if (c->slots_fd >= 0)
-    close(c->slots_fd);
   close(c->fd);
   free(c);
 }
 
+/* Drops one reference; the last one frees the connection. */
+static void conn_release(ferry_shm_service *s, svc_conn *c) {
+  pthread_mutex_lock(&s->lock);
+  unsigned left = --c->refs;
+  pthread_mutex_unlock(&s->lock);
+  if (!left)
+    conn_free(c);
+}
+
+/* Unlinks the connection (only the service thread does) and drops the
+ * service thread's reference: a revocation still reading its slots keeps
+ * it until it is done. */
 static void conn_drop(ferry_shm_service *s, svc_conn *c) {
   pthread_mutex_lock(&s->lock);
   svc_conn **pp = &s->conns;
   while (*pp && *pp != c)
     pp = &(*pp)->next;
-  if (*pp)
+  if (*pp) {
     *pp = c->next;
+    s->nconns--;
+  }
   pthread_mutex_unlock(&s->lock);
-  conn_free(c);
+  conn_release(s, c);
 }
 
-static void accept_one(ferry_shm_service *s) {
+static int uid_allowed(const ferry_shm_service *s, uid_t uid) {
+  if (uid == s->uid)
+    return 1;
+  for (size_t i = 0; i < s->allowed_count; i++)
+    if (s->allowed_uids[i] == (uint32_t)uid)
+      return 1;
+  return 0;
+}
+
+int ferry_shm_uid_allowed(const ferry_engine *e, uid_t uid) {
+  return e->shm ? uid_allowed(e->shm, uid) : uid == geteuid();
+}
+
+/* Says no in a GREETING that carries nothing but the status, and closes.
+ * Only the first refusal is a warning: a flood must not flood the log. */
+static void refuse_conn(ferry_shm_service *s, int fd, const struct ucred *cred, ferry_status status,
+                        const char *why) {
+  shm_msg m;
+  shm_msg_init(&m, SHM_GREETING);
+  m.status = status;
+  shm_msg_send(fd, &m, NULL, 0, MSG_DONTWAIT);
+  close(fd);
+  if (s->refused++ == 0)
+    FERRY_WARN("shm: refused a same-host connection from pid %d uid %u: %s (later refusals are "
+               "logged at debug level)",
+               (int)cred->pid, (unsigned)cred->uid, why);
+  else
+    FERRY_DEBUG("shm: refused a same-host connection from pid %d uid %u: %s", (int)cred->pid,
+                (unsigned)cred->uid, why);
+}
+
+/* 0 once nobody is waiting to be accepted. */
+static int accept_one(ferry_shm_service *s) {
   int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (fd < 0)
-    return;
-  svc_conn *c = calloc(1, sizeof *c);
-  void *slots = NULL;
-  if (!c || sealed_memfd("ferry-shm-slots", SHM_SLOTS_BYTES, &c->slots_fd, &slots)) {
-    FERRY_WARN("shm: refused a same-host peer: %s", c ? ferry_last_error() : "out of memory");
-    free(c);
-    close(fd);
-    return;
+    return 0;
+  struct ucred cred = {0, (uid_t)-1, (gid_t)-1};
+  socklen_t len = sizeof cred;
+  const char *refusal = NULL;
+  ferry_status status = FERRY_EAUTH;
+  svc_conn *c = NULL;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
+    refusal = "its credentials are unknown";
+  else if (!uid_allowed(s, cred.uid))
+    refusal = "another user (allow it with ferry_config.shm_allowed_uids)";
+  else if (s->nconns >= SHM_CONNS_MAX)
+    refusal = "too many connections", status = FERRY_EBUSY;
+  else if (!(c = calloc(1, sizeof *c)))
+    refusal = "out of memory", status = FERRY_ENOMEM;
+  if (refusal) {
+    refuse_conn(s, fd, &cred, status, refusal);
+    return 1;
   }
   c->fd = fd;
-  c->slots = slots;
+  c->cred = cred;
+  c->refs = 1;
+  c->deadline_ns = ferry_now_ns() + (uint64_t)s->engine->cfg.connect_timeout_ms * 1000000ull;
   ferry_auth_nonce(c->nonce);
   shm_msg m;
   shm_msg_init(&m, SHM_GREETING);
@@ -390,12 +407,14 @@ static void accept_one(ferry_shm_service *s) {
   memcpy(m.nonce, c->nonce, sizeof m.nonce);
   if (shm_msg_send(fd, &m, NULL, 0, MSG_DONTWAIT) != 0) {
     conn_free(c);
-    return;
+    return 1;
   }
   pthread_mutex_lock(&s->lock);
   c->next = s->conns;
   s->conns = c;
+  s->nconns++;
   pthread_mutex_unlock(&s->lock);
+  return 1;
 }
 
 static int serve_hello(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
@@ -404,29 +423,44 @@ static int serve_hello(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
   const char *secret = s->engine->secret;
   if (c->attached || (secret && !ferry_auth_check(secret, FERRY_AUTH_INITIATOR, req->nonce,
                                                   c->nonce, req->proof))) {
-    FERRY_WARN("shm: refused a same-host peer: %s",
+    FERRY_WARN("shm: refused a same-host peer (pid %d): %s", (int)c->cred.pid,
                c->attached ? "second HELLO" : "wrong shared secret");
     m.status = FERRY_EAUTH;
     shm_msg_send(c->fd, &m, NULL, 0, MSG_DONTWAIT);
     return -1;
   }
+  int slots_fd;
+  void *slots;
+  if (sealed_memfd("ferry-shm-slots", SHM_SLOTS_BYTES, 0, &slots_fd, &slots) != FERRY_OK) {
+    FERRY_WARN("shm: refused a same-host peer (pid %d): %s", (int)c->cred.pid, ferry_last_error());
+    return -1;
+  }
   pthread_mutex_lock(&s->lock);
+  c->slots = slots;
+  c->deadline_ns = 0;
   c->attached = 1; /* before the table is built: revocations now wait for it */
   pthread_mutex_unlock(&s->lock);
   m.seq = table_refresh(s, 0);
-  int fds[2] = {s->table_ro_fd, c->slots_fd};
-  return shm_msg_send(c->fd, &m, fds, 2, MSG_DONTWAIT);
+  int fds[2] = {s->table_fd, slots_fd};
+  int rc = shm_msg_send(c->fd, &m, fds, 2, MSG_DONTWAIT);
+  close(slots_fd); /* the mapping is all this side needs */
+  return rc;
 }
 
-/* Finds the allocation with this inode; *fd gets a duplicate of its memfd. */
-static int find_allocation(ferry_engine *e, uint64_t ino, shm_msg *m, int *fd) {
+/* Finds the allocation with this inode that holds [addr, addr+length),
+ * a range registered now; *fd gets a duplicate of its memfd. */
+static int find_allocation(ferry_engine *e, const shm_msg *req, shm_msg *m, int *fd) {
   *fd = -1;
+  if (!req->length || !ferry_registry_contains(e->registry, req->addr, req->length))
+    return 0;
   pthread_mutex_lock(&e->alloc_lock);
   for (ferry_allocation *a = e->allocations; a && *fd < 0; a = a->next) {
-    if (fd_ino(a->fd) != ino)
+    uint64_t base = (uint64_t)(uintptr_t)a->addr;
+    if (req->addr < base || req->addr - base >= a->length ||
+        req->length > a->length - (req->addr - base) || fd_ino(a->fd) != req->ino)
       continue;
     *fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
-    m->addr = (uint64_t)(uintptr_t)a->addr;
+    m->addr = base;
     m->length = a->length;
   }
   pthread_mutex_unlock(&e->alloc_lock);
@@ -438,7 +472,7 @@ static int serve_map(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
   shm_msg_init(&m, SHM_MAPPED);
   m.ino = req->ino;
   int fd;
-  if (!find_allocation(s->engine, req->ino, &m, &fd)) {
+  if (!find_allocation(s->engine, req, &m, &fd)) {
     m.status = FERRY_ENOTREG;
     return shm_msg_send(c->fd, &m, NULL, 0, MSG_DONTWAIT);
   }
@@ -466,21 +500,140 @@ static int serve_request(ferry_shm_service *s, svc_conn *c) {
   return shm_msg_send(c->fd, &m, NULL, 0, MSG_DONTWAIT);
 }
 
+/* ---- revocation ------------------------------------------------------------------- */
+
+static int conn_hung_up(const svc_conn *c) {
+  struct pollfd p = {c->fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* Whether a slot of this link holds a table version older than seq: that
+ * copy checked a table that may still list the revoked region. */
+static int conn_copying_before(const svc_conn *c, uint64_t seq) {
+  for (unsigned i = 0; i < SHM_SLOTS; i++) {
+    uint64_t v = __atomic_load_n(&c->slots[i], __ATOMIC_SEQ_CST);
+    if (v && v < seq)
+      return 1;
+  }
+  return 0;
+}
+
+/* Gives up on a link: shutting its socket down makes its initiator fail
+ * the chunk and stop using the link; the service thread then drops it. */
+static void conn_cut(ferry_shm_service *s, svc_conn *c) {
+  __atomic_store_n(&c->cut, 1, __ATOMIC_RELEASE);
+  shutdown(c->fd, SHUT_RDWR);
+  FERRY_WARN("shm: unregister cut off the same-host peer pid %d: a copy it began did not end "
+             "within %u ms",
+             (int)c->cred.pid, s->engine->cfg.timeout_ms);
+  ssize_t unused = write(s->wake[1], "c", 1);
+  (void)unused;
+}
+
+static void pause_briefly(unsigned round) {
+  if (round < 16) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, 50 * 1000};
+  nanosleep(&ts, NULL);
+}
+
+/* Takes a reference on every attached connection; returns how many. */
+static size_t attached_conns(ferry_shm_service *s, svc_conn **out) {
+  size_t n = 0;
+  pthread_mutex_lock(&s->lock);
+  for (svc_conn *c = s->conns; c && n < SHM_CONNS_MAX; c = c->next) {
+    if (!c->attached || __atomic_load_n(&c->cut, __ATOMIC_ACQUIRE))
+      continue;
+    c->refs++;
+    out[n++] = c;
+  }
+  pthread_mutex_unlock(&s->lock);
+  return n;
+}
+
+/* Waits, with all connections in one loop so none uses up another's time,
+ * until no link copies under a version older than seq; the ones still
+ * copying at the deadline are cut off. Concurrent revocations each wait
+ * for their own version, side by side (cutting a link twice is harmless). */
+static void wait_links(ferry_shm_service *s, svc_conn **conns, size_t n, uint64_t seq) {
+  uint64_t deadline = ferry_now_ns() + (uint64_t)s->engine->cfg.timeout_ms * 1000000ull;
+  for (unsigned round = 0;; round++) {
+    int late = ferry_now_ns() > deadline, waiting = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (!conns[i] || !conn_copying_before(conns[i], seq) || conn_hung_up(conns[i])) {
+        conns[i] = NULL; /* done with it: a new copy sees the new table */
+        continue;
+      }
+      if (late)
+        conn_cut(s, conns[i]);
+      else
+        waiting = 1;
+    }
+    if (!waiting)
+      return;
+    pause_briefly(round);
+  }
+}
+
+void ferry_shm_revoke(ferry_engine *e) {
+  ferry_shm_service *s = e->shm;
+  if (!s)
+    return;
+  pthread_mutex_lock(&s->lock);
+  int attached = 0;
+  for (svc_conn *c = s->conns; c && !attached; c = c->next)
+    attached = c->attached;
+  pthread_mutex_unlock(&s->lock);
+  if (attached) {
+    /* With nobody attached the table is rebuilt on the next HELLO. The new
+     * version is published before the links are listed: a link attached
+     * later never sees the old one. */
+    uint64_t seq = table_refresh(s, 1);
+    svc_conn *conns[SHM_CONNS_MAX], *held[SHM_CONNS_MAX];
+    size_t n = attached_conns(s, conns);
+    memcpy(held, conns, n * sizeof *conns);
+    wait_links(s, conns, n, seq);
+    for (size_t i = 0; i < n; i++)
+      conn_release(s, held[i]);
+  }
+}
+
 /* ---- the service thread ------------------------------------------------------------- */
 
-#define POLL_MAX 1024
+#define POLL_MAX (SHM_CONNS_MAX + 2)
 
-/* Fills the poll set: wake pipe, listener, then connections. */
-static size_t poll_set(ferry_shm_service *s, struct pollfd *pfd, svc_conn **conns) {
+/* Fills the poll set (wake pipe, listener, then connections), drops the
+ * connections that were cut off or missed their HELLO deadline, and
+ * returns the poll timeout: until the next such deadline. */
+static size_t poll_set(ferry_shm_service *s, struct pollfd *pfd, svc_conn **conns,
+                       int *timeout_ms) {
   size_t n = 0;
+  uint64_t now = ferry_now_ns(), next = 0;
   pfd[n++] = (struct pollfd){s->wake[0], POLLIN, 0};
   pfd[n++] = (struct pollfd){s->listen_fd, POLLIN, 0};
   pthread_mutex_lock(&s->lock);
-  for (svc_conn *c = s->conns; c && n < POLL_MAX; c = c->next) {
-    conns[n] = c;
-    pfd[n++] = (struct pollfd){c->fd, POLLIN, 0};
-  }
+  svc_conn *c = s->conns;
   pthread_mutex_unlock(&s->lock);
+  while (c) { /* only this thread changes the list */
+    svc_conn *next_conn = c->next;
+    int late = c->deadline_ns && now >= c->deadline_ns;
+    if (late)
+      FERRY_DEBUG("shm: dropped a same-host peer (pid %d) that sent no HELLO in time",
+                  (int)c->cred.pid);
+    if (late || __atomic_load_n(&c->cut, __ATOMIC_ACQUIRE)) {
+      conn_drop(s, c);
+    } else if (n < POLL_MAX) {
+      if (c->deadline_ns && (!next || c->deadline_ns < next))
+        next = c->deadline_ns;
+      conns[n] = c;
+      pfd[n++] = (struct pollfd){c->fd, POLLIN, 0};
+    }
+    c = next_conn;
+  }
+  uint64_t wait_ms = next ? (next - now) / 1000000ull + 1 : 0;
+  *timeout_ms = !next ? -1 : wait_ms > 60000 ? 60000 : (int)wait_ms;
   return n;
 }
 
@@ -489,16 +642,21 @@ static void *service_main(void *arg) {
   struct pollfd *pfd = calloc(POLL_MAX, sizeof *pfd);
   svc_conn **conns = calloc(POLL_MAX, sizeof *conns);
   while (pfd && conns) {
-    size_t n = poll_set(s, pfd, conns);
-    if (poll(pfd, n, -1) < 0 && errno != EINTR)
+    int timeout_ms;
+    size_t n = poll_set(s, pfd, conns, &timeout_ms);
+    if (poll(pfd, n, timeout_ms) < 0 && errno != EINTR)
       break;
-    if (pfd[0].revents)
-      break;
+    if (pfd[0].revents) {
+      char why = 0;
+      if (read(s->wake[0], &why, 1) != 1 || why != 'c')
+        break; /* stop; 'c' only says a connection was cut off */
+    }
     for (size_t i = 2; i < n; i++)
       if (pfd[i].revents && serve_request(s, conns[i]) != 0)
-        conn_drop(s, conns[i]); /* only this thread frees connections */
-    if (pfd[1].revents)
-      accept_one(s);
+        conn_drop(s, conns[i]); /* only this thread unlinks connections */
+    /* A bounded number per round: a flood does not starve the others. */
+    for (int i = 0; pfd[1].revents && i < 64 && accept_one(s); i++)
+      ;
   }
   free(pfd);
   free(conns);
@@ -512,26 +670,39 @@ static ferry_status listen_abstract(ferry_shm_service *s, char *path, size_t siz
   struct sockaddr_un sa;
   unsigned len;
   shm_sockaddr(path, &sa, &len);
-  s->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  s->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s->listen_fd < 0 || bind(s->listen_fd, (struct sockaddr *)&sa, len) < 0 ||
       listen(s->listen_fd, 64) < 0)
     return ferry_fail_errno(FERRY_ESOCKET, errno, "shm service: cannot listen on %s", path);
   return FERRY_OK;
 }
 
+/* The engine's config may point at the caller's array: keep a copy. */
+static ferry_status allowed_uids_copy(ferry_shm_service *s, const ferry_config *cfg) {
+  if (!cfg->shm_allowed_uid_count)
+    return FERRY_OK;
+  if (!cfg->shm_allowed_uids)
+    return ferry_fail(FERRY_EINVAL, "shm_allowed_uid_count is %zu but shm_allowed_uids is NULL",
+                      cfg->shm_allowed_uid_count);
+  s->allowed_uids = malloc(cfg->shm_allowed_uid_count * sizeof *s->allowed_uids);
+  if (!s->allowed_uids)
+    return ferry_fail(FERRY_ENOMEM, "no memory for the shm service's allowed uids");
+  memcpy(s->allowed_uids, cfg->shm_allowed_uids, cfg->shm_allowed_uid_count * sizeof(uint32_t));
+  s->allowed_count = cfg->shm_allowed_uid_count;
+  return FERRY_OK;
+}
+
 static ferry_status service_init(ferry_shm_service *s, char *path, size_t size) {
   void *table;
-  ferry_status st = sealed_memfd("ferry-shm-table", SHM_TABLE_BYTES, &s->table_fd, &table);
+  ferry_status st =
+      sealed_memfd("ferry-shm-table", SHM_TABLE_BYTES, F_SEAL_FUTURE_WRITE, &s->table_fd, &table);
   if (st)
     return st;
   s->table = table;
-  s->table_ro_fd = read_only_fd(s->table_fd);
-  if (s->table_ro_fd < 0)
-    return ferry_fail_errno(FERRY_ENOMEM, errno, "shm service: no descriptor for the table");
   st = listen_abstract(s, path, size);
   if (st)
     return st;
-  if (pipe2(s->wake, O_CLOEXEC) < 0)
+  if (pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) < 0)
     return ferry_fail_errno(FERRY_ESOCKET, errno, "shm service: pipe");
   if (pthread_create(&s->thread, NULL, service_main, s) != 0)
     return ferry_fail(FERRY_ENOMEM, "shm service: cannot start its thread");
@@ -550,7 +721,7 @@ static void service_free(ferry_shm_service *s) {
     s->conns = c->next;
     conn_free(c); /* initiators see the hang-up and stop using their links */
   }
-  int fds[] = {s->listen_fd, s->wake[0], s->wake[1], s->table_fd, s->table_ro_fd};
+  int fds[] = {s->listen_fd, s->wake[0], s->wake[1], s->table_fd};
   for (size_t i = 0; i < sizeof fds / sizeof *fds; i++)
     if (fds[i] >= 0)
       close(fds[i]);
@@ -558,6 +729,7 @@ static void service_free(ferry_shm_service *s) {
     munmap(s->table, SHM_TABLE_BYTES);
   pthread_mutex_destroy(&s->lock);
   pthread_mutex_destroy(&s->table_lock);
+  free(s->allowed_uids);
   free(s);
 }
 
@@ -567,11 +739,14 @@ ferry_status ferry_shm_service_start(ferry_engine *e) {
     return ferry_fail(FERRY_ENOMEM, "no memory for the shm service");
   s->engine = e;
   s->probe = e->instance_id;
-  s->listen_fd = s->table_fd = s->table_ro_fd = s->wake[0] = s->wake[1] = -1;
+  s->listen_fd = s->table_fd = s->wake[0] = s->wake[1] = -1;
+  s->uid = geteuid();
   pthread_mutex_init(&s->lock, NULL);
   pthread_mutex_init(&s->table_lock, NULL);
   char path[sizeof e->shm_path];
-  ferry_status st = service_init(s, path, sizeof path);
+  ferry_status st = allowed_uids_copy(s, &e->cfg);
+  if (!st)
+    st = service_init(s, path, sizeof path);
   if (st) {
     service_free(s);
     e->transports &= ~(unsigned)FERRY_TRANSPORT_SHM;

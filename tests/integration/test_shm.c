@@ -5,6 +5,7 @@
  * engine, so the bytes are known to be in the target's own memory. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 
 #include "ferry.h"
 #include "harness.h"
+#include "pagestall.h"
 
 #define MiB (1024ull * 1024ull)
 #define TARGET_SIZE (512 * MiB)
@@ -363,32 +365,60 @@ static void freed_buffer_is_refused(void **state) {
   pair_close(&p);
 }
 
-/* Unregistering while a large WRITE runs: chunks that passed their check
- * may finish, but once unregister returns nothing changes the memory. */
+typedef struct unregister_call {
+  ferry_engine *e;
+  local_pair *p;
+  uint8_t *snapshot; /* the region as it was when unregister returned */
+  int done;
+} unregister_call;
+
+static void *unregister_then_snapshot(void *arg) {
+  unregister_call *u = arg;
+  assert_int_equal(ferry_memory_unregister(u->e, u->p->remote), FERRY_OK);
+  memcpy(u->snapshot, u->p->remote, u->p->size);
+  __atomic_store_n(&u->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* Unregistering while a WRITE is provably half done: the initiator's
+ * source buffer stalls the copy at its second half (userfaultfd), after
+ * the chunk passed its check. Unregister must not return while that copy
+ * can still write; it returns once the copy ends, and nothing changes the
+ * region after it returned. */
 static void in_flight_write_and_unregister(int allocated) {
+  page_stall src;
+  if (page_stall_create(&src, 2 * MiB, MiB, 0x77) != 0) {
+    print_message("no userfaultfd here: cannot hold a copy in flight\n");
+    skip();
+  }
   local_pair p;
-  pair_open(&p, 256 * MiB, allocated);
-  memset(p.local, 0x77, p.size);
-  ferry_entry entry = {FERRY_OP_WRITE, p.local, (uint64_t)(uintptr_t)p.remote, p.size};
+  pair_open(&p, 2 * MiB, allocated);
+  assert_int_equal(ferry_memory_register(p.initiator, src.base, src.size), FERRY_OK);
+  ferry_entry entry = {FERRY_OP_WRITE, src.base, (uint64_t)(uintptr_t)p.remote, p.size};
   ferry_batch *b;
   assert_int_equal(ferry_batch_submit(p.initiator, p.name, &entry, 1, NULL, &b), FERRY_OK);
-  volatile uint8_t *first = p.remote, *middle = p.remote + p.size / 2;
+  assert_int_equal(page_stall_wait(&src, 10000), 0); /* the copy is under way, and stuck */
+  unregister_call u = {p.target, &p, malloc(p.size), 0};
+  pthread_t thread;
+  assert_int_equal(pthread_create(&thread, NULL, unregister_then_snapshot, &u), 0);
+  /* A fence cannot return now; give a broken one time to show it. */
   double t0 = test_now_s();
-  while (*first != 0x77 && *middle != 0x77 && test_now_s() - t0 < 10) /* a copy is under way */
-    ;
-  assert_int_equal(ferry_memory_unregister(p.target, p.remote), FERRY_OK);
-  double unregistered = test_now_s();
-  uint8_t *snapshot = malloc(p.size);
-  memcpy(snapshot, p.remote, p.size);
+  while (!__atomic_load_n(&u.done, __ATOMIC_ACQUIRE) && test_now_s() - t0 < 0.2)
+    sched_yield();
+  int early = __atomic_load_n(&u.done, __ATOMIC_ACQUIRE);
+  assert_int_equal(page_stall_release(&src, 0x77), 0);
+  pthread_join(thread, NULL);
   ferry_status st = ferry_batch_wait(b, -1);
-  print_message("unregister returned %.1f ms after the copy began; batch: %s\n",
-                (unregistered - t0) * 1e3, st ? ferry_last_error() : "completed");
-  assert_true(st == FERRY_OK || st == FERRY_ENOTREG);
   ferry_batch_free(b);
-  assert_memory_equal(snapshot, p.remote, p.size);
-  free(snapshot);
+  print_message("unregister returned %s the stalled copy ended; batch: %s\n",
+                early ? "BEFORE" : "after", st ? ferry_last_error() : "completed");
+  assert_false(early);
+  assert_true(st == FERRY_OK || st == FERRY_ENOTREG);
+  assert_memory_equal(u.snapshot, p.remote, p.size); /* nothing landed after it returned */
+  free(u.snapshot);
   assert_int_equal(ferry_memory_register(p.target, p.remote, p.size), FERRY_OK);
   pair_close(&p);
+  page_stall_destroy(&src);
 }
 
 static void in_flight_mapped(void **state) { in_flight_write_and_unregister(1); }
