@@ -108,7 +108,10 @@ typedef struct ferry_config {
   ferry_log_level log_level;   /* applied process-wide when set explicitly */
   int log_level_set;           /* nonzero: log_level above is meant */
   const char *secret;          /* shared secret peers must prove; NULL = none */
-  /* Metadata service ("http://host:port/path"); NULL = peer-to-peer only. */
+  /* Metadata service: "http://host:port/path", "redis://[user[:password]@]
+   * host:port[/db]", "etcd://host:port[,host:port...]" or a bare "host:port"
+   * (etcd); NULL = peer-to-peer only. Unreachable at create: create fails
+   * within connect_timeout_ms. */
   const char *metadata_url;
   /* Segment name published in the metadata service; NULL = "host:port". */
   const char *segment_name;
@@ -119,6 +122,12 @@ typedef struct ferry_config {
    * waking a sleeping thread on another CPU is slow (VMs); an idle engine
    * still uses no CPU. */
   unsigned spin_us;
+  /* Lease on the keys this engine publishes in the metadata service
+   * (FERRY_METADATA_TTL_MS, default 5000; 0 = the default). They are
+   * refreshed every third of it, so a killed engine's segment disappears
+   * within it, and re-published when the store comes back empty. etcd
+   * rounds it up to whole seconds, at least 2. */
+  uint32_t metadata_ttl_ms;
 } ferry_config;
 
 /* Fills cfg with defaults, including those taken from the environment. */

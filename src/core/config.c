@@ -1,7 +1,7 @@
 /* config.c - defaults for ferry_config, and the environment variables users
  * of Mooncake already set (MC_TCP_BIND_ADDRESS, MC_TRANSFER_TIMEOUT,
  * MC_FORCE_TCP) plus ferry's own (FERRY_LOG, FERRY_TRANSPORTS,
- * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US). */
+ * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US, FERRY_METADATA_TTL_MS). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,6 +39,9 @@ void ferry_config_init(ferry_config *cfg) {
     cfg->transports = ferry_transport_parse(transports);
   if (env_long("MC_FORCE_TCP", 0))
     cfg->transports = FERRY_TRANSPORT_TCP;
+  long ttl = env_long("FERRY_METADATA_TTL_MS", 0);
+  cfg->metadata_ttl_ms =
+      ttl > 0 && ttl <= UINT32_MAX ? (uint32_t)ttl : FERRY_METADATA_TTL_DEFAULT_MS;
 }
 
 static const struct {
