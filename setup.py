@@ -3,7 +3,7 @@ ferry._ferry) and `mooncake` (Mooncake-compatible TransferEngine).
 
 The extension compiles python/ferry/_ferry.c together with every libferry
 source (src/**/*.c), so it needs no separately installed libferry; it links
-libcrypto, libcurl and jansson.
+libcrypto, libcurl, jansson and hiredis.
 
   /usr/bin/python3 setup.py build_ext --inplace        # in-place, for tests
   /usr/bin/python3 -m pip install --no-build-isolation --break-system-packages .
@@ -41,7 +41,7 @@ ferry_ext = Extension(
     sources=_sources(),
     include_dirs=["include", "src"],
     define_macros=[("_GNU_SOURCE", "1")],  # as the CMake build
-    libraries=["crypto", "curl", "jansson", "pthread"],
+    libraries=["crypto", "curl", "jansson", "hiredis", "pthread"],
     extra_compile_args=["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
 )
 

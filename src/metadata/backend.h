@@ -43,10 +43,6 @@ struct ferry_metadata {
   ferry_seg_cache *cache; /* last address seen per segment (segment.c) */
 };
 
-/* "scheme://user:secret@host..." -> "scheme://user:***@host...", so no
- * message or log line carries a store password. */
-void ferry_metadata_redact(const char *url, char *out, size_t size);
-
 /* One per backend file. opt is filled (timeouts nonzero). */
 ferry_status ferry_metadata_http_open(const char *url, const ferry_metadata_options *opt,
                                       const ferry_metadata_ops **ops, void **state);

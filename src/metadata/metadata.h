@@ -32,6 +32,9 @@ ferry_status ferry_metadata_open(const char *url, ferry_metadata **out);
 ferry_status ferry_metadata_open_with(const char *url, const ferry_metadata_options *opt,
                                       ferry_metadata **out);
 void ferry_metadata_close(ferry_metadata *md);
+/* "scheme://user:secret@host..." -> "scheme://user:***@host...", so no
+ * message or log line carries a store password. */
+void ferry_metadata_redact(const char *url, char *out, size_t size);
 
 /* Raw key operations. get: FERRY_ENOTFOUND when the key is missing (404);
  * *value is malloc'd, NUL-terminated. Failures name the URL and the cause. */

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -247,6 +248,31 @@ static void test_unreachable_at_create(void **state) {
   assert_null(e);
 }
 
+/* `ferry doctor --metadata URL`: exit status and the verdict line. */
+static int run_doctor(const char *url, char *out, size_t size) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "'%s' doctor --metadata '%s' 2>&1", test_tool_path(), url);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t n = fread(out, 1, size - 1, p);
+  out[n] = '\0';
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_doctor(void **state) {
+  fixture *f = need_store(state);
+  char out[16384];
+  int rc = run_doctor(f->store.url, out, sizeof out);
+  assert_non_null(strstr(out, "put/get/delete round trip"));
+  assert_true(rc == 0 || strstr(out, "FAIL  transport")); /* a transport may be unusable here */
+  char url[128];
+  snprintf(url, sizeof url, "%s127.0.0.1:%u", f->etcd ? "etcd://" : "redis://", test_free_port());
+  assert_int_equal(run_doctor(url, out, sizeof out), 1);
+  assert_non_null(strstr(out, "FAIL"));
+  assert_non_null(strstr(out, url));
+}
+
 /* ---- redis only ------------------------------------------------------------ */
 
 static void test_redis_password(void **state) {
@@ -315,7 +341,8 @@ static void test_etcd_cluster_member_down(void **state) {
 #define STORE_CASES                                                                                \
   cmocka_unit_test(test_keys), cmocka_unit_test(test_exchange),                                    \
       cmocka_unit_test(test_restart_same_name), cmocka_unit_test(test_killed_engine_expires),      \
-      cmocka_unit_test(test_store_outage), cmocka_unit_test(test_unreachable_at_create)
+      cmocka_unit_test(test_store_outage), cmocka_unit_test(test_unreachable_at_create),           \
+      cmocka_unit_test(test_doctor)
 
 int main(void) {
   const struct CMUnitTest redis_tests[] = {STORE_CASES, cmocka_unit_test(test_redis_password)};
