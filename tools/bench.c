@@ -98,8 +98,9 @@ typedef struct bench_result {
 /* ---- Options ------------------------------------------------------------ */
 
 static void bench_usage(FILE *out) {
-  fprintf(out, "usage: ferry bench --target HOST:PORT [options]\n"
+  fprintf(out, "usage: ferry bench --target HOST:PORT|SEGMENT [options]\n"
                "  --target T         the peer to transfer with (required)\n"
+               "  --metadata URL     look T up as a segment name in this store\n"
                "  --remote-addr A    remote start address (default: the target's first region)\n"
                "  --op write|read    direction (default write)\n"
                "  --block SIZE       bytes per entry, K/M/G suffixes (default 1M)\n"
@@ -154,6 +155,7 @@ static int apply_option(int c, const char *arg, bench_opts *o) {
   case 't': o->target = arg; return 0;
   case 'S': o->engine.secret = arg; return 0;
   case 'H': o->engine.host = arg; return 0;
+  case 'M': o->engine.metadata_url = arg; return 0;
   case 'v': o->verify = 1; return 0;
   case 'j': o->json = 1; return 0;
   case 'r': o->random_offsets = 1; return 0;
@@ -206,6 +208,7 @@ static int parse_bench_args(int argc, char **argv, bench_opts *o) {
                                            {"connections", required_argument, NULL, 'c'},
                                            {"secret", required_argument, NULL, 'S'},
                                            {"host", required_argument, NULL, 'H'},
+                                           {"metadata", required_argument, NULL, 'M'},
                                            {"help", no_argument, NULL, 'h'},
                                            {NULL, 0, NULL, 0}};
   memset(o, 0, sizeof *o);
