@@ -228,12 +228,41 @@ static ferry_status etcd_get(void *state, const char *key, char **value) {
   return st;
 }
 
+/* {"compare": [key's lease == lease], "success": [delete key]}. */
+static json_t *delete_if_ours(const char *key, long long lease) {
+  json_t *del = key_request(key, NULL, 0);
+  json_t *cmp = key_request(key, NULL, lease);
+  if (cmp && json_object_set_new(cmp, "target", json_string("LEASE")))
+    json_decref(cmp), cmp = NULL;
+  if (!del || !cmp) {
+    json_decref(del);
+    json_decref(cmp);
+    return NULL;
+  }
+  return json_pack("{s:[o],s:[{s:o}]}", "compare", cmp, "success", "requestDeleteRange", del);
+}
+
+/* A handle with a lease deletes a key only while it still hangs on that
+ * lease: an engine that restarted under the same segment name has moved the
+ * keys to its own lease, and the old one's shutdown must not remove them. */
 static ferry_status etcd_del(void *state, const char *key) {
   etcd_store *s = state;
-  json_t *reply = NULL;
-  ferry_status st = call(s, "kv/deleterange", key_request(key, NULL, 0), &reply);
-  if (st == FERRY_OK && int64_field(reply, "deleted") == 0)
-    st = ferry_fail(FERRY_ENOTFOUND, "metadata key \"%s\" not found (%s)", key, s->url);
+  pthread_mutex_lock(&s->lease_lock);
+  long long lease = s->lease_id;
+  pthread_mutex_unlock(&s->lease_lock);
+  json_t *reply = NULL, *deleted = NULL;
+  ferry_status st;
+  if (lease) {
+    st = call(s, "kv/txn", delete_if_ours(key, lease), &reply);
+    json_t *first = json_array_get(json_object_get(reply, "responses"), 0);
+    deleted = json_object_get(first, "response_delete_range");
+  } else {
+    st = call(s, "kv/deleterange", key_request(key, NULL, 0), &reply);
+    deleted = reply;
+  }
+  if (st == FERRY_OK && int64_field(deleted, "deleted") == 0)
+    st = ferry_fail(FERRY_ENOTFOUND, "metadata key \"%s\" not found%s (%s)", key,
+                    lease ? " under this engine's lease" : "", s->url);
   json_decref(reply);
   return st;
 }

@@ -175,6 +175,29 @@ static void test_restart_same_name(void **state) {
   free(in);
 }
 
+/* A rolling restart: the new instance starts before the old one shuts down,
+ * and the old one's unpublish does not take the name from it (etcd: never
+ * removed; redis has no owner to compare, the next refresh puts it back). */
+static void test_rolling_restart(void **state) {
+  fixture *f = need_store(state);
+  ferry_engine *old = store_engine(f->store.url, "rolling");
+  ferry_engine *fresh = store_engine(f->store.url, "rolling");
+  ferry_engine_destroy(old);
+  if (f->etcd)
+    assert_true(key_present(f->store.url, "mooncake/rpc_meta/rolling"));
+  assert_true(wait_key(f->store.url, "mooncake/rpc_meta/rolling", 1, TTL_MS / 1000.0 + SLACK_S) >=
+              0);
+  ferry_metadata *md = NULL;
+  char host[64];
+  uint16_t port = 0;
+  assert_int_equal(ferry_metadata_open(f->store.url, &md), FERRY_OK);
+  assert_int_equal(ferry_segment_lookup(md, "rolling", host, sizeof host, &port), FERRY_OK);
+  assert_int_equal(port, ferry_engine_port(fresh));
+  ferry_metadata_close(md);
+  ferry_engine_destroy(fresh);
+  assert_false(key_present(f->store.url, "mooncake/rpc_meta/rolling"));
+}
+
 static void test_killed_engine_expires(void **state) {
   fixture *f = need_store(state);
   test_target t;
@@ -340,9 +363,9 @@ static void test_etcd_cluster_member_down(void **state) {
 
 #define STORE_CASES                                                                                \
   cmocka_unit_test(test_keys), cmocka_unit_test(test_exchange),                                    \
-      cmocka_unit_test(test_restart_same_name), cmocka_unit_test(test_killed_engine_expires),      \
-      cmocka_unit_test(test_store_outage), cmocka_unit_test(test_unreachable_at_create),           \
-      cmocka_unit_test(test_doctor)
+      cmocka_unit_test(test_restart_same_name), cmocka_unit_test(test_rolling_restart),            \
+      cmocka_unit_test(test_killed_engine_expires), cmocka_unit_test(test_store_outage),           \
+      cmocka_unit_test(test_unreachable_at_create), cmocka_unit_test(test_doctor)
 
 int main(void) {
   const struct CMUnitTest redis_tests[] = {STORE_CASES, cmocka_unit_test(test_redis_password)};
