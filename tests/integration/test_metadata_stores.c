@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <hiredis/hiredis.h>
 
 #include "harness.h"
 #include "metadata/metadata.h"
@@ -298,6 +299,39 @@ static void test_doctor(void **state) {
 
 /* ---- redis only ------------------------------------------------------------ */
 
+/* GETs the redis server has served so far (INFO commandstats). */
+static long redis_gets(uint16_t port) {
+  redisContext *c = redisConnect("127.0.0.1", port);
+  assert_true(c && !c->err);
+  redisReply *r = redisCommand(c, "INFO commandstats");
+  assert_true(r && r->type == REDIS_REPLY_STRING);
+  const char *at = strstr(r->str, "cmdstat_get:calls=");
+  long n = at ? strtol(at + strlen("cmdstat_get:calls="), NULL, 10) : 0;
+  freeReplyObject(r);
+  redisFree(c);
+  return n;
+}
+
+/* Once a peer is known, transfers to it ask the store nothing. */
+static void test_cached_lookup_costs_no_round_trip(void **state) {
+  fixture *f = need_store(state); /* redis: counted with its own statistics */
+  ferry_engine *a = store_engine(f->store.url, "cached-a");
+  ferry_engine *b = store_engine(f->store.url, "cached-b");
+  uint8_t *target = test_buffer(a, BUF), *out = test_buffer(b, BUF), *in = test_buffer(b, BUF);
+  test_round_trip(b, "cached-a", out, in, (uint64_t)(uintptr_t)target, BUF, 11);
+  long before = redis_gets(f->store.port[0]);
+  for (int i = 0; i < 200; i++)
+    assert_int_equal(
+        ferry_transfer_sync(b, "cached-a", FERRY_OP_WRITE, out, (uint64_t)(uintptr_t)target, 4096),
+        FERRY_OK);
+  assert_int_equal(redis_gets(f->store.port[0]), before);
+  ferry_engine_destroy(b);
+  ferry_engine_destroy(a);
+  free(target);
+  free(out);
+  free(in);
+}
+
 static void test_redis_password(void **state) {
   if (!test_store_available(0))
     skip();
@@ -368,7 +402,9 @@ static void test_etcd_cluster_member_down(void **state) {
       cmocka_unit_test(test_unreachable_at_create), cmocka_unit_test(test_doctor)
 
 int main(void) {
-  const struct CMUnitTest redis_tests[] = {STORE_CASES, cmocka_unit_test(test_redis_password)};
+  const struct CMUnitTest redis_tests[] = {STORE_CASES,
+                                           cmocka_unit_test(test_cached_lookup_costs_no_round_trip),
+                                           cmocka_unit_test(test_redis_password)};
   const struct CMUnitTest etcd_tests[] = {STORE_CASES,
                                           cmocka_unit_test(test_etcd_cluster_member_down)};
   int failed = cmocka_run_group_tests_name("redis", redis_tests, redis_setup, store_teardown);
