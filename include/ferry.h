@@ -110,8 +110,9 @@ typedef struct ferry_config {
   const char *secret;          /* shared secret peers must prove; NULL = none */
   /* Metadata service: "http://host:port/path", "redis://[user[:password]@]
    * host:port[/db]", "etcd://host:port[,host:port...]" or a bare "host:port"
-   * (etcd); NULL = peer-to-peer only. Unreachable at create: create fails
-   * within connect_timeout_ms. */
+   * (etcd); NULL = peer-to-peer only. A store that cannot be reached makes
+   * create fail with FERRY_EMETADATA naming it, within connect_timeout_ms
+   * when nothing answers (plus 3 s when it accepts but does not answer). */
   const char *metadata_url;
   /* Segment name published in the metadata service; NULL = "host:port". */
   const char *segment_name;

@@ -20,6 +20,7 @@
  * "ready metadata-server url=...", and then serves until SIGINT or SIGTERM,
  * when it exits 0. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "commands.h"
@@ -143,9 +145,14 @@ static int save_state(kv_map *m) {
     return 0;
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp", m->state_path);
-  FILE *f = fopen(tmp, "w");
-  if (!f)
+  /* Owner only: the descriptors map segment names to addresses. */
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (!f) {
+    if (fd >= 0)
+      close(fd);
     return -1;
+  }
   int ok = fputs(STATE_MAGIC, f) >= 0;
   for (size_t i = 0; ok && i < m->nbuckets; i++)
     for (entry *e = m->buckets[i]; ok && e; e = e->next)
