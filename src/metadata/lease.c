@@ -3,15 +3,16 @@
  *
  * Every leased put is recorded here (key -> last value) and written with the
  * ttl. A thread wakes every ttl/3: it asks the backend to extend the lease
- * (etcd keep-alive) or, where the backend has no such thing (redis, http),
- * or the store lost the keys (restarted empty, lease expired while it was
- * down), or an earlier write failed, it writes every recorded key again. So
+ * (etcd keep-alive), and writes every recorded key again where the backend
+ * has no such thing (redis, http), where the store lost the keys (restarted
+ * empty, lease expired while it was down), or after a write failed. So
  * publishing resumes by itself when a store comes back, within one period.
  *
  * One mutex serialises writes, deletes and refreshes: a key deleted by
  * unpublish is forgotten before the store delete, and can never be written
  * back by a refresh running at the same time. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,14 +51,21 @@ static ferry_status put_one(ferry_lease *l, const leased_key *k) {
   return l->md->ops->put(l->md->state, k->key, k->value, l->ttl_ms);
 }
 
-/* Writes every key again; called with the lock held. */
+/* Writes every key again (all of them, even after a failure); returns the
+ * first failure. Called with the lock held. */
 static ferry_status put_all(ferry_lease *l) {
+  ferry_status first = FERRY_OK;
+  char detail[FERRY_ERROR_MAX] = "";
   for (leased_key *k = l->keys; k; k = k->next) {
     ferry_status st = put_one(l, k);
-    if (st != FERRY_OK)
-      return st;
+    if (st != FERRY_OK && first == FERRY_OK) {
+      first = st;
+      snprintf(detail, sizeof detail, "%s", ferry_last_error());
+    }
   }
-  return FERRY_OK;
+  if (first != FERRY_OK)
+    ferry_error_set_detail(detail);
+  return first;
 }
 
 /* One refresh period's work; called with the lock held. */
@@ -65,10 +73,9 @@ static void refresh(ferry_lease *l) {
   if (!l->keys)
     return;
   const ferry_metadata_ops *ops = l->md->ops;
-  ferry_status st = FERRY_ENOTFOUND;
-  if (ops->refresh && !l->stale)
-    st = ops->refresh(l->md->state, l->ttl_ms);
-  if (st == FERRY_ENOTFOUND)
+  ferry_status st = ops->refresh ? ops->refresh(l->md->state, l->ttl_ms) : FERRY_ENOTFOUND;
+  /* Lost keys, or a write that failed earlier: everything again. */
+  if (st == FERRY_ENOTFOUND || (st == FERRY_OK && l->stale))
     st = put_all(l);
   l->stale = st != FERRY_OK;
   if (st != FERRY_OK && !l->failing)

@@ -255,6 +255,38 @@ static void test_store_outage(void **state) {
   free(in);
 }
 
+/* 1 when segment name's published buffers are exactly [addr, addr+BUF). */
+static int regions_are(const char *url, const char *name, uint64_t addr) {
+  ferry_metadata *md = NULL;
+  if (ferry_metadata_open(url, &md) != FERRY_OK)
+    return 0;
+  ferry_region *r = NULL;
+  size_t n = 0;
+  int same = ferry_segment_lookup_regions(md, name, &r, &n) == FERRY_OK && n == 1 &&
+             r[0].addr == addr && r[0].length == BUF;
+  free(r);
+  ferry_metadata_close(md);
+  return same;
+}
+
+/* A write that fails while the store is down (a registration's new
+ * descriptor) lands once it is back, even where the lease survived (etcd
+ * restarted with its data: only the keep-alive would be needed). */
+static void test_write_during_outage(void **state) {
+  fixture *f = need_store(state);
+  ferry_engine *e = store_engine(f->store.url, "late-regions");
+  test_store_kill(&f->store, 0);
+  uint8_t *buf = test_buffer(e, BUF); /* its publish fails: the store is down */
+  assert_int_equal(test_store_restart(&f->store, 0, 0), 0);
+  double start = test_now_s();
+  while (!regions_are(f->store.url, "late-regions", (uint64_t)(uintptr_t)buf) &&
+         test_now_s() - start < TTL_MS / 1000.0 + SLACK_S)
+    usleep(20000); /* the refresh runs on its own clock */
+  assert_true(regions_are(f->store.url, "late-regions", (uint64_t)(uintptr_t)buf));
+  ferry_engine_destroy(e);
+  free(buf);
+}
+
 static void test_unreachable_at_create(void **state) {
   fixture *f = &the_store;
   char url[64];
@@ -407,7 +439,8 @@ static void test_etcd_cluster_member_down(void **state) {
   cmocka_unit_test(test_keys), cmocka_unit_test(test_exchange),                                    \
       cmocka_unit_test(test_restart_same_name), cmocka_unit_test(test_rolling_restart),            \
       cmocka_unit_test(test_killed_engine_expires), cmocka_unit_test(test_store_outage),           \
-      cmocka_unit_test(test_unreachable_at_create), cmocka_unit_test(test_doctor)
+      cmocka_unit_test(test_write_during_outage), cmocka_unit_test(test_unreachable_at_create),    \
+      cmocka_unit_test(test_doctor)
 
 int main(void) {
   const struct CMUnitTest redis_tests[] = {STORE_CASES,
