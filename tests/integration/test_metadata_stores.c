@@ -53,6 +53,15 @@ static int store_teardown(void **state) {
   return 0;
 }
 
+/* A store a single case starts for itself, stopped by its teardown even
+ * when the case fails. */
+static test_store own;
+
+static int own_teardown(void **state) {
+  test_store_stop(&own);
+  return 0;
+}
+
 static fixture *need_store(void **state) {
   if (!the_store.store.pid[0])
     skip();
@@ -375,32 +384,31 @@ static void test_cached_lookup_costs_no_round_trip(void **state) {
 static void test_redis_password(void **state) {
   if (!test_store_available(0))
     skip();
-  test_store s;
-  assert_int_equal(test_redis_start(&s, "s3cret"), 0);
+  assert_int_equal(test_redis_start(&own, "s3cret"), 0);
   char url[256];
   ferry_metadata *md = NULL;
-  snprintf(url, sizeof url, "redis://127.0.0.1:%u", s.port[0]);
-  assert_int_equal(ferry_metadata_open(url, &md), FERRY_OK); /* redis answers PING-less */
+  snprintf(url, sizeof url, "redis://127.0.0.1:%u", own.port[0]);
+  /* Without a password it connects; its first command is refused. */
+  assert_int_equal(ferry_metadata_open(url, &md), FERRY_OK);
   char *v = NULL;
   assert_int_equal(ferry_metadata_get(md, "k", &v), FERRY_EAUTH);
   assert_non_null(strstr(ferry_last_error(), "requires authentication"));
   ferry_metadata_close(md);
 
-  snprintf(url, sizeof url, "redis://:wrong@127.0.0.1:%u", s.port[0]);
+  snprintf(url, sizeof url, "redis://:pw-guess@127.0.0.1:%u", own.port[0]);
   assert_int_equal(ferry_metadata_open(url, &md), FERRY_EAUTH);
   assert_non_null(strstr(ferry_last_error(), "refused the credentials"));
-  assert_null(strstr(ferry_last_error(), "wrong")); /* the password is masked */
+  assert_null(strstr(ferry_last_error(), "pw-guess")); /* the password is masked */
 
   setenv("MC_REDIS_PASSWORD", "s3cret", 1);
-  snprintf(url, sizeof url, "redis://127.0.0.1:%u/2", s.port[0]);
+  snprintf(url, sizeof url, "redis://127.0.0.1:%u/2", own.port[0]);
   assert_int_equal(ferry_metadata_open(url, &md), FERRY_OK);
   unsetenv("MC_REDIS_PASSWORD");
   assert_int_equal(ferry_metadata_put(md, "k", "v"), FERRY_OK);
   ferry_metadata_close(md);
-  assert_int_equal(ferry_metadata_open(s.url, &md), FERRY_OK); /* db 0: not there */
+  assert_int_equal(ferry_metadata_open(own.url, &md), FERRY_OK); /* db 0: not there */
   assert_int_equal(ferry_metadata_get(md, "k", &v), FERRY_ENOTFOUND);
   ferry_metadata_close(md);
-  test_store_stop(&s);
 }
 
 /* ---- etcd only ------------------------------------------------------------- */
@@ -408,16 +416,15 @@ static void test_redis_password(void **state) {
 static void test_etcd_cluster_member_down(void **state) {
   if (!test_store_available(1))
     skip();
-  test_store s;
-  assert_int_equal(test_etcd_start(&s, 3), 0);
-  ferry_engine *a = store_engine(s.url, "cluster-a");
-  ferry_engine *b = store_engine(s.url, "cluster-b");
+  assert_int_equal(test_etcd_start(&own, 3), 0);
+  ferry_engine *a = store_engine(own.url, "cluster-a");
+  ferry_engine *b = store_engine(own.url, "cluster-b");
   uint8_t *target = test_buffer(a, BUF);
   uint8_t *out = test_buffer(b, BUF), *in = test_buffer(b, BUF);
-  test_store_kill(&s, 0);                   /* the first member listed, the one asked first */
-  assert_int_equal(test_store_wait(&s), 0); /* it may have been the leader */
+  test_store_kill(&own, 0);                   /* the first member listed, the one asked first */
+  assert_int_equal(test_store_wait(&own), 0); /* it may have been the leader */
   ferry_metadata *md = NULL;
-  assert_int_equal(ferry_metadata_open(s.url, &md), FERRY_OK);
+  assert_int_equal(ferry_metadata_open(own.url, &md), FERRY_OK);
   assert_int_equal(ferry_metadata_put(md, "ferry-test/k", "v"), FERRY_OK);
   char *v = NULL;
   assert_int_equal(ferry_metadata_get(md, "ferry-test/k", &v), FERRY_OK);
@@ -426,13 +433,12 @@ static void test_etcd_cluster_member_down(void **state) {
   /* A first contact after the failure, and the lease keep-alive goes on. */
   test_round_trip(b, "cluster-a", out, in, (uint64_t)(uintptr_t)target, BUF, 9);
   usleep(3 * 1000 * 1000); /* longer than the 2 s lease: only refreshes keep it */
-  assert_true(key_present(s.url, "mooncake/rpc_meta/cluster-a"));
+  assert_true(key_present(own.url, "mooncake/rpc_meta/cluster-a"));
   ferry_engine_destroy(b);
   ferry_engine_destroy(a);
   free(target);
   free(out);
   free(in);
-  test_store_stop(&s);
 }
 
 #define STORE_CASES                                                                                \
@@ -443,11 +449,11 @@ static void test_etcd_cluster_member_down(void **state) {
       cmocka_unit_test(test_doctor)
 
 int main(void) {
-  const struct CMUnitTest redis_tests[] = {STORE_CASES,
-                                           cmocka_unit_test(test_cached_lookup_costs_no_round_trip),
-                                           cmocka_unit_test(test_redis_password)};
-  const struct CMUnitTest etcd_tests[] = {STORE_CASES,
-                                          cmocka_unit_test(test_etcd_cluster_member_down)};
+  const struct CMUnitTest redis_tests[] = {
+      STORE_CASES, cmocka_unit_test(test_cached_lookup_costs_no_round_trip),
+      cmocka_unit_test_teardown(test_redis_password, own_teardown)};
+  const struct CMUnitTest etcd_tests[] = {
+      STORE_CASES, cmocka_unit_test_teardown(test_etcd_cluster_member_down, own_teardown)};
   int failed = cmocka_run_group_tests_name("redis", redis_tests, redis_setup, store_teardown);
   failed += cmocka_run_group_tests_name("etcd", etcd_tests, etcd_setup, store_teardown);
   return failed;
