@@ -96,9 +96,10 @@ static ferry_status choose_transports(ferry_engine *e) {
 static ferry_status publish_segment(ferry_engine *e) {
   if (!e->cfg.metadata_url)
     return FERRY_OK;
-  ferry_metadata_options opt = {
-      .ttl_ms = e->cfg.metadata_ttl_ms ? e->cfg.metadata_ttl_ms : FERRY_METADATA_TTL_DEFAULT_MS,
-      .connect_timeout_ms = e->cfg.connect_timeout_ms};
+  ferry_metadata_options opt = {.ttl_ms = e->cfg.metadata_ttl_ms,
+                                .connect_timeout_ms = e->cfg.connect_timeout_ms};
+  if (!opt.ttl_ms)
+    opt.ttl_ms = FERRY_METADATA_TTL_DEFAULT_MS;
   ferry_status st = ferry_metadata_open_with(e->cfg.metadata_url, &opt, &e->metadata);
   if (st)
     return st;
