@@ -126,8 +126,9 @@ typedef struct ferry_config {
   /* Lease on the keys this engine publishes in the metadata service
    * (FERRY_METADATA_TTL_MS, default 5000; 0 = the default). They are
    * refreshed every third of it, so a killed engine's segment disappears
-   * within it, and re-published when the store comes back empty. etcd
-   * rounds it up to whole seconds, at least 2. */
+   * within it, and re-published when the store comes back empty. Keep it
+   * well above the longest stall of the process: a refresh may be late by
+   * two thirds of it. etcd rounds it up to whole seconds, at least 2. */
   uint32_t metadata_ttl_ms;
 } ferry_config;
 
