@@ -21,7 +21,7 @@ import pytest
 
 from conftest import free_port, make_engine
 
-TTL_ENV = {"FERRY_METADATA_TTL_MS": "2000", "MC_TCP_BIND_ADDRESS": "127.0.0.1"}
+TTL_ENV = {"FERRY_METADATA_TTL_MS": "3000", "MC_TCP_BIND_ADDRESS": "127.0.0.1"}
 
 
 class Store:
@@ -138,7 +138,7 @@ def test_segment_name_exchange_and_restarts(store, start_target, monkeypatch):
             assert tgt.session == "py-target"
             exchange(te, "py-target", tgt, i)
             tgt.kill()  # SIGKILL: its keys stay until the lease runs out
-        limit = 2.0 + 10  # the ttl, and generous on a busy host
+        limit = 3.0 + 10  # the ttl, and generous on a busy host
         assert wait_until(lambda: not store.has("mooncake/rpc_meta/py-target"), limit)
     finally:
         te.close()
