@@ -6,7 +6,7 @@ ferry`, the `ferry` and `mooncake_http_metadata_server` commands and
 
 The extension compiles python/ferry/_ferry.c together with every libferry
 source (src/**/*.c), so it needs no separately installed libferry; it links
-libcrypto, libcurl and jansson. The tool links the same objects with
+libcrypto, libcurl, jansson and hiredis. The tool links the same objects with
 tools/*.c and libmicrohttpd.
 
   /usr/bin/python3 setup.py build_ext --inplace        # in-place, for tests
@@ -68,7 +68,7 @@ ferry_ext = Extension(
     sources=["python/ferry/_ferry.c"] + LIBFERRY_SOURCES,
     include_dirs=["include", "src"],
     define_macros=[("_GNU_SOURCE", "1")],  # as the CMake build
-    libraries=["crypto", "curl", "jansson", "pthread"],
+    libraries=["crypto", "curl", "jansson", "hiredis", "pthread"],
     extra_compile_args=["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
 )
 

@@ -23,16 +23,19 @@ static ferry_status fake_get(void *state, const char *key, char **value) {
   return FERRY_OK;
 }
 
-static ferry_status fake_put(void *state, const char *key, const char *value) { return FERRY_OK; }
+static ferry_status fake_put(void *state, const char *key, const char *value, uint32_t ttl_ms) {
+  return FERRY_OK;
+}
 static ferry_status fake_del(void *state, const char *key) { return FERRY_OK; }
 static void fake_close(void *state) {}
 
-static const ferry_metadata_ops fake_ops = {"fuzz", fake_put, fake_get, fake_del, fake_close};
+static const ferry_metadata_ops fake_ops = {
+    .scheme = "fuzz", .put = fake_put, .get = fake_get, .del = fake_del, .close = fake_close};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   input = data;
   input_size = size;
-  ferry_metadata md = {&fake_ops, NULL};
+  ferry_metadata md = {.ops = &fake_ops, .cache_lock = PTHREAD_MUTEX_INITIALIZER};
   char host[64];
   memset(host, 'x', sizeof host);
   uint16_t port = 0;
@@ -48,5 +51,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       FUZZ_CHECK(regions[i].addr >= regions[i - 1].addr);
   }
   free(regions);
+  ferry_segment_cache_free(&md);
   return 0;
 }

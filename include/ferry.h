@@ -126,7 +126,11 @@ typedef struct ferry_config {
    * authenticated (not encrypted) and refused if forged, altered, replayed
    * or reordered; a peer without it gets FERRY_EAUTH (RELIABILITY.md). */
   const char *secret;
-  /* Metadata service ("http://host:port/path"); NULL = peer-to-peer only. */
+  /* Metadata service: "http://host:port/path", "redis://[user[:password]@]
+   * host:port[/db]", "etcd://host:port[,host:port...]" or a bare "host:port"
+   * (etcd); NULL = peer-to-peer only. A store that cannot be reached makes
+   * create fail with FERRY_EMETADATA naming it, within connect_timeout_ms
+   * when nothing answers (plus 3 s when it accepts but does not answer). */
   const char *metadata_url;
   /* Segment name published in the metadata service; NULL = "host:port". */
   const char *segment_name;
@@ -167,6 +171,13 @@ typedef struct ferry_config {
    * array is copied by ferry_engine_create. */
   const uint32_t *shm_allowed_uids;
   size_t shm_allowed_uid_count;
+  /* Lease on the keys this engine publishes in the metadata service
+   * (FERRY_METADATA_TTL_MS, default 5000; 0 = the default). They are
+   * refreshed every third of it, so a killed engine's segment disappears
+   * within it, and re-published when the store comes back empty. Keep it
+   * well above the longest stall of the process: a refresh may be late by
+   * two thirds of it. etcd rounds it up to whole seconds, at least 2. */
+  uint32_t metadata_ttl_ms;
 } ferry_config;
 
 /* Fills cfg with defaults, including those taken from the environment

@@ -46,7 +46,8 @@ typedef struct bench_opts {
   int verify;
   int json;
   int random_offsets;
-  unsigned long depth; /* batches in flight per thread (async when > 1) */
+  unsigned long depth;         /* batches in flight per thread (async when > 1) */
+  unsigned long first_contact; /* rounds of first_contact.c instead of a run */
 } bench_opts;
 
 /* Latencies of one thread's batch calls, in nanoseconds. */
@@ -103,8 +104,11 @@ typedef struct bench_result {
 /* ---- Options ------------------------------------------------------------ */
 
 static void bench_usage(FILE *out) {
-  fprintf(out, "usage: ferry bench --target HOST:PORT [options]\n"
+  fprintf(out, "usage: ferry bench --target HOST:PORT|SEGMENT [options]\n"
                "  --target T         the peer to transfer with (required)\n"
+               "  --metadata URL     look T up as a segment name in this store\n"
+               "  --first-contact N  instead: N rounds of engine start -> first WRITE to T,\n"
+               "                     store lookups and known-peer WRITEs (needs --metadata)\n"
                "  --remote-addr A    remote start address (default: the target's first region)\n"
                "  --op write|read    direction (default write)\n"
                "  --block SIZE       bytes per entry, K/M/G suffixes (default 1M)\n"
@@ -163,6 +167,11 @@ static int apply_option(int c, const char *arg, bench_opts *o) {
   case 't': o->target = arg; return 0;
   case 'S': o->engine.secret = arg; return 0;
   case 'H': o->engine.host = arg; return 0;
+  case 'M': o->engine.metadata_url = arg; return 0;
+  case 'F':
+    return ferry_cli_parse_count(arg, 1, 10000, &o->first_contact)
+               ? ferry_cli_bad_value(PROG, "first-contact", arg)
+               : 0;
   case 'v': o->verify = 1; return 0;
   case 'j': o->json = 1; return 0;
   case 'r': o->random_offsets = 1; return 0;
@@ -215,6 +224,8 @@ static int parse_bench_args(int argc, char **argv, bench_opts *o) {
                                            {"connections", required_argument, NULL, 'c'},
                                            {"secret", required_argument, NULL, 'S'},
                                            {"host", required_argument, NULL, 'H'},
+                                           {"metadata", required_argument, NULL, 'M'},
+                                           {"first-contact", required_argument, NULL, 'F'},
                                            {"help", no_argument, NULL, 'h'},
                                            {NULL, 0, NULL, 0}};
   memset(o, 0, sizeof *o);
@@ -858,6 +869,8 @@ int ferry_cmd_bench(int argc, char **argv) {
     fprintf(stderr, "Run `ferry bench --help` for the options.\n");
     return 2;
   }
+  if (o.first_contact)
+    return ferry_bench_first_contact(&o.engine, o.target, o.first_contact, o.json);
   /* Before the engine's threads exist, so only the timed wait takes them. */
   sigset_t stop;
   ferry_cli_block_stop_signals(&stop);

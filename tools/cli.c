@@ -122,6 +122,10 @@ ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_op
     cfg.transports = opts->transports;
   if (opts->connections != 0)
     cfg.tcp_connections = opts->connections;
+  cfg.metadata_url = opts->metadata_url;
+  cfg.segment_name = opts->segment_name;
+  if (opts->metadata_ttl_ms != 0)
+    cfg.metadata_ttl_ms = opts->metadata_ttl_ms;
   ferry_status st = ferry_engine_create(&cfg, out);
   if (st != FERRY_OK)
     ferry_cli_report(prog, "cannot create engine", st);

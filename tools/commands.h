@@ -10,4 +10,9 @@ int ferry_cmd_probe(int argc, char **argv);
 int ferry_cmd_metadata_server(int argc, char **argv);
 int ferry_cmd_doctor(int argc, char **argv);
 
+/* first_contact.c: `ferry bench --first-contact N` (opts is cli.h's). */
+struct ferry_cli_engine_opts;
+int ferry_bench_first_contact(const struct ferry_cli_engine_opts *opts, const char *target,
+                              unsigned long rounds, int json);
+
 #endif

@@ -1,17 +1,22 @@
-/* doctor.c - `ferry doctor [--target HOST:PORT]`: tells an operator, before
- * anything is deployed, what ferry can do on this host: which transports
- * are built and actually move bytes here, which address an engine would
- * advertise, what the environment overrides, and whether a given peer
- * answers. Every line says OK, WARN or FAIL and why. */
+/* doctor.c - `ferry doctor [--target HOST:PORT] [--metadata URL]`: tells an
+ * operator, before anything is deployed, what ferry can do on this host:
+ * which transports are built and actually move bytes here, which address an
+ * engine would advertise, what the environment overrides, whether a given
+ * peer answers, and whether a metadata store is reachable, accepts the
+ * credentials and round-trips a key. Every line says OK, WARN or FAIL and
+ * why. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "commands.h"
 #include "core/config.h"
+#include "core/clock.h"
 #include "ferry.h"
+#include "metadata/metadata.h"
 
 #define PROG "ferry doctor"
 #define SELFTEST_BYTES (4u << 20)
@@ -149,12 +154,67 @@ static void show_target(const char *target) {
   ferry_engine_destroy(e);
 }
 
+/* put, get (compared), delete and a get that must miss, on a key of our
+ * own; the detail names the first step that failed. */
+static ferry_status metadata_round_trip(ferry_metadata *md, char *detail, size_t size) {
+  char key[64], value[64], *got = NULL;
+  snprintf(key, sizeof key, "ferry-doctor/%d", (int)getpid());
+  snprintf(value, sizeof value, "{\"doctor\": %d}", (int)getpid());
+  const char *step = "put", *why = NULL;
+  ferry_status st = ferry_metadata_put(md, key, value);
+  if (!st) {
+    step = "get";
+    st = ferry_metadata_get(md, key, &got);
+  }
+  if (!st && strcmp(got, value) != 0)
+    why = "get returned another value than put";
+  free(got);
+  got = NULL;
+  if (!st && !why) {
+    step = "delete";
+    st = ferry_metadata_delete(md, key);
+  }
+  if (!st && !why && ferry_metadata_get(md, key, &got) != FERRY_ENOTFOUND)
+    why = "the key is still there after delete";
+  free(got);
+  if (why) {
+    snprintf(detail, size, "%s", why);
+    return FERRY_EMETADATA;
+  }
+  if (st)
+    snprintf(detail, size, "%s failed: %s: %s", step, ferry_strerror(st), ferry_last_error());
+  return st;
+}
+
+static void show_metadata(const char *url) {
+  char what[300], detail[800] = "";
+  ferry_metadata_redact(url, what, sizeof what);
+  ferry_metadata *md = NULL;
+  uint64_t t0 = ferry_now_ns();
+  ferry_status st = ferry_metadata_open(url, &md);
+  if (st) {
+    snprintf(detail, sizeof detail, "%s%s: %s",
+             st == FERRY_EAUTH ? "credentials refused: " : "cannot open: ", ferry_strerror(st),
+             ferry_last_error());
+    line("FAIL", what, detail);
+    return;
+  }
+  st = metadata_round_trip(md, detail, sizeof detail);
+  if (!st)
+    snprintf(detail, sizeof detail, "reachable; put/get/delete round trip in %.1f ms",
+             (double)(ferry_now_ns() - t0) / 1e6);
+  line(st ? "FAIL" : "OK", what, detail);
+  ferry_metadata_close(md);
+}
+
 /* --help (bad = 0) to stdout and exit 0, else to stderr and exit 2. */
 static int doctor_usage(int bad) {
   fprintf(bad ? stderr : stdout,
-          "usage: %s [--target HOST:PORT]\n"
+          "usage: %s [--target HOST:PORT] [--metadata URL]\n"
           "Checks what ferry can do on this host; every line says OK, INFO, WARN or FAIL.\n"
           "  --target HOST:PORT  also check that this peer answers, and over which transport\n"
+          "  --metadata URL      also check a metadata store: reachability, credentials\n"
+          "                      and a put/get/delete round trip\n"
           "  --help              show this help\n"
           "Checked: the environment variables ferry reads (a bad value is a FAIL), the\n"
           "address an engine would advertise, RDMA devices, and each transport by\n"
@@ -165,10 +225,12 @@ static int doctor_usage(int bad) {
 }
 
 int ferry_cmd_doctor(int argc, char **argv) {
-  const char *target = NULL;
+  const char *target = NULL, *metadata = NULL;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--target") == 0 && i + 1 < argc)
       target = argv[++i];
+    else if (strcmp(argv[i], "--metadata") == 0 && i + 1 < argc)
+      metadata = argv[++i];
     else
       return doctor_usage(strcmp(argv[i], "--help") && strcmp(argv[i], "-h"));
   }
@@ -180,6 +242,8 @@ int ferry_cmd_doctor(int argc, char **argv) {
   show_transports();
   if (target)
     show_target(target);
+  if (metadata)
+    show_metadata(metadata);
   printf("%s\n", failures ? "some checks FAILED" : "all checks passed");
   return failures ? 1 : 0;
 }

@@ -31,7 +31,8 @@ typedef struct serve_opts {
 static void serve_usage(FILE *out) {
   fprintf(out, "usage: ferry serve [--host ADDR] [--port N] [--size SIZE] [--secret S]\n"
                "                   [--protocol tcp|shm|all] [--connections N] [--print-notifies]\n"
-               "                   [--malloc]\n"
+               "                   [--malloc] [--metadata URL] [--segment NAME]\n"
+               "                   [--metadata-ttl MS]\n"
                "  --host ADDR        bind and advertise address (default 127.0.0.1)\n"
                "  --port N           RPC port, 0 picks a free one (default 0)\n"
                "  --size SIZE        registered buffer size, K/M/G suffixes (default 256M)\n"
@@ -40,6 +41,9 @@ static void serve_usage(FILE *out) {
                "  --connections N    TCP data connections per peer\n"
                "  --print-notifies   print received notifications to stdout\n"
                "  --malloc           register malloc'd memory instead of ferry_memory_alloc\n"
+               "  --metadata URL     publish in this store (http, redis, etcd URL or host:port)\n"
+               "  --segment NAME     segment name to publish (default HOST:PORT)\n"
+               "  --metadata-ttl MS  lease on the published keys (default 5000)\n"
                "Prints one line \"ready target=HOST:PORT addr=0xADDR size=BYTES protocol=...\"\n"
                "and serves until SIGINT or SIGTERM.\n");
 }
@@ -47,11 +51,19 @@ static void serve_usage(FILE *out) {
 /* Returns 0 to run, 1 for --help, 2 on a usage error. */
 static int parse_serve_args(int argc, char **argv, serve_opts *o) {
   static const struct option longopts[] = {
-      {"host", required_argument, NULL, 'H'},     {"port", required_argument, NULL, 'p'},
-      {"size", required_argument, NULL, 's'},     {"secret", required_argument, NULL, 'S'},
-      {"protocol", required_argument, NULL, 'P'}, {"connections", required_argument, NULL, 'c'},
-      {"print-notifies", no_argument, NULL, 'n'}, {"malloc", no_argument, NULL, 'm'},
-      {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+      {"host", required_argument, NULL, 'H'},
+      {"port", required_argument, NULL, 'p'},
+      {"size", required_argument, NULL, 's'},
+      {"secret", required_argument, NULL, 'S'},
+      {"protocol", required_argument, NULL, 'P'},
+      {"connections", required_argument, NULL, 'c'},
+      {"print-notifies", no_argument, NULL, 'n'},
+      {"malloc", no_argument, NULL, 'm'},
+      {"metadata", required_argument, NULL, 'M'},
+      {"segment", required_argument, NULL, 'G'},
+      {"metadata-ttl", required_argument, NULL, 'T'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
   };
   ferry_cli_engine_opts_init(&o->engine);
   o->size = (size_t)256 << 20;
@@ -66,7 +78,14 @@ static int parse_serve_args(int argc, char **argv, serve_opts *o) {
     case 'S': o->engine.secret = optarg; break;
     case 'n': o->print_notifies = 1; break;
     case 'm': o->use_malloc = 1; break;
+    case 'M': o->engine.metadata_url = optarg; break;
+    case 'G': o->engine.segment_name = optarg; break;
     case 'h': return 1;
+    case 'T':
+      if (ferry_cli_parse_count(optarg, 1, UINT32_MAX, &n) != 0)
+        return ferry_cli_bad_value(PROG, "metadata-ttl", optarg);
+      o->engine.metadata_ttl_ms = (uint32_t)n;
+      break;
     case 'p':
       if (ferry_cli_parse_count(optarg, 0, 65535, &n) != 0)
         return ferry_cli_bad_value(PROG, "port", optarg);

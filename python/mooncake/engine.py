@@ -12,10 +12,13 @@ calling thread's last message, ``last_error_code()`` its Mooncake code.
   bound (unless ``MC_TCP_BIND_ADDRESS`` is set, which libferry then uses);
   the RPC port is picked by the engine (``get_rpc_port()``), or, with
   ``MC_LEGACY_RPC_PORT_BINDING`` set, taken from ``local_hostname``.
-- ``"http://host:port/path"``: ferry's metadata client; ``local_hostname`` is
-  the segment name, verbatim.
-- ``redis://``, ``etcd://`` and bare ``host:port`` (etcd) are not supported:
-  a negative code is returned and the scheme is logged.
+- a metadata store: ``"http://host:port/path"`` (``ferry metadata-server`` or
+  Mooncake's), ``"redis://[user[:password]@]host:port[/db]"`` (with
+  ``MC_REDIS_USERNAME`` / ``MC_REDIS_PASSWORD`` / ``MC_REDIS_DB_INDEX``),
+  ``"etcd://host:port[,host:port...]"`` or a bare ``"host:port"`` (etcd);
+  ``local_hostname`` is the segment name, verbatim. Its keys live under a
+  lease (``FERRY_METADATA_TTL_MS``, default 5 s), so a killed engine's
+  segment disappears. A store that cannot be reached fails initialize.
 - ``protocol``: ``"tcp"`` restricts ferry to TCP; anything else (``"rdma"``,
   ``"efa"``, ...) lets ferry choose among all its transports, and says so in
   the log. ``MC_FORCE_TCP=1`` (or true/yes/on) forces TCP. ``device_name`` is ignored.
@@ -203,16 +206,14 @@ class TransferEngine:
             if not os.environ.get("MC_LEGACY_RPC_PORT_BINDING"):
                 port = 0
             port = port or 0
-        elif server.lower().startswith(("http://", "https://")):
+        else:
+            # http(s)://..., redis://[user[:password]@]host:port[/db] (MC_REDIS_USERNAME,
+            # MC_REDIS_PASSWORD, MC_REDIS_DB_INDEX fill what it leaves out),
+            # etcd://host:port[,host:port...] or a bare host:port (etcd): libferry
+            # parses the URL and names what is wrong with one it cannot use.
             kwargs["metadata_url"] = server
             kwargs["segment_name"] = local_hostname
             port = port or 0
-        else:
-            scheme = server.split("://", 1)[0] if "://" in server else "etcd (bare host:port)"
-            return self._fail("initialize", ferry.Error(
-                ferry.EMETADATA, "unsupported metadata service",
-                "metadata server %r: scheme %s is not supported by ferry; use P2PHANDSHAKE or "
-                "an http:// metadata URL (e.g. `ferry metadata-server`)" % (server, scheme)))
 
         if os.environ.get("MC_TCP_BIND_ADDRESS"):
             pass  # libferry's config takes the address from the environment

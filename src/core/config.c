@@ -3,7 +3,7 @@
  * MC_FORCE_TCP) plus ferry's own (FERRY_LOG, FERRY_TRANSPORTS,
  * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US, and the serving limits
  * FERRY_MAX_CONNECTIONS, FERRY_MAX_CONNECTIONS_PER_PEER, FERRY_IDLE_TIMEOUT_MS,
- * FERRY_NOTIFY_PEER_BYTES), and their validation.
+ * FERRY_NOTIFY_PEER_BYTES, FERRY_METADATA_TTL_MS), and their validation.
  *
  * ferry_config_init cannot report anything, so it applies only the values
  * it understands; ferry_engine_create then parses every variable again with
@@ -23,6 +23,7 @@
 #include "engine.h"
 #include "error.h"
 #include "log.h"
+#include "metadata/metadata.h"
 
 #define TIMEOUT_S_MAX (UINT32_MAX / 1000u) /* timeout_ms is 32 bits */
 #define COUNT_MAX 1024u                    /* connections or workers: more is a typo, not a plan */
@@ -81,6 +82,7 @@ static void defaults(ferry_config *cfg) {
   cfg->max_connections_per_peer = MAX_CONNECTIONS_PER_PEER;
   cfg->idle_timeout_ms = IDLE_TIMEOUT_MS;
   cfg->notify_peer_bytes = NOTIFY_PEER_BYTES;
+  cfg->metadata_ttl_ms = FERRY_METADATA_TTL_DEFAULT_MS;
 }
 
 /* ---- environment ------------------------------------------------------- */
@@ -182,6 +184,14 @@ static ferry_status apply_notify_bytes(const char *name, const char *value, ferr
   return st;
 }
 
+static ferry_status apply_metadata_ttl(const char *name, const char *value, ferry_config *cfg) {
+  unsigned long n;
+  ferry_status st = limit_env(name, value, UINT32_MAX, &n);
+  if (!st)
+    cfg->metadata_ttl_ms = (uint32_t)n;
+  return st;
+}
+
 static ferry_status apply_secret(const char *name, const char *value, ferry_config *cfg) {
   cfg->secret = value;
   return FERRY_OK;
@@ -212,6 +222,7 @@ static const struct env_var {
     {"FERRY_MAX_CONNECTIONS_PER_PEER", apply_max_per_peer},
     {"FERRY_IDLE_TIMEOUT_MS", apply_idle_timeout},
     {"FERRY_NOTIFY_PEER_BYTES", apply_notify_bytes},
+    {"FERRY_METADATA_TTL_MS", apply_metadata_ttl},
 };
 
 /* Applies every variable that is set (an empty value counts as unset).
@@ -308,6 +319,8 @@ static ferry_status check_fields(ferry_config *cfg) {
     cfg->idle_timeout_ms = IDLE_TIMEOUT_MS;
   if (!cfg->notify_peer_bytes)
     cfg->notify_peer_bytes = NOTIFY_PEER_BYTES;
+  if (!cfg->metadata_ttl_ms)
+    cfg->metadata_ttl_ms = FERRY_METADATA_TTL_DEFAULT_MS;
   return FERRY_OK;
 }
 

@@ -89,12 +89,21 @@ static ferry_status choose_transports(ferry_engine *e) {
 static ferry_status publish_segment(ferry_engine *e) {
   if (!e->cfg.metadata_url)
     return FERRY_OK;
-  ferry_status st = ferry_metadata_open(e->cfg.metadata_url, &e->metadata);
+  ferry_metadata_options opt = {.ttl_ms = e->cfg.metadata_ttl_ms,
+                                .connect_timeout_ms = e->cfg.connect_timeout_ms};
+  if (!opt.ttl_ms)
+    opt.ttl_ms = FERRY_METADATA_TTL_DEFAULT_MS;
+  ferry_status st = ferry_metadata_open_with(e->cfg.metadata_url, &opt, &e->metadata);
   if (st)
     return st;
   if (e->segment_name)
     snprintf(e->name, sizeof e->name, "%s", e->segment_name);
-  return ferry_segment_publish(e->metadata, e->name, e->advertise_host, e->port, NULL, 0);
+  st = ferry_segment_publish(e->metadata, e->name, e->advertise_host, e->port, NULL, 0);
+  if (st) { /* nothing was published: destroy must not wait on the store again */
+    ferry_metadata_close(e->metadata);
+    e->metadata = NULL;
+  }
+  return st;
 }
 
 static ferry_status engine_start(ferry_engine *e, const ferry_config *cfg) {

@@ -12,6 +12,7 @@
  * value unsigned, which jansson refuses ("too big integer" -> FERRY_EJSON);
  * user-space addresses stay far below 2^63, so neither side makes them. */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,6 +193,69 @@ ferry_status ferry_segment_unpublish(ferry_metadata *md, const char *name) {
   return b == FERRY_ENOTFOUND ? FERRY_OK : b;
 }
 
+/* ---- last known addresses ------------------------------------------------ */
+
+/* Where each segment looked up through this handle was last seen, so that a
+ * store outage does not cut off peers already known (see metadata.h). Only
+ * read when the store cannot answer; a lookup that succeeds refreshes it. */
+struct ferry_seg_cache {
+  struct ferry_seg_cache *next;
+  char *name;
+  char host[256];
+  uint16_t port;
+};
+
+static ferry_seg_cache *cache_find(ferry_metadata *md, const char *name) {
+  ferry_seg_cache *c = md->cache;
+  while (c && strcmp(c->name, name) != 0)
+    c = c->next;
+  return c;
+}
+
+static void cache_store(ferry_metadata *md, const char *name, const char *host, uint16_t port) {
+  if (strlen(host) >= sizeof md->cache->host)
+    return;
+  pthread_mutex_lock(&md->cache_lock);
+  ferry_seg_cache *c = cache_find(md, name);
+  if (!c && (c = calloc(1, sizeof *c)) != NULL) {
+    if ((c->name = strdup(name)) != NULL) {
+      c->next = md->cache;
+      md->cache = c;
+    } else {
+      free(c);
+      c = NULL;
+    }
+  }
+  if (c) {
+    snprintf(c->host, sizeof c->host, "%s", host);
+    c->port = port;
+  }
+  pthread_mutex_unlock(&md->cache_lock);
+}
+
+/* 1 when name was seen before (host and port filled), else 0. */
+static int cache_load(ferry_metadata *md, const char *name, char *host, size_t host_size,
+                      uint16_t *port) {
+  pthread_mutex_lock(&md->cache_lock);
+  ferry_seg_cache *c = cache_find(md, name);
+  int found = c && strlen(c->host) < host_size;
+  if (found) {
+    snprintf(host, host_size, "%s", c->host);
+    *port = c->port;
+  }
+  pthread_mutex_unlock(&md->cache_lock);
+  return found;
+}
+
+void ferry_segment_cache_free(ferry_metadata *md) {
+  while (md->cache) {
+    ferry_seg_cache *c = md->cache;
+    md->cache = c->next;
+    free(c->name);
+    free(c);
+  }
+}
+
 /* ---- lookup -------------------------------------------------------------- */
 
 ferry_status ferry_segment_lookup(ferry_metadata *md, const char *name, char *host,
@@ -204,8 +268,11 @@ ferry_status ferry_segment_lookup(ferry_metadata *md, const char *name, char *ho
     return ferry_fail(FERRY_EINVAL, "segment \"%s\" lookup: NULL output", name);
 
   json_t *root = NULL;
-  if ((st = get_object(md, key, name, &root)) != FERRY_OK)
+  if ((st = get_object(md, key, name, &root)) != FERRY_OK) {
+    if (st == FERRY_EMETADATA && cache_load(md, name, host, host_size, port))
+      return FERRY_OK; /* the store is down: the last address we saw */
     return st;
+  }
 
   json_t *h = json_object_get(root, "ip_or_host_name");
   json_t *p = json_object_get(root, "rpc_port");
@@ -219,6 +286,7 @@ ferry_status ferry_segment_lookup(ferry_metadata *md, const char *name, char *ho
   else {
     snprintf(host, host_size, "%s", json_string_value(h));
     *port = (uint16_t)json_integer_value(p);
+    cache_store(md, name, host, *port);
   }
   json_decref(root);
   return st;

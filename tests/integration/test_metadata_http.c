@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,14 +57,20 @@ static int read_line(int fd, char *buf, size_t size, int timeout_ms) {
   return -1;
 }
 
-static pid_t spawn_server(int out_fd) {
+/* state: the --state FILE, or NULL. */
+static pid_t spawn_server(int out_fd, const char *state) {
   const char *tool = getenv("FERRY_TOOL");
   if (!tool)
     tool = "ferry";
   pid_t pid = fork();
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a crashed test */
     dup2(out_fd, STDOUT_FILENO);
-    execl(tool, tool, "metadata-server", "--host", "127.0.0.1", "--port", "0", (char *)NULL);
+    if (state)
+      execl(tool, tool, "metadata-server", "--host", "127.0.0.1", "--port", "0", "--state", state,
+            (char *)NULL);
+    else
+      execl(tool, tool, "metadata-server", "--host", "127.0.0.1", "--port", "0", (char *)NULL);
     fprintf(stderr, "exec %s: %s\n", tool, strerror(errno));
     _exit(127);
   }
@@ -89,22 +96,30 @@ static int stop_server(void) {
   return status;
 }
 
-static int group_setup(void **state) {
+/* Starts a server and reads its URL from the ready line. 0, or -1 with
+ * the child (if any) left in *pid for the caller to reap. */
+static int start_server(const char *state, pid_t *pid, char *url_out, size_t size) {
   int fds[2];
   if (pipe(fds) != 0)
     return -1;
-  server_pid = spawn_server(fds[1]);
+  *pid = spawn_server(fds[1], state);
   close(fds[1]);
   char line[512];
-  int rc = server_pid > 0 ? read_line(fds[0], line, sizeof line, 10000) : -1;
+  int rc = *pid > 0 ? read_line(fds[0], line, sizeof line, 10000) : -1;
   close(fds[0]);
   const char *url = rc == 0 ? strstr(line, "url=") : NULL;
-  if (!url || strncmp(line, "ready metadata-server ", 22) != 0) {
+  if (!url || strncmp(line, "ready metadata-server ", 22) != 0)
+    return -1;
+  snprintf(url_out, size, "%s", url + 4);
+  return 0;
+}
+
+static int group_setup(void **state) {
+  if (start_server(NULL, &server_pid, server_url, sizeof server_url) != 0) {
     fprintf(stderr, "metadata-server did not report ready\n");
     stop_server();
     return -1;
   }
-  snprintf(server_url, sizeof server_url, "%s", url + 4);
   return 0;
 }
 
@@ -345,17 +360,26 @@ static void test_segment_malformed(void **state) {
   ferry_metadata_close(md);
 }
 
-/* ---- URLs that do not lead to a store ----------------------------------------- */
+/* ---- URL forms ------------------------------------------------------------------ */
 
 static void test_unsupported_schemes(void **state) {
   ferry_metadata *md = NULL;
-  assert_int_equal(ferry_metadata_open("redis://x:1", &md), FERRY_ENOTIMPL);
-  assert_non_null(strstr(ferry_last_error(), "redis"));
+  /* redis connects at open: a closed loopback port fails, naming the URL
+   * with its password masked. */
+  assert_int_equal(ferry_metadata_open("redis://u:pw@127.0.0.1:1", &md), FERRY_EMETADATA);
+  assert_non_null(strstr(ferry_last_error(), "redis://u:***@127.0.0.1:1"));
   assert_null(md);
-  assert_int_equal(ferry_metadata_open("etcd://x:2379", &md), FERRY_ENOTIMPL);
-  assert_non_null(strstr(ferry_last_error(), "etcd"));
-  assert_int_equal(ferry_metadata_open("10.0.0.1:2379", &md), FERRY_ENOTIMPL);
-  assert_non_null(strstr(ferry_last_error(), "etcd"));
+  assert_int_equal(ferry_metadata_open("redis://127.0.0.1:notaport", &md), FERRY_EINVAL);
+  assert_int_equal(ferry_metadata_open("rediss://127.0.0.1:1", &md), FERRY_ENOTIMPL);
+  /* etcd (also a bare host:port list) is reached by the first request. */
+  assert_int_equal(ferry_metadata_open("etcd://127.0.0.1:1,127.0.0.1:2", &md), FERRY_OK);
+  char *v = NULL;
+  assert_int_equal(ferry_metadata_get(md, "k", &v), FERRY_EMETADATA);
+  assert_non_null(strstr(ferry_last_error(), "127.0.0.1:2"));
+  ferry_metadata_close(md);
+  assert_int_equal(ferry_metadata_open("127.0.0.1:1", &md), FERRY_OK);
+  ferry_metadata_close(md);
+  assert_int_equal(ferry_metadata_open("etcd://127.0.0.1:1/path", &md), FERRY_EINVAL);
   assert_int_equal(ferry_metadata_open("ftp://x/", &md), FERRY_EINVAL);
   assert_int_equal(ferry_metadata_open("P2PHANDSHAKE", &md), FERRY_EINVAL);
   assert_int_equal(ferry_metadata_open("", &md), FERRY_EINVAL);
@@ -418,6 +442,87 @@ static void test_server_status_codes(void **state) {
   assert_int_equal(raw_request("GET", url, NULL, 0), 404);
 }
 
+/* ---- expiry and the state file ------------------------------------------------ */
+
+/* Seconds until GET key's presence is want, at most limit_s; -1 if never. */
+static double wait_key(const char *url, const char *key, int want, double limit_s) {
+  ferry_metadata *md = NULL;
+  assert_int_equal(ferry_metadata_open(url, &md), FERRY_OK);
+  double start = now_s(), took = -1;
+  while (now_s() - start < limit_s) {
+    char *v = NULL;
+    ferry_status st = ferry_metadata_get(md, key, &v);
+    free(v);
+    if ((st == FERRY_OK) == want) {
+      took = now_s() - start;
+      break;
+    }
+    usleep(20000); /* expiry runs on the server's clock: nothing to wait on */
+  }
+  ferry_metadata_close(md);
+  return took;
+}
+
+/* A leased key stays while its writer refreshes it and goes within the ttl
+ * once the writer stops; a plain key stays. */
+static void test_expiry(void **state) {
+  ferry_metadata_options opt = {.ttl_ms = 400};
+  ferry_metadata *leased = NULL, *plain = open_store();
+  assert_int_equal(ferry_metadata_open_with(server_url, &opt, &leased), FERRY_OK);
+  assert_int_equal(ferry_metadata_put(leased, "exp/leased", "v"), FERRY_OK);
+  assert_int_equal(ferry_metadata_put(plain, "exp/plain", "v"), FERRY_OK);
+  usleep(1200 * 1000); /* three ttls: only the refresher keeps it */
+  assert_true(wait_key(server_url, "exp/leased", 1, 0.1) >= 0);
+  ferry_metadata_close(leased); /* stops refreshing, deletes nothing */
+  double gone = wait_key(server_url, "exp/leased", 0, 10);
+  print_message("leased key gone %.2f s after its writer stopped (ttl 0.4 s)\n", gone);
+  assert_true(gone >= 0);
+  assert_true(wait_key(server_url, "exp/plain", 1, 0.1) >= 0);
+  char url[300];
+  snprintf(url, sizeof url, "%s?key=exp/bad&ttl=-5", server_url);
+  assert_int_equal(raw_request("PUT", url, "x", 1), 400);
+  assert_int_equal(ferry_metadata_delete(plain, "exp/plain"), FERRY_OK);
+  ferry_metadata_close(plain);
+}
+
+/* Keys survive a SIGKILL of the server; a damaged state file stops it. */
+static void test_state_file(void **state) {
+  char dir[] = "/tmp/ferry-state-XXXXXX", path[64], url[256];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/state", dir);
+  pid_t pid = -1;
+  assert_int_equal(start_server(path, &pid, url, sizeof url), 0);
+  ferry_metadata *md = NULL;
+  assert_int_equal(ferry_metadata_open(url, &md), FERRY_OK);
+  assert_int_equal(ferry_segment_publish(md, "kept", "127.0.0.1", 4242, NULL, 0), FERRY_OK);
+  assert_int_equal(ferry_metadata_put(md, "gone", "v"), FERRY_OK);
+  assert_int_equal(ferry_metadata_delete(md, "gone"), FERRY_OK);
+  ferry_metadata_close(md);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+
+  assert_int_equal(start_server(path, &pid, url, sizeof url), 0);
+  assert_int_equal(ferry_metadata_open(url, &md), FERRY_OK);
+  char host[64], *v = NULL;
+  uint16_t port = 0;
+  assert_int_equal(ferry_segment_lookup(md, "kept", host, sizeof host, &port), FERRY_OK);
+  assert_int_equal(port, 4242);
+  assert_int_equal(ferry_metadata_get(md, "gone", &v), FERRY_ENOTFOUND);
+  ferry_metadata_close(md);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+
+  FILE *f = fopen(path, "a");
+  fputs("garbage", f);
+  fclose(f);
+  int status = 0;
+  assert_int_equal(start_server(path, &pid, url, sizeof url), -1);
+  waitpid(pid, &status, 0);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+  unlink(path);
+  rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip),
@@ -431,6 +536,8 @@ int main(void) {
       cmocka_unit_test(test_unsupported_schemes),
       cmocka_unit_test(test_unreachable),
       cmocka_unit_test(test_server_status_codes),
+      cmocka_unit_test(test_expiry),
+      cmocka_unit_test(test_state_file),
   };
   signal(SIGPIPE, SIG_IGN);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
