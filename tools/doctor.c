@@ -13,8 +13,8 @@
 
 #include "cli.h"
 #include "commands.h"
-#include "core/config.h"
 #include "core/clock.h"
+#include "core/config.h"
 #include "ferry.h"
 #include "metadata/metadata.h"
 

@@ -141,11 +141,14 @@ void ferry_net_tune(int fd) {
   /* Setting SO_*BUF turns kernel autotuning off and is capped at
    * net.core.[rw]mem_max, so a fixed size only helps when the cap is large;
    * otherwise autotuning (up to tcp_[rw]mem's max) gives bigger buffers. */
-  static int allowed = -1;
-  if (allowed < 0)
-    allowed = kernel_allows_buffer("/proc/sys/net/core/wmem_max", FERRY_SOCKET_BUFFER) &&
-              kernel_allows_buffer("/proc/sys/net/core/rmem_max", FERRY_SOCKET_BUFFER);
-  if (allowed) {
+  static int allowed = -1; /* racing first readers compute the same answer */
+  int ok = __atomic_load_n(&allowed, __ATOMIC_RELAXED);
+  if (ok < 0) {
+    ok = kernel_allows_buffer("/proc/sys/net/core/wmem_max", FERRY_SOCKET_BUFFER) &&
+         kernel_allows_buffer("/proc/sys/net/core/rmem_max", FERRY_SOCKET_BUFFER);
+    __atomic_store_n(&allowed, ok, __ATOMIC_RELAXED);
+  }
+  if (ok) {
     int size = FERRY_SOCKET_BUFFER;
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);

@@ -92,9 +92,12 @@ static ferry_status resolve_address(ferry_peer *p, char host[FERRY_HOST_MAX], ui
     st = ferry_segment_lookup(p->engine->metadata, p->target, host, FERRY_HOST_MAX, port);
     if (st != FERRY_ENOTFOUND)
       return st;
-    if (ferry_net_parse_target(p->target, host, port) != FERRY_OK)
+    if (ferry_net_parse_target(p->target, host, port) != FERRY_OK) {
+      char store[256]; /* never a password in a message */
+      ferry_metadata_redact(p->engine->cfg.metadata_url, store, sizeof store);
       return ferry_fail(FERRY_ENOTFOUND, "segment \"%s\" is not in the metadata service %s",
-                        p->target, p->engine->cfg.metadata_url);
+                        p->target, store);
+    }
     return FERRY_OK;
   }
   return ferry_net_parse_target(p->target, host, port);
@@ -331,8 +334,8 @@ static ferry_status control_once(ferry_peer *p, const ferry_frame_header *req, c
   if (p->control_fd < 0) {
     ferry_hello_reply reply;
     int fd;
-    ferry_status st = ferry_peer_connect(p, FERRY_CONN_CONTROL, deadline_ns, &fd, &reply,
-                                         &p->control_session);
+    ferry_status st =
+        ferry_peer_connect(p, FERRY_CONN_CONTROL, deadline_ns, &fd, &reply, &p->control_session);
     if (!st)
       st = control_adopt(p, fd, reply.engine_id);
     if (st)
