@@ -410,6 +410,7 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
              : send_data(c, h, total);
   if (unpublish(c, &fenced))
     return end_fenced(c, h, &fenced);
+  ferry_stats_served(c->engine, write ? FERRY_OP_WRITE : FERRY_OP_READ, total, st || verdict);
   if (st || !write)
     return st;
   /* Acknowledged only now: every byte of the frame is in memory. */
