@@ -364,7 +364,9 @@ typedef struct ferry_stats {
   uint64_t notifications_queued;       /* received, not drained (gauge) */
   uint64_t control_connections_opened; /* all peers */
   /* As a target, over tcp (by ferry_op of the peer's request: WRITE is
-   * bytes written into this engine): requests served and their bytes. A
+   * bytes written into this engine): requests served and their bytes,
+   * counted before the initiator's call can return (a WRITE once its bytes
+   * are in memory, a READ as its reply starts). A
    * same-host peer's shm transfers copy memory directly and are counted
    * only on its side. All peers together: a target's peers are not bounded
    * by this engine. */

@@ -54,7 +54,8 @@ void ferry_stats_moved(struct ferry_peer *peer, const struct ferry_transport *tr
 void ferry_stats_channel_opened(struct ferry_peer *peer, const struct ferry_transport *transport);
 void ferry_stats_control_opened(struct ferry_peer *peer);
 void ferry_stats_sync_latency(ferry_engine *engine, uint64_t ns);
-/* A WRITE or READ request the server answered; counted unless failed. */
+/* A WRITE request the server stored or a READ it starts answering;
+ * counted unless failed. */
 void ferry_stats_served(ferry_engine *engine, ferry_op op, uint64_t bytes, int failed);
 
 /* The /metrics endpoint (metrics_http.c) and the periodic log line
