@@ -269,6 +269,63 @@ static void test_metrics_settings(void **state) {
   unsetenv("MC_TE_METRIC");
 }
 
+/* MC_TE_METRIC and its interval, as Mooncake spells them. */
+static void test_te_metric_env(void **state) {
+  ferry_config cfg;
+  setenv("MC_TE_METRIC", "1", 1);
+  ferry_config_init(&cfg);
+  assert_int_equal(cfg.metrics_log_s, 5);
+  setenv("MC_TE_METRIC_INTERVAL_SECONDS", "2", 1);
+  ferry_config_init(&cfg);
+  assert_int_equal(cfg.metrics_log_s, 2);
+  unsetenv("MC_TE_METRIC");
+  ferry_config_init(&cfg);
+  assert_int_equal(cfg.metrics_log_s, 0); /* the interval alone turns nothing on */
+  unsetenv("MC_TE_METRIC_INTERVAL_SECONDS");
+}
+
+/* Reads stderr's pipe until a line holding `want` arrives (LONG_MS at most). */
+static int wait_for_log(int fd, const char *want, char *line, size_t size) {
+  double until = test_now_s() + LONG_MS / 1000.0;
+  while (test_now_s() < until)
+    if (test_read_line(fd, line, size, LONG_MS) == 0 && strstr(line, want))
+      return 0;
+  return -1;
+}
+
+static ferry_engine *logging_engine(unsigned seconds) {
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.transports = FERRY_TRANSPORT_TCP;
+  cfg.metrics_log_s = seconds;
+  ferry_engine *e = NULL;
+  assert_int_equal(ferry_engine_create(&cfg, &e), FERRY_OK);
+  return e;
+}
+
+/* The throughput line appears in the log; shutdown wakes the sleeping
+ * thread instead of waiting out its interval. */
+static void test_throughput_line_in_the_log(void **state) {
+  int fds[2], saved = dup(STDERR_FILENO);
+  assert_int_equal(pipe(fds), 0);
+  dup2(fds[1], STDERR_FILENO);
+  ferry_engine *e = logging_engine(1), *sleeper = logging_engine(3600);
+  char want[128], line[1024];
+  snprintf(want, sizeof want, "metrics %s: write ", ferry_engine_name(e));
+  int found = wait_for_log(fds[0], want, line, sizeof line);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  close(fds[1]);
+  close(fds[0]);
+  assert_int_equal(found, 0);
+  assert_non_null(strstr(line, "GB/s"));
+  double t0 = test_now_s();
+  ferry_engine_destroy(sleeper);
+  assert_true(test_now_s() - t0 < 60); /* not the 3600 s interval */
+  ferry_engine_destroy(e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_counters_move_by_bytes_moved),
@@ -276,6 +333,8 @@ int main(void) {
       cmocka_unit_test(test_shm_link_is_labelled_shm),
       cmocka_unit_test(test_endpoint_answers_only_metrics),
       cmocka_unit_test(test_metrics_settings),
+      cmocka_unit_test(test_te_metric_env),
+      cmocka_unit_test(test_throughput_line_in_the_log),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
