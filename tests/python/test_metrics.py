@@ -1,14 +1,18 @@
 """test_metrics.py - ferry.Engine.stats(), the /metrics endpoint an engine
-inside a Python process serves with FERRY_METRICS_PORT, and the drop-in's
-get_stats(): counters move by exactly the bytes moved."""
+inside a Python process serves with FERRY_METRICS_PORT, the drop-in's
+get_stats(), and `ferry serve --metrics-port` with its exit summary: counters
+move by exactly the bytes moved."""
 
 import re
+import signal
+import subprocess
 import urllib.error
 import urllib.request
 
 import pytest
 
 import ferry
+from conftest import ferry_tool
 from mooncake.engine import TransferEngine
 
 
@@ -95,3 +99,35 @@ def test_drop_in_get_stats(pair):
         assert s["bytes"]["write"] == 8192 and s["ops"]["write"] == 1
     finally:
         te.close()
+
+
+def test_serve_metrics_port_and_exit_summary(tmp_path):
+    tool = ferry_tool()
+    if not tool:
+        pytest.skip("ferry tool not found (set FERRY_TOOL or build build/ferry)")
+    err = open(tmp_path / "stderr", "w+")
+    proc = subprocess.Popen([tool, "serve", "--size", "1M", "--protocol", "tcp",
+                             "--metrics-port", "0"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        ready = proc.stdout.readline()
+        m = re.search(r"target=(\S+) addr=0x([0-9a-f]+) .* metrics=(\d+)", ready)
+        assert m, ready
+        target, addr, port = m.group(1), int(m.group(2), 16), int(m.group(3))
+        with ferry.Engine("127.0.0.1", transports="tcp") as e:
+            src = bytearray(70001)
+            e.register(src)
+            e.write(target, src, addr)
+            e.read(target, src, addr, 513)
+        url = "http://127.0.0.1:%d/metrics" % port
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        assert value(text, 'ferry_served_bytes_total{op="write",transport="tcp"}') == 70001
+        assert value(text, 'ferry_served_bytes_total{op="read",transport="tcp"}') == 513
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    err.seek(0)
+    summary = err.read()
+    assert ("served 70001 bytes written in 1 requests, 513 bytes read in 1 requests (tcp); "
+            "0 errors") in summary, summary
