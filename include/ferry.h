@@ -346,11 +346,11 @@ void ferry_notify_free(ferry_notification *list, size_t count);
 
 /* What moved between this engine and one peer over one transport. */
 typedef struct ferry_stats_link {
-  const char *peer;             /* the target, as callers name it */
-  const char *transport;        /* the transport's name: "tcp", "shm", ... */
-  uint64_t bytes[2];            /* by ferry_op: bytes moved and acknowledged */
-  uint64_t ops[2];              /* by ferry_op: transfer entries submitted */
-  uint64_t connections_opened;  /* data connections opened (reopens too) */
+  const char *peer;            /* the target, as callers name it */
+  const char *transport;       /* the transport's name: "tcp", "shm", ... */
+  uint64_t bytes[2];           /* by ferry_op: bytes moved and acknowledged */
+  uint64_t ops[2];             /* by ferry_op: transfer entries submitted */
+  uint64_t connections_opened; /* data connections opened (reopens too) */
 } ferry_stats_link;
 
 /* Grows only at its end (the library allocates it). */
@@ -387,7 +387,9 @@ typedef struct ferry_stats {
   size_t link_count;
 } ferry_stats;
 
-/* A snapshot of the engine's statistics; release with ferry_stats_free. */
+/* A snapshot of the engine's statistics; release with ferry_stats_free.
+ * Takes the locks of the peer list and the notification queue for a
+ * moment, never one of the data path. FERRY_ECLOSED once shutdown began. */
 ferry_status ferry_stats_snapshot(ferry_engine *engine, ferry_stats **out);
 void ferry_stats_free(ferry_stats *stats);
 /* The snapshot in Prometheus' text exposition format (version 0.0.4), as

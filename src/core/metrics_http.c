@@ -150,6 +150,10 @@ ferry_status ferry_metrics_http_start(ferry_engine *e) {
     return ferry_fail(st, "metrics endpoint on %s port %d: %s", host, e->cfg.metrics_port, detail);
   }
   e->metrics_http = m;
+  if (!ferry_net_loopback_only(m->fd))
+    FERRY_WARN("engine %s serves metrics on %s port %u, beyond loopback: whoever reaches it reads "
+               "the names of its peers and what moved between them",
+               e->name, host, m->port);
   FERRY_INFO("engine %s serves metrics on http://%s:%u/metrics", e->name, host, m->port);
   return FERRY_OK;
 }
