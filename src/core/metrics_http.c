@@ -2,8 +2,9 @@
  * engine (config metrics_port, FERRY_METRICS_PORT).
  *
  * A scrape is one short request, so one thread answers one connection at a
- * time; a client that sends nothing is dropped after METRICS_CLIENT_MS, so
- * it delays other scrapes by at most that. Written here rather than linking
+ * time; a client that sends nothing, or stops reading, is dropped after
+ * METRICS_CLIENT_MS, so it delays other scrapes by at most that, and
+ * shutdown (the stop pipe) ends any wait at once. Written here rather than linking
  * libmicrohttpd into libferry: 150 lines against a dependency every program
  * that embeds ferry would load. Bound to 127.0.0.1 unless told otherwise. */
 #include <errno.h>
@@ -33,9 +34,10 @@ struct ferry_metrics_http {
   pthread_t thread;
 };
 
-/* Polls fd and the stop pipe; 1 when fd is ready, 0 on stop or timeout. */
-static int wait_ready(struct ferry_metrics_http *m, int fd, int timeout_ms) {
-  struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = m->stop[0], .events = POLLIN}};
+/* Polls fd for events and the stop pipe; 1 when fd is ready, 0 on stop or
+ * timeout. */
+static int wait_ready(struct ferry_metrics_http *m, int fd, short events, int timeout_ms) {
+  struct pollfd p[2] = {{.fd = fd, .events = events}, {.fd = m->stop[0], .events = POLLIN}};
   int n;
   do
     n = poll(p, 2, timeout_ms);
@@ -48,9 +50,9 @@ static int read_request(struct ferry_metrics_http *m, int fd, char *buf, size_t 
   uint64_t deadline = ferry_now_ns() + METRICS_CLIENT_MS * 1000000ull;
   size_t len = 0;
   while (len < size - 1) {
-    if (!wait_ready(m, fd, ferry_ms_left(deadline)))
+    if (!wait_ready(m, fd, POLLIN, ferry_ms_left(deadline)))
       return -1;
-    ssize_t n = recv(fd, buf + len, size - 1 - len, 0);
+    ssize_t n = recv(fd, buf + len, size - 1 - len, MSG_DONTWAIT);
     if (n <= 0)
       return -1;
     len += (size_t)n;
@@ -61,24 +63,31 @@ static int read_request(struct ferry_metrics_http *m, int fd, char *buf, size_t 
   return -1;
 }
 
-static void send_all(int fd, const char *data, size_t len) {
+/* Sends until done, the deadline or stop: a client that stops reading
+ * holds the thread no longer than one that sends nothing. */
+static void send_all(struct ferry_metrics_http *m, int fd, const char *data, size_t len,
+                     uint64_t deadline) {
   while (len) {
-    ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
+    ssize_t n = send(fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR) &&
+        wait_ready(m, fd, POLLOUT, ferry_ms_left(deadline)))
+      continue;
     if (n <= 0)
-      return; /* the client went away or stopped reading: its loss */
+      return; /* the client went away, stopped reading, or we are stopping: its loss */
     data += n;
     len -= (size_t)n;
   }
 }
 
-static void respond(int fd, const char *status, const char *body) {
+static void respond(struct ferry_metrics_http *m, int fd, const char *status, const char *body) {
+  uint64_t deadline = ferry_now_ns() + METRICS_CLIENT_MS * 1000000ull;
   char head[256];
   int n = snprintf(head, sizeof head,
                    "HTTP/1.1 %s\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
                    "Content-Length: %zu\r\nConnection: close\r\n\r\n",
                    status, strlen(body));
-  send_all(fd, head, (size_t)n);
-  send_all(fd, body, strlen(body));
+  send_all(m, fd, head, (size_t)n, deadline);
+  send_all(m, fd, body, strlen(body), deadline);
 }
 
 static int is_metrics_get(const char *req) {
@@ -94,22 +103,22 @@ static void serve_client(struct ferry_metrics_http *m, int fd) {
   if (read_request(m, fd, req, sizeof req))
     return;
   if (!is_metrics_get(req)) {
-    respond(fd, "404 Not Found", "only GET /metrics is served here\n");
+    respond(m, fd, "404 Not Found", "only GET /metrics is served here\n");
     return;
   }
   ferry_stats *s = NULL;
   char *text = NULL;
   if (ferry_stats_snapshot(m->engine, &s) || ferry_stats_prometheus(s, &text))
-    respond(fd, "503 Service Unavailable", ferry_last_error());
+    respond(m, fd, "503 Service Unavailable", ferry_last_error());
   else
-    respond(fd, "200 OK", text);
+    respond(m, fd, "200 OK", text);
   free(text);
   ferry_stats_free(s);
 }
 
 static void *metrics_thread(void *arg) {
   struct ferry_metrics_http *m = arg;
-  while (wait_ready(m, m->fd, -1)) {
+  while (wait_ready(m, m->fd, POLLIN, -1)) {
     int fd = accept4(m->fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0)
       continue; /* the client gave up before we took it, or fds ran out: next one */
@@ -141,6 +150,8 @@ ferry_status ferry_metrics_http_start(ferry_engine *e) {
   }
   const char *host = e->cfg.metrics_host ? e->cfg.metrics_host : "127.0.0.1";
   ferry_status st = ferry_net_listen(host, (uint16_t)e->cfg.metrics_port, &m->fd, &m->port);
+  if (!st && fcntl(m->fd, F_SETFL, O_NONBLOCK) < 0) /* accept never waits for a gone client */
+    st = ferry_fail_errno(FERRY_ESOCKET, errno, "metrics endpoint: fcntl");
   if (!st && pthread_create(&m->thread, NULL, metrics_thread, m) != 0)
     st = ferry_fail(FERRY_ENOMEM, "metrics endpoint: cannot start its thread");
   if (st) {

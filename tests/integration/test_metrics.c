@@ -242,6 +242,25 @@ static void test_endpoint_answers_only_metrics(void **state) {
   ferry_engine_destroy(e);
 }
 
+/* A client that connects and sends nothing delays a scrape by its 2 s at
+ * most and does not hold up shutdown. */
+static void test_silent_client_does_not_hold_the_endpoint(void **state) {
+  ferry_engine *e = metrics_engine(FERRY_TRANSPORT_TCP);
+  int silent = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(ferry_engine_metrics_port(e))};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(connect(silent, (struct sockaddr *)&a, sizeof a), 0);
+  free(scrape(e)); /* answered once the silent one is dropped */
+  int second = socket(AF_INET, SOCK_STREAM, 0);
+  assert_int_equal(connect(second, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(send(second, "GET /metr", 9, 0), 9); /* and stalls mid-request */
+  double t0 = test_now_s();
+  ferry_engine_destroy(e);
+  assert_true(test_now_s() - t0 < 1.5); /* the stop pipe, not the 2 s drop */
+  close(silent);
+  close(second);
+}
+
 /* Off unless asked; a bad setting is refused, naming it. */
 static void test_metrics_settings(void **state) {
   ferry_engine *e = test_engine(NULL);
@@ -332,6 +351,7 @@ int main(void) {
       cmocka_unit_test(test_scrape_during_a_transfer),
       cmocka_unit_test(test_shm_link_is_labelled_shm),
       cmocka_unit_test(test_endpoint_answers_only_metrics),
+      cmocka_unit_test(test_silent_client_does_not_hold_the_endpoint),
       cmocka_unit_test(test_metrics_settings),
       cmocka_unit_test(test_te_metric_env),
       cmocka_unit_test(test_throughput_line_in_the_log),
