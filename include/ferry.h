@@ -182,6 +182,10 @@ typedef struct ferry_config {
    * http://metrics_host:metrics_port/metrics (FERRY_METRICS_PORT,
    * FERRY_METRICS_HOST). -1 (the default): not served; 0: a free port
    * (ferry_engine_metrics_port says which). metrics_host NULL: 127.0.0.1.
+   * A port already taken (several processes given one FERRY_METRICS_PORT)
+   * is logged at WARN and the engine runs without the endpoint
+   * (ferry_engine_metrics_port is then 0); give each process its own, or 0
+   * and read the port from the INFO line.
    * Anyone who reaches the port reads the names of the peers and what moved
    * between them: keep it on loopback unless the network is trusted. */
   int metrics_port;

@@ -4,9 +4,10 @@
  * A scrape is one short request, so one thread answers one connection at a
  * time; a client that sends nothing, or stops reading, is dropped after
  * METRICS_CLIENT_MS, so it delays other scrapes by at most that, and
- * shutdown (the stop pipe) ends any wait at once. Written here rather than linking
- * libmicrohttpd into libferry: 150 lines against a dependency every program
- * that embeds ferry would load. Bound to 127.0.0.1 unless told otherwise. */
+ * shutdown (the stop pipe) ends any wait at once. A port that cannot be
+ * bound (taken by another process) leaves the engine running without it. Written here rather than
+ * linking libmicrohttpd into libferry: 150 lines against a dependency every program that embeds
+ * ferry would load. Bound to 127.0.0.1 unless told otherwise. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -155,10 +156,12 @@ ferry_status ferry_metrics_http_start(ferry_engine *e) {
   if (!st && pthread_create(&m->thread, NULL, metrics_thread, m) != 0)
     st = ferry_fail(FERRY_ENOMEM, "metrics endpoint: cannot start its thread");
   if (st) {
-    char detail[FERRY_ERROR_MAX];
-    snprintf(detail, sizeof detail, "%s", ferry_last_error());
+    /* Several processes of one server given the same FERRY_METRICS_PORT
+     * must not lose their engines over it: said loudly, then without. */
+    FERRY_WARN("engine %s runs without its metrics endpoint on %s port %d: %s", e->name, host,
+               e->cfg.metrics_port, ferry_last_error());
     metrics_free(m);
-    return ferry_fail(st, "metrics endpoint on %s port %d: %s", host, e->cfg.metrics_port, detail);
+    return FERRY_OK;
   }
   e->metrics_http = m;
   if (!ferry_net_loopback_only(m->fd))

@@ -261,6 +261,21 @@ static void test_silent_client_does_not_hold_the_endpoint(void **state) {
   close(second);
 }
 
+/* A second engine given a port already taken runs, without the endpoint. */
+static void test_taken_port_leaves_the_engine_running(void **state) {
+  ferry_engine *first = metrics_engine(FERRY_TRANSPORT_TCP);
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.metrics_port = ferry_engine_metrics_port(first);
+  ferry_engine *second = NULL;
+  assert_int_equal(ferry_engine_create(&cfg, &second), FERRY_OK);
+  assert_int_equal(ferry_engine_metrics_port(second), 0);
+  free(scrape(first));
+  ferry_engine_destroy(second);
+  ferry_engine_destroy(first);
+}
+
 /* Off unless asked; a bad setting is refused, naming it. */
 static void test_metrics_settings(void **state) {
   ferry_engine *e = test_engine(NULL);
@@ -352,6 +367,7 @@ int main(void) {
       cmocka_unit_test(test_shm_link_is_labelled_shm),
       cmocka_unit_test(test_endpoint_answers_only_metrics),
       cmocka_unit_test(test_silent_client_does_not_hold_the_endpoint),
+      cmocka_unit_test(test_taken_port_leaves_the_engine_running),
       cmocka_unit_test(test_metrics_settings),
       cmocka_unit_test(test_te_metric_env),
       cmocka_unit_test(test_throughput_line_in_the_log),
