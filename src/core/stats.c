@@ -34,7 +34,8 @@ static const char *const code_names[] = {
     "EMETADATA", "EJSON",      "ENOTIMPL", "EBUSY",      "ECHECKSUM", "ETRANSPORT",
     "ECLOSED",   "ENOTFOUND",  "EREMOTE",  "EINPROGRESS"};
 
-const char *ferry_stats_code_name(int code) {
+/* Name of a code for labels: "ETIMEDOUT"; NULL for a number no code has. */
+static const char *code_name(int code) {
   size_t i = (size_t)-code;
   return code <= 0 && i < sizeof code_names / sizeof *code_names ? code_names[i] : NULL;
 }
@@ -273,8 +274,8 @@ static void put_served(FILE *f, const ferry_stats *s) {
 static void put_errors(FILE *f, const ferry_stats *s) {
   put_head(f, "ferry_errors_total", "counter", "Errors returned, by ferry_status code.");
   for (int i = 1; i < FERRY_STATS_CODES; i++)
-    if (ferry_stats_code_name(-i))
-      fprintf(f, "ferry_errors_total{code=\"%s\"} %llu\n", ferry_stats_code_name(-i),
+    if (code_name(-i))
+      fprintf(f, "ferry_errors_total{code=\"%s\"} %llu\n", code_name(-i),
               (unsigned long long)s->errors[i]);
 }
 

@@ -66,7 +66,4 @@ void ferry_metrics_http_stop(ferry_engine *engine);
 ferry_status ferry_metrics_log_start(ferry_engine *engine);
 void ferry_metrics_log_stop(ferry_engine *engine);
 
-/* Name of a code for labels: "ETIMEDOUT"; NULL for a number no code has. */
-const char *ferry_stats_code_name(int code);
-
 #endif
