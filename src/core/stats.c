@@ -273,10 +273,13 @@ static void put_served(FILE *f, const ferry_stats *s) {
 
 static void put_errors(FILE *f, const ferry_stats *s) {
   put_head(f, "ferry_errors_total", "counter", "Errors returned, by ferry_status code.");
-  for (int i = 1; i < FERRY_STATS_CODES; i++)
+  for (int i = 1; i < FERRY_STATS_CODES; i++) {
     if (code_name(-i))
       fprintf(f, "ferry_errors_total{code=\"%s\"} %llu\n", code_name(-i),
               (unsigned long long)s->errors[i]);
+    else if (s->errors[i]) /* a code newer than the table: its number */
+      fprintf(f, "ferry_errors_total{code=\"%d\"} %llu\n", -i, (unsigned long long)s->errors[i]);
+  }
 }
 
 static void put_all(FILE *f, const ferry_stats *s) {
