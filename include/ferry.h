@@ -178,6 +178,22 @@ typedef struct ferry_config {
    * well above the longest stall of the process: a refresh may be late by
    * two thirds of it. etcd rounds it up to whole seconds, at least 2. */
   uint32_t metadata_ttl_ms;
+  /* Prometheus text exposition of ferry_stats_snapshot on
+   * http://metrics_host:metrics_port/metrics (FERRY_METRICS_PORT,
+   * FERRY_METRICS_HOST). -1 (the default): not served; 0: a free port
+   * (ferry_engine_metrics_port says which). metrics_host NULL: 127.0.0.1.
+   * A port already taken (several processes given one FERRY_METRICS_PORT)
+   * is logged at WARN and the engine runs without the endpoint
+   * (ferry_engine_metrics_port is then 0); give each process its own, or 0
+   * and read the port from the INFO line.
+   * Anyone who reaches the port reads the names of the peers and what moved
+   * between them: keep it on loopback unless the network is trusted. */
+  int metrics_port;
+  const char *metrics_host;
+  /* Seconds between one-line throughput summaries in the log at INFO; 0
+   * (the default): none. MC_TE_METRIC=1 sets 5, and then
+   * MC_TE_METRIC_INTERVAL_SECONDS (1 to 86400) another interval. */
+  unsigned metrics_log_s;
 } ferry_config;
 
 /* Fills cfg with defaults, including those taken from the environment
@@ -195,7 +211,9 @@ void ferry_config_init_size(ferry_config *cfg, size_t size);
  * separated), FERRY_LOG (debug, info, warn, error, off), FERRY_SPIN_US (0 to
  * FERRY_SPIN_US_MAX), FERRY_SECRET, and the serving limits FERRY_MAX_CONNECTIONS,
  * FERRY_MAX_CONNECTIONS_PER_PEER, FERRY_IDLE_TIMEOUT_MS, FERRY_NOTIFY_PEER_BYTES
- * (positive whole numbers). A bad one fails with FERRY_EINVAL and a
+ * (positive whole numbers), FERRY_METRICS_PORT (0 to 65535), FERRY_METRICS_HOST
+ * (host), MC_TE_METRIC (boolean) and MC_TE_METRIC_INTERVAL_SECONDS (1 to
+ * 86400). A bad one fails with FERRY_EINVAL and a
  * message naming the setting, the value and what is accepted. */
 ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out);
 /* Threads. Every call on an engine may be made from any thread, and calls
@@ -322,6 +340,74 @@ ferry_status ferry_notify_send(ferry_engine *engine, const char *target, const c
  * *count is 0). Release with ferry_notify_free. */
 ferry_status ferry_notify_drain(ferry_engine *engine, ferry_notification **out, size_t *count);
 void ferry_notify_free(ferry_notification *list, size_t count);
+
+/* ---- Statistics --------------------------------------------------------- */
+/* Counters count from the engine's creation; gauges say how things are at
+ * the snapshot. Keeping them costs the data path one relaxed atomic add per
+ * data frame and per submitted batch: no lock, no system call. */
+#define FERRY_STATS_CODES 32           /* slots of errors[]: errors[-status] */
+#define FERRY_STATS_LATENCY_BUCKETS 20 /* latency_le[] and latency_buckets[] */
+
+/* What moved between this engine and one peer over one transport. */
+typedef struct ferry_stats_link {
+  const char *peer;            /* the target, as callers name it */
+  const char *transport;       /* the transport's name: "tcp", "shm", ... */
+  uint64_t bytes[2];           /* by ferry_op: bytes moved and acknowledged */
+  uint64_t ops[2];             /* by ferry_op: transfer entries submitted */
+  uint64_t connections_opened; /* data connections opened (reopens too) */
+} ferry_stats_link;
+
+/* Grows only at its end (the library allocates it). */
+typedef struct ferry_stats {
+  /* errors[-status]: errors returned by the engine's calls, plus async
+   * batches that ended FAILED or TIMEDOUT after their submit succeeded. */
+  uint64_t errors[FERRY_STATS_CODES];
+  uint64_t batches_in_flight;          /* submitted, not final yet (gauge) */
+  uint64_t registered_bytes;           /* gauge */
+  uint64_t registered_regions;         /* gauge */
+  uint64_t notifications_queued;       /* received, not drained (gauge) */
+  uint64_t control_connections_opened; /* all peers */
+  /* As a target, over tcp (by ferry_op of the peer's request: WRITE is
+   * bytes written into this engine): requests served and their bytes,
+   * counted before the initiator's call can return (a WRITE once its bytes
+   * are in memory, a READ as its reply starts). A
+   * same-host peer's shm transfers copy memory directly and are counted
+   * only on its side. All peers together: a target's peers are not bounded
+   * by this engine. */
+  uint64_t served_bytes[2];
+  uint64_t served_requests[2];
+  /* Latency of ferry_transfer_sync and ferry_transfer_sync_batch calls
+   * that reached a peer, submit to return: latency_buckets[i] counts calls
+   * in (latency_le[i-1], latency_le[i]] seconds (not cumulative); the last
+   * bound is infinity. */
+  double latency_le[FERRY_STATS_LATENCY_BUCKETS];
+  uint64_t latency_buckets[FERRY_STATS_LATENCY_BUCKETS];
+  double latency_sum_seconds;
+  uint64_t latency_count;
+  /* One per peer and transport that moved or opened anything. Every peer
+   * this engine ever called stays listed (peers are cached for the engine's
+   * life), so their number is the number of distinct targets used. */
+  ferry_stats_link *links;
+  size_t link_count;
+} ferry_stats;
+
+/* A snapshot of the engine's statistics; release with ferry_stats_free.
+ * Takes the locks of the peer list and the notification queue for a
+ * moment, never one of the data path. FERRY_ECLOSED once shutdown began. */
+ferry_status ferry_stats_snapshot(ferry_engine *engine, ferry_stats **out);
+void ferry_stats_free(ferry_stats *stats);
+/* The snapshot in Prometheus' text exposition format (version 0.0.4), as
+ * served on /metrics: ferry_bytes_total{op,peer,transport},
+ * ferry_operations_total{op,peer,transport},
+ * ferry_connections_opened_total{peer,transport},
+ * ferry_control_connections_opened_total, ferry_served_bytes_total{op,transport},
+ * ferry_served_requests_total{op,transport}, ferry_errors_total{code},
+ * ferry_batches_in_flight, ferry_registered_bytes, ferry_registered_regions,
+ * ferry_notifications_queued and the histogram
+ * ferry_sync_transfer_duration_seconds. *text is malloc'd: free() it. */
+ferry_status ferry_stats_prometheus(const ferry_stats *stats, char **text);
+/* The port /metrics is served on (config metrics_port), 0 when it is not. */
+uint16_t ferry_engine_metrics_port(const ferry_engine *engine);
 
 #ifdef __cplusplus
 }

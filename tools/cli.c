@@ -107,6 +107,7 @@ void ferry_cli_engine_opts_init(ferry_cli_engine_opts *opts) {
   /* Loopback unless told otherwise: a tool should not expose memory on
    * every interface by accident. */
   opts->host = "127.0.0.1";
+  opts->metrics_port = -1;
 }
 
 ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_opts *opts,
@@ -126,6 +127,8 @@ ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_op
   cfg.segment_name = opts->segment_name;
   if (opts->metadata_ttl_ms != 0)
     cfg.metadata_ttl_ms = opts->metadata_ttl_ms;
+  if (opts->metrics_port >= 0)
+    cfg.metrics_port = opts->metrics_port;
   ferry_status st = ferry_engine_create(&cfg, out);
   if (st != FERRY_OK)
     ferry_cli_report(prog, "cannot create engine", st);

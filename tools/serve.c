@@ -1,7 +1,8 @@
 /* serve.c - `ferry serve`: an engine with one registered buffer that peers
  * can WRITE to and READ from, kept alive until SIGINT or SIGTERM. It is the
  * target side for `ferry bench`, the demo and the integration tests, which
- * learn where to aim from the single "ready ..." line it prints. */
+ * learn where to aim from the single "ready ..." line it prints. On exit it
+ * prints what it moved, so a run leaves a record of what it did. */
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
@@ -32,7 +33,7 @@ static void serve_usage(FILE *out) {
   fprintf(out, "usage: ferry serve [--host ADDR] [--port N] [--size SIZE] [--secret S]\n"
                "                   [--protocol tcp|shm|all] [--connections N] [--print-notifies]\n"
                "                   [--malloc] [--metadata URL] [--segment NAME]\n"
-               "                   [--metadata-ttl MS]\n"
+               "                   [--metadata-ttl MS] [--metrics-port N]\n"
                "  --host ADDR        bind and advertise address (default 127.0.0.1)\n"
                "  --port N           RPC port, 0 picks a free one (default 0)\n"
                "  --size SIZE        registered buffer size, K/M/G suffixes (default 256M)\n"
@@ -44,8 +45,10 @@ static void serve_usage(FILE *out) {
                "  --metadata URL     publish in this store (http, redis, etcd URL or host:port)\n"
                "  --segment NAME     segment name to publish (default HOST:PORT)\n"
                "  --metadata-ttl MS  lease on the published keys (default 5000)\n"
+               "  --metrics-port N   serve Prometheus metrics on http://127.0.0.1:N/metrics\n"
+               "                     (0 picks a free port, shown as metrics=PORT)\n"
                "Prints one line \"ready target=HOST:PORT addr=0xADDR size=BYTES protocol=...\"\n"
-               "and serves until SIGINT or SIGTERM.\n");
+               "and serves until SIGINT or SIGTERM, then prints a summary to stderr.\n");
 }
 
 /* Returns 0 to run, 1 for --help, 2 on a usage error. */
@@ -62,6 +65,7 @@ static int parse_serve_args(int argc, char **argv, serve_opts *o) {
       {"metadata", required_argument, NULL, 'M'},
       {"segment", required_argument, NULL, 'G'},
       {"metadata-ttl", required_argument, NULL, 'T'},
+      {"metrics-port", required_argument, NULL, 'X'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
@@ -103,6 +107,11 @@ static int parse_serve_args(int argc, char **argv, serve_opts *o) {
       if (ferry_cli_parse_count(optarg, 1, 1024, &n) != 0)
         return ferry_cli_bad_value(PROG, "connections", optarg);
       o->engine.connections = (unsigned)n;
+      break;
+    case 'X':
+      if (ferry_cli_parse_count(optarg, 0, 65535, &n) != 0)
+        return ferry_cli_bad_value(PROG, "metrics-port", optarg);
+      o->engine.metrics_port = (int)n;
       break;
     default: return 2;
     }
@@ -164,8 +173,11 @@ static int wait_for_stop(ferry_engine *engine, const sigset_t *set, int print_no
 static void print_ready(ferry_engine *engine, const void *buf, const serve_opts *o) {
   char protocols[64];
   ferry_cli_protocol_names(o->engine.transports, protocols, sizeof protocols);
-  printf("ready target=%s addr=0x%llx size=%zu protocol=%s\n", ferry_engine_name(engine),
+  printf("ready target=%s addr=0x%llx size=%zu protocol=%s", ferry_engine_name(engine),
          (unsigned long long)(uintptr_t)buf, o->size, protocols);
+  if (ferry_engine_metrics_port(engine))
+    printf(" metrics=%u", ferry_engine_metrics_port(engine));
+  printf("\n");
   fflush(stdout);
 }
 
@@ -192,6 +204,24 @@ static void free_buffer(ferry_engine *engine, const serve_opts *o, void *buf) {
   free(buf);
 }
 
+/* One line on exit: what peers moved through this engine and what failed. */
+static void print_summary(ferry_engine *engine) {
+  ferry_stats *s;
+  if (ferry_stats_snapshot(engine, &s) != FERRY_OK)
+    return;
+  uint64_t errors = 0;
+  for (int i = 0; i < FERRY_STATS_CODES; i++)
+    errors += s->errors[i];
+  fprintf(stderr,
+          PROG ": %s served %llu bytes written in %llu requests, %llu bytes read in %llu "
+               "requests (tcp); %llu errors\n",
+          ferry_engine_name(engine), (unsigned long long)s->served_bytes[FERRY_OP_WRITE],
+          (unsigned long long)s->served_requests[FERRY_OP_WRITE],
+          (unsigned long long)s->served_bytes[FERRY_OP_READ],
+          (unsigned long long)s->served_requests[FERRY_OP_READ], (unsigned long long)errors);
+  ferry_stats_free(s);
+}
+
 int ferry_cmd_serve(int argc, char **argv) {
   serve_opts o;
   int rc = parse_serve_args(argc, argv, &o);
@@ -213,6 +243,7 @@ int ferry_cmd_serve(int argc, char **argv) {
   }
   print_ready(engine, buf, &o);
   wait_for_stop(engine, &stop, o.print_notifies);
+  print_summary(engine);
   free_buffer(engine, &o, buf);
   ferry_engine_destroy(engine);
   return 0;

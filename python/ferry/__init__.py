@@ -23,6 +23,11 @@ This package is a thin layer over libferry's C API (the extension module
     - ``probe(target)``, ``notify(target, name, data)``,
       ``drain_notifications()`` -> ``[(name, bytes)]``,
       ``peer_regions(target)``, ``peer_transport(target)``, ``close()``.
+    - ``stats()`` -> dict: bytes and operations by op, per peer and
+      transport (``links``), errors by code, batches in flight, registered
+      memory, queued notifications, sync-call latency histogram;
+      ``stats_text()`` the same in Prometheus' format; ``metrics_port`` the
+      port of ``/metrics`` when ``FERRY_METRICS_PORT`` is set (0 otherwise).
 
     ``local`` is an int address (e.g. ``tensor.data_ptr()``) or any contiguous
     object supporting the buffer protocol (bytearray, memoryview, numpy

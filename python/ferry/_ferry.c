@@ -876,6 +876,12 @@ static PyObject *engine_get_name(EngineObject *self, void *Py_UNUSED(closure)) {
   return PyUnicode_FromString(ferry_engine_name(self->eng));
 }
 
+static PyObject *engine_get_metrics_port(EngineObject *self, void *Py_UNUSED(closure)) {
+  if (!self->eng || self->closing)
+    return raise_closed();
+  return PyLong_FromLong((long)ferry_engine_metrics_port(self->eng));
+}
+
 static PyObject *engine_get_closed(EngineObject *self, void *Py_UNUSED(closure)) {
   return PyBool_FromLong(self->eng == NULL || self->closing);
 }
@@ -1396,6 +1402,129 @@ static PyObject *engine_peer_transport(EngineObject *self, PyObject *args, PyObj
   return PyLong_FromUnsignedLong(t);
 }
 
+/* {"read": v[FERRY_OP_READ], "write": v[FERRY_OP_WRITE]} */
+static PyObject *by_op(const uint64_t v[2]) {
+  return Py_BuildValue("{sKsK}", "read", (unsigned long long)v[FERRY_OP_READ], "write",
+                       (unsigned long long)v[FERRY_OP_WRITE]);
+}
+
+/* Sets d[key] = value, consuming value; -1 on error. */
+static int put(PyObject *d, const char *key, PyObject *value) {
+  int rc = value ? PyDict_SetItemString(d, key, value) : -1;
+  Py_XDECREF(value);
+  return rc;
+}
+
+static PyObject *link_dict(const ferry_stats_link *l) {
+  PyObject *d = PyDict_New();
+  if (d &&
+      (put(d, "peer",
+           PyUnicode_DecodeUTF8(l->peer, (Py_ssize_t)strlen(l->peer), "surrogateescape")) < 0 ||
+       put(d, "transport", PyUnicode_FromString(l->transport)) < 0 ||
+       put(d, "bytes", by_op(l->bytes)) < 0 || put(d, "ops", by_op(l->ops)) < 0 ||
+       put(d, "connections_opened", PyLong_FromUnsignedLongLong(l->connections_opened)) < 0))
+    Py_CLEAR(d);
+  return d;
+}
+
+/* The links, and their bytes and ops summed into totals[0..1], [2..3]. */
+static PyObject *links_list(const ferry_stats *s, uint64_t totals[4]) {
+  PyObject *list = PyList_New((Py_ssize_t)s->link_count);
+  for (size_t i = 0; list && i < s->link_count; i++) {
+    PyObject *d = link_dict(&s->links[i]);
+    if (!d)
+      Py_CLEAR(list);
+    else
+      PyList_SET_ITEM(list, (Py_ssize_t)i, d);
+    for (int op = 0; op < 2; op++) {
+      totals[op] += s->links[i].bytes[op];
+      totals[2 + op] += s->links[i].ops[op];
+    }
+  }
+  return list;
+}
+
+/* {code: count} for the codes that occurred (keys are ferry.E* values). */
+static PyObject *errors_dict(const ferry_stats *s) {
+  PyObject *d = PyDict_New();
+  for (int i = 1; d && i < FERRY_STATS_CODES; i++) {
+    if (!s->errors[i])
+      continue;
+    PyObject *k = PyLong_FromLong(-i), *v = PyLong_FromUnsignedLongLong(s->errors[i]);
+    if (!k || !v || PyDict_SetItem(d, k, v) < 0)
+      Py_CLEAR(d);
+    Py_XDECREF(k);
+    Py_XDECREF(v);
+  }
+  return d;
+}
+
+static PyObject *latency_dict(const ferry_stats *s) {
+  PyObject *buckets = PyList_New(FERRY_STATS_LATENCY_BUCKETS);
+  for (int i = 0; buckets && i < FERRY_STATS_LATENCY_BUCKETS; i++) {
+    PyObject *t =
+        Py_BuildValue("(dK)", s->latency_le[i], (unsigned long long)s->latency_buckets[i]);
+    if (!t)
+      Py_CLEAR(buckets);
+    else
+      PyList_SET_ITEM(buckets, i, t);
+  }
+  if (!buckets)
+    return NULL;
+  return Py_BuildValue("{sNsdsK}", "buckets", buckets, "sum_seconds", s->latency_sum_seconds,
+                       "count", (unsigned long long)s->latency_count);
+}
+
+static PyObject *stats_dict(const ferry_stats *s) {
+  uint64_t totals[4] = {0, 0, 0, 0};
+  PyObject *d = PyDict_New();
+  if (d &&
+      (put(d, "links", links_list(s, totals)) < 0 || put(d, "bytes", by_op(totals)) < 0 ||
+       put(d, "ops", by_op(totals + 2)) < 0 || put(d, "served_bytes", by_op(s->served_bytes)) < 0 ||
+       put(d, "served_requests", by_op(s->served_requests)) < 0 ||
+       put(d, "errors", errors_dict(s)) < 0 ||
+       put(d, "batches_in_flight", PyLong_FromUnsignedLongLong(s->batches_in_flight)) < 0 ||
+       put(d, "registered_bytes", PyLong_FromUnsignedLongLong(s->registered_bytes)) < 0 ||
+       put(d, "registered_regions", PyLong_FromUnsignedLongLong(s->registered_regions)) < 0 ||
+       put(d, "notifications_queued", PyLong_FromUnsignedLongLong(s->notifications_queued)) < 0 ||
+       put(d, "control_connections_opened",
+           PyLong_FromUnsignedLongLong(s->control_connections_opened)) < 0 ||
+       put(d, "sync_latency", latency_dict(s)) < 0))
+    Py_CLEAR(d);
+  return d;
+}
+
+static PyObject *engine_stats(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
+  if (eng_enter(self) < 0)
+    return NULL;
+  ferry_stats *s = NULL;
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_stats_snapshot(self->eng, &s));
+  if (r.st != FERRY_OK)
+    return raise_result(&r);
+  PyObject *d = stats_dict(s);
+  ferry_stats_free(s);
+  return d;
+}
+
+static PyObject *engine_stats_text(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
+  if (eng_enter(self) < 0)
+    return NULL;
+  ferry_stats *s = NULL;
+  CallResult r;
+  ENGINE_CALL(self, r, ferry_stats_snapshot(self->eng, &s));
+  if (r.st != FERRY_OK)
+    return raise_result(&r);
+  char *text = NULL;
+  ferry_status st = ferry_stats_prometheus(s, &text);
+  ferry_stats_free(s);
+  if (st != FERRY_OK)
+    return raise_status(st, ferry_last_error());
+  PyObject *o = PyUnicode_FromString(text);
+  free(text);
+  return o;
+}
+
 static PyObject *engine_close(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
   engine_close_impl(self);
   Py_RETURN_NONE;
@@ -1448,6 +1577,16 @@ static PyMethodDef engine_methods[] = {
      "peer_regions(target) -> list of (addr, length) the peer has registered"},
     {"peer_transport", KW(engine_peer_transport),
      "peer_transport(target) -> TRANSPORT_* bit used with that peer"},
+    {"stats", (PyCFunction)engine_stats, METH_NOARGS,
+     "stats() -> dict\n\nA snapshot of the engine's statistics (ferry_stats_snapshot): 'links' "
+     "(per peer and transport: 'peer', 'transport', 'bytes' and 'ops' by 'read'/'write', "
+     "'connections_opened'), their sums 'bytes' and 'ops', 'served_bytes' and "
+     "'served_requests' (as target, over tcp), 'errors' ({ferry.E*: count}), "
+     "'batches_in_flight', 'registered_bytes', 'registered_regions', "
+     "'notifications_queued', 'control_connections_opened' and 'sync_latency' "
+     "({'buckets': [(upper bound in seconds, count)], 'sum_seconds', 'count'})."},
+    {"stats_text", (PyCFunction)engine_stats_text, METH_NOARGS,
+     "stats_text() -> str: the same snapshot in Prometheus' text format"},
     {"close", (PyCFunction)engine_close, METH_NOARGS,
      "close(): stops the engine; calls in progress on other threads end with ECLOSED and "
      "pending batches fail (Batch objects stay usable)"},
@@ -1460,6 +1599,8 @@ static PyGetSetDef engine_getset[] = {
     {"port", (getter)engine_get_port, NULL, "the RPC port actually bound", NULL},
     {"name", (getter)engine_get_name, NULL, "the name peers pass as target", NULL},
     {"closed", (getter)engine_get_closed, NULL, "True once close() has been called", NULL},
+    {"metrics_port", (getter)engine_get_metrics_port, NULL,
+     "the port /metrics is served on (FERRY_METRICS_PORT), 0 when it is not", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

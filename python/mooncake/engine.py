@@ -256,6 +256,14 @@ class TransferEngine:
         """The underlying ``ferry.Engine`` (None before initialize)."""
         return self._engine
 
+    def get_stats(self):
+        """ferry's statistics as ``ferry.Engine.stats()`` returns them (bytes,
+        operations, errors, latency...); {} before initialize. Prometheus can
+        scrape the same with FERRY_METRICS_PORT set; MC_TE_METRIC=1 logs a
+        throughput line every MC_TE_METRIC_INTERVAL_SECONDS (default 5)."""
+        eng = self._engine
+        return eng.stats() if eng is not None else {}
+
     def get_local_topology(self, device_name=None):
         """Mooncake's NIC topology as JSON; ferry has no RDMA NICs, so an empty object."""
         return "{}"

@@ -118,6 +118,7 @@ static ferry_status batch_create(ferry_engine *e, const char *target, const ferr
     batch_destroy(b);
     return st;
   }
+  ferry_stats_submitted(peer, b->transport, entries, count);
   *out = b;
   return FERRY_OK;
 }
@@ -205,6 +206,9 @@ static void finish_locked(ferry_batch *b) {
     if (st)
       record_error(b, closed_cause(b, st));
   }
+  /* Before the state is final: shutdown returns only once every batch is,
+   * so the engine is still there. */
+  ferry_stats_finished(b->engine, b->async ? b->error : FERRY_OK);
   b->state = !b->error                     ? FERRY_BATCH_DONE
              : b->error == FERRY_ETIMEDOUT ? FERRY_BATCH_TIMEDOUT
                                            : FERRY_BATCH_FAILED;
@@ -338,8 +342,10 @@ static ferry_status batch_submit(ferry_engine *e, const char *target, const ferr
                                  size_t count, const ferry_notification *notify,
                                  ferry_batch **out) {
   ferry_status st = batch_create(e, target, entries, count, notify, out);
-  if (!st)
+  if (!st) {
+    (*out)->async = 1;
     ferry_workers_post(e, *out, wanted_drivers(*out));
+  }
   return st;
 }
 
@@ -347,6 +353,7 @@ static ferry_status transfer_sync_batch(ferry_engine *e, const char *target,
                                         const ferry_entry *entries, size_t count,
                                         const ferry_notification *notify) {
   ferry_batch *b;
+  uint64_t start = ferry_now_ns();
   ferry_status st = batch_create(e, target, entries, count, notify, &b);
   if (st)
     return st;
@@ -358,6 +365,7 @@ static ferry_status transfer_sync_batch(ferry_engine *e, const char *target,
   ferry_batch_drive(b);
   st = ferry_batch_wait(b, -1);
   ferry_batch_release(b);
+  ferry_stats_sync_latency(e, ferry_now_ns() - start);
   return st;
 }
 

@@ -27,6 +27,7 @@ struct ferry_batch {
   const struct ferry_transport *transport; /* the peer's, when the batch was made */
   ferry_notification notify;
   int has_notify;
+  int async; /* from ferry_batch_submit: a failure is counted when it ends */
 
   pthread_mutex_t lock;
   pthread_cond_t cond;

@@ -3,7 +3,9 @@
  * MC_FORCE_TCP) plus ferry's own (FERRY_LOG, FERRY_TRANSPORTS,
  * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US, and the serving limits
  * FERRY_MAX_CONNECTIONS, FERRY_MAX_CONNECTIONS_PER_PEER, FERRY_IDLE_TIMEOUT_MS,
- * FERRY_NOTIFY_PEER_BYTES, FERRY_METADATA_TTL_MS), and their validation.
+ * FERRY_NOTIFY_PEER_BYTES, FERRY_METADATA_TTL_MS, the metrics endpoint's
+ * FERRY_METRICS_PORT and FERRY_METRICS_HOST, Mooncake's MC_TE_METRIC and
+ * MC_TE_METRIC_INTERVAL_SECONDS), and their validation.
  *
  * ferry_config_init cannot report anything, so it applies only the values
  * it understands; ferry_engine_create then parses every variable again with
@@ -35,6 +37,8 @@
 #define IDLE_TIMEOUT_MS 600000u
 #define NOTIFY_PEER_BYTES ((size_t)64 << 20)
 #define LIMIT_MAX (1ul << 20) /* connections: more is a typo */
+#define METRICS_LOG_S 5u      /* MC_TE_METRIC=1 without an interval */
+#define METRICS_LOG_S_MAX 86400u
 
 /* The fields every caller has had since ferry_config carried its size. */
 #define CONFIG_MIN_SIZE (offsetof(ferry_config, spin_us) + sizeof(unsigned))
@@ -83,6 +87,7 @@ static void defaults(ferry_config *cfg) {
   cfg->idle_timeout_ms = IDLE_TIMEOUT_MS;
   cfg->notify_peer_bytes = NOTIFY_PEER_BYTES;
   cfg->metadata_ttl_ms = FERRY_METADATA_TTL_DEFAULT_MS;
+  cfg->metrics_port = -1;
 }
 
 /* ---- environment ------------------------------------------------------- */
@@ -197,6 +202,38 @@ static ferry_status apply_secret(const char *name, const char *value, ferry_conf
   return FERRY_OK;
 }
 
+static ferry_status apply_metrics_port(const char *name, const char *value, ferry_config *cfg) {
+  unsigned long n;
+  if (parse_ulong(value, 0, 65535, &n))
+    return bad_env(name, value, "a port, 0 (any free one) to 65535");
+  cfg->metrics_port = (int)n;
+  return FERRY_OK;
+}
+
+static ferry_status apply_metrics_host(const char *name, const char *value, ferry_config *cfg) {
+  if (strlen(value) >= FERRY_HOST_MAX || strpbrk(value, " \t\n/"))
+    return bad_env(name, value, "a host name or IP address");
+  cfg->metrics_host = value;
+  return FERRY_OK;
+}
+
+static ferry_status apply_te_metric(const char *name, const char *value, ferry_config *cfg) {
+  int on;
+  if (ferry_parse_bool(value, &on))
+    return bad_env(name, value, FERRY_BOOL_SPELLINGS);
+  cfg->metrics_log_s = on ? METRICS_LOG_S : 0;
+  return FERRY_OK;
+}
+
+/* Mooncake's meaning: the interval of MC_TE_METRIC's lines, nothing alone. */
+static ferry_status apply_te_interval(const char *name, const char *value, ferry_config *cfg) {
+  unsigned long n;
+  ferry_status st = limit_env(name, value, METRICS_LOG_S_MAX, &n);
+  if (!st && cfg->metrics_log_s)
+    cfg->metrics_log_s = (unsigned)n;
+  return st;
+}
+
 /* engine.c reads it (it is both addresses); here it is only checked. */
 static ferry_status check_bind(const char *name, const char *value, ferry_config *cfg) {
   if (strlen(value) >= FERRY_HOST_MAX || strpbrk(value, " \t\n/"))
@@ -223,6 +260,10 @@ static const struct env_var {
     {"FERRY_IDLE_TIMEOUT_MS", apply_idle_timeout},
     {"FERRY_NOTIFY_PEER_BYTES", apply_notify_bytes},
     {"FERRY_METADATA_TTL_MS", apply_metadata_ttl},
+    {"FERRY_METRICS_PORT", apply_metrics_port},
+    {"FERRY_METRICS_HOST", apply_metrics_host},
+    {"MC_TE_METRIC", apply_te_metric},
+    {"MC_TE_METRIC_INTERVAL_SECONDS", apply_te_interval},
 };
 
 /* Applies every variable that is set (an empty value counts as unset).
@@ -286,8 +327,17 @@ static ferry_status check_fields(ferry_config *cfg) {
   ferry_status st = check_host("bind_host", cfg->bind_host);
   if (!st)
     st = check_host("advertise_host", cfg->advertise_host);
+  if (!st)
+    st = check_host("metrics_host", cfg->metrics_host);
   if (st)
     return st;
+  if (cfg->metrics_port < -1 || cfg->metrics_port > 65535)
+    return ferry_fail(FERRY_EINVAL,
+                      "ferry_config.metrics_port = %d is not valid: expected -1 (off), 0 (any "
+                      "free port) or a port up to 65535",
+                      cfg->metrics_port);
+  if (cfg->metrics_log_s > METRICS_LOG_S_MAX)
+    return bad_field("metrics_log_s", cfg->metrics_log_s, "0 (off) to 86400 seconds");
   if (cfg->transports & ~(unsigned)FERRY_TRANSPORT_ALL)
     return bad_field("transports", cfg->transports, "FERRY_TRANSPORT_* bits, or 0 for all");
   if (cfg->tcp_connections < 1 || cfg->tcp_connections > COUNT_MAX)

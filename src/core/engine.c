@@ -138,6 +138,10 @@ static ferry_status engine_start(ferry_engine *e, const ferry_config *cfg) {
   }
   st = ferry_workers_start(e, e->cfg.workers);
   if (!st)
+    st = ferry_metrics_http_start(e);
+  if (!st)
+    st = ferry_metrics_log_start(e);
+  if (!st)
     st = publish_segment(e);
   return st;
 }
@@ -202,6 +206,8 @@ ferry_status ferry_engine_enter(ferry_engine *e) {
 
 ferry_status ferry_engine_leave(ferry_engine *e, ferry_status st) {
   gate_depth--;
+  if (st && !gate_depth)
+    ferry_stats_error(e, st);
   if (!ferry_engine_closing(e)) {
     __atomic_sub_fetch(&e->calls, 1, __ATOMIC_SEQ_CST);
     return st; /* a shutdown starting now sees the count drop at its next look */
@@ -246,6 +252,8 @@ void ferry_engine_shutdown(ferry_engine *e) {
   if (!e->shut_down) {
     __atomic_store_n(&e->closing, 1, __ATOMIC_SEQ_CST);
     drain_calls(e);
+    ferry_metrics_log_stop(e);
+    ferry_metrics_http_stop(e);
     if (e->metadata) {
       ferry_segment_unpublish(e->metadata, e->name);
       ferry_metadata_close(e->metadata);

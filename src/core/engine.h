@@ -10,6 +10,7 @@
 
 #include "core/net.h"
 #include "core/registry.h"
+#include "core/stats.h"
 #include "ferry.h"
 #include "metadata/metadata.h"
 #include "wire/wire.h"
@@ -74,6 +75,10 @@ struct ferry_engine {
   ferry_allocation *allocations;
 
   int closing;
+
+  ferry_engine_stats stats;
+  struct ferry_metrics_http *metrics_http; /* NULL unless metrics_port is set */
+  struct ferry_metrics_log *metrics_log;   /* NULL unless metrics_log_s is set */
 
   /* Public calls inside the engine right now (ferry_engine_enter/leave);
    * destroy waits under gate_lock until none is left. */

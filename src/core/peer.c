@@ -340,6 +340,7 @@ static ferry_status control_once(ferry_peer *p, const ferry_frame_header *req, c
       st = control_adopt(p, fd, reply.engine_id);
     if (st)
       return st;
+    ferry_stats_control_opened(p);
   }
   ferry_sock s;
   ferry_sock_init(&s, p->control_fd, p->address);
@@ -562,6 +563,7 @@ static ferry_status open_channel(ferry_peer *p, ferry_batch *b, ferry_channel **
     pthread_cond_broadcast(&p->cond);
     return st;
   }
+  ferry_stats_channel_opened(p, b->transport);
   ch->generation = p->generation;
   ch->next_all = p->all;
   p->all = ch;

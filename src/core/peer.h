@@ -37,6 +37,7 @@ struct ferry_peer {
   unsigned open_channels;
   uint64_t replied_ns; /* last reply on a data channel that stayed in step */
   ferry_handshake *handshakes;
+  ferry_peer_stats stats; /* atomics: outside the lock */
 
   pthread_mutex_t control_lock; /* one request at a time on control */
   int control_fd;               /* set and closed under both locks */

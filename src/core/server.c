@@ -274,6 +274,7 @@ static ferry_status send_data(server_conn *c, const ferry_frame_header *h, uint6
   c->iov[0].iov_base = raw;
   c->iov[0].iov_len = sizeof raw;
   int n = 1;
+  ferry_stats_served(c->engine, FERRY_OP_READ, total, 0); /* before the initiator can see it */
   for (uint32_t i = 0; i < h->count; i++, n++) {
     c->iov[n].iov_base = (void *)(uintptr_t)c->segs[i].addr;
     c->iov[n].iov_len = (size_t)c->segs[i].length;
@@ -410,6 +411,8 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
              : send_data(c, h, total);
   if (unpublish(c, &fenced))
     return end_fenced(c, h, &fenced);
+  if (write)
+    ferry_stats_served(c->engine, FERRY_OP_WRITE, total, st || verdict);
   if (st || !write)
     return st;
   /* Acknowledged only now: every byte of the frame is in memory. */

@@ -525,6 +525,7 @@ static ferry_status chan_drive(ferry_channel *base, ferry_batch *b) {
       base->broken = 1;
     if (st && !first)
       first = st;
+    ferry_stats_moved(base->peer, base->transport, &ch->chunk, st);
     ferry_batch_complete(b, st);
     if (!base->broken)
       base->replied_ns = ferry_now_ns(); /* the link was seen alive after the copy */

@@ -179,6 +179,7 @@ static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
       base->broken = 1;
     if (st && !first)
       first = st;
+    ferry_stats_moved(base->peer, base->transport, &ch->slots[done % TCP_WINDOW].chunk, st);
     ferry_batch_complete(b, st);
     done++;
   }
