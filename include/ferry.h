@@ -72,6 +72,26 @@ typedef enum ferry_log_level {
 void ferry_log_set_level(ferry_log_level level);
 ferry_log_level ferry_log_get_level(void);
 
+/* One log line. Lines go to stderr, one write(2) each, as `line` plus a
+ * newline: "2026-12-01T08:34:12.123Z WARN ferry[pid:tid] engine: message"
+ * (UTC, milliseconds; engine "-" for a line about no engine). Every
+ * ferry_status a line names is explained in docs/errors.md. */
+typedef struct ferry_log_record {
+  ferry_log_level level;
+  uint64_t time_ns;   /* CLOCK_REALTIME, nanoseconds since the epoch */
+  long thread;        /* kernel thread id (gettid) of the emitting thread */
+  const char *engine; /* name of the engine the line is about; "" if none */
+  const char *message;
+  const char *line; /* the whole formatted line, without a newline */
+} ferry_log_record;
+/* Receives each line at or above the level instead of stderr, on the thread
+ * that emits it (any thread, including libferry's own), so it must be
+ * thread-safe and must not call ferry_log_set_handler. The record and its
+ * strings are valid only during the call. NULL restores stderr. On return
+ * no thread is still inside the previous handler, so arg may be freed. */
+typedef void (*ferry_log_handler)(const ferry_log_record *record, void *arg);
+void ferry_log_set_handler(ferry_log_handler handler, void *arg);
+
 /* ---- Transports -------------------------------------------------------- */
 enum {
   FERRY_TRANSPORT_TCP = 1u << 0,
