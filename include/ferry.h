@@ -49,7 +49,9 @@ typedef enum ferry_status {
   FERRY_EINPROGRESS = -21, /* batch still pending when the wait ended */
 } ferry_status;
 
-/* Static description of a code, e.g. "address not registered". */
+/* Static description of a code and where docs/errors.md explains it (its
+ * causes, the fix, the log line that goes with it), e.g. "address not
+ * registered (docs/errors.md#ferry_enotreg)". */
 const char *ferry_strerror(ferry_status status);
 /* Detail of the last error on this thread, e.g.
  * "connect to 10.0.0.2:15023 failed: Connection refused". Never NULL. */

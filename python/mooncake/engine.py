@@ -60,6 +60,7 @@ SUPPORT_CUDA = False
 _P2PHANDSHAKE = "P2PHANDSHAKE"
 _ERRORS_DOC = "docs/errors.md"
 _RDMA_SYSFS = "/sys/class/infiniband"  # where RDMA devices are listed
+_STRERROR = re.compile(r" \(docs/errors\.md#[^)]*\)$")  # the pointer, given once below
 _CODE_NAMES = {getattr(ferry, n): n for n in ferry.__all__
                if n.startswith("E") and isinstance(getattr(ferry, n), int)}
 
@@ -181,12 +182,13 @@ class TransferEngine:
         explained: the cause in the caller's terms, instead of libferry's detail."""
         if isinstance(err, ferry.Error):
             code = err.mooncake_code
-            text = "%s [Mooncake %d, ferry %s; see %s]" % (
-                explained or "%s: %s" % (ferry.strerror(err.code), err.detail), code,
-                _CODE_NAMES.get(err.code, err.code), _ERRORS_DOC)
+            cause = explained or "%s: %s" % (_STRERROR.sub("", ferry.strerror(err.code)),
+                                             err.detail)
+            text = "%s [Mooncake %d, ferry %s; see %s#mooncake-%d]" % (
+                cause, code, _CODE_NAMES.get(err.code, err.code), _ERRORS_DOC, code)
         else:
             code = -1
-            text = "invalid argument: %s [Mooncake -1; see %s]" % (err, _ERRORS_DOC)
+            text = "invalid argument: %s [Mooncake -1; see %s#mooncake--1]" % (err, _ERRORS_DOC)
         self._tls.error = "%s failed: %s" % (what, text)
         self._tls.code = code
         logger.warning("%s", self._tls.error)

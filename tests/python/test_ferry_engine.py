@@ -46,7 +46,7 @@ def test_module_functions_and_constants():
     assert ferry.OK == 0 and ferry.EINVAL == -1 and ferry.ENOTREG == -2
     assert ferry.EINPROGRESS == -21
     assert (ferry.OP_READ, ferry.OP_WRITE) == (0, 1)
-    assert ferry.strerror(ferry.ENOTREG) == "address not registered"
+    assert ferry.strerror(ferry.ENOTREG) == "address not registered (docs/errors.md#ferry_enotreg)"
     assert ferry.to_mooncake(ferry.ENOTREG) == -3
     assert ferry.to_mooncake(ferry.EOVERLAP) == -7
     assert ferry.to_mooncake(ferry.OK) == 0
