@@ -218,7 +218,9 @@ void ferry_config_init_size(ferry_config *cfg, size_t size);
  * FERRY_SPIN_US_MAX), FERRY_SECRET, and the serving limits FERRY_MAX_CONNECTIONS,
  * FERRY_MAX_CONNECTIONS_PER_PEER, FERRY_IDLE_TIMEOUT_MS, FERRY_NOTIFY_PEER_BYTES
  * (positive whole numbers). A bad one fails with FERRY_EINVAL and a
- * message naming the setting, the value and what is accepted. */
+ * message naming the setting, the value and what is accepted. A started
+ * engine logs "engine NAME listening on HOST:PORT (transports: ...)" at
+ * INFO. */
 ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out);
 /* Threads. Every call on an engine may be made from any thread, and calls
  * may run concurrently with each other, including ferry_engine_shutdown and

@@ -113,6 +113,7 @@ from ferry._ferry import (  # noqa: F401
 
 import atexit as _atexit
 import logging as _logging
+import os as _os
 import threading as _threading
 
 from ferry import _ferry
@@ -157,8 +158,13 @@ def log_to_stderr(enable=True):
     _ferry._log_route(not enable)
 
 
+def _start_drain():
+    _threading.Thread(target=_drain_forever, name="ferry-log", daemon=True).start()
+
+
 _ferry._log_route(True)
-_threading.Thread(target=_drain_forever, name="ferry-log", daemon=True).start()
+_start_drain()
+_os.register_at_fork(after_in_child=_start_drain)  # a forked child has no drain thread
 _atexit.register(flush_log)
 
 __all__ = [

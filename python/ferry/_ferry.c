@@ -1801,13 +1801,21 @@ static void queue_log_line(const ferry_log_record *r, void *arg) {
   pthread_mutex_unlock(&log_lock);
 }
 
+/* A fork while another thread queues a line must not leave the child's
+ * queue locked forever. */
+static void log_lock_take(void) { pthread_mutex_lock(&log_lock); }
+static void log_lock_give(void) { pthread_mutex_unlock(&log_lock); }
+
 /* _log_route(on): libferry's lines to the queue (True) or to stderr. */
 static PyObject *mod_log_route(PyObject *Py_UNUSED(m), PyObject *arg) {
   int on = PyObject_IsTrue(arg);
   if (on < 0)
     return NULL;
-  if (on && !log_queue && !(log_queue = calloc(LOG_QUEUE_MAX, sizeof *log_queue)))
-    return PyErr_NoMemory();
+  if (on && !log_queue) {
+    if (!(log_queue = calloc(LOG_QUEUE_MAX, sizeof *log_queue)))
+      return PyErr_NoMemory();
+    pthread_atfork(log_lock_take, log_lock_give, log_lock_give);
+  }
   PyThreadState *ts_ = PyEval_SaveThread(); /* a line being queued may finish */
   ferry_log_set_handler(on ? queue_log_line : NULL, NULL);
   PyEval_RestoreThread(ts_);

@@ -77,3 +77,35 @@ def test_stderr_when_asked():
     out, err = run_child("stderr")
     assert listening(out) == []
     assert " INFO ferry[" in err and "listening on" in err, err
+
+
+FORK_CHILD = r"""
+import logging, os, sys, threading
+import ferry
+
+got = threading.Event()
+
+class Mark(logging.Handler):
+    def emit(self, record):
+        if "listening on" in record.getMessage():
+            got.set()
+
+logging.getLogger("ferry").addHandler(Mark())
+logging.getLogger("ferry").setLevel(logging.INFO)
+pid = os.fork()
+if pid == 0:
+    e = ferry.Engine("127.0.0.1")
+    ok = got.wait(60)  # no flush: only a drain thread started in the child delivers it
+    e.close()
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_forked_child_drains_its_lines():
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    env.pop("FERRY_LOG", None)
+    done = subprocess.run([sys.executable, "-c", FORK_CHILD], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr)
