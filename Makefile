@@ -28,7 +28,11 @@ build: deps
 install: build
 	@DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
 
-demo: build
+# The build's output is shown only when it fails: the demo's lines are the point.
+demo:
+	@echo "demo: installing missing packages and building (output shown only on failure)"
+	@log=$$(mktemp); $(MAKE) --no-print-directory build >$$log 2>&1 || { cat $$log; rm -f $$log; exit 1; }; \
+	  rm -f $$log
 	@./scripts/demo.sh $(BUILD)/ferry
 
 # ctest says only "Skipped"; this lists each skipped test with the reason it

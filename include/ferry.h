@@ -49,7 +49,9 @@ typedef enum ferry_status {
   FERRY_EINPROGRESS = -21, /* batch still pending when the wait ended */
 } ferry_status;
 
-/* Static description of a code, e.g. "address not registered". */
+/* Static description of a code and where docs/errors.md explains it (its
+ * causes, the fix, the log line that goes with it), e.g. "address not
+ * registered (docs/errors.md#ferry_enotreg)". */
 const char *ferry_strerror(ferry_status status);
 /* Detail of the last error on this thread, e.g.
  * "connect to 10.0.0.2:15023 failed: Connection refused". Never NULL. */
@@ -71,6 +73,26 @@ typedef enum ferry_log_level {
 /* Process-wide level; the initial one comes from FERRY_LOG (default info). */
 void ferry_log_set_level(ferry_log_level level);
 ferry_log_level ferry_log_get_level(void);
+
+/* One log line. Lines go to stderr, one write(2) each, as `line` plus a
+ * newline: "2026-12-01T08:34:12.123Z WARN ferry[pid:tid] engine: message"
+ * (UTC, milliseconds; engine "-" for a line about no engine). Every
+ * ferry_status a line names is explained in docs/errors.md. */
+typedef struct ferry_log_record {
+  ferry_log_level level;
+  uint64_t time_ns;   /* CLOCK_REALTIME, nanoseconds since the epoch */
+  long thread;        /* kernel thread id (gettid) of the emitting thread */
+  const char *engine; /* name of the engine the line is about; "" if none */
+  const char *message;
+  const char *line; /* the whole formatted line, without a newline */
+} ferry_log_record;
+/* Receives each line at or above the level instead of stderr, on the thread
+ * that emits it (any thread, including libferry's own), so it must be
+ * thread-safe and must not call ferry_log_set_handler. The record and its
+ * strings are valid only during the call. NULL restores stderr. On return
+ * no thread is still inside the previous handler, so arg may be freed. */
+typedef void (*ferry_log_handler)(const ferry_log_record *record, void *arg);
+void ferry_log_set_handler(ferry_log_handler handler, void *arg);
 
 /* ---- Transports -------------------------------------------------------- */
 enum {
@@ -214,7 +236,9 @@ void ferry_config_init_size(ferry_config *cfg, size_t size);
  * (positive whole numbers), FERRY_METRICS_PORT (0 to 65535), FERRY_METRICS_HOST
  * (host), MC_TE_METRIC (boolean) and MC_TE_METRIC_INTERVAL_SECONDS (1 to
  * 86400). A bad one fails with FERRY_EINVAL and a
- * message naming the setting, the value and what is accepted. */
+ * message naming the setting, the value and what is accepted. A started
+ * engine logs "engine NAME listening on HOST:PORT (transports: ...)" at
+ * INFO. */
 ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out);
 /* Threads. Every call on an engine may be made from any thread, and calls
  * may run concurrently with each other, including ferry_engine_shutdown and

@@ -54,13 +54,15 @@ wait_ready() {
 "$FERRY" serve --host 127.0.0.1 --port 0 --size 256M >"$workdir/serve.out" 2>"$workdir/serve.err" &
 server_pid=$!
 target=$(wait_ready)
-echo "demo: server ready at $target ($(cat "$workdir/serve.out"))"
+echo "demo: ferry serve ready at $target with 256 MiB registered"
+echo "demo: 1 MiB WRITEs and READs for 3 s each, over tcp (what crosses hosts) and shm (same host):"
 
 # TCP over loopback first (what crosses machines), then the same-host shm
 # transport ferry picks by itself when both engines share a kernel.
 for protocol in tcp shm; do
   for op in write read; do
-    "$FERRY" bench --target "$target" --protocol "$protocol" --op "$op" --block 1M --duration 3 --verify
+    "$FERRY" bench --target "$target" --protocol "$protocol" --op "$op" --block 1M --duration 3 \
+      --verify | sed 's/^/  /'
   done
 done
 

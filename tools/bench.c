@@ -230,6 +230,7 @@ static int parse_bench_args(int argc, char **argv, bench_opts *o) {
                                            {NULL, 0, NULL, 0}};
   memset(o, 0, sizeof *o);
   ferry_cli_engine_opts_init(&o->engine);
+  o->engine.client = 1;
   o->op = FERRY_OP_WRITE;
   o->block = (size_t)1 << 20;
   o->batch = 1;

@@ -129,6 +129,10 @@ ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_op
     cfg.metadata_ttl_ms = opts->metadata_ttl_ms;
   if (opts->metrics_port >= 0)
     cfg.metrics_port = opts->metrics_port;
+  /* A client's output is its result: its engine's info lines (listening,
+   * transport chosen) only when FERRY_LOG asks for them. */
+  if (opts->client && ferry_log_get_level() == FERRY_LOG_INFO && !getenv("FERRY_LOG"))
+    ferry_log_set_level(FERRY_LOG_WARN);
   ferry_status st = ferry_engine_create(&cfg, out);
   if (st != FERRY_OK)
     ferry_cli_report(prog, "cannot create engine", st);

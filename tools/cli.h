@@ -39,6 +39,8 @@ typedef struct ferry_cli_engine_opts {
   const char *segment_name; /* --segment: the name published */
   uint32_t metadata_ttl_ms; /* --metadata-ttl: lease on published keys */
   int metrics_port;         /* --metrics-port: -1 keeps the library's default */
+  int client;               /* the engine only initiates: warnings and errors
+                               only, unless FERRY_LOG says otherwise */
 } ferry_cli_engine_opts;
 
 /* Fills opts with the tools' defaults (host 127.0.0.1, everything else the

@@ -23,6 +23,7 @@ static int parse_probe_args(int argc, char **argv, ferry_cli_engine_opts *o, con
                                            {"help", no_argument, NULL, 'h'},
                                            {NULL, 0, NULL, 0}};
   ferry_cli_engine_opts_init(o);
+  o->client = 1;
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {

@@ -31,8 +31,9 @@ This package is a thin layer over libferry's C API (the extension module
 
     ``local`` is an int address (e.g. ``tensor.data_ptr()``) or any contiguous
     object supporting the buffer protocol (bytearray, memoryview, numpy
-    arrays; read-only ones such as bytes only as a WRITE source). Blocking
-    calls release the GIL.
+    arrays). A read-only one such as bytes is refused (``EINVAL``) where the
+    memory would be written: by ``register`` (peers may WRITE a region) and
+    as a READ's destination. Blocking calls release the GIL.
 
 ``Error``
     Raised by every failing call: a ``RuntimeError`` with ``.code`` (the
@@ -44,6 +45,16 @@ Module functions: ``strerror(code)``, ``to_mooncake(code)``, ``version()``,
 ``transport_name(bit)``, ``transport_parse(names)``, ``set_log_level(level)``,
 ``get_log_level()``; constants ``OK``, ``EINVAL`` ... ``EINPROGRESS``,
 ``OP_READ``, ``OP_WRITE``, ``TRANSPORT_*``, ``BATCH_*``, ``LOG_*``.
+
+Logging: libferry's lines (the ``listening`` line, refused connections,
+fallbacks, ...) go to Python's ``logging``, logger ``"ferry"``, at the
+matching level, with the engine's name in front of the message and as the
+record's ``ferry_engine`` attribute (``ferry_thread``: the kernel thread
+id). They reach your handlers from a daemon thread; nothing is written to
+stderr by libferry itself unless you call ``log_to_stderr()``. libferry's
+own level still applies first (``FERRY_LOG``, ``set_log_level``; default
+info), so ``set_log_level("debug")`` is needed for its DEBUG lines.
+``flush_log()`` hands over every line queued so far.
 
 ``mooncake.engine.TransferEngine`` (installed alongside) offers Mooncake's
 Python API on top of this package.
@@ -105,7 +116,61 @@ from ferry._ferry import (  # noqa: F401
     version,
 )
 
+import atexit as _atexit
+import logging as _logging
+import os as _os
+import threading as _threading
+
+from ferry import _ferry
+
 __version__ = VERSION_STRING
+
+logger = _logging.getLogger("ferry")
+_LEVELS = (_logging.DEBUG, _logging.INFO, _logging.WARNING, _logging.ERROR)
+_log_lock = _threading.Lock()  # one hand-over at a time, so flush_log sees all
+
+
+def _emit(level, time_ns, thread, engine, message):
+    levelno = _LEVELS[min(level, len(_LEVELS) - 1)]
+    if not logger.isEnabledFor(levelno):
+        return
+    text = f"{engine}: {message}" if engine else message
+    record = logger.makeRecord(logger.name, levelno, "libferry", 0, text, None, None,
+                               extra={"ferry_engine": engine, "ferry_thread": thread})
+    if time_ns:
+        record.created = time_ns / 1e9
+        record.msecs = (time_ns // 1000000) % 1000
+    logger.handle(record)
+
+
+def flush_log():
+    """Hands every libferry line queued so far to the logger "ferry"."""
+    with _log_lock:
+        for line in _ferry._log_take():
+            _emit(*line)
+
+
+def _drain_forever():
+    while True:
+        if _ferry._log_wait(1.0):
+            flush_log()
+
+
+def log_to_stderr(enable=True):
+    """libferry writes its lines to stderr itself (True) or hands them to
+    the logger "ferry" (False, the default)."""
+    flush_log()
+    _ferry._log_route(not enable)
+
+
+def _start_drain():
+    _threading.Thread(target=_drain_forever, name="ferry-log", daemon=True).start()
+
+
+_ferry._log_route(True)
+_start_drain()
+_os.register_at_fork(after_in_child=_start_drain)  # a forked child has no drain thread
+_atexit.register(flush_log)
 
 __all__ = [
     "Engine",
@@ -119,6 +184,9 @@ __all__ = [
     "transport_parse",
     "set_log_level",
     "get_log_level",
+    "flush_log",
+    "log_to_stderr",
+    "logger",
     "OK",
     "EINVAL",
     "ENOTREG",

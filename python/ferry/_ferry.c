@@ -27,6 +27,7 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,7 @@
 #include "ferry.h"
 
 #define ERRBUF_SIZE 1024
+#define LOG_ENGINE_MAX 288 /* an engine name: host (255) and :port */
 
 /* ======================================================================
  * Error type
@@ -219,6 +221,10 @@ static int as_op(PyObject *o, ferry_op *out) {
   return 0;
 }
 
+/* What writes a local buffer, for the refusal of a read-only one. */
+#define READ_DESTINATION "the destination of a READ (the READ writes into it)"
+#define REGION "registered: peers may WRITE into registered memory"
+
 /* A local memory argument: an int address or a contiguous buffer object. */
 typedef struct {
   void *ptr;
@@ -227,15 +233,33 @@ typedef struct {
   Py_buffer view;
 } LocalArg;
 
-/* Fills la from obj. writable: the memory will be written (READ destination).
+/* A read-only buffer (bytes) where the memory will be written: EINVAL
+ * naming what would write it, instead of Python's bare BufferError. */
+static int refuse_read_only(PyObject *obj, const char *writes) {
+  Py_buffer probe;
+  if (PyObject_GetBuffer(obj, &probe, PyBUF_ANY_CONTIGUOUS) < 0)
+    return -1; /* not read-only: some other fault, already raised */
+  PyBuffer_Release(&probe);
+  PyErr_Clear();
+  char detail[ERRBUF_SIZE];
+  snprintf(detail, sizeof detail,
+           "a read-only %.100s object cannot be %s; pass a writable buffer (bytearray, "
+           "numpy array, torch tensor) or its address",
+           Py_TYPE(obj)->tp_name, writes);
+  raise_status(FERRY_EINVAL, detail);
+  return -1;
+}
+
+/* Fills la from obj. writes: what will write the memory (a READ's
+ * destination, a region peers may write), NULL if nothing will.
  * Ints (and 0-d integer buffers such as numpy scalars) are addresses. */
-static int local_get(PyObject *obj, int writable, LocalArg *la) {
+static int local_get(PyObject *obj, const char *writes, LocalArg *la) {
   la->has_view = 0;
   la->len = 0;
   if (!PyLong_Check(obj) && PyObject_CheckBuffer(obj)) {
-    if (PyObject_GetBuffer(obj, &la->view, PyBUF_ANY_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) <
+    if (PyObject_GetBuffer(obj, &la->view, PyBUF_ANY_CONTIGUOUS | (writes ? PyBUF_WRITABLE : 0)) <
         0)
-      return -1;
+      return writes ? refuse_read_only(obj, writes) : -1;
     if (la->view.ndim == 0 && PyIndex_Check(obj)) {
       PyBuffer_Release(&la->view); /* a numpy integer scalar: an address */
     } else {
@@ -286,9 +310,9 @@ static void local_release(LocalArg *la) {
 }
 
 /* local_get() and local_length() together; on failure nothing is held. */
-static int local_get_with_length(PyObject *obj, int writable, PyObject *length_obj, LocalArg *la,
-                                 size_t *len) {
-  if (local_get(obj, writable, la) < 0)
+static int local_get_with_length(PyObject *obj, const char *writes, PyObject *length_obj,
+                                 LocalArg *la, size_t *len) {
+  if (local_get(obj, writes, la) < 0)
     return -1;
   if (local_length(la, length_obj, len) < 0) {
     local_release(la);
@@ -423,7 +447,8 @@ static int entries_parse(PyObject *entries, EntryList *l) {
     if (as_op(op_o, &e->op) < 0 || as_u64(rem_o, &e->remote) < 0)
       goto fail;
     LocalArg la;
-    if (local_get_with_length(loc_o, e->op == FERRY_OP_READ, len_o, &la, &e->length) < 0)
+    if (local_get_with_length(loc_o, e->op == FERRY_OP_READ ? READ_DESTINATION : NULL, len_o, &la,
+                              &e->length) < 0)
       goto fail;
     e->local = la.ptr;
     if (la.has_view) {
@@ -957,7 +982,7 @@ static PyObject *engine_register(EngineObject *self, PyObject *args, PyObject *k
     return NULL;
   LocalArg la;
   size_t len;
-  if (local_get_with_length(obj, 0, length_o, &la, &len) < 0)
+  if (local_get_with_length(obj, REGION, length_o, &la, &len) < 0)
     return NULL;
   if (eng_enter(self) < 0) {
     local_release(&la);
@@ -980,7 +1005,7 @@ static PyObject *engine_register(EngineObject *self, PyObject *args, PyObject *k
 /* An address argument that may also be given as a buffer object. */
 static int addr_arg(PyObject *obj, void **out) {
   LocalArg la;
-  if (local_get(obj, 0, &la) < 0)
+  if (local_get(obj, NULL, &la) < 0)
     return -1;
   *out = la.ptr;
   local_release(&la);
@@ -1038,7 +1063,7 @@ static PyObject *engine_register_batch(EngineObject *self, PyObject *args, PyObj
     goto out;
   }
   for (; got < n; got++) {
-    if (local_get_with_length(PySequence_Fast_GET_ITEM(items, got), 0,
+    if (local_get_with_length(PySequence_Fast_GET_ITEM(items, got), REGION,
                               lens ? PySequence_Fast_GET_ITEM(lens, got) : Py_None, &las[got],
                               &lengths[got]) < 0)
       goto out;
@@ -1155,7 +1180,8 @@ static PyObject *engine_transfer_one(EngineObject *self, PyObject *args, PyObjec
     return NULL;
   LocalArg la;
   size_t len;
-  if (local_get_with_length(local_o, op == FERRY_OP_READ, len_o, &la, &len) < 0)
+  if (local_get_with_length(local_o, op == FERRY_OP_READ ? READ_DESTINATION : NULL, len_o, &la,
+                            &len) < 0)
     return NULL;
   if (eng_enter(self) < 0) {
     local_release(&la);
@@ -1874,6 +1900,128 @@ static PyObject *mod_get_log_level(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(n
   return PyLong_FromLong(ferry_log_get_level());
 }
 
+/* ---- libferry's log lines into Python's `logging` ----------------------
+ *
+ * The handler runs on whatever thread emits the line, often one of
+ * libferry's own, possibly with engine locks held. It never takes the GIL
+ * or runs Python: it copies the line into a bounded queue and wakes the
+ * package's drain thread (ferry/__init__.py), which hands the lines to the
+ * logger "ferry" with no libferry lock held. A full queue drops lines and
+ * says how many in the next one. */
+
+#define LOG_QUEUE_MAX 1024
+
+typedef struct queued_line {
+  int level;
+  uint64_t time_ns;
+  long thread;
+  char engine[LOG_ENGINE_MAX];
+  char message[1024];
+} queued_line;
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t log_ready = PTHREAD_COND_INITIALIZER;
+static queued_line *log_queue; /* LOG_QUEUE_MAX slots, allocated on first use */
+static size_t log_head, log_count;
+static unsigned long log_dropped;
+
+static void queue_log_line(const ferry_log_record *r, void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&log_lock);
+  if (log_count == LOG_QUEUE_MAX) {
+    log_dropped++;
+  } else {
+    queued_line *q = &log_queue[(log_head + log_count++) % LOG_QUEUE_MAX];
+    q->level = r->level;
+    q->time_ns = r->time_ns;
+    q->thread = r->thread;
+    snprintf(q->engine, sizeof q->engine, "%s", r->engine);
+    snprintf(q->message, sizeof q->message, "%s", r->message);
+    pthread_cond_signal(&log_ready);
+  }
+  pthread_mutex_unlock(&log_lock);
+}
+
+/* A fork while another thread queues a line must not leave the child's
+ * queue locked forever. */
+static void log_lock_take(void) { pthread_mutex_lock(&log_lock); }
+static void log_lock_give(void) { pthread_mutex_unlock(&log_lock); }
+
+/* _log_route(on): libferry's lines to the queue (True) or to stderr. */
+static PyObject *mod_log_route(PyObject *Py_UNUSED(m), PyObject *arg) {
+  int on = PyObject_IsTrue(arg);
+  if (on < 0)
+    return NULL;
+  if (on && !log_queue) {
+    if (!(log_queue = calloc(LOG_QUEUE_MAX, sizeof *log_queue)))
+      return PyErr_NoMemory();
+    pthread_atfork(log_lock_take, log_lock_give, log_lock_give);
+  }
+  PyThreadState *ts_ = PyEval_SaveThread(); /* a line being queued may finish */
+  ferry_log_set_handler(on ? queue_log_line : NULL, NULL);
+  PyEval_RestoreThread(ts_);
+  Py_RETURN_NONE;
+}
+
+/* _log_wait(timeout_s): waits (without the GIL) until a line is queued or
+ * the time is up; True if one is. */
+static PyObject *mod_log_wait(PyObject *Py_UNUSED(m), PyObject *arg) {
+  double timeout = PyFloat_AsDouble(arg);
+  if (timeout == -1.0 && PyErr_Occurred())
+    return NULL;
+  int ready;
+  PyThreadState *ts_ = PyEval_SaveThread();
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += (time_t)timeout;
+  until.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&log_lock);
+  while (!log_count && !log_dropped)
+    if (pthread_cond_timedwait(&log_ready, &log_lock, &until) != 0)
+      break;
+  ready = log_count || log_dropped;
+  pthread_mutex_unlock(&log_lock);
+  PyEval_RestoreThread(ts_);
+  return PyBool_FromLong(ready);
+}
+
+/* _log_take() -> [(level, time_ns, thread, engine, message)], emptying the
+ * queue. A drop is reported as a WARN line of its own. */
+static PyObject *mod_log_take(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(noargs)) {
+  PyObject *list = PyList_New(0);
+  if (!list)
+    return NULL;
+  pthread_mutex_lock(&log_lock);
+  unsigned long dropped = log_dropped;
+  log_dropped = 0;
+  for (; log_count; log_count--, log_head = (log_head + 1) % LOG_QUEUE_MAX) {
+    const queued_line *q = &log_queue[log_head];
+    PyObject *t = Py_BuildValue("(iKlss)", q->level, (unsigned long long)q->time_ns, q->thread,
+                                q->engine, q->message);
+    if (!t || PyList_Append(list, t) < 0) {
+      Py_XDECREF(t);
+      PyErr_Clear(); /* the line is lost, not the queue */
+      continue;
+    }
+    Py_DECREF(t);
+  }
+  pthread_mutex_unlock(&log_lock);
+  if (dropped) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "%lu log lines dropped: the queue to Python's logging was full",
+             dropped);
+    PyObject *t = Py_BuildValue("(iKlss)", FERRY_LOG_WARN, 0ULL, 0L, "", msg);
+    if (!t || PyList_Append(list, t) < 0)
+      PyErr_Clear();
+    Py_XDECREF(t);
+  }
+  return list;
+}
+
 static PyMethodDef module_methods[] = {
     {"strerror", mod_strerror, METH_O, "strerror(code) -> str"},
     {"to_mooncake", mod_to_mooncake, METH_O, "to_mooncake(code) -> Mooncake's error number"},
@@ -1886,6 +2034,10 @@ static PyMethodDef module_methods[] = {
     {"set_log_level", mod_set_log_level, METH_O,
      "set_log_level(level): 0-4 or 'debug'/'info'/'warn'/'error'/'off'"},
     {"get_log_level", mod_get_log_level, METH_NOARGS, "get_log_level() -> int"},
+    {"_log_route", mod_log_route, METH_O,
+     "_log_route(on): libferry's lines to _log_take or stderr"},
+    {"_log_wait", mod_log_wait, METH_O, "_log_wait(timeout_s) -> True once a line is queued"},
+    {"_log_take", mod_log_take, METH_NOARGS, "_log_take() -> the queued lines, as tuples"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,8 +20,15 @@ calling thread's last message, ``last_error_code()`` its Mooncake code.
   lease (``FERRY_METADATA_TTL_MS``, default 5 s), so a killed engine's
   segment disappears. A store that cannot be reached fails initialize.
 - ``protocol``: ``"tcp"`` restricts ferry to TCP; anything else (``"rdma"``,
-  ``"efa"``, ...) lets ferry choose among all its transports, and says so in
-  the log. ``MC_FORCE_TCP=1`` (or true/yes/on) forces TCP. ``device_name`` is ignored.
+  ``"efa"``, ...) lets ferry choose among all its transports, with a WARNING
+  (once per engine) naming what was asked for and why it is not available.
+  ``MC_FORCE_TCP=1`` (or true/yes/on) forces TCP. Ascend NPUs (protocol
+  ``"ascend"``, or a ``local_hostname`` ending in ``:npu_N``) are refused
+  with -303 (not implemented): ferry moves host memory only.
+- ``device_name`` is not used (ferry drives no RDMA NIC); one that names no
+  device of this host is reported at WARNING with the devices that exist.
+
+Failures are explained in ferry's docs/errors.md, by Mooncake code.
 
 Timeouts follow libferry's defaults (30 s + time per byte;
 ``MC_TRANSFER_TIMEOUT`` overrides the base in seconds).
@@ -31,7 +38,9 @@ import ctypes
 import enum
 import itertools
 import logging
+import json
 import os
+import re
 import threading
 from collections import namedtuple
 
@@ -49,6 +58,27 @@ SUPPORT_INTRA_NVLINK = False
 SUPPORT_CUDA = False
 
 _P2PHANDSHAKE = "P2PHANDSHAKE"
+_ERRORS_DOC = "docs/errors.md"
+_RDMA_SYSFS = "/sys/class/infiniband"  # where RDMA devices are listed
+_STRERROR = re.compile(r" \(docs/errors\.md#[^)]*\)$")  # the pointer, given once below
+_CODE_NAMES = {getattr(ferry, n): n for n in ferry.__all__
+               if n.startswith("E") and isinstance(getattr(ferry, n), int)}
+
+# Protocols Mooncake offers that ferry replaces by its own transports: what
+# each one is, for the fallback warning (EFA is not RDMA verbs).
+_FALLBACK_PROTOCOLS = {
+    "rdma": "RDMA (InfiniBand/RoCE verbs)",
+    "efa": "AWS EFA (Elastic Fabric Adapter, through libfabric; not RDMA verbs)",
+    "nvlink": "NVLink",
+    "nvlink_intra": "intra-node NVLink",
+    "mnnvl": "multi-node NVLink",
+    "hip": "AMD HIP IPC",
+    "cxl": "CXL shared memory",
+    "nvmeof": "NVMe over Fabrics",
+    "barex": "Barex",
+}
+_ASCEND_PROTOCOLS = ("ascend", "ascend_direct", "hccl", "npu")
+_NPU_HOST = re.compile(r":npu_\d+$")
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]", "*")
 
 
@@ -147,16 +177,18 @@ class TransferEngine:
         self._tls = threading.local()
 
     # ---- errors ---------------------------------------------------------
-    def _fail(self, what, err):
-        """Logs and records a ferry.Error (or argument error); returns the Mooncake code."""
+    def _fail(self, what, err, explained=None):
+        """Logs and records a ferry.Error (or argument error); returns the Mooncake code.
+        explained: the cause in the caller's terms, instead of libferry's detail."""
         if isinstance(err, ferry.Error):
-            code, text = err.mooncake_code, "%s (ferry %d): %s" % (
-                ferry.strerror(err.code),
-                err.code,
-                err.detail,
-            )
+            code = err.mooncake_code
+            cause = explained or "%s: %s" % (_STRERROR.sub("", ferry.strerror(err.code)),
+                                             err.detail)
+            text = "%s [Mooncake %d, ferry %s; see %s#mooncake-%d]" % (
+                cause, code, _CODE_NAMES.get(err.code, err.code), _ERRORS_DOC, code)
         else:
-            code, text = -1, "invalid argument: %s" % err
+            code = -1
+            text = "invalid argument: %s [Mooncake -1; see %s#mooncake--1]" % (err, _ERRORS_DOC)
         self._tls.error = "%s failed: %s" % (what, text)
         self._tls.code = code
         logger.warning("%s", self._tls.error)
@@ -194,6 +226,10 @@ class TransferEngine:
         if self._engine is not None:
             return self._fail("initialize", ferry.Error(
                 ferry.EINVAL, "already initialized", "this TransferEngine is already initialized"))
+        proto = (protocol or "").strip().lower()
+        if proto in _ASCEND_PROTOCOLS or _NPU_HOST.search((local_hostname or "").strip()):
+            return self._fail("initialize", ferry.Error(ferry.ENOTIMPL, "Ascend"),
+                              _ascend_refusal(protocol, local_hostname))
         server = (metadata_server or "").strip()
         kwargs = {}
         try:
@@ -222,7 +258,7 @@ class TransferEngine:
         elif host:
             kwargs["bind_host"] = "::" if ":" in host else "0.0.0.0"
 
-        proto = (protocol or "").strip().lower()
+        fallback = None
         if proto == "tcp":
             kwargs["transports"] = "tcp"
         elif _env_true("MC_FORCE_TCP"):
@@ -231,19 +267,16 @@ class TransferEngine:
         else:
             # No transports argument: libferry's default, all it has built in
             # (FERRY_TRANSPORTS narrows it).
-            env = os.environ.get("FERRY_TRANSPORTS")
-            logger.info("protocol %r: RDMA is not available in ferry; using ferry's own "
-                        "transports (%s), the best one both peers offer chosen per peer "
-                        "(tcp between hosts)", protocol,
-                        "FERRY_TRANSPORTS=%s" % env if env else "all built in")
-        if device_name:
-            logger.debug("device_name %r ignored by ferry", device_name)
+            fallback = proto
+        _check_device_name(device_name)
 
         try:
             engine = ferry.Engine(port=port, **kwargs)
         except ferry.Error as e:
             return self._fail("initialize", e)
         self._engine = engine
+        if fallback is not None:
+            _warn_fallback(protocol)
         logger.info("transfer engine ready: session %s (ferry %s)", engine.name, ferry.version())
         return 0
 
@@ -278,11 +311,14 @@ class TransferEngine:
 
     # ---- memory ---------------------------------------------------------
     def register_memory(self, buffer_addr, capacity, location="*"):
+        """Registers capacity bytes at buffer_addr (an int address, or a writable
+        buffer object: a read-only one such as bytes is refused, since peers
+        may write a registered region). 0 or negative."""
         try:
-            self._eng().register(int(buffer_addr), int(capacity))
+            self._eng().register(buffer_addr, int(capacity))
             return 0
-        except ferry.Error as e:
-            return self._fail("register_memory(%#x, %d)" % (buffer_addr, capacity), e)
+        except (ferry.Error, TypeError, ValueError, OverflowError) as e:
+            return self._fail("register_memory(%s, %s)" % (_describe(buffer_addr), capacity), e)
 
     def unregister_memory(self, buffer_addr):
         try:
@@ -377,7 +413,8 @@ class TransferEngine:
             return 0
         except (ferry.Error, ValueError, OverflowError) as e:
             return self._fail("transfer_sync(%s, %s, %s bytes)" % (
-                target_hostname, _op_name(opcode), length), e)
+                target_hostname, _op_name(opcode), length), e,
+                _explain(e, [buffer], [peer_buffer_address], [length]))
 
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses,
                                   lengths, transport_hint=""):
@@ -399,7 +436,8 @@ class TransferEngine:
             return 0
         except (ferry.Error, ValueError, OverflowError) as e:
             return self._fail("batch_transfer_sync(%s, %d entries)" % (
-                target_hostname, _safe_len(buffers)), e)
+                target_hostname, _safe_len(buffers)), e,
+                _explain(e, buffers, peer_buffer_addresses, lengths))
 
     # ---- asynchronous transfers ----------------------------------------
     def _submit(self, what, target_hostname, op, buffers, peer_buffer_addresses, lengths):
@@ -407,7 +445,8 @@ class TransferEngine:
             batch = self._eng().submit_arrays(target_hostname, _opcode(op), buffers,
                                               peer_buffer_addresses, lengths)
         except (ferry.Error, ValueError, OverflowError) as e:
-            self._fail("%s(%s, %d entries)" % (what, target_hostname, _safe_len(buffers)), e)
+            self._fail("%s(%s, %d entries)" % (what, target_hostname, _safe_len(buffers)), e,
+                       _explain(e, buffers, peer_buffer_addresses, lengths))
             return 0
         with self._lock:
             batch_id = next(self._ids)
@@ -447,9 +486,7 @@ class TransferEngine:
         for bid, batch in batches:
             if batch is None:
                 if result == 0:
-                    result = self._fail("get_batch_transfer_status", ferry.Error(
-                        ferry.ENOTFOUND, "unknown batch id",
-                        "batch id %r is unknown or already finished" % (bid,)))
+                    result = self._fail("get_batch_transfer_status", _unknown_batch(bid))
                 continue
             try:
                 batch.wait(-1)
@@ -466,9 +503,7 @@ class TransferEngine:
         with self._lock:
             batch = self._batches.get(batch_id)
         if batch is None:
-            self._fail("transfer_check_status", ferry.Error(
-                ferry.ENOTFOUND, "unknown batch id",
-                "batch id %r is unknown or already finished" % (batch_id,)))
+            self._fail("transfer_check_status", _unknown_batch(batch_id))
             return -1
         try:
             state = batch.status()
@@ -519,6 +554,120 @@ class TransferEngine:
             self._batches.clear()
         for batch in batches:
             batch.free()
+
+
+def _describe(obj):
+    if isinstance(obj, int):
+        return "%#x" % obj
+    return "a %s object" % type(obj).__name__
+
+
+def _ascend_refusal(protocol, local_hostname):
+    return ("Ascend NPUs are not supported by ferry (protocol %r, local_hostname %r): ferry "
+            "moves host (CPU) memory over tcp and shm, not NPU memory. Run without Ascend "
+            "(KV cache in host memory, protocol 'tcp', local_hostname 'host' or "
+            "'host:port'), or use Mooncake's own transfer engine built with Ascend support"
+            % (protocol, local_hostname))
+
+
+def _warn_fallback(protocol):
+    """The WARNING of an engine that got ferry's transports instead of protocol."""
+    proto = (protocol or "").strip().lower()
+    what = _FALLBACK_PROTOCOLS.get(proto, "protocol %r, which ferry does not know" % protocol)
+    env = os.environ.get("FERRY_TRANSPORTS")
+    logger.warning(
+        "protocol %r asks for %s, which ferry does not provide (it has no such transport); "
+        "using ferry's own transports instead (%s; tcp between hosts, shm on one host). "
+        "Between hosts this runs at TCP speed, which can be orders of magnitude below %s. "
+        "Pass protocol 'tcp' (or set MC_FORCE_TCP=1) to choose this on purpose. See %s.",
+        protocol, what, "FERRY_TRANSPORTS=%s" % env if env else "all built in",
+        proto.upper() if proto in _FALLBACK_PROTOCOLS else "it", _ERRORS_DOC)
+
+
+def _rdma_devices():
+    try:
+        return sorted(os.listdir(_RDMA_SYSFS))
+    except OSError:
+        return []
+
+
+def _device_names(device_name):
+    """The device names in Mooncake's device_name: "mlx5_0,mlx5_1", a JSON
+    mapping (or a path to a JSON file) whose values name devices."""
+    text = device_name.strip()
+    if not text.startswith("{") and os.path.isfile(text):
+        with open(text, encoding="utf-8") as f:
+            text = f.read()
+    if text.startswith("{"):
+        names = []
+        for value in json.loads(text).values():
+            names.extend(value if isinstance(value, list) else re.split(r"[,\s]+", str(value)))
+        return [n for n in names if n]
+    return [n for n in re.split(r"[,\s]+", text) if n]
+
+
+def _check_device_name(device_name):
+    if not device_name:
+        return
+    try:
+        asked = _device_names(str(device_name))
+    except (OSError, ValueError) as e:
+        logger.warning("device_name %r cannot be read (%s); ferry uses no RDMA device, so it "
+                       "is ignored", device_name, e)
+        return
+    have = _rdma_devices()
+    missing = [n for n in asked if n not in have]
+    if missing:
+        logger.warning("device_name %r: no device %s on this host (devices here: %s); ferry "
+                       "uses no RDMA device, so device_name is ignored", device_name,
+                       ", ".join(missing), ", ".join(have) or "none")
+    else:
+        logger.debug("device_name %r ignored: ferry uses no RDMA device", device_name)
+
+
+def _unknown_batch(batch_id):
+    # Mooncake's numbering has no "not found" code for a batch: -1 (invalid
+    # argument) tells the caller the id is its mistake, not the metadata
+    # service's (-200).
+    return ferry.Error(ferry.EINVAL, "batch id not found",
+                       "batch id %r not found: never returned by this engine, or already "
+                       "finished (get_batch_transfer_status and a final "
+                       "transfer_check_status free a batch)" % (batch_id,))
+
+
+_LOCAL_UNREGISTERED = re.compile(r"entry (\d+): local address")
+_REMOTE_UNREGISTERED = re.compile(r"of entry (\d+) is not registered at (\S+)")
+_NOT_A_TRANSFER = re.compile(r"entry (\d+): op -?\d+, local")
+
+
+def _explain(err, buffers, peer_addresses, lengths):
+    """The cause of a transfer failure in the caller's terms (its buffer,
+    the peer's address, the length it passed), or None to keep libferry's."""
+    if not isinstance(err, ferry.Error):
+        return None
+    detail = err.detail or ""
+    try:
+        m = _LOCAL_UNREGISTERED.search(detail)
+        if m:
+            i = int(m.group(1))
+            return ("local buffer %#x (%d bytes) is not registered with this engine: call "
+                    "register_memory first" % (int(buffers[i]), int(lengths[i])))
+        m = _REMOTE_UNREGISTERED.search(detail)
+        if m:
+            i = int(m.group(1))
+            return ("peer buffer %#x (%d bytes) is not registered at %s: the target must "
+                    "register_memory it (or it unregistered it)"
+                    % (int(peer_addresses[i]), int(lengths[i]), m.group(2)))
+        m = _NOT_A_TRANSFER.search(detail)
+        if m:
+            i = int(m.group(1))
+            if not int(buffers[i]):
+                return "local buffer address is 0 (NULL): pass the address of registered memory"
+            if not int(lengths[i]):
+                return "length is 0: nothing to transfer"
+    except (IndexError, TypeError, ValueError):
+        pass
+    return None
 
 
 def _safe_len(seq):

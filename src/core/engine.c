@@ -164,17 +164,20 @@ ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out) {
   pthread_mutex_init(&e->shutdown_lock, NULL);
   ferry_cond_init(&e->gate_cond);
   pthread_mutex_init(&e->publish_lock, NULL);
+  const char *outer = ferry_log_set_engine(e->name); /* filled in once bound */
   ferry_status st = engine_start(e, cfg);
   if (st) {
     char detail[FERRY_ERROR_MAX];
     snprintf(detail, sizeof detail, "%s", ferry_last_error());
     ferry_engine_destroy(e);
+    ferry_log_set_engine(outer);
     return ferry_fail(st, "engine start failed: %s", detail);
   }
   FERRY_INFO("engine %s listening on %s:%u (transports:%s%s%s)", e->name, e->bind_host, e->port,
              e->transports & FERRY_TRANSPORT_TCP ? " tcp" : "",
              e->transports & FERRY_TRANSPORT_SHM ? " shm" : "",
              e->transports & FERRY_TRANSPORT_FABRIC ? " fabric" : "");
+  ferry_log_set_engine(outer);
   *out = e;
   return FERRY_OK;
 }
@@ -197,7 +200,8 @@ static __thread unsigned gate_depth;
 
 ferry_status ferry_engine_enter(ferry_engine *e) {
   __atomic_add_fetch(&e->calls, 1, __ATOMIC_SEQ_CST);
-  gate_depth++;
+  if (gate_depth++ == 0)
+    ferry_log_set_engine(e->name); /* lines of this call name the engine */
   if (gate_depth > 1 || !ferry_engine_closing(e))
     return FERRY_OK;
   ferry_engine_leave(e, FERRY_OK);
@@ -205,9 +209,11 @@ ferry_status ferry_engine_enter(ferry_engine *e) {
 }
 
 ferry_status ferry_engine_leave(ferry_engine *e, ferry_status st) {
-  gate_depth--;
-  if (st && !gate_depth)
-    ferry_stats_error(e, st);
+  if (--gate_depth == 0) {
+    ferry_log_set_engine(NULL);
+    if (st)
+      ferry_stats_error(e, st);
+  }
   if (!ferry_engine_closing(e)) {
     __atomic_sub_fetch(&e->calls, 1, __ATOMIC_SEQ_CST);
     return st; /* a shutdown starting now sees the count drop at its next look */
@@ -249,6 +255,7 @@ void ferry_engine_shutdown(ferry_engine *e) {
   if (!e)
     return;
   pthread_mutex_lock(&e->shutdown_lock); /* a second caller waits for the first */
+  const char *outer = ferry_log_set_engine(e->name);
   if (!e->shut_down) {
     __atomic_store_n(&e->closing, 1, __ATOMIC_SEQ_CST);
     drain_calls(e);
@@ -265,6 +272,7 @@ void ferry_engine_shutdown(ferry_engine *e) {
     ferry_peers_destroy(e);
     e->shut_down = 1;
   }
+  ferry_log_set_engine(outer);
   pthread_mutex_unlock(&e->shutdown_lock);
 }
 

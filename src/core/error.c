@@ -7,32 +7,35 @@
 
 static _Thread_local char last_error[FERRY_ERROR_MAX];
 
+/* Every text names where the code is explained, for the reader of a log. */
+#define DOC(anchor) " (docs/errors.md#" anchor ")"
+
 const char *ferry_strerror(ferry_status status) {
   switch (status) {
   case FERRY_OK: return "success";
-  case FERRY_EINVAL: return "invalid argument";
-  case FERRY_ENOTREG: return "address not registered";
-  case FERRY_EOVERLAP: return "region overlaps a registered region";
-  case FERRY_ENOMEM: return "out of memory";
-  case FERRY_ESOCKET: return "socket error";
-  case FERRY_EDNS: return "host name not resolved";
-  case FERRY_EHANDSHAKE: return "handshake rejected";
-  case FERRY_EVERSION: return "incompatible protocol version";
-  case FERRY_EAUTH: return "authentication failed";
-  case FERRY_ETIMEDOUT: return "timed out";
-  case FERRY_EPROTO: return "malformed frame";
-  case FERRY_EMETADATA: return "metadata service error";
-  case FERRY_EJSON: return "malformed JSON";
-  case FERRY_ENOTIMPL: return "not implemented";
-  case FERRY_EBUSY: return "busy";
-  case FERRY_ECHECKSUM: return "checksum mismatch";
-  case FERRY_ETRANSPORT: return "no usable transport";
-  case FERRY_ECLOSED: return "engine closed";
-  case FERRY_ENOTFOUND: return "not found";
-  case FERRY_EREMOTE: return "remote failure";
-  case FERRY_EINPROGRESS: return "in progress";
+  case FERRY_EINVAL: return "invalid argument" DOC("ferry_einval");
+  case FERRY_ENOTREG: return "address not registered" DOC("ferry_enotreg");
+  case FERRY_EOVERLAP: return "region overlaps a registered region" DOC("ferry_eoverlap");
+  case FERRY_ENOMEM: return "out of memory" DOC("ferry_enomem");
+  case FERRY_ESOCKET: return "socket error" DOC("ferry_esocket");
+  case FERRY_EDNS: return "host name not resolved" DOC("ferry_edns");
+  case FERRY_EHANDSHAKE: return "handshake rejected" DOC("ferry_ehandshake");
+  case FERRY_EVERSION: return "incompatible protocol version" DOC("ferry_eversion");
+  case FERRY_EAUTH: return "authentication failed" DOC("ferry_eauth");
+  case FERRY_ETIMEDOUT: return "timed out" DOC("ferry_etimedout");
+  case FERRY_EPROTO: return "malformed frame" DOC("ferry_eproto");
+  case FERRY_EMETADATA: return "metadata service error" DOC("ferry_emetadata");
+  case FERRY_EJSON: return "malformed JSON" DOC("ferry_ejson");
+  case FERRY_ENOTIMPL: return "not implemented" DOC("ferry_enotimpl");
+  case FERRY_EBUSY: return "busy" DOC("ferry_ebusy");
+  case FERRY_ECHECKSUM: return "checksum mismatch" DOC("ferry_echecksum");
+  case FERRY_ETRANSPORT: return "no usable transport" DOC("ferry_etransport");
+  case FERRY_ECLOSED: return "engine closed" DOC("ferry_eclosed");
+  case FERRY_ENOTFOUND: return "not found" DOC("ferry_enotfound");
+  case FERRY_EREMOTE: return "remote failure" DOC("ferry_eremote");
+  case FERRY_EINPROGRESS: return "in progress" DOC("ferry_einprogress");
   }
-  return "unknown error";
+  return "unknown error" DOC("unknown-codes");
 }
 
 int ferry_status_to_mooncake(ferry_status status) {

@@ -1,5 +1,8 @@
 /* log.c - process-wide log level (FERRY_LOG=debug|info|warn|error|off) and
- * one-line writes to stderr, so concurrent threads never interleave. */
+ * one-line writes to stderr, so concurrent threads never interleave, or to
+ * the host's handler. Nothing here costs anything on a path that emits no
+ * line: the thread's engine is one thread-local pointer, and the time, the
+ * thread id and the format are taken only for a line that is emitted. */
 #include "log.h"
 
 #include <pthread.h>
@@ -8,12 +11,24 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 static pthread_once_t level_once = PTHREAD_ONCE_INIT;
 static volatile int current_level = FERRY_LOG_INFO;
 
 static const char *const level_names[] = {"debug", "info", "warn", "error", "off"};
+static const char *const level_tags[] = {"DEBUG", "INFO", "WARN", "ERROR", "OFF"};
+
+/* The handler and its argument change together; a line being handed to
+ * the old handler finishes before ferry_log_set_handler returns, so the
+ * host may free arg then. */
+static pthread_rwlock_t handler_lock = PTHREAD_RWLOCK_INITIALIZER;
+static ferry_log_handler handler;
+static void *handler_arg;
+
+static __thread const char *thread_engine;
 
 int ferry_log_level_parse(const char *name, ferry_log_level *out) {
   for (int i = 0; i <= FERRY_LOG_OFF; i++)
@@ -43,17 +58,63 @@ ferry_log_level ferry_log_get_level(void) {
 
 int ferry_log_enabled(ferry_log_level level) { return level >= ferry_log_get_level(); }
 
+void ferry_log_set_handler(ferry_log_handler fn, void *arg) {
+  pthread_rwlock_wrlock(&handler_lock);
+  handler = fn;
+  handler_arg = arg;
+  pthread_rwlock_unlock(&handler_lock);
+}
+
+const char *ferry_log_set_engine(const char *name) {
+  const char *prev = thread_engine;
+  thread_engine = name;
+  return prev;
+}
+
+/* "2026-12-01T08:34:12.123Z INFO ferry[pid:tid] engine: " */
+static int format_prefix(char *buf, size_t size, const ferry_log_record *r) {
+  time_t secs = (time_t)(r->time_ns / 1000000000ull);
+  struct tm tm;
+  gmtime_r(&secs, &tm);
+  char stamp[32];
+  strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
+  return snprintf(buf, size, "%s.%03uZ %s ferry[%d:%ld] %s: ", stamp,
+                  (unsigned)(r->time_ns / 1000000ull % 1000), level_tags[r->level], (int)getpid(),
+                  r->thread, *r->engine ? r->engine : "-");
+}
+
 void ferry_log(ferry_log_level level, const char *fmt, ...) {
   if (!ferry_log_enabled(level) || level >= FERRY_LOG_OFF)
     return;
-  char line[1024];
-  int n = snprintf(line, sizeof line, "ferry[%d] %s: ", (int)getpid(), level_names[level]);
+  char message[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+  vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
-  size_t len = strlen(line);
-  line[len++] = '\n';
-  ssize_t unused = write(STDERR_FILENO, line, len);
-  (void)unused;
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  ferry_log_record r = {
+      .level = level,
+      .time_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec,
+      .thread = (long)syscall(SYS_gettid),
+      .engine = thread_engine ? thread_engine : "",
+      .message = message,
+  };
+  char line[1280];
+  int n = format_prefix(line, sizeof line - 1, &r);
+  if (n < 0 || (size_t)n >= sizeof line - 1)
+    n = 0;
+  size_t len = (size_t)n + (size_t)snprintf(line + n, sizeof line - 1 - (size_t)n, "%s", message);
+  if (len > sizeof line - 2)
+    len = sizeof line - 2;
+  r.line = line;
+  pthread_rwlock_rdlock(&handler_lock);
+  if (handler) {
+    handler(&r, handler_arg);
+  } else {
+    line[len++] = '\n';
+    ssize_t unused = write(STDERR_FILENO, line, len);
+    (void)unused;
+  }
+  pthread_rwlock_unlock(&handler_lock);
 }

@@ -1,4 +1,6 @@
-/* log.h - leveled log lines to stderr ("ferry[pid] LEVEL: message"). */
+/* log.h - leveled log lines, each carrying a timestamp, the level, the
+ * thread and the engine it is about; written to stderr or handed to the
+ * host's handler (ferry_log_set_handler). */
 #ifndef FERRY_LOG_H
 #define FERRY_LOG_H
 
@@ -8,6 +10,11 @@ void ferry_log(ferry_log_level level, const char *fmt, ...) __attribute__((forma
 int ferry_log_enabled(ferry_log_level level);
 /* "debug", "info", "warn", "error" or "off" (any case). Returns 0 or -1. */
 int ferry_log_level_parse(const char *name, ferry_log_level *out);
+
+/* The engine this thread works for, by its name (the string is read only
+ * when a line is emitted, so it may be filled in later). NULL: none.
+ * Returns the previous one, for the caller to put back. */
+const char *ferry_log_set_engine(const char *name);
 
 #define FERRY_DEBUG(...)                                                                           \
   do {                                                                                             \

@@ -451,6 +451,7 @@ static ferry_status next_request(server_conn *c, ferry_frame_header *h) {
 
 static void *serve_connection(void *arg) {
   server_conn *c = arg;
+  ferry_log_set_engine(c->engine->name);
   ferry_status st = handshake(c);
   while (st == FERRY_OK) {
     ferry_frame_header h;
@@ -554,6 +555,7 @@ static void start_connection(ferry_engine *e, int fd) {
 static void *accept_loop(void *arg) {
   ferry_engine *e = arg;
   ferry_server *s = e->server;
+  ferry_log_set_engine(e->name);
   struct pollfd fds[2] = {{s->listen_fd, POLLIN, 0}, {s->wake[0], POLLIN, 0}};
   for (;;) {
     if (poll(fds, 2, -1) < 0 && errno != EINTR)

@@ -93,6 +93,7 @@ static void drive_ticket(ferry_workers *w, ticket *t) {
 
 static void *worker_main(void *arg) {
   ferry_workers *w = arg;
+  ferry_log_set_engine(w->engine->name);
   pthread_mutex_lock(&w->lock);
   ticket *t;
   while ((t = next_ticket(w)) != NULL) {

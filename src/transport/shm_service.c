@@ -639,6 +639,7 @@ static size_t poll_set(ferry_shm_service *s, struct pollfd *pfd, svc_conn **conn
 
 static void *service_main(void *arg) {
   ferry_shm_service *s = arg;
+  ferry_log_set_engine(s->engine->name);
   struct pollfd *pfd = calloc(POLL_MAX, sizeof *pfd);
   svc_conn **conns = calloc(POLL_MAX, sizeof *conns);
   while (pfd && conns) {

@@ -46,7 +46,7 @@ def test_module_functions_and_constants():
     assert ferry.OK == 0 and ferry.EINVAL == -1 and ferry.ENOTREG == -2
     assert ferry.EINPROGRESS == -21
     assert (ferry.OP_READ, ferry.OP_WRITE) == (0, 1)
-    assert ferry.strerror(ferry.ENOTREG) == "address not registered"
+    assert ferry.strerror(ferry.ENOTREG) == "address not registered (docs/errors.md#ferry_enotreg)"
     assert ferry.to_mooncake(ferry.ENOTREG) == -3
     assert ferry.to_mooncake(ferry.EOVERLAP) == -7
     assert ferry.to_mooncake(ferry.OK) == 0
@@ -152,13 +152,15 @@ def test_buffer_protocol_objects(pair):
     a.read(b.name, out, daddr)
     assert out.tobytes() == bytes(dst)
 
-    # bytes: read-only, fine as a WRITE source once registered, refused as a READ destination
+    # bytes: read-only, so refused as a region (peers may write it) and as a
+    # READ destination, with EINVAL naming why
     blob = os.urandom(4096)
-    a.register(blob)
-    a.write(b.name, blob, daddr + 8192)
-    assert dst[8192:8192 + 4096] == blob
-    with pytest.raises((BufferError, TypeError)):
-        a.read(b.name, blob, daddr)
+    for refused in (lambda: a.register(blob), lambda: a.register_batch([blob]),
+                    lambda: a.read(b.name, blob, daddr)):
+        with pytest.raises(ferry.Error) as info:
+            refused()
+        assert info.value.code == ferry.EINVAL
+        assert "read-only bytes object" in info.value.detail
 
     with pytest.raises(ValueError):
         a.write(b.name, src, daddr, len(src) + 1)  # longer than the buffer

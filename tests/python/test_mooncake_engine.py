@@ -71,8 +71,8 @@ def test_initialize_rdma_falls_back_and_logs(caplog):
         assert te.get_rpc_port() > 0
     finally:
         te.close()
-    infos = [r for r in caplog.records if r.levelno == logging.INFO]
-    assert any("RDMA is not available" in r.getMessage() for r in infos)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("RDMA (InfiniBand/RoCE verbs)" in r.getMessage() for r in warnings)
 
 
 def test_force_tcp(monkeypatch, caplog):

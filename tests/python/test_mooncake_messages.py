@@ -1,0 +1,117 @@
+"""test_mooncake_messages.py - what the mooncake.engine drop-in tells its
+user: causes in the caller's terms (its buffer, its length, its batch id),
+the WARNING of a protocol fallback (once, naming what was asked for), the
+refusal of Ascend NPUs and of read-only buffers as regions, and a
+device_name that names no device."""
+
+import ctypes
+import logging
+
+import pytest
+
+from conftest import make_engine
+from mooncake import engine as mc
+from mooncake.engine import TransferEngine
+
+
+def warnings_of(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "mooncake.engine" and r.levelno == logging.WARNING]
+
+
+@pytest.fixture
+def pair():
+    """An initiator and a target drop-in engine, with 4 KiB registered at the target."""
+    a, b = make_engine(), make_engine()
+    peer = b.allocate_managed_buffer(4096)
+    assert peer, b.last_error()
+    yield a, b, "127.0.0.1:%d" % b.get_rpc_port(), peer
+    a.close()
+    b.close()
+
+
+def test_unregistered_local_buffer_in_user_terms(pair):
+    a, _, target, peer = pair
+    buf = ctypes.create_string_buffer(4096)
+    addr = ctypes.addressof(buf)
+    assert a.transfer_sync_write(target, addr, peer, 4096) == -3
+    assert ("local buffer %#x (4096 bytes) is not registered with this engine: call "
+            "register_memory first" % addr) in a.last_error()
+    assert "docs/errors.md" in a.last_error()
+    assert "(nil)" not in a.last_error() and "op 1" not in a.last_error()
+    assert a.batch_transfer_sync_write(target, [0], [peer], [4096]) == -1
+    assert "local buffer address is 0 (NULL)" in a.last_error()
+
+
+def test_unregistered_peer_buffer_in_user_terms(pair):
+    a, _, target, peer = pair
+    addr = a.allocate_managed_buffer(4096)
+    assert a.transfer_sync_read(target, addr, peer + (1 << 30), 4096) == -3
+    assert ("peer buffer %#x (4096 bytes) is not registered at %s"
+            % (peer + (1 << 30), target)) in a.last_error()
+
+
+def test_unknown_batch_id_is_not_a_metadata_error(engine):
+    assert engine.get_batch_transfer_status([424242]) == -1
+    assert "batch id 424242 not found" in engine.last_error()
+    assert engine.last_error_code() == -1
+    assert engine.transfer_check_status(424242) == -1
+    assert "batch id 424242 not found" in engine.last_error()
+
+
+def test_bytes_refused_as_region(engine):
+    blob = bytes(4096)
+    assert engine.register_memory(blob, len(blob)) == -1
+    assert "read-only bytes object cannot be registered" in engine.last_error()
+    assert engine.register_memory(bytearray(4096), 4096) == 0
+
+
+@pytest.mark.parametrize("protocol,hostname", [("ascend", "127.0.0.1"),
+                                               ("ascend", "127.0.0.1:15000:npu_3"),
+                                               ("rdma", "127.0.0.1:15000:npu_0")])
+def test_ascend_refused_by_name(caplog, protocol, hostname):
+    te = TransferEngine()
+    assert te.initialize(hostname, "P2PHANDSHAKE", protocol, "") == -303
+    assert "Ascend NPUs are not supported by ferry" in te.last_error()
+    assert te.get_engine() is None
+    assert not any("resolve" in m or "host name" in m for m in warnings_of(caplog))
+
+
+@pytest.mark.parametrize("protocol,named,other", [
+    ("rdma", "RDMA (InfiniBand/RoCE verbs)", "EFA"),
+    ("efa", "AWS EFA (Elastic Fabric Adapter, through libfabric; not RDMA verbs)", "RDMA ("),
+])
+def test_fallback_warns_once_naming_the_protocol(caplog, protocol, named, other):
+    caplog.set_level(logging.INFO, logger="mooncake.engine")
+    te = TransferEngine()
+    try:
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == 0
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == -1  # refused
+    finally:
+        te.close()
+    fallbacks = [m for m in warnings_of(caplog) if "which ferry does not provide" in m]
+    assert len(fallbacks) == 1, fallbacks
+    assert named in fallbacks[0] and other not in fallbacks[0]
+    assert "orders of magnitude" in fallbacks[0]
+
+
+def test_tcp_does_not_warn(caplog):
+    te = make_engine(protocol="tcp")
+    te.close()
+    assert not [m for m in warnings_of(caplog) if "does not provide" in m]
+
+
+def test_bogus_device_name_warns_with_devices(caplog, tmp_path, monkeypatch):
+    (tmp_path / "mlx5_0").mkdir()
+    (tmp_path / "mlx5_1").mkdir()
+    monkeypatch.setattr(mc, "_RDMA_SYSFS", str(tmp_path))
+    for device_name, warned in (("mlx5_9", True), ("mlx5_0,mlx5_1", False),
+                                ('{"0": "mlx5_0", "1": "mlx5_7"}', True)):
+        caplog.clear()
+        te = TransferEngine()
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", device_name) == 0
+        te.close()
+        msgs = [m for m in warnings_of(caplog) if "device_name" in m]
+        assert bool(msgs) == warned, (device_name, msgs)
+        if warned:
+            assert "devices here: mlx5_0, mlx5_1" in msgs[0]
