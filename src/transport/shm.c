@@ -821,4 +821,7 @@ const ferry_transport ferry_transport_shm = {
     .channel_alive = chan_alive,
     .channel_shutdown = chan_shutdown,
     .channel_close = chan_close,
+    .service_start = ferry_shm_service_start,
+    .service_stop = ferry_shm_service_stop,
+    .fence = ferry_shm_revoke,
 };

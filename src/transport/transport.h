@@ -43,6 +43,19 @@ struct ferry_transport {
   int (*channel_alive)(ferry_channel *channel);
   void (*channel_shutdown)(ferry_channel *channel); /* wakes a blocked driver */
   void (*channel_close)(ferry_channel *channel);
+
+  /* The target side, engine-wide; each may be NULL. service_start runs for
+   * a transport in engine->transports before the server accepts (a
+   * HELLO_REPLY may advertise what it set up); a transport that cannot
+   * serve warns and drops its bit from engine->transports, failing only
+   * when it was the only one. service_stop runs at shutdown for every
+   * built-in transport, after the server stopped: it must be a no-op when
+   * start never ran or failed. fence is this transport's part of
+   * ferry_engine_fence (engine.h), same contract: on return it never
+   * touches `removed` again. */
+  ferry_status (*service_start)(ferry_engine *engine);
+  void (*service_stop)(ferry_engine *engine);
+  void (*fence)(ferry_engine *engine, ferry_region *removed, size_t count);
 };
 
 extern const ferry_transport ferry_transport_tcp;
