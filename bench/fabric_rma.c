@@ -16,11 +16,11 @@
  * addresses and provider keys, the verbs/efa addressing path.
  *
  *   fabric_rma [-p PROVIDER] [-n NODE] [-w block|spin] [-t SECONDS]
- *              [-d DEPTH] [--basic] SIZE...
+ *              [-d DEPTH] [-o write|read] [--basic] SIZE...
  * PROVIDER defaults to "tcp;ofi_rxm". NODE is the source address to bind;
  * without it, a provider with IP addresses is pinned to 127.0.0.1 (traffic
  * never leaves loopback) and others (shm) choose their own. One JSON line
- * per (op, size) on stdout; the target's CPU time on stderr.
+ * per (op, size) on stdout, with CPU seconds per GB of both processes.
  */
 #include <errno.h>
 #include <poll.h>
@@ -47,9 +47,11 @@
 #define BUF_BYTES (64u << 20) /* per side: DEPTH slots of the size, wrapped */
 #define ADDR_MAX 256
 
+enum { OP_WRITE = 1, OP_READ = 2 };
+
 struct opts {
   const char *provider, *node;
-  int spin, basic, depth;
+  int spin, basic, depth, ops;
   double seconds;
 };
 
@@ -220,7 +222,8 @@ static void wait_cq(struct fab *f, int fd) {
   poll(p, fd >= 0 ? 2 : 1, 1000);
 }
 
-/* The passive side: progress until the initiator closes its end. */
+/* The passive side: progress, answer each byte from the initiator with
+ * the CPU time used so far, stop when it closes its end. */
 static void run_target(const struct opts *o, int sock) {
   struct fab f;
   open_fab(&f, o);
@@ -231,17 +234,23 @@ static void run_target(const struct opts *o, int sock) {
   if (write(sock, &tf, sizeof tf) != (ssize_t)sizeof tf)
     die("send facts", -errno);
   struct pollfd p = {.fd = sock, .events = POLLIN};
-  while (poll(&p, 1, 0) == 0) {
+  for (;;) {
     reap(&f);
+    if (poll(&p, 1, 0) == 1) {
+      char c;
+      if (read(sock, &c, 1) != 1)
+        break;
+      uint64_t cpu = cpu_ns();
+      if (write(sock, &cpu, sizeof cpu) != (ssize_t)sizeof cpu)
+        die("send cpu", -errno);
+    }
     wait_cq(&f, sock);
   }
-  uint64_t cpu = cpu_ns();
-  if (write(sock, &cpu, sizeof cpu) != (ssize_t)sizeof cpu)
-    die("send cpu", -errno);
   close_fab(&f);
 }
 
 struct run {
+  int sock; /* to the target */
   struct fab *f;
   fi_addr_t peer;
   struct target_facts *tf;
@@ -321,13 +330,25 @@ static void verify(struct run *r, uint32_t seed) {
   free(want);
 }
 
-static void report(const struct opts *o, const char *op, size_t size, uint64_t bytes, uint64_t ns,
-                   uint64_t cpu) {
+static uint64_t target_cpu_ns(struct run *r) {
+  uint64_t cpu;
+  if (write(r->sock, "c", 1) != 1 || read(r->sock, &cpu, sizeof cpu) != (ssize_t)sizeof cpu)
+    die("target CPU time", -EPROTO);
+  return cpu;
+}
+
+/* One timed run; a JSON line with its throughput and both sides' CPU. */
+static void measure(const struct opts *o, struct run *r, int is_write) {
+  uint64_t t0 = ferry_now_ns(), c0 = cpu_ns(), tc0 = target_cpu_ns(r);
+  uint64_t bytes = transfer(r, is_write, o->seconds);
+  uint64_t ns = ferry_now_ns() - t0, cpu = cpu_ns() - c0, tcpu = target_cpu_ns(r) - tc0;
   double gb = (double)bytes / 1e9;
   printf("{\"provider\": \"%s\", \"op\": \"%s\", \"size\": %zu, \"depth\": %d, \"wait\": "
-         "\"%s\", \"mr\": \"%s\", \"gbps\": %.3f, \"initiator_cpu_s_per_gb\": %.3f}\n",
-         o->provider, op, size, o->depth, o->spin ? "spin" : "block",
-         o->basic ? "basic" : "scalable", gb / ((double)ns / 1e9), (double)cpu / 1e9 / gb);
+         "\"%s\", \"mr\": \"%s\", \"gbps\": %.3f, \"cpu_s_per_gb\": %.3f, "
+         "\"initiator_cpu_s_per_gb\": %.3f}\n",
+         o->provider, is_write ? "write" : "read", r->size, o->depth, o->spin ? "spin" : "block",
+         o->basic ? "basic" : "scalable", gb / ((double)ns / 1e9), (double)(cpu + tcpu) / 1e9 / gb,
+         (double)cpu / 1e9 / gb);
   fflush(stdout);
 }
 
@@ -337,18 +358,16 @@ static void run_initiator(const struct opts *o, int sock, size_t *sizes, int nsi
   struct target_facts tf;
   if (read(sock, &tf, sizeof tf) != (ssize_t)sizeof tf)
     die("receive facts", -EPROTO);
-  struct run r = {.f = &f, .tf = &tf, .depth = o->depth};
+  struct run r = {.sock = sock, .f = &f, .tf = &tf, .depth = o->depth};
   if (fi_av_insert(f.av, tf.addr, 1, &r.peer, 0, NULL) != 1)
     die("fi_av_insert", -FI_EADDRNOTAVAIL);
   for (int i = 0; i < nsizes; i++) {
     r.size = sizes[i];
     r.slots = BUF_BYTES / r.size < (size_t)o->depth ? BUF_BYTES / r.size : (size_t)o->depth;
     verify(&r, (uint32_t)i + 1); /* also warms the connection up */
-    for (int is_write = 1; is_write >= 0; is_write--) {
-      uint64_t t0 = ferry_now_ns(), c0 = cpu_ns();
-      uint64_t bytes = transfer(&r, is_write, o->seconds);
-      report(o, is_write ? "write" : "read", r.size, bytes, ferry_now_ns() - t0, cpu_ns() - c0);
-    }
+    for (int is_write = 1; is_write >= 0; is_write--)
+      if (o->ops & (is_write ? OP_WRITE : OP_READ))
+        measure(o, &r, is_write);
     verify(&r, (uint32_t)i + 101);
   }
   close_fab(&f);
@@ -356,12 +375,12 @@ static void run_initiator(const struct opts *o, int sock, size_t *sizes, int nsi
 
 static void usage(void) {
   fprintf(stderr, "usage: fabric_rma [-p PROVIDER] [-n NODE] [-w block|spin] [-t SECONDS] "
-                  "[-d DEPTH] [--basic] SIZE...\n");
+                  "[-d DEPTH] [-o write|read] [--basic] SIZE...\n");
   exit(2);
 }
 
 int main(int argc, char **argv) {
-  struct opts o = {.provider = "tcp;ofi_rxm", .depth = 16, .seconds = 2};
+  struct opts o = {.provider = "tcp;ofi_rxm", .depth = 16, .seconds = 2, .ops = OP_WRITE | OP_READ};
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -381,6 +400,8 @@ int main(int argc, char **argv) {
       o.seconds = atof(v);
     else if (!strcmp(a, "-d") && atoi(v) > 0)
       o.depth = atoi(v);
+    else if (!strcmp(a, "-o") && (!strcmp(v, "write") || !strcmp(v, "read")))
+      o.ops = !strcmp(v, "write") ? OP_WRITE : OP_READ;
     else
       usage();
     i++;
@@ -406,12 +427,8 @@ int main(int argc, char **argv) {
   }
   close(sv[1]);
   run_initiator(&o, sv[0], sizes, nsizes);
-  shutdown(sv[0], SHUT_WR); /* the target's cue to stop */
-  uint64_t target_cpu = 0;
-  if (read(sv[0], &target_cpu, sizeof target_cpu) != (ssize_t)sizeof target_cpu)
-    target_cpu = 0;
+  close(sv[0]); /* the target's cue to stop */
   int status = 0;
   waitpid(pid, &status, 0);
-  fprintf(stderr, "fabric_rma: target used %.3f s CPU\n", (double)target_cpu / 1e9);
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
