@@ -102,6 +102,20 @@ static void services_stop(ferry_engine *e) {
       ferry_transports[i]->service_stop(e);
 }
 
+void ferry_engine_describe(ferry_engine *e, ferry_hello_reply *r) {
+  r->descriptor_count = 0;
+  for (size_t i = 0; ferry_transports[i] && r->descriptor_count < FERRY_WIRE_MAX_DESCRIPTORS; i++) {
+    const ferry_transport *t = ferry_transports[i];
+    if (!(e->transports & t->id) || !t->describe)
+      continue;
+    ferry_wire_descriptor *d = &r->descriptors[r->descriptor_count];
+    d->len = (uint16_t)t->describe(e, d->data, sizeof d->data);
+    d->transport = t->id;
+    if (d->len)
+      r->descriptor_count++;
+  }
+}
+
 /* " tcp shm": the transports in use, for the log. */
 static void transport_names(const ferry_engine *e, char *out, size_t size) {
   size_t used = 0;

@@ -127,6 +127,10 @@ void ferry_server_fence(ferry_engine *engine, ferry_region *removed, size_t coun
  * server (tcp). `removed` is reordered. */
 void ferry_engine_fence(ferry_engine *engine, ferry_region *removed, size_t count);
 
+/* The descriptors of the transports in use (their describe hooks) into
+ * the facts of a HELLO_REPLY or AUTH_REPLY. */
+void ferry_engine_describe(ferry_engine *engine, ferry_hello_reply *reply);
+
 /* notify queue (engine.c), fed by the server. peer is the sending engine's
  * id (its share of the queue), peer_name its name for messages. */
 ferry_status ferry_engine_push_notification(ferry_engine *engine, uint64_t peer,
