@@ -427,6 +427,7 @@ int main(int argc, char **argv) {
   }
   close(sv[1]);
   run_initiator(&o, sv[0], sizes, nsizes);
+  free(sizes);
   close(sv[0]); /* the target's cue to stop */
   int status = 0;
   waitpid(pid, &status, 0);
