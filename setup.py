@@ -68,7 +68,7 @@ ferry_ext = Extension(
     sources=["python/ferry/_ferry.c"] + LIBFERRY_SOURCES,
     include_dirs=["include", "src"],
     define_macros=[("_GNU_SOURCE", "1")],  # as the CMake build
-    libraries=["crypto", "curl", "jansson", "hiredis", "pthread"],
+    libraries=["crypto", "curl", "jansson", "hiredis", "fabric", "pthread"],
     extra_compile_args=["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
 )
 

@@ -71,6 +71,11 @@ static size_t hello_reply_auth(uint8_t *out, uint8_t auth_required) {
   r.engine_id = 0x99;
   r.transports = FERRY_TRANSPORT_TCP;
   r.pid = 4242;
+  static const char path[] = "/tmp/ferry-4242.sock";
+  r.descriptor_count = 1;
+  r.descriptors[0].transport = FERRY_TRANSPORT_SHM;
+  r.descriptors[0].len = sizeof path - 1;
+  memcpy(r.descriptors[0].data, path, sizeof path - 1);
   return ferry_wire_hello_reply_encode(out, &r);
 }
 

@@ -12,6 +12,7 @@ packages=(
   libjansson-dev                        # JSON for metadata descriptors
   libmicrohttpd-dev                     # embedded HTTP server: ferry metadata-server
   libhiredis-dev                        # redis metadata client (redis://)
+  libfabric-dev libfabric-bin           # RDMA-class transport (verbs, efa; tcp and shm here); fi_info
   redis-server etcd-server etcd-client  # real stores the metadata tests start and stop
   python3 python3-dev python3-setuptools python3-pytest python3-numpy python3-pip python3-wheel
   iperf3 iproute2 procps                # baselines and network-namespace tests

@@ -17,6 +17,7 @@
 #include "core/config.h"
 #include "ferry.h"
 #include "metadata/metadata.h"
+#include "transport/fabric.h"
 
 #define PROG "ferry doctor"
 #define SELFTEST_BYTES (4u << 20)
@@ -78,6 +79,17 @@ static void show_rdma(void) {
     line("OK", "RDMA devices", "present under /sys/class/infiniband");
   else
     line("INFO", "RDMA devices", "none: \"rdma\" requests fall back to tcp/shm");
+}
+
+/* Each libfabric provider ferry drives: whether it offers RMA here, on
+ * which domains. One that is missing is no failure: ferry falls back. */
+static void show_fabric(void) {
+  for (size_t i = 0; ferry_fabric_providers[i]; i++) {
+    char what[64], detail[512];
+    snprintf(what, sizeof what, "fabric %s", ferry_fabric_providers[i]);
+    int ok = ferry_fabric_probe(ferry_fabric_providers[i], detail, sizeof detail);
+    line(ok ? "OK" : "INFO", what, detail);
+  }
 }
 
 /* Two engines in this process, forced to one transport: write, read back,
@@ -239,6 +251,7 @@ int ferry_cmd_doctor(int argc, char **argv) {
   show_environment();
   show_default_engine();
   show_rdma();
+  show_fabric();
   show_transports();
   if (target)
     show_target(target);

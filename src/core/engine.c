@@ -19,7 +19,6 @@
 #include "log.h"
 #include "peer.h"
 #include "sync.h"
-#include "transport/shm.h"
 #include "transport/transport.h"
 
 uint64_t ferry_engine_deadline(const ferry_engine *e, uint64_t bytes) {
@@ -86,6 +85,46 @@ static ferry_status choose_transports(ferry_engine *e) {
   return FERRY_OK;
 }
 
+/* Starts the service of every transport in use. */
+static ferry_status services_start(ferry_engine *e) {
+  ferry_status st = FERRY_OK;
+  for (size_t i = 0; ferry_transports[i] && !st; i++) {
+    const ferry_transport *t = ferry_transports[i];
+    if ((e->transports & t->id) && t->service_start)
+      st = t->service_start(e);
+  }
+  return st;
+}
+
+static void services_stop(ferry_engine *e) {
+  for (size_t i = 0; ferry_transports[i]; i++)
+    if (ferry_transports[i]->service_stop)
+      ferry_transports[i]->service_stop(e);
+}
+
+void ferry_engine_describe(ferry_engine *e, ferry_hello_reply *r) {
+  r->descriptor_count = 0;
+  for (size_t i = 0; ferry_transports[i] && r->descriptor_count < FERRY_WIRE_MAX_DESCRIPTORS; i++) {
+    const ferry_transport *t = ferry_transports[i];
+    if (!(e->transports & t->id) || !t->describe)
+      continue;
+    ferry_wire_descriptor *d = &r->descriptors[r->descriptor_count];
+    d->len = (uint16_t)t->describe(e, d->data, sizeof d->data);
+    d->transport = t->id;
+    if (d->len)
+      r->descriptor_count++;
+  }
+}
+
+/* " tcp shm": the transports in use, for the log. */
+static void transport_names(const ferry_engine *e, char *out, size_t size) {
+  size_t used = 0;
+  out[0] = '\0';
+  for (size_t i = 0; ferry_transports[i] && used < size; i++)
+    if (e->transports & ferry_transports[i]->id)
+      used += (size_t)snprintf(out + used, size - used, " %s", ferry_transports[i]->name);
+}
+
 static ferry_status publish_segment(ferry_engine *e) {
   if (!e->cfg.metadata_url)
     return FERRY_OK;
@@ -128,8 +167,8 @@ static ferry_status engine_start(ferry_engine *e, const ferry_config *cfg) {
                "reaches it can read and write its registered memory; set FERRY_SECRET",
                e->bind_host, e->port);
   ferry_net_format_target(e->name, sizeof e->name, e->advertise_host, e->port);
-  /* Before the server: its HELLO_REPLY advertises e->shm_path. */
-  st = e->transports & FERRY_TRANSPORT_SHM ? ferry_shm_service_start(e) : FERRY_OK;
+  /* Before the server: its HELLO_REPLY advertises what they set up. */
+  st = services_start(e);
   if (!st)
     st = ferry_server_start(e, fd);
   if (st) {
@@ -173,10 +212,9 @@ ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out) {
     ferry_log_set_engine(outer);
     return ferry_fail(st, "engine start failed: %s", detail);
   }
-  FERRY_INFO("engine %s listening on %s:%u (transports:%s%s%s)", e->name, e->bind_host, e->port,
-             e->transports & FERRY_TRANSPORT_TCP ? " tcp" : "",
-             e->transports & FERRY_TRANSPORT_SHM ? " shm" : "",
-             e->transports & FERRY_TRANSPORT_FABRIC ? " fabric" : "");
+  char names[64];
+  transport_names(e, names, sizeof names);
+  FERRY_INFO("engine %s listening on %s:%u (transports:%s)", e->name, e->bind_host, e->port, names);
   ferry_log_set_engine(outer);
   *out = e;
   return FERRY_OK;
@@ -267,7 +305,7 @@ void ferry_engine_shutdown(ferry_engine *e) {
       e->metadata = NULL;
     }
     ferry_server_stop(e);
-    ferry_shm_service_stop(e);
+    services_stop(e);
     ferry_workers_stop(e); /* fails batches still queued */
     ferry_peers_destroy(e);
     e->shut_down = 1;
@@ -331,7 +369,9 @@ static ferry_status memory_register(ferry_engine *e, void *addr, size_t length) 
 }
 
 void ferry_engine_fence(ferry_engine *e, ferry_region *removed, size_t count) {
-  ferry_shm_revoke(e);
+  for (size_t i = 0; ferry_transports[i]; i++)
+    if ((e->transports & ferry_transports[i]->id) && ferry_transports[i]->fence)
+      ferry_transports[i]->fence(e, removed, count);
   ferry_server_fence(e, removed, count);
 }
 

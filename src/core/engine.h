@@ -126,10 +126,15 @@ void ferry_server_fence(ferry_engine *engine, ferry_region *removed, size_t coun
  * is ended (its connection shut down) and its initiator gets an error; one
  * that does not touch `removed` is not disturbed. Never waits for a peer,
  * only for local threads to leave the memory (the time of a system call).
- * A transport that serves registered memory joins here (tcp: the server;
- * shm: revocation; RDMA: deregister a region only after its last operation
- * completed or its endpoint was shut down). `removed` is reordered. */
+ * A transport that serves registered memory joins here through its fence
+ * hook (transport.h; shm: revocation; RDMA: deregister a region only after
+ * its last operation completed or its endpoint was shut down), then the
+ * server (tcp). `removed` is reordered. */
 void ferry_engine_fence(ferry_engine *engine, ferry_region *removed, size_t count);
+
+/* The descriptors of the transports in use (their describe hooks) into
+ * the facts of a HELLO_REPLY or AUTH_REPLY. */
+void ferry_engine_describe(ferry_engine *engine, ferry_hello_reply *reply);
 
 /* notify queue (engine.c), fed by the server. peer is the sending engine's
  * id (its share of the queue), peer_name its name for messages. */

@@ -85,7 +85,7 @@ static ferry_status refuse(server_conn *c, uint8_t type, ferry_status status, co
   return status;
 }
 
-/* The facts (ids, boot id, pid, shm path) go into HELLO_REPLY only when
+/* The facts (ids, boot id, pid, transport descriptors) go into HELLO_REPLY only when
  * no secret is set; otherwise into AUTH_REPLY, to a peer that proved it. */
 static void fill_hello_reply(ferry_engine *e, ferry_hello_reply *r, uint16_t version) {
   memset(r, 0, sizeof *r);
@@ -98,7 +98,7 @@ static void fill_hello_reply(ferry_engine *e, ferry_hello_reply *r, uint16_t ver
   r->transports = e->transports;
   memcpy(r->boot_id, e->boot_id, sizeof r->boot_id);
   r->pid = (uint32_t)getpid();
-  snprintf(r->shm_path, sizeof r->shm_path, "%s", e->shm_path);
+  ferry_engine_describe(e, r);
 }
 
 /* AUTH: the initiator's proof over the transcript th. AUTH_REPLY: ours,

@@ -556,9 +556,36 @@ static ferry_status unix_connect(const char *path, uint32_t timeout_ms, const ch
   return FERRY_OK;
 }
 
+/* What the peer's handshake said about its shm service. */
+typedef struct shm_peer {
+  uint64_t engine_id;
+  char path[FERRY_WIRE_MAX_NAME + 1]; /* its UNIX socket */
+} shm_peer;
+
+/* Reads the peer's shm descriptor, its socket path; 0 when it has none or
+ * the descriptor is no path (empty, or with a NUL in it). */
+static int peer_of(const ferry_hello_reply *info, shm_peer *sp) {
+  const ferry_wire_descriptor *d = ferry_wire_descriptor_find(info, FERRY_TRANSPORT_SHM);
+  if (!d || !d->len || d->len > FERRY_WIRE_MAX_NAME || memchr(d->data, '\0', d->len))
+    return 0;
+  memcpy(sp->path, d->data, d->len);
+  sp->path[d->len] = '\0';
+  sp->engine_id = info->engine_id;
+  return 1;
+}
+
+/* The descriptor: the service's socket path, without its NUL. */
+static size_t shm_describe(ferry_engine *e, uint8_t *out, size_t size) {
+  size_t n = strnlen(e->shm_path, sizeof e->shm_path);
+  if (n > size)
+    return 0;
+  memcpy(out, e->shm_path, n);
+  return n;
+}
+
 /* The service's first message: a refusal, or the greeting of the engine
  * the peer's handshake named. */
-static ferry_status read_greeting(int fd, const ferry_hello_reply *info, const char *address,
+static ferry_status read_greeting(int fd, const shm_peer *sp, const char *address,
                                   shm_msg *greeting) {
   int rc = shm_msg_recv(fd, greeting, SHM_GREETING, NULL, NULL, 0);
   if (rc)
@@ -574,9 +601,9 @@ static ferry_status read_greeting(int fd, const ferry_hello_reply *info, const c
                       "the shm service of %s refused this process (uid %u): it serves only its "
                       "own user and the uids it allows",
                       address, (unsigned)geteuid());
-  if (greeting->engine_id != info->engine_id)
+  if (greeting->engine_id != sp->engine_id)
     return ferry_fail(FERRY_EHANDSHAKE, "the shm socket %s belongs to another engine than %s",
-                      info->shm_path, address);
+                      sp->path, address);
   return FERRY_OK;
 }
 
@@ -584,9 +611,9 @@ static ferry_status read_greeting(int fd, const ferry_hello_reply *info, const c
  * pid in this process's namespace (0 when it is not visible here). The
  * service must run as a user this engine serves too: the bytes written
  * over the link would otherwise go to another user. */
-static ferry_status service_open(const ferry_engine *e, const ferry_hello_reply *info,
-                                 const char *address, int *fd, shm_msg *greeting, pid_t *pid) {
-  ferry_status st = unix_connect(info->shm_path, e->cfg.connect_timeout_ms, address, fd);
+static ferry_status service_open(const ferry_engine *e, const shm_peer *sp, const char *address,
+                                 int *fd, shm_msg *greeting, pid_t *pid) {
+  ferry_status st = unix_connect(sp->path, e->cfg.connect_timeout_ms, address, fd);
   if (st)
     return st;
   struct ucred cred = {0};
@@ -595,9 +622,9 @@ static ferry_status service_open(const ferry_engine *e, const ferry_hello_reply 
     st = ferry_fail_errno(FERRY_ESOCKET, errno, "SO_PEERCRED on the shm socket of %s", address);
   else if (!ferry_shm_uid_allowed(e, cred.uid))
     st = ferry_fail(FERRY_EAUTH, "the shm service %s of %s runs as uid %u, not as this user",
-                    info->shm_path, address, (unsigned)cred.uid);
+                    sp->path, address, (unsigned)cred.uid);
   else
-    st = read_greeting(*fd, info, address, greeting);
+    st = read_greeting(*fd, sp, address, greeting);
   if (st) {
     close(*fd);
     return st;
@@ -631,20 +658,21 @@ static int shm_usable(ferry_engine *e, const ferry_hello_reply *info, char *why,
   static const uint8_t zero[FERRY_WIRE_BOOT_ID_SIZE];
   if (memcmp(info->boot_id, e->boot_id, sizeof zero) != 0 || !memcmp(e->boot_id, zero, sizeof zero))
     return snprintf(why, size, "another host (boot ids differ)"), 0;
-  if (!info->shm_path[0])
+  shm_peer sp;
+  if (!peer_of(info, &sp))
     return snprintf(why, size, "the peer runs no shm service"), 0;
   int fd;
   shm_msg greeting;
   pid_t pid;
-  if (service_open(e, info, "this peer", &fd, &greeting, &pid) == FERRY_OK) {
+  if (service_open(e, &sp, "this peer", &fd, &greeting, &pid) == FERRY_OK) {
     close(fd);
     if (cma_permitted(pid, &greeting, why, size))
       return 1;
   } else {
     snprintf(why, size, "%s", ferry_last_error());
   }
-  FERRY_WARN("shm transport not used with the engine on %s: %s; using TCP for that peer",
-             info->shm_path, why);
+  FERRY_WARN("shm transport not used with the engine on %s: %s; using TCP for that peer", sp.path,
+             why);
   return 0;
 }
 
@@ -716,13 +744,14 @@ static ferry_status link_create(ferry_peer *p, uint64_t deadline_ns, shm_link **
   info = p->info;
   snprintf(address, sizeof address, "%s", p->address);
   pthread_mutex_unlock(&p->lock);
-  if (!info.shm_path[0])
+  shm_peer sp;
+  if (!peer_of(&info, &sp))
     return ferry_fail(FERRY_ETRANSPORT, "peer %s no longer offers shm", address);
   shm_link *l = link_alloc(address);
   if (!l)
     return ferry_fail(FERRY_ENOMEM, "no memory for a shm link to %s", address);
   shm_msg greeting;
-  st = service_open(p->engine, &info, address, &l->fd, &greeting, &l->pid);
+  st = service_open(p->engine, &sp, address, &l->fd, &greeting, &l->pid);
   if (!st)
     st = link_attach(l, p->engine, &greeting);
   if (st) {
@@ -822,4 +851,8 @@ const ferry_transport ferry_transport_shm = {
     .channel_alive = chan_alive,
     .channel_shutdown = chan_shutdown,
     .channel_close = chan_close,
+    .describe = shm_describe,
+    .service_start = ferry_shm_service_start,
+    .service_stop = ferry_shm_service_stop,
+    .fence = ferry_shm_revoke,
 };

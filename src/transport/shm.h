@@ -86,14 +86,13 @@ int shm_sockaddr(const char *path, void *addr, unsigned *len);
 
 extern const ferry_transport ferry_transport_shm;
 
-/* Engine hooks (engine.c). start: the service (fills e->shm, e->shm_path);
- * on failure it warns and drops shm from e->transports, failing only when
- * shm was the only transport. revoke: after unregistration, rewrite the
- * table and return once no initiator copy that checked the old table runs,
+/* The service hooks of ferry_transport_shm (transport.h). start: the
+ * service (fills e->shm, e->shm_path). revoke, its fence: rewrite the table
+ * and return once no initiator copy that checked the old table runs,
  * cutting off the links still copying after timeout_ms. */
 ferry_status ferry_shm_service_start(ferry_engine *engine);
 void ferry_shm_service_stop(ferry_engine *engine);
-void ferry_shm_revoke(ferry_engine *engine);
+void ferry_shm_revoke(ferry_engine *engine, ferry_region *removed, size_t count);
 /* Whether processes of this uid are served, and served by: the engine's
  * own uid or one in cfg.shm_allowed_uids. */
 int ferry_shm_uid_allowed(const ferry_engine *engine, uid_t uid);

@@ -577,7 +577,8 @@ static void wait_links(ferry_shm_service *s, svc_conn **conns, size_t n, uint64_
   }
 }
 
-void ferry_shm_revoke(ferry_engine *e) {
+/* The whole table is rewritten, so which regions left does not matter. */
+void ferry_shm_revoke(ferry_engine *e, ferry_region *removed, size_t count) {
   ferry_shm_service *s = e->shm;
   if (!s)
     return;

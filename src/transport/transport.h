@@ -3,7 +3,20 @@
  * The control plane (handshake, region tables, notifications, probes) always
  * runs over the engine's RPC connection; a transport only moves the bytes of
  * batches over its own channels. A channel belongs to one peer and is used
- * by one thread at a time (checked out of the peer's pool). */
+ * by one thread at a time (checked out of the peer's pool).
+ *
+ * Adding a transport: one file defining a ferry_transport, listed in
+ * transports.c, with a FERRY_TRANSPORT_* bit in ferry.h. Core calls it only
+ * through this table and never by name:
+ *   target side:  service_start/stop (its listener or progress thread),
+ *                 describe (what initiators need to reach it: a socket
+ *                 path, a provider address; carried in the handshake facts
+ *                 as one opaque descriptor, wire.h), fence (unregister);
+ *   initiator:    usable (decides from the peer's facts and descriptor,
+ *                 saying why not), slice_size, channel_* (moves chunks).
+ * Not in the seam yet (issue 12): per-region registration hooks and keys
+ * in the region table, asynchronous completion, several transports or
+ * rails per peer. */
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H
 
@@ -43,6 +56,22 @@ struct ferry_transport {
   int (*channel_alive)(ferry_channel *channel);
   void (*channel_shutdown)(ferry_channel *channel); /* wakes a blocked driver */
   void (*channel_close)(ferry_channel *channel);
+
+  /* The target side, engine-wide; each may be NULL. service_start runs for
+   * a transport in engine->transports before the server accepts (a
+   * HELLO_REPLY may advertise what it set up); a transport that cannot
+   * serve warns and drops its bit from engine->transports, failing only
+   * when it was the only one. service_stop runs at shutdown for every
+   * built-in transport, after the server stopped: it must be a no-op when
+   * start never ran or failed. fence is this transport's part of
+   * ferry_engine_fence (engine.h), same contract: on return it never
+   * touches `removed` again. */
+  ferry_status (*service_start)(ferry_engine *engine);
+  /* This transport's descriptor for the handshake facts (wire.h): at most
+   * `size` bytes into out, its length returned; 0 for none. */
+  size_t (*describe)(ferry_engine *engine, uint8_t *out, size_t size);
+  void (*service_stop)(ferry_engine *engine);
+  void (*fence)(ferry_engine *engine, ferry_region *removed, size_t count);
 };
 
 extern const ferry_transport ferry_transport_tcp;

@@ -80,7 +80,8 @@ enum {
 
 /* Fixed parts of the handshake bodies (everything but the trailing string). */
 #define HELLO_FIXED (2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 2)
-#define FACTS_FIXED (8 + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 2)
+#define FACTS_FIXED (8 + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 1)
+#define DESCRIPTOR_FIXED (4 + 2)
 #define CHECKSUM_SIZE 4
 
 void ferry_wire_header_encode(uint8_t out[FERRY_WIRE_HEADER_SIZE], const ferry_frame_header *h) {
@@ -400,26 +401,76 @@ ferry_status ferry_wire_hello_decode(const uint8_t *in, size_t len, ferry_hello 
   return take_string("HELLO name", p, len - (size_t)(p - in), hello->name);
 }
 
+const ferry_wire_descriptor *ferry_wire_descriptor_find(const ferry_hello_reply *reply,
+                                                        unsigned transport) {
+  for (unsigned i = 0; i < reply->descriptor_count; i++)
+    if (reply->descriptors[i].transport == transport)
+      return &reply->descriptors[i];
+  return NULL;
+}
+
+/* "count u8 | count * (transport u32 | len u16 | bytes)" after the fixed facts. */
 size_t ferry_wire_facts_encode(uint8_t *out, const ferry_hello_reply *reply) {
   uint8_t *p = out;
   p = emit_u64(p, reply->engine_id);
   p = emit_u32(p, reply->transports);
   p = emit_bytes(p, reply->boot_id, FERRY_WIRE_BOOT_ID_SIZE);
   p = emit_u32(p, reply->pid);
-  p = emit_string(p, reply->shm_path);
+  p = emit_u8(p, reply->descriptor_count);
+  for (unsigned i = 0; i < reply->descriptor_count; i++) {
+    const ferry_wire_descriptor *d = &reply->descriptors[i];
+    p = emit_u32(p, d->transport);
+    p = emit_bytes(emit_u16(p, d->len), d->data, d->len);
+  }
   return (size_t)(p - out);
+}
+
+/* One descriptor from the `avail` bytes at *p: one known transport bit, not
+ * described before, and a length within the limit and the body. */
+static ferry_status take_descriptor(const uint8_t **p, size_t avail, ferry_hello_reply *reply) {
+  if (avail < DESCRIPTOR_FIXED)
+    return ferry_fail(FERRY_EPROTO, "transport descriptor cut short (%zu bytes left)", avail);
+  ferry_wire_descriptor *d = &reply->descriptors[reply->descriptor_count];
+  d->transport = take_u32(p);
+  d->len = take_u16(p);
+  if (!d->transport || (d->transport & (d->transport - 1)) ||
+      (d->transport & ~(uint32_t)FERRY_TRANSPORT_ALL))
+    return ferry_fail(FERRY_EPROTO, "descriptor of unknown transport 0x%x", d->transport);
+  if (ferry_wire_descriptor_find(reply, d->transport)) /* d is not counted yet */
+    return ferry_fail(FERRY_EPROTO, "transport %s described twice",
+                      ferry_transport_name(d->transport));
+  if (d->len > FERRY_WIRE_MAX_DESCRIPTOR || d->len > avail - DESCRIPTOR_FIXED)
+    return ferry_fail(FERRY_EPROTO, "%s descriptor of %u bytes (limit %d, %zu left)",
+                      ferry_transport_name(d->transport), (unsigned)d->len,
+                      FERRY_WIRE_MAX_DESCRIPTOR, avail - DESCRIPTOR_FIXED);
+  take_bytes(p, d->data, d->len);
+  reply->descriptor_count++;
+  return FERRY_OK;
 }
 
 ferry_status ferry_wire_facts_decode(const uint8_t *in, size_t len, ferry_hello_reply *reply) {
   if (len < FACTS_FIXED || len > FERRY_WIRE_FACTS_MAX)
     return ferry_fail(FERRY_EPROTO, "peer facts of %zu bytes (expected %d..%d)", len, FACTS_FIXED,
                       FERRY_WIRE_FACTS_MAX);
-  const uint8_t *p = in;
+  const uint8_t *p = in, *end = in + len;
   reply->engine_id = take_u64(&p);
   reply->transports = take_u32(&p);
   take_bytes(&p, reply->boot_id, FERRY_WIRE_BOOT_ID_SIZE);
   reply->pid = take_u32(&p);
-  return take_string("shm path", p, len - (size_t)(p - in), reply->shm_path);
+  unsigned count = take_u8(&p);
+  if (count > FERRY_WIRE_MAX_DESCRIPTORS)
+    return ferry_fail(FERRY_EPROTO, "%u transport descriptors (limit %d)", count,
+                      FERRY_WIRE_MAX_DESCRIPTORS);
+  reply->descriptor_count = 0;
+  for (unsigned i = 0; i < count; i++) {
+    ferry_status st = take_descriptor(&p, (size_t)(end - p), reply);
+    if (st)
+      return st;
+  }
+  if (p != end)
+    return ferry_fail(FERRY_EPROTO, "peer facts carry %zu bytes after the descriptors",
+                      (size_t)(end - p));
+  return FERRY_OK;
 }
 
 size_t ferry_wire_hello_reply_encode(uint8_t *out, const ferry_hello_reply *reply) {

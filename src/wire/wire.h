@@ -17,7 +17,7 @@
  * A reply with status != 0 carries the target's reason as its body (text).
  *
  * With a shared secret the target's facts (engine id, transports, boot id,
- * pid, shm path) travel in AUTH_REPLY, after the initiator proved the
+ * pid, transport descriptors) travel in AUTH_REPLY, after the initiator proved the
  * secret, not in HELLO_REPLY. Every frame after AUTH_REPLY is sealed
  * (ferry_sock, auth.c): a 16-byte tag follows the header and the frame's
  * head (ferry_wire_split), and another follows its payload, if any. body_len
@@ -31,9 +31,10 @@
 #include "ferry.h"
 
 #define FERRY_WIRE_MAGIC 0x59525246u /* "FRRY" */
-/* 2: proofs over the handshake transcript, facts after AUTH, sealed frames. */
-#define FERRY_WIRE_VERSION_MIN 2
-#define FERRY_WIRE_VERSION_MAX 2
+/* 2: proofs over the handshake transcript, facts after AUTH, sealed frames.
+ * 3: the facts carry a list of transport descriptors, not an shm path. */
+#define FERRY_WIRE_VERSION_MIN 3
+#define FERRY_WIRE_VERSION_MAX 3
 #define FERRY_WIRE_HEADER_SIZE 32
 #define FERRY_WIRE_SEGMENT_SIZE 16                /* u64 addr, u64 length */
 #define FERRY_WIRE_MAX_SEGMENTS 1024              /* per data frame (IOV_MAX) */
@@ -45,6 +46,8 @@
 #define FERRY_WIRE_NONCE_SIZE 16
 #define FERRY_WIRE_PROOF_SIZE 32 /* HMAC-SHA256 */
 #define FERRY_WIRE_BOOT_ID_SIZE 16
+#define FERRY_WIRE_MAX_DESCRIPTORS 4  /* transports a target describes */
+#define FERRY_WIRE_MAX_DESCRIPTOR 512 /* bytes of one transport's descriptor */
 
 typedef enum ferry_frame_type {
   FERRY_FRAME_HELLO = 1,
@@ -100,8 +103,17 @@ typedef struct ferry_hello {
   char name[FERRY_WIRE_MAX_NAME + 1]; /* initiator's own name, for logs */
 } ferry_hello;
 
+/* What one transport of the target tells initiators about itself (shm: its
+ * service's socket path), opaque here: that transport's usable hook
+ * decodes and checks it as untrusted input. */
+typedef struct ferry_wire_descriptor {
+  uint32_t transport; /* one FERRY_TRANSPORT_* bit */
+  uint16_t len;
+  uint8_t data[FERRY_WIRE_MAX_DESCRIPTOR];
+} ferry_wire_descriptor;
+
 /* HELLO_REPLY is the negotiation (version .. nonce) followed by the facts
- * (engine_id .. shm_path), unless auth_required: then the facts come in
+ * (engine_id .. descriptors), unless auth_required: then the facts come in
  * AUTH_REPLY, after the target's proof, and are zero here. */
 typedef struct ferry_hello_reply {
   uint16_t version;                  /* chosen */
@@ -112,14 +124,21 @@ typedef struct ferry_hello_reply {
   uint32_t transports;                      /* FERRY_TRANSPORT_* it serves */
   uint8_t boot_id[FERRY_WIRE_BOOT_ID_SIZE]; /* same host <=> same boot id */
   uint32_t pid;
-  char shm_path[FERRY_WIRE_MAX_NAME + 1]; /* UNIX socket of its shm service, or "" */
+  uint8_t descriptor_count; /* distinct transports, each at most once */
+  ferry_wire_descriptor descriptors[FERRY_WIRE_MAX_DESCRIPTORS];
 } ferry_hello_reply;
+
+/* The descriptor the target gave for `transport`, or NULL. */
+const ferry_wire_descriptor *ferry_wire_descriptor_find(const ferry_hello_reply *reply,
+                                                        unsigned transport);
 
 /* Encoders return the number of bytes written into out (sized by the
  * *_max_size constants), decoders check body_len exactly. */
 #define FERRY_WIRE_HELLO_MAX (2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 2 + FERRY_WIRE_MAX_NAME)
 #define FERRY_WIRE_NEGOTIATION_SIZE (2 + 2 + 2 + 1 + FERRY_WIRE_NONCE_SIZE)
-#define FERRY_WIRE_FACTS_MAX (8 + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 2 + FERRY_WIRE_MAX_NAME)
+#define FERRY_WIRE_FACTS_MAX                                                                       \
+  (8 + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 1 +                                                       \
+   FERRY_WIRE_MAX_DESCRIPTORS * (4 + 2 + FERRY_WIRE_MAX_DESCRIPTOR))
 #define FERRY_WIRE_HELLO_REPLY_MAX (FERRY_WIRE_NEGOTIATION_SIZE + FERRY_WIRE_FACTS_MAX)
 #define FERRY_WIRE_AUTH_REPLY_MAX (FERRY_WIRE_PROOF_SIZE + FERRY_WIRE_FACTS_MAX)
 size_t ferry_wire_hello_encode(uint8_t *out, const ferry_hello *hello);

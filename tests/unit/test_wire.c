@@ -21,7 +21,8 @@
 #include "wire/wire.h"
 
 #define HELLO_FIXED (2 + 2 + 1 + 8 + FERRY_WIRE_NONCE_SIZE + 2)
-#define FACTS_FIXED (8 + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 2)
+#define FACTS_FIXED (8 + 4 + FERRY_WIRE_BOOT_ID_SIZE + 4 + 1)
+#define DESCRIPTOR_FIXED (4 + 2)
 #define HELLO_REPLY_FIXED (FERRY_WIRE_NEGOTIATION_SIZE + FACTS_FIXED)
 
 /* splitmix64: deterministic randomness, so a failure reproduces. */
@@ -327,6 +328,13 @@ static void test_hello(void **state) {
   assert_int_equal(ferry_wire_hello_decode(buf, n, &out), FERRY_EPROTO);
 }
 
+static void add_descriptor(ferry_hello_reply *r, unsigned transport, const char *data) {
+  ferry_wire_descriptor *d = &r->descriptors[r->descriptor_count++];
+  d->transport = transport;
+  d->len = (uint16_t)strlen(data);
+  memcpy(d->data, data, d->len);
+}
+
 static ferry_hello_reply sample_reply(uint8_t auth_required) {
   ferry_hello_reply r = {.version = 2,
                          .version_min = 2,
@@ -339,7 +347,7 @@ static ferry_hello_reply sample_reply(uint8_t auth_required) {
     r.nonce[i] = (uint8_t)i;
     r.boot_id[i] = (uint8_t)(0xF0 | i);
   }
-  snprintf(r.shm_path, sizeof r.shm_path, "/tmp/ferry-4242.sock");
+  add_descriptor(&r, FERRY_TRANSPORT_SHM, "/tmp/ferry-4242.sock");
   return r;
 }
 
@@ -348,7 +356,12 @@ static void assert_facts_equal(const ferry_hello_reply *a, const ferry_hello_rep
   assert_int_equal(a->transports, b->transports);
   assert_memory_equal(a->boot_id, b->boot_id, 16);
   assert_int_equal(a->pid, b->pid);
-  assert_string_equal(a->shm_path, b->shm_path);
+  assert_int_equal(a->descriptor_count, b->descriptor_count);
+  for (unsigned i = 0; i < a->descriptor_count; i++) {
+    assert_int_equal(a->descriptors[i].transport, b->descriptors[i].transport);
+    assert_int_equal(a->descriptors[i].len, b->descriptors[i].len);
+    assert_memory_equal(a->descriptors[i].data, b->descriptors[i].data, a->descriptors[i].len);
+  }
 }
 
 static void test_hello_reply(void **state) {
@@ -356,7 +369,7 @@ static void test_hello_reply(void **state) {
   ferry_hello_reply r = sample_reply(0);
   uint8_t buf[FERRY_WIRE_HELLO_REPLY_MAX + 1];
   size_t n = ferry_wire_hello_reply_encode(buf, &r);
-  assert_int_equal(n, HELLO_REPLY_FIXED + strlen(r.shm_path));
+  assert_int_equal(n, HELLO_REPLY_FIXED + DESCRIPTOR_FIXED + r.descriptors[0].len);
   ferry_hello_reply out;
   memset(&out, 0x55, sizeof out);
   assert_int_equal(ferry_wire_hello_reply_decode(buf, n, &out), FERRY_OK);
@@ -370,11 +383,12 @@ static void test_hello_reply(void **state) {
   assert_int_equal(ferry_wire_hello_reply_decode(buf, n + 1, &out), FERRY_EPROTO);
   assert_int_equal(ferry_wire_hello_reply_decode(buf, HELLO_REPLY_FIXED - 1, &out), FERRY_EPROTO);
 
-  r.shm_path[0] = '\0';
+  r.descriptor_count = 0;
   n = ferry_wire_hello_reply_encode(buf, &r);
   assert_int_equal(n, HELLO_REPLY_FIXED);
   assert_int_equal(ferry_wire_hello_reply_decode(buf, n, &out), FERRY_OK);
-  assert_string_equal(out.shm_path, "");
+  assert_int_equal(out.descriptor_count, 0);
+  assert_null(ferry_wire_descriptor_find(&out, FERRY_TRANSPORT_SHM));
 }
 
 /* A target that asks for the secret reveals nothing about itself before
@@ -404,12 +418,75 @@ static void test_facts(void **state) {
   ferry_hello_reply r = sample_reply(1), out;
   uint8_t buf[FERRY_WIRE_FACTS_MAX + 1];
   size_t n = ferry_wire_facts_encode(buf, &r);
-  assert_int_equal(n, FACTS_FIXED + strlen(r.shm_path));
+  assert_int_equal(n, FACTS_FIXED + DESCRIPTOR_FIXED + r.descriptors[0].len);
   memset(&out, 0, sizeof out);
   assert_int_equal(ferry_wire_facts_decode(buf, n, &out), FERRY_OK);
   assert_facts_equal(&out, &r);
   assert_int_equal(ferry_wire_facts_decode(buf, n - 1, &out), FERRY_EPROTO);
   assert_int_equal(ferry_wire_facts_decode(buf, FACTS_FIXED - 1, &out), FERRY_EPROTO);
+}
+
+/* Decodes r's facts after `mutate` changed their encoding; returns the
+ * status, with the detail left in ferry_last_error. */
+static ferry_status facts_after(ferry_hello_reply r, void (*mutate)(uint8_t *, size_t *)) {
+  uint8_t buf[FERRY_WIRE_FACTS_MAX + 64];
+  size_t n = ferry_wire_facts_encode(buf, &r);
+  if (mutate)
+    mutate(buf, &n);
+  ferry_hello_reply out;
+  memset(&out, 0, sizeof out);
+  return ferry_wire_facts_decode(buf, n, &out);
+}
+
+/* The first descriptor's transport field and length field. */
+#define FIRST_TRANSPORT (FACTS_FIXED)
+#define FIRST_LEN (FACTS_FIXED + 4)
+static void too_many(uint8_t *b, size_t *n) { b[FACTS_FIXED - 1] = FERRY_WIRE_MAX_DESCRIPTORS + 1; }
+static void unknown_bit(uint8_t *b, size_t *n) { b[FIRST_TRANSPORT] = 0x80; }
+static void two_bits(uint8_t *b, size_t *n) { b[FIRST_TRANSPORT] = 0x3; }
+static void no_bit(uint8_t *b, size_t *n) { b[FIRST_TRANSPORT] = 0; }
+static void len_past_body(uint8_t *b, size_t *n) { b[FIRST_LEN] += 1; }
+static void trailing_byte(uint8_t *b, size_t *n) { b[(*n)++] = 0; }
+static void oversized(uint8_t *b, size_t *n) {
+  /* One descriptor longer than the limit, and the body really that long. */
+  b[FIRST_LEN] = (FERRY_WIRE_MAX_DESCRIPTOR + 1) & 0xff;
+  b[FIRST_LEN + 1] = (FERRY_WIRE_MAX_DESCRIPTOR + 1) >> 8;
+  memset(b + FIRST_LEN + 2, 'x', FERRY_WIRE_MAX_DESCRIPTOR + 1);
+  *n = FIRST_LEN + 2 + FERRY_WIRE_MAX_DESCRIPTOR + 1;
+}
+
+/* A hostile target's descriptor list is checked before any transport sees
+ * it: count, transport bits, duplicates, lengths, exact fill. */
+static void test_facts_descriptors_checked(void **state) {
+  (void)state;
+  ferry_hello_reply r = sample_reply(0);
+  add_descriptor(&r, FERRY_TRANSPORT_FABRIC, "prov=tcp;ofi_rxm");
+  assert_int_equal(facts_after(r, NULL), FERRY_OK);
+  uint8_t buf[FERRY_WIRE_FACTS_MAX];
+  ferry_hello_reply out;
+  assert_int_equal(ferry_wire_facts_decode(buf, ferry_wire_facts_encode(buf, &r), &out), FERRY_OK);
+  const ferry_wire_descriptor *d = ferry_wire_descriptor_find(&out, FERRY_TRANSPORT_FABRIC);
+  assert_non_null(d);
+  assert_memory_equal(d->data, "prov=tcp;ofi_rxm", d->len);
+  assert_null(ferry_wire_descriptor_find(&out, FERRY_TRANSPORT_TCP));
+
+  assert_int_equal(facts_after(r, too_many), FERRY_EPROTO);
+  assert_detail("transport descriptors");
+  assert_int_equal(facts_after(r, unknown_bit), FERRY_EPROTO);
+  assert_detail("unknown transport");
+  assert_int_equal(facts_after(r, two_bits), FERRY_EPROTO);
+  assert_detail("unknown transport");
+  assert_int_equal(facts_after(r, no_bit), FERRY_EPROTO);
+  r.descriptor_count = 1;
+  assert_int_equal(facts_after(r, len_past_body), FERRY_EPROTO);
+  assert_detail("left");
+  assert_int_equal(facts_after(r, trailing_byte), FERRY_EPROTO);
+  assert_detail("after the descriptors");
+  assert_int_equal(facts_after(r, oversized), FERRY_EPROTO);
+  assert_detail("limit");
+  add_descriptor(&r, FERRY_TRANSPORT_SHM, "/elsewhere");
+  assert_int_equal(facts_after(r, NULL), FERRY_EPROTO);
+  assert_detail("described twice");
 }
 
 /* Where a sealed frame's tags go: after the table of a WRITE, right after
@@ -593,10 +670,10 @@ static size_t valid_body(uint64_t *seed, uint8_t *buf, int kind) {
     return ferry_wire_hello_encode(buf, &h);
   }
   case 1: {
-    ferry_hello_reply r = {.version = 2, .pid = 7};
-    size_t n = rng_next(seed) % (FERRY_WIRE_MAX_NAME + 1);
-    memset(r.shm_path, '/', n);
-    r.shm_path[n] = '\0';
+    ferry_hello_reply r = {.version = 3, .pid = 7, .descriptor_count = 1};
+    r.descriptors[0].transport = FERRY_TRANSPORT_SHM;
+    r.descriptors[0].len = (uint16_t)(rng_next(seed) % (FERRY_WIRE_MAX_DESCRIPTOR + 1));
+    memset(r.descriptors[0].data, '/', r.descriptors[0].len);
     return ferry_wire_hello_reply_encode(buf, &r);
   }
   case 2: {
@@ -746,6 +823,7 @@ int main(void) {
       cmocka_unit_test(test_hello_reply),
       cmocka_unit_test(test_hello_reply_with_auth_hides_facts),
       cmocka_unit_test(test_facts),
+      cmocka_unit_test(test_facts_descriptors_checked),
       cmocka_unit_test(test_split),
       cmocka_unit_test(test_regions),
       cmocka_unit_test(test_notify),

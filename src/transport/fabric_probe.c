@@ -1,0 +1,66 @@
+/* fabric_probe.c - which libfabric providers can do one-sided RMA here, and
+ * on which domains: what `ferry doctor` lists, so an operator sees why
+ * "rdma" falls back (no device) before deploying. Only fi_getinfo: nothing
+ * is opened and no traffic is sent. */
+#include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/fabric.h"
+
+const char *const ferry_fabric_providers[] = {"verbs;ofi_rxm", "efa", "tcp;ofi_rxm",
+                                              "net",           "shm", NULL};
+
+/* Every MR mode bit a transport can honour; the provider clears those it
+ * does not need and keeps those it requires. */
+#define FABRIC_MR_MODES                                                                            \
+  (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT)
+
+static struct fi_info *rma_hints(const char *provider) {
+  struct fi_info *hints = fi_allocinfo();
+  if (!hints)
+    return NULL;
+  hints->caps = FI_RMA;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->mr_mode = FABRIC_MR_MODES;
+  hints->fabric_attr->prov_name = strdup(provider);
+  if (!hints->fabric_attr->prov_name) {
+    fi_freeinfo(hints);
+    return NULL;
+  }
+  return hints;
+}
+
+/* Appends each domain name once ("eth0, lo"). */
+static void list_domains(const struct fi_info *info, char *out, size_t size) {
+  size_t used = 0;
+  for (const struct fi_info *i = info; i && used < size; i = i->next) {
+    const char *name = i->domain_attr->name ? i->domain_attr->name : "?";
+    int seen = 0;
+    for (const struct fi_info *j = info; j != i && !seen; j = j->next)
+      seen = j->domain_attr->name && strcmp(j->domain_attr->name, name) == 0;
+    if (!seen)
+      used += (size_t)snprintf(out + used, size - used, "%s%s", used ? ", " : "", name);
+  }
+}
+
+int ferry_fabric_probe(const char *provider, char *out, size_t size) {
+  struct fi_info *hints = rma_hints(provider), *info = NULL;
+  if (!hints)
+    return snprintf(out, size, "no memory for fi_getinfo hints"), 0;
+  int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
+  fi_freeinfo(hints);
+  if (rc != 0)
+    return snprintf(out, size, "fi_getinfo(%s): %s%s", provider, fi_strerror(-rc),
+                    rc == -FI_ENODATA ? " (no such device or provider here)" : ""),
+           0;
+  char domains[256];
+  list_domains(info, domains, sizeof domains);
+  snprintf(out, size, "RMA on %s; %s progress; MR modes 0x%x", domains,
+           info->domain_attr->data_progress == FI_PROGRESS_AUTO ? "automatic" : "manual",
+           (unsigned)info->domain_attr->mr_mode);
+  fi_freeinfo(info);
+  return 1;
+}
