@@ -18,6 +18,7 @@
 #include "error.h"
 #include "log.h"
 #include "peer.h"
+#include "pool.h"
 #include "sync.h"
 #include "transport/shm.h"
 #include "transport/transport.h"
@@ -160,7 +161,9 @@ ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out) {
   pthread_mutex_init(&e->shutdown_lock, NULL);
   ferry_cond_init(&e->gate_cond);
   pthread_mutex_init(&e->publish_lock, NULL);
-  ferry_status st = engine_start(e, cfg);
+  ferry_status st = ferry_pools_init(e);
+  if (!st)
+    st = engine_start(e, cfg);
   if (st) {
     char detail[FERRY_ERROR_MAX];
     snprintf(detail, sizeof detail, "%s", ferry_last_error());
@@ -245,6 +248,7 @@ void ferry_engine_shutdown(ferry_engine *e) {
   pthread_mutex_lock(&e->shutdown_lock); /* a second caller waits for the first */
   if (!e->shut_down) {
     __atomic_store_n(&e->closing, 1, __ATOMIC_SEQ_CST);
+    ferry_pools_wake(e);
     drain_calls(e);
     if (e->metadata) {
       ferry_segment_unpublish(e->metadata, e->name);
@@ -264,6 +268,7 @@ void ferry_engine_destroy(ferry_engine *e) {
   if (!e)
     return;
   ferry_engine_shutdown(e);
+  ferry_pools_destroy(e);
   ferry_notify_free(e->notifications, e->notify_count);
   free(e->notify_shares);
   free_allocations(e);

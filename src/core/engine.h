@@ -73,6 +73,8 @@ struct ferry_engine {
   pthread_mutex_t alloc_lock;
   ferry_allocation *allocations;
 
+  struct ferry_pools *pools; /* receive pools and pre-grants (pool.c) */
+
   int closing;
 
   /* Public calls inside the engine right now (ferry_engine_enter/leave);
