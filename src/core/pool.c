@@ -81,7 +81,8 @@ ferry_status ferry_pools_init(ferry_engine *e) {
   if (!e->pools)
     return ferry_fail(FERRY_ENOMEM, "no memory for the pool table");
   pthread_mutex_init(&e->pools->lock, NULL);
-  e->pools->next_id = 1;
+  /* Random, so a slot id of another incarnation never names one of ours. */
+  e->pools->next_id = ferry_random_u64() >> 1 | 1;
   return FERRY_OK;
 }
 
@@ -580,19 +581,25 @@ static ferry_status send_landed(const send_args *a, ferry_peer *peer, uint64_t i
   return st;
 }
 
-static ferry_status send_one(const send_args *a) {
+/* One try: a grant (a cached pre-grant when use_cache), the WRITE, then
+ * LANDED. *retry says whether a failure left nothing delivered and a
+ * second try with a fresh grant may succeed: a pre-grant the target voided,
+ * or a connection of a target that restarted. */
+static ferry_status send_try(const send_args *a, int use_cache, int *retry) {
   ferry_engine *e = a->e;
   ferry_peer *peer;
   const struct ferry_transport *transport;
-  uint64_t instance, stale;
+  uint64_t instance, stale = 0;
   ferry_pool_grant g = {0, 0, 0, 0};
+  *retry = 0;
   ferry_status st = ferry_peer_get(e, a->target, &peer);
   if (!st)
     st = ferry_peer_ensure(peer, ferry_now_ns() + e->cfg.connect_timeout_ms * 1000000ull,
                            &transport, &instance);
   if (st)
     return st;
-  int cached = take_pregrant(e->pools, a->target, a->pool, a->length, instance, &g, &stale);
+  int cached =
+      use_cache && take_pregrant(e->pools, a->target, a->pool, a->length, instance, &g, &stale);
   if (!cached)
     st = request_grant(a, peer, stale, &g);
   if (!st && g.instance != instance)
@@ -600,14 +607,19 @@ static ferry_status send_one(const send_args *a) {
                     a->pool, a->target);
   if (!st)
     st = ferry_transfer_sync(e, a->target, FERRY_OP_WRITE, a->local, g.addr, a->length);
-  if (st == FERRY_ENOTREG && cached) { /* a pre-grant the target voided: ask afresh, once */
-    st = request_grant(a, peer, 0, &g);
-    if (!st)
-      st = ferry_transfer_sync(e, a->target, FERRY_OP_WRITE, a->local, g.addr, a->length);
+  if (st) {
+    *retry = st == FERRY_ESOCKET || (st == FERRY_ENOTREG && cached);
+    if (st != FERRY_ENOTREG && st != FERRY_ESOCKET && g.id)
+      keep_pregrant(e->pools, a->target, a->pool, &g); /* still ours: the next send may use it */
+    return st;
   }
-  if (st && st != FERRY_ENOTREG && g.instance == instance && g.id)
-    keep_pregrant(e->pools, a->target, a->pool, &g); /* still ours: the next send may use it */
-  return st ? st : send_landed(a, peer, g.id);
+  return send_landed(a, peer, g.id); /* past here the receiver may have the message: no retry */
+}
+
+static ferry_status send_one(const send_args *a) {
+  int retry;
+  ferry_status st = send_try(a, 1, &retry);
+  return retry ? send_try(a, 0, &retry) : st;
 }
 
 static ferry_status check_send(ferry_engine *e, const char *target, const char *pool,
