@@ -125,3 +125,16 @@ def test_recv_releases_the_gil(pair):
     assert bytes(memoryview(got[0])) == b"1234"
     got[0].release()
     pool.close()
+
+
+def test_readme_handoff_runs():
+    """The README's handoff in ten lines runs as written."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    text = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    section = text.split("## Message handoff", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    env = {"ferry": ferry, "np": np}
+    exec(compile(code, "README.md", "exec"), env)
+    env["pool"].close()
+    env["encoder"].close()
+    env["prefill"].close()
