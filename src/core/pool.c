@@ -326,7 +326,7 @@ void ferry_pools_peer_gone(ferry_engine *e, uint64_t peer) {
 static ferry_status pool_create(ferry_engine *e, const char *name, void *addr, size_t length,
                                 ferry_pool **out) {
   size_t name_len = name ? strlen(name) : 0;
-  if (!out || !name_len || name_len > FERRY_WIRE_MAX_NAME - 1 || !length)
+  if (!e || !out || !name_len || name_len > FERRY_WIRE_MAX_NAME - 1 || !length)
     return ferry_fail(FERRY_EINVAL, "pool create: needs a name of 1..%d bytes, a length and out",
                       FERRY_WIRE_MAX_NAME - 1);
   ferry_pool *p = calloc(1, sizeof *p);
@@ -366,8 +366,8 @@ static ferry_status pool_create(ferry_engine *e, const char *name, void *addr, s
 }
 
 static ferry_status pool_destroy(ferry_engine *e, ferry_pool *p) {
-  if (!p)
-    return ferry_fail(FERRY_EINVAL, "pool destroy: null pool");
+  if (!e || !p)
+    return ferry_fail(FERRY_EINVAL, "pool destroy: null engine or pool");
   pthread_mutex_lock(&e->pools->lock);
   p->dead = 1; /* from here every WRITE into it is refused and no grant is given */
   pthread_cond_broadcast(&p->cond);
@@ -429,8 +429,8 @@ static ferry_status no_message(ferry_engine *e, ferry_pool *p, const void *tag, 
 
 static ferry_status recv_message(ferry_engine *e, ferry_pool *p, const void *tag, size_t tag_len,
                                  int64_t timeout_ms, ferry_message *out) {
-  if (!p || !out || (tag && (!tag_len || tag_len > FERRY_TAG_MAX)))
-    return ferry_fail(FERRY_EINVAL, "recv: needs a pool, out, and a tag of 1..%d bytes or NULL",
+  if (!e || !p || !out || (tag && (!tag_len || tag_len > FERRY_TAG_MAX)))
+    return ferry_fail(FERRY_EINVAL, "recv: needs an engine, a pool, out, and a tag of 1..%d bytes or NULL",
                       FERRY_TAG_MAX);
   uint64_t deadline = ferry_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
   ferry_status st = FERRY_OK;
@@ -458,8 +458,8 @@ static ferry_status recv_message(ferry_engine *e, ferry_pool *p, const void *tag
 }
 
 static ferry_status pool_release(ferry_engine *e, ferry_pool *p, uint64_t id) {
-  if (!p)
-    return ferry_fail(FERRY_EINVAL, "pool release: null pool");
+  if (!e || !p)
+    return ferry_fail(FERRY_EINVAL, "pool release: null engine or pool");
   pthread_mutex_lock(&e->pools->lock);
   slot *s = find_slot(p, id);
   int taken = s && s->state == SLOT_TAKEN;

@@ -135,6 +135,9 @@ static void too_large_and_unknown_pool(void **state) {
 static void recv_timeout_names_tag_and_pool(void **state) {
   pair *p = pair_new(1 * MiB);
   ferry_message m;
+  assert_int_equal(ferry_recv(NULL, p->pool, NULL, 0, 0, &m), FERRY_EINVAL);
+  assert_int_equal(ferry_pool_release(NULL, p->pool, 1), FERRY_EINVAL);
+  assert_int_equal(ferry_recv(p->rx, p->pool, "", 0, 0, &m), FERRY_EINVAL);
   assert_int_equal(ferry_recv(p->rx, p->pool, "req-9", 5, 50, &m), FERRY_ETIMEDOUT);
   assert_non_null(strstr(ferry_last_error(), "'req-9'"));
   assert_non_null(strstr(ferry_last_error(), "pool 'emb'"));
