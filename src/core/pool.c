@@ -30,6 +30,7 @@
 
 #define SLOT_ALIGN 64
 #define PREGRANT_FRESH_NS (5000ull * 1000 * 1000)
+#define GRANT_WAIT_TURN_MS 20u
 #define PREGRANTS_PER_POOL 2 /* cached per target pool; more would idle the receiver's room */
 
 typedef enum slot_state { SLOT_GRANTED, SLOT_QUEUED, SLOT_TAKEN } slot_state;
@@ -430,7 +431,8 @@ static ferry_status no_message(ferry_engine *e, ferry_pool *p, const void *tag, 
 static ferry_status recv_message(ferry_engine *e, ferry_pool *p, const void *tag, size_t tag_len,
                                  int64_t timeout_ms, ferry_message *out) {
   if (!e || !p || !out || (tag && (!tag_len || tag_len > FERRY_TAG_MAX)))
-    return ferry_fail(FERRY_EINVAL, "recv: needs an engine, a pool, out, and a tag of 1..%d bytes or NULL",
+    return ferry_fail(FERRY_EINVAL,
+                      "recv: needs an engine, a pool, out, and a tag of 1..%d bytes or NULL",
                       FERRY_TAG_MAX);
   uint64_t deadline = ferry_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
   ferry_status st = FERRY_OK;
@@ -550,17 +552,32 @@ typedef struct send_args {
   uint32_t wait_ms;
 } send_args;
 
+/* A grant, waiting for room up to wait_ms in turns of GRANT_WAIT_TURN_MS:
+ * the receiver holds each request while the pool is full, and the control
+ * connection it holds is the one this engine's other sends to that target
+ * need for their LANDED notices (which may be what frees the room). */
 static ferry_status request_grant(const send_args *a, ferry_peer *peer, uint64_t stale,
                                   ferry_pool_grant *g) {
+  uint64_t start = ferry_now_ns(), until = start + a->wait_ms * 1000000ull;
   ferry_pool_req r = {.op = FERRY_POOL_GRANT,
-                      .wait_ms = a->wait_ms,
                       .grant = stale,
                       .length = a->length,
                       .pool = a->pool,
                       .pool_len = strlen(a->pool)};
-  uint64_t deadline =
-      ferry_now_ns() + (a->wait_ms + (uint64_t)a->e->cfg.connect_timeout_ms) * 1000000ull;
-  return pool_call(peer, &r, deadline, g);
+  for (;;) {
+    uint64_t now = ferry_now_ns(), left_ms = now < until ? (until - now) / 1000000 : 0;
+    r.wait_ms = left_ms < GRANT_WAIT_TURN_MS ? (uint32_t)left_ms : GRANT_WAIT_TURN_MS;
+    uint64_t deadline = now + (r.wait_ms + (uint64_t)a->e->cfg.connect_timeout_ms) * 1000000ull;
+    ferry_status st = pool_call(peer, &r, deadline, g);
+    if (st == FERRY_EBUSY && ferry_now_ns() >= until && a->wait_ms > GRANT_WAIT_TURN_MS) {
+      char detail[FERRY_ERROR_MAX];
+      snprintf(detail, sizeof detail, "%s", ferry_last_error());
+      return ferry_fail(FERRY_EBUSY, "%s (the send waited %u ms in all)", detail, a->wait_ms);
+    }
+    if (st != FERRY_EBUSY || ferry_now_ns() >= until)
+      return st;
+    r.grant = 0; /* given back by the first turn */
+  }
 }
 
 static ferry_status send_landed(const send_args *a, ferry_peer *peer, uint64_t id) {

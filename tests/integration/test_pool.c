@@ -185,6 +185,50 @@ static void full_pool_busy_or_waits(void **state) {
   pair_free(p);
 }
 
+typedef struct crowd {
+  pair *p;
+  int index;
+  ferry_status st;
+} crowd;
+
+static void *crowd_sender(void *arg) {
+  crowd *c = arg;
+  char tag[16];
+  for (int i = 0; i < 20 && !c->st; i++) {
+    snprintf(tag, sizeof tag, "s%d-%d", c->index, i);
+    c->st = send_tag(c->p, tag, (size_t)c->index * 256 * KiB, 256 * KiB, 10000, 0);
+  }
+  return NULL;
+}
+
+/* Four threads of one engine into a pool of two messages: a send waiting
+ * for room must not hold up the others' landed notices (they share the
+ * sender's control connection), or nobody ever frees room. */
+static void senders_of_one_engine_share_a_small_pool(void **state) {
+  pair *p = pair_new(512 * KiB + 128);
+  test_fill_random(p->out, 8 * MiB, 7);
+  crowd c[4];
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) {
+    c[i] = (crowd){p, i, FERRY_OK};
+    pthread_create(&t[i], NULL, crowd_sender, &c[i]);
+  }
+  for (int got = 0; got < 80; got++) {
+    ferry_message m;
+    if (ferry_recv(p->rx, p->pool, NULL, 0, 15000, &m))
+      fail_msg("message %d: %s", got, ferry_last_error());
+    int index = m.tag[1] - '0';
+    assert_int_equal(m.length, 256 * KiB);
+    assert_memory_equal(m.addr, p->out + (size_t)index * 256 * KiB, m.length);
+    assert_int_equal(ferry_pool_release(p->rx, p->pool, m.slot), FERRY_OK);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    assert_int_equal(c[i].st, FERRY_OK);
+  }
+  pair_free(p);
+}
+
 /* ---- a raw sender ---------------------------------------------------------------- */
 
 static int raw_frame(int fd, const ferry_frame_header *h, const void *body) {
@@ -305,6 +349,7 @@ int main(void) {
       cmocka_unit_test(recv_timeout_names_tag_and_pool),
       cmocka_unit_test(tag_twice_both_in_order),
       cmocka_unit_test(full_pool_busy_or_waits),
+      cmocka_unit_test(senders_of_one_engine_share_a_small_pool),
       cmocka_unit_test(writes_only_into_own_grant),
       cmocka_unit_test(sender_killed_mid_send),
       cmocka_unit_test(receiver_restarted),
