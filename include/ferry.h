@@ -374,8 +374,8 @@ int ferry_pool_fd(const ferry_pool *pool);
 
 /* Moves local[0..length) (registered here) into a slot of the target's
  * pool and delivers it under tag. A full pool is waited on for up to
- * timeout_ms (-1: the engine's timeout_ms; the receiver's timeout_ms bounds
- * each 20 ms turn of the wait) unless FERRY_SEND_NOWAIT: then FERRY_EBUSY.
+ * timeout_ms (-1: the engine's timeout_ms) unless FERRY_SEND_NOWAIT: then
+ * FERRY_EBUSY.
  * A WRITE that meets a restarted receiver's dead connection is retried once
  * with a fresh slot (nothing was delivered). A message larger than the pool fails with
  * FERRY_EINVAL, an unknown pool with FERRY_ENOTFOUND. On FERRY_OK the
