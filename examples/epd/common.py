@@ -57,12 +57,16 @@ def serve_http(handler):
 
 
 def http_client(address):
+    import urllib.error
     import urllib.request
 
     def call(body):
         req = urllib.request.Request(f"http://{address}/encode", data=body, method="POST")
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.read()
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.read()
+        except urllib.error.HTTPError as e:  # the encoder's reason, in its body
+            return e.read()
 
     return call
 

@@ -21,10 +21,12 @@ def main():
     ap.add_argument("--encoder", required=True)
     ap.add_argument("--count", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--port", type=int, default=0, help="ferry port (a restart keeps its name)")
+    ap.add_argument("--first", type=int, default=0, help="number of the first request id")
     args = ap.parse_args()
     call = CLIENTS[args.plane](args.encoder)
-    with ferry.Engine("127.0.0.1") as engine, engine.create_pool(POOL, 80 << 20) as pool:
-        for i in range(args.count):
+    with ferry.Engine("127.0.0.1", port=args.port) as engine, engine.create_pool(POOL, 80 << 20) as pool:
+        for i in range(args.first, args.first + args.count):
             request_id = f"{args.plane}-req-{i}"
             reply = json.loads(call(encode_request(request_id, engine.name)))
             if not reply.get("ok"):

@@ -31,7 +31,7 @@
 #define SLOT_ALIGN 64
 #define PREGRANT_FRESH_NS (5000ull * 1000 * 1000)
 #define GRANT_WAIT_TURN_MS 20u
-#define PREGRANTS_PER_POOL 2 /* cached per target pool; more would idle the receiver's room */
+#define PREGRANTS_PER_POOL 1 /* cached per target pool; more would idle the receiver's room */
 
 typedef enum slot_state { SLOT_GRANTED, SLOT_QUEUED, SLOT_TAKEN } slot_state;
 
@@ -480,8 +480,10 @@ static int same_pool(const pregrant *g, const char *target, const char *pool) {
 }
 
 /* A fresh pre-grant of at least length bytes from this target incarnation,
- * taken out of the cache; *stale gets one to give back (0: none). Stale
- * and other incarnations' entries are dropped on the way. */
+ * taken out of the cache. One that does not fit (too small, or older than
+ * PREGRANT_FRESH_NS) goes to *stale, to be given back by the grant request
+ * (0: none), so pre-grants of other sizes do not hold the pool's room;
+ * other incarnations' entries are void and dropped. */
 static int take_pregrant(ferry_pools *ps, const char *target, const char *pool, size_t length,
                          uint64_t instance, ferry_pool_grant *out, uint64_t *stale) {
   uint64_t now = ferry_now_ns();
@@ -490,18 +492,19 @@ static int take_pregrant(ferry_pools *ps, const char *target, const char *pool, 
   pthread_mutex_lock(&ps->lock);
   for (pregrant **pp = &ps->pregrants; *pp;) {
     pregrant *g = *pp;
-    int mine = same_pool(g, target, pool);
-    int fresh = g->grant.instance == instance && now - g->got_ns < PREGRANT_FRESH_NS;
-    if (mine && (!fresh || (!found && g->grant.length >= length))) {
-      if (fresh)
-        *out = g->grant, found = 1;
-      else if (g->grant.instance == instance)
-        *stale = g->grant.id;
-      *pp = g->next;
-      free(g);
+    int mine = same_pool(g, target, pool), ours = g->grant.instance == instance;
+    int fits = ours && now - g->got_ns < PREGRANT_FRESH_NS && g->grant.length >= length;
+    int take = mine && ((fits && !found) || (ours && !*stale) || !ours);
+    if (!take) {
+      pp = &g->next;
       continue;
     }
-    pp = &g->next;
+    if (fits && !found)
+      *out = g->grant, found = 1;
+    else if (ours)
+      *stale = g->grant.id;
+    *pp = g->next;
+    free(g);
   }
   pthread_mutex_unlock(&ps->lock);
   return found;

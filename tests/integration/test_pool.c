@@ -185,6 +185,19 @@ static void full_pool_busy_or_waits(void **state) {
   pair_free(p);
 }
 
+/* A pre-grant too small for the next message is given back by that
+ * message's grant request: its room is what the message needs here. */
+static void pregrant_of_another_size_is_given_back(void **state) {
+  pair *p = pair_new(3 * MiB + 128);
+  test_fill_random(p->out, 8 * MiB, 8);
+  assert_int_equal(send_tag(p, "small", 0, 1 * MiB, -1, 0), FERRY_OK); /* + a 1 MiB pre-grant */
+  assert_int_equal(ferry_pool_release(p->rx, p->pool, expect(p, "small", 0, 1 * MiB)), FERRY_OK);
+  if (send_tag(p, "large", 0, 2 * MiB + 512 * KiB, -1, FERRY_SEND_NOWAIT))
+    fail_msg("send after a smaller pre-grant: %s", ferry_last_error());
+  expect(p, "large", 0, 2 * MiB + 512 * KiB);
+  pair_free(p);
+}
+
 typedef struct crowd {
   pair *p;
   int index;
@@ -350,6 +363,7 @@ int main(void) {
       cmocka_unit_test(tag_twice_both_in_order),
       cmocka_unit_test(full_pool_busy_or_waits),
       cmocka_unit_test(senders_of_one_engine_share_a_small_pool),
+      cmocka_unit_test(pregrant_of_another_size_is_given_back),
       cmocka_unit_test(writes_only_into_own_grant),
       cmocka_unit_test(sender_killed_mid_send),
       cmocka_unit_test(receiver_restarted),
