@@ -334,7 +334,11 @@ void ferry_notify_free(ferry_notification *list, size_t count);
  * only serves the same user, the sender maps the pool directly). A message
  * is delivered only after every byte of it was acknowledged, and a sender
  * whose every connection is gone loses the slots it was writing: they go
- * back to the pool and nothing is delivered from them. */
+ * back to the pool and nothing is delivered from them. The pool is
+ * registered memory: a peer may READ it like any other region. Slot and
+ * pre-grant traffic uses the POOL frame (wire.h) on the control connection,
+ * so a target without pools fails a send with FERRY_EPROTO or a lost
+ * connection. Guarantees and their tests: RELIABILITY.md, promise 13. */
 typedef struct ferry_pool ferry_pool;
 
 #define FERRY_TAG_MAX 256 /* bytes of a message tag (any bytes, at least one) */

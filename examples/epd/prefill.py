@@ -23,9 +23,10 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--port", type=int, default=0, help="ferry port (a restart keeps its name)")
     ap.add_argument("--first", type=int, default=0, help="number of the first request id")
+    ap.add_argument("--pool-mb", type=int, default=80, help="pool size (MiB)")
     args = ap.parse_args()
     call = CLIENTS[args.plane](args.encoder)
-    with ferry.Engine("127.0.0.1", port=args.port) as engine, engine.create_pool(POOL, 80 << 20) as pool:
+    with ferry.Engine("127.0.0.1", port=args.port) as engine, engine.create_pool(POOL, args.pool_mb << 20) as pool:
         for i in range(args.first, args.first + args.count):
             request_id = f"{args.plane}-req-{i}"
             reply = json.loads(call(encode_request(request_id, engine.name)))

@@ -38,12 +38,14 @@ def encoder(request):
         proc.wait(timeout=30)
 
 
-def run_prefill(plane, address, *extra):
+def run_prefill(plane, address, *extra, ok=True):
     prefill = subprocess.run([sys.executable, os.path.join(EPD, "prefill.py"), "--plane", plane,
                               "--encoder", address, "--count", "3", *extra],
                              env=ENV, capture_output=True, text=True, timeout=150)
-    assert prefill.returncode == 0, prefill.stdout + prefill.stderr
-    assert "verified 3" in prefill.stdout
+    if ok:
+        assert prefill.returncode == 0, prefill.stdout + prefill.stderr
+        assert "verified 3" in prefill.stdout
+    return prefill
 
 
 @pytest.mark.timeout_s(180)
@@ -62,3 +64,13 @@ def test_epd_prefill_restarted(encoder):
         port = str(s.getsockname()[1])
     run_prefill(*encoder, "--port", port)
     run_prefill(*encoder, "--port", port, "--first", "3")
+
+
+@pytest.mark.timeout_s(120)
+@pytest.mark.parametrize("encoder", ["zmq"], indirect=True)
+def test_epd_embedding_larger_than_pool(encoder):
+    """A pool smaller than one embedding: the encoder's send fails at once
+    with a reason naming the pool, and the prefill reports it."""
+    prefill = run_prefill(*encoder, "--pool-mb", "1", ok=False)
+    assert prefill.returncode != 0
+    assert "does not fit pool 'embeddings'" in prefill.stderr, prefill.stderr
