@@ -34,9 +34,10 @@ typedef struct pair {
   uint8_t *out;
 } pair;
 
-static ferry_engine *engine_on(uint16_t port) {
+static ferry_engine *engine_with(uint16_t port, const char *secret) {
   ferry_config cfg;
   ferry_config_init(&cfg);
+  cfg.secret = secret;
   cfg.bind_host = cfg.advertise_host = "127.0.0.1";
   cfg.port = port;
   cfg.transports = FERRY_TRANSPORT_TCP; /* the grant check is the target's, on tcp */
@@ -47,14 +48,16 @@ static ferry_engine *engine_on(uint16_t port) {
   return e;
 }
 
-static pair *pair_new(size_t pool_size) {
+static pair *pair_with(size_t pool_size, const char *secret) {
   pair *p = calloc(1, sizeof *p);
-  p->rx = engine_on(0);
-  p->tx = engine_on(0);
+  p->rx = engine_with(0, secret);
+  p->tx = engine_with(0, secret);
   assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, pool_size, &p->pool), FERRY_OK);
   assert_int_equal(ferry_memory_alloc(p->tx, 8 * MiB, (void **)&p->out), FERRY_OK);
   return p;
 }
+
+static pair *pair_new(size_t pool_size) { return pair_with(pool_size, NULL); }
 
 static void pair_free(pair *p) {
   ferry_engine_destroy(p->tx);
@@ -100,6 +103,17 @@ static void handoff_in_order(void **state) {
     assert_int_equal(ferry_pool_release(p->rx, p->pool, a), FERRY_OK);
     assert_int_equal(ferry_pool_release(p->rx, p->pool, b), FERRY_OK);
     assert_int_equal(ferry_pool_release(p->rx, p->pool, b), FERRY_ENOTFOUND);
+  }
+  pair_free(p);
+}
+
+/* With a shared secret the POOL frames are sealed like every other frame. */
+static void handoff_with_secret(void **state) {
+  pair *p = pair_with(4 * MiB, "pool-secret");
+  test_fill_random(p->out, 8 * MiB, 9);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(send_tag(p, "sealed", 0, 1 * MiB, -1, 0), FERRY_OK);
+    assert_int_equal(ferry_pool_release(p->rx, p->pool, expect(p, "sealed", 0, 1 * MiB)), FERRY_OK);
   }
   pair_free(p);
 }
@@ -357,6 +371,7 @@ static void shutdown_wakes_recv(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(handoff_in_order),
+      cmocka_unit_test(handoff_with_secret),
       cmocka_unit_test(batch_delivers_each),
       cmocka_unit_test(too_large_and_unknown_pool),
       cmocka_unit_test(recv_timeout_names_tag_and_pool),
