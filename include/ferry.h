@@ -433,6 +433,84 @@ ferry_status ferry_stats_prometheus(const ferry_stats *stats, char **text);
 /* The port /metrics is served on (config metrics_port), 0 when it is not. */
 uint16_t ferry_engine_metrics_port(const ferry_engine *engine);
 
+/* ---- Receive pools: message handoff --------------------------------------
+ * A receiver registers a pool under a name; a sender moves bytes into a
+ * slot of it with ferry_send and the receiver gets them with ferry_recv,
+ * read in place, then gives the slot back with ferry_pool_release. The
+ * receiver grants each sender its slot (and, as the slot's message lands, a
+ * pre-grant for the next one of the same size), so a steady sender pays the
+ * data WRITE and one "landed" notice, and the receiver checks every WRITE
+ * into the pool against the grants it gave that sender (tcp; on shm, which
+ * only serves the same user, the sender maps the pool directly). A message
+ * is delivered only after every byte of it was acknowledged, and a sender
+ * whose every connection is gone loses the slots it was writing: they go
+ * back to the pool and nothing is delivered from them. The pool is
+ * registered memory: a peer may READ it like any other region. Slot and
+ * pre-grant traffic uses the POOL frame (wire.h) on the control connection,
+ * so a target without pools fails a send with FERRY_EPROTO or a lost
+ * connection. Guarantees and their tests: RELIABILITY.md, promise 15. */
+typedef struct ferry_pool ferry_pool;
+
+#define FERRY_TAG_MAX 256 /* bytes of a message tag (any bytes, at least one) */
+
+/* A received message. Its bytes are addr[0..length) inside the pool, valid
+ * until ferry_pool_release(slot) or ferry_pool_destroy. */
+typedef struct ferry_message {
+  uint64_t slot;
+  void *addr;
+  size_t length;
+  uint8_t tag[FERRY_TAG_MAX];
+  size_t tag_len;
+  char sender[FERRY_TAG_MAX + 1]; /* the sending engine's name, as its handshake gave it */
+} ferry_message;
+
+/* Creates pool `name` (1..255 bytes, unique on this engine) over length
+ * bytes at addr, which it registers (and unregisters at destroy); addr NULL:
+ * ferry allocates the memory. */
+ferry_status ferry_pool_create(ferry_engine *engine, const char *name, void *addr, size_t length,
+                               ferry_pool **out);
+/* Wakes its waiting ferry_recv calls (FERRY_ECLOSED), voids every grant and
+ * frees the pool; senders get FERRY_ENOTFOUND. Messages received and not
+ * released are gone with it. */
+ferry_status ferry_pool_destroy(ferry_engine *engine, ferry_pool *pool);
+/* Waits up to timeout_ms (-1: without bound, 0: just look) for a message
+ * whose tag is tag[0..tag_len) (tag NULL: any), the earliest landed first.
+ * The wait sleeps in the kernel. FERRY_ETIMEDOUT names the tag and pool. */
+ferry_status ferry_recv(ferry_engine *engine, ferry_pool *pool, const void *tag, size_t tag_len,
+                        int64_t timeout_ms, ferry_message *out);
+/* Gives a received slot back: its space can be granted again. */
+ferry_status ferry_pool_release(ferry_engine *engine, ferry_pool *pool, uint64_t slot);
+/* A file descriptor that polls readable while at least one message waits
+ * in the pool (for an event loop; read nothing from it). Owned by the pool. */
+int ferry_pool_fd(const ferry_pool *pool);
+
+#define FERRY_SEND_NOWAIT 0x1 /* pool full: FERRY_EBUSY at once instead of waiting */
+
+/* Moves local[0..length) (registered here) into a slot of the target's
+ * pool and delivers it under tag. A full pool is waited on for up to
+ * timeout_ms (-1: the engine's timeout_ms) unless FERRY_SEND_NOWAIT: then
+ * FERRY_EBUSY.
+ * A WRITE that meets a restarted receiver's dead connection is retried once
+ * with a fresh slot (nothing was delivered). A message larger than the pool fails with
+ * FERRY_EINVAL, an unknown pool with FERRY_ENOTFOUND. On FERRY_OK the
+ * receiver has the message; on an error it never gets it. */
+ferry_status ferry_send(ferry_engine *engine, const char *target, const char *pool, const void *tag,
+                        size_t tag_len, void *local, size_t length, int64_t timeout_ms,
+                        unsigned flags);
+/* One message of a batch of sends. */
+typedef struct ferry_send_item {
+  const void *tag;
+  size_t tag_len;
+  void *local;
+  size_t length;
+  ferry_status status; /* filled in by ferry_send_batch */
+} ferry_send_item;
+/* Sends items in order to one target's pool; each gets its own status.
+ * Returns the first failure (FERRY_OK when all were delivered). */
+ferry_status ferry_send_batch(ferry_engine *engine, const char *target, const char *pool,
+                              ferry_send_item *items, size_t count, int64_t timeout_ms,
+                              unsigned flags);
+
 #ifdef __cplusplus
 }
 #endif

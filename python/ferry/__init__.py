@@ -20,6 +20,15 @@ This package is a thin layer over libferry's C API (the extension module
       (``status()``, ``wait(timeout_ms=-1)``, ``free()``, context manager).
       ``transfer_arrays`` / ``submit_arrays`` take one op and three parallel
       integer sequences (the fast path for very large batches).
+    - Receive pools (message handoff): ``create_pool(name, buffer_or_size)``
+      -> ``Pool`` (``.name``, ``.size``, ``fileno()``, ``close()``, context
+      manager); ``send(target, pool, tag, data, timeout=None, nowait=False)``
+      moves ``data`` into the target's pool and returns once the receiver has
+      it; ``recv(pool, tag=None, timeout=None)`` -> ``Message``, the bytes in
+      place (buffer protocol: ``numpy.frombuffer`` / ``torch.frombuffer``
+      give a view) with ``.tag``, ``.sender``, ``.release()`` and a context
+      manager. ``await recv_async(engine, pool, tag=None, timeout=None)`` is
+      the asyncio form.
     - ``probe(target)``, ``notify(target, name, data)``,
       ``drain_notifications()`` -> ``[(name, bytes)]``,
       ``peer_regions(target)``, ``peer_transport(target)``, ``close()``.
@@ -106,6 +115,8 @@ from ferry._ferry import (  # noqa: F401
     Batch,
     Engine,
     Error,
+    Message,
+    Pool,
     get_log_level,
     last_error,
     set_log_level,
@@ -176,6 +187,9 @@ __all__ = [
     "Engine",
     "Batch",
     "Error",
+    "Pool",
+    "Message",
+    "recv_async",
     "strerror",
     "to_mooncake",
     "version",
@@ -226,3 +240,30 @@ __all__ = [
     "LOG_OFF",
     "VERSION_STRING",
 ]
+
+
+async def recv_async(engine, pool, tag=None, timeout=None):
+    """Awaitable Engine.recv. Any tag: waits on the pool's fd in the event
+    loop (no thread parked); a given tag: in the loop's default executor, as
+    other tags' messages also make the fd readable."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    if tag is not None:
+        return await loop.run_in_executor(None, lambda: engine.recv(pool, tag, timeout))
+    deadline = None if timeout is None else loop.time() + timeout
+    while True:
+        try:
+            return engine.recv(pool, None, 0)
+        except Error as e:
+            if e.code != ETIMEDOUT:
+                raise
+        ready = loop.create_future()
+        loop.add_reader(pool.fileno(), lambda: ready.done() or ready.set_result(None))
+        try:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            await asyncio.wait_for(ready, left)
+        except asyncio.TimeoutError:
+            return engine.recv(pool, None, 0)  # raises ETIMEDOUT naming the pool
+        finally:
+            loop.remove_reader(pool.fileno())

@@ -4,6 +4,7 @@
  * Types:
  *   Engine  one ferry_engine; registration, transfers, probes, notifications.
  *   Batch   an asynchronous batch returned by Engine.submit*().
+ *   Pool    a receive pool (Engine.create_pool); Message, what recv returns.
  *   Error   ferry.Error(code, message[, detail]), a RuntimeError subclass with
  *           .code (ferry_status), .mooncake_code and .detail.
  *
@@ -1570,6 +1571,364 @@ static PyObject *engine_exit_ctx(EngineObject *self, PyObject *Py_UNUSED(args)) 
 
 #define KW(fn) (PyCFunction)(void (*)(void))(fn), METH_VARARGS | METH_KEYWORDS
 
+/* ---- receive pools ---------------------------------------------------- */
+
+/* A Pool holds its Engine; a Message holds its Pool. A message's slot goes
+ * back to the pool on release() (or leaving its `with`) once no view of its
+ * bytes remains (numpy/torch arrays made with frombuffer are views), so a
+ * slot is never reused under a live array. A pool refuses close() while a
+ * view of one of its messages lives. */
+typedef struct {
+  PyObject_HEAD EngineObject *engine;
+  ferry_pool *pool;
+  PyObject *name;
+  size_t length;
+  int has_view;
+  Py_buffer view; /* user memory the pool lives in */
+  long views;     /* exported views of its messages */
+} PoolObject;
+
+typedef struct {
+  PyObject_HEAD PoolObject *pool;
+  ferry_message m;
+  long exports;
+  int release_pending, released;
+} MessageObject;
+
+static PyTypeObject PoolType;
+static PyTypeObject MessageType;
+
+static int pool_alive(PoolObject *self) {
+  if (!self->pool) {
+    raise_status(FERRY_EINVAL, "the pool has been closed");
+    return -1;
+  }
+  return eng_enter(self->engine);
+}
+
+static void pool_close_now(PoolObject *self) {
+  ferry_pool *p = self->pool;
+  self->pool = NULL;
+  if (p && self->engine && self->engine->eng && !self->engine->closing) {
+    CallResult r;
+    self->engine->active++;
+    ENGINE_CALL(self->engine, r, ferry_pool_destroy(self->engine->eng, p));
+  }
+  if (self->has_view) {
+    PyBuffer_Release(&self->view);
+    self->has_view = 0;
+  }
+}
+
+static PyObject *pool_close(PoolObject *self, PyObject *Py_UNUSED(noargs)) {
+  if (self->views) {
+    PyErr_Format(PyExc_BufferError, "pool %S: %ld views of received messages are still alive",
+                 self->name, self->views);
+    return NULL;
+  }
+  pool_close_now(self);
+  Py_RETURN_NONE;
+}
+
+static void pool_dealloc(PoolObject *self) {
+  pool_close_now(self); /* no message refers to it any more: they hold it */
+  Py_XDECREF(self->name);
+  Py_XDECREF(self->engine);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *pool_fileno(PoolObject *self, PyObject *Py_UNUSED(noargs)) {
+  if (!self->pool)
+    return raise_status(FERRY_EINVAL, "the pool has been closed");
+  return PyLong_FromLong(ferry_pool_fd(self->pool));
+}
+
+static PyObject *pool_enter_ctx(PoolObject *self, PyObject *Py_UNUSED(noargs)) {
+  Py_INCREF(self);
+  return (PyObject *)self;
+}
+
+static PyObject *pool_exit_ctx(PoolObject *self, PyObject *Py_UNUSED(args)) {
+  return pool_close(self, NULL);
+}
+
+static PyObject *pool_get_name(PoolObject *self, void *Py_UNUSED(c)) {
+  Py_INCREF(self->name);
+  return self->name;
+}
+
+static PyObject *pool_get_size(PoolObject *self, void *Py_UNUSED(c)) {
+  return PyLong_FromSize_t(self->length);
+}
+
+static PyMethodDef pool_methods[] = {
+    {"fileno", (PyCFunction)pool_fileno, METH_NOARGS,
+     "fileno() -> int: readable while a message waits (for loop.add_reader)"},
+    {"close", (PyCFunction)pool_close, METH_NOARGS, "close(): destroys the pool"},
+    {"__enter__", (PyCFunction)pool_enter_ctx, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)pool_exit_ctx, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef pool_getset[] = {
+    {"name", (getter)pool_get_name, NULL, "the name senders pass", NULL},
+    {"size", (getter)pool_get_size, NULL, "bytes in the pool", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PoolType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.Pool",
+    .tp_basicsize = sizeof(PoolObject),
+    .tp_dealloc = (destructor)pool_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A receive pool, from Engine.create_pool(name, buffer_or_size).",
+    .tp_methods = pool_methods,
+    .tp_getset = pool_getset,
+};
+
+/* Gives the slot back now (views are gone). */
+static void message_release_now(MessageObject *self) {
+  self->released = 1;
+  PoolObject *pool = self->pool;
+  if (!pool->pool || !pool->engine->eng || pool->engine->closing)
+    return;
+  pool->engine->active++;
+  CallResult r;
+  ENGINE_CALL(pool->engine, r, ferry_pool_release(pool->engine->eng, pool->pool, self->m.slot));
+}
+
+static PyObject *message_release(MessageObject *self, PyObject *Py_UNUSED(noargs)) {
+  if (self->released || self->release_pending)
+    Py_RETURN_NONE;
+  if (self->exports)
+    self->release_pending = 1; /* the last view's release gives the slot back */
+  else
+    message_release_now(self);
+  Py_RETURN_NONE;
+}
+
+static int message_getbuffer(MessageObject *self, Py_buffer *view, int flags) {
+  if (self->released || self->release_pending || !self->pool->pool) {
+    PyErr_SetString(PyExc_BufferError, "the message was released");
+    view->obj = NULL;
+    return -1;
+  }
+  if (PyBuffer_FillInfo(view, (PyObject *)self, self->m.addr, (Py_ssize_t)self->m.length, 0,
+                        flags) < 0)
+    return -1;
+  self->exports++;
+  self->pool->views++;
+  return 0;
+}
+
+static void message_releasebuffer(MessageObject *self, Py_buffer *Py_UNUSED(view)) {
+  self->pool->views--;
+  if (--self->exports == 0 && self->release_pending)
+    message_release_now(self);
+}
+
+static PyBufferProcs message_as_buffer = {(getbufferproc)message_getbuffer,
+                                          (releasebufferproc)message_releasebuffer};
+
+static void message_dealloc(MessageObject *self) {
+  if (!self->released)
+    message_release_now(self); /* no view can remain: each holds the message */
+  Py_XDECREF(self->pool);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *message_get_tag(MessageObject *self, void *Py_UNUSED(c)) {
+  return PyBytes_FromStringAndSize((const char *)self->m.tag, (Py_ssize_t)self->m.tag_len);
+}
+
+static PyObject *message_get_sender(MessageObject *self, void *Py_UNUSED(c)) {
+  return PyUnicode_DecodeUTF8(self->m.sender, (Py_ssize_t)strlen(self->m.sender), "replace");
+}
+
+static PyObject *message_get_slot(MessageObject *self, void *Py_UNUSED(c)) {
+  return PyLong_FromUnsignedLongLong(self->m.slot);
+}
+
+static Py_ssize_t message_len(MessageObject *self) { return (Py_ssize_t)self->m.length; }
+
+static PyObject *message_enter_ctx(MessageObject *self, PyObject *Py_UNUSED(noargs)) {
+  Py_INCREF(self);
+  return (PyObject *)self;
+}
+
+static PyObject *message_exit_ctx(MessageObject *self, PyObject *Py_UNUSED(args)) {
+  return message_release(self, NULL);
+}
+
+static PyMethodDef message_methods[] = {
+    {"release", (PyCFunction)message_release, METH_NOARGS,
+     "release(): gives the slot back (once no view of the bytes remains)"},
+    {"__enter__", (PyCFunction)message_enter_ctx, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)message_exit_ctx, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef message_getset[] = {
+    {"tag", (getter)message_get_tag, NULL, "the tag it was sent under (bytes)", NULL},
+    {"sender", (getter)message_get_sender, NULL, "the sending engine's name", NULL},
+    {"slot", (getter)message_get_slot, NULL, "its slot in the pool", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods message_as_sequence = {.sq_length = (lenfunc)message_len};
+
+static PyTypeObject MessageType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry.Message",
+    .tp_basicsize = sizeof(MessageObject),
+    .tp_dealloc = (destructor)message_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A received message: its bytes in place (buffer protocol), .tag, .sender,\n"
+              ".release(), and a context manager that releases it.",
+    .tp_methods = message_methods,
+    .tp_getset = message_getset,
+    .tp_as_buffer = &message_as_buffer,
+    .tp_as_sequence = &message_as_sequence,
+};
+
+static PyObject *engine_create_pool(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"name", "buffer_or_size", NULL};
+  PyObject *name, *what;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "UO:create_pool", kwlist, &name, &what))
+    return NULL;
+  PoolObject *pool = PyObject_New(PoolObject, &PoolType);
+  if (!pool)
+    return NULL;
+  pool->engine = NULL;
+  pool->pool = NULL;
+  pool->has_view = 0;
+  pool->views = 0;
+  Py_INCREF(name);
+  pool->name = name;
+  void *addr = NULL;
+  if (PyLong_Check(what)) {
+    if (as_size(what, &pool->length) < 0)
+      goto fail;
+  } else {
+    if (PyObject_GetBuffer(what, &pool->view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+      goto fail;
+    pool->has_view = 1;
+    addr = pool->view.buf;
+    pool->length = (size_t)pool->view.len;
+  }
+  if (eng_enter(self) < 0)
+    goto fail;
+  Py_INCREF(self);
+  pool->engine = self;
+  const char *cname = PyUnicode_AsUTF8(name);
+  CallResult r;
+  if (!cname) {
+    eng_leave(self);
+    goto fail;
+  }
+  ENGINE_CALL(self, r, ferry_pool_create(self->eng, cname, addr, pool->length, &pool->pool));
+  if (r.st == FERRY_OK)
+    return (PyObject *)pool;
+  raise_result(&r);
+fail:
+  Py_DECREF(pool);
+  return NULL;
+}
+
+/* timeout in seconds (None: no bound) as ferry milliseconds. */
+static int timeout_ms_arg(PyObject *o, int64_t *ms) {
+  if (!o || o == Py_None) {
+    *ms = -1;
+    return 0;
+  }
+  double s = PyFloat_AsDouble(o);
+  if (s == -1.0 && PyErr_Occurred())
+    return -1;
+  *ms = s <= 0 ? 0 : (int64_t)(s * 1000.0 + 0.5);
+  return 0;
+}
+
+static PyObject *engine_recv(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"pool", "tag", "timeout", NULL};
+  PoolObject *pool;
+  PyObject *tag_o = Py_None, *timeout_o = Py_None;
+  int64_t ms;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|OO:recv", kwlist, &PoolType, &pool, &tag_o,
+                                   &timeout_o) ||
+      timeout_ms_arg(timeout_o, &ms) < 0)
+    return NULL;
+  PyObject *tag = tag_o == Py_None ? NULL : to_bytes(tag_o);
+  if (tag_o != Py_None && !tag)
+    return NULL;
+  MessageObject *msg = PyObject_New(MessageObject, &MessageType);
+  if (msg) {
+    Py_INCREF(pool);
+    msg->pool = pool;
+    msg->exports = 0;
+    msg->release_pending = 0;
+    msg->released = 1; /* until recv succeeds */
+  }
+  if (!msg || pool_alive(pool) < 0) {
+    Py_XDECREF(tag);
+    Py_XDECREF(msg);
+    return NULL;
+  }
+  const void *tp = tag ? PyBytes_AS_STRING(tag) : NULL;
+  size_t tl = tag ? (size_t)PyBytes_GET_SIZE(tag) : 0;
+  CallResult r;
+  ENGINE_CALL(pool->engine, r, ferry_recv(pool->engine->eng, pool->pool, tp, tl, ms, &msg->m));
+  Py_XDECREF(tag);
+  if (r.st != FERRY_OK) {
+    Py_DECREF(msg);
+    return raise_result(&r);
+  }
+  msg->released = 0;
+  return (PyObject *)msg;
+}
+
+/* send's bytes must be registered: a buffer that is not gets registered for
+ * the call (EOVERLAP: it lies inside a registered region already). */
+static PyObject *engine_send(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"target", "pool", "tag", "data", "length", "timeout", "nowait", NULL};
+  const char *target, *pool;
+  PyObject *tag_o, *data_o, *length_o = Py_None, *timeout_o = Py_None;
+  int nowait = 0;
+  int64_t ms;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssOO|OOp:send", kwlist, &target, &pool, &tag_o,
+                                   &data_o, &length_o, &timeout_o, &nowait) ||
+      timeout_ms_arg(timeout_o, &ms) < 0)
+    return NULL;
+  PyObject *tag = to_bytes(tag_o);
+  if (!tag)
+    return NULL;
+  LocalArg la;
+  size_t len;
+  if (local_get_with_length(data_o, 0, length_o, &la, &len) < 0) {
+    Py_DECREF(tag);
+    return NULL;
+  }
+  if (eng_enter(self) < 0) {
+    local_release(&la);
+    Py_DECREF(tag);
+    return NULL;
+  }
+  const char *tp = PyBytes_AS_STRING(tag);
+  size_t tl = (size_t)PyBytes_GET_SIZE(tag);
+  unsigned flags = nowait ? FERRY_SEND_NOWAIT : 0;
+  CallResult r;
+  PyThreadState *ts = PyEval_SaveThread();
+  int registered = la.has_view && ferry_memory_register(self->eng, la.ptr, len) == FERRY_OK;
+  r.st = ferry_send(self->eng, target, pool, tp, tl, la.ptr, len, ms, flags);
+  if (r.st != FERRY_OK)
+    capture_error(r.err);
+  if (registered)
+    ferry_memory_unregister(self->eng, la.ptr);
+  PyEval_RestoreThread(ts);
+  eng_leave(self);
+  local_release(&la);
+  Py_DECREF(tag);
+  return none_or_raise(&r);
+}
+
 static PyMethodDef engine_methods[] = {
     {"register", KW(engine_register),
      "register(buf_or_addr, length=None) -> int\n\nRegisters memory (an int address with a "
@@ -1616,6 +1975,17 @@ static PyMethodDef engine_methods[] = {
     {"close", (PyCFunction)engine_close, METH_NOARGS,
      "close(): stops the engine; calls in progress on other threads end with ECLOSED and "
      "pending batches fail (Batch objects stay usable)"},
+    {"create_pool", KW(engine_create_pool),
+     "create_pool(name, buffer_or_size) -> Pool: a receive pool over a writable buffer, or\n"
+     "of that many bytes ferry allocates"},
+    {"send", KW(engine_send),
+     "send(target, pool, tag, data, length=None, timeout=None, nowait=False): moves data\n"
+     "into the target's pool under tag; returns once the receiver has it. A full pool is\n"
+     "waited on up to timeout seconds (None: the engine's timeout), or EBUSY at once with\n"
+     "nowait"},
+    {"recv", KW(engine_recv),
+     "recv(pool, tag=None, timeout=None) -> Message: the earliest landed message with tag\n"
+     "(None: any), waiting up to timeout seconds (None: without bound); ETIMEDOUT past it"},
     {"__enter__", (PyCFunction)engine_enter_ctx, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)engine_exit_ctx, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -2055,7 +2425,8 @@ static struct PyModuleDef ferry_module = {
 
 PyMODINIT_FUNC PyInit__ferry(void) {
   ErrorType.tp_base = (PyTypeObject *)PyExc_RuntimeError;
-  if (PyType_Ready(&ErrorType) < 0 || PyType_Ready(&EngineType) < 0 || PyType_Ready(&BatchType) < 0)
+  if (PyType_Ready(&ErrorType) < 0 || PyType_Ready(&EngineType) < 0 ||
+      PyType_Ready(&BatchType) < 0 || PyType_Ready(&PoolType) < 0 || PyType_Ready(&MessageType) < 0)
     return NULL;
   PyObject *m = PyModule_Create(&ferry_module);
   if (!m)
@@ -2063,9 +2434,13 @@ PyMODINIT_FUNC PyInit__ferry(void) {
   Py_INCREF(&ErrorType);
   Py_INCREF(&EngineType);
   Py_INCREF(&BatchType);
+  Py_INCREF(&PoolType);
+  Py_INCREF(&MessageType);
   if (PyModule_AddObject(m, "Error", (PyObject *)&ErrorType) < 0 ||
       PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0 ||
-      PyModule_AddObject(m, "Batch", (PyObject *)&BatchType) < 0) {
+      PyModule_AddObject(m, "Batch", (PyObject *)&BatchType) < 0 ||
+      PyModule_AddObject(m, "Pool", (PyObject *)&PoolType) < 0 ||
+      PyModule_AddObject(m, "Message", (PyObject *)&MessageType) < 0) {
     Py_DECREF(m);
     return NULL;
   }

@@ -18,6 +18,7 @@
 #include "error.h"
 #include "log.h"
 #include "peer.h"
+#include "pool.h"
 #include "sync.h"
 #include "transport/transport.h"
 
@@ -204,7 +205,9 @@ ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out) {
   ferry_cond_init(&e->gate_cond);
   pthread_mutex_init(&e->publish_lock, NULL);
   const char *outer = ferry_log_set_engine(e->name); /* filled in once bound */
-  ferry_status st = engine_start(e, cfg);
+  ferry_status st = ferry_pools_init(e);
+  if (!st)
+    st = engine_start(e, cfg);
   if (st) {
     char detail[FERRY_ERROR_MAX];
     snprintf(detail, sizeof detail, "%s", ferry_last_error());
@@ -296,6 +299,7 @@ void ferry_engine_shutdown(ferry_engine *e) {
   const char *outer = ferry_log_set_engine(e->name);
   if (!e->shut_down) {
     __atomic_store_n(&e->closing, 1, __ATOMIC_SEQ_CST);
+    ferry_pools_wake(e);
     drain_calls(e);
     ferry_metrics_log_stop(e);
     ferry_metrics_http_stop(e);
@@ -318,6 +322,7 @@ void ferry_engine_destroy(ferry_engine *e) {
   if (!e)
     return;
   ferry_engine_shutdown(e);
+  ferry_pools_destroy(e);
   ferry_notify_free(e->notifications, e->notify_count);
   free(e->notify_shares);
   free_allocations(e);

@@ -74,6 +74,8 @@ struct ferry_engine {
   pthread_mutex_t alloc_lock;
   ferry_allocation *allocations;
 
+  struct ferry_pools *pools; /* receive pools and pre-grants (pool.c) */
+
   int closing;
 
   ferry_engine_stats stats;

@@ -612,6 +612,7 @@ static int remote_status_ok(ferry_status code) {
   case FERRY_ENOTIMPL:
   case FERRY_EBUSY:
   case FERRY_ECHECKSUM:
+  case FERRY_ENOTFOUND: /* an unknown receive pool or slot */
   case FERRY_EREMOTE: return 1;
   default: return 0;
   }

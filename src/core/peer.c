@@ -427,6 +427,17 @@ ferry_status ferry_peer_notify(ferry_peer *p, const char *name, const void *data
   return st;
 }
 
+static ferry_status read_grant(ferry_peer *p, ferry_sock *s, const ferry_frame_header *h,
+                               void *ctx) {
+  return ferry_sock_recv(s, ctx, FERRY_WIRE_POOL_REPLY_SIZE, "receive POOL_REPLY");
+}
+
+ferry_status ferry_peer_pool(ferry_peer *p, const void *body, size_t len,
+                             uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE], uint64_t deadline_ns) {
+  ferry_frame_header req = {.type = FERRY_FRAME_POOL, .body_len = len};
+  return control_call(p, &req, body, FERRY_FRAME_POOL_REPLY, read_grant, reply, deadline_ns);
+}
+
 /* ---- transport choice and region checks -------------------------------------------- */
 
 /* Picks the first transport both sides offer that can reach the peer, and

@@ -88,5 +88,9 @@ void ferry_peers_shutdown(ferry_engine *engine);
 ferry_status ferry_peer_ping(ferry_peer *peer, uint64_t deadline_ns);
 ferry_status ferry_peer_notify(ferry_peer *peer, const char *name, const void *data, size_t len,
                                uint64_t deadline_ns);
+/* A POOL request (pool.c) on the control connection; reply gets the
+ * POOL_REPLY body. */
+ferry_status ferry_peer_pool(ferry_peer *peer, const void *body, size_t len,
+                             uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE], uint64_t deadline_ns);
 
 #endif

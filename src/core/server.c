@@ -29,6 +29,7 @@
 #include "engine.h"
 #include "error.h"
 #include "log.h"
+#include "pool.h"
 #include "sync.h"
 
 typedef struct server_conn {
@@ -205,14 +206,20 @@ static ferry_status handshake(server_conn *c) {
 /* ---- requests ------------------------------------------------------------ */
 
 /* Checks every segment against the registry; on a miss, reason names it. */
-static ferry_status validate_segments(server_conn *c, uint32_t count, char *reason, size_t size) {
-  for (uint32_t i = 0; i < count; i++) {
+static ferry_status validate_segments(server_conn *c, const ferry_frame_header *h, char *reason,
+                                      size_t size) {
+  for (uint32_t i = 0; i < h->count; i++) {
     if (!ferry_registry_contains(c->engine->registry, c->segs[i].addr, c->segs[i].length)) {
       snprintf(reason, size, "remote address 0x%llx (+%llu bytes) is not registered at %s",
                (unsigned long long)c->segs[i].addr, (unsigned long long)c->segs[i].length,
                c->engine->name);
       return FERRY_ENOTREG;
     }
+    /* A receive pool takes WRITEs only into the slots it granted the peer. */
+    if (h->type == FERRY_FRAME_WRITE &&
+        ferry_pools_check_write(c->engine, c->peer_id, c->segs[i].addr, c->segs[i].length, reason,
+                                size))
+      return FERRY_ENOTREG;
   }
   return FERRY_OK;
 }
@@ -320,6 +327,20 @@ static ferry_status serve_notify(server_conn *c, const ferry_frame_header *h) {
   return reply(c, FERRY_FRAME_NOTIFY_ACK, h->id, st, st ? ferry_last_error() : NULL);
 }
 
+/* Receive pools (pool.c): a grant request or a landed notice. */
+static ferry_status serve_pool(server_conn *c, const ferry_frame_header *h) {
+  uint8_t body[FERRY_WIRE_POOL_MAX], grant[FERRY_WIRE_POOL_REPLY_SIZE];
+  ferry_status st = ferry_sock_recv(&c->sock, body, h->body_len, "receive POOL");
+  if (!st)
+    st = ferry_pools_serve(c->engine, c->peer_id, c->peer_name, body, h->body_len, grant);
+  if (st == FERRY_EPROTO || st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT)
+    return st;
+  if (st)
+    return reply(c, FERRY_FRAME_POOL_REPLY, h->id, st, ferry_last_error());
+  ferry_frame_header ok = {.type = FERRY_FRAME_POOL_REPLY, .id = h->id, .body_len = sizeof grant};
+  return ferry_sock_send_frame(&c->sock, &ok, grant, "send POOL_REPLY");
+}
+
 static ferry_status serve_regions(server_conn *c, const ferry_frame_header *h) {
   ferry_region *regions = NULL;
   size_t count = ferry_registry_snapshot(c->engine->registry, &regions);
@@ -401,7 +422,7 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
   }
   char reason[FERRY_WIRE_MAX_REASON];
   publish(c, h);
-  ferry_status verdict = validate_segments(c, h->count, reason, sizeof reason);
+  ferry_status verdict = validate_segments(c, h, reason, sizeof reason);
   ferry_region fenced;
   if (verdict) {
     unpublish(c, &fenced); /* nothing was touched: a fence has nothing to wait for */
@@ -424,6 +445,7 @@ static ferry_status serve_frame(server_conn *c, const ferry_frame_header *h) {
   case FERRY_FRAME_WRITE:
   case FERRY_FRAME_READ: return serve_memory(c, h);
   case FERRY_FRAME_NOTIFY: return serve_notify(c, h);
+  case FERRY_FRAME_POOL: return serve_pool(c, h);
   case FERRY_FRAME_REGIONS_REQ: return serve_regions(c, h);
   case FERRY_FRAME_PING: return reply(c, FERRY_FRAME_PONG, h->id, FERRY_OK, NULL);
   default: return ferry_fail(FERRY_EPROTO, "unexpected frame type %u from %s", h->type, c->peer);
@@ -449,6 +471,21 @@ static ferry_status next_request(server_conn *c, ferry_frame_header *h) {
   return st;
 }
 
+/* Marks c finished; when it was its peer's last connection, no WRITE of
+ * that peer can arrive any more, and its receive-pool slots go back. */
+static void connection_ended(server_conn *c) {
+  ferry_server *s = c->engine->server;
+  pthread_mutex_lock(&s->lock);
+  int last = c->identified;
+  for (server_conn *o = s->conns; o && last; o = o->next)
+    last = o == c || !o->identified || o->peer_id != c->peer_id ||
+           __atomic_load_n(&o->finished, __ATOMIC_ACQUIRE);
+  __atomic_store_n(&c->finished, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&s->lock);
+  if (last)
+    ferry_pools_peer_gone(c->engine, c->peer_id);
+}
+
 static void *serve_connection(void *arg) {
   server_conn *c = arg;
   ferry_log_set_engine(c->engine->name);
@@ -464,7 +501,7 @@ static void *serve_connection(void *arg) {
   else if (st != FERRY_ESOCKET || !strstr(ferry_last_error(), "closed by peer"))
     FERRY_DEBUG("connection from %s ended: %s", c->peer, ferry_last_error());
   shutdown(c->fd, SHUT_RDWR);
-  __atomic_store_n(&c->finished, 1, __ATOMIC_RELEASE);
+  connection_ended(c);
   return NULL;
 }
 

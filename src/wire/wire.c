@@ -114,7 +114,8 @@ static int is_reply(uint8_t type) {
   case FERRY_FRAME_WRITE_ACK:
   case FERRY_FRAME_READ_REPLY:
   case FERRY_FRAME_NOTIFY_ACK:
-  case FERRY_FRAME_PONG: return 1;
+  case FERRY_FRAME_PONG:
+  case FERRY_FRAME_POOL_REPLY: return 1;
   default: return 0;
   }
 }
@@ -217,6 +218,9 @@ static ferry_status check_type_limits(const ferry_frame_header *h) {
     return check_body_range(h, trailer, FERRY_WIRE_MAX_PAYLOAD + trailer);
   case FERRY_FRAME_NOTIFY:
     return check_body_range(h, 3, 2 + FERRY_WIRE_MAX_NAME + FERRY_WIRE_MAX_NOTIFY_DATA);
+  case FERRY_FRAME_POOL: return check_body_range(h, FERRY_WIRE_POOL_FIXED, FERRY_WIRE_POOL_MAX);
+  case FERRY_FRAME_POOL_REPLY:
+    return check_body_range(h, FERRY_WIRE_POOL_REPLY_SIZE, FERRY_WIRE_POOL_REPLY_SIZE);
   }
   return bad_frame(h, "unknown frame type"); /* unreachable: type checked first */
 }
@@ -237,7 +241,7 @@ ferry_status ferry_wire_header_decode(const uint8_t in[FERRY_WIRE_HEADER_SIZE],
                       magic, FERRY_WIRE_MAGIC);
   if (reserved != 0)
     return bad_frame(h, "reserved field is 0x%04x, not 0", (unsigned)reserved);
-  if (h->type < FERRY_FRAME_HELLO || h->type > FERRY_FRAME_PONG)
+  if (h->type < FERRY_FRAME_HELLO || h->type > FERRY_FRAME_POOL_REPLY)
     return ferry_fail(FERRY_EPROTO, "unknown frame type %u", (unsigned)h->type);
   ferry_status st = check_flags(h);
   if (st != FERRY_OK)
@@ -671,4 +675,58 @@ uint32_t ferry_crc32c(uint32_t crc, const void *data, size_t len) {
     return ~crc32c_sse42(c, p, len);
 #endif
   return ~crc32c_software(c, p, len);
+}
+
+/* ---- receive pools ---------------------------------------------------------- */
+
+size_t ferry_wire_pool_encode(uint8_t *out, const ferry_pool_req *r) {
+  out[0] = r->op;
+  out[1] = r->flags;
+  put_u16(out + 2, (uint16_t)r->pool_len);
+  put_u16(out + 4, (uint16_t)r->tag_len);
+  put_u16(out + 6, 0);
+  put_u32(out + 8, r->wait_ms);
+  put_u64(out + 12, r->grant);
+  put_u64(out + 20, r->length);
+  memcpy(out + FERRY_WIRE_POOL_FIXED, r->pool, r->pool_len);
+  if (r->tag_len)
+    memcpy(out + FERRY_WIRE_POOL_FIXED + r->pool_len, r->tag, r->tag_len);
+  return FERRY_WIRE_POOL_FIXED + r->pool_len + r->tag_len;
+}
+
+ferry_status ferry_wire_pool_decode(const uint8_t *in, size_t len, ferry_pool_req *r) {
+  if (len < FERRY_WIRE_POOL_FIXED)
+    return ferry_fail(FERRY_EPROTO, "POOL body of %zu bytes is too short", len);
+  r->op = in[0];
+  r->flags = in[1];
+  r->pool_len = get_u16(in + 2);
+  r->tag_len = get_u16(in + 4);
+  r->wait_ms = get_u32(in + 8);
+  r->grant = get_u64(in + 12);
+  r->length = get_u64(in + 20);
+  if ((r->op != FERRY_POOL_GRANT && r->op != FERRY_POOL_LANDED) || (r->flags & ~FERRY_POOL_NEXT) ||
+      get_u16(in + 6))
+    return ferry_fail(FERRY_EPROTO, "POOL body has op %u flags %u", r->op, r->flags);
+  if (!r->pool_len || r->pool_len > FERRY_WIRE_MAX_NAME || r->tag_len > FERRY_WIRE_MAX_NAME ||
+      (r->op == FERRY_POOL_LANDED && !r->tag_len) ||
+      len != FERRY_WIRE_POOL_FIXED + r->pool_len + r->tag_len)
+    return ferry_fail(FERRY_EPROTO, "POOL body: pool name %zu bytes, tag %zu, body %zu",
+                      r->pool_len, r->tag_len, len);
+  r->pool = (const char *)in + FERRY_WIRE_POOL_FIXED;
+  r->tag = r->pool + r->pool_len;
+  return FERRY_OK;
+}
+
+void ferry_wire_grant_encode(uint8_t out[FERRY_WIRE_POOL_REPLY_SIZE], const ferry_pool_grant *g) {
+  put_u64(out, g->instance);
+  put_u64(out + 8, g->id);
+  put_u64(out + 16, g->addr);
+  put_u64(out + 24, g->length);
+}
+
+void ferry_wire_grant_decode(const uint8_t in[FERRY_WIRE_POOL_REPLY_SIZE], ferry_pool_grant *g) {
+  g->instance = get_u64(in);
+  g->id = get_u64(in + 8);
+  g->addr = get_u64(in + 16);
+  g->length = get_u64(in + 24);
 }

@@ -13,7 +13,9 @@
  *   c: AUTH (if HELLO_REPLY asked for it)   s: AUTH_REPLY (its proof, facts)
  *   then any number of requests, each answered in order:
  *   REGIONS_REQ -> REGIONS_REPLY, WRITE -> WRITE_ACK, READ -> READ_REPLY,
- *   NOTIFY -> NOTIFY_ACK, PING -> PONG.
+ *   NOTIFY -> NOTIFY_ACK, PING -> PONG, POOL -> POOL_REPLY (bodies in pool.c;
+ *   a target older than pools closes the connection on POOL, which the
+ *   sender reports as a target without pools).
  * A reply with status != 0 carries the target's reason as its body (text).
  *
  * With a shared secret the target's facts (engine id, transports, boot id,
@@ -48,6 +50,9 @@
 #define FERRY_WIRE_BOOT_ID_SIZE 16
 #define FERRY_WIRE_MAX_DESCRIPTORS 4  /* transports a target describes */
 #define FERRY_WIRE_MAX_DESCRIPTOR 512 /* bytes of one transport's descriptor */
+#define FERRY_WIRE_POOL_FIXED 28
+#define FERRY_WIRE_POOL_MAX (FERRY_WIRE_POOL_FIXED + 2 * FERRY_WIRE_MAX_NAME)
+#define FERRY_WIRE_POOL_REPLY_SIZE 32 /* a grant */
 
 typedef enum ferry_frame_type {
   FERRY_FRAME_HELLO = 1,
@@ -64,6 +69,8 @@ typedef enum ferry_frame_type {
   FERRY_FRAME_NOTIFY_ACK = 12,
   FERRY_FRAME_PING = 13,
   FERRY_FRAME_PONG = 14,
+  FERRY_FRAME_POOL = 15,       /* receive pools: a grant request or a landed notice (pool.c) */
+  FERRY_FRAME_POOL_REPLY = 16, /* its answer: a grant, or none */
 } ferry_frame_type;
 
 /* flags */
@@ -165,6 +172,30 @@ size_t ferry_wire_notify_size(size_t name_len, size_t data_len);
 size_t ferry_wire_notify_encode(uint8_t *out, const char *name, const void *data, size_t data_len);
 ferry_status ferry_wire_notify_decode(const uint8_t *in, size_t len, const char **name,
                                       size_t *name_len, const uint8_t **data, size_t *data_len);
+
+/* POOL body: u8 op | u8 flags | u16 pool_len | u16 tag_len | u16 0 |
+ * u32 wait_ms | u64 grant | u64 length | pool | tag. GRANT asks for length
+ * bytes, waiting up to wait_ms for room, and gives back `grant` (0: none),
+ * a pre-grant the sender no longer trusts. LANDED says `grant` holds a
+ * message of length bytes under tag; with FERRY_POOL_NEXT it asks for a
+ * pre-grant of the same size in the reply. Decoded names point into in. */
+enum { FERRY_POOL_GRANT = 1, FERRY_POOL_LANDED = 2 };
+#define FERRY_POOL_NEXT 0x1
+typedef struct ferry_pool_req {
+  uint8_t op, flags;
+  uint32_t wait_ms;
+  uint64_t grant, length;
+  const char *pool, *tag;
+  size_t pool_len, tag_len;
+} ferry_pool_req;
+size_t ferry_wire_pool_encode(uint8_t *out, const ferry_pool_req *r);
+ferry_status ferry_wire_pool_decode(const uint8_t *in, size_t len, ferry_pool_req *r);
+/* POOL_REPLY body: u64 instance | u64 grant (0: none) | u64 addr | u64 length. */
+typedef struct ferry_pool_grant {
+  uint64_t instance, id, addr, length;
+} ferry_pool_grant;
+void ferry_wire_grant_encode(uint8_t out[FERRY_WIRE_POOL_REPLY_SIZE], const ferry_pool_grant *g);
+void ferry_wire_grant_decode(const uint8_t in[FERRY_WIRE_POOL_REPLY_SIZE], ferry_pool_grant *g);
 
 /* crc32c (Castagnoli), for checksum mode; crc is the running value (start 0). */
 uint32_t ferry_crc32c(uint32_t crc, const void *data, size_t len);

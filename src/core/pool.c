@@ -1,0 +1,729 @@
+/* pool.c - receive pools: a receiver's named memory that senders fill
+ * through slots it grants them, and the messages that land there.
+ *
+ * A send is a grant (a slot of the pool, reserved for one sender), the data
+ * WRITE into it (the engine's own path, any transport), then a LANDED
+ * notice sent only after every byte was acknowledged. Only then is the
+ * message queued for ferry_recv. The reply to LANDED carries a pre-grant
+ * for the sender's next message of the same size while the pool has room
+ * for it and one more, so a steady sender skips the grant round trip.
+ *
+ * Slots are reclaimed when the receiver releases them, and, for slots not
+ * landed yet, when every connection of their sender ended (the sender died
+ * or left): no WRITE of it can arrive any more, and a slot whose notice did
+ * not come is never delivered. A sender trusts a pre-grant for
+ * PREGRANT_FRESH_NS only, far below a receiver's idle_timeout_ms, so it
+ * never writes into a slot voided by its connections idling out. */
+#include "core/pool.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/peer.h"
+#include "core/sync.h"
+
+#define SLOT_ALIGN 64
+#define PREGRANT_FRESH_NS (5000ull * 1000 * 1000)
+#define GRANT_WAIT_TURN_MS 20u
+#define PREGRANTS_PER_POOL 1 /* cached per target pool; more would idle the receiver's room */
+
+typedef enum slot_state { SLOT_GRANTED, SLOT_QUEUED, SLOT_TAKEN } slot_state;
+
+typedef struct slot {
+  uint64_t id, peer, offset, length;
+  slot_state state;
+  uint64_t landed, seq; /* message length, order of landing */
+  uint8_t tag[FERRY_TAG_MAX];
+  size_t tag_len;
+  char sender[FERRY_TAG_MAX + 1];
+  struct slot *next; /* sorted by offset */
+} slot;
+
+struct ferry_pool {
+  ferry_engine *engine;
+  char name[FERRY_WIRE_MAX_NAME + 1];
+  uint8_t *base;
+  size_t length, used;
+  int allocated; /* base came from ferry_memory_alloc */
+  slot *slots;
+  size_t queued; /* slots in SLOT_QUEUED */
+  int efd;       /* readable while queued > 0 */
+  int dead;      /* destroy began */
+  unsigned users;
+  pthread_cond_t cond; /* a message landed, room was freed, or the pool is dying */
+  struct ferry_pool *next;
+};
+
+/* A pre-grant held by this engine as a sender. */
+typedef struct pregrant {
+  char target[FERRY_HOST_MAX + 8];
+  char pool[FERRY_WIRE_MAX_NAME + 1];
+  ferry_pool_grant grant;
+  uint64_t got_ns;
+  struct pregrant *next;
+} pregrant;
+
+struct ferry_pools {
+  pthread_mutex_t lock; /* everything here and in every pool */
+  ferry_pool *list;
+  int count; /* pools alive, read without the lock by the WRITE check */
+  uint64_t next_id, next_seq;
+  pregrant *pregrants;
+};
+
+ferry_status ferry_pools_init(ferry_engine *e) {
+  e->pools = calloc(1, sizeof *e->pools);
+  if (!e->pools)
+    return ferry_fail(FERRY_ENOMEM, "no memory for the pool table");
+  pthread_mutex_init(&e->pools->lock, NULL);
+  /* Random, so a slot id of another incarnation never names one of ours. */
+  e->pools->next_id = ferry_random_u64() >> 1 | 1;
+  return FERRY_OK;
+}
+
+void ferry_pools_wake(ferry_engine *e) {
+  if (!e->pools)
+    return;
+  pthread_mutex_lock(&e->pools->lock);
+  for (ferry_pool *p = e->pools->list; p; p = p->next)
+    pthread_cond_broadcast(&p->cond);
+  pthread_mutex_unlock(&e->pools->lock);
+}
+
+static void free_slots(slot *s) {
+  while (s) {
+    slot *next = s->next;
+    free(s);
+    s = next;
+  }
+}
+
+static void free_pool(ferry_pool *p) {
+  free_slots(p->slots);
+  close(p->efd);
+  pthread_cond_destroy(&p->cond);
+  free(p);
+}
+
+void ferry_pools_destroy(ferry_engine *e) {
+  ferry_pools *ps = e->pools;
+  if (!ps)
+    return;
+  while (ps->list) {
+    ferry_pool *p = ps->list;
+    ps->list = p->next;
+    free_pool(p); /* its memory goes with the engine's allocations and registry */
+  }
+  while (ps->pregrants) {
+    pregrant *g = ps->pregrants;
+    ps->pregrants = g->next;
+    free(g);
+  }
+  pthread_mutex_destroy(&ps->lock);
+  free(ps);
+  e->pools = NULL;
+}
+
+/* ---- the receiver's slots (pools lock held) --------------------------------- */
+
+static ferry_pool *find_pool(ferry_pools *ps, const char *name, size_t len) {
+  for (ferry_pool *p = ps->list; p; p = p->next)
+    if (!p->dead && strlen(p->name) == len && !memcmp(p->name, name, len))
+      return p;
+  return NULL;
+}
+
+static slot *find_slot(ferry_pool *p, uint64_t id) {
+  for (slot *s = p->slots; s; s = s->next)
+    if (s->id == id)
+      return s;
+  return NULL;
+}
+
+/* First fit: a new slot of length bytes for peer, or NULL when no gap fits. */
+static slot *carve(ferry_pools *ps, ferry_pool *p, uint64_t peer, uint64_t length) {
+  uint64_t need = (length + SLOT_ALIGN - 1) & ~(uint64_t)(SLOT_ALIGN - 1), at = 0;
+  slot **pp = &p->slots;
+  for (; *pp; pp = &(*pp)->next) {
+    if ((*pp)->offset - at >= need)
+      break;
+    at = (*pp)->offset + (*pp)->length;
+  }
+  if (!*pp && p->length - at < need)
+    return NULL;
+  slot *s = calloc(1, sizeof *s);
+  if (!s)
+    return NULL;
+  *s = (slot){.id = ps->next_id++, .peer = peer, .offset = at, .length = need, .next = *pp};
+  *pp = s;
+  p->used += need;
+  return s;
+}
+
+static void drop_slot(ferry_pool *p, slot *gone) {
+  for (slot **pp = &p->slots; *pp; pp = &(*pp)->next) {
+    if (*pp == gone) {
+      *pp = gone->next;
+      p->used -= gone->length;
+      free(gone);
+      pthread_cond_broadcast(&p->cond);
+      return;
+    }
+  }
+}
+
+static void grant_of(ferry_engine *e, ferry_pool *p, const slot *s, ferry_pool_grant *g) {
+  *g = (ferry_pool_grant){e->instance_id, s->id, (uint64_t)(uintptr_t)p->base + s->offset,
+                          s->length};
+}
+
+/* The eventfd follows queued: one count while messages wait, none when not. */
+static void set_ready(ferry_pool *p, int ready) {
+  uint64_t v = 1;
+  ssize_t n = ready ? write(p->efd, &v, sizeof v) : read(p->efd, &v, sizeof v);
+  (void)n; /* nonblocking: a count already there, or none to take, is the state we want */
+}
+
+/* ---- serving POOL frames ------------------------------------------------------ */
+
+static ferry_status wait_room(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
+                              uint64_t peer, slot **out) {
+  uint32_t wait_ms = r->wait_ms < e->cfg.timeout_ms ? r->wait_ms : e->cfg.timeout_ms;
+  uint64_t deadline = ferry_now_ns() + wait_ms * 1000000ull;
+  p->users++;
+  ferry_status st = FERRY_OK;
+  while (!(*out = carve(e->pools, p, peer, r->length))) {
+    if (p->dead || ferry_engine_closing(e)) {
+      st = ferry_fail(FERRY_ECLOSED, "pool '%s' of %s was destroyed while a sender waited for room",
+                      p->name, e->name);
+      break;
+    }
+    if (ferry_now_ns() >= deadline) {
+      st = ferry_fail(FERRY_EBUSY,
+                      "pool '%s' of %s is full: %llu bytes asked, %zu of %zu in use, "
+                      "waited %u ms",
+                      p->name, e->name, (unsigned long long)r->length, p->used, p->length, wait_ms);
+      break;
+    }
+    struct timespec until = ferry_timespec(deadline);
+    pthread_cond_timedwait(&p->cond, &e->pools->lock, &until);
+  }
+  if (--p->users == 0 && p->dead)
+    pthread_cond_broadcast(&p->cond);
+  return st;
+}
+
+static ferry_status serve_grant(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
+                                uint64_t peer, ferry_pool_grant *g) {
+  slot *stale = r->grant ? find_slot(p, r->grant) : NULL;
+  if (stale && stale->peer == peer && stale->state == SLOT_GRANTED)
+    drop_slot(p, stale);
+  if (!r->length || r->length > p->length)
+    return ferry_fail(FERRY_EINVAL,
+                      "a message of %llu bytes does not fit pool '%s' of %s (%zu bytes)",
+                      (unsigned long long)r->length, p->name, e->name, p->length);
+  slot *s;
+  ferry_status st = wait_room(e, p, r, peer, &s);
+  if (!st)
+    grant_of(e, p, s, g);
+  return st;
+}
+
+static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
+                                 uint64_t peer, const char *peer_name, ferry_pool_grant *g) {
+  slot *s = find_slot(p, r->grant);
+  if (!s || s->peer != peer || s->state != SLOT_GRANTED || !r->length || r->length > s->length)
+    return ferry_fail(FERRY_ENOTFOUND,
+                      "pool '%s' of %s: slot %llu is not granted to %s for %llu bytes "
+                      "(reclaimed, or never given)",
+                      p->name, e->name, (unsigned long long)r->grant, peer_name,
+                      (unsigned long long)r->length);
+  s->state = SLOT_QUEUED;
+  s->landed = r->length;
+  s->seq = e->pools->next_seq++;
+  memcpy(s->tag, r->tag, r->tag_len);
+  s->tag_len = r->tag_len;
+  snprintf(s->sender, sizeof s->sender, "%s", peer_name);
+  if (p->queued++ == 0)
+    set_ready(p, 1);
+  pthread_cond_broadcast(&p->cond);
+  /* Room for the next message and one more: a pre-grant never fills the pool. */
+  if ((r->flags & FERRY_POOL_NEXT) && p->length - p->used >= 2 * s->length) {
+    slot *next = carve(e->pools, p, peer, r->length);
+    if (next)
+      grant_of(e, p, next, g);
+  }
+  return FERRY_OK;
+}
+
+ferry_status ferry_pools_serve(ferry_engine *e, uint64_t peer, const char *peer_name,
+                               const uint8_t *body, size_t len,
+                               uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE]) {
+  ferry_pool_req r;
+  ferry_status st = ferry_wire_pool_decode(body, len, &r);
+  if (st)
+    return st;
+  ferry_pool_grant g = {e->instance_id, 0, 0, 0};
+  pthread_mutex_lock(&e->pools->lock);
+  ferry_pool *p = find_pool(e->pools, r.pool, r.pool_len);
+  if (!p)
+    st = ferry_fail(FERRY_ENOTFOUND, "no pool '%.*s' at %s", (int)r.pool_len, r.pool, e->name);
+  else if (r.op == FERRY_POOL_GRANT)
+    st = serve_grant(e, p, &r, peer, &g);
+  else
+    st = serve_landed(e, p, &r, peer, peer_name, &g);
+  pthread_mutex_unlock(&e->pools->lock);
+  ferry_wire_grant_encode(reply, &g);
+  return st;
+}
+
+ferry_status ferry_pools_check_write(ferry_engine *e, uint64_t peer, uint64_t addr, uint64_t len,
+                                     char *reason, size_t size) {
+  if (!__atomic_load_n(&e->pools->count, __ATOMIC_ACQUIRE))
+    return FERRY_OK;
+  ferry_status st = FERRY_OK;
+  pthread_mutex_lock(&e->pools->lock);
+  for (ferry_pool *p = e->pools->list; p && !st; p = p->next) {
+    uint64_t base = (uint64_t)(uintptr_t)p->base;
+    if (addr + len <= base || addr >= base + p->length)
+      continue;
+    st = FERRY_ENOTREG;
+    for (slot *s = p->slots; s && !p->dead; s = s->next)
+      if (s->peer == peer && s->state == SLOT_GRANTED && addr >= base + s->offset &&
+          addr + len <= base + s->offset + s->length)
+        st = FERRY_OK;
+    if (st)
+      snprintf(reason, size,
+               "remote address 0x%llx (+%llu bytes) is in pool '%s' of %s outside every slot "
+               "granted to this sender",
+               (unsigned long long)addr, (unsigned long long)len, p->name, e->name);
+  }
+  pthread_mutex_unlock(&e->pools->lock);
+  return st;
+}
+
+void ferry_pools_peer_gone(ferry_engine *e, uint64_t peer) {
+  pthread_mutex_lock(&e->pools->lock);
+  for (ferry_pool *p = e->pools->list; p; p = p->next) {
+    slot *s = p->slots;
+    while (s) {
+      slot *next = s->next;
+      if (s->peer == peer && s->state == SLOT_GRANTED)
+        drop_slot(p, s);
+      s = next;
+    }
+  }
+  pthread_mutex_unlock(&e->pools->lock);
+}
+
+/* ---- the receiver's calls ------------------------------------------------------ */
+
+static ferry_status pool_create(ferry_engine *e, const char *name, void *addr, size_t length,
+                                ferry_pool **out) {
+  size_t name_len = name ? strlen(name) : 0;
+  if (!e || !out || !name_len || name_len > FERRY_WIRE_MAX_NAME - 1 || !length)
+    return ferry_fail(FERRY_EINVAL, "pool create: needs a name of 1..%d bytes, a length and out",
+                      FERRY_WIRE_MAX_NAME - 1);
+  ferry_pool *p = calloc(1, sizeof *p);
+  if (!p)
+    return ferry_fail(FERRY_ENOMEM, "no memory for pool '%s'", name);
+  p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (p->efd < 0) {
+    int err = errno;
+    free(p);
+    return ferry_fail_errno(FERRY_ENOMEM, err, "pool '%s': eventfd", name);
+  }
+  ferry_cond_init(&p->cond);
+  p->engine = e;
+  p->length = length;
+  p->allocated = !addr;
+  snprintf(p->name, sizeof p->name, "%s", name);
+  ferry_status st =
+      addr ? ferry_memory_register(e, addr, length) : ferry_memory_alloc(e, length, &addr);
+  if (st) {
+    free_pool(p);
+    return st;
+  }
+  p->base = addr;
+  pthread_mutex_lock(&e->pools->lock);
+  if (find_pool(e->pools, name, name_len)) {
+    pthread_mutex_unlock(&e->pools->lock);
+    p->allocated ? ferry_memory_free(e, addr) : ferry_memory_unregister(e, addr);
+    free_pool(p);
+    return ferry_fail(FERRY_EINVAL, "pool '%s' already exists at %s", name, e->name);
+  }
+  p->next = e->pools->list;
+  e->pools->list = p;
+  __atomic_add_fetch(&e->pools->count, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&e->pools->lock);
+  *out = p;
+  return FERRY_OK;
+}
+
+static ferry_status pool_destroy(ferry_engine *e, ferry_pool *p) {
+  if (!e || !p)
+    return ferry_fail(FERRY_EINVAL, "pool destroy: null engine or pool");
+  pthread_mutex_lock(&e->pools->lock);
+  p->dead = 1; /* from here every WRITE into it is refused and no grant is given */
+  pthread_cond_broadcast(&p->cond);
+  while (p->users)
+    pthread_cond_wait(&p->cond, &e->pools->lock);
+  pthread_mutex_unlock(&e->pools->lock);
+  /* The unregister fence: no WRITE checked before dead was set still moves bytes. */
+  p->allocated ? ferry_memory_free(e, p->base) : ferry_memory_unregister(e, p->base);
+  pthread_mutex_lock(&e->pools->lock);
+  for (ferry_pool **pp = &e->pools->list; *pp; pp = &(*pp)->next) {
+    if (*pp == p) {
+      *pp = p->next;
+      break;
+    }
+  }
+  __atomic_sub_fetch(&e->pools->count, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&e->pools->lock);
+  free_pool(p);
+  return FERRY_OK;
+}
+
+static int tag_matches(const slot *s, const void *tag, size_t tag_len) {
+  return !tag || (s->tag_len == tag_len && !memcmp(s->tag, tag, tag_len));
+}
+
+/* The earliest landed message with tag, or NULL. */
+static slot *earliest(ferry_pool *p, const void *tag, size_t tag_len) {
+  slot *best = NULL;
+  for (slot *s = p->slots; s; s = s->next)
+    if (s->state == SLOT_QUEUED && tag_matches(s, tag, tag_len) && (!best || s->seq < best->seq))
+      best = s;
+  return best;
+}
+
+static void take(ferry_pool *p, slot *s, ferry_message *out) {
+  s->state = SLOT_TAKEN;
+  if (--p->queued == 0)
+    set_ready(p, 0);
+  out->slot = s->id;
+  out->addr = p->base + s->offset;
+  out->length = (size_t)s->landed;
+  memcpy(out->tag, s->tag, s->tag_len);
+  out->tag_len = s->tag_len;
+  snprintf(out->sender, sizeof out->sender, "%s", s->sender);
+}
+
+static ferry_status no_message(ferry_engine *e, ferry_pool *p, const void *tag, size_t tag_len,
+                               int64_t timeout_ms) {
+  if (p->dead || ferry_engine_closing(e))
+    return ferry_fail(FERRY_ECLOSED, "recv on pool '%s' of %s: the pool is being destroyed",
+                      p->name, e->name);
+  if (!tag)
+    return ferry_fail(FERRY_ETIMEDOUT, "recv on pool '%s' of %s: no message within %lld ms",
+                      p->name, e->name, (long long)timeout_ms);
+  return ferry_fail(FERRY_ETIMEDOUT,
+                    "recv on pool '%s' of %s: no message tagged '%.*s' within %lld ms", p->name,
+                    e->name, (int)tag_len, (const char *)tag, (long long)timeout_ms);
+}
+
+static ferry_status recv_message(ferry_engine *e, ferry_pool *p, const void *tag, size_t tag_len,
+                                 int64_t timeout_ms, ferry_message *out) {
+  if (!e || !p || !out || (tag && (!tag_len || tag_len > FERRY_TAG_MAX)))
+    return ferry_fail(FERRY_EINVAL,
+                      "recv: needs an engine, a pool, out, and a tag of 1..%d bytes or NULL",
+                      FERRY_TAG_MAX);
+  uint64_t deadline = ferry_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
+  ferry_status st = FERRY_OK;
+  pthread_mutex_lock(&e->pools->lock);
+  p->users++;
+  slot *s;
+  while (!(s = earliest(p, tag, tag_len))) {
+    if (p->dead || ferry_engine_closing(e) || timeout_ms == 0 ||
+        (timeout_ms > 0 && ferry_now_ns() >= deadline)) {
+      st = no_message(e, p, tag, tag_len, timeout_ms);
+      break;
+    }
+    struct timespec until = ferry_timespec(deadline);
+    if (timeout_ms < 0)
+      pthread_cond_wait(&p->cond, &e->pools->lock);
+    else
+      pthread_cond_timedwait(&p->cond, &e->pools->lock, &until);
+  }
+  if (s)
+    take(p, s, out);
+  if (--p->users == 0 && p->dead)
+    pthread_cond_broadcast(&p->cond);
+  pthread_mutex_unlock(&e->pools->lock);
+  return st;
+}
+
+static ferry_status pool_release(ferry_engine *e, ferry_pool *p, uint64_t id) {
+  if (!e || !p)
+    return ferry_fail(FERRY_EINVAL, "pool release: null engine or pool");
+  pthread_mutex_lock(&e->pools->lock);
+  slot *s = find_slot(p, id);
+  int taken = s && s->state == SLOT_TAKEN;
+  if (taken)
+    drop_slot(p, s);
+  pthread_mutex_unlock(&e->pools->lock);
+  return taken ? FERRY_OK
+               : ferry_fail(FERRY_ENOTFOUND, "pool '%s' of %s: slot %llu is not a received message",
+                            p->name, e->name, (unsigned long long)id);
+}
+
+/* ---- the sender ------------------------------------------------------------------ */
+
+static int same_pool(const pregrant *g, const char *target, const char *pool) {
+  return !strcmp(g->target, target) && !strcmp(g->pool, pool);
+}
+
+/* A fresh pre-grant of at least length bytes from this target incarnation,
+ * taken out of the cache. One that does not fit (too small, or older than
+ * PREGRANT_FRESH_NS) goes to *stale, to be given back by the grant request
+ * (0: none), so pre-grants of other sizes do not hold the pool's room;
+ * other incarnations' entries are void and dropped. */
+static int take_pregrant(ferry_pools *ps, const char *target, const char *pool, size_t length,
+                         uint64_t instance, ferry_pool_grant *out, uint64_t *stale) {
+  uint64_t now = ferry_now_ns();
+  int found = 0;
+  *stale = 0;
+  pthread_mutex_lock(&ps->lock);
+  for (pregrant **pp = &ps->pregrants; *pp;) {
+    pregrant *g = *pp;
+    int mine = same_pool(g, target, pool), ours = g->grant.instance == instance;
+    int fits = ours && now - g->got_ns < PREGRANT_FRESH_NS && g->grant.length >= length;
+    int take = mine && ((fits && !found) || (ours && !*stale) || !ours);
+    if (!take) {
+      pp = &g->next;
+      continue;
+    }
+    if (fits && !found)
+      *out = g->grant, found = 1;
+    else if (ours)
+      *stale = g->grant.id;
+    *pp = g->next;
+    free(g);
+  }
+  pthread_mutex_unlock(&ps->lock);
+  return found;
+}
+
+/* Caches a pre-grant for the next send to this pool. */
+static void keep_pregrant(ferry_pools *ps, const char *target, const char *pool,
+                          const ferry_pool_grant *grant) {
+  pregrant *g = calloc(1, sizeof *g);
+  if (!g)
+    return; /* the slot idles until this engine's connections end */
+  snprintf(g->target, sizeof g->target, "%s", target);
+  snprintf(g->pool, sizeof g->pool, "%s", pool);
+  g->grant = *grant;
+  g->got_ns = ferry_now_ns();
+  pthread_mutex_lock(&ps->lock);
+  g->next = ps->pregrants;
+  ps->pregrants = g;
+  pthread_mutex_unlock(&ps->lock);
+}
+
+static int wants_pregrant(ferry_pools *ps, const char *target, const char *pool) {
+  unsigned n = 0;
+  pthread_mutex_lock(&ps->lock);
+  for (pregrant *g = ps->pregrants; g; g = g->next)
+    n += same_pool(g, target, pool);
+  pthread_mutex_unlock(&ps->lock);
+  return n < PREGRANTS_PER_POOL;
+}
+
+static ferry_status pool_call(ferry_peer *peer, const ferry_pool_req *r, uint64_t deadline,
+                              ferry_pool_grant *g) {
+  uint8_t body[FERRY_WIRE_POOL_MAX], reply[FERRY_WIRE_POOL_REPLY_SIZE];
+  size_t len = ferry_wire_pool_encode(body, r);
+  ferry_status st = ferry_peer_pool(peer, body, len, reply, deadline);
+  if (!st)
+    ferry_wire_grant_decode(reply, g);
+  return st;
+}
+
+typedef struct send_args {
+  ferry_engine *e;
+  const char *target, *pool;
+  const void *tag;
+  size_t tag_len;
+  void *local;
+  size_t length;
+  uint32_t wait_ms;
+} send_args;
+
+/* A grant, waiting for room up to wait_ms in turns of GRANT_WAIT_TURN_MS:
+ * the receiver holds each request while the pool is full, and the control
+ * connection it holds is the one this engine's other sends to that target
+ * need for their LANDED notices (which may be what frees the room). */
+static ferry_status request_grant(const send_args *a, ferry_peer *peer, uint64_t stale,
+                                  ferry_pool_grant *g) {
+  uint64_t start = ferry_now_ns(), until = start + a->wait_ms * 1000000ull;
+  ferry_pool_req r = {.op = FERRY_POOL_GRANT,
+                      .grant = stale,
+                      .length = a->length,
+                      .pool = a->pool,
+                      .pool_len = strlen(a->pool)};
+  for (;;) {
+    uint64_t now = ferry_now_ns(), left_ms = now < until ? (until - now) / 1000000 : 0;
+    r.wait_ms = left_ms < GRANT_WAIT_TURN_MS ? (uint32_t)left_ms : GRANT_WAIT_TURN_MS;
+    uint64_t deadline = now + (r.wait_ms + (uint64_t)a->e->cfg.connect_timeout_ms) * 1000000ull;
+    ferry_status st = pool_call(peer, &r, deadline, g);
+    if (st == FERRY_EBUSY && ferry_now_ns() >= until && a->wait_ms > GRANT_WAIT_TURN_MS) {
+      char detail[FERRY_ERROR_MAX];
+      snprintf(detail, sizeof detail, "%s", ferry_last_error());
+      return ferry_fail(FERRY_EBUSY, "%s (the send waited %u ms in all)", detail, a->wait_ms);
+    }
+    if (st != FERRY_EBUSY || ferry_now_ns() >= until)
+      return st;
+    r.grant = 0; /* given back by the first turn */
+  }
+}
+
+static ferry_status send_landed(const send_args *a, ferry_peer *peer, uint64_t id) {
+  int next = wants_pregrant(a->e->pools, a->target, a->pool);
+  ferry_pool_req r = {.op = FERRY_POOL_LANDED,
+                      .flags = next ? FERRY_POOL_NEXT : 0,
+                      .grant = id,
+                      .length = a->length,
+                      .pool = a->pool,
+                      .pool_len = strlen(a->pool),
+                      .tag = a->tag,
+                      .tag_len = a->tag_len};
+  ferry_pool_grant g;
+  uint64_t deadline = ferry_now_ns() + a->e->cfg.connect_timeout_ms * 1000000ull;
+  ferry_status st = pool_call(peer, &r, deadline, &g);
+  if (!st && g.id)
+    keep_pregrant(a->e->pools, a->target, a->pool, &g);
+  return st;
+}
+
+/* One try: a grant (a cached pre-grant when use_cache), the WRITE, then
+ * LANDED. *retry says whether a failure left nothing delivered and a
+ * second try with a fresh grant may succeed: a pre-grant the target voided,
+ * or a connection of a target that restarted. */
+static ferry_status send_try(const send_args *a, int use_cache, int *retry) {
+  ferry_engine *e = a->e;
+  ferry_peer *peer;
+  const struct ferry_transport *transport;
+  uint64_t instance, stale = 0;
+  ferry_pool_grant g = {0, 0, 0, 0};
+  *retry = 0;
+  ferry_status st = ferry_peer_get(e, a->target, &peer);
+  if (!st)
+    st = ferry_peer_ensure(peer, ferry_now_ns() + e->cfg.connect_timeout_ms * 1000000ull,
+                           &transport, &instance);
+  if (st)
+    return st;
+  int cached =
+      use_cache && take_pregrant(e->pools, a->target, a->pool, a->length, instance, &g, &stale);
+  if (!cached)
+    st = request_grant(a, peer, stale, &g);
+  if (!st && g.instance != instance)
+    st = ferry_fail(FERRY_ESOCKET, "send to pool '%s' of %s: the target restarted during the send",
+                    a->pool, a->target);
+  if (!st)
+    st = ferry_transfer_sync(e, a->target, FERRY_OP_WRITE, a->local, g.addr, a->length);
+  if (st) {
+    *retry = st == FERRY_ESOCKET || (st == FERRY_ENOTREG && cached);
+    if (st != FERRY_ENOTREG && st != FERRY_ESOCKET && g.id)
+      keep_pregrant(e->pools, a->target, a->pool, &g); /* still ours: the next send may use it */
+    return st;
+  }
+  return send_landed(a, peer, g.id); /* past here the receiver may have the message: no retry */
+}
+
+static ferry_status send_one(const send_args *a) {
+  int retry;
+  ferry_status st = send_try(a, 1, &retry);
+  return retry ? send_try(a, 0, &retry) : st;
+}
+
+static ferry_status check_send(ferry_engine *e, const char *target, const char *pool,
+                               const void *tag, size_t tag_len, const void *local, size_t length) {
+  size_t pool_len = pool ? strlen(pool) : 0;
+  if (!e || !target || !local || !length)
+    return ferry_fail(FERRY_EINVAL, "send: needs an engine, a target and local bytes");
+  if (!pool_len || pool_len >= FERRY_WIRE_MAX_NAME || !tag || !tag_len || tag_len > FERRY_TAG_MAX)
+    return ferry_fail(FERRY_EINVAL, "send to %s: pool name of 1..%d bytes and tag of 1..%d bytes",
+                      target, FERRY_WIRE_MAX_NAME - 1, FERRY_TAG_MAX);
+  return FERRY_OK;
+}
+
+static send_args args_for(ferry_engine *e, const char *target, const char *pool, int64_t timeout_ms,
+                          unsigned flags) {
+  uint32_t wait = timeout_ms < 0            ? e->cfg.timeout_ms
+                  : timeout_ms > UINT32_MAX ? UINT32_MAX
+                                            : (uint32_t)timeout_ms;
+  return (send_args){
+      .e = e, .target = target, .pool = pool, .wait_ms = flags & FERRY_SEND_NOWAIT ? 0 : wait};
+}
+
+static ferry_status send_message(ferry_engine *e, const char *target, const char *pool,
+                                 const void *tag, size_t tag_len, void *local, size_t length,
+                                 int64_t timeout_ms, unsigned flags) {
+  ferry_status st = check_send(e, target, pool, tag, tag_len, local, length);
+  if (st)
+    return st;
+  send_args a = args_for(e, target, pool, timeout_ms, flags);
+  a.tag = tag, a.tag_len = tag_len, a.local = local, a.length = length;
+  return send_one(&a);
+}
+
+static ferry_status send_batch(ferry_engine *e, const char *target, const char *pool,
+                               ferry_send_item *items, size_t count, int64_t timeout_ms,
+                               unsigned flags) {
+  if (!items && count)
+    return ferry_fail(FERRY_EINVAL, "send batch: null items");
+  ferry_status first = FERRY_OK;
+  char detail[FERRY_ERROR_MAX] = "";
+  for (size_t i = 0; i < count; i++) {
+    ferry_send_item *it = &items[i];
+    it->status = send_message(e, target, pool, it->tag, it->tag_len, it->local, it->length,
+                              timeout_ms, flags);
+    if (it->status && !first) {
+      first = it->status;
+      snprintf(detail, sizeof detail, "message %zu: %s", i, ferry_last_error());
+    }
+  }
+  if (first)
+    ferry_error_set_detail(detail);
+  return first;
+}
+
+/* ---- public calls ---------------------------------------------------------------- */
+
+ferry_status ferry_pool_create(ferry_engine *e, const char *name, void *addr, size_t length,
+                               ferry_pool **out) {
+  FERRY_GATED(e, pool_create(e, name, addr, length, out));
+}
+
+ferry_status ferry_pool_destroy(ferry_engine *e, ferry_pool *pool) {
+  FERRY_GATED(e, pool_destroy(e, pool));
+}
+
+ferry_status ferry_recv(ferry_engine *e, ferry_pool *pool, const void *tag, size_t tag_len,
+                        int64_t timeout_ms, ferry_message *out) {
+  FERRY_GATED(e, recv_message(e, pool, tag, tag_len, timeout_ms, out));
+}
+
+ferry_status ferry_pool_release(ferry_engine *e, ferry_pool *pool, uint64_t slot) {
+  FERRY_GATED(e, pool_release(e, pool, slot));
+}
+
+int ferry_pool_fd(const ferry_pool *pool) { return pool ? pool->efd : -1; }
+
+ferry_status ferry_send(ferry_engine *e, const char *target, const char *pool, const void *tag,
+                        size_t tag_len, void *local, size_t length, int64_t timeout_ms,
+                        unsigned flags) {
+  FERRY_GATED(e, send_message(e, target, pool, tag, tag_len, local, length, timeout_ms, flags));
+}
+
+ferry_status ferry_send_batch(ferry_engine *e, const char *target, const char *pool,
+                              ferry_send_item *items, size_t count, int64_t timeout_ms,
+                              unsigned flags) {
+  FERRY_GATED(e, send_batch(e, target, pool, items, count, timeout_ms, flags));
+}

@@ -1,0 +1,32 @@
+/* pool.h - receive pools (message handoff): the receiver's pools and the
+ * grants it gave, served from POOL frames, and the sender's side of
+ * ferry_send. Built on the engine's WRITE path and its control connection,
+ * so it works over every transport. */
+#ifndef FERRY_POOL_H
+#define FERRY_POOL_H
+
+#include "core/engine.h"
+
+typedef struct ferry_pools ferry_pools;
+
+ferry_status ferry_pools_init(ferry_engine *engine);
+/* Shutdown: wakes every wait on a pool (receivers, grant requests). */
+void ferry_pools_wake(ferry_engine *engine);
+/* After shutdown: frees what is left. */
+void ferry_pools_destroy(ferry_engine *engine);
+
+/* Server side of a POOL frame from peer (its engine id and name); on
+ * FERRY_OK reply holds the POOL_REPLY body. May wait for room in the pool
+ * up to the request's wait_ms, at most the engine's timeout_ms. */
+ferry_status ferry_pools_serve(ferry_engine *engine, uint64_t peer, const char *peer_name,
+                               const uint8_t *body, size_t len,
+                               uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE]);
+/* A WRITE of [addr, addr+len) by peer: FERRY_OK unless it touches a pool
+ * outside a slot granted to that peer (then reason says why). One atomic
+ * load when the engine has no pool. */
+ferry_status ferry_pools_check_write(ferry_engine *engine, uint64_t peer, uint64_t addr,
+                                     uint64_t len, char *reason, size_t size);
+/* Every connection of peer has ended: its slots not yet landed go back. */
+void ferry_pools_peer_gone(ferry_engine *engine, uint64_t peer);
+
+#endif

@@ -1,0 +1,388 @@
+/* test_pool.c - receive pools: ferry_send into a receiver's pool and
+ * ferry_recv out of it, between two engines of this process over tcp
+ * loopback, with the fault cases driven by a raw wire client (a sender
+ * that dies mid-send, one that writes outside its grant) and by the
+ * receiver's own engine restarting. Every message is checked byte for
+ * byte. */
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* cmocka needs the headers above first. */
+#include <cmocka.h>
+
+#include "ferry.h"
+#include "harness.h"
+#include "rawclient.h"
+#include "wire/wire.h"
+
+#define KiB 1024u
+#define MiB (1024u * 1024u)
+
+typedef struct pair {
+  ferry_engine *rx, *tx;
+  ferry_pool *pool;
+  uint8_t *out;
+} pair;
+
+static ferry_engine *engine_with(uint16_t port, const char *secret) {
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.secret = secret;
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.port = port;
+  cfg.transports = FERRY_TRANSPORT_TCP; /* the grant check is the target's, on tcp */
+  ferry_engine *e = NULL;
+  ferry_status st = ferry_engine_create(&cfg, &e);
+  if (st)
+    fail_msg("engine on port %u: %s", port, ferry_last_error());
+  return e;
+}
+
+static pair *pair_with(size_t pool_size, const char *secret) {
+  pair *p = calloc(1, sizeof *p);
+  p->rx = engine_with(0, secret);
+  p->tx = engine_with(0, secret);
+  assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, pool_size, &p->pool), FERRY_OK);
+  assert_int_equal(ferry_memory_alloc(p->tx, 8 * MiB, (void **)&p->out), FERRY_OK);
+  return p;
+}
+
+static pair *pair_new(size_t pool_size) { return pair_with(pool_size, NULL); }
+
+static void pair_free(pair *p) {
+  ferry_engine_destroy(p->tx);
+  ferry_engine_destroy(p->rx);
+  free(p);
+}
+
+static ferry_status send_tag(pair *p, const char *tag, size_t offset, size_t len, int64_t timeout,
+                             unsigned flags) {
+  return ferry_send(p->tx, ferry_engine_name(p->rx), "emb", tag, strlen(tag), p->out + offset, len,
+                    timeout, flags);
+}
+
+/* Receives tag (NULL: any) and checks its bytes against out[offset..]. */
+static uint64_t expect(pair *p, const char *tag, size_t offset, size_t len) {
+  ferry_message m;
+  ferry_status st = ferry_recv(p->rx, p->pool, tag, tag ? strlen(tag) : 0, 5000, &m);
+  if (st)
+    fail_msg("recv %s: %s", tag ? tag : "(any)", ferry_last_error());
+  assert_int_equal(m.length, len);
+  assert_memory_equal(m.addr, p->out + offset, len);
+  assert_string_equal(m.sender, ferry_engine_name(p->tx));
+  return m.slot;
+}
+
+static int readable(int fd) {
+  struct pollfd pfd = {fd, POLLIN, 0};
+  return poll(&pfd, 1, 0) == 1;
+}
+
+static void handoff_in_order(void **state) {
+  pair *p = pair_new(4 * MiB);
+  test_fill_random(p->out, 8 * MiB, 1);
+  assert_false(readable(ferry_pool_fd(p->pool)));
+  /* Several rounds: the later sends ride on pre-grants. */
+  for (int round = 0; round < 4; round++) {
+    assert_int_equal(send_tag(p, "req-1", 0, 1 * MiB, -1, 0), FERRY_OK);
+    assert_int_equal(send_tag(p, "req-2", 1 * MiB, 64 * KiB + 3, -1, 0), FERRY_OK);
+    assert_true(readable(ferry_pool_fd(p->pool)));
+    uint64_t b = expect(p, "req-2", 1 * MiB, 64 * KiB + 3);
+    uint64_t a = expect(p, NULL, 0, 1 * MiB);
+    assert_false(readable(ferry_pool_fd(p->pool)));
+    assert_int_equal(ferry_pool_release(p->rx, p->pool, a), FERRY_OK);
+    assert_int_equal(ferry_pool_release(p->rx, p->pool, b), FERRY_OK);
+    assert_int_equal(ferry_pool_release(p->rx, p->pool, b), FERRY_ENOTFOUND);
+  }
+  pair_free(p);
+}
+
+/* With a shared secret the POOL frames are sealed like every other frame. */
+static void handoff_with_secret(void **state) {
+  pair *p = pair_with(4 * MiB, "pool-secret");
+  test_fill_random(p->out, 8 * MiB, 9);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(send_tag(p, "sealed", 0, 1 * MiB, -1, 0), FERRY_OK);
+    assert_int_equal(ferry_pool_release(p->rx, p->pool, expect(p, "sealed", 0, 1 * MiB)), FERRY_OK);
+  }
+  pair_free(p);
+}
+
+static void batch_delivers_each(void **state) {
+  pair *p = pair_new(4 * MiB);
+  test_fill_random(p->out, 8 * MiB, 2);
+  ferry_send_item items[3] = {
+      {"x", 1, p->out, 1000, 0}, {"y", 1, p->out + 1000, 5000, 0}, {"z", 1, p->out, 64 * MiB, 0}};
+  assert_int_equal(ferry_send_batch(p->tx, ferry_engine_name(p->rx), "emb", items, 3, -1, 0),
+                   FERRY_EINVAL);
+  assert_int_equal(items[0].status, FERRY_OK);
+  assert_int_equal(items[1].status, FERRY_OK);
+  assert_int_equal(items[2].status, FERRY_EINVAL);
+  expect(p, "x", 0, 1000);
+  expect(p, "y", 1000, 5000);
+  pair_free(p);
+}
+
+static void too_large_and_unknown_pool(void **state) {
+  pair *p = pair_new(1 * MiB);
+  assert_int_equal(send_tag(p, "big", 0, 1 * MiB + 1, -1, 0), FERRY_EINVAL);
+  assert_non_null(strstr(ferry_last_error(), "does not fit pool 'emb'"));
+  assert_int_equal(ferry_send(p->tx, ferry_engine_name(p->rx), "nope", "t", 1, p->out, 10, -1, 0),
+                   FERRY_ENOTFOUND);
+  assert_non_null(strstr(ferry_last_error(), "no pool 'nope'"));
+  /* Nothing was delivered by either. */
+  ferry_message m;
+  assert_int_equal(ferry_recv(p->rx, p->pool, NULL, 0, 0, &m), FERRY_ETIMEDOUT);
+  pair_free(p);
+}
+
+static void recv_timeout_names_tag_and_pool(void **state) {
+  pair *p = pair_new(1 * MiB);
+  ferry_message m;
+  assert_int_equal(ferry_recv(NULL, p->pool, NULL, 0, 0, &m), FERRY_EINVAL);
+  assert_int_equal(ferry_pool_release(NULL, p->pool, 1), FERRY_EINVAL);
+  assert_int_equal(ferry_recv(p->rx, p->pool, "", 0, 0, &m), FERRY_EINVAL);
+  assert_int_equal(ferry_recv(p->rx, p->pool, "req-9", 5, 50, &m), FERRY_ETIMEDOUT);
+  assert_non_null(strstr(ferry_last_error(), "'req-9'"));
+  assert_non_null(strstr(ferry_last_error(), "pool 'emb'"));
+  pair_free(p);
+}
+
+static void tag_twice_both_in_order(void **state) {
+  pair *p = pair_new(4 * MiB);
+  test_fill_random(p->out, 8 * MiB, 3);
+  assert_int_equal(send_tag(p, "dup", 0, 4096, -1, 0), FERRY_OK);
+  assert_int_equal(send_tag(p, "dup", 8192, 4096, -1, 0), FERRY_OK);
+  expect(p, "dup", 0, 4096);
+  expect(p, "dup", 8192, 4096);
+  pair_free(p);
+}
+
+typedef struct waiting_send {
+  pair *p;
+  ferry_status st;
+} waiting_send;
+
+static void *send_waiting(void *arg) {
+  waiting_send *w = arg;
+  w->st = send_tag(w->p, "late", 0, 600 * KiB, 20000, 0);
+  return NULL;
+}
+
+static void full_pool_busy_or_waits(void **state) {
+  pair *p = pair_new(1 * MiB);
+  test_fill_random(p->out, 8 * MiB, 4);
+  assert_int_equal(send_tag(p, "first", 0, 600 * KiB, -1, 0), FERRY_OK);
+  assert_int_equal(send_tag(p, "nowait", 0, 600 * KiB, -1, FERRY_SEND_NOWAIT), FERRY_EBUSY);
+  assert_non_null(strstr(ferry_last_error(), "pool 'emb'"));
+  assert_int_equal(send_tag(p, "short", 0, 600 * KiB, 50, 0), FERRY_EBUSY);
+  /* A sender that waits gets the room as soon as the receiver frees it. */
+  waiting_send w = {p, FERRY_EINPROGRESS};
+  pthread_t t;
+  pthread_create(&t, NULL, send_waiting, &w);
+  ferry_message m;
+  assert_int_equal(ferry_recv(p->rx, p->pool, "first", 5, 5000, &m), FERRY_OK);
+  assert_int_equal(ferry_pool_release(p->rx, p->pool, m.slot), FERRY_OK);
+  pthread_join(t, NULL);
+  assert_int_equal(w.st, FERRY_OK);
+  expect(p, "late", 0, 600 * KiB);
+  pair_free(p);
+}
+
+/* A pre-grant too small for the next message is given back by that
+ * message's grant request: its room is what the message needs here. */
+static void pregrant_of_another_size_is_given_back(void **state) {
+  pair *p = pair_new(3 * MiB + 128);
+  test_fill_random(p->out, 8 * MiB, 8);
+  assert_int_equal(send_tag(p, "small", 0, 1 * MiB, -1, 0), FERRY_OK); /* + a 1 MiB pre-grant */
+  assert_int_equal(ferry_pool_release(p->rx, p->pool, expect(p, "small", 0, 1 * MiB)), FERRY_OK);
+  if (send_tag(p, "large", 0, 2 * MiB + 512 * KiB, -1, FERRY_SEND_NOWAIT))
+    fail_msg("send after a smaller pre-grant: %s", ferry_last_error());
+  expect(p, "large", 0, 2 * MiB + 512 * KiB);
+  pair_free(p);
+}
+
+typedef struct crowd {
+  pair *p;
+  int index;
+  ferry_status st;
+} crowd;
+
+static void *crowd_sender(void *arg) {
+  crowd *c = arg;
+  char tag[16];
+  for (int i = 0; i < 20 && !c->st; i++) {
+    snprintf(tag, sizeof tag, "s%d-%d", c->index, i);
+    c->st = send_tag(c->p, tag, (size_t)c->index * 256 * KiB, 256 * KiB, 10000, 0);
+  }
+  return NULL;
+}
+
+/* Four threads of one engine into a pool of two messages: a send waiting
+ * for room must not hold up the others' landed notices (they share the
+ * sender's control connection), or nobody ever frees room. */
+static void senders_of_one_engine_share_a_small_pool(void **state) {
+  pair *p = pair_new(512 * KiB + 128);
+  test_fill_random(p->out, 8 * MiB, 7);
+  crowd c[4];
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) {
+    c[i] = (crowd){p, i, FERRY_OK};
+    pthread_create(&t[i], NULL, crowd_sender, &c[i]);
+  }
+  for (int got = 0; got < 80; got++) {
+    ferry_message m;
+    if (ferry_recv(p->rx, p->pool, NULL, 0, 15000, &m))
+      fail_msg("message %d: %s", got, ferry_last_error());
+    int index = m.tag[1] - '0';
+    assert_int_equal(m.length, 256 * KiB);
+    assert_memory_equal(m.addr, p->out + (size_t)index * 256 * KiB, m.length);
+    assert_int_equal(ferry_pool_release(p->rx, p->pool, m.slot), FERRY_OK);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    assert_int_equal(c[i].st, FERRY_OK);
+  }
+  pair_free(p);
+}
+
+/* ---- a raw sender ---------------------------------------------------------------- */
+
+static int raw_frame(int fd, const ferry_frame_header *h, const void *body) {
+  uint8_t raw[FERRY_WIRE_HEADER_SIZE];
+  ferry_wire_header_encode(raw, h);
+  return raw_send(fd, raw, sizeof raw) || raw_send(fd, body, h->body_len);
+}
+
+/* A grant of length bytes in pool "emb" for the raw peer; its status. */
+static int raw_grant(int fd, uint64_t length, ferry_pool_grant *g) {
+  ferry_pool_req r = {.op = FERRY_POOL_GRANT, .length = length, .pool = "emb", .pool_len = 3};
+  uint8_t body[FERRY_WIRE_POOL_MAX];
+  ferry_frame_header h = {.type = FERRY_FRAME_POOL, .body_len = ferry_wire_pool_encode(body, &r)};
+  if (raw_frame(fd, &h, body))
+    return 1;
+  uint8_t head[FERRY_WIRE_HEADER_SIZE], reply[FERRY_WIRE_POOL_REPLY_SIZE];
+  if (recv(fd, head, sizeof head, MSG_WAITALL) != sizeof head ||
+      ferry_wire_header_decode(head, &h) || h.status ||
+      recv(fd, reply, sizeof reply, MSG_WAITALL) != sizeof reply)
+    return 1;
+  ferry_wire_grant_decode(reply, g);
+  return 0;
+}
+
+static void writes_only_into_own_grant(void **state) {
+  pair *p = pair_new(1 * MiB);
+  int fd = raw_connect(ferry_engine_port(p->rx));
+  assert_int_equal(raw_hello_as(fd, 0x5eed, NULL, 0), 0);
+  ferry_pool_grant g;
+  assert_int_equal(raw_grant(fd, 4096, &g), 0);
+  uint8_t data[8192] = {1};
+  char reason[FERRY_WIRE_MAX_REASON];
+  assert_int_equal(raw_write(fd, g.addr, data, 4096, reason, sizeof reason), FERRY_OK);
+  /* Past its slot, and into the slot of another sender: refused. */
+  assert_int_equal(raw_write(fd, g.addr + 4096, data, 4096, reason, sizeof reason), FERRY_ENOTREG);
+  assert_non_null(strstr(reason, "outside every slot granted"));
+  assert_int_equal(send_tag(p, "legit", 0, 4096, -1, 0), FERRY_OK);
+  ferry_message m;
+  assert_int_equal(ferry_recv(p->rx, p->pool, "legit", 5, 5000, &m), FERRY_OK);
+  uint8_t before[4096];
+  memcpy(before, m.addr, sizeof before);
+  assert_int_equal(raw_write(fd, (uint64_t)(uintptr_t)m.addr, data, 4096, reason, sizeof reason),
+                   FERRY_ENOTREG);
+  assert_memory_equal(m.addr, before, sizeof before);
+  close(fd);
+  pair_free(p);
+}
+
+static void sender_killed_mid_send(void **state) {
+  pair *p = pair_new(1 * MiB);
+  test_fill_random(p->out, 8 * MiB, 5);
+  int fd = raw_connect(ferry_engine_port(p->rx));
+  assert_int_equal(raw_hello_as(fd, 0xdead, NULL, 0), 0);
+  ferry_pool_grant g;
+  assert_int_equal(raw_grant(fd, 1 * MiB, &g), 0); /* the whole pool */
+  uint8_t *data = calloc(1, 64 * KiB);
+  assert_int_equal(raw_write_begin(fd, g.addr, data, 64 * KiB, 1000), 0);
+  close(fd); /* dies with its WRITE half sent and no LANDED notice */
+  free(data);
+  /* Its slot comes back (the send waits for it), and it never shows up. */
+  assert_int_equal(send_tag(p, "after", 0, 1 * MiB, 10000, 0), FERRY_OK);
+  expect(p, NULL, 0, 1 * MiB);
+  ferry_message m;
+  assert_int_equal(ferry_recv(p->rx, p->pool, NULL, 0, 0, &m), FERRY_ETIMEDOUT);
+  pair_free(p);
+}
+
+static void receiver_restarted(void **state) {
+  pair *p = pair_new(4 * MiB);
+  test_fill_random(p->out, 8 * MiB, 6);
+  uint16_t port = ferry_engine_port(p->rx);
+  assert_int_equal(send_tag(p, "old", 0, 1 * MiB, -1, 0), FERRY_OK); /* leaves a pre-grant */
+  ferry_engine_destroy(p->rx);
+  p->rx = NULL;
+  for (int i = 0; i < 100 && !p->rx; i++) { /* the port is free once the old listener closed */
+    ferry_config cfg;
+    ferry_config_init(&cfg);
+    cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+    cfg.port = port;
+    cfg.transports = FERRY_TRANSPORT_TCP;
+    if (ferry_engine_create(&cfg, &p->rx))
+      usleep(50 * 1000);
+  }
+  assert_non_null(p->rx);
+  /* Its pool at a different address than the old one's pre-grant. */
+  void *filler;
+  assert_int_equal(ferry_memory_alloc(p->rx, 8 * MiB, &filler), FERRY_OK);
+  assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, 4 * MiB, &p->pool), FERRY_OK);
+  /* The next send reaches the new instance: the old one's pre-grant is void. */
+  if (send_tag(p, "new", 0, 1 * MiB, -1, 0))
+    fail_msg("send after the restart: %s", ferry_last_error());
+  expect(p, "new", 0, 1 * MiB);
+  pair_free(p);
+}
+
+static void *recv_forever(void *arg) {
+  pair *p = arg;
+  ferry_message m;
+  return (void *)(intptr_t)ferry_recv(p->rx, p->pool, NULL, 0, -1, &m);
+}
+
+static void shutdown_wakes_recv(void **state) {
+  pair *p = pair_new(1 * MiB);
+  pthread_t t;
+  pthread_create(&t, NULL, recv_forever, p);
+  ferry_engine_shutdown(p->rx);
+  void *st;
+  pthread_join(t, &st);
+  assert_int_equal((ferry_status)(intptr_t)st, FERRY_ECLOSED);
+  pair_free(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(handoff_in_order),
+      cmocka_unit_test(handoff_with_secret),
+      cmocka_unit_test(batch_delivers_each),
+      cmocka_unit_test(too_large_and_unknown_pool),
+      cmocka_unit_test(recv_timeout_names_tag_and_pool),
+      cmocka_unit_test(tag_twice_both_in_order),
+      cmocka_unit_test(full_pool_busy_or_waits),
+      cmocka_unit_test(senders_of_one_engine_share_a_small_pool),
+      cmocka_unit_test(pregrant_of_another_size_is_given_back),
+      cmocka_unit_test(writes_only_into_own_grant),
+      cmocka_unit_test(sender_killed_mid_send),
+      cmocka_unit_test(receiver_restarted),
+      cmocka_unit_test(shutdown_wakes_recv),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
