@@ -157,44 +157,40 @@ static ferry_status limit_env(const char *name, const char *value, unsigned long
   return FERRY_OK;
 }
 
-static ferry_status apply_max_connections(const char *name, const char *value, ferry_config *cfg) {
-  unsigned long n;
-  ferry_status st = limit_env(name, value, LIMIT_MAX, &n);
-  if (!st)
-    cfg->max_connections = (unsigned)n;
-  return st;
-}
+/* The limits that are plain positive numbers of one field each. */
+static const struct limit_var {
+  const char *name;
+  size_t offset, size; /* of the field in ferry_config */
+  unsigned long max;
+} limit_vars[] = {
+    {"FERRY_MAX_CONNECTIONS", offsetof(ferry_config, max_connections), sizeof(unsigned), LIMIT_MAX},
+    {"FERRY_MAX_CONNECTIONS_PER_PEER", offsetof(ferry_config, max_connections_per_peer),
+     sizeof(unsigned), LIMIT_MAX},
+    {"FERRY_IDLE_TIMEOUT_MS", offsetof(ferry_config, idle_timeout_ms), sizeof(uint32_t),
+     UINT32_MAX},
+    {"FERRY_NOTIFY_PEER_BYTES", offsetof(ferry_config, notify_peer_bytes), sizeof(size_t),
+     ULONG_MAX >> 2},
+    {"FERRY_METADATA_TTL_MS", offsetof(ferry_config, metadata_ttl_ms), sizeof(uint32_t),
+     UINT32_MAX},
+};
 
-static ferry_status apply_max_per_peer(const char *name, const char *value, ferry_config *cfg) {
+static ferry_status apply_limit(const char *name, const char *value, ferry_config *cfg) {
+  const struct limit_var *v = limit_vars;
+  while (strcmp(v->name, name) != 0)
+    v++; /* every caller is listed: env_vars names only these */
   unsigned long n;
-  ferry_status st = limit_env(name, value, LIMIT_MAX, &n);
-  if (!st)
-    cfg->max_connections_per_peer = (unsigned)n;
-  return st;
-}
-
-static ferry_status apply_idle_timeout(const char *name, const char *value, ferry_config *cfg) {
-  unsigned long n;
-  ferry_status st = limit_env(name, value, UINT32_MAX, &n);
-  if (!st)
-    cfg->idle_timeout_ms = (uint32_t)n;
-  return st;
-}
-
-static ferry_status apply_notify_bytes(const char *name, const char *value, ferry_config *cfg) {
-  unsigned long n;
-  ferry_status st = limit_env(name, value, ULONG_MAX >> 2, &n);
-  if (!st)
-    cfg->notify_peer_bytes = (size_t)n;
-  return st;
-}
-
-static ferry_status apply_metadata_ttl(const char *name, const char *value, ferry_config *cfg) {
-  unsigned long n;
-  ferry_status st = limit_env(name, value, UINT32_MAX, &n);
-  if (!st)
-    cfg->metadata_ttl_ms = (uint32_t)n;
-  return st;
+  ferry_status st = limit_env(name, value, v->max, &n);
+  if (st)
+    return st;
+  uint8_t *field = (uint8_t *)cfg + v->offset;
+  if (v->size == sizeof(uint32_t)) {
+    uint32_t narrow = (uint32_t)n;
+    memcpy(field, &narrow, sizeof narrow);
+  } else {
+    size_t wide = (size_t)n;
+    memcpy(field, &wide, sizeof wide);
+  }
+  return FERRY_OK;
 }
 
 static ferry_status apply_secret(const char *name, const char *value, ferry_config *cfg) {
@@ -210,11 +206,18 @@ static ferry_status apply_metrics_port(const char *name, const char *value, ferr
   return FERRY_OK;
 }
 
-static ferry_status apply_metrics_host(const char *name, const char *value, ferry_config *cfg) {
+/* engine.c reads it (it is both addresses); here it is only checked. */
+static ferry_status check_bind(const char *name, const char *value, ferry_config *cfg) {
   if (strlen(value) >= FERRY_HOST_MAX || strpbrk(value, " \t\n/"))
     return bad_env(name, value, "a host name or IP address");
-  cfg->metrics_host = value;
   return FERRY_OK;
+}
+
+static ferry_status apply_metrics_host(const char *name, const char *value, ferry_config *cfg) {
+  ferry_status st = check_bind(name, value, cfg);
+  if (!st)
+    cfg->metrics_host = value;
+  return st;
 }
 
 static ferry_status apply_te_metric(const char *name, const char *value, ferry_config *cfg) {
@@ -234,13 +237,6 @@ static ferry_status apply_te_interval(const char *name, const char *value, ferry
   return st;
 }
 
-/* engine.c reads it (it is both addresses); here it is only checked. */
-static ferry_status check_bind(const char *name, const char *value, ferry_config *cfg) {
-  if (strlen(value) >= FERRY_HOST_MAX || strpbrk(value, " \t\n/"))
-    return bad_env(name, value, "a host name or IP address");
-  return FERRY_OK;
-}
-
 /* In order of precedence: MC_FORCE_TCP, applied after FERRY_TRANSPORTS,
  * wins over it. */
 static const struct env_var {
@@ -255,11 +251,11 @@ static const struct env_var {
     {"FERRY_SPIN_US", apply_spin},
     {"FERRY_LOG", apply_log},
     {"FERRY_SECRET", apply_secret},
-    {"FERRY_MAX_CONNECTIONS", apply_max_connections},
-    {"FERRY_MAX_CONNECTIONS_PER_PEER", apply_max_per_peer},
-    {"FERRY_IDLE_TIMEOUT_MS", apply_idle_timeout},
-    {"FERRY_NOTIFY_PEER_BYTES", apply_notify_bytes},
-    {"FERRY_METADATA_TTL_MS", apply_metadata_ttl},
+    {"FERRY_MAX_CONNECTIONS", apply_limit},
+    {"FERRY_MAX_CONNECTIONS_PER_PEER", apply_limit},
+    {"FERRY_IDLE_TIMEOUT_MS", apply_limit},
+    {"FERRY_NOTIFY_PEER_BYTES", apply_limit},
+    {"FERRY_METADATA_TTL_MS", apply_limit},
     {"FERRY_METRICS_PORT", apply_metrics_port},
     {"FERRY_METRICS_HOST", apply_metrics_host},
     {"MC_TE_METRIC", apply_te_metric},

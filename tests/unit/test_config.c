@@ -97,6 +97,26 @@ static void good_environment_is_applied(void **state) {
   clear_env(state);
 }
 
+/* Each limit lands in its own field, at its own width. */
+static void limits_from_environment_reach_their_fields(void **state) {
+  setenv("FERRY_MAX_CONNECTIONS", "5", 1);
+  setenv("FERRY_MAX_CONNECTIONS_PER_PEER", "7", 1);
+  setenv("FERRY_IDLE_TIMEOUT_MS", "1234", 1);
+  setenv("FERRY_NOTIFY_PEER_BYTES", "99999999999", 1);
+  setenv("FERRY_METADATA_TTL_MS", "7000", 1);
+  ferry_config cfg;
+  assert_int_equal(adopt_defaults(&cfg), FERRY_OK);
+  assert_int_equal(cfg.max_connections, 5);
+  assert_int_equal(cfg.max_connections_per_peer, 7);
+  assert_int_equal(cfg.idle_timeout_ms, 1234);
+  assert_true(cfg.notify_peer_bytes == 99999999999ull);
+  assert_int_equal(cfg.metadata_ttl_ms, 7000);
+  setenv("FERRY_IDLE_TIMEOUT_MS", "0", 1);
+  assert_int_equal(adopt_defaults(&cfg), FERRY_EINVAL);
+  assert_non_null(strstr(ferry_last_error(), "FERRY_IDLE_TIMEOUT_MS"));
+  clear_env(state);
+}
+
 static void booleans_take_every_spelling(void **state) {
   static const char *const yes[] = {"1", "true", "TRUE", "yes", "Yes", "on", "ON"};
   static const char *const no[] = {"0", "false", "False", "no", "NO", "off", "Off"};
@@ -210,6 +230,7 @@ int main(void) {
       cmocka_unit_test_setup(bad_environment_is_refused, clear_env),
       cmocka_unit_test_setup(engine_create_refuses_bad_environment, clear_env),
       cmocka_unit_test_setup(good_environment_is_applied, clear_env),
+      cmocka_unit_test_setup(limits_from_environment_reach_their_fields, clear_env),
       cmocka_unit_test_setup(booleans_take_every_spelling, clear_env),
       cmocka_unit_test_setup(bad_fields_are_refused, clear_env),
       cmocka_unit_test_setup(zero_means_default, clear_env),
