@@ -12,7 +12,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ferry_frame_header h;
   if (ferry_wire_header_decode(data, &h) != FERRY_OK)
     return 0;
-  FUZZ_CHECK(h.type >= FERRY_FRAME_HELLO && h.type <= FERRY_FRAME_PONG);
+  FUZZ_CHECK(h.type >= FERRY_FRAME_HELLO && h.type <= FERRY_FRAME_LAST);
   FUZZ_CHECK(h.status <= 0);
   if (h.status == 0 && (h.type == FERRY_FRAME_WRITE || h.type == FERRY_FRAME_READ)) {
     FUZZ_CHECK(h.count >= 1 && h.count <= FERRY_WIRE_MAX_SEGMENTS);

@@ -241,7 +241,7 @@ ferry_status ferry_wire_header_decode(const uint8_t in[FERRY_WIRE_HEADER_SIZE],
                       magic, FERRY_WIRE_MAGIC);
   if (reserved != 0)
     return bad_frame(h, "reserved field is 0x%04x, not 0", (unsigned)reserved);
-  if (h->type < FERRY_FRAME_HELLO || h->type > FERRY_FRAME_POOL_REPLY)
+  if (h->type < FERRY_FRAME_HELLO || h->type > FERRY_FRAME_LAST)
     return ferry_fail(FERRY_EPROTO, "unknown frame type %u", (unsigned)h->type);
   ferry_status st = check_flags(h);
   if (st != FERRY_OK)

@@ -71,6 +71,7 @@ typedef enum ferry_frame_type {
   FERRY_FRAME_PONG = 14,
   FERRY_FRAME_POOL = 15,       /* receive pools: a grant request or a landed notice (pool.c) */
   FERRY_FRAME_POOL_REPLY = 16, /* its answer: a grant, or none */
+  FERRY_FRAME_LAST = FERRY_FRAME_POOL_REPLY, /* a new type goes above and moves this */
 } ferry_frame_type;
 
 /* flags */
