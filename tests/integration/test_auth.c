@@ -41,23 +41,12 @@ static char target_name[64];
 
 /* ---- plumbing ------------------------------------------------------------ */
 
-static int recv_exact(int fd, void *buf, size_t len) {
-  size_t got = 0;
-  while (got < len) {
-    ssize_t n = recv(fd, (char *)buf + got, len - got, 0);
-    if (n <= 0)
-      return -1;
-    got += (size_t)n;
-  }
-  return 0;
-}
-
 /* One unsealed frame from fd: raw header and body; the decoded header. */
 static void recv_frame(int fd, uint8_t *raw, uint8_t *body, size_t cap, ferry_frame_header *h) {
-  assert_int_equal(recv_exact(fd, raw, FERRY_WIRE_HEADER_SIZE), 0);
+  assert_int_equal(raw_recv(fd, raw, FERRY_WIRE_HEADER_SIZE), 0);
   assert_int_equal(ferry_wire_header_decode(raw, h), FERRY_OK);
   assert_true(h->body_len <= cap);
-  assert_int_equal(recv_exact(fd, body, (size_t)h->body_len), 0);
+  assert_int_equal(raw_recv(fd, body, (size_t)h->body_len), 0);
 }
 
 /* Nonzero when the peer closes fd (whatever it sent before is dropped);
@@ -322,12 +311,12 @@ static void hello_reply_reveals_nothing_before_auth(void **state) {
   ferry_frame_header h = {.type = FERRY_FRAME_HELLO};
   h.body_len = ferry_wire_hello_encode(body, &hello);
   send_frame(fd, &h, body);
-  assert_int_equal(recv_exact(fd, raw, sizeof raw), 0);
+  assert_int_equal(raw_recv(fd, raw, sizeof raw), 0);
   assert_int_equal(ferry_wire_header_decode(raw, &h), FERRY_OK);
   printf("HELLO_REPLY before the proof: %llu bytes (negotiation: %d)\n",
          (unsigned long long)h.body_len, FERRY_WIRE_NEGOTIATION_SIZE);
   assert_int_equal(h.body_len, FERRY_WIRE_NEGOTIATION_SIZE);
-  assert_int_equal(recv_exact(fd, body, (size_t)h.body_len), 0);
+  assert_int_equal(raw_recv(fd, body, (size_t)h.body_len), 0);
   uint8_t boot_id[FERRY_WIRE_BOOT_ID_SIZE];
   ferry_read_boot_id(boot_id);
   uint32_t pid = (uint32_t)getpid();
@@ -511,9 +500,9 @@ static void *impostor_serve(void *arg) {
   int fd = accept(m->listen_fd, NULL, NULL);
   uint8_t raw[FERRY_WIRE_HEADER_SIZE], body[FERRY_WIRE_HELLO_REPLY_MAX];
   ferry_frame_header h;
-  for (int n = 0; fd >= 0 && recv_exact(fd, raw, sizeof raw) == 0; n++) {
+  for (int n = 0; fd >= 0 && raw_recv(fd, raw, sizeof raw) == 0; n++) {
     if (ferry_wire_header_decode(raw, &h) != FERRY_OK || h.body_len > sizeof body ||
-        recv_exact(fd, body, (size_t)h.body_len) != 0)
+        raw_recv(fd, body, (size_t)h.body_len) != 0)
       break;
     ferry_frame_header out = {.id = h.id};
     uint8_t reply[FERRY_WIRE_HELLO_REPLY_MAX];

@@ -27,7 +27,7 @@ int raw_send(int fd, const void *data, size_t len) {
   return send(fd, data, len, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -1;
 }
 
-static int recv_all(int fd, void *buf, size_t len) {
+int raw_recv(int fd, void *buf, size_t len) {
   size_t got = 0;
   while (got < len) {
     ssize_t n = recv(fd, (char *)buf + got, len - got, 0);
@@ -49,11 +49,11 @@ static int send_frame(int fd, const ferry_frame_header *h, const void *body) {
 /* Reads a reply header; a refusal's reason goes to reason. */
 static int recv_reply(int fd, ferry_frame_header *h, char *reason, size_t size) {
   uint8_t raw[FERRY_WIRE_HEADER_SIZE];
-  if (recv_all(fd, raw, sizeof raw) < 0 || ferry_wire_header_decode(raw, h) != FERRY_OK)
+  if (raw_recv(fd, raw, sizeof raw) < 0 || ferry_wire_header_decode(raw, h) != FERRY_OK)
     return 1;
   if (h->status) {
     char text[FERRY_WIRE_MAX_REASON + 1];
-    if (recv_all(fd, text, h->body_len) < 0)
+    if (raw_recv(fd, text, h->body_len) < 0)
       return 1;
     text[h->body_len] = 0;
     if (reason)
@@ -74,7 +74,7 @@ static int hello_with(int fd, const ferry_hello *with, char *reason, size_t reas
   if (st)
     return st;
   uint8_t reply[FERRY_WIRE_HELLO_REPLY_MAX];
-  return recv_all(fd, reply, h.body_len) < 0 ? 1 : 0;
+  return raw_recv(fd, reply, h.body_len) < 0 ? 1 : 0;
 }
 
 int raw_hello(int fd, uint16_t vmin, uint16_t vmax, char *reason, size_t reason_size) {
@@ -129,7 +129,7 @@ int raw_read(int fd, uint64_t remote, void *out, size_t len) {
   int st = recv_reply(fd, &h, NULL, 0);
   if (st)
     return st;
-  return h.body_len == len && recv_all(fd, out, len) == 0 ? 0 : 1;
+  return h.body_len == len && raw_recv(fd, out, len) == 0 ? 0 : 1;
 }
 
 int raw_closed_by_peer(int fd, int timeout_ms) {

@@ -30,6 +30,8 @@ int raw_reply(int fd, char *reason, size_t reason_size);
 /* HELLO as raw_hello, claiming to be the engine engine_id. */
 int raw_hello_as(int fd, uint64_t engine_id, char *reason, size_t reason_size);
 int raw_send(int fd, const void *data, size_t len);
+/* Exactly len bytes; -1 on EOF or error. */
+int raw_recv(int fd, void *buf, size_t len);
 /* Nonzero when the peer closed the connection within timeout_ms. */
 int raw_closed_by_peer(int fd, int timeout_ms);
 
