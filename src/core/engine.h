@@ -70,6 +70,7 @@ struct ferry_engine {
   size_t notify_share_count, notify_share_cap;
 
   pthread_mutex_t publish_lock; /* one snapshot+publish of the region table at a time */
+  uint64_t published_generation; /* registry generation the last publish was taken after */
 
   pthread_mutex_t alloc_lock;
   ferry_allocation *allocations;
