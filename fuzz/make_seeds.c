@@ -116,7 +116,7 @@ static void header_seeds(void) {
       {"read", {.type = FERRY_FRAME_READ, .count = 3, .body_len = 48, .id = 9}},
       {"read_reply_crc", {.type = FERRY_FRAME_READ_REPLY, .flags = 1, .body_len = 4100, .id = 9}},
       {"refusal", {.type = FERRY_FRAME_WRITE_ACK, .status = FERRY_ENOTREG, .body_len = 40}},
-      {"regions_reply", {.type = FERRY_FRAME_REGIONS_REPLY, .count = 2, .body_len = 32}},
+      {"regions_reply", {.type = FERRY_FRAME_REGIONS_REPLY, .count = 2, .body_len = 33}},
       {"notify", {.type = FERRY_FRAME_NOTIFY, .body_len = 10}},
       {"ping", {.type = FERRY_FRAME_PING, .id = 1}},
       {"auth_reply", {.type = FERRY_FRAME_AUTH_REPLY, .body_len = FERRY_WIRE_PROOF_SIZE + 34}},
@@ -144,9 +144,12 @@ static void wire_seeds(void) {
   ferry_region regions[3] = {{0x1000, 0x1000}, {0x4000, 0x100}, {0x7f0000000000ull, 1 << 30}};
   memset(out, 0, 4);
   out[0] = 3;
-  ferry_wire_regions_encode(out + 4, regions, 3);
-  put("fuzz_regions", "three", out, 4 + 48);
-  put("fuzz_regions", "empty", out, 4);
+  put("fuzz_regions", "three", out, 4 + ferry_wire_regions_encode(out + 4, regions, 3, NULL, 0));
+  uint8_t key_bytes[3 * 8] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  ferry_region_keys keys = {FERRY_TRANSPORT_FABRIC, 8, key_bytes};
+  put("fuzz_regions", "keyed", out, 4 + ferry_wire_regions_encode(out + 4, regions, 3, &keys, 1));
+  out[0] = 0;
+  put("fuzz_regions", "empty", out, 4 + ferry_wire_regions_encode(out + 4, regions, 0, NULL, 0));
 
   size_t n = ferry_wire_notify_encode(out, "kv-ready", "page 17", 7);
   put("fuzz_notify", "notify", out, n);
@@ -212,8 +215,8 @@ static void client_seeds(void) {
   ferry_region region = {FUZZ_CLIENT_REMOTE, 1 << 20};
   buf control = {.len = 0}, data = {.len = 0}, b;
   add_frame(&control, FERRY_FRAME_HELLO_REPLY, 0, 0, 0, 0, body, hello_reply(body));
-  ferry_wire_regions_encode(body, &region, 1);
-  add_frame(&control, FERRY_FRAME_REGIONS_REPLY, 0, 1, 0, 0, body, 16);
+  add_frame(&control, FERRY_FRAME_REGIONS_REPLY, 0, 1, 0, 0, body,
+            ferry_wire_regions_encode(body, &region, 1, NULL, 0));
   add_frame(&control, FERRY_FRAME_NOTIFY_ACK, 0, 0, 0, 0, NULL, 0);
   add_frame(&control, FERRY_FRAME_PONG, 0, 0, 0, 0, NULL, 0);
   add_frame(&data, FERRY_FRAME_HELLO_REPLY, 0, 0, 0, 0, body, hello_reply(body));

@@ -204,6 +204,7 @@ ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out) {
   pthread_mutex_init(&e->shutdown_lock, NULL);
   ferry_cond_init(&e->gate_cond);
   pthread_mutex_init(&e->publish_lock, NULL);
+  pthread_mutex_init(&e->register_lock, NULL);
   const char *outer = ferry_log_set_engine(e->name); /* filled in once bound */
   ferry_status st = ferry_pools_init(e);
   if (!st)
@@ -338,6 +339,7 @@ void ferry_engine_destroy(ferry_engine *e) {
   pthread_mutex_destroy(&e->shutdown_lock);
   pthread_cond_destroy(&e->gate_cond);
   pthread_mutex_destroy(&e->publish_lock);
+  pthread_mutex_destroy(&e->register_lock);
   free(e);
 }
 
@@ -371,14 +373,116 @@ static void republish_regions(ferry_engine *e) {
   free(regions);
 }
 
+/* ---- the transports' part of registration -------------------------------------- */
+
+static const ferry_transport *registering(const ferry_engine *e, size_t i) {
+  const ferry_transport *t = ferry_transports[i];
+  return (e->transports & t->id) && t->region_register ? t : NULL;
+}
+
+static int transports_register_regions(const ferry_engine *e) {
+  for (size_t i = 0; ferry_transports[i]; i++)
+    if (registering(e, i))
+      return 1;
+  return 0;
+}
+
+/* The transports before index `upto` forget `regions`. */
+static void transports_deregister(ferry_engine *e, const ferry_region *regions, size_t count,
+                                  size_t upto) {
+  for (size_t i = 0; i < upto && ferry_transports[i]; i++) {
+    const ferry_transport *t = registering(e, i);
+    if (t && t->region_deregister)
+      t->region_deregister(e, regions, count);
+  }
+}
+
+static ferry_status transports_register(ferry_engine *e, const ferry_region *regions,
+                                        size_t count) {
+  for (size_t i = 0; ferry_transports[i]; i++) {
+    const ferry_transport *t = registering(e, i);
+    ferry_status st = t ? t->region_register(e, regions, count) : FERRY_OK;
+    if (st) {
+      transports_deregister(e, regions, count, i);
+      return st;
+    }
+  }
+  return FERRY_OK;
+}
+
+/* Copies into fresh the regions not registered yet: an identical region
+ * already registered stays as it is, with its transports' registrations. */
+static size_t fresh_regions(ferry_engine *e, const ferry_region *regions, size_t count,
+                            ferry_region *fresh) {
+  size_t n = 0;
+  for (size_t i = 0; i < count; i++) {
+    ferry_region known;
+    if (!ferry_registry_find(e->registry, regions[i].addr, &known) ||
+        known.addr != regions[i].addr || known.length != regions[i].length)
+      fresh[n++] = regions[i];
+  }
+  return n;
+}
+
+static ferry_status registry_add(ferry_engine *e, const ferry_region *regions, size_t count) {
+  return count == 1 ? ferry_registry_add(e->registry, regions[0].addr, regions[0].length)
+                    : ferry_registry_add_many(e->registry, regions, count);
+}
+
+/* Transports first, then the registry, so that a peer that sees a region
+ * also gets its keys; undone from the transports if the registry refuses. */
+static ferry_status register_with_transports(ferry_engine *e, const ferry_region *regions,
+                                             size_t count) {
+  ferry_region *fresh = malloc((count ? count : 1) * sizeof *fresh);
+  if (!fresh)
+    return ferry_fail(FERRY_ENOMEM, "no memory to register %zu regions", count);
+  pthread_mutex_lock(&e->register_lock);
+  size_t n = fresh_regions(e, regions, count, fresh);
+  ferry_status st = transports_register(e, fresh, n);
+  if (!st && (st = registry_add(e, regions, count)) != FERRY_OK)
+    transports_deregister(e, fresh, n, SIZE_MAX);
+  pthread_mutex_unlock(&e->register_lock);
+  free(fresh);
+  return st;
+}
+
+static ferry_status register_regions(ferry_engine *e, const ferry_region *regions, size_t count) {
+  ferry_status st = transports_register_regions(e) ? register_with_transports(e, regions, count)
+                                                   : registry_add(e, regions, count);
+  if (!st)
+    republish_regions(e);
+  return st;
+}
+
+ferry_status ferry_engine_region_keys(ferry_engine *e, const ferry_region *regions, size_t count,
+                                      ferry_region_keys keys[FERRY_WIRE_MAX_DESCRIPTORS],
+                                      unsigned *sections) {
+  *sections = 0;
+  for (size_t i = 0; ferry_transports[i] && *sections < FERRY_WIRE_MAX_DESCRIPTORS; i++) {
+    const ferry_transport *t = ferry_transports[i];
+    size_t size = (e->transports & t->id) && t->region_key_size ? t->region_key_size(e) : 0;
+    if (!size || size > FERRY_WIRE_MAX_KEY || !t->region_keys)
+      continue;
+    ferry_region_keys *k = &keys[*sections];
+    k->data = calloc(count ? count : 1, size);
+    if (!k->data)
+      return ferry_fail(FERRY_ENOMEM, "no memory for %s keys of %zu regions", t->name, count);
+    k->transport = t->id;
+    k->size = (uint16_t)size;
+    t->region_keys(e, regions, count, k->data);
+    (*sections)++;
+  }
+  return FERRY_OK;
+}
+
+/* ---- registration -------------------------------------------------------------- */
+
 static ferry_status memory_register(ferry_engine *e, void *addr, size_t length) {
   if (!e || !addr || !length)
     return ferry_fail(FERRY_EINVAL, "register %p (+%zu bytes): null engine, address or length",
                       addr, length);
-  ferry_status st = ferry_registry_add(e->registry, (uint64_t)(uintptr_t)addr, length);
-  if (!st)
-    republish_regions(e);
-  return st;
+  ferry_region region = {(uint64_t)(uintptr_t)addr, length};
+  return register_regions(e, &region, 1);
 }
 
 void ferry_engine_fence(ferry_engine *e, ferry_region *removed, size_t count) {
@@ -388,19 +492,38 @@ void ferry_engine_fence(ferry_engine *e, ferry_region *removed, size_t count) {
   ferry_server_fence(e, removed, count);
 }
 
-/* Once unregister returns, no peer touches the regions any more. */
+/* Once unregister returns, no peer touches the regions any more; only then
+ * do the transports drop their registrations. */
 static void after_unregister(ferry_engine *e, ferry_region *removed, size_t count) {
   ferry_engine_fence(e, removed, count);
+  transports_deregister(e, removed, count, SIZE_MAX);
   republish_regions(e);
+}
+
+/* Unregistrations hold the register lock while transports register regions
+ * of their own: a racing registration of the same range must not keep a
+ * region whose transport registration is being dropped. */
+static int unregister_begin(ferry_engine *e) {
+  int locked = transports_register_regions(e);
+  if (locked)
+    pthread_mutex_lock(&e->register_lock);
+  return locked;
+}
+
+static void unregister_end(ferry_engine *e, int locked) {
+  if (locked)
+    pthread_mutex_unlock(&e->register_lock);
 }
 
 static ferry_status memory_unregister(ferry_engine *e, void *addr) {
   if (!e)
     return ferry_fail(FERRY_EINVAL, "unregister: null engine");
   ferry_region removed;
+  int locked = unregister_begin(e);
   ferry_status st = ferry_registry_take(e->registry, (uint64_t)(uintptr_t)addr, &removed);
   if (!st)
     after_unregister(e, &removed, 1);
+  unregister_end(e, locked);
   return st;
 }
 
@@ -415,10 +538,8 @@ static ferry_status memory_register_batch(ferry_engine *e, void *const *addrs,
     regions[i].addr = (uint64_t)(uintptr_t)addrs[i];
     regions[i].length = lengths[i];
   }
-  ferry_status st = ferry_registry_add_many(e->registry, regions, count);
+  ferry_status st = register_regions(e, regions, count);
   free(regions);
-  if (!st)
-    republish_regions(e);
   return st;
 }
 
@@ -431,11 +552,13 @@ static ferry_status memory_unregister_batch(ferry_engine *e, void *const *addrs,
   for (size_t i = 0; i < count; i++)
     removed[i].addr = (uint64_t)(uintptr_t)addrs[i];
   size_t n;
+  int locked = unregister_begin(e);
   ferry_status st = ferry_registry_take_many(e->registry, removed, count, &n);
   char detail[FERRY_ERROR_MAX] = "";
   if (st)
     snprintf(detail, sizeof detail, "%s", ferry_last_error());
   after_unregister(e, removed, n);
+  unregister_end(e, locked);
   free(removed);
   if (st)
     ferry_error_set_detail(detail);

@@ -71,6 +71,9 @@ struct ferry_engine {
 
   pthread_mutex_t publish_lock; /* one snapshot+publish of the region table at a time */
   uint64_t published_generation; /* registry generation the last publish was taken after */
+  /* Serializes (un)registrations while a transport registers regions of its
+   * own (region_register), so its registrations match the registry's. */
+  pthread_mutex_t register_lock;
 
   pthread_mutex_t alloc_lock;
   ferry_allocation *allocations;
@@ -134,6 +137,14 @@ void ferry_server_fence(ferry_engine *engine, ferry_region *removed, size_t coun
  * its last operation completed or its endpoint was shut down), then the
  * server (tcp). `removed` is reordered. */
 void ferry_engine_fence(ferry_engine *engine, ferry_region *removed, size_t count);
+
+/* The key sections of a region table: one per transport in use that keys
+ * its regions (region_keys hooks), keys[i].data malloc'd (free them).
+ * *sections gets their number. */
+ferry_status ferry_engine_region_keys(ferry_engine *engine, const ferry_region *regions,
+                                      size_t count,
+                                      ferry_region_keys keys[FERRY_WIRE_MAX_DESCRIPTORS],
+                                      unsigned *sections);
 
 /* The descriptors of the transports in use (their describe hooks) into
  * the facts of a HELLO_REPLY or AUTH_REPLY. */

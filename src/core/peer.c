@@ -195,10 +195,19 @@ static void unlink_channel(ferry_peer *p, struct ferry_channel *ch);
 /* Drops what was derived from the target's previous incarnation: its table,
  * the transport chosen for it (the new one may offer others) and its
  * channels, closed by their transport now if idle, at checkin if busy. */
-static void retire_instance_locked(ferry_peer *p) {
-  free(p->regions);
+/* Drops the cached region table and its keys (lock held). */
+static void forget_regions_locked(ferry_peer *p) {
+  ferry_region_table old = {
+      .regions = p->regions, .count = p->region_count, .key_sections = p->key_sections};
+  memcpy(old.keys, p->keys, sizeof old.keys);
+  ferry_region_table_free(&old);
   p->regions = NULL;
   p->region_count = 0;
+  p->key_sections = 0;
+}
+
+static void retire_instance_locked(ferry_peer *p) {
+  forget_regions_locked(p);
   p->transport = NULL;
   p->generation++;
   p->replied_ns = 0;
@@ -384,17 +393,19 @@ static ferry_status read_regions(ferry_peer *p, ferry_sock *s, const ferry_frame
   uint8_t *body = malloc(h->body_len ? h->body_len : 1);
   if (!body)
     return ferry_fail(FERRY_ENOMEM, "no memory for the region table of %s", p->address);
-  ferry_region *regions = NULL;
+  ferry_region_table table;
   ferry_status st = ferry_sock_recv(s, body, h->body_len, "receive region table");
   if (!st)
-    st = ferry_wire_regions_decode(body, h->body_len, h->count, &regions);
+    st = ferry_wire_regions_decode(body, h->body_len, h->count, &table);
   free(body);
   if (st)
     return st;
   pthread_mutex_lock(&p->lock);
-  free(p->regions);
-  p->regions = regions;
-  p->region_count = h->count;
+  forget_regions_locked(p);
+  p->regions = table.regions;
+  p->region_count = table.count;
+  p->key_sections = table.key_sections;
+  memcpy(p->keys, table.keys, sizeof p->keys);
   pthread_mutex_unlock(&p->lock);
   return FERRY_OK;
 }
@@ -536,6 +547,23 @@ ferry_status ferry_peer_check_remote(ferry_peer *p, const ferry_entry *entries, 
                     (unsigned long long)entries[bad].remote, entries[bad].length, bad, p->address);
 }
 
+size_t ferry_peer_region_key(ferry_peer *p, unsigned transport, uint64_t addr, uint64_t length,
+                             uint8_t *out, size_t size, uint64_t *base) {
+  size_t len = 0;
+  pthread_mutex_lock(&p->lock);
+  long i = ferry_regions_search(p->regions, p->region_count, addr, length);
+  for (unsigned k = 0; i >= 0 && k < p->key_sections; k++) {
+    const ferry_region_keys *keys = &p->keys[k];
+    if (keys->transport != transport || keys->size > size)
+      continue;
+    len = keys->size;
+    memcpy(out, keys->data + (size_t)i * len, len);
+    *base = p->regions[i].addr;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return len;
+}
+
 /* ---- channel pool --------------------------------------------------------------------- */
 
 static void unlink_channel(ferry_peer *p, ferry_channel *ch) {
@@ -668,7 +696,7 @@ void ferry_peers_destroy(ferry_engine *e) {
     }
     if (p->control_fd >= 0)
       close(p->control_fd);
-    free(p->regions);
+    forget_regions_locked(p);
     pthread_mutex_destroy(&p->lock);
     pthread_mutex_destroy(&p->control_lock);
     pthread_cond_destroy(&p->cond);

@@ -31,6 +31,8 @@ struct ferry_peer {
   const struct ferry_transport *transport;
   ferry_region *regions; /* sorted cache of its table */
   size_t region_count;
+  unsigned key_sections; /* the table's per-transport keys, by region index */
+  ferry_region_keys keys[FERRY_WIRE_MAX_DESCRIPTORS];
   unsigned generation; /* bumped on failure: retire old channels */
   struct ferry_channel *idle;
   struct ferry_channel *all;
@@ -64,6 +66,12 @@ ferry_status ferry_peer_ensure(ferry_peer *peer, uint64_t deadline_ns,
  * table once on a miss. Sets the error detail naming the first bad range. */
 ferry_status ferry_peer_check_remote(ferry_peer *peer, const ferry_entry *entries, size_t count,
                                      uint64_t deadline_ns);
+/* For a transport's channel: copies the key `transport` published for the
+ * cached remote region holding [addr, addr+length) into out (at most size
+ * bytes) and sets *base to that region's start. Returns the key's length,
+ * 0 when the cache has no such region or no key of that transport. */
+size_t ferry_peer_region_key(ferry_peer *peer, unsigned transport, uint64_t addr, uint64_t length,
+                             uint8_t *out, size_t size, uint64_t *base);
 /* A socket that completed HELLO (+ AUTH) as conn kind. reply gets the
  * target's facts (from AUTH_REPLY when it asked for the secret), session
  * the keys its frames are sealed with from now on (off without a secret):

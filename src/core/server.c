@@ -344,16 +344,23 @@ static ferry_status serve_pool(server_conn *c, const ferry_frame_header *h) {
 static ferry_status serve_regions(server_conn *c, const ferry_frame_header *h) {
   ferry_region *regions = NULL;
   size_t count = ferry_registry_snapshot(c->engine->registry, &regions);
-  size_t len = count * FERRY_WIRE_SEGMENT_SIZE;
-  uint8_t *body = malloc(len ? len : 1);
-  if (!body) {
-    free(regions);
-    return reply(c, FERRY_FRAME_REGIONS_REPLY, h->id, FERRY_ENOMEM, "out of memory");
+  ferry_region_keys keys[FERRY_WIRE_MAX_DESCRIPTORS];
+  unsigned sections = 0;
+  uint8_t *body = NULL;
+  ferry_status st = ferry_engine_region_keys(c->engine, regions, count, keys, &sections);
+  size_t len = ferry_wire_regions_size((uint32_t)count, keys, sections);
+  if (!st && !(body = malloc(len)))
+    st = ferry_fail(FERRY_ENOMEM, "no memory for a region table of %zu bytes", len);
+  if (!st) {
+    ferry_wire_regions_encode(body, regions, (uint32_t)count, keys, sections);
+    ferry_frame_header rh = {
+        .type = FERRY_FRAME_REGIONS_REPLY, .count = (uint32_t)count, .id = h->id, .body_len = len};
+    st = ferry_sock_send_frame(&c->sock, &rh, body, "send REGIONS_REPLY");
+  } else {
+    st = reply(c, FERRY_FRAME_REGIONS_REPLY, h->id, FERRY_ENOMEM, ferry_last_error());
   }
-  ferry_wire_regions_encode(body, regions, (uint32_t)count);
-  ferry_frame_header rh = {
-      .type = FERRY_FRAME_REGIONS_REPLY, .count = (uint32_t)count, .id = h->id, .body_len = len};
-  ferry_status st = ferry_sock_send_frame(&c->sock, &rh, body, "send REGIONS_REPLY");
+  for (unsigned i = 0; i < sections; i++)
+    free(keys[i].data);
   free(body);
   free(regions);
   return st;

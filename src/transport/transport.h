@@ -14,9 +14,11 @@
  *                 as one opaque descriptor, wire.h), fence (unregister);
  *   initiator:    usable (decides from the peer's facts and descriptor,
  *                 saying why not), slice_size, channel_* (moves chunks).
- * Not in the seam yet (issue 12): per-region registration hooks and keys
- * in the region table, asynchronous completion, several transports or
- * rails per peer. */
+ *   per region:   region_register/_deregister (an RDMA memory registration
+ *                 per region), region_key_size/region_keys (what an
+ *                 initiator needs to reach a region besides its address,
+ *                 carried per transport in the region table, wire.h; the
+ *                 initiator reads it with ferry_peer_region_key, peer.h). */
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H
 
@@ -72,6 +74,26 @@ struct ferry_transport {
   size_t (*describe)(ferry_engine *engine, uint8_t *out, size_t size);
   void (*service_stop)(ferry_engine *engine);
   void (*fence)(ferry_engine *engine, ferry_region *removed, size_t count);
+
+  /* Per region, target side (each may be NULL). region_register runs for
+   * the regions a call registers that are not registered yet, before the
+   * registry shows them to peers, so a peer never sees a region without its
+   * key. All or nothing: on failure none of `regions` stays registered with
+   * this transport. Registrations are serialized by the engine. A range may
+   * come twice in one call: the second is a no-op. */
+  ferry_status (*region_register)(ferry_engine *engine, const ferry_region *regions, size_t count);
+  /* Runs after ferry_engine_fence for the regions removed: nothing touches
+   * them any more (RDMA: close the memory registration only now). Ignores a
+   * region it does not hold. */
+  void (*region_deregister)(ferry_engine *engine, const ferry_region *regions, size_t count);
+  /* Bytes of this transport's key per region in the region table, fixed for
+   * the engine's life: 1..FERRY_WIRE_MAX_KEY, or 0 for none (tcp, shm). */
+  size_t (*region_key_size)(ferry_engine *engine);
+  /* The key of each region (sorted, as in the table) into out, key size
+   * bytes each; zeros for a region it does not hold (unregistered
+   * meanwhile: an initiator's access to it fails at the target). */
+  void (*region_keys)(ferry_engine *engine, const ferry_region *regions, size_t count,
+                      uint8_t *out);
 };
 
 extern const ferry_transport ferry_transport_tcp;

@@ -189,11 +189,10 @@ static ferry_status check_read(const ferry_frame_header *h) {
   return check_table_body(h, "segments");
 }
 
+/* The table and its key sections are checked by ferry_wire_regions_decode. */
 static ferry_status check_regions_reply(const ferry_frame_header *h) {
-  ferry_status st = check_table_body(h, "regions");
-  if (st != FERRY_OK)
-    return st;
-  return check_body_range(h, 0, FERRY_WIRE_MAX_CONTROL_BODY);
+  uint64_t table = (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE;
+  return check_body_range(h, table + 1, FERRY_WIRE_MAX_CONTROL_BODY);
 }
 
 /* Limits of a successful frame (requests, and replies with status 0). */
@@ -522,40 +521,123 @@ void ferry_wire_split(const ferry_frame_header *h, uint64_t *head, uint64_t *pay
 
 /* ---- Region tables ------------------------------------------------------ */
 
-void ferry_wire_regions_encode(uint8_t *out, const ferry_region *regions, uint32_t count) {
-  regions_put(out, regions, count);
+#define KEYS_FIXED 6 /* u32 transport | u16 size */
+
+size_t ferry_wire_regions_size(uint32_t count, const ferry_region_keys *keys, unsigned sections) {
+  size_t len = (size_t)count * FERRY_WIRE_SEGMENT_SIZE + 1;
+  for (unsigned i = 0; i < sections; i++)
+    len += KEYS_FIXED + (size_t)count * keys[i].size;
+  return len;
 }
 
-ferry_status ferry_wire_regions_decode(const uint8_t *in, size_t len, uint32_t count,
-                                       ferry_region **out) {
-  *out = NULL;
-  if ((uint64_t)len != (uint64_t)count * FERRY_WIRE_SEGMENT_SIZE)
-    return ferry_fail(FERRY_EPROTO, "region table of %zu bytes does not match %" PRIu32 " regions",
-                      len, count);
-  if (len > FERRY_WIRE_MAX_CONTROL_BODY)
-    return ferry_fail(FERRY_EPROTO, "region table of %zu bytes exceeds %llu", len,
-                      FERRY_WIRE_MAX_CONTROL_BODY);
+size_t ferry_wire_regions_encode(uint8_t *out, const ferry_region *regions, uint32_t count,
+                                 const ferry_region_keys *keys, unsigned sections) {
+  regions_put(out, regions, count);
+  uint8_t *p = out + (size_t)count * FERRY_WIRE_SEGMENT_SIZE;
+  *p++ = (uint8_t)sections;
+  for (unsigned i = 0; i < sections; i++) {
+    p = emit_u16(emit_u32(p, keys[i].transport), keys[i].size);
+    if (count)
+      p = emit_bytes(p, keys[i].data, (size_t)count * keys[i].size);
+  }
+  return (size_t)(p - out);
+}
+
+void ferry_region_table_free(ferry_region_table *t) {
+  free(t->regions);
+  for (unsigned i = 0; i < t->key_sections; i++)
+    free(t->keys[i].data);
+  memset(t, 0, sizeof *t);
+}
+
+/* Sorted and disjoint is what lets the receiver binary-search it. */
+static ferry_status take_regions(const uint8_t *in, uint32_t count, ferry_region_table *t) {
   if (count == 0)
     return FERRY_OK;
-  ferry_region *regions = malloc((size_t)count * sizeof *regions);
-  if (regions == NULL)
+  t->regions = malloc((size_t)count * sizeof *t->regions);
+  if (t->regions == NULL)
     return ferry_fail(FERRY_ENOMEM, "region table of %" PRIu32 " regions: out of memory", count);
+  t->count = count;
+  ferry_region *r = t->regions;
   for (uint32_t i = 0; i < count; i++) {
-    regions[i] = region_get(in, i);
-    ferry_status st = check_range("region", i, &regions[i]);
-    /* Sorted and disjoint is what lets the receiver binary-search it. */
-    if (st == FERRY_OK && i > 0 && regions[i].addr < regions[i - 1].addr + regions[i - 1].length)
+    r[i] = region_get(in, i);
+    ferry_status st = check_range("region", i, &r[i]);
+    if (st == FERRY_OK && i > 0 && r[i].addr < r[i - 1].addr + r[i - 1].length)
       st = ferry_fail(FERRY_EPROTO,
                       "region %" PRIu32 " at 0x%" PRIx64 " is not after region %" PRIu32
                       " [0x%" PRIx64 ", +%" PRIu64 "): table not sorted and disjoint",
-                      i, regions[i].addr, i - 1, regions[i - 1].addr, regions[i - 1].length);
-    if (st != FERRY_OK) {
-      free(regions);
+                      i, r[i].addr, i - 1, r[i - 1].addr, r[i - 1].length);
+    if (st != FERRY_OK)
       return st;
-    }
   }
-  *out = regions;
   return FERRY_OK;
+}
+
+static int has_key_section(const ferry_region_table *t, uint32_t transport) {
+  for (unsigned i = 0; i < t->key_sections; i++)
+    if (t->keys[i].transport == transport)
+      return 1;
+  return 0;
+}
+
+/* One key section from the `avail` bytes at *p: a known transport bit not
+ * seen before, a size within the limit, count keys within the body. */
+static ferry_status take_keys(const uint8_t **p, size_t avail, uint32_t count,
+                              ferry_region_table *t) {
+  if (avail < KEYS_FIXED)
+    return ferry_fail(FERRY_EPROTO, "region key section cut short (%zu bytes left)", avail);
+  uint32_t transport = take_u32(p);
+  uint16_t size = take_u16(p);
+  if (!transport || (transport & (transport - 1)) || (transport & ~(uint32_t)FERRY_TRANSPORT_ALL))
+    return ferry_fail(FERRY_EPROTO, "region keys of unknown transport 0x%x", transport);
+  if (has_key_section(t, transport))
+    return ferry_fail(FERRY_EPROTO, "region keys of %s sent twice",
+                      ferry_transport_name(transport));
+  uint64_t bytes = (uint64_t)count * size;
+  if (size == 0 || size > FERRY_WIRE_MAX_KEY || bytes > avail - KEYS_FIXED)
+    return ferry_fail(FERRY_EPROTO, "%s region keys of %u bytes each (limit %d, %zu bytes left)",
+                      ferry_transport_name(transport), (unsigned)size, FERRY_WIRE_MAX_KEY,
+                      avail - KEYS_FIXED);
+  ferry_region_keys *k = &t->keys[t->key_sections];
+  k->data = malloc(bytes ? bytes : 1);
+  if (!k->data)
+    return ferry_fail(FERRY_ENOMEM, "region keys of %" PRIu32 " regions: out of memory", count);
+  k->transport = transport;
+  k->size = size;
+  take_bytes(p, k->data, bytes);
+  t->key_sections++;
+  return FERRY_OK;
+}
+
+static ferry_status take_table(const uint8_t *in, size_t len, uint32_t count,
+                               ferry_region_table *t) {
+  uint64_t table = (uint64_t)count * FERRY_WIRE_SEGMENT_SIZE;
+  if (len > FERRY_WIRE_MAX_CONTROL_BODY)
+    return ferry_fail(FERRY_EPROTO, "region table of %zu bytes exceeds %llu", len,
+                      FERRY_WIRE_MAX_CONTROL_BODY);
+  if ((uint64_t)len < table + 1)
+    return ferry_fail(FERRY_EPROTO, "region table of %zu bytes cannot hold %" PRIu32 " regions",
+                      len, count);
+  ferry_status st = take_regions(in, count, t);
+  const uint8_t *p = in + table, *end = in + len;
+  unsigned sections = take_u8(&p);
+  if (!st && sections > FERRY_WIRE_MAX_DESCRIPTORS)
+    st = ferry_fail(FERRY_EPROTO, "%u region key sections (limit %d)", sections,
+                    FERRY_WIRE_MAX_DESCRIPTORS);
+  for (unsigned i = 0; !st && i < sections; i++)
+    st = take_keys(&p, (size_t)(end - p), count, t);
+  if (!st && p != end)
+    st = ferry_fail(FERRY_EPROTO, "%zu bytes after the region table", (size_t)(end - p));
+  return st;
+}
+
+ferry_status ferry_wire_regions_decode(const uint8_t *in, size_t len, uint32_t count,
+                                       ferry_region_table *out) {
+  memset(out, 0, sizeof *out);
+  ferry_status st = take_table(in, len, count, out);
+  if (st)
+    ferry_region_table_free(out);
+  return st;
 }
 
 /* ---- Notifications ------------------------------------------------------ */

@@ -34,9 +34,10 @@
 
 #define FERRY_WIRE_MAGIC 0x59525246u /* "FRRY" */
 /* 2: proofs over the handshake transcript, facts after AUTH, sealed frames.
- * 3: the facts carry a list of transport descriptors, not an shm path. */
-#define FERRY_WIRE_VERSION_MIN 3
-#define FERRY_WIRE_VERSION_MAX 3
+ * 3: the facts carry a list of transport descriptors, not an shm path.
+ * 4: region tables carry per-transport keys. */
+#define FERRY_WIRE_VERSION_MIN 4
+#define FERRY_WIRE_VERSION_MAX 4
 #define FERRY_WIRE_HEADER_SIZE 32
 #define FERRY_WIRE_SEGMENT_SIZE 16                /* u64 addr, u64 length */
 #define FERRY_WIRE_MAX_SEGMENTS 1024              /* per data frame (IOV_MAX) */
@@ -50,6 +51,7 @@
 #define FERRY_WIRE_BOOT_ID_SIZE 16
 #define FERRY_WIRE_MAX_DESCRIPTORS 4  /* transports a target describes */
 #define FERRY_WIRE_MAX_DESCRIPTOR 512 /* bytes of one transport's descriptor */
+#define FERRY_WIRE_MAX_KEY 64         /* bytes of one region's key for one transport */
 #define FERRY_WIRE_POOL_FIXED 28
 #define FERRY_WIRE_POOL_MAX (FERRY_WIRE_POOL_FIXED + 2 * FERRY_WIRE_MAX_NAME)
 #define FERRY_WIRE_POOL_REPLY_SIZE 32 /* a grant */
@@ -162,11 +164,34 @@ ferry_status ferry_wire_facts_decode(const uint8_t *in, size_t len, ferry_hello_
  * READ_REPLY data with its crc). The header must have passed decode. */
 void ferry_wire_split(const ferry_frame_header *h, uint64_t *head, uint64_t *payload);
 
-/* REGIONS_REPLY body: count * (u64 addr, u64 length); decoded table must be
- * sorted and disjoint. *out is malloc'd. */
-void ferry_wire_regions_encode(uint8_t *out, const ferry_region *regions, uint32_t count);
+/* What one transport needs, besides the address, to reach each region of a
+ * table (an RDMA memory key): `size` bytes per region, in table order. */
+typedef struct ferry_region_keys {
+  uint32_t transport; /* one FERRY_TRANSPORT_* bit */
+  uint16_t size;      /* 1..FERRY_WIRE_MAX_KEY */
+  uint8_t *data;      /* count * size bytes */
+} ferry_region_keys;
+
+/* A decoded region table: sorted, disjoint regions and at most one key
+ * section per transport. */
+typedef struct ferry_region_table {
+  ferry_region *regions;
+  size_t count;
+  unsigned key_sections;
+  ferry_region_keys keys[FERRY_WIRE_MAX_DESCRIPTORS];
+} ferry_region_table;
+
+/* REGIONS_REPLY body: count * (u64 addr, u64 length), then u8 sections,
+ * then per section u32 transport | u16 size | count * size key bytes. The
+ * decoder checks sorted and disjoint regions, distinct known-bit sections,
+ * sizes, and that nothing trails; *out owns what it decoded (free it with
+ * ferry_region_table_free; on failure it is empty). */
+size_t ferry_wire_regions_size(uint32_t count, const ferry_region_keys *keys, unsigned sections);
+size_t ferry_wire_regions_encode(uint8_t *out, const ferry_region *regions, uint32_t count,
+                                 const ferry_region_keys *keys, unsigned sections);
 ferry_status ferry_wire_regions_decode(const uint8_t *in, size_t len, uint32_t count,
-                                       ferry_region **out);
+                                       ferry_region_table *out);
+void ferry_region_table_free(ferry_region_table *table);
 
 /* NOTIFY body: u16 name_len | name | data. Decoded name/data point into in. */
 size_t ferry_wire_notify_size(size_t name_len, size_t data_len);

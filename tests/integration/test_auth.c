@@ -511,9 +511,10 @@ static void *impostor_serve(void *arg) {
       out.body_len = ferry_wire_hello_reply_encode(reply, &m->claim);
     } else if (h.type == FERRY_FRAME_REGIONS_REQ) {
       ferry_region region = {(uint64_t)(uintptr_t)target_buf, BUF_SIZE};
-      ferry_wire_regions_encode(reply, &region, 1);
-      out = (ferry_frame_header){
-          .type = FERRY_FRAME_REGIONS_REPLY, .count = 1, .id = h.id, .body_len = 16};
+      out = (ferry_frame_header){.type = FERRY_FRAME_REGIONS_REPLY,
+                                 .count = 1,
+                                 .id = h.id,
+                                 .body_len = ferry_wire_regions_encode(reply, &region, 1, NULL, 0)};
     } else if (h.type == FERRY_FRAME_PING) {
       out.type = FERRY_FRAME_PONG;
     } else {

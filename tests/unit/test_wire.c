@@ -182,12 +182,14 @@ static void test_header_limits(void **state) {
       {header(FERRY_FRAME_NOTIFY_ACK, 0, 0, 0, 1), FERRY_EPROTO},
       {header(FERRY_FRAME_PING, 0, 0, 0, 1), FERRY_EPROTO},
       {header(FERRY_FRAME_PONG, 0, 3, 0, 0), FERRY_EPROTO},
-      {header(FERRY_FRAME_REGIONS_REPLY, 0, 0, 0, 0), FERRY_OK},
-      {header(FERRY_FRAME_REGIONS_REPLY, 0, 3, 0, 48), FERRY_OK},
-      {header(FERRY_FRAME_REGIONS_REPLY, 0, 3, 0, 47), FERRY_EPROTO},
-      {header(FERRY_FRAME_REGIONS_REPLY, 0, 0, 0, 16), FERRY_EPROTO},
-      {header(FERRY_FRAME_REGIONS_REPLY, 0, 2u << 20, 0, 32ull << 20), FERRY_OK},
-      {header(FERRY_FRAME_REGIONS_REPLY, 0, (2u << 20) + 1, 0, (32ull << 20) + 16), FERRY_EPROTO},
+      /* The table, then at least the key sections' count byte. */
+      {header(FERRY_FRAME_REGIONS_REPLY, 0, 0, 0, 1), FERRY_OK},
+      {header(FERRY_FRAME_REGIONS_REPLY, 0, 0, 0, 0), FERRY_EPROTO},
+      {header(FERRY_FRAME_REGIONS_REPLY, 0, 3, 0, 49), FERRY_OK},
+      {header(FERRY_FRAME_REGIONS_REPLY, 0, 3, 0, 48), FERRY_EPROTO},
+      {header(FERRY_FRAME_REGIONS_REPLY, 0, 0, 0, 16), FERRY_OK}, /* key sections */
+      {header(FERRY_FRAME_REGIONS_REPLY, 0, (2u << 20) - 1, 0, 32ull << 20), FERRY_OK},
+      {header(FERRY_FRAME_REGIONS_REPLY, 0, 2u << 20, 0, (32ull << 20) + 1), FERRY_EPROTO},
       {header(FERRY_FRAME_REGIONS_REPLY, 0, UINT32_MAX, 0, UINT32_MAX * 16ull), FERRY_EPROTO},
       {header(FERRY_FRAME_WRITE, 0, 1, 0, 16), FERRY_OK}, /* payload 0 is allowed by the header */
       {header(FERRY_FRAME_WRITE, 0, 0, 0, 0), FERRY_EPROTO},
@@ -517,23 +519,25 @@ static void test_split(void **state) {
 
 /* ---- Region tables ------------------------------------------------------ */
 
-static ferry_status decode_regions(const ferry_region *table, uint32_t count, ferry_region **out) {
-  uint8_t buf[16 * 8];
-  ferry_wire_regions_encode(buf, table, count);
-  return ferry_wire_regions_decode(buf, count * 16u, count, out);
+static ferry_status decode_regions(const ferry_region *table, uint32_t count,
+                                   ferry_region_table *out) {
+  uint8_t buf[16 * 8 + 1];
+  size_t len = ferry_wire_regions_encode(buf, table, count, NULL, 0);
+  assert_int_equal(len, count * 16u + 1);
+  return ferry_wire_regions_decode(buf, len, count, out);
 }
 
 static void test_regions(void **state) {
   (void)state;
   const ferry_region good[3] = {{0x1000, 0x1000}, {0x2000, 0x10}, {UINT64_MAX - 1, 1}};
-  ferry_region *out = (ferry_region *)1;
+  ferry_region_table out;
   assert_int_equal(decode_regions(good, 3, &out), FERRY_OK);
-  assert_non_null(out);
-  assert_memory_equal(out, good, sizeof good);
-  free(out);
-  out = (ferry_region *)1;
+  assert_int_equal(out.count, 3);
+  assert_int_equal(out.key_sections, 0);
+  assert_memory_equal(out.regions, good, sizeof good);
+  ferry_region_table_free(&out);
   assert_int_equal(decode_regions(good, 0, &out), FERRY_OK);
-  assert_null(out);
+  assert_null(out.regions);
 
   const ferry_region unsorted[2] = {{0x2000, 0x10}, {0x1000, 0x10}};
   const ferry_region overlapping[2] = {{0x1000, 0x1001}, {0x2000, 0x10}};
@@ -541,19 +545,66 @@ static void test_regions(void **state) {
   const ferry_region empty[1] = {{0x1000, 0}};
   const ferry_region wraps[1] = {{UINT64_MAX - 1, 2}};
   assert_int_equal(decode_regions(unsorted, 2, &out), FERRY_EPROTO);
-  assert_null(out);
+  assert_null(out.regions);
   assert_detail("not sorted");
   assert_int_equal(decode_regions(overlapping, 2, &out), FERRY_EPROTO);
   assert_int_equal(decode_regions(duplicate, 2, &out), FERRY_EPROTO);
   assert_int_equal(decode_regions(empty, 1, &out), FERRY_EPROTO);
   assert_int_equal(decode_regions(wraps, 1, &out), FERRY_EPROTO);
-  assert_null(out);
+  assert_null(out.regions);
 
-  uint8_t buf[48];
-  ferry_wire_regions_encode(buf, good, 3);
-  assert_int_equal(ferry_wire_regions_decode(buf, 47, 3, &out), FERRY_EPROTO);
-  assert_int_equal(ferry_wire_regions_decode(buf, 48, 2, &out), FERRY_EPROTO);
-  assert_int_equal(ferry_wire_regions_decode(buf, 32, UINT32_MAX, &out), FERRY_EPROTO);
+  uint8_t buf[49];
+  ferry_wire_regions_encode(buf, good, 3, NULL, 0);
+  assert_int_equal(ferry_wire_regions_decode(buf, 48, 3, &out), FERRY_EPROTO);
+  assert_int_equal(ferry_wire_regions_decode(buf, 49, 2, &out), FERRY_EPROTO);
+  assert_int_equal(ferry_wire_regions_decode(buf, 33, UINT32_MAX, &out), FERRY_EPROTO);
+}
+
+/* Per-transport keys ride after the table, and every section is checked. */
+static void test_region_keys(void **state) {
+  (void)state;
+  const ferry_region table[2] = {{0x1000, 0x1000}, {0x4000, 0x10}};
+  uint8_t fabric_keys[2 * 12], shm_keys[2 * 2] = {1, 2, 3, 4};
+  for (size_t i = 0; i < sizeof fabric_keys; i++)
+    fabric_keys[i] = (uint8_t)(0xa0 + i);
+  ferry_region_keys keys[2] = {{FERRY_TRANSPORT_FABRIC, 12, fabric_keys},
+                               {FERRY_TRANSPORT_SHM, 2, shm_keys}};
+  uint8_t buf[256];
+  size_t len = ferry_wire_regions_encode(buf, table, 2, keys, 2);
+  assert_int_equal(len, ferry_wire_regions_size(2, keys, 2));
+  assert_int_equal(len, 32 + 1 + 6 + 24 + 6 + 4);
+  ferry_region_table out;
+  assert_int_equal(ferry_wire_regions_decode(buf, len, 2, &out), FERRY_OK);
+  assert_int_equal(out.key_sections, 2);
+  assert_int_equal(out.keys[0].transport, FERRY_TRANSPORT_FABRIC);
+  assert_int_equal(out.keys[0].size, 12);
+  assert_memory_equal(out.keys[0].data, fabric_keys, sizeof fabric_keys);
+  assert_memory_equal(out.keys[1].data, shm_keys, sizeof shm_keys);
+  ferry_region_table_free(&out);
+
+  assert_int_equal(ferry_wire_regions_decode(buf, len - 1, 2, &out), FERRY_EPROTO);
+  assert_detail("shm region keys");
+  uint8_t longer[257];
+  memcpy(longer, buf, len);
+  longer[len] = 0;
+  assert_int_equal(ferry_wire_regions_decode(longer, len + 1, 2, &out), FERRY_EPROTO);
+  assert_detail("after the region table");
+
+  ferry_region_keys twice[2] = {keys[0], keys[0]};
+  len = ferry_wire_regions_encode(buf, table, 2, twice, 2);
+  assert_int_equal(ferry_wire_regions_decode(buf, len, 2, &out), FERRY_EPROTO);
+  assert_detail("sent twice");
+  ferry_region_keys unknown = {0x100, 12, fabric_keys},
+                    oversized = {FERRY_TRANSPORT_FABRIC, 0, NULL};
+  len = ferry_wire_regions_encode(buf, table, 2, &unknown, 1);
+  assert_int_equal(ferry_wire_regions_decode(buf, len, 2, &out), FERRY_EPROTO);
+  assert_detail("unknown transport");
+  len = ferry_wire_regions_encode(buf, table, 2, &oversized, 1);
+  assert_int_equal(ferry_wire_regions_decode(buf, len, 2, &out), FERRY_EPROTO);
+  assert_null(out.regions);
+  buf[32] = FERRY_WIRE_MAX_DESCRIPTORS + 1;
+  assert_int_equal(ferry_wire_regions_decode(buf, 33, 2, &out), FERRY_EPROTO);
+  assert_detail("key sections");
 }
 
 /* ---- Notifications ------------------------------------------------------ */
@@ -684,8 +735,7 @@ static size_t valid_body(uint64_t *seed, uint8_t *buf, int kind) {
       t[i] = (ferry_region){at, 1 + rng_next(seed) % 4096};
       at += t[i].length + rng_next(seed) % 2;
     }
-    ferry_wire_regions_encode(buf, t, count);
-    return count * 16u;
+    return ferry_wire_regions_encode(buf, t, count, NULL, 0);
   }
   default: {
     char name[40];
@@ -750,14 +800,15 @@ static void fuzz_one_body(const uint8_t *body, size_t len, uint32_t count,
     assert_memory_equal(again, body, len);
     ++*accepted;
   }
-  ferry_region *regions = NULL;
-  if (ferry_wire_regions_decode(body, len, count, &regions) == FERRY_OK) {
-    ferry_wire_regions_encode(again, regions, count);
-    if (count > 0)
-      assert_memory_equal(again, body, len);
+  ferry_region_table table;
+  if (ferry_wire_regions_decode(body, len, count, &table) == FERRY_OK) {
+    size_t n =
+        ferry_wire_regions_encode(again, table.regions, count, table.keys, table.key_sections);
+    assert_int_equal(n, len);
+    assert_memory_equal(again, body, len);
     ++*accepted;
+    ferry_region_table_free(&table);
   }
-  free(regions);
   ferry_region segs[FUZZ_BODY_MAX / 16];
   uint32_t nsegs = (uint32_t)(len / 16) < count ? (uint32_t)(len / 16) : count;
   uint64_t total;
@@ -864,6 +915,7 @@ int main(void) {
       cmocka_unit_test(test_facts_descriptors_checked),
       cmocka_unit_test(test_split),
       cmocka_unit_test(test_regions),
+      cmocka_unit_test(test_region_keys),
       cmocka_unit_test(test_notify),
       cmocka_unit_test(test_crc32c_vectors),
       cmocka_unit_test(test_crc32c_random),
