@@ -1,11 +1,12 @@
 /* scale_batch.c - what a batch's size costs: N entries of SIZE bytes from a
  * contiguous local buffer to random (permuted) slots of a remote buffer,
  * against one bulk WRITE of the same bytes in the same run (interleaved
- * over REPS), both synchronous over loopback tcp. Also the initiator's heap
- * growth per entry while an asynchronous batch of the same entries is in
- * flight (the most seen while polling it every millisecond; the caller's
- * entry array is not counted, and neither is what the target in this same
- * process allocates meanwhile, which is little). Above 1 GiB the local and
+ * over REPS), both synchronous over loopback tcp. Also the initiator's
+ * memory growth per entry while an asynchronous batch of the same entries
+ * is in flight: the larger of main-arena heap and resident set growth, the
+ * most seen while polling every millisecond (the caller's entry array is
+ * not counted; what the target in this same process allocates meanwhile
+ * is, which is little). Above 1 GiB the local and
  * remote buffers are one mapping, to fit the machine. One JSON line.
  *
  *   scale_batch N SIZE [REPS]
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "../src/core/clock.h"
 #include "ferry.h"
@@ -45,19 +47,28 @@ static char *buffer(size_t bytes) {
   return p;
 }
 
-static size_t heap_bytes(void) {
+/* Heap (main arena) plus resident memory: the batch's own copy is made by
+ * the submitting thread, the transports' buffers may be in other arenas. */
+static size_t memory_bytes(void) {
   struct mallinfo2 m = mallinfo2();
-  return m.uordblks + m.hblkhd;
+  size_t pages = 0, resident = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (f && fscanf(f, "%zu %zu", &pages, &resident) != 2)
+    resident = 0;
+  if (f)
+    fclose(f);
+  size_t heap = m.uordblks + m.hblkhd, rss = resident * (size_t)sysconf(_SC_PAGESIZE);
+  return heap > rss ? heap : rss;
 }
 
-/* Largest heap growth over base while the batch runs. */
+/* Largest memory growth over base while the batch runs. */
 static size_t in_flight_growth(ferry_engine *e, const char *target, const ferry_entry *entries,
                                size_t n, size_t base) {
   ferry_batch *b;
   check(ferry_batch_submit(e, target, entries, n, NULL, &b), "submit");
   size_t most = 0;
   while (ferry_batch_wait(b, 1) == FERRY_EINPROGRESS) {
-    size_t now = heap_bytes();
+    size_t now = memory_bytes();
     if (now > base && now - base > most)
       most = now - base;
   }
@@ -119,7 +130,7 @@ int main(int argc, char **argv) {
     uint64_t t2 = ferry_now_ns();
     bulk_s[r] = (double)(t1 - t0) / 1e9, batch_s[r] = (double)(t2 - t1) / 1e9;
   }
-  size_t growth = in_flight_growth(e, target, entries, n, heap_bytes());
+  size_t growth = in_flight_growth(e, target, entries, n, memory_bytes());
   double batch = median(batch_s, reps), whole = median(bulk_s, reps);
   printf("{\"entries\": %zu, \"size\": %zu, \"entries_per_s\": %.0f, \"batch_gbps\": %.3f, "
          "\"bulk_gbps\": %.3f, \"ratio\": %.3f, \"inflight_bytes_per_entry\": %.1f, "
