@@ -114,6 +114,7 @@ static void million_regions(void **state) {
 
   ferry_engine_destroy(e);
   ferry_engine_destroy(t);
+  free(local);
   free(addrs);
   free(lens);
   munmap(mem, span);
@@ -157,6 +158,7 @@ static void million_entry_batch(void **state) {
   assert_int_equal(wrong, 0);
   ferry_engine_destroy(e);
   ferry_engine_destroy(t);
+  free(local);
   free(remote);
   free(slot);
   free(entries);

@@ -21,10 +21,12 @@ static ferry_region_table table_of(const ferry_region *r, size_t n, const uint8_
   memset(&t, 0, sizeof t);
   t.count = n;
   t.regions = malloc((n ? n : 1) * sizeof *r);
-  memcpy(t.regions, r, n * sizeof *r);
   t.key_sections = 1;
   t.keys[0] = (ferry_region_keys){FERRY_TRANSPORT_SHM, 1, malloc(n ? n : 1)};
-  memcpy(t.keys[0].data, key, n);
+  if (n) {
+    memcpy(t.regions, r, n * sizeof *r);
+    memcpy(t.keys[0].data, key, n);
+  }
   return t;
 }
 
