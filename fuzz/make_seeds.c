@@ -151,6 +151,13 @@ static void wire_seeds(void) {
   out[0] = 0;
   put("fuzz_regions", "empty", out, 4 + ferry_wire_regions_encode(out + 4, regions, 0, NULL, 0));
 
+  const ferry_region ranges[2] = {{0x1000, 0x10}, {0x4000, 0x2000}};
+  out[0] = 2, out[1] = 0;
+  ferry_wire_ranges_encode(out + 2, ranges, 2);
+  put("fuzz_ranges", "two", out, 2 + 32);
+  out[0] = 0;
+  put("fuzz_ranges", "whole_table", out, 2); /* count 0, no body: the whole table */
+
   size_t n = ferry_wire_notify_encode(out, "kv-ready", "page 17", 7);
   put("fuzz_notify", "notify", out, n);
   n = ferry_wire_notify_encode(out, "x", "", 0);
@@ -184,6 +191,9 @@ static void server_seeds(void) {
   add_frame(&b, FERRY_FRAME_HELLO, 0, 0, 0, 0, body, hello(body));
   add_frame(&b, FERRY_FRAME_PING, 0, 0, 0, 1, NULL, 0);
   add_frame(&b, FERRY_FRAME_REGIONS_REQ, 0, 0, 0, 2, NULL, 0);
+  const ferry_region asked[2] = {{FUZZ_SERVER_BUF, 64}, {FUZZ_SERVER_BUF + 4096, 1}};
+  ferry_wire_ranges_encode(body, asked, 2);
+  add_frame(&b, FERRY_FRAME_REGIONS_REQ, 0, 2, 0, 2, body, 32);
   add_write(&b, 3, FUZZ_SERVER_BUF + 64, 256, 0);
   add_write(&b, 4, FUZZ_SERVER_BUF + 1024, 64, 1);
   add_read(&b, 5, FUZZ_SERVER_BUF + 64, 256, 0);

@@ -111,7 +111,8 @@ static ferry_status batch_create(ferry_engine *e, const char *target, const ferr
   b->budget_ms = (uint32_t)((b->deadline_ns - now) / 1000000ull);
   st = copy_notification(b, notify);
   if (!st)
-    st = ferry_peer_ensure(peer, b->deadline_ns, &b->transport, &b->peer_instance);
+    st = ferry_peer_ensure_for(peer, entries, count, b->deadline_ns, &b->transport,
+                               &b->peer_instance);
   if (!st)
     st = ferry_peer_check_remote(peer, entries, count, b->deadline_ns);
   if (st) {

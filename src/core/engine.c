@@ -352,15 +352,23 @@ const char *ferry_engine_name(const ferry_engine *e) { return e ? e->name : ""; 
  * registry. Snapshot and publish go together under one lock, so publishes
  * land in the order of their snapshots and the last one always holds every
  * change made before it: concurrent registrations cannot leave a stale
- * table behind. */
+ * table behind. A caller that waited while another published a snapshot
+ * taken after its own change skips its publish, so a burst of concurrent
+ * calls costs one; the descriptor is the whole table, so each publish is
+ * still O(regions) (register in batches at scale). */
 static void republish_regions(ferry_engine *e) {
   if (!e->metadata)
     return;
   ferry_region *regions = NULL;
   pthread_mutex_lock(&e->publish_lock);
-  size_t count = ferry_registry_snapshot(e->registry, &regions);
-  if (ferry_segment_publish_regions(e->metadata, e->name, e->port, regions, count))
-    FERRY_WARN("could not publish regions of %s: %s", e->name, ferry_last_error());
+  uint64_t generation = ferry_registry_generation(e->registry);
+  if (generation != e->published_generation) {
+    size_t count = ferry_registry_snapshot(e->registry, &regions);
+    if (ferry_segment_publish_regions(e->metadata, e->name, e->port, regions, count))
+      FERRY_WARN("could not publish regions of %s: %s", e->name, ferry_last_error());
+    else
+      e->published_generation = generation;
+  }
   pthread_mutex_unlock(&e->publish_lock);
   free(regions);
 }
@@ -541,24 +549,20 @@ static ferry_status memory_unregister_batch(ferry_engine *e, void *const *addrs,
   ferry_region *removed = malloc((count ? count : 1) * sizeof *removed);
   if (!removed)
     return ferry_fail(FERRY_ENOMEM, "no memory to unregister %zu regions", count);
-  ferry_status first = FERRY_OK;
-  char detail[FERRY_ERROR_MAX] = "";
-  size_t n = 0;
+  for (size_t i = 0; i < count; i++)
+    removed[i].addr = (uint64_t)(uintptr_t)addrs[i];
+  size_t n;
   int locked = unregister_begin(e);
-  for (size_t i = 0; i < count; i++) {
-    ferry_status st = ferry_registry_take(e->registry, (uint64_t)(uintptr_t)addrs[i], &removed[n]);
-    n += st == FERRY_OK;
-    if (st && !first) {
-      first = st;
-      snprintf(detail, sizeof detail, "%s", ferry_last_error());
-    }
-  }
+  ferry_status st = ferry_registry_take_many(e->registry, removed, count, &n);
+  char detail[FERRY_ERROR_MAX] = "";
+  if (st)
+    snprintf(detail, sizeof detail, "%s", ferry_last_error());
   after_unregister(e, removed, n);
   unregister_end(e, locked);
   free(removed);
-  if (first)
+  if (st)
     ferry_error_set_detail(detail);
-  return first;
+  return st;
 }
 
 static ferry_status memory_alloc(ferry_engine *e, size_t length, void **out) {

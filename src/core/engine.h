@@ -69,7 +69,8 @@ struct ferry_engine {
   struct ferry_notify_share *notify_shares; /* memory queued, per peer */
   size_t notify_share_count, notify_share_cap;
 
-  pthread_mutex_t publish_lock; /* one snapshot+publish of the region table at a time */
+  pthread_mutex_t publish_lock;  /* one snapshot+publish of the region table at a time */
+  uint64_t published_generation; /* registry generation the last publish was taken after */
   /* Serializes (un)registrations while a transport registers regions of its
    * own (region_register), so its registrations match the registry's. */
   pthread_mutex_t register_lock;

@@ -18,6 +18,7 @@
 #include "error.h"
 #include "log.h"
 #include "peer.h"
+#include "region_cache.h"
 #include "sync.h"
 #include "transport/transport.h"
 
@@ -196,15 +197,7 @@ static void unlink_channel(ferry_peer *p, struct ferry_channel *ch);
  * the transport chosen for it (the new one may offer others) and its
  * channels, closed by their transport now if idle, at checkin if busy. */
 /* Drops the cached region table and its keys (lock held). */
-static void forget_regions_locked(ferry_peer *p) {
-  ferry_region_table old = {
-      .regions = p->regions, .count = p->region_count, .key_sections = p->key_sections};
-  memcpy(old.keys, p->keys, sizeof old.keys);
-  ferry_region_table_free(&old);
-  p->regions = NULL;
-  p->region_count = 0;
-  p->key_sections = 0;
-}
+static void forget_regions_locked(ferry_peer *p) { ferry_region_table_free(&p->table); }
 
 static void retire_instance_locked(ferry_peer *p) {
   forget_regions_locked(p);
@@ -388,8 +381,15 @@ static ferry_status read_nothing(ferry_peer *p, ferry_sock *s, const ferry_frame
   return FERRY_OK;
 }
 
+/* What a REGIONS_REQ asked for: the reply is merged over these spans. */
+typedef struct region_ask {
+  const ferry_region *spans;
+  size_t count; /* 0: the whole table */
+} region_ask;
+
 static ferry_status read_regions(ferry_peer *p, ferry_sock *s, const ferry_frame_header *h,
                                  void *ctx) {
+  const region_ask *ask = ctx;
   uint8_t *body = malloc(h->body_len ? h->body_len : 1);
   if (!body)
     return ferry_fail(FERRY_ENOMEM, "no memory for the region table of %s", p->address);
@@ -401,18 +401,43 @@ static ferry_status read_regions(ferry_peer *p, ferry_sock *s, const ferry_frame
   if (st)
     return st;
   pthread_mutex_lock(&p->lock);
-  forget_regions_locked(p);
-  p->regions = table.regions;
-  p->region_count = table.count;
-  p->key_sections = table.key_sections;
-  memcpy(p->keys, table.keys, sizeof p->keys);
+  st = ferry_region_cache_merge(&p->table, &table, ask->spans, ask->count);
   pthread_mutex_unlock(&p->lock);
-  return FERRY_OK;
+  ferry_region_table_free(&table);
+  return st;
 }
 
-static ferry_status refresh_regions(ferry_peer *p, uint64_t deadline_ns) {
-  ferry_frame_header req = {.type = FERRY_FRAME_REGIONS_REQ};
-  return control_call(p, &req, NULL, FERRY_FRAME_REGIONS_REPLY, read_regions, NULL, deadline_ns);
+/* Asks for the regions overlapping spans (none: the whole table). */
+static ferry_status refresh_regions(ferry_peer *p, const ferry_region *spans, size_t count,
+                                    uint64_t deadline_ns) {
+  region_ask ask = {spans, count};
+  size_t len = count * FERRY_WIRE_SEGMENT_SIZE;
+  uint8_t *body = malloc(len ? len : 1);
+  if (!body)
+    return ferry_fail(FERRY_ENOMEM, "no memory for a REGIONS_REQ of %zu ranges", count);
+  ferry_wire_ranges_encode(body, spans, (uint32_t)count);
+  ferry_frame_header req = {
+      .type = FERRY_FRAME_REGIONS_REQ, .count = (uint32_t)count, .body_len = len};
+  ferry_status st =
+      control_call(p, &req, body, FERRY_FRAME_REGIONS_REPLY, read_regions, &ask, deadline_ns);
+  free(body);
+  return st;
+}
+
+/* Fetches the regions holding the entries' remote ranges that the cache
+ * lacks; *asked is 0 when it had them all (nothing was sent). */
+static ferry_status fetch_missing(ferry_peer *p, const ferry_entry *entries, size_t count,
+                                  uint64_t deadline_ns, int *asked) {
+  ferry_region *spans;
+  size_t n;
+  pthread_mutex_lock(&p->lock);
+  ferry_status st = ferry_region_cache_misses(&p->table, entries, count, &spans, &n);
+  pthread_mutex_unlock(&p->lock);
+  *asked = n > 0;
+  if (!st && n > 0)
+    st = refresh_regions(p, spans, n, deadline_ns);
+  free(spans);
+  return st;
 }
 
 ferry_status ferry_peer_ping(ferry_peer *p, uint64_t deadline_ns) {
@@ -490,17 +515,23 @@ static int control_lost(ferry_peer *p) {
   return lost;
 }
 
-ferry_status ferry_peer_ensure(ferry_peer *p, uint64_t deadline_ns,
-                               const ferry_transport **transport, uint64_t *instance) {
+ferry_status ferry_peer_ensure_for(ferry_peer *p, const ferry_entry *entries, size_t count,
+                                   uint64_t deadline_ns, const ferry_transport **transport,
+                                   uint64_t *instance) {
   pthread_mutex_lock(&p->lock);
-  int ready = p->known && p->transport && p->regions;
+  int ready = p->known && p->transport;
   int proven = ferry_now_ns() - p->replied_ns < FERRY_PEER_TRUST_NS;
   *transport = p->transport;
   *instance = p->info.engine_id;
   pthread_mutex_unlock(&p->lock);
   if (ready && (proven || !control_lost(p)))
     return FERRY_OK;
-  ferry_status st = refresh_regions(p, deadline_ns);
+  /* The first exchange doubles as the handshake: the regions the batch
+   * needs if the cache lacks any, else a ping. */
+  int asked;
+  ferry_status st = fetch_missing(p, entries, count, deadline_ns, &asked);
+  if (!st && !asked)
+    st = ferry_peer_ping(p, deadline_ns);
   if (st)
     return st;
   pthread_mutex_lock(&p->lock);
@@ -520,11 +551,17 @@ ferry_status ferry_peer_ensure(ferry_peer *p, uint64_t deadline_ns,
   return FERRY_OK;
 }
 
+ferry_status ferry_peer_ensure(ferry_peer *p, uint64_t deadline_ns,
+                               const ferry_transport **transport, uint64_t *instance) {
+  return ferry_peer_ensure_for(p, NULL, 0, deadline_ns, transport, instance);
+}
+
 static long first_unknown_remote(ferry_peer *p, const ferry_entry *entries, size_t count) {
   long bad = -1;
   pthread_mutex_lock(&p->lock);
   for (size_t i = 0; i < count && bad < 0; i++)
-    if (ferry_regions_search(p->regions, p->region_count, entries[i].remote, entries[i].length) < 0)
+    if (ferry_regions_search(p->table.regions, p->table.count, entries[i].remote,
+                             entries[i].length) < 0)
       bad = (long)i;
   pthread_mutex_unlock(&p->lock);
   return bad;
@@ -535,8 +572,9 @@ ferry_status ferry_peer_check_remote(ferry_peer *p, const ferry_entry *entries, 
   long bad = first_unknown_remote(p, entries, count);
   if (bad < 0)
     return FERRY_OK;
-  /* The target may have registered more memory since we fetched its table. */
-  ferry_status st = refresh_regions(p, deadline_ns);
+  /* The target may have registered them since we fetched: ask once. */
+  int asked;
+  ferry_status st = fetch_missing(p, entries, count, deadline_ns, &asked);
   if (st)
     return st;
   bad = first_unknown_remote(p, entries, count);
@@ -551,14 +589,14 @@ size_t ferry_peer_region_key(ferry_peer *p, unsigned transport, uint64_t addr, u
                              uint8_t *out, size_t size, uint64_t *base) {
   size_t len = 0;
   pthread_mutex_lock(&p->lock);
-  long i = ferry_regions_search(p->regions, p->region_count, addr, length);
-  for (unsigned k = 0; i >= 0 && k < p->key_sections; k++) {
-    const ferry_region_keys *keys = &p->keys[k];
+  long i = ferry_regions_search(p->table.regions, p->table.count, addr, length);
+  for (unsigned k = 0; i >= 0 && k < p->table.key_sections; k++) {
+    const ferry_region_keys *keys = &p->table.keys[k];
     if (keys->transport != transport || keys->size > size)
       continue;
     len = keys->size;
     memcpy(out, keys->data + (size_t)i * len, len);
-    *base = p->regions[i].addr;
+    *base = p->table.regions[i].addr;
   }
   pthread_mutex_unlock(&p->lock);
   return len;
@@ -734,14 +772,14 @@ static ferry_status peer_regions(ferry_engine *e, const char *target, ferry_regi
   ferry_peer *p;
   ferry_status st = ferry_peer_get(e, target, &p);
   if (!st)
-    st = refresh_regions(p, connect_deadline(e));
+    st = refresh_regions(p, NULL, 0, connect_deadline(e));
   if (st)
     return st;
   pthread_mutex_lock(&p->lock);
-  *count = p->region_count;
-  *out = malloc((p->region_count ? p->region_count : 1) * sizeof **out);
-  if (*out && p->region_count)
-    memcpy(*out, p->regions, p->region_count * sizeof **out);
+  *count = p->table.count;
+  *out = malloc((p->table.count ? p->table.count : 1) * sizeof **out);
+  if (*out && p->table.count)
+    memcpy(*out, p->table.regions, p->table.count * sizeof **out);
   pthread_mutex_unlock(&p->lock);
   return *out ? FERRY_OK : ferry_fail(FERRY_ENOMEM, "no memory for a region table");
 }

@@ -29,10 +29,9 @@ struct ferry_peer {
   int known;            /* info below is valid */
   ferry_hello_reply info;
   const struct ferry_transport *transport;
-  ferry_region *regions; /* sorted cache of its table */
-  size_t region_count;
-  unsigned key_sections; /* the table's per-transport keys, by region index */
-  ferry_region_keys keys[FERRY_WIRE_MAX_DESCRIPTORS];
+  /* The part of its region table fetched so far, with every transport's
+   * keys (region_cache.h). */
+  ferry_region_table table;
   unsigned generation; /* bumped on failure: retire old channels */
   struct ferry_channel *idle;
   struct ferry_channel *all;
@@ -57,13 +56,20 @@ struct ferry_peer {
 ferry_status ferry_peer_get(ferry_engine *engine, const char *target, ferry_peer **out);
 void ferry_peers_destroy(ferry_engine *engine);
 /* Handshakes over the control connection if this peer is not known yet (or
- * its connection was lost), fetches the region table and chooses the
- * transport; *transport and *instance get the choice and the target
- * incarnation it was made for. */
+ * its connection was lost; a ping) and chooses the transport; *transport and *instance get the
+ * choice and the target incarnation it was made for. */
 ferry_status ferry_peer_ensure(ferry_peer *peer, uint64_t deadline_ns,
                                const struct ferry_transport **transport, uint64_t *instance);
-/* Nonzero when every remote range is inside the cached table; refreshes the
- * table once on a miss. Sets the error detail naming the first bad range. */
+/* ferry_peer_ensure for a batch: the first exchange with the target (the
+ * handshake) fetches the regions holding the entries' remote ranges that
+ * the cache lacks (REGIONS_REQ with their ranges), never the whole table;
+ * without entries, or when the cache has them all, it is a ping. */
+ferry_status ferry_peer_ensure_for(ferry_peer *peer, const ferry_entry *entries, size_t count,
+                                   uint64_t deadline_ns, const struct ferry_transport **transport,
+                                   uint64_t *instance);
+/* FERRY_OK when every remote range is inside the cached table; on a miss
+ * fetches the regions at the missing ranges once, then checks again. Sets the error detail naming
+ * the first bad range. */
 ferry_status ferry_peer_check_remote(ferry_peer *peer, const ferry_entry *entries, size_t count,
                                      uint64_t deadline_ns);
 /* For a transport's channel: copies the key `transport` published for the

@@ -3,8 +3,11 @@
  * Every WRITE/READ arriving from the network is checked against this table
  * before a byte of local memory is touched, so lookups must be cheap and
  * safe to run from many threads at once: the table is a sorted array of
- * disjoint regions (binary search) behind a reader/writer lock. Registering
- * is rare and may pay for a memmove or a merge. */
+ * disjoint regions (binary search) behind a reader/writer lock. A batch
+ * register is one merge; removing leaves a hole (no memmove), and holes go
+ * in one pass once they outnumber the regions, so unregistering n regions,
+ * one call each or in one batch, stays O(n log n) at a million regions. A
+ * single register still pays a memmove of the tail (appending is free). */
 /* pthread_rwlock_t and glibc's writer-preferring kind; the build usually
  * defines it already. */
 #ifndef _GNU_SOURCE
@@ -16,6 +19,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,11 +27,21 @@
 
 struct ferry_registry {
   pthread_rwlock_t lock;
-  ferry_region *regions; /* sorted by addr, pairwise disjoint */
-  size_t count;
+  /* Sorted by addr, addrs unique. An entry of length 0 is a hole: a removed
+   * region, kept so that removing costs no memmove. Live regions are
+   * pairwise disjoint, and every live region before a hole ends at or
+   * before the hole's addr, so a search that lands on a hole finds nothing
+   * (ferry_regions_search needs no change). */
+  ferry_region *regions;
+  size_t used;  /* entries in regions, holes included */
+  size_t count; /* live regions */
   size_t capacity;
   uint64_t generation; /* starts at 1 so a cache zeroed at 0 is always stale */
 };
+
+/* Holes are squeezed out once they outnumber the live regions (and are
+ * more than this many): removal is O(log n) amortized. */
+#define REGISTRY_MIN_HOLES 64
 
 /* "[0x1000, +4096)": how every region is named in error details. */
 #define REGION_FMT "[0x%" PRIx64 ", +%" PRIu64 ")"
@@ -131,24 +145,37 @@ static ferry_status reserve(ferry_registry *registry, size_t need) {
   return FERRY_OK;
 }
 
-/* Inserts one validated region; caller holds the write lock. */
+static int is_hole(const ferry_region *r) { return r->length == 0; }
+
+/* Inserts one validated region; caller holds the write lock. Holes inside
+ * the new region go (the search rule needs it); the first of them is
+ * reused, so the shift is by one minus the holes dropped. */
 static ferry_status insert_locked(ferry_registry *registry, const ferry_region *region) {
-  size_t at = lower_bound(registry->regions, registry->count, region->addr);
-  if (at < registry->count) {
-    const ferry_region *next = &registry->regions[at];
+  ferry_region *r = registry->regions;
+  size_t used = registry->used;
+  size_t at = lower_bound(r, used, region->addr);
+  /* A hole before `at` means every live region before it ends earlier. */
+  if (at > 0 && !is_hole(&r[at - 1]) && regions_overlap_sorted(&r[at - 1], region))
+    return overlap_error(region, &r[at - 1]);
+  size_t holes = 0;
+  while (at + holes < used && is_hole(&r[at + holes]) && r[at + holes].addr < region_end(region))
+    holes++;
+  if (at + holes < used) {
+    const ferry_region *next = &r[at + holes];
     if (regions_identical(next, region))
       return FERRY_OK; /* registering the same buffer twice is harmless */
     if (regions_overlap_sorted(region, next))
       return overlap_error(region, next);
   }
-  if (at > 0 && regions_overlap_sorted(&registry->regions[at - 1], region))
-    return overlap_error(region, &registry->regions[at - 1]);
-  ferry_status st = reserve(registry, registry->count + 1);
-  if (st != FERRY_OK)
-    return st;
-  memmove(&registry->regions[at + 1], &registry->regions[at],
-          (registry->count - at) * sizeof *registry->regions);
-  registry->regions[at] = *region;
+  if (holes == 0) {
+    ferry_status st = reserve(registry, used + 1);
+    if (st != FERRY_OK)
+      return st;
+    r = registry->regions;
+  }
+  memmove(&r[at + 1], &r[at + holes], (used - at - holes) * sizeof *r);
+  r[at] = *region;
+  registry->used = used + 1 - holes;
   registry->count++;
   registry->generation++;
   return FERRY_OK;
@@ -191,7 +218,11 @@ static ferry_status prepare_batch(const ferry_region *regions, size_t count, fer
   if (sorted == NULL)
     return ferry_fail(FERRY_ENOMEM, "register: cannot copy a batch of %zu regions", count);
   memcpy(sorted, regions, count * sizeof *sorted);
-  qsort(sorted, count, sizeof *sorted, compare_regions);
+  size_t ordered = 1;
+  while (ordered < count && compare_regions(&sorted[ordered - 1], &sorted[ordered]) <= 0)
+    ordered++;
+  if (ordered < count) /* a pool carved in address order needs no sort */
+    qsort(sorted, count, sizeof *sorted, compare_regions);
   size_t kept = 0;
   for (size_t i = 0; i < count; i++) {
     if (kept > 0 && regions_identical(&sorted[kept - 1], &sorted[i]))
@@ -216,8 +247,8 @@ static ferry_status prepare_batch(const ferry_region *regions, size_t count, fer
  * table is only replaced once the whole merge succeeded. */
 static ferry_status merge_locked(ferry_registry *registry, const ferry_region *batch, size_t n) {
   const ferry_region *table = registry->regions;
-  size_t m = registry->count;
-  size_t capacity = m + n;
+  size_t m = registry->used;
+  size_t capacity = registry->count + n;
   ferry_region *merged = malloc(capacity * sizeof *merged);
   if (merged == NULL)
     return ferry_fail(FERRY_ENOMEM, "register: cannot grow the region table to %zu entries",
@@ -228,6 +259,8 @@ static ferry_status merge_locked(ferry_registry *registry, const ferry_region *b
      * always arrives right after it and is skipped below. */
     int from_batch = i == m || (j < n && compare_regions(&batch[j], &table[i]) < 0);
     const ferry_region *next = from_batch ? &batch[j++] : &table[i++];
+    if (is_hole(next))
+      continue; /* the merge squeezes the holes out */
     if (k > 0 && regions_identical(&merged[k - 1], next))
       continue; /* already registered: harmless */
     if (k > 0 && regions_overlap_sorted(&merged[k - 1], next)) {
@@ -245,7 +278,7 @@ static ferry_status merge_locked(ferry_registry *registry, const ferry_region *b
   }
   free(registry->regions);
   registry->regions = merged;
-  registry->count = k;
+  registry->used = registry->count = k;
   registry->capacity = capacity;
   registry->generation++;
   return FERRY_OK;
@@ -269,6 +302,34 @@ ferry_status ferry_registry_add_many(ferry_registry *registry, const ferry_regio
   return st;
 }
 
+/* Drops every hole in one pass once they outnumber the live regions. */
+static void squeeze_locked(ferry_registry *registry) {
+  size_t holes = registry->used - registry->count;
+  if (holes < REGISTRY_MIN_HOLES || holes <= registry->count)
+    return;
+  size_t k = 0;
+  for (size_t i = 0; i < registry->used; i++)
+    if (!is_hole(&registry->regions[i]))
+      registry->regions[k++] = registry->regions[i];
+  registry->used = k;
+}
+
+/* Turns the region starting at addr into a hole; caller holds the write
+ * lock and squeezes afterwards. */
+static ferry_status take_locked(ferry_registry *registry, uint64_t addr, ferry_region *out) {
+  ferry_region *r = registry->regions;
+  size_t at = lower_bound(r, registry->used, addr);
+  if (at == registry->used || r[at].addr != addr || is_hole(&r[at]))
+    return ferry_fail(FERRY_ENOTREG,
+                      "unregister 0x%" PRIx64 ": not the start of a registered region", addr);
+  if (out != NULL)
+    *out = r[at];
+  r[at].length = 0;
+  registry->count--;
+  registry->generation++;
+  return FERRY_OK;
+}
+
 ferry_status ferry_registry_remove(ferry_registry *registry, uint64_t addr) {
   return ferry_registry_take(registry, addr, NULL);
 }
@@ -276,29 +337,43 @@ ferry_status ferry_registry_remove(ferry_registry *registry, uint64_t addr) {
 ferry_status ferry_registry_take(ferry_registry *registry, uint64_t addr, ferry_region *out) {
   if (registry == NULL)
     return ferry_fail(FERRY_EINVAL, "unregister: no registry");
-  ferry_status st = FERRY_OK;
   pthread_rwlock_wrlock(&registry->lock);
-  size_t at = lower_bound(registry->regions, registry->count, addr);
-  if (at == registry->count || registry->regions[at].addr != addr) {
-    st = ferry_fail(FERRY_ENOTREG, "unregister 0x%" PRIx64 ": not the start of a registered region",
-                    addr);
-  } else {
-    if (out != NULL)
-      *out = registry->regions[at];
-    memmove(&registry->regions[at], &registry->regions[at + 1],
-            (registry->count - at - 1) * sizeof *registry->regions);
-    registry->count--;
-    registry->generation++;
-  }
+  ferry_status st = take_locked(registry, addr, out);
+  squeeze_locked(registry);
   pthread_rwlock_unlock(&registry->lock);
   return st;
+}
+
+ferry_status ferry_registry_take_many(ferry_registry *registry, ferry_region *regions, size_t count,
+                                      size_t *taken) {
+  *taken = 0;
+  if (registry == NULL || (regions == NULL && count > 0))
+    return ferry_fail(FERRY_EINVAL, "unregister batch: no registry or no regions");
+  ferry_status first = FERRY_OK;
+  char detail[FERRY_ERROR_MAX] = "";
+  size_t n = 0;
+  pthread_rwlock_wrlock(&registry->lock);
+  for (size_t i = 0; i < count; i++) {
+    ferry_status st = take_locked(registry, regions[i].addr, &regions[n]);
+    n += st == FERRY_OK;
+    if (st != FERRY_OK && first == FERRY_OK) {
+      first = st;
+      snprintf(detail, sizeof detail, "%s", ferry_last_error());
+    }
+  }
+  squeeze_locked(registry);
+  pthread_rwlock_unlock(&registry->lock);
+  *taken = n;
+  if (first != FERRY_OK)
+    ferry_error_set_detail(detail);
+  return first;
 }
 
 int ferry_registry_contains(ferry_registry *registry, uint64_t addr, uint64_t length) {
   if (registry == NULL)
     return 0;
   pthread_rwlock_rdlock(&registry->lock);
-  long at = ferry_regions_search(registry->regions, registry->count, addr, length);
+  long at = ferry_regions_search(registry->regions, registry->used, addr, length);
   pthread_rwlock_unlock(&registry->lock);
   return at >= 0;
 }
@@ -307,30 +382,74 @@ int ferry_registry_find(ferry_registry *registry, uint64_t addr, ferry_region *o
   if (registry == NULL)
     return 0;
   pthread_rwlock_rdlock(&registry->lock);
-  long at = ferry_regions_search(registry->regions, registry->count, addr, 1);
+  long at = ferry_regions_search(registry->regions, registry->used, addr, 1);
   if (at >= 0 && out != NULL)
     *out = registry->regions[at];
   pthread_rwlock_unlock(&registry->lock);
   return at >= 0;
 }
 
-size_t ferry_registry_snapshot(ferry_registry *registry, ferry_region **out) {
-  *out = NULL;
-  if (registry == NULL)
-    return 0;
-  size_t count = 0;
-  pthread_rwlock_rdlock(&registry->lock);
-  if (registry->count > 0) {
-    ferry_region *copy = malloc(registry->count * sizeof *copy);
-    if (copy == NULL) {
-      ferry_fail(FERRY_ENOMEM, "snapshot of %zu regions: out of memory", registry->count);
-    } else {
-      memcpy(copy, registry->regions, registry->count * sizeof *copy);
-      *out = copy;
-      count = registry->count;
+/* Appends r to a growing copy; 0 when out of memory. */
+static int append(ferry_region **out, size_t *n, size_t *capacity, const ferry_region *r) {
+  if (*n == *capacity) {
+    size_t grown = *capacity ? 2 * *capacity : 64;
+    ferry_region *p = realloc(*out, grown * sizeof *p);
+    if (p == NULL)
+      return 0;
+    *out = p;
+    *capacity = grown;
+  }
+  (*out)[(*n)++] = *r;
+  return 1;
+}
+
+/* Live regions overlapping any of the sorted, disjoint ranges (each
+ * region once), or every region when there are none. Read lock held. */
+static ferry_status collect_locked(ferry_registry *registry, const ferry_region *ranges,
+                                   size_t nranges, ferry_region **out, size_t *n) {
+  const ferry_region *r = registry->regions;
+  size_t capacity = 0, i = 0;
+  for (size_t k = 0; k == 0 || k < nranges; k++) {
+    uint64_t lo = nranges ? ranges[k].addr : 0;
+    uint64_t hi = nranges ? ranges[k].addr + ranges[k].length : UINT64_MAX;
+    /* From the last entry starting at or before lo: it may reach into it. */
+    size_t from = lower_bound(r, registry->used, lo);
+    if (from > 0 && (from == registry->used || r[from].addr > lo))
+      from--;
+    if (from > i) /* entries before i ended before the previous range did */
+      i = from;
+    for (; i < registry->used && r[i].addr < hi; i++) {
+      if (is_hole(&r[i]) || region_end(&r[i]) <= lo)
+        continue;
+      if (*n > 0 && (*out)[*n - 1].addr == r[i].addr)
+        continue; /* already in, through the previous range */
+      if (!append(out, n, &capacity, &r[i]))
+        return ferry_fail(FERRY_ENOMEM, "copy of %zu regions: out of memory", *n + 1);
     }
   }
+  return FERRY_OK;
+}
+
+ferry_status ferry_registry_overlapping(ferry_registry *registry, const ferry_region *ranges,
+                                        size_t nranges, ferry_region **out, size_t *count) {
+  *out = NULL;
+  *count = 0;
+  if (registry == NULL)
+    return FERRY_OK;
+  pthread_rwlock_rdlock(&registry->lock);
+  ferry_status st = collect_locked(registry, ranges, nranges, out, count);
   pthread_rwlock_unlock(&registry->lock);
+  if (st != FERRY_OK) {
+    free(*out);
+    *out = NULL;
+    *count = 0;
+  }
+  return st;
+}
+
+size_t ferry_registry_snapshot(ferry_registry *registry, ferry_region **out) {
+  size_t count = 0;
+  ferry_registry_overlapping(registry, NULL, 0, out, &count);
   return count;
 }
 

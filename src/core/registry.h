@@ -1,8 +1,10 @@
 /* registry.h - the set of memory regions an engine has registered.
  *
  * A sorted array of disjoint [addr, addr+length) ranges: lookups are a binary
- * search (O(log n) over tens of thousands of regions), inserts a memmove.
- * Every access from the network is checked here before memory is touched. */
+ * search (O(log n) over a million regions), a batch register one merge,
+ * unregister O(log n) amortized (it leaves a hole, squeezed out later), a
+ * single register a memmove of the tail. Every access from the network is
+ * checked here before memory is touched. */
 #ifndef FERRY_REGISTRY_H
 #define FERRY_REGISTRY_H
 
@@ -28,10 +30,22 @@ ferry_status ferry_registry_remove(ferry_registry *registry, uint64_t addr);
 /* ferry_registry_remove that also hands back the region removed (out may be
  * NULL), so an unregister knows which range to fence. */
 ferry_status ferry_registry_take(ferry_registry *registry, uint64_t addr, ferry_region *out);
+/* Removes many regions under one lock, with at most one pass over the
+ * table: on entry regions[i].addr names each region to remove; on return
+ * regions[0..*taken) are the regions removed. An address that starts no
+ * region is skipped; the first such failure is returned (FERRY_ENOTREG,
+ * with its detail) after the others were removed. */
+ferry_status ferry_registry_take_many(ferry_registry *registry, ferry_region *regions, size_t count,
+                                      size_t *taken);
 /* Nonzero when [addr, addr+length) lies inside one registered region. */
 int ferry_registry_contains(ferry_registry *registry, uint64_t addr, uint64_t length);
 /* The region holding addr, if any. */
 int ferry_registry_find(ferry_registry *registry, uint64_t addr, ferry_region *out);
+/* Sorted copy of the regions overlapping any of `ranges` (sorted and
+ * disjoint; none: every region), each once. *out is malloc'd (NULL when
+ * empty); FERRY_ENOMEM with detail. O(log n) per range plus the copy. */
+ferry_status ferry_registry_overlapping(ferry_registry *registry, const ferry_region *ranges,
+                                        size_t nranges, ferry_region **out, size_t *count);
 /* Sorted copy of every region (malloc'd, NULL when empty). */
 size_t ferry_registry_snapshot(ferry_registry *registry, ferry_region **out);
 size_t ferry_registry_count(ferry_registry *registry);

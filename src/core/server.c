@@ -341,14 +341,47 @@ static ferry_status serve_pool(server_conn *c, const ferry_frame_header *h) {
   return ferry_sock_send_frame(&c->sock, &ok, grant, "send POOL_REPLY");
 }
 
+/* The ranges a REGIONS_REQ asks for (none: the whole table). A body that
+ * fails its checks ends the connection, as any malformed frame does. */
+static ferry_status receive_ranges(server_conn *c, const ferry_frame_header *h,
+                                   ferry_region **ranges) {
+  *ranges = NULL;
+  if (h->count == 0)
+    return FERRY_OK;
+  uint8_t *body = malloc(h->body_len);
+  *ranges = malloc(h->count * sizeof **ranges);
+  ferry_status st = body && *ranges
+                        ? ferry_sock_recv(&c->sock, body, h->body_len, "receive REGIONS_REQ")
+                        : ferry_fail(FERRY_ENOMEM, "no memory for a REGIONS_REQ from %s", c->peer);
+  if (!st && (st = ferry_wire_ranges_decode(body, h->body_len, h->count, *ranges)) != FERRY_OK)
+    st = ferry_fail(FERRY_EPROTO, "REGIONS_REQ from %s: %s", c->peer, ferry_last_error());
+  free(body);
+  return st;
+}
+
+/* The regions overlapping the asked ranges, with every transport's keys,
+ * so a first contact costs what the initiator needs, not the whole table. */
 static ferry_status serve_regions(server_conn *c, const ferry_frame_header *h) {
-  ferry_region *regions = NULL;
-  size_t count = ferry_registry_snapshot(c->engine->registry, &regions);
+  ferry_region *ranges, *regions = NULL;
+  size_t count = 0;
+  ferry_status st = receive_ranges(c, h, &ranges);
+  if (st) {
+    free(ranges);
+    return st;
+  }
+  st = ferry_registry_overlapping(c->engine->registry, ranges, h->count, &regions, &count);
+  free(ranges);
   ferry_region_keys keys[FERRY_WIRE_MAX_DESCRIPTORS];
   unsigned sections = 0;
   uint8_t *body = NULL;
-  ferry_status st = ferry_engine_region_keys(c->engine, regions, count, keys, &sections);
+  if (!st)
+    st = ferry_engine_region_keys(c->engine, regions, count, keys, &sections);
   size_t len = ferry_wire_regions_size((uint32_t)count, keys, sections);
+  if (!st && len > FERRY_WIRE_MAX_CONTROL_BODY)
+    st = ferry_fail(FERRY_ENOMEM,
+                    "%s: %zu regions (%zu bytes) exceed one region table's %llu bytes; ask for "
+                    "fewer address ranges",
+                    c->engine->name, count, len, FERRY_WIRE_MAX_CONTROL_BODY);
   if (!st && !(body = malloc(len)))
     st = ferry_fail(FERRY_ENOMEM, "no memory for a region table of %zu bytes", len);
   if (!st) {
@@ -357,7 +390,7 @@ static ferry_status serve_regions(server_conn *c, const ferry_frame_header *h) {
         .type = FERRY_FRAME_REGIONS_REPLY, .count = (uint32_t)count, .id = h->id, .body_len = len};
     st = ferry_sock_send_frame(&c->sock, &rh, body, "send REGIONS_REPLY");
   } else {
-    st = reply(c, FERRY_FRAME_REGIONS_REPLY, h->id, FERRY_ENOMEM, ferry_last_error());
+    st = reply(c, FERRY_FRAME_REGIONS_REPLY, h->id, st, ferry_last_error());
   }
   for (unsigned i = 0; i < sections; i++)
     free(keys[i].data);

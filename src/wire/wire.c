@@ -189,6 +189,13 @@ static ferry_status check_read(const ferry_frame_header *h) {
   return check_table_body(h, "segments");
 }
 
+/* The ranges themselves are checked by ferry_wire_ranges_decode. */
+static ferry_status check_regions_req(const ferry_frame_header *h) {
+  if (h->count > FERRY_WIRE_MAX_REGION_RANGES)
+    return bad_frame(h, "%" PRIu32 " ranges exceeds %d", h->count, FERRY_WIRE_MAX_REGION_RANGES);
+  return check_table_body(h, "ranges");
+}
+
 /* The table and its key sections are checked by ferry_wire_regions_decode. */
 static ferry_status check_regions_reply(const ferry_frame_header *h) {
   uint64_t table = (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE;
@@ -205,7 +212,7 @@ static ferry_status check_type_limits(const ferry_frame_header *h) {
   case FERRY_FRAME_AUTH: return check_body_range(h, FERRY_WIRE_PROOF_SIZE, FERRY_WIRE_PROOF_SIZE);
   case FERRY_FRAME_AUTH_REPLY: /* the target's own proof, then its facts */
     return check_body_range(h, FERRY_WIRE_PROOF_SIZE + FACTS_FIXED, FERRY_WIRE_AUTH_REPLY_MAX);
-  case FERRY_FRAME_REGIONS_REQ:
+  case FERRY_FRAME_REGIONS_REQ: return check_regions_req(h);
   case FERRY_FRAME_WRITE_ACK:
   case FERRY_FRAME_NOTIFY_ACK:
   case FERRY_FRAME_PING:
@@ -550,7 +557,24 @@ void ferry_region_table_free(ferry_region_table *t) {
   memset(t, 0, sizeof *t);
 }
 
-/* Sorted and disjoint is what lets the receiver binary-search it. */
+/* count ranges from in into out, each checked, in order and disjoint
+ * (what lets the receiver binary-search them); `what` names them. */
+static ferry_status get_sorted(const uint8_t *in, uint32_t count, ferry_region *out,
+                               const char *what) {
+  for (uint32_t i = 0; i < count; i++) {
+    out[i] = region_get(in, i);
+    ferry_status st = check_range(what, i, &out[i]);
+    if (st == FERRY_OK && i > 0 && out[i].addr < out[i - 1].addr + out[i - 1].length)
+      st = ferry_fail(FERRY_EPROTO,
+                      "%s %" PRIu32 " at 0x%" PRIx64 " is not after %s %" PRIu32 " [0x%" PRIx64
+                      ", +%" PRIu64 "): not sorted and disjoint",
+                      what, i, out[i].addr, what, i - 1, out[i - 1].addr, out[i - 1].length);
+    if (st != FERRY_OK)
+      return st;
+  }
+  return FERRY_OK;
+}
+
 static ferry_status take_regions(const uint8_t *in, uint32_t count, ferry_region_table *t) {
   if (count == 0)
     return FERRY_OK;
@@ -558,19 +582,7 @@ static ferry_status take_regions(const uint8_t *in, uint32_t count, ferry_region
   if (t->regions == NULL)
     return ferry_fail(FERRY_ENOMEM, "region table of %" PRIu32 " regions: out of memory", count);
   t->count = count;
-  ferry_region *r = t->regions;
-  for (uint32_t i = 0; i < count; i++) {
-    r[i] = region_get(in, i);
-    ferry_status st = check_range("region", i, &r[i]);
-    if (st == FERRY_OK && i > 0 && r[i].addr < r[i - 1].addr + r[i - 1].length)
-      st = ferry_fail(FERRY_EPROTO,
-                      "region %" PRIu32 " at 0x%" PRIx64 " is not after region %" PRIu32
-                      " [0x%" PRIx64 ", +%" PRIu64 "): table not sorted and disjoint",
-                      i, r[i].addr, i - 1, r[i - 1].addr, r[i - 1].length);
-    if (st != FERRY_OK)
-      return st;
-  }
-  return FERRY_OK;
+  return get_sorted(in, count, t->regions, "region");
 }
 
 static int has_key_section(const ferry_region_table *t, uint32_t transport) {
@@ -638,6 +650,22 @@ ferry_status ferry_wire_regions_decode(const uint8_t *in, size_t len, uint32_t c
   if (st)
     ferry_region_table_free(out);
   return st;
+}
+
+void ferry_wire_ranges_encode(uint8_t *out, const ferry_region *ranges, uint32_t count) {
+  regions_put(out, ranges, count);
+}
+
+ferry_status ferry_wire_ranges_decode(const uint8_t *in, size_t len, uint32_t count,
+                                      ferry_region *out) {
+  if (count > FERRY_WIRE_MAX_REGION_RANGES)
+    return ferry_fail(FERRY_EPROTO, "REGIONS_REQ asks for %" PRIu32 " ranges (limit %d)", count,
+                      FERRY_WIRE_MAX_REGION_RANGES);
+  if ((uint64_t)len != (uint64_t)count * FERRY_WIRE_SEGMENT_SIZE)
+    return ferry_fail(FERRY_EPROTO,
+                      "REGIONS_REQ body of %zu bytes does not match %" PRIu32 " ranges", len,
+                      count);
+  return get_sorted(in, count, out, "range");
 }
 
 /* ---- Notifications ------------------------------------------------------ */

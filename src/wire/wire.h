@@ -12,7 +12,8 @@
  *   c: HELLO          s: HELLO_REPLY (status != 0: refused, body = reason)
  *   c: AUTH (if HELLO_REPLY asked for it)   s: AUTH_REPLY (its proof, facts)
  *   then any number of requests, each answered in order:
- *   REGIONS_REQ -> REGIONS_REPLY, WRITE -> WRITE_ACK, READ -> READ_REPLY,
+ *   REGIONS_REQ (the ranges it needs) -> REGIONS_REPLY (the regions there),
+ *   WRITE -> WRITE_ACK, READ -> READ_REPLY,
  *   NOTIFY -> NOTIFY_ACK, PING -> PONG, POOL -> POOL_REPLY (bodies in pool.c;
  *   a target older than pools closes the connection on POOL, which the
  *   sender reports as a target without pools).
@@ -49,9 +50,10 @@
 #define FERRY_WIRE_NONCE_SIZE 16
 #define FERRY_WIRE_PROOF_SIZE 32 /* HMAC-SHA256 */
 #define FERRY_WIRE_BOOT_ID_SIZE 16
-#define FERRY_WIRE_MAX_DESCRIPTORS 4  /* transports a target describes */
-#define FERRY_WIRE_MAX_DESCRIPTOR 512 /* bytes of one transport's descriptor */
-#define FERRY_WIRE_MAX_KEY 64         /* bytes of one region's key for one transport */
+#define FERRY_WIRE_MAX_DESCRIPTORS 4      /* transports a target describes */
+#define FERRY_WIRE_MAX_DESCRIPTOR 512     /* bytes of one transport's descriptor */
+#define FERRY_WIRE_MAX_KEY 64             /* bytes of one region's key for one transport */
+#define FERRY_WIRE_MAX_REGION_RANGES 1024 /* address ranges one REGIONS_REQ asks for */
 #define FERRY_WIRE_POOL_FIXED 28
 #define FERRY_WIRE_POOL_MAX (FERRY_WIRE_POOL_FIXED + 2 * FERRY_WIRE_MAX_NAME)
 #define FERRY_WIRE_POOL_REPLY_SIZE 32 /* a grant */
@@ -84,7 +86,7 @@ typedef enum ferry_frame_type {
 typedef struct ferry_frame_header {
   uint8_t type;
   uint8_t flags;
-  uint32_t count; /* segments in WRITE/READ, regions in REGIONS_REPLY */
+  uint32_t count; /* segments in WRITE/READ, ranges in REGIONS_REQ, regions in REGIONS_REPLY */
   int32_t status; /* replies: ferry_status of the request */
   uint64_t body_len;
   uint64_t id; /* request id, echoed by the reply */
@@ -192,6 +194,15 @@ size_t ferry_wire_regions_encode(uint8_t *out, const ferry_region *regions, uint
 ferry_status ferry_wire_regions_decode(const uint8_t *in, size_t len, uint32_t count,
                                        ferry_region_table *out);
 void ferry_region_table_free(ferry_region_table *table);
+
+/* REGIONS_REQ body: count * (u64 addr, u64 length), the address ranges the
+ * initiator needs (at most FERRY_WIRE_MAX_REGION_RANGES, sorted, disjoint,
+ * none empty or wrapping); the reply holds the regions overlapping them.
+ * count 0 (no body) asks for the whole table. The decoder checks it all
+ * into out (room for count). */
+void ferry_wire_ranges_encode(uint8_t *out, const ferry_region *ranges, uint32_t count);
+ferry_status ferry_wire_ranges_decode(const uint8_t *in, size_t len, uint32_t count,
+                                      ferry_region *out);
 
 /* NOTIFY body: u16 name_len | name | data. Decoded name/data point into in. */
 size_t ferry_wire_notify_size(size_t name_len, size_t data_len);

@@ -2,7 +2,8 @@
  *
  * The registry is the gate every network access passes, so these tests pin
  * down its edges (duplicates, each kind of overlap, first and last byte,
- * wrap-around), the all-or-nothing batch, lookup speed at 50,000 regions and
+ * wrap-around), the all-or-nothing batch, holes left by removals, the
+ * one-pass batch removal, range queries, lookup speed at 50,000 regions and
  * that concurrent readers survive a writer (the TSan build runs this too). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -226,6 +227,93 @@ static void test_search_table(void **state) {
   assert_int_equal(ferry_regions_search(t, 3, UINT64_MAX, 1), -1);
 }
 
+/* Removed regions leave holes in the table; registering over them must
+ * drop the holes inside the new region, or a lookup past the first hole
+ * would land on it and miss. */
+static void test_register_over_holes(void **state) {
+  ferry_registry *reg = *state;
+  for (uint64_t i = 0; i < 8; i++)
+    assert_int_equal(ferry_registry_add(reg, 0x10000 + i * 0x1000, 0x800), FERRY_OK);
+  for (uint64_t i = 2; i < 6; i++)
+    assert_int_equal(ferry_registry_remove(reg, 0x10000 + i * 0x1000), FERRY_OK);
+  assert_false(ferry_registry_contains(reg, 0x12000, 1));
+  assert_int_equal(ferry_registry_add(reg, 0x12400, 0x2800), FERRY_OK); /* over 3 holes */
+  assert_true(ferry_registry_contains(reg, 0x14100, 0x100));
+  assert_true(ferry_registry_contains(reg, 0x12400, 0x2800));
+  assert_int_equal(ferry_registry_add(reg, 0x11400, 0x800), FERRY_EOVERLAP); /* live neighbours */
+  assert_int_equal(ferry_registry_add(reg, 0x14b00, 0x800), FERRY_EOVERLAP);
+  assert_int_equal(ferry_registry_add(reg, 0x15000, 0x800), FERRY_OK);  /* the last hole */
+  assert_int_equal(ferry_registry_add(reg, 0x12400, 0x2800), FERRY_OK); /* identical again */
+  const ferry_region want[] = {{0x10000, 0x800}, {0x11000, 0x800}, {0x12400, 0x2800},
+                               {0x15000, 0x800}, {0x16000, 0x800}, {0x17000, 0x800}};
+  assert_table(reg, want, 6);
+  ferry_region r;
+  assert_true(ferry_registry_find(reg, 0x14bff, &r));
+  assert_int_equal(r.addr, 0x12400);
+}
+
+/* One pass removes many; a missing address fails the call after the rest
+ * went, naming it. Holes past the squeeze threshold leave the table right. */
+static void test_take_many(void **state) {
+  ferry_registry *reg = *state;
+  enum { N = 1000 };
+  ferry_region all[N], take[N / 2 + 1];
+  for (uint64_t i = 0; i < N; i++)
+    all[i] = (ferry_region){0x100000 + i * 0x2000, 0x1000};
+  assert_int_equal(ferry_registry_add_many(reg, all, N), FERRY_OK);
+  size_t n = 0;
+  for (uint64_t i = 0; i < N; i += 2)
+    take[n++].addr = all[i].addr;
+  take[n++].addr = 0x42; /* not registered */
+  size_t taken;
+  assert_int_equal(ferry_registry_take_many(reg, take, n, &taken), FERRY_ENOTREG);
+  assert_non_null(strstr(ferry_last_error(), "0x42"));
+  assert_int_equal(taken, N / 2);
+  assert_int_equal(take[1].addr, all[2].addr);
+  assert_int_equal(take[1].length, 0x1000);
+  assert_int_equal(ferry_registry_count(reg), N / 2);
+  for (uint64_t i = 0; i < N; i++)
+    assert_int_equal(ferry_registry_contains(reg, all[i].addr + 1, 1), (int)(i % 2));
+  ferry_region odd[N / 2];
+  for (uint64_t i = 0; i < N / 2; i++)
+    odd[i] = all[2 * i + 1];
+  assert_table(reg, odd, N / 2);
+  assert_int_equal(ferry_registry_take_many(reg, odd, N / 2, &taken), FERRY_OK);
+  assert_int_equal(taken, N / 2);
+  assert_table(reg, NULL, 0);
+  assert_int_equal(ferry_registry_add_many(reg, all, N), FERRY_OK);
+  assert_int_equal(ferry_registry_count(reg), N);
+}
+
+/* Regions overlapping the asked ranges, each once, holes skipped; no
+ * ranges: the whole table. */
+static void test_overlapping(void **state) {
+  ferry_registry *reg = *state;
+  const ferry_region t[] = {{0x1000, 0x1000}, {0x3000, 0x3000}, {0x8000, 0x100}, {0x9000, 0x100}};
+  assert_int_equal(ferry_registry_add_many(reg, t, 4), FERRY_OK);
+  assert_int_equal(ferry_registry_remove(reg, 0x8000), FERRY_OK);
+  const ferry_region ask[] = {{0x1800, 0x1}, {0x2000, 0x1800}, {0x5000, 0x10}, {0x7000, 0x1400}};
+  ferry_region *got;
+  size_t n;
+  assert_int_equal(ferry_registry_overlapping(reg, ask, 4, &got, &n), FERRY_OK);
+  assert_int_equal(n, 2); /* 0x3000 once though two ranges reach it; 0x8000 gone */
+  assert_int_equal(got[0].addr, 0x1000);
+  assert_int_equal(got[1].addr, 0x3000);
+  free(got);
+  const ferry_region far[] = {{0x9100, 0x1000}, {0x20000, 0x10}};
+  assert_int_equal(ferry_registry_overlapping(reg, far, 2, &got, &n), FERRY_OK);
+  assert_int_equal(n, 0);
+  assert_null(got);
+  const ferry_region last[] = {{0x90ff, 0x1}};
+  assert_int_equal(ferry_registry_overlapping(reg, last, 1, &got, &n), FERRY_OK);
+  assert_int_equal(n, 1);
+  assert_int_equal(got[0].addr, 0x9000);
+  free(got);
+  assert_int_equal(ferry_registry_overlapping(reg, NULL, 0, &got, &n), FERRY_OK);
+  assert_int_equal(n, 3);
+  free(got);
+}
+
 /* ---- Scale -------------------------------------------------------------- */
 
 #define SCALE_REGIONS 50000
@@ -434,6 +522,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_add_many_all_or_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_remove, setup, teardown),
       cmocka_unit_test_setup_teardown(test_contains_edges, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_register_over_holes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_take_many, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_overlapping, setup, teardown),
       cmocka_unit_test(test_search_table),
       cmocka_unit_test_setup_teardown(test_lookup_at_scale, setup, teardown),
       cmocka_unit_test_setup_teardown(test_snapshot_sorted, setup, teardown),

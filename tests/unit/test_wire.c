@@ -178,6 +178,16 @@ static void test_header_limits(void **state) {
       {header(FERRY_FRAME_AUTH_REPLY, 0, 0, 0, 0), FERRY_EPROTO},
       {header(FERRY_FRAME_AUTH_REPLY, 0, 0, 0, 1), FERRY_EPROTO},
       {header(FERRY_FRAME_REGIONS_REQ, 0, 1, 0, 0), FERRY_EPROTO},
+      {header(FERRY_FRAME_REGIONS_REQ, 0, 0, 0, 0), FERRY_OK}, /* the whole table */
+      {header(FERRY_FRAME_REGIONS_REQ, 0, 2, 0, 32), FERRY_OK},
+      {header(FERRY_FRAME_REGIONS_REQ, 0, 2, 0, 33), FERRY_EPROTO},
+      {header(FERRY_FRAME_REGIONS_REQ, 0, 0, 0, 16), FERRY_EPROTO},
+      {header(FERRY_FRAME_REGIONS_REQ, 0, FERRY_WIRE_MAX_REGION_RANGES, 0,
+              FERRY_WIRE_MAX_REGION_RANGES * 16ull),
+       FERRY_OK},
+      {header(FERRY_FRAME_REGIONS_REQ, 0, FERRY_WIRE_MAX_REGION_RANGES + 1, 0,
+              (FERRY_WIRE_MAX_REGION_RANGES + 1) * 16ull),
+       FERRY_EPROTO},
       {header(FERRY_FRAME_WRITE_ACK, 0, 0, 0, 8), FERRY_EPROTO},
       {header(FERRY_FRAME_NOTIFY_ACK, 0, 0, 0, 1), FERRY_EPROTO},
       {header(FERRY_FRAME_PING, 0, 0, 0, 1), FERRY_EPROTO},
@@ -607,6 +617,37 @@ static void test_region_keys(void **state) {
   assert_detail("key sections");
 }
 
+/* REGIONS_REQ bodies: the ranges an initiator needs, each one checked,
+ * sorted and disjoint (adjacent is fine), within the limit, length exact. */
+static void test_ranges(void **state) {
+  (void)state;
+  const ferry_region good[] = {{0x1000, 0x10}, {0x1010, 0x1}, {0x7f0000000000ull, 1 << 20}};
+  uint8_t buf[4 * 16];
+  ferry_region out[4];
+  ferry_wire_ranges_encode(buf, good, 3);
+  assert_int_equal(ferry_wire_ranges_decode(buf, 48, 3, out), FERRY_OK);
+  assert_memory_equal(out, good, sizeof good);
+  assert_int_equal(ferry_wire_ranges_decode(buf, 0, 0, out), FERRY_OK);
+  assert_int_equal(ferry_wire_ranges_decode(buf, 47, 3, out), FERRY_EPROTO);
+  assert_int_equal(ferry_wire_ranges_decode(buf, 48, 2, out), FERRY_EPROTO);
+  assert_int_equal(ferry_wire_ranges_decode(buf, 16, FERRY_WIRE_MAX_REGION_RANGES + 1, out),
+                   FERRY_EPROTO);
+  assert_detail("limit");
+  const ferry_region unsorted[] = {{0x2000, 0x10}, {0x1000, 0x10}};
+  const ferry_region overlapping[] = {{0x1000, 0x11}, {0x1010, 0x10}};
+  const ferry_region empty[] = {{0x1000, 0}};
+  const ferry_region wraps[] = {{UINT64_MAX - 1, 2}};
+  ferry_wire_ranges_encode(buf, unsorted, 2);
+  assert_int_equal(ferry_wire_ranges_decode(buf, 32, 2, out), FERRY_EPROTO);
+  assert_detail("not sorted and disjoint");
+  ferry_wire_ranges_encode(buf, overlapping, 2);
+  assert_int_equal(ferry_wire_ranges_decode(buf, 32, 2, out), FERRY_EPROTO);
+  ferry_wire_ranges_encode(buf, empty, 1);
+  assert_int_equal(ferry_wire_ranges_decode(buf, 16, 1, out), FERRY_EPROTO);
+  ferry_wire_ranges_encode(buf, wraps, 1);
+  assert_int_equal(ferry_wire_ranges_decode(buf, 16, 1, out), FERRY_EPROTO);
+}
+
 /* ---- Notifications ------------------------------------------------------ */
 
 static void test_notify(void **state) {
@@ -915,6 +956,7 @@ int main(void) {
       cmocka_unit_test(test_facts_descriptors_checked),
       cmocka_unit_test(test_split),
       cmocka_unit_test(test_regions),
+      cmocka_unit_test(test_ranges),
       cmocka_unit_test(test_region_keys),
       cmocka_unit_test(test_notify),
       cmocka_unit_test(test_crc32c_vectors),
