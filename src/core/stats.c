@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "chunker.h"
+#include "clock.h"
 #include "engine.h"
 #include "error.h"
 #include "peer.h"
@@ -142,6 +143,31 @@ static int add_peer_links(ferry_stats *s, size_t *cap, ferry_peer *p) {
   return 0;
 }
 
+/* Appends the rails of one peer with several; 0 or -1 when out of memory. */
+static int add_peer_rails(ferry_stats *s, ferry_peer *p) {
+  pthread_mutex_lock(&p->lock);
+  unsigned n = p->rail_count >= 2 ? p->rail_count : 0;
+  ferry_stats_rail *grown = n ? realloc(s->rails, (s->rail_count + n) * sizeof *grown) : s->rails;
+  int failed = n && !grown;
+  if (!failed)
+    s->rails = grown;
+  uint64_t now = ferry_now_ns();
+  for (unsigned r = 0; r < n && !failed; r++) {
+    ferry_stats_rail *out = &s->rails[s->rail_count];
+    const ferry_peer_rail *rail = &p->rails[r];
+    out->peer = strdup(p->address);
+    out->rail = strdup(rail->name);
+    failed = !out->peer || !out->rail;
+    out->bytes[0] = GET(rail->bytes[0]);
+    out->bytes[1] = GET(rail->bytes[1]);
+    out->failures = GET(rail->failures);
+    out->up = rail->down_until_ns <= now;
+    s->rail_count++;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return failed ? -1 : 0;
+}
+
 static void read_gauges(ferry_engine *e, ferry_stats *s) {
   ferry_region *regions = NULL;
   size_t n = ferry_registry_snapshot(e->registry, &regions);
@@ -182,7 +208,7 @@ static ferry_status stats_snapshot(ferry_engine *e, ferry_stats **out) {
   int failed = 0;
   pthread_mutex_lock(&e->peers_lock);
   for (ferry_peer *p = e->peers; p && !failed; p = p->next)
-    failed = add_peer_links(s, &cap, p);
+    failed = add_peer_links(s, &cap, p) || add_peer_rails(s, p);
   pthread_mutex_unlock(&e->peers_lock);
   if (failed) {
     ferry_stats_free(s);
@@ -202,6 +228,11 @@ void ferry_stats_free(ferry_stats *s) {
   for (size_t i = 0; i < s->link_count; i++)
     free((char *)s->links[i].peer);
   free(s->links);
+  for (size_t i = 0; i < s->rail_count; i++) {
+    free((char *)s->rails[i].peer);
+    free((char *)s->rails[i].rail);
+  }
+  free(s->rails);
   free(s);
 }
 

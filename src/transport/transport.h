@@ -14,9 +14,20 @@
  *                 as one opaque descriptor, wire.h), fence (unregister);
  *   initiator:    usable (decides from the peer's facts and descriptor,
  *                 saying why not), slice_size, channel_* (moves chunks).
+ *
+ * Rails (optional: NULL means the peer has one rail, reached with
+ * channel_open): `rails` lists the rails toward a peer from its facts (an
+ * address, a device; tcp: the host:port its descriptor lists) and
+ * rail_open opens a channel on one of them. Core spreads a peer's channels
+ * over its rails (channel->rail), stripes a batch's chunks across them,
+ * and takes a rail whose link failed out of use for a while. A transport
+ * with rails reports each chunk with ferry_batch_settle (batch.h) instead
+ * of ferry_batch_complete, so that a chunk lost to a link failure
+ * (FERRY_ESOCKET) is moved again on another rail instead of failing the
+ * batch.
  * Not in the seam yet (issue 12): per-region registration hooks and keys
- * in the region table, asynchronous completion, several transports or
- * rails per peer. */
+ * in the region table, asynchronous completion, several transports per
+ * peer. */
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H
 
@@ -29,10 +40,12 @@ typedef struct ferry_transport ferry_transport;
 typedef struct ferry_channel {
   const ferry_transport *transport;
   ferry_peer *peer;
-  uint64_t peer_instance; /* the target incarnation this channel talks to */
-  unsigned generation;    /* peer generation when opened; older ones are retired */
-  int broken;             /* set by drive on a failure that desynchronized it */
-  uint64_t replied_ns;    /* when a reply last arrived: recent proof the link works */
+  uint64_t peer_instance;   /* the target incarnation this channel talks to */
+  unsigned generation;      /* peer generation when opened; older ones are retired */
+  int broken;               /* set by drive on a failure that desynchronized it */
+  uint64_t replied_ns;      /* when a reply last arrived: recent proof the link works */
+  unsigned rail;            /* index in the transport's rails list (0 without rails) */
+  unsigned rail_generation; /* that rail's generation when opened (peer.c) */
   struct ferry_channel *next_idle;
   struct ferry_channel *next_all;
 } ferry_channel;
@@ -72,6 +85,14 @@ struct ferry_transport {
   size_t (*describe)(ferry_engine *engine, uint8_t *out, size_t size);
   void (*service_stop)(ferry_engine *engine);
   void (*fence)(ferry_engine *engine, ferry_region *removed, size_t count);
+
+  /* Rails toward the peer described by peer_info, at most max names into
+   * names; 0 (or a NULL hook) means one rail, opened with channel_open. */
+  unsigned (*rails)(const ferry_hello_reply *peer_info, char names[][FERRY_RAIL_NAME_MAX],
+                    unsigned max);
+  /* channel_open on one rail, named as `rails` listed it. */
+  ferry_status (*rail_open)(ferry_peer *peer, const char *rail, uint64_t deadline_ns,
+                            ferry_channel **out);
 };
 
 extern const ferry_transport ferry_transport_tcp;
