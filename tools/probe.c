@@ -1,8 +1,10 @@
 /* probe.c - `ferry probe TARGET`: asks a peer to answer a ping and names the
- * transport data would use, for scripts that wait for a target to come up
- * and for people checking reachability and secrets by hand. */
+ * transport data would use (and the target's rails, when it has several),
+ * for scripts that wait for a target to come up and for people checking
+ * reachability and secrets by hand. */
 #include <getopt.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cli.h"
 #include "commands.h"
@@ -46,6 +48,17 @@ static int parse_probe_args(int argc, char **argv, ferry_cli_engine_opts *o, con
   return 0;
 }
 
+/* The rails the target advertises (its rail_hosts), if it has several. */
+static void print_rails(ferry_engine *engine, const char *target) {
+  ferry_stats *s;
+  if (ferry_stats_snapshot(engine, &s) != FERRY_OK)
+    return;
+  for (size_t i = 0; i < s->rail_count; i++)
+    if (strcmp(s->rails[i].peer, target) == 0)
+      printf("  rail %zu: %s\n", i, s->rails[i].rail);
+  ferry_stats_free(s);
+}
+
 int ferry_cmd_probe(int argc, char **argv) {
   ferry_cli_engine_opts o;
   const char *target = NULL;
@@ -59,10 +72,12 @@ int ferry_cmd_probe(int argc, char **argv) {
   ferry_status st = ferry_probe(engine, target);
   if (st == FERRY_OK)
     st = ferry_peer_transport(engine, target, &transport);
-  if (st == FERRY_OK)
+  if (st == FERRY_OK) {
     printf("%s answers (transport %s)\n", target, ferry_transport_name(transport));
-  else
+    print_rails(engine, target);
+  } else {
     fprintf(stderr, "%s: %s: %s: %s\n", PROG, target, ferry_strerror(st), ferry_last_error());
+  }
   ferry_engine_destroy(engine);
   return st == FERRY_OK ? 0 : 1;
 }

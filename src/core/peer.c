@@ -200,7 +200,7 @@ static void retire_instance_locked(ferry_peer *p) {
   p->regions = NULL;
   p->region_count = 0;
   p->transport = NULL;
-  p->rail_count = 0; /* the new incarnation lists its own, all up */
+  __atomic_store_n(&p->rail_count, 0, __ATOMIC_RELAXED); /* the new incarnation lists its own */
   p->generation++;
   p->replied_ns = 0;
   while (p->idle) {
@@ -489,7 +489,7 @@ static void adopt_rails_locked(ferry_peer *p, const ferry_transport *t) {
     r->generation++;
     r->down_until_ns = 0;
   }
-  p->rail_count = n;
+  __atomic_store_n(&p->rail_count, n, __ATOMIC_RELAXED); /* rail_moved reads it unlocked */
   if (n)
     FERRY_INFO("peer %s: %u rails via %s (%s%s)", p->address, n, t->name, names[0],
                n > 1 ? ", ..." : "");
@@ -633,11 +633,14 @@ static void rail_down_locked(ferry_peer *p, unsigned r) {
   rail->down_until_ns = ferry_now_ns() + FERRY_RAIL_BACKOFF_NS;
   snprintf(rail->cause, sizeof rail->cause, "%s", ferry_last_error());
   __atomic_fetch_add(&rail->failures, 1, __ATOMIC_RELAXED);
-  if (was_up)
-    FERRY_WARN("peer %s: rail %u (%s) is down: %s; the other rails carry its transfers, it is "
-               "tried again in %llu s",
-               p->address, r, rail->name, rail->cause,
-               (unsigned long long)(FERRY_RAIL_BACKOFF_NS / 1000000000ull));
+  if (!was_up)
+    return;
+  unsigned up = 0;
+  for (unsigned i = 0; i < p->rail_count; i++)
+    up += p->rails[i].down_until_ns == 0;
+  FERRY_WARN("peer %s: rail %u (%s) is down: %s; %u of %u rails left, it is tried again in %llu s",
+             p->address, r, rail->name, rail->cause, up, p->rail_count,
+             (unsigned long long)(FERRY_RAIL_BACKOFF_NS / 1000000000ull));
 }
 
 /* The error when every rail failed: each one's cause. */
@@ -669,7 +672,8 @@ int ferry_peer_rail_failed(ferry_peer *p, ferry_channel *ch) {
 }
 
 void ferry_peer_rail_moved(ferry_peer *p, ferry_channel *ch, ferry_op op, uint64_t bytes) {
-  if (p->rail_count >= 2 && ch->rail < p->rail_count)
+  unsigned n = __atomic_load_n(&p->rail_count, __ATOMIC_RELAXED);
+  if (n >= 2 && ch->rail < n)
     __atomic_fetch_add(&p->rails[ch->rail].bytes[op == FERRY_OP_WRITE], bytes, __ATOMIC_RELAXED);
 }
 

@@ -1,6 +1,6 @@
-/* server.c - the target side: accepts connections on the RPC port (and
- * on the tcp rails' listeners, engine.h) and serves each one in its own thread with blocking I/O
- * (an idle connection costs a sleeping thread, no CPU).
+/* server.c - the target side: accepts connections on the RPC port (and on
+ * the tcp rails' listeners, engine.h) and serves each one in its own thread
+ * with blocking I/O (an idle connection costs a sleeping thread, no CPU).
  *
  * Every WRITE and READ is checked against the registry before memory is
  * touched; a refused request is answered with a reason and the connection

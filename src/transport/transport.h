@@ -21,10 +21,12 @@
  * rail_open opens a channel on one of them. Core spreads a peer's channels
  * over its rails (channel->rail), stripes a batch's chunks across them,
  * and takes a rail whose link failed out of use for a while. A transport
- * with rails reports each chunk with ferry_batch_settle (batch.h) instead
- * of ferry_batch_complete, so that a chunk lost to a link failure
- * (FERRY_ESOCKET) is moved again on another rail instead of failing the
- * batch.
+ * with rails claims with ferry_batch_claim_on and reports each chunk with
+ * ferry_batch_settle (batch.h) instead of ferry_batch_complete, so that a
+ * chunk lost to a link failure (FERRY_ESOCKET) is moved again on another
+ * rail instead of failing the batch. The change for rails was additive:
+ * these two hooks, channel->rail, and those two batch calls.
+ *
  * Not in the seam yet (issue 12): per-region registration hooks and keys
  * in the region table, asynchronous completion, several transports per
  * peer. */
