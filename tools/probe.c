@@ -4,7 +4,6 @@
  * reachability and secrets by hand. */
 #include <getopt.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "cli.h"
 #include "commands.h"
@@ -48,17 +47,6 @@ static int parse_probe_args(int argc, char **argv, ferry_cli_engine_opts *o, con
   return 0;
 }
 
-/* The rails the target advertises (its rail_hosts), if it has several. */
-static void print_rails(ferry_engine *engine, const char *target) {
-  ferry_stats *s;
-  if (ferry_stats_snapshot(engine, &s) != FERRY_OK)
-    return;
-  for (size_t i = 0; i < s->rail_count; i++)
-    if (strcmp(s->rails[i].peer, target) == 0)
-      printf("  rail %zu: %s\n", i, s->rails[i].rail);
-  ferry_stats_free(s);
-}
-
 int ferry_cmd_probe(int argc, char **argv) {
   ferry_cli_engine_opts o;
   const char *target = NULL;
@@ -73,8 +61,10 @@ int ferry_cmd_probe(int argc, char **argv) {
   if (st == FERRY_OK)
     st = ferry_peer_transport(engine, target, &transport);
   if (st == FERRY_OK) {
-    printf("%s answers (transport %s)\n", target, ferry_transport_name(transport));
-    print_rails(engine, target);
+    char rails[512];
+    ferry_cli_rails(engine, target, rails, sizeof rails);
+    printf("%s answers (transport %s%s%s)\n", target, ferry_transport_name(transport),
+           *rails ? ", rails " : "", rails);
   } else {
     fprintf(stderr, "%s: %s: %s: %s\n", PROG, target, ferry_strerror(st), ferry_last_error());
   }
