@@ -677,6 +677,36 @@ void ferry_peer_rail_moved(ferry_peer *p, ferry_channel *ch, ferry_op op, uint64
     __atomic_fetch_add(&p->rails[ch->rail].bytes[op == FERRY_OP_WRITE], bytes, __ATOMIC_RELAXED);
 }
 
+/* Channels open on rail r that are not retired. */
+static unsigned channels_on(const ferry_peer *p, unsigned r) {
+  unsigned n = 0;
+  for (const ferry_channel *ch = p->all; ch; ch = ch->next_all)
+    n += ch->rail == r && channel_current(p, ch);
+  return n;
+}
+
+/* The pool is full and `rail` has no idle channel: when it has less than
+ * its share of the pool, closes an idle channel of a rail with more, so a
+ * rail that came back (or was never used) gets its channels. */
+static int make_room_locked(ferry_peer *p, unsigned rail) {
+  if (p->rail_count < 2)
+    return 0;
+  unsigned share = p->engine->cfg.tcp_connections / p->rail_count;
+  share = share ? share : 1;
+  if (channels_on(p, rail) >= share)
+    return 0;
+  for (ferry_channel **pp = &p->idle; *pp; pp = &(*pp)->next_idle) {
+    ferry_channel *ch = *pp;
+    if (ch->rail != rail && channels_on(p, ch->rail) > share) {
+      *pp = ch->next_idle;
+      unlink_channel(p, ch);
+      ch->transport->channel_close(ch);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 /* Opens a channel on rail r (with the lock, released meanwhile). */
 static ferry_status open_on_rail(ferry_peer *p, ferry_batch *b, int r, ferry_channel **out) {
   int railed = p->rail_count >= 2;
@@ -716,7 +746,7 @@ static ferry_status open_on_rail(ferry_peer *p, ferry_batch *b, int r, ferry_cha
 }
 
 ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **out) {
-  ferry_status st = FERRY_OK;
+  ferry_status st = FERRY_OK, lost = FERRY_OK; /* lost: why the last rail tried failed */
   pthread_mutex_lock(&p->lock);
   for (;;) {
     if (ferry_engine_closing(p->engine)) {
@@ -734,16 +764,18 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
     }
     int rail = pick_rail_locked(p);
     if (rail < 0) {
-      st = rails_all_down(p, st);
+      st = rails_all_down(p, lost);
       break;
     }
     if ((*out = take_idle(p, rail)) != NULL)
       break;
-    if (p->open_channels < p->engine->cfg.tcp_connections) {
+    if (p->open_channels < p->engine->cfg.tcp_connections || make_room_locked(p, (unsigned)rail)) {
       st = open_on_rail(p, b, rail, out);
       if (st && p->rail_count >= 2 && link_failure(st) && ferry_now_ns() < b->deadline_ns &&
           p->info.engine_id == b->peer_instance) {
         rail_down_locked(p, (unsigned)rail); /* try the next rail */
+        lost = st;
+        st = FERRY_OK;
         continue;
       }
       break;

@@ -139,6 +139,26 @@ static void striped_over_two_addresses(void **state) {
   rig_stop(&r);
 }
 
+/* Small batches take turns over the rails: each synchronous call checks out
+ * one channel, on the next rail in turn. */
+static void small_batches_take_turns(void **state) {
+  rig r;
+  rig_start(&r, "127.0.0.1,127.0.0.2");
+  enum { CALLS = 8, SMALL = 4096 };
+  for (int i = 0; i < CALLS; i++) {
+    test_fill_random(r.out + i * SMALL, SMALL, 1000 + (uint64_t)i);
+    assert_int_equal(ferry_transfer_sync(r.initiator, r.name, FERRY_OP_WRITE, r.out + i * SMALL,
+                                         (uint64_t)(uintptr_t)(r.memory + i * SMALL), SMALL),
+                     FERRY_OK);
+  }
+  assert_memory_equal(r.memory, r.out, CALLS * SMALL);
+  uint64_t bytes[2];
+  assert_int_equal(rail_bytes(&r, bytes, NULL, 2), 2);
+  assert_int_equal(bytes[0], CALLS / 2 * SMALL);
+  assert_int_equal(bytes[1], CALLS / 2 * SMALL);
+  rig_stop(&r);
+}
+
 typedef struct writer {
   rig *rig;
   ferry_status status;
@@ -204,6 +224,46 @@ static void rail_dies_mid_transfer(void **state) {
   rig_stop(&r);
 }
 
+/* A rail that failed is tried again after its back-off: once its proxy is
+ * back on the same port, transfers use it again. Polls for that state with
+ * small verified transfers, a bounded number of times. */
+static void rail_comes_back(void **state) {
+  char entry[96], rails[160];
+  uint16_t rail_port = free_port();
+  hold_proxy *proxy = hold_proxy_start(rail_port);
+  assert_non_null(proxy);
+  uint16_t proxy_port = (uint16_t)atoi(strrchr(hold_proxy_target(proxy), ':') + 1);
+  snprintf(entry, sizeof entry, "127.0.0.1:%u=%s", rail_port, hold_proxy_target(proxy));
+  snprintf(rails, sizeof rails, "127.0.0.2,%s", entry);
+  rig r;
+  rig_start(&r, rails);
+  assert_int_equal(write_big(&r, 1), FERRY_OK);
+  hold_proxy_stop(proxy);
+  if (write_big(&r, 2))
+    fail_msg("write after rail 1 died: %s", ferry_last_error()); /* over rail 0 */
+  assert_memory_equal(r.memory, r.out, BIG);
+  uint64_t down[2], now[2];
+  int up[2];
+  assert_int_equal(rail_bytes(&r, down, up, 2), 2);
+  assert_false(up[1]);
+  proxy = hold_proxy_start_on(proxy_port, rail_port);
+  assert_non_null(proxy);
+  now[1] = down[1];
+  for (int i = 0; i < 6000 && now[1] == down[1]; i++) { /* the back-off is 3 s */
+    usleep(10000);
+    test_fill_random(r.out, 4096, (uint64_t)i);
+    assert_int_equal(ferry_transfer_sync(r.initiator, r.name, FERRY_OP_WRITE, r.out,
+                                         (uint64_t)(uintptr_t)r.memory, 4096),
+                     FERRY_OK);
+    assert_memory_equal(r.memory, r.out, 4096);
+    rail_bytes(&r, now, up, 2);
+  }
+  assert_true(now[1] > down[1]);
+  assert_true(up[1]);
+  hold_proxy_stop(proxy);
+  rig_stop(&r);
+}
+
 /* Both rails dead while the RPC port still answers: the batch fails, and
  * the error names each rail and its cause. */
 static void every_rail_dead(void **state) {
@@ -260,7 +320,9 @@ static void bad_rail_lists_refused(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(striped_over_two_addresses),
+      cmocka_unit_test(small_batches_take_turns),
       cmocka_unit_test(rail_dies_mid_transfer),
+      cmocka_unit_test(rail_comes_back),
       cmocka_unit_test(every_rail_dead),
       cmocka_unit_test(bad_rail_lists_refused),
   };
