@@ -451,7 +451,9 @@ void ferry_stats_free(ferry_stats *stats);
  * served on /metrics: ferry_bytes_total{op,peer,transport},
  * ferry_operations_total{op,peer,transport},
  * ferry_connections_opened_total{peer,transport},
- * ferry_control_connections_opened_total, ferry_served_bytes_total{op,transport},
+ * ferry_control_connections_opened_total, with rails ferry_rail_bytes_total{op,peer,rail},
+ * ferry_rail_failures_total{peer,rail} and ferry_rail_up{peer,rail},
+ * ferry_served_bytes_total{op,transport},
  * ferry_served_requests_total{op,transport}, ferry_errors_total{code},
  * ferry_batches_in_flight, ferry_registered_bytes, ferry_registered_regions,
  * ferry_notifications_queued and the histogram

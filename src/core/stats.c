@@ -313,6 +313,39 @@ static void put_errors(FILE *f, const ferry_stats *s) {
   }
 }
 
+static void put_rail_labels(FILE *f, const ferry_stats_rail *r) {
+  fputs("peer=\"", f);
+  put_label(f, r->peer);
+  fputs("\",rail=\"", f);
+  put_label(f, r->rail);
+  fputs("\"}", f);
+}
+
+/* Only for peers with several rails: nothing at all without. */
+static void put_rails(FILE *f, const ferry_stats *s) {
+  if (!s->rail_count)
+    return;
+  put_head(f, "ferry_rail_bytes_total", "counter", "Bytes moved and acknowledged on one rail.");
+  for (size_t i = 0; i < s->rail_count; i++)
+    for (int op = 0; op < 2; op++) {
+      fprintf(f, "ferry_rail_bytes_total{op=\"%s\",", op_names[op]);
+      put_rail_labels(f, &s->rails[i]);
+      fprintf(f, " %llu\n", (unsigned long long)s->rails[i].bytes[op]);
+    }
+  put_head(f, "ferry_rail_failures_total", "counter", "Times a rail's link failed.");
+  for (size_t i = 0; i < s->rail_count; i++) {
+    fputs("ferry_rail_failures_total{", f);
+    put_rail_labels(f, &s->rails[i]);
+    fprintf(f, " %llu\n", (unsigned long long)s->rails[i].failures);
+  }
+  put_head(f, "ferry_rail_up", "gauge", "1 when the rail is in use, 0 while out of use.");
+  for (size_t i = 0; i < s->rail_count; i++) {
+    fputs("ferry_rail_up{", f);
+    put_rail_labels(f, &s->rails[i]);
+    fprintf(f, " %d\n", s->rails[i].up);
+  }
+}
+
 static void put_all(FILE *f, const ferry_stats *s) {
   put_head(f, "ferry_bytes_total", "counter", "Bytes moved and acknowledged.");
   put_link_metric(f, s, "ferry_bytes_total", 1, offsetof(ferry_stats_link, bytes));
@@ -325,6 +358,7 @@ static void put_all(FILE *f, const ferry_stats *s) {
            "Control connections opened, all peers.");
   fprintf(f, "ferry_control_connections_opened_total %llu\n",
           (unsigned long long)s->control_connections_opened);
+  put_rails(f, s);
   put_served(f, s);
   put_errors(f, s);
   put_gauge(f, "ferry_batches_in_flight", "Batches submitted and not final.", s->batches_in_flight);

@@ -220,6 +220,18 @@ static void rail_dies_mid_transfer(void **state) {
   assert_false(up[1]);
   assert_int_equal(after[0], mid[0] + 3 * BIG); /* the later ones all went over rail 0 */
   assert_int_equal(after[1], mid[1]);
+  char *text, line[160];
+  ferry_stats *s;
+  assert_int_equal(ferry_stats_snapshot(r.initiator, &s), FERRY_OK);
+  assert_int_equal(ferry_stats_prometheus(s, &text), FERRY_OK);
+  snprintf(line, sizeof line, "ferry_rail_up{peer=\"%s\",rail=\"%s\"} 0\n", r.name,
+           s->rails[1].rail);
+  assert_non_null(strstr(text, line));
+  snprintf(line, sizeof line, "ferry_rail_failures_total{peer=\"%s\",rail=\"%s\"} 1\n", r.name,
+           s->rails[1].rail);
+  assert_non_null(strstr(text, line));
+  free(text);
+  ferry_stats_free(s);
   hold_proxy_stop(pa);
   rig_stop(&r);
 }
