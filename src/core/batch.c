@@ -3,7 +3,9 @@
  *
  * A batch is finished when its cursor is at the end and no claimed chunk is
  * outstanding; only then is its notification sent and its state final, so
- * "done" always means every byte is where it should be. */
+ * "done" always means every byte is where it should be. A chunk lost with
+ * its rail's link stays outstanding on the retry list until a channel on
+ * another rail moves it (once). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

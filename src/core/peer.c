@@ -5,7 +5,12 @@
  * Recovery rule: a connection that fails is closed and never reused; the
  * failure also retires the peer's other pooled channels, and an idle one
  * that the peer closed is noticed before use. So the call after a peer
- * restart connects afresh instead of failing on a stale socket. */
+ * restart connects afresh instead of failing on a stale socket.
+ *
+ * Rails: when the transport lists several rails toward the peer, checkouts
+ * take turns over them, a failure retires only its rail's channels, and a
+ * rail whose link failed is out of use for FERRY_RAIL_BACKOFF_NS while the
+ * others carry its work (batch.c moves its lost chunks again). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

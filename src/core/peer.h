@@ -1,8 +1,8 @@
 /* peer.h - what an engine knows about a target: where it is, its handshake
- * facts, a cached copy of its region table, the chosen transport, a pool of
- * data channels and one control connection. Peers are cached by target name
- * for the engine's lifetime; a broken connection is dropped and the next
- * call reconnects. */
+ * facts, a cached copy of its region table, the chosen transport and its
+ * rails, a pool of data channels and one control connection. Peers are
+ * cached by target name for the engine's lifetime; a broken connection is
+ * dropped and the next call reconnects. */
 #ifndef FERRY_PEER_H
 #define FERRY_PEER_H
 
