@@ -216,6 +216,19 @@ typedef struct ferry_config {
    * (the default): none. MC_TE_METRIC=1 sets 5, and then
    * MC_TE_METRIC_INTERVAL_SECONDS (1 to 86400) another interval. */
   unsigned metrics_log_s;
+  /* Rails: extra addresses (NICs) this engine serves data on, comma
+   * separated (FERRY_RAIL_HOSTS; default NULL: none). Each entry is a
+   * literal IP address, optionally with :PORT ([V6]:PORT; default any free
+   * port), and optionally =ADDR:PORT, the address initiators are told
+   * instead (a proxy or NAT in front of that rail). The engine listens on
+   * each, pinned to that address (never a wildcard), and advertises them to
+   * initiators, which then spread their data connections over the rails:
+   * large batches are striped across them, small ones take turns, and a
+   * rail whose link fails is dropped for a few seconds while the others
+   * carry on (RELIABILITY.md, "Rails"). The RPC port stays the control
+   * path. At most 8; a name, a wildcard or a malformed entry is
+   * FERRY_EINVAL at create, naming the entry. */
+  const char *rail_hosts;
 } ferry_config;
 
 /* Fills cfg with defaults, including those taken from the environment
@@ -381,6 +394,15 @@ typedef struct ferry_stats_link {
   uint64_t connections_opened; /* data connections opened (reopens too) */
 } ferry_stats_link;
 
+/* One rail of a peer reached over several (its rail_hosts). */
+typedef struct ferry_stats_rail {
+  const char *peer;  /* the target, as callers name it */
+  const char *rail;  /* the rail's address, as the target advertises it */
+  uint64_t bytes[2]; /* by ferry_op: bytes moved and acknowledged on it */
+  uint64_t failures; /* times its link failed and it was taken out of use */
+  int up;            /* 0 while out of use (back-off after a failure) */
+} ferry_stats_rail;
+
 /* Grows only at its end (the library allocates it). */
 typedef struct ferry_stats {
   /* errors[-status]: errors returned by the engine's calls, plus async
@@ -413,18 +435,25 @@ typedef struct ferry_stats {
    * life), so their number is the number of distinct targets used. */
   ferry_stats_link *links;
   size_t link_count;
+  /* One per rail of every peer with several rails (the target's
+   * rail_hosts), in rail order per peer. */
+  ferry_stats_rail *rails;
+  size_t rail_count;
 } ferry_stats;
 
 /* A snapshot of the engine's statistics; release with ferry_stats_free.
  * Takes the locks of the peer list and the notification queue for a
- * moment, never one of the data path. FERRY_ECLOSED once shutdown began. */
+ * moment, and that of each peer with rails (for their names and state). FERRY_ECLOSED once shutdown
+ * began. */
 ferry_status ferry_stats_snapshot(ferry_engine *engine, ferry_stats **out);
 void ferry_stats_free(ferry_stats *stats);
 /* The snapshot in Prometheus' text exposition format (version 0.0.4), as
  * served on /metrics: ferry_bytes_total{op,peer,transport},
  * ferry_operations_total{op,peer,transport},
  * ferry_connections_opened_total{peer,transport},
- * ferry_control_connections_opened_total, ferry_served_bytes_total{op,transport},
+ * ferry_control_connections_opened_total, with rails ferry_rail_bytes_total{op,peer,rail},
+ * ferry_rail_failures_total{peer,rail} and ferry_rail_up{peer,rail},
+ * ferry_served_bytes_total{op,transport},
  * ferry_served_requests_total{op,transport}, ferry_errors_total{code},
  * ferry_batches_in_flight, ferry_registered_bytes, ferry_registered_regions,
  * ferry_notifications_queued and the histogram

@@ -197,3 +197,15 @@ int ferry_cli_bad_value(const char *prog, const char *option, const char *value)
   fprintf(stderr, "%s: invalid value '%s' for --%s\n", prog, value, option);
   return 2;
 }
+
+void ferry_cli_rails(ferry_engine *engine, const char *target, char *out, size_t size) {
+  ferry_stats *s;
+  size_t used = 0;
+  out[0] = 0;
+  if (ferry_stats_snapshot(engine, &s) != FERRY_OK)
+    return;
+  for (size_t i = 0; i < s->rail_count && used < size; i++)
+    if (strcmp(s->rails[i].peer, target) == 0)
+      used += (size_t)snprintf(out + used, size - used, "%s%s", used ? ", " : "", s->rails[i].rail);
+  ferry_stats_free(s);
+}

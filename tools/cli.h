@@ -52,6 +52,10 @@ void ferry_cli_engine_opts_init(ferry_cli_engine_opts *opts);
 ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_opts *opts,
                                      ferry_engine **out);
 
+/* "A, B" (at most size bytes): the rails the engine knows target by, after
+ * a ferry_peer_transport call reached it; "" when it has fewer than two. */
+void ferry_cli_rails(ferry_engine *engine, const char *target, char *out, size_t size);
+
 /* What ferry_cli_parse_size accepts, in words. */
 #define FERRY_CLI_SIZE_SYNTAX                                                                      \
   "a size in bytes, more than 0, with an optional binary K, M, G or T suffix (4096, 64K, 1M, 2G)"

@@ -146,6 +146,14 @@ static void show_transports(void) {
   }
 }
 
+/* "answers; data would go over tcp (rails A, B)". */
+static void data_path(ferry_engine *e, const char *target, unsigned used, char *out, size_t size) {
+  char rails[512];
+  ferry_cli_rails(e, target, rails, sizeof rails);
+  snprintf(out, size, "answers; data would go over %s%s%s%s", ferry_transport_name(used),
+           *rails ? " (rails " : "", rails, *rails ? ")" : "");
+}
+
 static void show_target(const char *target) {
   ferry_cli_engine_opts opts;
   ferry_cli_engine_opts_init(&opts);
@@ -161,7 +169,7 @@ static void show_target(const char *target) {
   if (st)
     snprintf(detail, sizeof detail, "%s: %s", ferry_strerror(st), ferry_last_error());
   else
-    snprintf(detail, sizeof detail, "answers; data would go over %s", ferry_transport_name(used));
+    data_path(e, target, used, detail, sizeof detail);
   line(st ? "FAIL" : "OK", target, detail);
   ferry_engine_destroy(e);
 }

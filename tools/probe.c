@@ -1,6 +1,7 @@
 /* probe.c - `ferry probe TARGET`: asks a peer to answer a ping and names the
- * transport data would use, for scripts that wait for a target to come up
- * and for people checking reachability and secrets by hand. */
+ * transport data would use (and the target's rails, when it has several),
+ * for scripts that wait for a target to come up and for people checking
+ * reachability and secrets by hand. */
 #include <getopt.h>
 #include <stdio.h>
 
@@ -59,10 +60,14 @@ int ferry_cmd_probe(int argc, char **argv) {
   ferry_status st = ferry_probe(engine, target);
   if (st == FERRY_OK)
     st = ferry_peer_transport(engine, target, &transport);
-  if (st == FERRY_OK)
-    printf("%s answers (transport %s)\n", target, ferry_transport_name(transport));
-  else
+  if (st == FERRY_OK) {
+    char rails[512];
+    ferry_cli_rails(engine, target, rails, sizeof rails);
+    printf("%s answers (transport %s%s%s)\n", target, ferry_transport_name(transport),
+           *rails ? ", rails " : "", rails);
+  } else {
     fprintf(stderr, "%s: %s: %s: %s\n", PROG, target, ferry_strerror(st), ferry_last_error());
+  }
   ferry_engine_destroy(engine);
   return st == FERRY_OK ? 0 : 1;
 }

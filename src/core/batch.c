@@ -3,7 +3,9 @@
  *
  * A batch is finished when its cursor is at the end and no claimed chunk is
  * outstanding; only then is its notification sent and its state final, so
- * "done" always means every byte is where it should be. */
+ * "done" always means every byte is where it should be. A chunk lost with
+ * its rail's link stays outstanding on the retry list until a channel on
+ * another rail moves it (once). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +59,17 @@ static ferry_status copy_notification(ferry_batch *b, const ferry_notification *
   return FERRY_OK;
 }
 
+static void drop_retries(ferry_batch *b) {
+  while (b->retries) {
+    ferry_retry *r = b->retries;
+    b->retries = r->next;
+    b->outstanding--;
+    free(r);
+  }
+}
+
 static void batch_destroy(ferry_batch *b) {
+  drop_retries(b);
   free(b->entries);
   free(b->notify.name);
   free(b->notify.data);
@@ -139,23 +151,59 @@ static unsigned wanted_drivers(const ferry_batch *b) {
 
 int ferry_batch_has_work(ferry_batch *b) {
   pthread_mutex_lock(&b->lock);
-  int work = !ferry_chunker_done(&b->cursor);
+  int work = !ferry_chunker_done(&b->cursor) || b->retries;
   pthread_mutex_unlock(&b->lock);
   return work;
 }
 
-int ferry_batch_claim(ferry_batch *b, size_t slice_size, ferry_chunk *c) {
+static void copy_chunk(ferry_chunk *to, const ferry_chunk *from) {
+  to->op = from->op;
+  to->count = from->count;
+  to->bytes = from->bytes;
+  to->retried = from->retried;
+  memcpy(to->local, from->local, from->count * sizeof *from->local);
+  memcpy(to->remote, from->remote, from->count * sizeof *from->remote);
+}
+
+/* With the lock: a lost chunk this rail may take, off the list. */
+static int take_retry_locked(ferry_batch *b, unsigned rail, ferry_chunk *c) {
+  for (ferry_retry **pp = &b->retries; *pp; pp = &(*pp)->next) {
+    ferry_retry *r = *pp;
+    if (r->avoid_rail == rail)
+      continue;
+    *pp = r->next;
+    copy_chunk(c, &r->chunk);
+    free(r);
+    return 1;
+  }
+  return 0;
+}
+
+static int claim(ferry_batch *b, int rail, size_t slice_size, ferry_chunk *c) {
   pthread_mutex_lock(&b->lock);
-  int claimed = ferry_chunker_next(&b->cursor, slice_size, c);
-  b->outstanding += (unsigned)claimed;
-  int exhausted = ferry_chunker_done(&b->cursor);
+  int claimed = rail >= 0 && take_retry_locked(b, (unsigned)rail, c);
+  if (!claimed) {
+    claimed = ferry_chunker_next(&b->cursor, slice_size, c);
+    b->outstanding += (unsigned)claimed;
+  }
+  int exhausted = ferry_chunker_done(&b->cursor) && !b->retries;
   pthread_mutex_unlock(&b->lock);
   if (exhausted)
     ferry_peer_wake(b->peer); /* threads waiting for a channel can stop */
   return claimed;
 }
 
+int ferry_batch_claim(ferry_batch *b, size_t slice_size, ferry_chunk *c) {
+  return claim(b, -1, slice_size, c);
+}
+
+int ferry_batch_claim_on(ferry_batch *b, const ferry_channel *ch, size_t slice_size,
+                         ferry_chunk *c) {
+  return claim(b, (int)ch->rail, slice_size, c);
+}
+
 static void record_error(ferry_batch *b, ferry_status status) {
+  drop_retries(b); /* they were outstanding: nobody moves them now */
   if (b->error)
     return;
   b->error = status;
@@ -226,6 +274,44 @@ void ferry_batch_complete(ferry_batch *b, ferry_status status) {
   pthread_mutex_unlock(&b->lock);
 }
 
+/* Queues a chunk lost on ch's rail for another rail; 0 when it cannot be
+ * (moved again once already, no other rail up, the batch failed). */
+static int retry_elsewhere(ferry_batch *b, ferry_channel *ch, const ferry_chunk *c) {
+  int other = ferry_peer_rail_failed(b->peer, ch); /* before the retried check: marks it down */
+  if (c->retried || !other)
+    return 0;
+  ferry_retry *r = malloc(sizeof *r);
+  if (!r)
+    return 0;
+  copy_chunk(&r->chunk, c);
+  r->chunk.retried = 1;
+  r->avoid_rail = ch->rail;
+  pthread_mutex_lock(&b->lock);
+  int queued = !b->error && b->state == FERRY_BATCH_PENDING;
+  if (queued) {
+    r->next = b->retries;
+    b->retries = r;
+  }
+  pthread_mutex_unlock(&b->lock);
+  if (!queued)
+    free(r);
+  else
+    FERRY_DEBUG("chunk of %llu bytes to %s moves again on another rail",
+                (unsigned long long)c->bytes, b->address);
+  return queued;
+}
+
+void ferry_batch_settle(ferry_batch *b, ferry_channel *ch, const ferry_chunk *c,
+                        ferry_status status) {
+  if (status == FERRY_ESOCKET && retry_elsewhere(b, ch, c)) {
+    ferry_peer_wake(b->peer); /* a driver waiting for a channel can take it */
+    return;
+  }
+  if (!status)
+    ferry_peer_rail_moved(b->peer, ch, c->op, c->bytes);
+  ferry_batch_complete(b, status);
+}
+
 void ferry_batch_fail(ferry_batch *b, ferry_status status) {
   status = closed_cause(b, status);
   pthread_mutex_lock(&b->lock);
@@ -265,8 +351,8 @@ void ferry_batch_drive(ferry_batch *b) {
     }
     st = ch->transport->channel_drive(ch, b);
     ferry_peer_checkin(p, ch);
-    if (st)
-      return;
+    if (st && !ferry_batch_has_work(b))
+      return; /* else chunks lost with a rail wait for a channel on another */
   }
 }
 

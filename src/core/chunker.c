@@ -15,6 +15,7 @@ void ferry_chunker_stop(ferry_chunker *c) { c->next_entry = c->count; }
 int ferry_chunker_next(ferry_chunker *c, size_t slice_size, ferry_chunk *chunk) {
   chunk->count = 0;
   chunk->bytes = 0;
+  chunk->retried = 0;
   while (!ferry_chunker_done(c) && chunk->count < FERRY_CHUNK_MAX_SEGMENTS &&
          chunk->bytes < slice_size) {
     const ferry_entry *en = &c->entries[c->next_entry];

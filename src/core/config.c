@@ -5,7 +5,8 @@
  * FERRY_MAX_CONNECTIONS, FERRY_MAX_CONNECTIONS_PER_PEER, FERRY_IDLE_TIMEOUT_MS,
  * FERRY_NOTIFY_PEER_BYTES, FERRY_METADATA_TTL_MS, the metrics endpoint's
  * FERRY_METRICS_PORT and FERRY_METRICS_HOST, Mooncake's MC_TE_METRIC and
- * MC_TE_METRIC_INTERVAL_SECONDS), and their validation.
+ * MC_TE_METRIC_INTERVAL_SECONDS, the rails' FERRY_RAIL_HOSTS), and their
+ * validation.
  *
  * ferry_config_init cannot report anything, so it applies only the values
  * it understands; ferry_engine_create then parses every variable again with
@@ -26,6 +27,7 @@
 #include "error.h"
 #include "log.h"
 #include "metadata/metadata.h"
+#include "rails.h"
 
 #define TIMEOUT_S_MAX (UINT32_MAX / 1000u) /* timeout_ms is 32 bits */
 #define COUNT_MAX 1024u                    /* connections or workers: more is a typo, not a plan */
@@ -220,6 +222,22 @@ static ferry_status apply_metrics_host(const char *name, const char *value, ferr
   return st;
 }
 
+/* The rail parser's message (it names the bad entry), under `what`. */
+static ferry_status rail_error(const char *what, ferry_status st) {
+  char detail[FERRY_ERROR_MAX];
+  snprintf(detail, sizeof detail, "%s", ferry_last_error());
+  return ferry_fail(st, "%s: %s", what, detail);
+}
+
+static ferry_status apply_rail_hosts(const char *name, const char *value, ferry_config *cfg) {
+  unsigned count;
+  ferry_status st = ferry_rails_parse(value, NULL, &count);
+  if (st)
+    return rail_error(name, st);
+  cfg->rail_hosts = value;
+  return FERRY_OK;
+}
+
 static ferry_status apply_te_metric(const char *name, const char *value, ferry_config *cfg) {
   int on;
   if (ferry_parse_bool(value, &on))
@@ -260,6 +278,7 @@ static const struct env_var {
     {"FERRY_METRICS_HOST", apply_metrics_host},
     {"MC_TE_METRIC", apply_te_metric},
     {"MC_TE_METRIC_INTERVAL_SECONDS", apply_te_interval},
+    {"FERRY_RAIL_HOSTS", apply_rail_hosts},
 };
 
 /* Applies every variable that is set (an empty value counts as unset).
@@ -325,6 +344,9 @@ static ferry_status check_fields(ferry_config *cfg) {
     st = check_host("advertise_host", cfg->advertise_host);
   if (!st)
     st = check_host("metrics_host", cfg->metrics_host);
+  unsigned rails;
+  if (!st && (st = ferry_rails_parse(cfg->rail_hosts, NULL, &rails)) != FERRY_OK)
+    return rail_error("ferry_config.rail_hosts", st);
   if (st)
     return st;
   if (cfg->metrics_port < -1 || cfg->metrics_port > 65535)

@@ -70,7 +70,11 @@ static ferry_status copy_config(ferry_engine *e, const ferry_config *cfg) {
     e->advertise_host = guess_advertise_host();
   e->secret = cfg->secret && *cfg->secret ? strdup(cfg->secret) : NULL;
   e->segment_name = cfg->segment_name ? strdup(cfg->segment_name) : NULL;
-  if (!e->bind_host || !e->advertise_host || (cfg->secret && *cfg->secret && !e->secret))
+  const char *rails = e->cfg.rail_hosts; /* the caller's or the environment's */
+  e->rail_hosts = rails ? strdup(rails) : NULL;
+  e->cfg.rail_hosts = e->rail_hosts;
+  if (!e->bind_host || !e->advertise_host || (cfg->secret && *cfg->secret && !e->secret) ||
+      (rails && !e->rail_hosts))
     return ferry_fail(FERRY_ENOMEM, "no memory for the engine configuration");
   return FERRY_OK;
 }
@@ -329,6 +333,7 @@ void ferry_engine_destroy(ferry_engine *e) {
   free_allocations(e);
   ferry_registry_destroy(e->registry);
   free(e->bind_host);
+  free(e->rail_hosts);
   free(e->advertise_host);
   free(e->secret);
   free(e->segment_name);

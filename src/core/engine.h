@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "core/net.h"
+#include "core/rails.h"
 #include "core/registry.h"
 #include "core/stats.h"
 #include "ferry.h"
@@ -58,6 +59,13 @@ struct ferry_engine {
   ferry_metadata *metadata;               /* NULL in peer-to-peer mode */
   ferry_shm_service *shm;                 /* same-host service, NULL when shm is off */
   char shm_path[FERRY_WIRE_MAX_NAME + 1]; /* its UNIX socket, advertised in HELLO_REPLY */
+  /* Rails (rails.h): listeners the tcp service opened; the server accepts
+   * on them as on the RPC port. Set before the server starts, closed after
+   * it stopped. */
+  char *rail_hosts;
+  unsigned rail_count;
+  int rail_fds[FERRY_RAILS_MAX];
+  char rail_names[FERRY_RAILS_MAX][FERRY_RAIL_NAME_MAX]; /* as advertised */
 
   pthread_mutex_t peers_lock;
   ferry_peer *peers;

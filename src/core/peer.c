@@ -5,7 +5,12 @@
  * Recovery rule: a connection that fails is closed and never reused; the
  * failure also retires the peer's other pooled channels, and an idle one
  * that the peer closed is noticed before use. So the call after a peer
- * restart connects afresh instead of failing on a stale socket. */
+ * restart connects afresh instead of failing on a stale socket.
+ *
+ * Rails: when the transport lists several rails toward the peer, checkouts
+ * take turns over them, a failure retires only its rail's channels, and a
+ * rail whose link failed is out of use for FERRY_RAIL_BACKOFF_NS while the
+ * others carry its work (batch.c moves its lost chunks again). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -202,6 +207,7 @@ static void forget_regions_locked(ferry_peer *p) { ferry_region_table_free(&p->t
 static void retire_instance_locked(ferry_peer *p) {
   forget_regions_locked(p);
   p->transport = NULL;
+  __atomic_store_n(&p->rail_count, 0, __ATOMIC_RELAXED); /* the new incarnation lists its own */
   p->generation++;
   p->replied_ns = 0;
   while (p->idle) {
@@ -254,9 +260,16 @@ static ferry_status closed_error(ferry_peer *p, const char *step) {
 
 ferry_status ferry_peer_connect(ferry_peer *p, ferry_conn_kind kind, uint64_t deadline_ns, int *fd,
                                 ferry_hello_reply *reply, ferry_session *session) {
+  return ferry_peer_connect_at(p, NULL, kind, deadline_ns, fd, reply, session);
+}
+
+ferry_status ferry_peer_connect_at(ferry_peer *p, const char *rail, ferry_conn_kind kind,
+                                   uint64_t deadline_ns, int *fd, ferry_hello_reply *reply,
+                                   ferry_session *session) {
   char host[FERRY_HOST_MAX];
   uint16_t port;
-  ferry_status st = resolve_address(p, host, &port);
+  ferry_status st =
+      rail ? ferry_net_parse_target(rail, host, &port) : resolve_address(p, host, &port);
   if (st)
     return st;
   uint64_t connect_deadline =
@@ -503,6 +516,26 @@ static ferry_status choose_transport(ferry_peer *p, const ferry_hello_reply *inf
   return ferry_fail(FERRY_ETRANSPORT, "no transport usable with %s (%s)", p->address, reasons);
 }
 
+/* The chosen transport's rails toward this incarnation, all up. A rail
+ * listed under the same name as before keeps its counters. */
+static void adopt_rails_locked(ferry_peer *p, const ferry_transport *t) {
+  char names[FERRY_RAILS_MAX][FERRY_RAIL_NAME_MAX];
+  unsigned n = t->rails && t->rail_open ? t->rails(&p->info, names, FERRY_RAILS_MAX) : 0;
+  for (unsigned i = 0; i < n; i++) {
+    ferry_peer_rail *r = &p->rails[i];
+    if (strcmp(r->name, names[i]) != 0) {
+      memset(r, 0, sizeof *r);
+      memcpy(r->name, names[i], sizeof r->name); /* NUL-terminated within it */
+    }
+    r->generation++;
+    r->down_until_ns = 0;
+  }
+  __atomic_store_n(&p->rail_count, n, __ATOMIC_RELAXED); /* rail_moved reads it unlocked */
+  if (n)
+    FERRY_INFO("peer %s: %u rails via %s (%s%s)", p->address, n, t->name, names[0],
+               n > 1 ? ", ..." : "");
+}
+
 /* A control connection the target closed means it may have restarted, and a
  * restarted target can register the very same addresses: then the cached
  * table still matches and only a new handshake reveals the new instance. A
@@ -543,8 +576,10 @@ ferry_status ferry_peer_ensure_for(ferry_peer *p, const ferry_entry *entries, si
   pthread_mutex_lock(&p->lock);
   /* Keep one choice per incarnation: a racing thread may have chosen first,
    * or the target restarted meanwhile (then this batch fails at checkout). */
-  if (!p->transport && p->info.engine_id == info.engine_id)
+  if (!p->transport && p->info.engine_id == info.engine_id) {
     p->transport = chosen;
+    adopt_rails_locked(p, chosen);
+  }
   pthread_mutex_unlock(&p->lock);
   *transport = chosen;
   *instance = info.engine_id;
@@ -613,11 +648,31 @@ static void unlink_channel(ferry_peer *p, ferry_channel *ch) {
   p->open_channels--;
 }
 
-static ferry_channel *take_idle(ferry_peer *p) {
-  while (p->idle) {
-    ferry_channel *ch = p->idle;
-    p->idle = ch->next_idle;
-    if (ch->generation == p->generation && ch->transport->channel_alive(ch))
+/* Not retired: same peer generation and, with rails, same rail generation. */
+static int channel_current(const ferry_peer *p, const ferry_channel *ch) {
+  return ch->generation == p->generation &&
+         (p->rail_count < 2 || ch->rail_generation == p->rails[ch->rail].generation);
+}
+
+/* A rail a channel may use now: up, or down past its back-off (a retry). */
+static int rail_usable(const ferry_peer *p, unsigned r, uint64_t now) {
+  return p->rails[r].down_until_ns <= now;
+}
+
+/* An idle channel on `rail` (any rail that is usable: -1); closes the
+ * retired and dead ones it meets. */
+static ferry_channel *take_idle(ferry_peer *p, int rail) {
+  uint64_t now = ferry_now_ns();
+  for (ferry_channel **pp = &p->idle; *pp;) {
+    ferry_channel *ch = *pp;
+    int wanted = p->rail_count < 2 ||
+                 (rail >= 0 ? ch->rail == (unsigned)rail : rail_usable(p, ch->rail, now));
+    if (channel_current(p, ch) && !wanted) {
+      pp = &ch->next_idle;
+      continue;
+    }
+    *pp = ch->next_idle;
+    if (channel_current(p, ch) && ch->transport->channel_alive(ch))
       return ch;
     unlink_channel(p, ch);
     ch->transport->channel_close(ch);
@@ -625,12 +680,121 @@ static ferry_channel *take_idle(ferry_peer *p) {
   return NULL;
 }
 
-static ferry_status open_channel(ferry_peer *p, ferry_batch *b, ferry_channel **out) {
+/* The rail of the next checkout: the next usable one in turn; -1 when
+ * every rail is out of use. */
+static int pick_rail_locked(ferry_peer *p) {
+  if (p->rail_count < 2)
+    return 0;
+  uint64_t now = ferry_now_ns();
+  for (unsigned k = 0; k < p->rail_count; k++) {
+    unsigned r = (p->next_rail + k) % p->rail_count;
+    if (rail_usable(p, r, now)) {
+      p->next_rail = r + 1;
+      return (int)r;
+    }
+  }
+  return -1;
+}
+
+/* Takes rail r out of use with the error detail as its cause. */
+static void rail_down_locked(ferry_peer *p, unsigned r) {
+  ferry_peer_rail *rail = &p->rails[r];
+  int was_up = rail->down_until_ns == 0;
+  rail->generation++;
+  rail->down_until_ns = ferry_now_ns() + FERRY_RAIL_BACKOFF_NS;
+  snprintf(rail->cause, sizeof rail->cause, "%s", ferry_last_error());
+  __atomic_fetch_add(&rail->failures, 1, __ATOMIC_RELAXED);
+  if (!was_up)
+    return;
+  unsigned up = 0;
+  for (unsigned i = 0; i < p->rail_count; i++)
+    up += p->rails[i].down_until_ns == 0;
+  FERRY_WARN("peer %s: rail %u (%s) is down: %s; %u of %u rails left, it is tried again in %llu s",
+             p->address, r, rail->name, rail->cause, up, p->rail_count,
+             (unsigned long long)(FERRY_RAIL_BACKOFF_NS / 1000000000ull));
+}
+
+/* The error when every rail failed: each one's cause. */
+static ferry_status rails_all_down(ferry_peer *p, ferry_status st) {
+  char msg[FERRY_ERROR_MAX];
+  size_t used = (size_t)snprintf(msg, sizeof msg, "every rail to %s failed:", p->address);
+  for (unsigned r = 0; r < p->rail_count && used < sizeof msg; r++)
+    used += (size_t)snprintf(msg + used, sizeof msg - used, "%s rail %u (%s): %s", r ? ";" : "", r,
+                             p->rails[r].name, p->rails[r].cause);
+  return ferry_fail(st ? st : FERRY_ESOCKET, "%s", msg);
+}
+
+static int link_failure(ferry_status st) { return st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT; }
+
+int ferry_peer_rail_failed(ferry_peer *p, ferry_channel *ch) {
+  pthread_mutex_lock(&p->lock);
+  int other = 0;
+  if (p->rail_count >= 2 && !ferry_engine_closing(p->engine)) {
+    if (ch->rail_generation == p->rails[ch->rail].generation) /* first to see it */
+      rail_down_locked(p, ch->rail);
+    uint64_t now = ferry_now_ns();
+    for (unsigned r = 0; r < p->rail_count && !other; r++)
+      other = r != ch->rail && rail_usable(p, r, now);
+    if (!other)
+      rails_all_down(p, FERRY_ESOCKET); /* the detail the batch fails with */
+  }
+  pthread_mutex_unlock(&p->lock);
+  return other;
+}
+
+void ferry_peer_rail_moved(ferry_peer *p, ferry_channel *ch, ferry_op op, uint64_t bytes) {
+  unsigned n = __atomic_load_n(&p->rail_count, __ATOMIC_RELAXED);
+  if (n >= 2 && ch->rail < n)
+    __atomic_fetch_add(&p->rails[ch->rail].bytes[op == FERRY_OP_WRITE], bytes, __ATOMIC_RELAXED);
+}
+
+/* Channels open on rail r that are not retired. */
+static unsigned channels_on(const ferry_peer *p, unsigned r) {
+  unsigned n = 0;
+  for (const ferry_channel *ch = p->all; ch; ch = ch->next_all)
+    n += ch->rail == r && channel_current(p, ch);
+  return n;
+}
+
+/* The pool is full and `rail` has no idle channel: when it has less than
+ * its share of the pool, closes an idle channel of a rail with more, so a
+ * rail that came back (or was never used) gets its channels. */
+static int make_room_locked(ferry_peer *p, unsigned rail) {
+  if (p->rail_count < 2)
+    return 0;
+  unsigned share = p->engine->cfg.tcp_connections / p->rail_count;
+  share = share ? share : 1;
+  if (channels_on(p, rail) >= share)
+    return 0;
+  for (ferry_channel **pp = &p->idle; *pp; pp = &(*pp)->next_idle) {
+    ferry_channel *ch = *pp;
+    if (ch->rail != rail && channels_on(p, ch->rail) > share) {
+      *pp = ch->next_idle;
+      unlink_channel(p, ch);
+      ch->transport->channel_close(ch);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Opens a channel on rail r (with the lock, released meanwhile). */
+static ferry_status open_on_rail(ferry_peer *p, ferry_batch *b, int r, ferry_channel **out) {
+  int railed = p->rail_count >= 2;
+  char name[FERRY_RAIL_NAME_MAX] = "";
+  if (railed)
+    snprintf(name, sizeof name, "%s", p->rails[r].name);
+  unsigned rail_generation = railed ? p->rails[r].generation : 0;
   p->open_channels++;
   pthread_mutex_unlock(&p->lock);
   ferry_channel *ch = NULL;
-  ferry_status st = b->transport->channel_open(p, b->deadline_ns, &ch);
+  ferry_status st = railed ? b->transport->rail_open(p, name, b->deadline_ns, &ch)
+                           : b->transport->channel_open(p, b->deadline_ns, &ch);
   pthread_mutex_lock(&p->lock);
+  if (!st) {
+    ch->rail = (unsigned)r;
+    ch->rail_generation = rail_generation;
+  }
   if (!st && ferry_engine_closing(p->engine)) {
     ch->transport->channel_close(ch); /* shutdown's pass may have missed it */
     st = closed_error(p, "transfer");
@@ -641,6 +805,10 @@ static ferry_status open_channel(ferry_peer *p, ferry_batch *b, ferry_channel **
     return st;
   }
   ferry_stats_channel_opened(p, b->transport);
+  if (railed && p->rails[r].down_until_ns && rail_generation == p->rails[r].generation) {
+    FERRY_INFO("peer %s: rail %u (%s) is up again", p->address, r, p->rails[r].name);
+    p->rails[r].down_until_ns = 0;
+  }
   ch->generation = p->generation;
   ch->next_all = p->all;
   p->all = ch;
@@ -649,7 +817,7 @@ static ferry_status open_channel(ferry_peer *p, ferry_batch *b, ferry_channel **
 }
 
 ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **out) {
-  ferry_status st = FERRY_OK;
+  ferry_status st = FERRY_OK, lost = FERRY_OK; /* lost: why the last rail tried failed */
   pthread_mutex_lock(&p->lock);
   for (;;) {
     if (ferry_engine_closing(p->engine)) {
@@ -665,12 +833,26 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
       st = FERRY_ENOTFOUND;
       break;
     }
-    if ((*out = take_idle(p)) != NULL)
-      break;
-    if (p->open_channels < p->engine->cfg.tcp_connections) {
-      st = open_channel(p, b, out);
+    int rail = pick_rail_locked(p);
+    if (rail < 0) {
+      st = rails_all_down(p, lost);
       break;
     }
+    if ((*out = take_idle(p, rail)) != NULL)
+      break;
+    if (p->open_channels < p->engine->cfg.tcp_connections || make_room_locked(p, (unsigned)rail)) {
+      st = open_on_rail(p, b, rail, out);
+      if (st && p->rail_count >= 2 && link_failure(st) && ferry_now_ns() < b->deadline_ns &&
+          p->info.engine_id == b->peer_instance) {
+        rail_down_locked(p, (unsigned)rail); /* try the next rail */
+        lost = st;
+        st = FERRY_OK;
+        continue;
+      }
+      break;
+    }
+    if ((*out = take_idle(p, -1)) != NULL)
+      break;
     struct timespec until = ferry_timespec(b->deadline_ns);
     if (pthread_cond_timedwait(&p->cond, &p->lock, &until) == ETIMEDOUT) {
       st = ferry_fail(FERRY_ETIMEDOUT, "no free connection to %s before the batch deadline",
@@ -685,12 +867,17 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
 void ferry_peer_checkin(ferry_peer *p, ferry_channel *ch) {
   pthread_mutex_lock(&p->lock);
   if (ch->broken) {
-    p->generation++; /* its siblings may be just as dead (peer restart) */
+    /* Its siblings may be just as dead (peer restart); with rails, those
+     * of its rail (the others have links of their own). */
+    if (p->rail_count >= 2)
+      p->rails[ch->rail].generation += ch->rail_generation == p->rails[ch->rail].generation;
+    else
+      p->generation++;
     p->replied_ns = 0;
   } else if (ch->replied_ns > p->replied_ns) {
     p->replied_ns = ch->replied_ns;
   }
-  if (ch->broken || ch->generation != p->generation || ferry_engine_closing(p->engine)) {
+  if (ch->broken || !channel_current(p, ch) || ferry_engine_closing(p->engine)) {
     unlink_channel(p, ch);
     ch->transport->channel_close(ch);
   } else {

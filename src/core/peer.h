@@ -1,8 +1,8 @@
 /* peer.h - what an engine knows about a target: where it is, its handshake
- * facts, a cached copy of its region table, the chosen transport, a pool of
- * data channels and one control connection. Peers are cached by target name
- * for the engine's lifetime; a broken connection is dropped and the next
- * call reconnects. */
+ * facts, a cached copy of its region table, the chosen transport and its
+ * rails, a pool of data channels and one control connection. Peers are
+ * cached by target name for the engine's lifetime; a broken connection is
+ * dropped and the next call reconnects. */
 #ifndef FERRY_PEER_H
 #define FERRY_PEER_H
 
@@ -17,6 +17,22 @@ typedef struct ferry_handshake {
   int fd;
   struct ferry_handshake *next;
 } ferry_handshake;
+
+/* One rail toward the peer (rails.h, transport.h): its channels carry
+ * rail_generation, bumped when the rail fails so they retire. A failed
+ * rail is out of use until down_until_ns, then tried again. */
+typedef struct ferry_peer_rail {
+  char name[FERRY_RAIL_NAME_MAX]; /* as the transport listed it */
+  unsigned generation;
+  uint64_t down_until_ns; /* 0: up */
+  char cause[200];        /* why it went down, for messages */
+  uint64_t bytes[2];      /* atomics, by ferry_op: moved on this rail */
+  uint64_t failures;      /* atomics: times it went down */
+} ferry_peer_rail;
+
+/* How long a failed rail stays out of use before a channel tries it again
+ * (a new handshake with a restarted target resets it at once). */
+#define FERRY_RAIL_BACKOFF_NS (3000 * 1000000ull)
 
 struct ferry_peer {
   ferry_engine *engine;
@@ -37,6 +53,9 @@ struct ferry_peer {
   struct ferry_channel *all;
   unsigned open_channels;
   uint64_t replied_ns; /* last reply on a data channel that stayed in step */
+  ferry_peer_rail rails[FERRY_RAILS_MAX];
+  unsigned rail_count; /* 0 or 1: the transport's one rail, no failover */
+  unsigned next_rail;  /* round robin of checkouts */
   ferry_handshake *handshakes;
   ferry_peer_stats stats; /* atomics: outside the lock */
 
@@ -88,8 +107,23 @@ size_t ferry_peer_region_key(ferry_peer *peer, unsigned transport, uint64_t addr
  * the next ensure negotiates afresh. */
 ferry_status ferry_peer_connect(ferry_peer *peer, ferry_conn_kind kind, uint64_t deadline_ns,
                                 int *fd, ferry_hello_reply *reply, ferry_session *session);
+/* The same to one of its rails ("host:port"); rail NULL: its RPC port. */
+ferry_status ferry_peer_connect_at(ferry_peer *peer, const char *rail, ferry_conn_kind kind,
+                                   uint64_t deadline_ns, int *fd, ferry_hello_reply *reply,
+                                   ferry_session *session);
+/* A chunk on channel's rail failed because the link did (already in the
+ * error detail): takes the rail out of use (one WARN). Nonzero when another
+ * rail can take the chunk instead; otherwise, with several rails, the error
+ * detail becomes every rail's cause. */
+int ferry_peer_rail_failed(ferry_peer *peer, struct ferry_channel *channel);
+/* Counts a chunk that moved on channel's rail. */
+void ferry_peer_rail_moved(ferry_peer *peer, struct ferry_channel *channel, ferry_op op,
+                           uint64_t bytes);
 /* Takes a channel for a batch (opening one if below the limit, else
- * waiting); FERRY_ENOTFOUND when the batch has no work left to claim. */
+ * waiting); FERRY_ENOTFOUND when the batch has no work left to claim. With
+ * several rails the checkouts take turns over the rails that are up; a
+ * rail that cannot be connected is taken out of use and another is tried;
+ * when every rail failed the error names each one's cause. */
 ferry_status ferry_peer_checkout(ferry_peer *peer, ferry_batch *batch, struct ferry_channel **out);
 void ferry_peer_checkin(ferry_peer *peer, struct ferry_channel *channel);
 /* Wakes threads waiting in checkout (a batch ran out of work). */

@@ -1,6 +1,6 @@
-/* server.c - the target side: accepts connections on the RPC port and
- * serves each one in its own thread with blocking I/O (an idle connection
- * costs a sleeping thread, no CPU).
+/* server.c - the target side: accepts connections on the RPC port (and on
+ * the tcp rails' listeners, engine.h) and serves each one in its own thread
+ * with blocking I/O (an idle connection costs a sleeping thread, no CPU).
  *
  * Every WRITE and READ is checked against the registry before memory is
  * touched; a refused request is answered with a reason and the connection
@@ -633,19 +633,25 @@ static void *accept_loop(void *arg) {
   ferry_engine *e = arg;
   ferry_server *s = e->server;
   ferry_log_set_engine(e->name);
-  struct pollfd fds[2] = {{s->listen_fd, POLLIN, 0}, {s->wake[0], POLLIN, 0}};
+  /* The wake pipe, the RPC port and the tcp rails' listeners (rails.h). */
+  struct pollfd fds[2 + FERRY_RAILS_MAX] = {{s->wake[0], POLLIN, 0}, {s->listen_fd, POLLIN, 0}};
+  nfds_t n = 2;
+  for (unsigned i = 0; i < e->rail_count; i++)
+    fds[n++] = (struct pollfd){e->rail_fds[i], POLLIN, 0};
   for (;;) {
-    if (poll(fds, 2, -1) < 0 && errno != EINTR)
+    if (poll(fds, n, -1) < 0 && errno != EINTR)
       break;
-    if (fds[1].revents)
+    if (fds[0].revents)
       break;
-    if (!(fds[0].revents & POLLIN))
-      continue;
-    int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd >= 0)
-      start_connection(e, fd);
-    else if (errno == EMFILE || errno == ENFILE)
-      poll(NULL, 0, 100); /* out of descriptors: back off instead of spinning */
+    for (nfds_t i = 1; i < n; i++) {
+      if (!(fds[i].revents & POLLIN))
+        continue;
+      int fd = accept4(fds[i].fd, NULL, NULL, SOCK_CLOEXEC);
+      if (fd >= 0)
+        start_connection(e, fd);
+      else if (errno == EMFILE || errno == ENFILE)
+        poll(NULL, 0, 100); /* out of descriptors: back off instead of spinning */
+    }
   }
   return NULL;
 }

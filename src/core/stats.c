@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "chunker.h"
+#include "clock.h"
 #include "engine.h"
 #include "error.h"
 #include "peer.h"
@@ -142,6 +143,31 @@ static int add_peer_links(ferry_stats *s, size_t *cap, ferry_peer *p) {
   return 0;
 }
 
+/* Appends the rails of one peer with several; 0 or -1 when out of memory. */
+static int add_peer_rails(ferry_stats *s, ferry_peer *p) {
+  pthread_mutex_lock(&p->lock);
+  unsigned n = p->rail_count >= 2 ? p->rail_count : 0;
+  ferry_stats_rail *grown = n ? realloc(s->rails, (s->rail_count + n) * sizeof *grown) : s->rails;
+  int failed = n && !grown;
+  if (!failed)
+    s->rails = grown;
+  uint64_t now = ferry_now_ns();
+  for (unsigned r = 0; r < n && !failed; r++) {
+    ferry_stats_rail *out = &s->rails[s->rail_count];
+    const ferry_peer_rail *rail = &p->rails[r];
+    out->peer = strdup(p->address);
+    out->rail = strdup(rail->name);
+    failed = !out->peer || !out->rail;
+    out->bytes[0] = GET(rail->bytes[0]);
+    out->bytes[1] = GET(rail->bytes[1]);
+    out->failures = GET(rail->failures);
+    out->up = rail->down_until_ns <= now;
+    s->rail_count++;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return failed ? -1 : 0;
+}
+
 static void read_gauges(ferry_engine *e, ferry_stats *s) {
   ferry_region *regions = NULL;
   size_t n = ferry_registry_snapshot(e->registry, &regions);
@@ -182,7 +208,7 @@ static ferry_status stats_snapshot(ferry_engine *e, ferry_stats **out) {
   int failed = 0;
   pthread_mutex_lock(&e->peers_lock);
   for (ferry_peer *p = e->peers; p && !failed; p = p->next)
-    failed = add_peer_links(s, &cap, p);
+    failed = add_peer_links(s, &cap, p) || add_peer_rails(s, p);
   pthread_mutex_unlock(&e->peers_lock);
   if (failed) {
     ferry_stats_free(s);
@@ -202,6 +228,11 @@ void ferry_stats_free(ferry_stats *s) {
   for (size_t i = 0; i < s->link_count; i++)
     free((char *)s->links[i].peer);
   free(s->links);
+  for (size_t i = 0; i < s->rail_count; i++) {
+    free((char *)s->rails[i].peer);
+    free((char *)s->rails[i].rail);
+  }
+  free(s->rails);
   free(s);
 }
 
@@ -282,6 +313,39 @@ static void put_errors(FILE *f, const ferry_stats *s) {
   }
 }
 
+static void put_rail_labels(FILE *f, const ferry_stats_rail *r) {
+  fputs("peer=\"", f);
+  put_label(f, r->peer);
+  fputs("\",rail=\"", f);
+  put_label(f, r->rail);
+  fputs("\"}", f);
+}
+
+/* Only for peers with several rails: nothing at all without. */
+static void put_rails(FILE *f, const ferry_stats *s) {
+  if (!s->rail_count)
+    return;
+  put_head(f, "ferry_rail_bytes_total", "counter", "Bytes moved and acknowledged on one rail.");
+  for (size_t i = 0; i < s->rail_count; i++)
+    for (int op = 0; op < 2; op++) {
+      fprintf(f, "ferry_rail_bytes_total{op=\"%s\",", op_names[op]);
+      put_rail_labels(f, &s->rails[i]);
+      fprintf(f, " %llu\n", (unsigned long long)s->rails[i].bytes[op]);
+    }
+  put_head(f, "ferry_rail_failures_total", "counter", "Times a rail's link failed.");
+  for (size_t i = 0; i < s->rail_count; i++) {
+    fputs("ferry_rail_failures_total{", f);
+    put_rail_labels(f, &s->rails[i]);
+    fprintf(f, " %llu\n", (unsigned long long)s->rails[i].failures);
+  }
+  put_head(f, "ferry_rail_up", "gauge", "1 when the rail is in use, 0 while out of use.");
+  for (size_t i = 0; i < s->rail_count; i++) {
+    fputs("ferry_rail_up{", f);
+    put_rail_labels(f, &s->rails[i]);
+    fprintf(f, " %d\n", s->rails[i].up);
+  }
+}
+
 static void put_all(FILE *f, const ferry_stats *s) {
   put_head(f, "ferry_bytes_total", "counter", "Bytes moved and acknowledged.");
   put_link_metric(f, s, "ferry_bytes_total", 1, offsetof(ferry_stats_link, bytes));
@@ -294,6 +358,7 @@ static void put_all(FILE *f, const ferry_stats *s) {
            "Control connections opened, all peers.");
   fprintf(f, "ferry_control_connections_opened_total %llu\n",
           (unsigned long long)s->control_connections_opened);
+  put_rails(f, s);
   put_served(f, s);
   put_errors(f, s);
   put_gauge(f, "ferry_batches_in_flight", "Batches submitted and not final.", s->batches_in_flight);

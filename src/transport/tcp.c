@@ -5,7 +5,12 @@
  * segments); the target reads it into its memory with recvmsg and answers
  * once the last byte landed. A READ is a segment table; the reply's payload
  * is received straight into local memory. Several frames are kept in flight
- * per connection so the link never idles waiting for an acknowledgement. */
+ * per connection so the link never idles waiting for an acknowledgement.
+ *
+ * Rails: a target with rail_hosts listens on each rail too (service_start;
+ * the server accepts there) and its descriptor lists them, "host:port"
+ * comma-separated. An initiator opens each data channel on one of them
+ * (rail_open); without a descriptor the peer has one rail, its RPC port. */
 #include <endian.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,13 +51,16 @@ static int tcp_usable(ferry_engine *e, const ferry_hello_reply *info, char *why,
 
 static size_t tcp_slice(const ferry_batch *b) { return b->engine->cfg.slice_size; }
 
-static ferry_status tcp_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel **out) {
+/* A data connection to the peer's RPC port (rail NULL) or to one rail. */
+static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_ns,
+                            ferry_channel **out) {
   tcp_channel *ch = calloc(1, sizeof *ch);
   if (!ch)
     return ferry_fail(FERRY_ENOMEM, "no memory for a connection to %s", p->address);
   int fd;
   ferry_hello_reply reply;
-  ferry_status st = ferry_peer_connect(p, FERRY_CONN_DATA, deadline_ns, &fd, &reply, &ch->session);
+  ferry_status st =
+      ferry_peer_connect_at(p, rail, FERRY_CONN_DATA, deadline_ns, &fd, &reply, &ch->session);
   if (st) {
     free(ch);
     return st;
@@ -60,7 +68,10 @@ static ferry_status tcp_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel 
   ch->base.transport = &ferry_transport_tcp;
   ch->base.peer = p;
   ch->base.peer_instance = reply.engine_id;
-  snprintf(ch->address, sizeof ch->address, "%s", p->address);
+  if (rail)
+    snprintf(ch->address, sizeof ch->address, "%.190s (rail %.60s)", p->address, rail);
+  else
+    snprintf(ch->address, sizeof ch->address, "%s", p->address);
   ferry_sock_init(&ch->sock, fd, ch->address);
   ferry_sock_auth(&ch->sock, &ch->session);
   ferry_sock_readahead(&ch->sock, ch->readahead, sizeof ch->readahead);
@@ -68,6 +79,78 @@ static ferry_status tcp_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel 
   FERRY_DEBUG("opened tcp data connection to %s", ch->address);
   *out = &ch->base;
   return FERRY_OK;
+}
+
+static ferry_status tcp_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel **out) {
+  return open_on(p, NULL, deadline_ns, out);
+}
+
+static ferry_status tcp_rail_open(ferry_peer *p, const char *rail, uint64_t deadline_ns,
+                                  ferry_channel **out) {
+  return open_on(p, rail, deadline_ns, out);
+}
+
+/* The peer's rails from its descriptor; a name that does not parse as
+ * host:port is skipped (the RPC port still works). */
+static unsigned tcp_rails(const ferry_hello_reply *info, char names[][FERRY_RAIL_NAME_MAX],
+                          unsigned max) {
+  const ferry_wire_descriptor *d = ferry_wire_descriptor_find(info, FERRY_TRANSPORT_TCP);
+  unsigned count = 0;
+  for (size_t at = 0; d && at < d->len && count < max;) {
+    const uint8_t *comma = memchr(d->data + at, ',', d->len - at);
+    size_t len = comma ? (size_t)(comma - (d->data + at)) : d->len - at;
+    char host[FERRY_HOST_MAX];
+    uint16_t port;
+    if (len && len < FERRY_RAIL_NAME_MAX) {
+      memcpy(names[count], d->data + at, len);
+      names[count][len] = 0;
+      if (!memchr(names[count], 0, len) &&
+          ferry_net_parse_target(names[count], host, &port) == FERRY_OK)
+        count++;
+    }
+    at += len + 1;
+  }
+  return count;
+}
+
+/* Opens a pinned listener on every configured rail. */
+static ferry_status tcp_service_start(ferry_engine *e) {
+  ferry_rail_spec specs[FERRY_RAILS_MAX];
+  unsigned count;
+  ferry_status st = ferry_rails_parse(e->rail_hosts, specs, &count); /* checked at adopt */
+  for (unsigned i = 0; i < count && !st; i++) {
+    uint16_t port;
+    st = ferry_net_listen(specs[i].host, specs[i].port, &e->rail_fds[i], &port);
+    if (st)
+      break;
+    e->rail_count++;
+    if (specs[i].advertise[0])
+      snprintf(e->rail_names[i], FERRY_RAIL_NAME_MAX, "%s", specs[i].advertise);
+    else
+      ferry_net_format_target(e->rail_names[i], FERRY_RAIL_NAME_MAX, specs[i].host, port);
+    FERRY_INFO("rail %u: serving data on %s", i, e->rail_names[i]);
+  }
+  return st;
+}
+
+static size_t tcp_describe(ferry_engine *e, uint8_t *out, size_t size) {
+  size_t used = 0;
+  for (unsigned i = 0; i < e->rail_count; i++) {
+    size_t len = strlen(e->rail_names[i]);
+    if (used + len + (i ? 1 : 0) > size)
+      break;
+    if (i)
+      out[used++] = ',';
+    memcpy(out + used, e->rail_names[i], len);
+    used += len;
+  }
+  return used;
+}
+
+static void tcp_service_stop(ferry_engine *e) {
+  for (unsigned i = 0; i < e->rail_count; i++)
+    close(e->rail_fds[i]);
+  e->rail_count = 0;
 }
 
 static uint32_t chunk_crc(const ferry_chunk *c) {
@@ -160,13 +243,12 @@ static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
   ferry_sock_set_deadline(&ch->sock, b->deadline_ns);
   for (;;) {
     while (!base->broken && sent - done < TCP_WINDOW &&
-           ferry_batch_claim(b, slice, &ch->slots[sent % TCP_WINDOW].chunk)) {
+           ferry_batch_claim_on(b, base, slice, &ch->slots[sent % TCP_WINDOW].chunk)) {
       ferry_status st = send_request(ch, &ch->slots[sent % TCP_WINDOW], sent, checksum);
       sent++;
-      if (st) {
+      if (st) { /* settled below, with the frames still in flight */
         base->broken = 1;
         first = first ? first : st;
-        ferry_batch_fail(b, st);
       }
     }
     if (done == sent)
@@ -180,7 +262,7 @@ static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
     if (st && !first)
       first = st;
     ferry_stats_moved(base->peer, base->transport, &ch->slots[done % TCP_WINDOW].chunk, st);
-    ferry_batch_complete(b, st);
+    ferry_batch_settle(b, base, &ch->slots[done % TCP_WINDOW].chunk, st);
     done++;
   }
   ferry_sock_set_deadline(&ch->sock, 0);
@@ -225,4 +307,9 @@ const ferry_transport ferry_transport_tcp = {
     .channel_alive = tcp_alive,
     .channel_shutdown = tcp_shutdown,
     .channel_close = tcp_close,
+    .service_start = tcp_service_start,
+    .describe = tcp_describe,
+    .service_stop = tcp_service_stop,
+    .rails = tcp_rails,
+    .rail_open = tcp_rail_open,
 };

@@ -18,7 +18,22 @@
  *                 per region), region_key_size/region_keys (what an
  *                 initiator needs to reach a region besides its address,
  *                 carried per transport in the region table, wire.h; the
- *                 initiator reads it with ferry_peer_region_key, peer.h). */
+ *                 initiator reads it with ferry_peer_region_key, peer.h).
+ *
+ * Rails (optional: NULL means the peer has one rail, reached with
+ * channel_open): `rails` lists the rails toward a peer from its facts (an
+ * address, a device; tcp: the host:port its descriptor lists) and
+ * rail_open opens a channel on one of them. Core spreads a peer's channels
+ * over its rails (channel->rail), stripes a batch's chunks across them,
+ * and takes a rail whose link failed out of use for a while. A transport
+ * with rails claims with ferry_batch_claim_on and reports each chunk with
+ * ferry_batch_settle (batch.h) instead of ferry_batch_complete, so that a
+ * chunk lost to a link failure (FERRY_ESOCKET) is moved again on another
+ * rail instead of failing the batch. The change for rails was additive:
+ * these two hooks, channel->rail, and those two batch calls.
+ *
+ * Not in the seam yet (issue 12): asynchronous completion, several
+ * transports per peer. */
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H
 
@@ -31,10 +46,12 @@ typedef struct ferry_transport ferry_transport;
 typedef struct ferry_channel {
   const ferry_transport *transport;
   ferry_peer *peer;
-  uint64_t peer_instance; /* the target incarnation this channel talks to */
-  unsigned generation;    /* peer generation when opened; older ones are retired */
-  int broken;             /* set by drive on a failure that desynchronized it */
-  uint64_t replied_ns;    /* when a reply last arrived: recent proof the link works */
+  uint64_t peer_instance;   /* the target incarnation this channel talks to */
+  unsigned generation;      /* peer generation when opened; older ones are retired */
+  int broken;               /* set by drive on a failure that desynchronized it */
+  uint64_t replied_ns;      /* when a reply last arrived: recent proof the link works */
+  unsigned rail;            /* index in the transport's rails list (0 without rails) */
+  unsigned rail_generation; /* that rail's generation when opened (peer.c) */
   struct ferry_channel *next_idle;
   struct ferry_channel *next_all;
 } ferry_channel;
@@ -94,6 +111,14 @@ struct ferry_transport {
    * meanwhile: an initiator's access to it fails at the target). */
   void (*region_keys)(ferry_engine *engine, const ferry_region *regions, size_t count,
                       uint8_t *out);
+
+  /* Rails toward the peer described by peer_info, at most max names into
+   * names; 0 (or a NULL hook) means one rail, opened with channel_open. */
+  unsigned (*rails)(const ferry_hello_reply *peer_info, char names[][FERRY_RAIL_NAME_MAX],
+                    unsigned max);
+  /* channel_open on one rail, named as `rails` listed it. */
+  ferry_status (*rail_open)(ferry_peer *peer, const char *rail, uint64_t deadline_ns,
+                            ferry_channel **out);
 };
 
 extern const ferry_transport ferry_transport_tcp;

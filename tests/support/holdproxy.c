@@ -142,12 +142,17 @@ static void *accept_main(void *arg) {
   }
 }
 
-hold_proxy *hold_proxy_start(uint16_t target_port) {
+hold_proxy *hold_proxy_start(uint16_t target_port) { return hold_proxy_start_on(0, target_port); }
+
+hold_proxy *hold_proxy_start_on(uint16_t port, uint16_t target_port) {
   hold_proxy *p = calloc(1, sizeof *p);
-  struct sockaddr_in a = {.sin_family = AF_INET};
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
   socklen_t len = sizeof a;
+  int one = 1;
   inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
   p->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (p->listen_fd >= 0) /* a port of an earlier proxy, its closed connections in TIME_WAIT */
+    setsockopt(p->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (p->listen_fd < 0 || bind(p->listen_fd, (struct sockaddr *)&a, sizeof a) < 0 ||
       listen(p->listen_fd, 64) < 0 || getsockname(p->listen_fd, (struct sockaddr *)&a, &len) < 0) {
     if (p->listen_fd >= 0)

@@ -12,6 +12,8 @@ typedef struct hold_proxy hold_proxy;
 
 /* Listens on 127.0.0.1 (any port) and forwards to 127.0.0.1:target_port. */
 hold_proxy *hold_proxy_start(uint16_t target_port);
+/* The same on a chosen port (0: any), e.g. that of a stopped proxy. */
+hold_proxy *hold_proxy_start_on(uint16_t port, uint16_t target_port);
 /* "127.0.0.1:PORT", what initiators pass as the target. */
 const char *hold_proxy_target(const hold_proxy *proxy);
 /* From now on, frames of this type (FERRY_FRAME_*) from the target wait. */
