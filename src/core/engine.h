@@ -115,10 +115,13 @@ uint64_t ferry_engine_deadline(const ferry_engine *engine, uint64_t bytes);
 
 /* server.c: accepts connections and serves frames against the registry. */
 ferry_status ferry_server_start(ferry_engine *engine, int listen_fd);
+/* One more listening socket served like the first (up to 8); the server
+ * owns it from then on, and closes it at stop. */
+ferry_status ferry_server_add_listener(ferry_engine *engine, int listen_fd);
 void ferry_server_stop(ferry_engine *engine);
 /* The tcp part of ferry_engine_fence: cancels every connection serving a
  * WRITE or READ that touches `removed` (sorted here, in place) and waits
- * until their threads have left that memory. */
+ * until their workers have left that memory. */
 void ferry_server_fence(ferry_engine *engine, ferry_region *removed, size_t count);
 
 /* The unregister fence (engine.c), for every transport. Called once
