@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,7 +40,7 @@ typedef struct hello {
 } hello;
 
 typedef struct result {
-  uint64_t bytes, calls, elapsed_ns, cpu_ns;
+  uint64_t bytes, calls, elapsed_ns, cpu_ns, switches;
 } result;
 
 typedef struct usage {
@@ -74,6 +75,13 @@ static uint64_t cpu_ns(void) {
   getrusage(RUSAGE_SELF, &ru);
   return (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000ull +
          (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000ull;
+}
+
+/* Context switches of every thread of this process, both kinds. */
+static uint64_t switches(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (uint64_t)(ru.ru_nvcsw + ru.ru_nivcsw);
 }
 
 static usage usage_now(void) {
@@ -118,6 +126,11 @@ static ferry_engine *engine(void) {
   return e;
 }
 
+/* SCALE_PEERS_SHARED=1: every initiator writes from one buffer mapped
+ * before the fork, so all of them read the same memory (the cost of N
+ * source buffers' cache misses, told apart from the rest). */
+static void *shared_source;
+
 static void *buffer(ferry_engine *e, size_t size) {
   void *buf = malloc(size);
   if (!buf)
@@ -126,6 +139,14 @@ static void *buffer(ferry_engine *e, size_t size) {
   if (ferry_memory_register(e, buf, size))
     die("register");
   return buf;
+}
+
+static void *source(ferry_engine *e, size_t size) {
+  if (!shared_source)
+    return buffer(e, size);
+  if (ferry_memory_register(e, shared_source, size))
+    die("register");
+  return shared_source;
 }
 
 static peer fork_peer(int (*child)(int in, int out, size_t size, double secs), size_t size,
@@ -167,7 +188,7 @@ static int initiator(int in, int out, size_t size, double secs) {
   if (xread(in, &h, sizeof h))
     return 1;
   ferry_engine *e = engine();
-  uint8_t *buf = buffer(e, size);
+  uint8_t *buf = source(e, size);
   if (ferry_transfer_sync(e, h.name, FERRY_OP_WRITE, buf, h.addr, size))
     die("warm-up WRITE");
   char c = 'r';
@@ -175,7 +196,8 @@ static int initiator(int in, int out, size_t size, double secs) {
   if (xread(in, &c, 1))
     return 1;
   size_t cap = 1024, n = 0;
-  uint64_t *lat = malloc(cap * sizeof *lat), cpu0 = cpu_ns(), t0 = ferry_now_ns(), now = t0;
+  uint64_t *lat = malloc(cap * sizeof *lat), cpu0 = cpu_ns(), sw0 = switches();
+  uint64_t t0 = ferry_now_ns(), now = t0;
   uint64_t end = t0 + (uint64_t)(secs * 1e9);
   while (now < end) {
     if (ferry_transfer_sync(e, h.name, FERRY_OP_WRITE, buf, h.addr, size))
@@ -186,7 +208,7 @@ static int initiator(int in, int out, size_t size, double secs) {
     lat[n++] = t - now;
     now = t;
   }
-  result r = {n * size, n, now - t0, cpu_ns() - cpu0};
+  result r = {n * size, n, now - t0, cpu_ns() - cpu0, switches() - sw0};
   xwrite(out, &r, sizeof r);
   xwrite(out, lat, n * sizeof *lat);
   if (xread(in, &c, 1)) { /* EOF: the parent is done */
@@ -214,6 +236,13 @@ static void sample_until_done(peer *peers, int n, usage *peak) {
 
 static void many(int n, size_t size, double secs) {
   peer peers[MAX_PEERS];
+  const char *shared = getenv("SCALE_PEERS_SHARED");
+  if (shared && strcmp(shared, "1") == 0) {
+    shared_source = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared_source == MAP_FAILED)
+      exit(1);
+    memset(shared_source, 0x5a, size);
+  }
   for (int i = 0; i < n; i++)
     peers[i] = fork_peer(initiator, size, secs);
   ferry_engine *t = engine();
@@ -225,11 +254,12 @@ static void many(int n, size_t size, double secs) {
     xwrite(peers[i].to, &h, sizeof h);
   wait_ready(peers, n);
   usage_max(&peak, usage_now());
-  uint64_t cpu0 = cpu_ns();
+  uint64_t cpu0 = cpu_ns(), sw0 = switches();
   for (int i = 0; i < n; i++)
     xwrite(peers[i].to, "g", 1);
   sample_until_done(peers, n, &peak);
   uint64_t target_cpu = cpu_ns() - cpu0, bytes = 0, calls = 0, elapsed = 0, cpu = target_cpu;
+  uint64_t target_sw = switches() - sw0, sw = target_sw;
   uint64_t *lat = NULL;
   for (int i = 0; i < n; i++) {
     result r;
@@ -241,18 +271,21 @@ static void many(int n, size_t size, double secs) {
     bytes += r.bytes;
     calls += r.calls;
     cpu += r.cpu_ns;
+    sw += r.switches;
     elapsed = r.elapsed_ns > elapsed ? r.elapsed_ns : elapsed;
   }
   qsort(lat, calls, sizeof *lat, compare_u64);
   printf("{\"mode\": \"many\", \"peers\": %d, \"size\": %zu, \"gbps\": %.3f, \"calls\": %llu, "
          "\"p50_us\": %.1f, \"p99_us\": %.1f, \"cpu_s_per_gb\": %.3f, "
-         "\"target_cpu_s_per_gb\": %.3f, \"threads_before\": %ld, \"threads_peak\": %ld, "
+         "\"target_cpu_s_per_gb\": %.3f, \"switches_per_mb\": %.2f, "
+         "\"target_switches_per_mb\": %.2f, \"threads_before\": %ld, \"threads_peak\": %ld, "
          "\"rss_before_kb\": %ld, \"rss_peak_kb\": %ld, \"fds_before\": %ld, "
          "\"fds_peak\": %ld}\n",
          n, size, bytes / (elapsed / 1e9) / 1e9, (unsigned long long)calls,
          calls ? lat[calls / 2] / 1e3 : 0, calls ? lat[calls * 99 / 100] / 1e3 : 0,
-         cpu / 1e9 / (bytes / 1e9), target_cpu / 1e9 / (bytes / 1e9), before.threads, peak.threads,
-         before.rss_kb, peak.rss_kb, before.fds, peak.fds);
+         cpu / 1e9 / (bytes / 1e9), target_cpu / 1e9 / (bytes / 1e9), sw / (bytes / 1048576.0),
+         target_sw / (bytes / 1048576.0), before.threads, peak.threads, before.rss_kb, peak.rss_kb,
+         before.fds, peak.fds);
   free(lat);
   end_peers(peers, n);
   ferry_engine_destroy(t);

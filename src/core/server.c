@@ -1,10 +1,11 @@
-/* server.c - the target side: one event loop thread watches the listening
- * sockets and every idle connection (epoll, one-shot); a connection that
- * becomes readable is handed to a bounded pool of server workers, which
- * serve one whole frame (or the handshake) with blocking I/O under the
- * frame's deadline and then give it back to the loop. Threads do not grow
- * with peers or connections: an idle connection costs a few hundred bytes
- * and no thread.
+/* server.c - the target side: a bounded pool of server workers waits in
+ * one epoll set holding the listening sockets and every idle connection
+ * (one-shot); the worker the kernel wakes for a readable connection serves
+ * one whole frame (or the handshake) with blocking I/O under the frame's
+ * deadline, then puts the connection back. Threads do not grow with peers
+ * or connections: an idle connection costs about 1 KiB and no thread. A
+ * timer thread closes idle connections and grows the pool past stuck
+ * workers.
  *
  * Every WRITE and READ is checked against the registry before memory is
  * touched; a refused request is answered with a reason and the connection
@@ -14,16 +15,16 @@
  * Each connection publishes the segments of the WRITE or READ it is serving
  * before checking them, so an unregister can find and interrupt every
  * request still moving bytes of a removed range (ferry_server_fence); a
- * connection waiting in the loop touches no memory. Every frame has a
- * deadline once readable, the loop drops a connection idle past
- * idle_timeout_ms (connect_timeout_ms before its handshake), and
- * connections are capped per peer and in total.
+ * connection waiting in epoll touches no memory. Every frame has a
+ * deadline once readable, a connection idle past idle_timeout_ms
+ * (connect_timeout_ms before its handshake) is closed, and connections are
+ * capped per peer and in total.
  *
  * A peer that stalls mid-frame holds its worker until the frame deadline.
- * So that stalled peers cannot hold up everyone, the pool grows past
- * server_threads by one thread per worker stuck in a frame longer than
- * SERVER_STUCK_MS, up to SERVER_THREADS_FACTOR * server_threads, and the
- * extra threads exit after worker_idle_ms without work. */
+ * So that stalled peers cannot hold up everyone, the timer adds a worker
+ * for each one stuck in a frame longer than SERVER_STUCK_MS, up to
+ * SERVER_THREADS_FACTOR * server_threads, and the extra threads exit after
+ * worker_idle_ms without work. */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
@@ -47,14 +48,13 @@
 
 #define SERVER_STUCK_MS 100     /* a worker this long in one frame counts as stuck */
 #define SERVER_THREADS_FACTOR 4 /* hard cap: this many times server_threads */
-#define SERVER_EVENTS 64        /* epoll events taken per wait */
 
 /* What an epoll event points to: a listening socket or a connection. */
 enum { WATCH_LISTENER, WATCH_CONN };
 
-/* Where a connection is: waiting in epoll (the loop owns it), queued for a
- * worker, or being served by one (that worker owns it). */
-enum { CONN_WAITING, CONN_QUEUED, CONN_BUSY };
+/* Where a connection is: waiting in epoll, or being served by the one
+ * worker that took its event (and owns it until it puts it back). */
+enum { CONN_WAITING, CONN_BUSY };
 
 /* A worker's per-frame buffers, lent to the connection it is serving. The
  * read-ahead goes back only when it holds no byte (see serve_ready). */
@@ -80,7 +80,7 @@ typedef struct server_conn {
   int state;
   uint64_t since_ns;
   int greeted;
-  struct server_conn *next_ready;
+  int expired; /* idle past its limit: shut down by the timer */
   /* Guarded by lock, read by fences: how many of segs[] the current WRITE or
    * READ (serving_type) may touch, 0 = none; cancelled, set by a fence that
    * removed one of them (also sock.cancel), and which region that was. */
@@ -108,23 +108,23 @@ typedef struct server_conn {
 
 struct ferry_server {
   ferry_engine *engine;
-  int epoll_fd;
-  int wake_fd; /* eventfd: stop, or an earlier sweep is due */
-  pthread_t loop;
+  int epoll_fd; /* listeners, idle connections (one-shot) and wake_fd */
+  int wake_fd;  /* eventfd, readable once stopping */
+  pthread_t timer;
+  int timer_started;
   pthread_mutex_t lock;
   pthread_cond_t quiet;  /* a cancelled connection stopped touching registered memory */
-  pthread_cond_t ready;  /* a connection was queued, or stopping */
+  pthread_cond_t tick;   /* an earlier sweep is due, or stopping */
   pthread_cond_t exited; /* a worker left */
   server_listener listeners[SERVER_LISTENERS_MAX];
   unsigned listener_count;
   server_conn *conns;
-  unsigned count; /* in conns */
-  server_conn *ready_head, *ready_tail;
-  unsigned queued;
-  uint64_t sweep_ns; /* when the loop next looks for idle and stuck connections */
+  unsigned count;    /* in conns */
+  uint64_t sweep_ns; /* when the timer next looks for idle and stuck connections */
   int stopping;
   /* The worker pool: floor threads are kept, up to cap while some are
-   * stuck; exited threads are joined one by the next (as in workers.c). */
+   * stuck; idle = waiting in epoll. Exited threads are joined one by the
+   * next (as in workers.c). */
   unsigned floor, cap, threads, idle;
   pthread_t last_exited;
   int have_exited;
@@ -546,26 +546,21 @@ static void free_connection(server_conn *c) {
   free(c);
 }
 
-/* Takes c out of the loop and the list and frees it. Server lock held. */
-static void unlink_connection(ferry_server *s, server_conn *c) {
+/* The end of a connection, by the worker that owns it: peer accounting,
+ * then out of epoll and the list, and closed. */
+static void end_connection(server_conn *c) {
+  ferry_server *s = c->engine->server;
+  shutdown(c->fd, SHUT_RDWR);
+  connection_ended(c);
+  pthread_mutex_lock(&s->lock);
   epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
   server_conn **pp = &s->conns;
   while (*pp != c)
     pp = &(*pp)->next;
   *pp = c->next;
   s->count--;
-  free_connection(c);
-}
-
-/* The end of a connection, by whoever owns it (its worker, or the loop for
- * one waiting there): peer accounting, then the socket closed. */
-static void end_connection(server_conn *c) {
-  ferry_server *s = c->engine->server;
-  shutdown(c->fd, SHUT_RDWR);
-  connection_ended(c);
-  pthread_mutex_lock(&s->lock);
-  unlink_connection(s, c);
   pthread_mutex_unlock(&s->lock);
+  free_connection(c);
 }
 
 static void log_end(server_conn *c, ferry_status st) {
@@ -575,31 +570,36 @@ static void log_end(server_conn *c, ferry_status st) {
     FERRY_DEBUG("connection from %s ended: %s", c->peer, ferry_last_error());
 }
 
-/* Asks the loop for a sweep by at_ns when that is earlier than planned.
+/* Asks the timer for a sweep by at_ns when that is earlier than planned.
  * Server lock held. */
 static void sweep_by(ferry_server *s, uint64_t at_ns) {
   if (s->sweep_ns && s->sweep_ns <= at_ns)
     return;
   s->sweep_ns = at_ns;
-  uint64_t one = 1;
-  ssize_t unused = write(s->wake_fd, &one, sizeof one);
-  (void)unused;
+  pthread_cond_signal(&s->tick);
 }
 
-/* How long c may wait in the loop before it is closed. */
+/* How long c may wait for its next request before it is closed. */
 static uint64_t idle_limit_ns(const server_conn *c) {
   const ferry_config *cfg = &c->engine->cfg;
   return (uint64_t)(c->greeted ? cfg->idle_timeout_ms : cfg->connect_timeout_ms) * 1000000ull;
 }
 
-/* Gives c back to the loop, to wait (one-shot) for its next request.
- * Server lock held, so the loop cannot close it half-way. */
+/* Puts c in the epoll set (op ADD or MOD), one-shot, to wait for its next
+ * request. Server lock held, so the timer cannot expire it half-way. */
 static int arm_connection(ferry_server *s, server_conn *c, int op) {
   struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
   c->state = CONN_WAITING;
   c->since_ns = ferry_now_ns();
   sweep_by(s, c->since_ns + idle_limit_ns(c));
   return epoll_ctl(s->epoll_fd, op, c->fd, &ev);
+}
+
+/* c starts a frame (or its handshake) on this worker. Server lock held. */
+static void mark_busy(ferry_server *s, server_conn *c) {
+  c->state = CONN_BUSY;
+  c->since_ns = ferry_now_ns();
+  sweep_by(s, c->since_ns + SERVER_STUCK_MS * 1000000ull);
 }
 
 /* Lends (b) or takes back (NULL) a worker's buffers. */
@@ -616,9 +616,21 @@ static ferry_status serve_request(server_conn *c) {
   return st ? st : serve_frame(c, &h);
 }
 
+/* An idle connection the timer shut down: closed here, by its owner. */
+static void end_expired(server_conn *c) {
+  if (c->greeted)
+    /* Normal for a pooled connection: its initiator reconnects. */
+    FERRY_INFO("closing connection from %s (%s): no request for %u ms (idle_timeout_ms)", c->peer,
+               c->peer_name, c->engine->cfg.idle_timeout_ms);
+  else
+    FERRY_WARN("closing connection from %s: no HELLO within %u ms (connect_timeout_ms)", c->peer,
+               c->engine->cfg.connect_timeout_ms);
+  end_connection(c);
+}
+
 /* Serves what made c readable: its handshake or one frame, and every
  * further frame whose bytes the read-ahead already holds (they would be
- * lost with the buffer). Then c waits in the loop again, or ends. */
+ * lost with the buffer). Then c waits in epoll again, or ends. */
 static void serve_ready(ferry_server *s, server_conn *c, server_buffers *b) {
   lend_buffers(c, b);
   ferry_status st;
@@ -630,7 +642,7 @@ static void serve_ready(ferry_server *s, server_conn *c, server_buffers *b) {
   }
   while (!st && ferry_sock_buffered(&c->sock)) {
     pthread_mutex_lock(&s->lock);
-    c->since_ns = ferry_now_ns();
+    mark_busy(s, c);
     pthread_mutex_unlock(&s->lock);
     st = serve_request(c);
   }
@@ -647,91 +659,7 @@ static void serve_ready(ferry_server *s, server_conn *c, server_buffers *b) {
   }
 }
 
-/* ---- the worker pool ----------------------------------------------------- */
-
-static void *worker_main(void *arg);
-
-/* With the lock held: one more worker, if under cap. */
-static void add_worker(ferry_server *s) {
-  pthread_t thread;
-  if (s->threads < s->cap && pthread_create(&thread, NULL, worker_main, s) == 0)
-    s->threads++;
-}
-
-/* Hands c, found readable, to a worker. Server lock held. */
-static void queue_connection(ferry_server *s, server_conn *c) {
-  c->state = CONN_QUEUED;
-  c->next_ready = NULL;
-  if (s->ready_tail)
-    s->ready_tail->next_ready = c;
-  else
-    s->ready_head = c;
-  s->ready_tail = c;
-  s->queued++;
-  if (s->queued > s->idle && s->threads < s->floor)
-    add_worker(s);
-  pthread_cond_signal(&s->ready);
-}
-
-/* The next connection to serve, or NULL (lock still held) when this worker
- * should exit: stopping, or idle past worker_idle_ms with more than the
- * floor running. */
-static server_conn *next_ready(ferry_server *s) {
-  uint64_t idle_ns = (uint64_t)s->engine->cfg.worker_idle_ms * 1000000ull;
-  struct timespec until = ferry_timespec(ferry_now_ns() + idle_ns);
-  s->idle++;
-  while (!s->ready_head && !s->stopping) {
-    if (pthread_cond_timedwait(&s->ready, &s->lock, &until) != ETIMEDOUT || s->ready_head)
-      continue;
-    if (s->threads > s->floor)
-      break;
-    until = ferry_timespec(ferry_now_ns() + idle_ns);
-  }
-  s->idle--;
-  server_conn *c = s->stopping ? NULL : s->ready_head;
-  if (c) {
-    s->ready_head = c->next_ready;
-    if (!s->ready_head)
-      s->ready_tail = NULL;
-    s->queued--;
-    c->state = CONN_BUSY;
-    c->since_ns = ferry_now_ns();
-  }
-  return c;
-}
-
-/* Called with the lock held by a worker about to return; unlocks. */
-static void leave_pool(ferry_server *s) {
-  pthread_t before = s->last_exited;
-  int join = s->have_exited;
-  s->last_exited = pthread_self();
-  s->have_exited = 1;
-  s->threads--;
-  pthread_cond_broadcast(&s->exited);
-  pthread_mutex_unlock(&s->lock);
-  if (join)
-    pthread_join(before, NULL);
-}
-
-static void *worker_main(void *arg) {
-  ferry_server *s = arg;
-  ferry_log_set_engine(s->engine->name);
-  server_buffers *b = malloc(sizeof *b);
-  pthread_mutex_lock(&s->lock);
-  server_conn *c;
-  while (b && (c = next_ready(s)) != NULL) {
-    pthread_mutex_unlock(&s->lock);
-    serve_ready(s, c, b);
-    pthread_mutex_lock(&s->lock);
-  }
-  if (!b)
-    FERRY_ERROR("no memory for a server worker's buffers; the worker exits");
-  free(b);
-  leave_pool(s);
-  return NULL;
-}
-
-/* ---- the event loop ------------------------------------------------------ */
+/* ---- accepting ----------------------------------------------------------- */
 
 static void describe_peer(int fd, char *out, size_t size) {
   struct sockaddr_storage ss;
@@ -769,7 +697,7 @@ static server_conn *new_connection(ferry_engine *e, int fd) {
   return c;
 }
 
-/* A new connection waits in the loop for its HELLO, within the caps. */
+/* A new connection waits in epoll for its HELLO, within the caps. */
 static void start_connection(ferry_server *s, int fd) {
   ferry_engine *e = s->engine;
   server_conn *c = new_connection(e, fd);
@@ -805,102 +733,126 @@ static void accept_one(ferry_server *s, int listen_fd) {
     poll(NULL, 0, 100); /* out of descriptors: back off instead of spinning */
 }
 
-/* Closes c, idle in the loop past its limit. Server lock held; dropped
- * around the peer accounting. */
-static void close_idle(ferry_server *s, server_conn *c) {
-  if (c->greeted)
-    /* Normal for a pooled connection: its initiator reconnects. */
-    FERRY_INFO("closing connection from %s (%s): no request for %u ms (idle_timeout_ms)", c->peer,
-               c->peer_name, c->engine->cfg.idle_timeout_ms);
-  else
-    FERRY_WARN("closing connection from %s: no HELLO within %u ms (connect_timeout_ms)", c->peer,
-               c->engine->cfg.connect_timeout_ms);
-  epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
-  c->state = CONN_BUSY; /* the loop's now: no worker or sweep takes it */
+/* ---- the worker pool ----------------------------------------------------- */
+
+static void *worker_main(void *arg);
+
+/* With the lock held: one more worker, if under cap. */
+static void add_worker(ferry_server *s) {
+  pthread_t thread;
+  if (s->threads < s->cap && pthread_create(&thread, NULL, worker_main, s) == 0)
+    s->threads++;
+}
+
+/* Called with the lock held by a worker about to return; unlocks. */
+static void leave_pool(ferry_server *s) {
+  pthread_t before = s->last_exited;
+  int join = s->have_exited;
+  s->last_exited = pthread_self();
+  s->have_exited = 1;
+  s->threads--;
+  pthread_cond_broadcast(&s->exited);
   pthread_mutex_unlock(&s->lock);
-  end_connection(c);
+  if (join)
+    pthread_join(before, NULL);
+}
+
+/* What epoll handed this worker. Server lock held, dropped while serving.
+ * The last idle worker below the floor starts another, so one is always
+ * waiting in epoll while the pool can grow. */
+static void dispatch(ferry_server *s, const struct epoll_event *ev, server_buffers *b) {
+  int kind = ev->data.ptr ? *(const int *)ev->data.ptr : -1;
+  if (kind < 0)
+    return; /* the stop eventfd: stays readable, wakes every worker */
+  if (s->idle == 0 && s->threads < s->floor)
+    add_worker(s);
+  server_conn *c = ev->data.ptr;
+  if (kind == WATCH_CONN)
+    mark_busy(s, c);
+  pthread_mutex_unlock(&s->lock);
+  if (kind == WATCH_LISTENER)
+    accept_one(s, ((server_listener *)ev->data.ptr)->fd);
+  else if (c->expired)
+    end_expired(c);
+  else
+    serve_ready(s, c, b);
   pthread_mutex_lock(&s->lock);
 }
 
-/* While connections are queued, the loop looks for stuck workers at
- * least every SERVER_STUCK_MS. Server lock held. */
-static void plan_stuck_check(ferry_server *s, uint64_t now) {
-  uint64_t at = now + SERVER_STUCK_MS * 1000000ull;
-  if (s->queued && (!s->sweep_ns || s->sweep_ns > at))
-    s->sweep_ns = at;
+/* Waits in epoll for a readable connection or listener and serves it;
+ * exits when stopping, or idle past worker_idle_ms with more than the
+ * floor running. */
+static void *worker_main(void *arg) {
+  ferry_server *s = arg;
+  ferry_log_set_engine(s->engine->name);
+  server_buffers *b = malloc(sizeof *b);
+  if (!b)
+    FERRY_ERROR("no memory for a server worker's buffers; the worker exits");
+  int idle_ms = (int)s->engine->cfg.worker_idle_ms;
+  pthread_mutex_lock(&s->lock);
+  while (b && !s->stopping) {
+    s->idle++;
+    pthread_mutex_unlock(&s->lock);
+    struct epoll_event ev;
+    int n = epoll_wait(s->epoll_fd, &ev, 1, idle_ms);
+    pthread_mutex_lock(&s->lock);
+    s->idle--;
+    if (s->stopping || (n == 0 && s->threads > s->floor))
+      break;
+    if (n == 1)
+      dispatch(s, &ev, b);
+  }
+  free(b);
+  leave_pool(s);
+  return NULL;
 }
 
-/* Closes connections idle past their limit and, while connections are
- * queued behind stuck workers, adds workers (up to cap). Plans the next
- * sweep. Server lock held. */
+/* ---- the timer ----------------------------------------------------------- */
+
+/* Shuts down connections idle past their limit (the worker that gets their
+ * wake-up closes them) and adds a worker for each one stuck in a frame
+ * longer than SERVER_STUCK_MS, up to cap. Plans the next sweep. Server
+ * lock held. */
 static void sweep(ferry_server *s) {
   uint64_t now = ferry_now_ns(), next = 0, stuck_ns = SERVER_STUCK_MS * 1000000ull;
   unsigned stuck = 0;
-  for (int again = 1; again;) {
-    again = 0;
-    for (server_conn *c = s->conns; c; c = c->next) {
-      if (c->state == CONN_WAITING && now - c->since_ns >= idle_limit_ns(c)) {
-        close_idle(s, c);
-        again = 1; /* the list changed while unlocked */
-        break;
-      }
+  for (server_conn *c = s->conns; c; c = c->next) {
+    uint64_t due = c->since_ns + (c->state == CONN_BUSY ? stuck_ns : idle_limit_ns(c));
+    if (c->expired)
+      continue;
+    if (due > now) {
+      next = !next || due < next ? due : next;
+    } else if (c->state == CONN_BUSY) {
+      stuck++;
+    } else {
+      c->expired = 1;
+      shutdown(c->fd, SHUT_RDWR);
     }
   }
-  for (server_conn *c = s->conns; c; c = c->next) {
-    if (c->state == CONN_BUSY)
-      stuck += now - c->since_ns >= stuck_ns;
-    else if (c->state == CONN_WAITING && (!next || c->since_ns + idle_limit_ns(c) < next))
-      next = c->since_ns + idle_limit_ns(c);
-  }
-  while (s->queued > s->idle && s->threads < s->floor + stuck && s->threads < s->cap)
+  while (s->threads < s->floor + stuck && s->threads < s->cap)
     add_worker(s);
   s->sweep_ns = next;
-  plan_stuck_check(s, now);
 }
 
-static int loop_timeout_ms(ferry_server *s) {
-  if (!s->sweep_ns)
-    return -1;
-  uint64_t now = ferry_now_ns();
-  return s->sweep_ns <= now ? 0 : (int)((s->sweep_ns - now + 999999) / 1000000);
-}
-
-static void handle_event(ferry_server *s, const struct epoll_event *ev) {
-  int kind = ev->data.ptr ? *(const int *)ev->data.ptr : -1;
-  if (kind == WATCH_LISTENER) {
-    accept_one(s, ((server_listener *)ev->data.ptr)->fd);
-  } else if (kind == WATCH_CONN) {
-    pthread_mutex_lock(&s->lock);
-    queue_connection(s, ev->data.ptr);
-    pthread_mutex_unlock(&s->lock);
-  } else {
-    uint64_t n;
-    ssize_t unused = read(s->wake_fd, &n, sizeof n);
-    (void)unused;
-  }
-}
-
-static void *event_loop(void *arg) {
+static void *timer_main(void *arg) {
   ferry_server *s = arg;
   ferry_log_set_engine(s->engine->name);
-  struct epoll_event events[SERVER_EVENTS];
   pthread_mutex_lock(&s->lock);
   while (!s->stopping) {
-    int timeout = loop_timeout_ms(s);
-    pthread_mutex_unlock(&s->lock);
-    int n = epoll_wait(s->epoll_fd, events, SERVER_EVENTS, timeout);
-    for (int i = 0; i < n; i++)
-      handle_event(s, &events[i]);
-    pthread_mutex_lock(&s->lock);
-    uint64_t now = ferry_now_ns();
-    if (s->sweep_ns && s->sweep_ns <= now)
+    if (!s->sweep_ns) {
+      pthread_cond_wait(&s->tick, &s->lock);
+    } else if (s->sweep_ns > ferry_now_ns()) {
+      struct timespec until = ferry_timespec(s->sweep_ns);
+      pthread_cond_timedwait(&s->tick, &s->lock, &until);
+    } else {
       sweep(s);
-    else
-      plan_stuck_check(s, now);
+    }
   }
   pthread_mutex_unlock(&s->lock);
   return NULL;
 }
+
+/* ---- start and stop ------------------------------------------------------- */
 
 ferry_status ferry_server_add_listener(ferry_engine *e, int listen_fd) {
   ferry_server *s = e->server;
@@ -924,10 +876,6 @@ ferry_status ferry_server_add_listener(ferry_engine *e, int listen_fd) {
   return st;
 }
 
-static unsigned server_floor(const ferry_engine *e) {
-  return e->cfg.server_threads ? e->cfg.server_threads : 2;
-}
-
 static void server_free(ferry_server *s) {
   for (unsigned i = 0; i < s->listener_count; i++)
     close(s->listeners[i].fd);
@@ -937,9 +885,21 @@ static void server_free(ferry_server *s) {
     close(s->wake_fd);
   pthread_mutex_destroy(&s->lock);
   pthread_cond_destroy(&s->quiet);
-  pthread_cond_destroy(&s->ready);
+  pthread_cond_destroy(&s->tick);
   pthread_cond_destroy(&s->exited);
   free(s);
+}
+
+/* The timer and the first worker; more workers start as connections come. */
+static ferry_status start_threads(ferry_server *s) {
+  if (pthread_create(&s->timer, NULL, timer_main, s) != 0)
+    return ferry_fail(FERRY_ENOMEM, "cannot start the server's timer thread");
+  s->timer_started = 1;
+  pthread_mutex_lock(&s->lock);
+  add_worker(s);
+  unsigned started = s->threads;
+  pthread_mutex_unlock(&s->lock);
+  return started ? FERRY_OK : ferry_fail(FERRY_ENOMEM, "cannot start a server worker");
 }
 
 ferry_status ferry_server_start(ferry_engine *e, int listen_fd) {
@@ -947,11 +907,11 @@ ferry_status ferry_server_start(ferry_engine *e, int listen_fd) {
   if (!s)
     return ferry_fail(FERRY_ENOMEM, "no memory for the server");
   s->engine = e;
-  s->floor = server_floor(e);
+  s->floor = e->cfg.server_threads ? e->cfg.server_threads : 2;
   s->cap = s->floor * SERVER_THREADS_FACTOR;
   pthread_mutex_init(&s->lock, NULL);
   ferry_cond_init(&s->quiet);
-  ferry_cond_init(&s->ready);
+  ferry_cond_init(&s->tick);
   pthread_cond_init(&s->exited, NULL);
   s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -963,12 +923,11 @@ ferry_status ferry_server_start(ferry_engine *e, int listen_fd) {
   e->server = s;
   if (!st)
     st = ferry_server_add_listener(e, listen_fd);
-  if (!st && pthread_create(&s->loop, NULL, event_loop, s) != 0)
-    st = ferry_fail(FERRY_ENOMEM, "cannot start the server's event loop");
+  if (!st)
+    st = start_threads(s);
   if (st) {
     s->listener_count = 0; /* the caller still owns listen_fd */
-    server_free(s);
-    e->server = NULL;
+    ferry_server_stop(e);
   }
   return st;
 }
@@ -979,24 +938,23 @@ void ferry_server_stop(ferry_engine *e) {
     return;
   pthread_mutex_lock(&s->lock);
   s->stopping = 1;
+  pthread_cond_signal(&s->tick);
   uint64_t one = 1;
-  ssize_t unused = write(s->wake_fd, &one, sizeof one);
+  ssize_t unused = write(s->wake_fd, &one, sizeof one); /* wakes the workers in epoll */
   (void)unused;
-  pthread_mutex_unlock(&s->lock);
-  pthread_join(s->loop, NULL);
   /* Wakes every worker blocked in a frame, then waits for all of them;
    * the lock is dropped while waiting (a worker takes it to wake a fence
    * or to end its connection). */
-  pthread_mutex_lock(&s->lock);
   for (server_conn *c = s->conns; c; c = c->next)
     shutdown(c->fd, SHUT_RDWR);
-  pthread_cond_broadcast(&s->ready);
   while (s->threads)
     pthread_cond_wait(&s->exited, &s->lock);
   server_conn *list = s->conns;
   s->conns = NULL;
   s->count = 0;
   pthread_mutex_unlock(&s->lock);
+  if (s->timer_started)
+    pthread_join(s->timer, NULL);
   if (s->have_exited)
     pthread_join(s->last_exited, NULL);
   while (list) {
