@@ -217,11 +217,12 @@ typedef struct ferry_config {
    * MC_TE_METRIC_INTERVAL_SECONDS (1 to 86400) another interval. */
   unsigned metrics_log_s;
   /* Server workers that serve requests from peers (FERRY_SERVER_THREADS,
-   * 1 to 1024; default 0: the number of CPUs, at least 2). Connections
-   * waiting for their next request cost no thread: one event loop watches
-   * them all. While workers are stuck in frames of stalled peers (more than
-   * 100 ms in one frame) the pool grows by one per stuck worker, up to 4
-   * times this, and the extra threads exit after worker_idle_ms idle. */
+   * 1 to 1024; default 0: the number of CPUs, at least 2; started as
+   * needed). Connections waiting for their next request cost no thread:
+   * the workers wait on all of them in one epoll set. While workers are
+   * stuck in frames of stalled peers (more than 100 ms in one frame) the
+   * pool grows by one per stuck worker, up to 4 times this, and the extra
+   * threads exit after worker_idle_ms idle. */
   unsigned server_threads;
 } ferry_config;
 
