@@ -788,13 +788,15 @@ static void *worker_main(void *arg) {
   server_buffers *b = malloc(sizeof *b);
   if (!b)
     FERRY_ERROR("no memory for a server worker's buffers; the worker exits");
-  int idle_ms = (int)s->engine->cfg.worker_idle_ms;
   pthread_mutex_lock(&s->lock);
   while (b && !s->stopping) {
+    /* Only a worker beyond the floor needs to notice it is idle: the
+     * others sleep without a timeout, so an idle engine never wakes. */
+    int timeout = s->threads > s->floor ? (int)s->engine->cfg.worker_idle_ms : -1;
     s->idle++;
     pthread_mutex_unlock(&s->lock);
     struct epoll_event ev;
-    int n = epoll_wait(s->epoll_fd, &ev, 1, idle_ms);
+    int n = epoll_wait(s->epoll_fd, &ev, 1, timeout);
     pthread_mutex_lock(&s->lock);
     s->idle--;
     if (s->stopping || (n == 0 && s->threads > s->floor))
