@@ -3,7 +3,8 @@
  * target with every byte verified while the target stays within its worker
  * bound; hundreds of idle connections cost no thread; peers stalled
  * mid-frame do not hold up a healthy one (the pool grows past the stuck
- * workers, up to its cap).
+ * workers, up to its cap); a second listening socket is served like the
+ * first.
  *
  * Thread counts come from /proc/self/task, taken at moments the test
  * drives (every peer connected and idle, or every stalled frame inside the
@@ -26,6 +27,8 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
+#include "core/engine.h"
+#include "core/net.h"
 #include "ferry.h"
 #include "harness.h"
 #include "rawclient.h"
@@ -244,11 +247,38 @@ static void stalled_peers_do_not_hold_up_a_healthy_one(void **state) {
   free(back);
 }
 
+/* ---- several listeners -------------------------------------------------- */
+
+/* A socket added with ferry_server_add_listener (for a target reachable on
+ * several addresses) is served like the first: handshake, caps, WRITE and
+ * READ. */
+static void a_second_listener_serves_like_the_first(void **state) {
+  (void)state;
+  ferry_engine *t = tcp_engine(SERVER_THREADS, 30000);
+  int fd;
+  uint16_t port;
+  assert_int_equal(ferry_net_listen("127.0.0.1", 0, &fd, &port), FERRY_OK);
+  assert_int_equal(ferry_server_add_listener(t, fd), FERRY_OK);
+  assert_true(port != ferry_engine_port(t));
+  uint8_t *dst = test_buffer(t, BLOCK), data[BLOCK], back[BLOCK];
+  test_fill_random(data, BLOCK, 11);
+  int c = raw_connect(port);
+  assert_true(c >= 0);
+  assert_int_equal(raw_hello_as(c, 0x2157e2ull, NULL, 0), 0);
+  assert_int_equal(raw_write(c, (uint64_t)(uintptr_t)dst, data, BLOCK, NULL, 0), 0);
+  assert_int_equal(raw_read(c, (uint64_t)(uintptr_t)dst, back, BLOCK), 0);
+  assert_memory_equal(back, data, BLOCK);
+  close(c);
+  ferry_engine_destroy(t); /* closes the added listener too (ASan: no leak) */
+  free(dst);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sixty_four_initiator_processes_into_one_target),
       cmocka_unit_test(idle_connections_cost_no_threads),
       cmocka_unit_test(stalled_peers_do_not_hold_up_a_healthy_one),
+      cmocka_unit_test(a_second_listener_serves_like_the_first),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
