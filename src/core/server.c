@@ -831,7 +831,7 @@ static void sweep(ferry_server *s) {
       shutdown(c->fd, SHUT_RDWR);
     }
   }
-  while (s->threads < s->floor + stuck && s->threads < s->cap)
+  while (stuck && s->threads < s->floor + stuck && s->threads < s->cap)
     add_worker(s);
   s->sweep_ns = next;
 }
