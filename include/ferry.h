@@ -229,6 +229,14 @@ typedef struct ferry_config {
    * path. At most 8; a name, a wildcard or a malformed entry is
    * FERRY_EINVAL at create, naming the entry. */
   const char *rail_hosts;
+  /* Server workers that serve requests from peers (FERRY_SERVER_THREADS,
+   * 1 to 1024; default 0: the number of CPUs, at least 2; started as
+   * needed). Connections waiting for their next request cost no thread:
+   * the workers wait on all of them in one epoll set. While workers are
+   * stuck in frames of stalled peers (more than 100 ms in one frame) the
+   * pool grows by one per stuck worker, up to 4 times this, and the extra
+   * threads exit after worker_idle_ms idle. */
+  unsigned server_threads;
 } ferry_config;
 
 /* Fills cfg with defaults, including those taken from the environment

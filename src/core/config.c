@@ -3,7 +3,7 @@
  * MC_FORCE_TCP) plus ferry's own (FERRY_LOG, FERRY_TRANSPORTS,
  * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US, and the serving limits
  * FERRY_MAX_CONNECTIONS, FERRY_MAX_CONNECTIONS_PER_PEER, FERRY_IDLE_TIMEOUT_MS,
- * FERRY_NOTIFY_PEER_BYTES, FERRY_METADATA_TTL_MS, the metrics endpoint's
+ * FERRY_NOTIFY_PEER_BYTES, FERRY_SERVER_THREADS, FERRY_METADATA_TTL_MS, the metrics endpoint's
  * FERRY_METRICS_PORT and FERRY_METRICS_HOST, Mooncake's MC_TE_METRIC and
  * MC_TE_METRIC_INTERVAL_SECONDS, the rails' FERRY_RAIL_HOSTS), and their
  * validation.
@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "error.h"
@@ -174,6 +175,7 @@ static const struct limit_var {
      ULONG_MAX >> 2},
     {"FERRY_METADATA_TTL_MS", offsetof(ferry_config, metadata_ttl_ms), sizeof(uint32_t),
      UINT32_MAX},
+    {"FERRY_SERVER_THREADS", offsetof(ferry_config, server_threads), sizeof(unsigned), COUNT_MAX},
 };
 
 static ferry_status apply_limit(const char *name, const char *value, ferry_config *cfg) {
@@ -274,6 +276,7 @@ static const struct env_var {
     {"FERRY_IDLE_TIMEOUT_MS", apply_limit},
     {"FERRY_NOTIFY_PEER_BYTES", apply_limit},
     {"FERRY_METADATA_TTL_MS", apply_limit},
+    {"FERRY_SERVER_THREADS", apply_limit},
     {"FERRY_METRICS_PORT", apply_metrics_port},
     {"FERRY_METRICS_HOST", apply_metrics_host},
     {"MC_TE_METRIC", apply_te_metric},
@@ -336,6 +339,12 @@ static ferry_status check_host(const char *field, const char *host) {
   return FERRY_OK;
 }
 
+/* One server worker per CPU, at least 2 (one may be stuck on a slow peer). */
+static unsigned default_server_threads(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 2 ? 2 : n > (long)COUNT_MAX ? COUNT_MAX : (unsigned)n;
+}
+
 /* Range checks of the fields; zero timeouts and slice size mean "default"
  * (documented in ferry.h) and are resolved here. */
 static ferry_status check_fields(ferry_config *cfg) {
@@ -389,6 +398,10 @@ static ferry_status check_fields(ferry_config *cfg) {
     cfg->notify_peer_bytes = NOTIFY_PEER_BYTES;
   if (!cfg->metadata_ttl_ms)
     cfg->metadata_ttl_ms = FERRY_METADATA_TTL_DEFAULT_MS;
+  if (cfg->server_threads > COUNT_MAX)
+    return bad_field("server_threads", cfg->server_threads, "1 to 1024, or 0 for the CPU count");
+  if (!cfg->server_threads)
+    cfg->server_threads = default_server_threads();
   return FERRY_OK;
 }
 

@@ -126,11 +126,13 @@ static inline int ferry_engine_closing(const ferry_engine *engine) {
 uint64_t ferry_engine_deadline(const ferry_engine *engine, uint64_t bytes);
 
 /* server.c: accepts connections and serves frames against the registry. */
+/* Serves listen_fd (the RPC port: the server closes it at stop) and the
+ * tcp rails' listeners (rail_fds: their transport closes them). */
 ferry_status ferry_server_start(ferry_engine *engine, int listen_fd);
 void ferry_server_stop(ferry_engine *engine);
 /* The tcp part of ferry_engine_fence: cancels every connection serving a
  * WRITE or READ that touches `removed` (sorted here, in place) and waits
- * until their threads have left that memory. */
+ * until their workers have left that memory. */
 void ferry_server_fence(ferry_engine *engine, ferry_region *removed, size_t count);
 
 /* The unregister fence (engine.c), for every transport. Called once

@@ -1,6 +1,11 @@
-/* server.c - the target side: accepts connections on the RPC port (and on
- * the tcp rails' listeners, engine.h) and serves each one in its own thread
- * with blocking I/O (an idle connection costs a sleeping thread, no CPU).
+/* server.c - the target side: a bounded pool of server workers waits in
+ * one epoll set holding the listening sockets and every idle connection
+ * (one-shot); the worker the kernel wakes for a readable connection serves
+ * one whole frame (or the handshake) with blocking I/O under the frame's
+ * deadline, then puts the connection back. Threads do not grow with peers
+ * or connections: an idle connection costs about 1 KiB and no thread. A
+ * timer thread closes idle connections and grows the pool past stuck
+ * workers.
  *
  * Every WRITE and READ is checked against the registry before memory is
  * touched; a refused request is answered with a reason and the connection
@@ -9,10 +14,17 @@
  *
  * Each connection publishes the segments of the WRITE or READ it is serving
  * before checking them, so an unregister can find and interrupt every
- * request still moving bytes of a removed range (ferry_server_fence). Every
- * frame has a deadline once its header arrived, an idle connection is
- * dropped past idle_timeout_ms, and connections are capped per peer and in
- * total. */
+ * request still moving bytes of a removed range (ferry_server_fence); a
+ * connection waiting in epoll touches no memory. Every frame has a
+ * deadline once readable, a connection idle past idle_timeout_ms
+ * (connect_timeout_ms before its handshake) is closed, and connections are
+ * capped per peer and in total.
+ *
+ * A peer that stalls mid-frame holds its worker until the frame deadline.
+ * So that stalled peers cannot hold up everyone, the timer adds a worker
+ * for each one stuck in a frame longer than SERVER_STUCK_MS, up to
+ * SERVER_THREADS_FACTOR * server_threads, and the extra threads exit after
+ * worker_idle_ms without work. */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
@@ -22,6 +34,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,11 +46,42 @@
 #include "pool.h"
 #include "sync.h"
 
+#define SERVER_STUCK_MS 100     /* a worker this long in one frame counts as stuck */
+#define SERVER_THREADS_FACTOR 4 /* hard cap: this many times server_threads */
+
+/* What an epoll event points to: a listening socket or a connection. */
+enum { WATCH_LISTENER, WATCH_CONN };
+
+/* Where a connection is: waiting in epoll, or being served by the one
+ * worker that took its event (and owns it until it puts it back). */
+enum { CONN_WAITING, CONN_BUSY };
+
+/* A worker's per-frame buffers, lent to the connection it is serving. The
+ * read-ahead goes back only when it holds no byte (see serve_ready). */
+typedef struct server_buffers {
+  uint8_t table[FERRY_WIRE_MAX_SEGMENTS * FERRY_WIRE_SEGMENT_SIZE];
+  ferry_region segs[FERRY_WIRE_MAX_SEGMENTS];
+  struct iovec iov[FERRY_WIRE_MAX_SEGMENTS + 2];
+  uint8_t readahead[FERRY_READAHEAD];
+} server_buffers;
+
+typedef struct server_listener {
+  int kind; /* WATCH_LISTENER */
+  int fd;
+  int owned; /* the RPC port's, closed with the server; others are their owner's */
+} server_listener;
+
 typedef struct server_conn {
+  int kind; /* WATCH_CONN */
   ferry_engine *engine;
   int fd;
-  pthread_t thread;
   int finished;
+  /* Guarded by the server lock: where it is (CONN_*), since when (the
+   * start of its wait or of its frame), and whether its handshake is done. */
+  int state;
+  uint64_t since_ns;
+  int greeted;
+  int expired; /* idle past its limit: shut down by the timer */
   /* Guarded by lock, read by fences: how many of segs[] the current WRITE or
    * READ (serving_type) may touch, 0 = none; cancelled, set by a fence that
    * removed one of them (also sock.cancel), and which region that was. */
@@ -54,20 +99,36 @@ typedef struct server_conn {
   char peer[FERRY_HOST_MAX + 8];
   ferry_sock sock;
   ferry_session session; /* with a secret: seals every frame after AUTH */
-  uint8_t table[FERRY_WIRE_MAX_SEGMENTS * FERRY_WIRE_SEGMENT_SIZE];
-  ferry_region segs[FERRY_WIRE_MAX_SEGMENTS];
-  struct iovec iov[FERRY_WIRE_MAX_SEGMENTS + 2];
-  uint8_t readahead[FERRY_READAHEAD];
+  /* The serving worker's buffers (server_buffers), set while it is busy. */
+  uint8_t *table;
+  ferry_region *segs;
+  struct iovec *iov;
 } server_conn;
 
+#define SERVER_LISTENERS_MAX 8
+
 struct ferry_server {
-  int listen_fd;
-  int wake[2]; /* a byte here stops the accept loop */
-  pthread_t thread;
+  ferry_engine *engine;
+  int epoll_fd; /* listeners, idle connections (one-shot) and wake_fd */
+  int wake_fd;  /* eventfd, readable once stopping */
+  pthread_t timer;
+  int timer_started;
   pthread_mutex_t lock;
-  pthread_cond_t quiet; /* a cancelled connection stopped touching registered memory */
+  pthread_cond_t quiet;  /* a cancelled connection stopped touching registered memory */
+  pthread_cond_t tick;   /* an earlier sweep is due, or stopping */
+  pthread_cond_t exited; /* a worker left */
+  server_listener listeners[SERVER_LISTENERS_MAX];
+  unsigned listener_count;
   server_conn *conns;
-  unsigned count; /* in conns */
+  unsigned count;    /* in conns */
+  uint64_t sweep_ns; /* when the timer next looks for idle and stuck connections */
+  int stopping;
+  /* The worker pool: floor threads are kept, up to cap while some are
+   * stuck; idle = waiting in epoll. Exited threads are joined one by the
+   * next (as in workers.c). */
+  unsigned floor, cap, threads, idle;
+  pthread_t last_exited;
+  int have_exited;
 };
 
 static ferry_status reply(server_conn *c, uint8_t type, uint64_t id, ferry_status status,
@@ -492,19 +553,13 @@ static ferry_status serve_frame(server_conn *c, const ferry_frame_header *h) {
   }
 }
 
-/* Waits up to idle_timeout_ms for the next request; once its header is in,
- * the rest of the frame must follow by the deadline of a transfer of its
- * size, so a peer that stalls mid-frame is cut off. */
+/* The next request of a connection the loop found readable: its header
+ * must arrive within timeout_ms (the time it waited idle was spent in the
+ * loop); once in, the rest of the frame must follow by the deadline of a
+ * transfer of its size, so a peer that stalls mid-frame is cut off. */
 static ferry_status next_request(server_conn *c, ferry_frame_header *h) {
-  uint32_t idle_ms = c->engine->cfg.idle_timeout_ms;
-  ferry_sock_set_deadline(&c->sock, ferry_now_ns() + idle_ms * 1000000ull);
+  ferry_sock_set_deadline(&c->sock, ferry_engine_deadline(c->engine, 0));
   ferry_status st = ferry_sock_recv_header(&c->sock, h, "receive request");
-  if (st == FERRY_ETIMEDOUT) {
-    /* Normal for a pooled connection: its initiator reconnects. */
-    FERRY_INFO("closing connection from %s (%s): no request for %u ms (idle_timeout_ms)", c->peer,
-               c->peer_name, idle_ms);
-    return ferry_fail(FERRY_ECLOSED, "connection from %s idle past idle_timeout_ms", c->peer);
-  }
   if (st == FERRY_OK && h->status != 0)
     st = ferry_fail(FERRY_EPROTO, "request from %s carries status %d", c->peer, h->status);
   ferry_sock_set_deadline(&c->sock, ferry_engine_deadline(c->engine, h->body_len));
@@ -526,26 +581,126 @@ static void connection_ended(server_conn *c) {
     ferry_pools_peer_gone(c->engine, c->peer_id);
 }
 
-static void *serve_connection(void *arg) {
-  server_conn *c = arg;
-  ferry_log_set_engine(c->engine->name);
-  ferry_status st = handshake(c);
-  while (st == FERRY_OK) {
-    ferry_frame_header h;
-    st = next_request(c, &h);
-    if (st == FERRY_OK)
-      st = serve_frame(c, &h);
-  }
+static void free_connection(server_conn *c) {
+  close(c->fd);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
+
+/* The end of a connection, by the worker that owns it: peer accounting,
+ * then out of epoll and the list, and closed. */
+static void end_connection(server_conn *c) {
+  ferry_server *s = c->engine->server;
+  shutdown(c->fd, SHUT_RDWR);
+  connection_ended(c);
+  pthread_mutex_lock(&s->lock);
+  epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+  server_conn **pp = &s->conns;
+  while (*pp != c)
+    pp = &(*pp)->next;
+  *pp = c->next;
+  s->count--;
+  pthread_mutex_unlock(&s->lock);
+  free_connection(c);
+}
+
+static void log_end(server_conn *c, ferry_status st) {
   if (st == FERRY_EPROTO || st == FERRY_ETIMEDOUT)
     FERRY_WARN("closing connection: %s", ferry_last_error());
   else if (st != FERRY_ESOCKET || !strstr(ferry_last_error(), "closed by peer"))
     FERRY_DEBUG("connection from %s ended: %s", c->peer, ferry_last_error());
-  shutdown(c->fd, SHUT_RDWR);
-  connection_ended(c);
-  return NULL;
 }
 
-/* ---- accept loop ----------------------------------------------------------- */
+/* Asks the timer for a sweep by at_ns when that is earlier than planned.
+ * Server lock held. */
+static void sweep_by(ferry_server *s, uint64_t at_ns) {
+  if (s->sweep_ns && s->sweep_ns <= at_ns)
+    return;
+  s->sweep_ns = at_ns;
+  pthread_cond_signal(&s->tick);
+}
+
+/* How long c may wait for its next request before it is closed. */
+static uint64_t idle_limit_ns(const server_conn *c) {
+  const ferry_config *cfg = &c->engine->cfg;
+  return (uint64_t)(c->greeted ? cfg->idle_timeout_ms : cfg->connect_timeout_ms) * 1000000ull;
+}
+
+/* Puts c in the epoll set (op ADD or MOD), one-shot, to wait for its next
+ * request. Server lock held, so the timer cannot expire it half-way. */
+static int arm_connection(ferry_server *s, server_conn *c, int op) {
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
+  c->state = CONN_WAITING;
+  c->since_ns = ferry_now_ns();
+  sweep_by(s, c->since_ns + idle_limit_ns(c));
+  return epoll_ctl(s->epoll_fd, op, c->fd, &ev);
+}
+
+/* c starts a frame (or its handshake) on this worker. Server lock held. */
+static void mark_busy(ferry_server *s, server_conn *c) {
+  c->state = CONN_BUSY;
+  c->since_ns = ferry_now_ns();
+  sweep_by(s, c->since_ns + SERVER_STUCK_MS * 1000000ull);
+}
+
+/* Lends (b) or takes back (NULL) a worker's buffers. */
+static void lend_buffers(server_conn *c, server_buffers *b) {
+  c->table = b ? b->table : NULL;
+  c->segs = b ? b->segs : NULL;
+  c->iov = b ? b->iov : NULL;
+  ferry_sock_readahead(&c->sock, b ? b->readahead : NULL, b ? sizeof b->readahead : 0);
+}
+
+static ferry_status serve_request(server_conn *c) {
+  ferry_frame_header h;
+  ferry_status st = next_request(c, &h);
+  return st ? st : serve_frame(c, &h);
+}
+
+/* An idle connection the timer shut down: closed here, by its owner. */
+static void end_expired(server_conn *c) {
+  if (c->greeted)
+    /* Normal for a pooled connection: its initiator reconnects. */
+    FERRY_INFO("closing connection from %s (%s): no request for %u ms (idle_timeout_ms)", c->peer,
+               c->peer_name, c->engine->cfg.idle_timeout_ms);
+  else
+    FERRY_WARN("closing connection from %s: no HELLO within %u ms (connect_timeout_ms)", c->peer,
+               c->engine->cfg.connect_timeout_ms);
+  end_connection(c);
+}
+
+/* Serves what made c readable: its handshake or one frame, and every
+ * further frame whose bytes the read-ahead already holds (they would be
+ * lost with the buffer). Then c waits in epoll again, or ends. */
+static void serve_ready(ferry_server *s, server_conn *c, server_buffers *b) {
+  lend_buffers(c, b);
+  ferry_status st;
+  if (c->greeted) {
+    st = serve_request(c);
+  } else {
+    st = handshake(c);
+    c->greeted = !st;
+  }
+  while (!st && ferry_sock_buffered(&c->sock)) {
+    pthread_mutex_lock(&s->lock);
+    mark_busy(s, c);
+    pthread_mutex_unlock(&s->lock);
+    st = serve_request(c);
+  }
+  lend_buffers(c, NULL);
+  if (!st) {
+    pthread_mutex_lock(&s->lock);
+    if (arm_connection(s, c, EPOLL_CTL_MOD) < 0)
+      st = ferry_fail_errno(FERRY_ESOCKET, errno, "watch the connection from %s", c->peer);
+    pthread_mutex_unlock(&s->lock);
+  }
+  if (st) {
+    log_end(c, st);
+    end_connection(c);
+  }
+}
+
+/* ---- accepting ----------------------------------------------------------- */
 
 static void describe_peer(int fd, char *out, size_t size) {
   struct sockaddr_storage ss;
@@ -566,37 +721,11 @@ static void describe_peer(int fd, char *out, size_t size) {
   ferry_net_format_target(out, size, host, port);
 }
 
-static void free_connection(server_conn *c) {
-  pthread_join(c->thread, NULL);
-  close(c->fd);
-  pthread_mutex_destroy(&c->lock);
-  free(c);
-}
-
-/* Joins connection threads that have ended, so a long-lived engine does not
- * accumulate them. Called with the server lock held. */
-static void reap_finished(ferry_server *s) {
-  server_conn **pp = &s->conns;
-  while (*pp) {
-    server_conn *c = *pp;
-    if (__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE)) {
-      *pp = c->next;
-      s->count--;
-      free_connection(c);
-    } else {
-      pp = &c->next;
-    }
-  }
-}
-
-static void start_connection(ferry_engine *e, int fd) {
-  ferry_server *s = e->server;
+static server_conn *new_connection(ferry_engine *e, int fd) {
   server_conn *c = calloc(1, sizeof *c);
-  if (!c) {
-    FERRY_ERROR("no memory for a new connection; closing it");
-    close(fd);
-    return;
-  }
+  if (!c)
+    return NULL;
+  c->kind = WATCH_CONN;
   c->engine = e;
   c->fd = fd;
   pthread_mutex_init(&c->lock, NULL);
@@ -604,23 +733,31 @@ static void start_connection(ferry_engine *e, int fd) {
   ferry_net_tune(fd);
   describe_peer(fd, c->peer, sizeof c->peer);
   ferry_sock_init(&c->sock, fd, c->peer);
-  ferry_sock_readahead(&c->sock, c->readahead, sizeof c->readahead);
   c->sock.spin_ns = e->cfg.spin_us * 1000ull;
   c->sock.cancel = &c->cancelled;
+  return c;
+}
+
+/* A new connection waits in epoll for its HELLO, within the caps. */
+static void start_connection(ferry_server *s, int fd) {
+  ferry_engine *e = s->engine;
+  server_conn *c = new_connection(e, fd);
+  if (!c) {
+    FERRY_ERROR("no memory for a new connection; closing it");
+    close(fd);
+    return;
+  }
   pthread_mutex_lock(&s->lock);
-  reap_finished(s);
   const char *refused = NULL;
   if (s->count >= e->cfg.max_connections)
     refused = "connections open, the limit (max_connections)";
-  else if (pthread_create(&c->thread, NULL, serve_connection, c) != 0)
-    refused = "connections open, and no thread for another";
+  else if (arm_connection(s, c, EPOLL_CTL_ADD) < 0)
+    refused = "connections open, and epoll cannot watch another";
   if (refused) {
     unsigned open = s->count;
     pthread_mutex_unlock(&s->lock);
     FERRY_WARN("refused connection from %s: %u %s", c->peer, open, refused);
-    close(fd);
-    pthread_mutex_destroy(&c->lock);
-    free(c);
+    free_connection(c);
     return;
   }
   c->next = s->conns;
@@ -629,81 +766,249 @@ static void start_connection(ferry_engine *e, int fd) {
   pthread_mutex_unlock(&s->lock);
 }
 
-static void *accept_loop(void *arg) {
-  ferry_engine *e = arg;
-  ferry_server *s = e->server;
-  ferry_log_set_engine(e->name);
-  /* The wake pipe, the RPC port and the tcp rails' listeners (rails.h). */
-  struct pollfd fds[2 + FERRY_RAILS_MAX] = {{s->wake[0], POLLIN, 0}, {s->listen_fd, POLLIN, 0}};
-  nfds_t n = 2;
-  for (unsigned i = 0; i < e->rail_count; i++)
-    fds[n++] = (struct pollfd){e->rail_fds[i], POLLIN, 0};
-  for (;;) {
-    if (poll(fds, n, -1) < 0 && errno != EINTR)
+static void accept_one(ferry_server *s, int listen_fd) {
+  int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd >= 0)
+    start_connection(s, fd);
+  else if (errno == EMFILE || errno == ENFILE)
+    poll(NULL, 0, 100); /* out of descriptors: back off instead of spinning */
+}
+
+/* ---- the worker pool ----------------------------------------------------- */
+
+static void *worker_main(void *arg);
+
+/* With the lock held: one more worker, if under cap. */
+static void add_worker(ferry_server *s) {
+  pthread_t thread;
+  if (s->threads < s->cap && pthread_create(&thread, NULL, worker_main, s) == 0)
+    s->threads++;
+}
+
+/* Called with the lock held by a worker about to return; unlocks. */
+static void leave_pool(ferry_server *s) {
+  pthread_t before = s->last_exited;
+  int join = s->have_exited;
+  s->last_exited = pthread_self();
+  s->have_exited = 1;
+  s->threads--;
+  pthread_cond_broadcast(&s->exited);
+  pthread_mutex_unlock(&s->lock);
+  if (join)
+    pthread_join(before, NULL);
+}
+
+/* What epoll handed this worker. Server lock held, dropped while serving.
+ * The last idle worker below the floor starts another, so one is always
+ * waiting in epoll while the pool can grow. */
+static void dispatch(ferry_server *s, const struct epoll_event *ev, server_buffers *b) {
+  int kind = ev->data.ptr ? *(const int *)ev->data.ptr : -1;
+  if (kind < 0)
+    return; /* the stop eventfd: stays readable, wakes every worker */
+  if (s->idle == 0 && s->threads < s->floor)
+    add_worker(s);
+  server_conn *c = ev->data.ptr;
+  if (kind == WATCH_CONN)
+    mark_busy(s, c);
+  pthread_mutex_unlock(&s->lock);
+  if (kind == WATCH_LISTENER)
+    accept_one(s, ((server_listener *)ev->data.ptr)->fd);
+  else if (c->expired)
+    end_expired(c);
+  else
+    serve_ready(s, c, b);
+  pthread_mutex_lock(&s->lock);
+}
+
+/* Waits in epoll for a readable connection or listener and serves it;
+ * exits when stopping, or idle past worker_idle_ms with more than the
+ * floor running. */
+static void *worker_main(void *arg) {
+  ferry_server *s = arg;
+  ferry_log_set_engine(s->engine->name);
+  server_buffers *b = malloc(sizeof *b);
+  if (!b)
+    FERRY_ERROR("no memory for a server worker's buffers; the worker exits");
+  pthread_mutex_lock(&s->lock);
+  while (b && !s->stopping) {
+    /* Only a worker beyond the floor needs to notice it is idle: the
+     * others sleep without a timeout, so an idle engine never wakes. */
+    int timeout = s->threads > s->floor ? (int)s->engine->cfg.worker_idle_ms : -1;
+    s->idle++;
+    pthread_mutex_unlock(&s->lock);
+    struct epoll_event ev;
+    int n = epoll_wait(s->epoll_fd, &ev, 1, timeout);
+    pthread_mutex_lock(&s->lock);
+    s->idle--;
+    if (s->stopping || (n == 0 && s->threads > s->floor))
       break;
-    if (fds[0].revents)
-      break;
-    for (nfds_t i = 1; i < n; i++) {
-      if (!(fds[i].revents & POLLIN))
-        continue;
-      int fd = accept4(fds[i].fd, NULL, NULL, SOCK_CLOEXEC);
-      if (fd >= 0)
-        start_connection(e, fd);
-      else if (errno == EMFILE || errno == ENFILE)
-        poll(NULL, 0, 100); /* out of descriptors: back off instead of spinning */
+    if (n == 1)
+      dispatch(s, &ev, b);
+  }
+  free(b);
+  leave_pool(s);
+  return NULL;
+}
+
+/* ---- the timer ----------------------------------------------------------- */
+
+/* Shuts down connections idle past their limit (the worker that gets their
+ * wake-up closes them) and adds a worker for each one stuck in a frame
+ * longer than SERVER_STUCK_MS, up to cap. Plans the next sweep. Server
+ * lock held. */
+static void sweep(ferry_server *s) {
+  uint64_t now = ferry_now_ns(), next = 0, stuck_ns = SERVER_STUCK_MS * 1000000ull;
+  unsigned stuck = 0;
+  for (server_conn *c = s->conns; c; c = c->next) {
+    uint64_t due = c->since_ns + (c->state == CONN_BUSY ? stuck_ns : idle_limit_ns(c));
+    if (c->expired)
+      continue;
+    if (due > now) {
+      next = !next || due < next ? due : next;
+    } else if (c->state == CONN_BUSY) {
+      stuck++;
+    } else {
+      c->expired = 1;
+      shutdown(c->fd, SHUT_RDWR);
     }
   }
+  while (stuck && s->threads < s->floor + stuck && s->threads < s->cap)
+    add_worker(s);
+  s->sweep_ns = next;
+}
+
+static void *timer_main(void *arg) {
+  ferry_server *s = arg;
+  ferry_log_set_engine(s->engine->name);
+  pthread_mutex_lock(&s->lock);
+  while (!s->stopping) {
+    if (!s->sweep_ns) {
+      pthread_cond_wait(&s->tick, &s->lock);
+    } else if (s->sweep_ns > ferry_now_ns()) {
+      struct timespec until = ferry_timespec(s->sweep_ns);
+      pthread_cond_timedwait(&s->tick, &s->lock, &until);
+    } else {
+      sweep(s);
+    }
+  }
+  pthread_mutex_unlock(&s->lock);
   return NULL;
+}
+
+/* ---- start and stop ------------------------------------------------------- */
+
+static ferry_status add_listener(ferry_engine *e, int listen_fd, int owned) {
+  ferry_server *s = e->server;
+  pthread_mutex_lock(&s->lock);
+  unsigned i = s->listener_count;
+  ferry_status st = FERRY_OK;
+  if (i == SERVER_LISTENERS_MAX) {
+    st = ferry_fail(FERRY_EINVAL, "%s already listens on %u sockets, the most it serves", e->name,
+                    i);
+  } else {
+    s->listeners[i] = (server_listener){WATCH_LISTENER, listen_fd, owned};
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->listeners[i]};
+    fcntl(listen_fd, F_SETFL, fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
+    if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, listen_fd, &ev) < 0)
+      st = ferry_fail_errno(FERRY_ESOCKET, errno, "watch listening socket %d of %s", listen_fd,
+                            e->name);
+    else
+      s->listener_count++;
+  }
+  pthread_mutex_unlock(&s->lock);
+  return st;
+}
+
+static void server_free(ferry_server *s) {
+  for (unsigned i = 0; i < s->listener_count; i++)
+    if (s->listeners[i].owned)
+      close(s->listeners[i].fd);
+  if (s->epoll_fd >= 0)
+    close(s->epoll_fd);
+  if (s->wake_fd >= 0)
+    close(s->wake_fd);
+  pthread_mutex_destroy(&s->lock);
+  pthread_cond_destroy(&s->quiet);
+  pthread_cond_destroy(&s->tick);
+  pthread_cond_destroy(&s->exited);
+  free(s);
+}
+
+/* The timer and the first worker; more workers start as connections come. */
+static ferry_status start_threads(ferry_server *s) {
+  if (pthread_create(&s->timer, NULL, timer_main, s) != 0)
+    return ferry_fail(FERRY_ENOMEM, "cannot start the server's timer thread");
+  s->timer_started = 1;
+  pthread_mutex_lock(&s->lock);
+  add_worker(s);
+  unsigned started = s->threads;
+  pthread_mutex_unlock(&s->lock);
+  return started ? FERRY_OK : ferry_fail(FERRY_ENOMEM, "cannot start a server worker");
 }
 
 ferry_status ferry_server_start(ferry_engine *e, int listen_fd) {
   ferry_server *s = calloc(1, sizeof *s);
   if (!s)
     return ferry_fail(FERRY_ENOMEM, "no memory for the server");
-  s->listen_fd = listen_fd;
-  if (pipe2(s->wake, O_CLOEXEC) < 0) {
-    free(s);
-    return ferry_fail_errno(FERRY_ESOCKET, errno, "pipe for the server");
-  }
+  s->engine = e;
+  s->floor = e->cfg.server_threads ? e->cfg.server_threads : 2;
+  s->cap = s->floor * SERVER_THREADS_FACTOR;
   pthread_mutex_init(&s->lock, NULL);
   ferry_cond_init(&s->quiet);
+  ferry_cond_init(&s->tick);
+  pthread_cond_init(&s->exited, NULL);
+  s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  struct epoll_event wake = {.events = EPOLLIN, .data.ptr = NULL};
+  ferry_status st = FERRY_OK;
+  if (s->epoll_fd < 0 || s->wake_fd < 0 ||
+      epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->wake_fd, &wake) < 0)
+    st = ferry_fail_errno(FERRY_ESOCKET, errno, "epoll for the server of %s", e->name);
   e->server = s;
-  if (pthread_create(&s->thread, NULL, accept_loop, e) != 0) {
-    close(s->wake[0]);
-    close(s->wake[1]);
-    free(s);
-    e->server = NULL;
-    return ferry_fail(FERRY_ENOMEM, "cannot start the accept thread");
+  if (!st)
+    st = add_listener(e, listen_fd, 1);
+  for (unsigned i = 0; i < e->rail_count && !st; i++)
+    st = add_listener(e, e->rail_fds[i], 0);
+  if (!st)
+    st = start_threads(s);
+  if (st) {
+    s->listener_count = 0; /* the caller still owns listen_fd */
+    ferry_server_stop(e);
   }
-  return FERRY_OK;
+  return st;
 }
 
 void ferry_server_stop(ferry_engine *e) {
   ferry_server *s = e->server;
   if (!s)
     return;
-  ssize_t unused = write(s->wake[1], "x", 1);
-  (void)unused;
-  pthread_join(s->thread, NULL);
-  /* Joined outside the lock: a connection thread takes it to wake a fence. */
   pthread_mutex_lock(&s->lock);
+  s->stopping = 1;
+  pthread_cond_signal(&s->tick);
+  uint64_t one = 1;
+  ssize_t unused = write(s->wake_fd, &one, sizeof one); /* wakes the workers in epoll */
+  (void)unused;
+  /* Wakes every worker blocked in a frame, then waits for all of them;
+   * the lock is dropped while waiting (a worker takes it to wake a fence
+   * or to end its connection). */
+  for (server_conn *c = s->conns; c; c = c->next)
+    shutdown(c->fd, SHUT_RDWR);
+  while (s->threads)
+    pthread_cond_wait(&s->exited, &s->lock);
   server_conn *list = s->conns;
   s->conns = NULL;
   s->count = 0;
-  for (server_conn *c = list; c; c = c->next)
-    shutdown(c->fd, SHUT_RDWR); /* wakes the blocked recv of each connection */
   pthread_mutex_unlock(&s->lock);
+  if (s->timer_started)
+    pthread_join(s->timer, NULL);
+  if (s->have_exited)
+    pthread_join(s->last_exited, NULL);
   while (list) {
     server_conn *c = list;
     list = c->next;
     free_connection(c);
   }
-  close(s->listen_fd);
-  close(s->wake[0]);
-  close(s->wake[1]);
-  pthread_mutex_destroy(&s->lock);
-  pthread_cond_destroy(&s->quiet);
-  free(s);
+  server_free(s);
   e->server = NULL;
 }
 

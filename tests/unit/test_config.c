@@ -104,8 +104,10 @@ static void limits_from_environment_reach_their_fields(void **state) {
   setenv("FERRY_IDLE_TIMEOUT_MS", "1234", 1);
   setenv("FERRY_NOTIFY_PEER_BYTES", "99999999999", 1);
   setenv("FERRY_METADATA_TTL_MS", "7000", 1);
+  setenv("FERRY_SERVER_THREADS", "3", 1);
   ferry_config cfg;
   assert_int_equal(adopt_defaults(&cfg), FERRY_OK);
+  assert_int_equal(cfg.server_threads, 3);
   assert_int_equal(cfg.max_connections, 5);
   assert_int_equal(cfg.max_connections_per_peer, 7);
   assert_int_equal(cfg.idle_timeout_ms, 1234);
@@ -114,6 +116,13 @@ static void limits_from_environment_reach_their_fields(void **state) {
   setenv("FERRY_IDLE_TIMEOUT_MS", "0", 1);
   assert_int_equal(adopt_defaults(&cfg), FERRY_EINVAL);
   assert_non_null(strstr(ferry_last_error(), "FERRY_IDLE_TIMEOUT_MS"));
+  clear_env(state);
+  /* Unset: one server worker per CPU, at least 2; past 1024 a typo. */
+  assert_int_equal(adopt_defaults(&cfg), FERRY_OK);
+  assert_true(cfg.server_threads >= 2);
+  setenv("FERRY_SERVER_THREADS", "1025", 1);
+  assert_int_equal(adopt_defaults(&cfg), FERRY_EINVAL);
+  assert_non_null(strstr(ferry_last_error(), "FERRY_SERVER_THREADS"));
   clear_env(state);
 }
 
