@@ -413,6 +413,14 @@ typedef struct ferry_stats {
    * life), so their number is the number of distinct targets used. */
   ferry_stats_link *links;
   size_t link_count;
+  /* Receive pools, as a receiver (all its pools): messages landed (their
+   * LANDED notice served), how many of those rode on the data's own WRITE
+   * frame instead of a control frame of their own (the transport carries
+   * it: tcp, for a message sent as one frame), and grant requests waiting
+   * for room in a full pool right now (gauge). */
+  uint64_t pool_messages_landed;
+  uint64_t pool_landed_inband;
+  uint64_t pool_senders_waiting;
 } ferry_stats;
 
 /* A snapshot of the engine's statistics; release with ferry_stats_free.

@@ -1516,7 +1516,10 @@ static PyObject *stats_dict(const ferry_stats *s) {
        put(d, "notifications_queued", PyLong_FromUnsignedLongLong(s->notifications_queued)) < 0 ||
        put(d, "control_connections_opened",
            PyLong_FromUnsignedLongLong(s->control_connections_opened)) < 0 ||
-       put(d, "sync_latency", latency_dict(s)) < 0))
+       put(d, "sync_latency", latency_dict(s)) < 0 ||
+       put(d, "pool_messages_landed", PyLong_FromUnsignedLongLong(s->pool_messages_landed)) < 0 ||
+       put(d, "pool_landed_inband", PyLong_FromUnsignedLongLong(s->pool_landed_inband)) < 0 ||
+       put(d, "pool_senders_waiting", PyLong_FromUnsignedLongLong(s->pool_senders_waiting)) < 0))
     Py_CLEAR(d);
   return d;
 }
@@ -1969,7 +1972,8 @@ static PyMethodDef engine_methods[] = {
      "'served_requests' (as target, over tcp), 'errors' ({ferry.E*: count}), "
      "'batches_in_flight', 'registered_bytes', 'registered_regions', "
      "'notifications_queued', 'control_connections_opened' and 'sync_latency' "
-     "({'buckets': [(upper bound in seconds, count)], 'sum_seconds', 'count'})."},
+     "({'buckets': [(upper bound in seconds, count)], 'sum_seconds', 'count'}), "
+     "'pool_messages_landed', 'pool_landed_inband' and 'pool_senders_waiting' (receive pools)."},
     {"stats_text", (PyCFunction)engine_stats_text, METH_NOARGS,
      "stats_text() -> str: the same snapshot in Prometheus' text format"},
     {"close", (PyCFunction)engine_close, METH_NOARGS,

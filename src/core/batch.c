@@ -136,6 +136,11 @@ static unsigned wanted_drivers(const ferry_batch *b) {
 
 /* ---- claiming and completing ------------------------------------------------------ */
 
+ferry_after *ferry_batch_after_inband(ferry_batch *b, const ferry_chunk *c) {
+  int whole = c->bytes == b->total_bytes && c->count == b->count;
+  return b->after && b->transport->carries_after && whole ? b->after : NULL;
+}
+
 int ferry_batch_has_work(ferry_batch *b) {
   pthread_mutex_lock(&b->lock);
   int work = !ferry_chunker_done(&b->cursor);
@@ -187,20 +192,30 @@ static uint64_t notify_deadline(const ferry_batch *b) {
   return own > b->deadline_ns ? own : b->deadline_ns;
 }
 
+/* The control messages that follow the data: the notification, and the
+ * after-landed message unless the transport carried it in-band. */
+static ferry_status send_followers(ferry_batch *b, uint64_t deadline) {
+  ferry_status st = FERRY_OK;
+  if (b->has_notify)
+    st = ferry_peer_notify(b->peer, b->notify.name, b->notify.data, b->notify.length, deadline);
+  if (!st && b->after && !b->after->carried)
+    st = ferry_peer_pool(b->peer, b->after->body, b->after->len, b->after->reply, deadline);
+  return st;
+}
+
 /* Called with the lock held when nothing is outstanding: makes the state
- * final, sending the notification first if the data all landed. While it
- * is sent the batch stays PENDING (nothing expires it), so the state a
- * caller reads is the send's outcome: DONE when the target acknowledged. */
+ * final, sending the followers first if the data all landed. While they
+ * are sent the batch stays PENDING (nothing expires it), so the state a
+ * caller reads is their outcome: DONE when the target acknowledged. */
 static void finish_locked(ferry_batch *b) {
   if (b->state != FERRY_BATCH_PENDING || b->finishing || b->outstanding ||
       !ferry_chunker_done(&b->cursor))
     return;
-  if (!b->error && b->has_notify) {
+  if (!b->error && (b->has_notify || (b->after && !b->after->carried))) {
     b->finishing = 1;
     uint64_t deadline = notify_deadline(b);
     pthread_mutex_unlock(&b->lock);
-    ferry_status st =
-        ferry_peer_notify(b->peer, b->notify.name, b->notify.data, b->notify.length, deadline);
+    ferry_status st = send_followers(b, deadline);
     pthread_mutex_lock(&b->lock);
     b->finishing = 0;
     if (st)
@@ -351,12 +366,13 @@ static ferry_status batch_submit(ferry_engine *e, const char *target, const ferr
 
 static ferry_status transfer_sync_batch(ferry_engine *e, const char *target,
                                         const ferry_entry *entries, size_t count,
-                                        const ferry_notification *notify) {
+                                        const ferry_notification *notify, ferry_after *after) {
   ferry_batch *b;
   uint64_t start = ferry_now_ns();
   ferry_status st = batch_create(e, target, entries, count, notify, &b);
   if (st)
     return st;
+  b->after = after;
   /* The caller drives one channel itself: a small transfer then costs no
    * thread hand-off at all. Workers take the other channels. */
   unsigned drivers = wanted_drivers(b);
@@ -377,7 +393,14 @@ ferry_status ferry_batch_submit(ferry_engine *e, const char *target, const ferry
 ferry_status ferry_transfer_sync_batch(ferry_engine *e, const char *target,
                                        const ferry_entry *entries, size_t count,
                                        const ferry_notification *notify) {
-  FERRY_GATED(e, transfer_sync_batch(e, target, entries, count, notify));
+  FERRY_GATED(e, transfer_sync_batch(e, target, entries, count, notify, NULL));
+}
+
+ferry_status ferry_batch_run(ferry_engine *e, const char *target, const ferry_entry *entries,
+                             size_t count, ferry_after *after) {
+  if (after)
+    after->carried = 0;
+  return transfer_sync_batch(e, target, entries, count, NULL, after);
 }
 
 ferry_status ferry_transfer_sync(ferry_engine *e, const char *target, ferry_op op, void *local,

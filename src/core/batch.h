@@ -10,6 +10,21 @@
 #include "core/chunker.h"
 #include "core/engine.h"
 
+/* An after-landed message: a POOL body (wire.h) the target must serve only
+ * once every byte of the batch landed, e.g. pool.c's LANDED notice. A
+ * transport that carries it (carries_after, transport.h) sends it in-band
+ * with the batch's only chunk, so it costs no round trip of its own; in
+ * every other case (several chunks, another transport) the batch sends it
+ * on the control connection once the data is acknowledged, like a
+ * notification. Either way reply gets the POOL_REPLY body. Owned by the
+ * caller of ferry_batch_run. */
+typedef struct ferry_after {
+  uint8_t body[FERRY_WIRE_POOL_MAX];
+  size_t len;
+  uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE];
+  int carried; /* set by the transport once the target served it in-band */
+} ferry_after;
+
 /* Drivers (the submitting thread, workers) use engine and peer; they all
  * run inside the engine's call gate, so both outlive them. Status, wait and
  * free may come after the engine is gone: they use only the batch's own
@@ -27,7 +42,8 @@ struct ferry_batch {
   const struct ferry_transport *transport; /* the peer's, when the batch was made */
   ferry_notification notify;
   int has_notify;
-  int async; /* from ferry_batch_submit: a failure is counted when it ends */
+  ferry_after *after; /* ferry_batch_run only: NULL otherwise */
+  int async;          /* from ferry_batch_submit: a failure is counted when it ends */
 
   pthread_mutex_t lock;
   pthread_cond_t cond;
@@ -48,8 +64,16 @@ int ferry_batch_claim(ferry_batch *batch, size_t slice_size, ferry_chunk *chunk)
 void ferry_batch_complete(ferry_batch *batch, ferry_status status);
 /* Fails the batch (first error wins) with the calling thread's detail. */
 void ferry_batch_fail(ferry_batch *batch, ferry_status status);
+/* The after-landed message a transport that carries it must send with
+ * chunk: non-NULL only when chunk is the whole batch (its one chunk). */
+ferry_after *ferry_batch_after_inband(ferry_batch *batch, const ferry_chunk *chunk);
 int ferry_batch_has_work(ferry_batch *batch);
 void ferry_batch_release(ferry_batch *batch);
+
+/* A synchronous batch (as ferry_transfer_sync_batch) whose target serves
+ * after once the data landed; DONE only when it did. */
+ferry_status ferry_batch_run(ferry_engine *engine, const char *target, const ferry_entry *entries,
+                             size_t count, ferry_after *after);
 
 /* workers.c: threads that drive batches handed to them. */
 ferry_status ferry_workers_start(ferry_engine *engine, unsigned count);

@@ -23,6 +23,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "core/batch.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/peer.h"
@@ -75,6 +76,8 @@ struct ferry_pools {
   int count; /* pools alive, read without the lock by the WRITE check */
   uint64_t next_id, next_seq;
   pregrant *pregrants;
+  uint64_t landed, inband; /* messages landed; of them, noticed in-band */
+  uint64_t waiting;        /* grant requests waiting for room */
 };
 
 ferry_status ferry_pools_init(ferry_engine *e) {
@@ -197,6 +200,7 @@ static ferry_status wait_room(ferry_engine *e, ferry_pool *p, const ferry_pool_r
   uint32_t wait_ms = r->wait_ms < e->cfg.timeout_ms ? r->wait_ms : e->cfg.timeout_ms;
   uint64_t deadline = ferry_now_ns() + wait_ms * 1000000ull;
   p->users++;
+  e->pools->waiting++;
   ferry_status st = FERRY_OK;
   while (!(*out = carve(e->pools, p, peer, r->length))) {
     if (p->dead || ferry_engine_closing(e)) {
@@ -214,6 +218,7 @@ static ferry_status wait_room(ferry_engine *e, ferry_pool *p, const ferry_pool_r
     struct timespec until = ferry_timespec(deadline);
     pthread_cond_timedwait(&p->cond, &e->pools->lock, &until);
   }
+  e->pools->waiting--;
   if (--p->users == 0 && p->dead)
     pthread_cond_broadcast(&p->cond);
   return st;
@@ -236,7 +241,8 @@ static ferry_status serve_grant(ferry_engine *e, ferry_pool *p, const ferry_pool
 }
 
 static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
-                                 uint64_t peer, const char *peer_name, ferry_pool_grant *g) {
+                                 uint64_t peer, const char *peer_name, int inband,
+                                 ferry_pool_grant *g) {
   slot *s = find_slot(p, r->grant);
   if (!s || s->peer != peer || s->state != SLOT_GRANTED || !r->length || r->length > s->length)
     return ferry_fail(FERRY_ENOTFOUND,
@@ -247,6 +253,8 @@ static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_poo
   s->state = SLOT_QUEUED;
   s->landed = r->length;
   s->seq = e->pools->next_seq++;
+  e->pools->landed++;
+  e->pools->inband += inband != 0;
   memcpy(s->tag, r->tag, r->tag_len);
   s->tag_len = r->tag_len;
   snprintf(s->sender, sizeof s->sender, "%s", peer_name);
@@ -263,7 +271,7 @@ static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_poo
 }
 
 ferry_status ferry_pools_serve(ferry_engine *e, uint64_t peer, const char *peer_name,
-                               const uint8_t *body, size_t len,
+                               const uint8_t *body, size_t len, int inband,
                                uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE]) {
   ferry_pool_req r;
   ferry_status st = ferry_wire_pool_decode(body, len, &r);
@@ -277,10 +285,18 @@ ferry_status ferry_pools_serve(ferry_engine *e, uint64_t peer, const char *peer_
   else if (r.op == FERRY_POOL_GRANT)
     st = serve_grant(e, p, &r, peer, &g);
   else
-    st = serve_landed(e, p, &r, peer, peer_name, &g);
+    st = serve_landed(e, p, &r, peer, peer_name, inband, &g);
   pthread_mutex_unlock(&e->pools->lock);
   ferry_wire_grant_encode(reply, &g);
   return st;
+}
+
+void ferry_pools_stats(ferry_engine *e, ferry_stats *out) {
+  pthread_mutex_lock(&e->pools->lock);
+  out->pool_messages_landed = e->pools->landed;
+  out->pool_landed_inband = e->pools->inband;
+  out->pool_senders_waiting = e->pools->waiting;
+  pthread_mutex_unlock(&e->pools->lock);
 }
 
 ferry_status ferry_pools_check_write(ferry_engine *e, uint64_t peer, uint64_t addr, uint64_t len,
@@ -583,28 +599,45 @@ static ferry_status request_grant(const send_args *a, ferry_peer *peer, uint64_t
   }
 }
 
-static ferry_status send_landed(const send_args *a, ferry_peer *peer, uint64_t id) {
+/* The WRITE into grant id with its LANDED notice as the batch's
+ * after-landed message (batch.h): a transport that carries it in-band
+ * costs one round trip for both; the others send it on the control
+ * connection once the data is acknowledged. */
+static ferry_status write_landed(const send_args *a, const ferry_pool_grant *g) {
   int next = wants_pregrant(a->e->pools, a->target, a->pool);
   ferry_pool_req r = {.op = FERRY_POOL_LANDED,
                       .flags = next ? FERRY_POOL_NEXT : 0,
-                      .grant = id,
+                      .grant = g->id,
                       .length = a->length,
                       .pool = a->pool,
                       .pool_len = strlen(a->pool),
                       .tag = a->tag,
                       .tag_len = a->tag_len};
-  ferry_pool_grant g;
-  uint64_t deadline = ferry_now_ns() + a->e->cfg.connect_timeout_ms * 1000000ull;
-  ferry_status st = pool_call(peer, &r, deadline, &g);
-  if (!st && g.id)
-    keep_pregrant(a->e->pools, a->target, a->pool, &g);
+  ferry_after after;
+  after.len = ferry_wire_pool_encode(after.body, &r);
+  ferry_entry entry = {FERRY_OP_WRITE, a->local, g->addr, a->length};
+  ferry_status st = ferry_batch_run(a->e, a->target, &entry, 1, &after);
+  ferry_pool_grant pre;
+  if (!st) {
+    ferry_wire_grant_decode(after.reply, &pre);
+    if (pre.id)
+      keep_pregrant(a->e->pools, a->target, a->pool, &pre);
+  }
   return st;
 }
 
-/* One try: a grant (a cached pre-grant when use_cache), the WRITE, then
- * LANDED. *retry says whether a failure left nothing delivered and a
- * second try with a fresh grant may succeed: a pre-grant the target voided,
- * or a connection of a target that restarted. */
+/* A broken connection leaves unknown whether the target served LANDED:
+ * only a target that restarted since the grant surely has no message. */
+static int target_restarted(ferry_peer *peer, uint64_t deadline, uint64_t instance) {
+  const struct ferry_transport *transport;
+  uint64_t now_instance;
+  return !ferry_peer_ensure(peer, deadline, &transport, &now_instance) && now_instance != instance;
+}
+
+/* One try: a grant (a cached pre-grant when use_cache), then the WRITE
+ * with its LANDED notice. *retry says whether a failure left nothing
+ * delivered and a second try with a fresh grant may succeed: a pre-grant
+ * the target voided, or a target that restarted. */
 static ferry_status send_try(const send_args *a, int use_cache, int *retry) {
   ferry_engine *e = a->e;
   ferry_peer *peer;
@@ -613,9 +646,9 @@ static ferry_status send_try(const send_args *a, int use_cache, int *retry) {
   ferry_pool_grant g = {0, 0, 0, 0};
   *retry = 0;
   ferry_status st = ferry_peer_get(e, a->target, &peer);
+  uint64_t deadline = ferry_now_ns() + e->cfg.connect_timeout_ms * 1000000ull;
   if (!st)
-    st = ferry_peer_ensure(peer, ferry_now_ns() + e->cfg.connect_timeout_ms * 1000000ull,
-                           &transport, &instance);
+    st = ferry_peer_ensure(peer, deadline, &transport, &instance);
   if (st)
     return st;
   int cached =
@@ -626,14 +659,13 @@ static ferry_status send_try(const send_args *a, int use_cache, int *retry) {
     st = ferry_fail(FERRY_ESOCKET, "send to pool '%s' of %s: the target restarted during the send",
                     a->pool, a->target);
   if (!st)
-    st = ferry_transfer_sync(e, a->target, FERRY_OP_WRITE, a->local, g.addr, a->length);
-  if (st) {
-    *retry = st == FERRY_ESOCKET || (st == FERRY_ENOTREG && cached);
-    if (st != FERRY_ENOTREG && st != FERRY_ESOCKET && g.id)
-      keep_pregrant(e->pools, a->target, a->pool, &g); /* still ours: the next send may use it */
-    return st;
-  }
-  return send_landed(a, peer, g.id); /* past here the receiver may have the message: no retry */
+    st = write_landed(a, &g);
+  /* A failed try's grant is not reused: LANDED may have been served with
+   * it. Unused, it goes back when this engine's connections end. */
+  if (st)
+    *retry = (st == FERRY_ENOTREG && cached) ||
+             (st == FERRY_ESOCKET && target_restarted(peer, deadline, g.instance));
+  return st;
 }
 
 static ferry_status send_one(const send_args *a) {

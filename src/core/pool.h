@@ -15,12 +15,15 @@ void ferry_pools_wake(ferry_engine *engine);
 /* After shutdown: frees what is left. */
 void ferry_pools_destroy(ferry_engine *engine);
 
-/* Server side of a POOL frame from peer (its engine id and name); on
- * FERRY_OK reply holds the POOL_REPLY body. May wait for room in the pool
+/* Server side of a POOL frame from peer (its engine id and name), or of
+ * the after-landed message a WRITE carried (inband); on FERRY_OK reply
+ * holds the POOL_REPLY body. May wait for room in the pool
  * up to the request's wait_ms, at most the engine's timeout_ms. */
 ferry_status ferry_pools_serve(ferry_engine *engine, uint64_t peer, const char *peer_name,
-                               const uint8_t *body, size_t len,
+                               const uint8_t *body, size_t len, int inband,
                                uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE]);
+/* The pools' part of a stats snapshot (ferry.h: pool_*). */
+void ferry_pools_stats(ferry_engine *engine, ferry_stats *out);
 /* A WRITE of [addr, addr+len) by peer: FERRY_OK unless it touches a pool
  * outside a slot granted to that peer (then reason says why). One atomic
  * load when the engine has no pool. */

@@ -14,6 +14,8 @@
  *                 as one opaque descriptor, wire.h), fence (unregister);
  *   initiator:    usable (decides from the peer's facts and descriptor,
  *                 saying why not), slice_size, channel_* (moves chunks).
+ * A transport may also carry a batch's after-landed message with its data
+ * (carries_after below), saving pool sends their second round trip.
  * Not in the seam yet (issue 12): per-region registration hooks and keys
  * in the region table, asynchronous completion, several transports or
  * rails per peer. */
@@ -50,6 +52,13 @@ struct ferry_transport {
   /* Claims chunks of the batch and moves them until none are left. A failed
    * chunk is reported to the batch; the return value is the first error. */
   ferry_status (*channel_drive)(ferry_channel *channel, ferry_batch *batch);
+  /* Nonzero when channel_drive carries a batch's after-landed message
+   * (batch.h) in-band: for the chunk ferry_batch_after_inband returns it,
+   * the target serves the message after the chunk landed and before its
+   * acknowledgement, which brings the reply; the driver stores it and sets
+   * carried before completing the chunk. Zero: the batch sends the message
+   * on the control connection after the data (one more round trip). */
+  int carries_after;
   /* Nonzero when an idle channel can take a batch. A transport whose check
    * costs a system call may skip it for a channel that got a reply within
    * FERRY_PEER_TRUST_NS (tcp does; shm's link check stays). */

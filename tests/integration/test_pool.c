@@ -179,6 +179,25 @@ static void *send_waiting(void *arg) {
   return NULL;
 }
 
+static ferry_stats *stats_of(ferry_engine *e) {
+  ferry_stats *st = NULL;
+  assert_int_equal(ferry_stats_snapshot(e, &st), FERRY_OK);
+  return st;
+}
+
+/* Waits (bounded, generously) until n grant requests wait for room at e. */
+static void await_senders_waiting(ferry_engine *e, uint64_t n) {
+  for (int i = 0; i < 20000; i++) {
+    ferry_stats *st = stats_of(e);
+    uint64_t waiting = st->pool_senders_waiting;
+    ferry_stats_free(st);
+    if (waiting == n)
+      return;
+    usleep(1000); /* polls a state; orders nothing */
+  }
+  fail_msg("no %llu senders waiting for room within 20 s", (unsigned long long)n);
+}
+
 static void full_pool_busy_or_waits(void **state) {
   pair *p = pair_new(1 * MiB);
   test_fill_random(p->out, 8 * MiB, 4);
@@ -190,12 +209,51 @@ static void full_pool_busy_or_waits(void **state) {
   waiting_send w = {p, FERRY_EINPROGRESS};
   pthread_t t;
   pthread_create(&t, NULL, send_waiting, &w);
+  await_senders_waiting(p->rx, 1); /* the receiver holds its grant request */
   ferry_message m;
   assert_int_equal(ferry_recv(p->rx, p->pool, "first", 5, 5000, &m), FERRY_OK);
   assert_int_equal(ferry_pool_release(p->rx, p->pool, m.slot), FERRY_OK);
   pthread_join(t, NULL);
   assert_int_equal(w.st, FERRY_OK);
   expect(p, "late", 0, 600 * KiB);
+  await_senders_waiting(p->rx, 0);
+  pair_free(p);
+}
+
+/* A message sent as one frame carries its LANDED notice on that WRITE
+ * frame (one round trip for the send); a larger one, cut into several
+ * frames, sends it on the control connection once every frame is acked.
+ * Checksummed frames cover the notice too. */
+static void landed_notice_rides_on_the_write(void **state) {
+  pair *p = pair_new(8 * MiB);
+  test_fill_random(p->out, 8 * MiB, 9);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(send_tag(p, "small", 0, 64 * KiB, -1, 0), FERRY_OK);
+    ferry_pool_release(p->rx, p->pool, expect(p, "small", 0, 64 * KiB));
+  }
+  assert_int_equal(send_tag(p, "large", 0, 4 * MiB, -1, 0), FERRY_OK);
+  ferry_pool_release(p->rx, p->pool, expect(p, "large", 0, 4 * MiB));
+  ferry_stats *st = stats_of(p->rx);
+  assert_int_equal(st->pool_messages_landed, 4);
+  assert_int_equal(st->pool_landed_inband, 3);
+  ferry_stats_free(st);
+  pair_free(p);
+
+  p = pair_new(8 * MiB);
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.transports = FERRY_TRANSPORT_TCP;
+  cfg.checksum = 1;
+  ferry_engine_destroy(p->tx);
+  assert_int_equal(ferry_engine_create(&cfg, &p->tx), FERRY_OK);
+  assert_int_equal(ferry_memory_alloc(p->tx, 8 * MiB, (void **)&p->out), FERRY_OK);
+  test_fill_random(p->out, 8 * MiB, 10);
+  assert_int_equal(send_tag(p, "crc", 100, 64 * KiB, -1, 0), FERRY_OK);
+  expect(p, "crc", 100, 64 * KiB);
+  st = stats_of(p->rx);
+  assert_int_equal(st->pool_landed_inband, 1);
+  ferry_stats_free(st);
   pair_free(p);
 }
 
@@ -379,6 +437,7 @@ int main(void) {
       cmocka_unit_test(full_pool_busy_or_waits),
       cmocka_unit_test(senders_of_one_engine_share_a_small_pool),
       cmocka_unit_test(pregrant_of_another_size_is_given_back),
+      cmocka_unit_test(landed_notice_rides_on_the_write),
       cmocka_unit_test(writes_only_into_own_grant),
       cmocka_unit_test(sender_killed_mid_send),
       cmocka_unit_test(receiver_restarted),
