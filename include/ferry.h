@@ -447,9 +447,13 @@ uint16_t ferry_engine_metrics_port(const ferry_engine *engine);
  * read in place, then gives the slot back with ferry_pool_release. The
  * receiver grants each sender its slot (and, as the slot's message lands, a
  * pre-grant for the next one of the same size), so a steady sender pays the
- * data WRITE and one "landed" notice, and the receiver checks every WRITE
- * into the pool against the grants it gave that sender (tcp; on shm, which
- * only serves the same user, the sender maps the pool directly). A message
+ * data WRITE and its ack: over tcp the "landed" notice rides on the WRITE
+ * frame of a message sent as one frame (up to slice_size), otherwise it
+ * follows on the control connection. The receiver checks every WRITE into
+ * the pool against the grants it gave that sender, and a landed slot takes
+ * no more WRITEs (tcp; on shm, which only serves the same user, the sender
+ * maps the pool directly). ferry_stats counts landed messages
+ * (pool_messages_landed, pool_landed_inband) and waiting senders. A message
  * is delivered only after every byte of it was acknowledged, and a sender
  * whose every connection is gone loses the slots it was writing: they go
  * back to the pool and nothing is delivered from them. The pool is
@@ -501,7 +505,10 @@ int ferry_pool_fd(const ferry_pool *pool);
  * A WRITE that meets a restarted receiver's dead connection is retried once
  * with a fresh slot (nothing was delivered). A message larger than the pool fails with
  * FERRY_EINVAL, an unknown pool with FERRY_ENOTFOUND. On FERRY_OK the
- * receiver has the message; on an error it never gets it. */
+ * receiver has the message; on an error it does not, except when the
+ * connection broke after the data landed (FERRY_ESOCKET, FERRY_ETIMEDOUT),
+ * which leaves it unknown: such a send is retried only when the receiver
+ * restarted meanwhile. */
 ferry_status ferry_send(ferry_engine *engine, const char *target, const char *pool, const void *tag,
                         size_t tag_len, void *local, size_t length, int64_t timeout_ms,
                         unsigned flags);

@@ -39,6 +39,7 @@ typedef enum slot_state { SLOT_GRANTED, SLOT_QUEUED, SLOT_TAKEN } slot_state;
 typedef struct slot {
   uint64_t id, peer, offset, length;
   slot_state state;
+  unsigned writers;     /* WRITEs into it still moving bytes (tcp): no LANDED until 0 */
   uint64_t landed, seq; /* message length, order of landing */
   uint8_t tag[FERRY_TAG_MAX];
   size_t tag_len;
@@ -250,6 +251,12 @@ static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_poo
                       "(reclaimed, or never given)",
                       p->name, e->name, (unsigned long long)r->grant, peer_name,
                       (unsigned long long)r->length);
+  /* Landed means no byte moves into it any more: the writes come first. */
+  if (s->writers)
+    return ferry_fail(FERRY_EBUSY,
+                      "pool '%s' of %s: LANDED for slot %llu from %s while %u WRITE(s) into it "
+                      "are still in flight",
+                      p->name, e->name, (unsigned long long)r->grant, peer_name, s->writers);
   s->state = SLOT_QUEUED;
   s->landed = r->length;
   s->seq = e->pools->next_seq++;
@@ -299,29 +306,67 @@ void ferry_pools_stats(ferry_engine *e, ferry_stats *out) {
   pthread_mutex_unlock(&e->pools->lock);
 }
 
-ferry_status ferry_pools_check_write(ferry_engine *e, uint64_t peer, uint64_t addr, uint64_t len,
-                                     char *reason, size_t size) {
+/* The pool holding any byte of [addr, addr+len), or NULL. */
+static ferry_pool *pool_touched(ferry_pools *ps, uint64_t addr, uint64_t len) {
+  for (ferry_pool *p = ps->list; p; p = p->next) {
+    uint64_t base = (uint64_t)(uintptr_t)p->base;
+    if (addr + len > base && addr < base + p->length)
+      return p;
+  }
+  return NULL;
+}
+
+/* The slot of p granted to peer and not landed that holds all of
+ * [addr, addr+len), or NULL. */
+static slot *slot_for_write(ferry_pool *p, uint64_t peer, uint64_t addr, uint64_t len) {
+  uint64_t base = (uint64_t)(uintptr_t)p->base;
+  for (slot *s = p->slots; s && !p->dead; s = s->next)
+    if (s->peer == peer && s->state == SLOT_GRANTED && addr >= base + s->offset &&
+        addr + len <= base + s->offset + s->length)
+      return s;
+  return NULL;
+}
+
+static void mark_writers(ferry_pools *ps, uint64_t peer, const ferry_region *segs, uint32_t n,
+                         int delta) {
+  for (uint32_t i = 0; i < n; i++) {
+    ferry_pool *p = pool_touched(ps, segs[i].addr, segs[i].length);
+    slot *s = p ? slot_for_write(p, peer, segs[i].addr, segs[i].length) : NULL;
+    if (s)
+      s->writers += (unsigned)delta;
+  }
+}
+
+ferry_status ferry_pools_check_writes(ferry_engine *e, uint64_t peer, const ferry_region *segs,
+                                      uint32_t count, char *reason, size_t size) {
   if (!__atomic_load_n(&e->pools->count, __ATOMIC_ACQUIRE))
     return FERRY_OK;
   ferry_status st = FERRY_OK;
   pthread_mutex_lock(&e->pools->lock);
-  for (ferry_pool *p = e->pools->list; p && !st; p = p->next) {
-    uint64_t base = (uint64_t)(uintptr_t)p->base;
-    if (addr + len <= base || addr >= base + p->length)
-      continue;
-    st = FERRY_ENOTREG;
-    for (slot *s = p->slots; s && !p->dead; s = s->next)
-      if (s->peer == peer && s->state == SLOT_GRANTED && addr >= base + s->offset &&
-          addr + len <= base + s->offset + s->length)
-        st = FERRY_OK;
-    if (st)
+  for (uint32_t i = 0; i < count && !st; i++) {
+    ferry_pool *p = pool_touched(e->pools, segs[i].addr, segs[i].length);
+    if (p && !slot_for_write(p, peer, segs[i].addr, segs[i].length)) {
+      st = FERRY_ENOTREG;
       snprintf(reason, size,
                "remote address 0x%llx (+%llu bytes) is in pool '%s' of %s outside every slot "
-               "granted to this sender",
-               (unsigned long long)addr, (unsigned long long)len, p->name, e->name);
+               "granted to this sender and not landed yet",
+               (unsigned long long)segs[i].addr, (unsigned long long)segs[i].length, p->name,
+               e->name);
+    }
   }
+  if (!st)
+    mark_writers(e->pools, peer, segs, count, 1);
   pthread_mutex_unlock(&e->pools->lock);
   return st;
+}
+
+void ferry_pools_writes_done(ferry_engine *e, uint64_t peer, const ferry_region *segs,
+                             uint32_t count) {
+  if (!__atomic_load_n(&e->pools->count, __ATOMIC_ACQUIRE))
+    return;
+  pthread_mutex_lock(&e->pools->lock);
+  mark_writers(e->pools, peer, segs, count, -1);
+  pthread_mutex_unlock(&e->pools->lock);
 }
 
 void ferry_pools_peer_gone(ferry_engine *e, uint64_t peer) {

@@ -24,11 +24,16 @@ ferry_status ferry_pools_serve(ferry_engine *engine, uint64_t peer, const char *
                                uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE]);
 /* The pools' part of a stats snapshot (ferry.h: pool_*). */
 void ferry_pools_stats(ferry_engine *engine, ferry_stats *out);
-/* A WRITE of [addr, addr+len) by peer: FERRY_OK unless it touches a pool
- * outside a slot granted to that peer (then reason says why). One atomic
- * load when the engine has no pool. */
-ferry_status ferry_pools_check_write(ferry_engine *engine, uint64_t peer, uint64_t addr,
-                                     uint64_t len, char *reason, size_t size);
+/* A WRITE of segs by peer: FERRY_OK unless one touches a pool outside a
+ * slot granted to that peer and not landed yet (then reason says why). On
+ * FERRY_OK the slots count the WRITE as in flight, and refuse LANDED, until
+ * ferry_pools_writes_done: a slot is writable by its sender only until it
+ * landed. One atomic load when the engine has no pool. */
+ferry_status ferry_pools_check_writes(ferry_engine *engine, uint64_t peer, const ferry_region *segs,
+                                      uint32_t count, char *reason, size_t size);
+/* The WRITE checked by ferry_pools_check_writes moves no more bytes. */
+void ferry_pools_writes_done(ferry_engine *engine, uint64_t peer, const ferry_region *segs,
+                             uint32_t count);
 /* Every connection of peer has ended: its slots not yet landed go back. */
 void ferry_pools_peer_gone(ferry_engine *engine, uint64_t peer);
 

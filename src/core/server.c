@@ -215,12 +215,12 @@ static ferry_status validate_segments(server_conn *c, const ferry_frame_header *
                c->engine->name);
       return FERRY_ENOTREG;
     }
-    /* A receive pool takes WRITEs only into the slots it granted the peer. */
-    if (h->type == FERRY_FRAME_WRITE &&
-        ferry_pools_check_write(c->engine, c->peer_id, c->segs[i].addr, c->segs[i].length, reason,
-                                size))
-      return FERRY_ENOTREG;
   }
+  /* A receive pool takes WRITEs only into the slots it granted the peer,
+   * until they landed; from here the WRITE counts as in flight in them. */
+  if (h->type == FERRY_FRAME_WRITE &&
+      ferry_pools_check_writes(c->engine, c->peer_id, c->segs, h->count, reason, size))
+    return FERRY_ENOTREG;
   return FERRY_OK;
 }
 
@@ -449,6 +449,8 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
   st = write
            ? receive_payload(c, h, total, after, (size_t)after_len, &verdict, reason, sizeof reason)
            : send_data(c, h, total);
+  if (write)
+    ferry_pools_writes_done(c->engine, c->peer_id, c->segs, h->count);
   if (unpublish(c, &fenced))
     return end_fenced(c, h, &fenced);
   if (write)

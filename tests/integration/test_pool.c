@@ -322,20 +322,38 @@ static int raw_frame(int fd, const ferry_frame_header *h, const void *body) {
   return raw_send(fd, raw, sizeof raw) || raw_send(fd, body, h->body_len);
 }
 
+/* A POOL request on the raw connection: the reply's status (its grant in
+ * g), or 1 when the connection broke. */
+static int raw_pool_call(int fd, const ferry_pool_req *r, ferry_pool_grant *g) {
+  uint8_t body[FERRY_WIRE_POOL_MAX];
+  ferry_frame_header h = {.type = FERRY_FRAME_POOL, .body_len = ferry_wire_pool_encode(body, r)};
+  if (raw_frame(fd, &h, body))
+    return 1;
+  uint8_t head[FERRY_WIRE_HEADER_SIZE], reply[FERRY_WIRE_MAX_REASON];
+  if (raw_recv(fd, head, sizeof head) || ferry_wire_header_decode(head, &h) ||
+      raw_recv(fd, reply, (size_t)h.body_len))
+    return 1;
+  if (!h.status)
+    ferry_wire_grant_decode(reply, g);
+  return h.status;
+}
+
 /* A grant of length bytes in pool "emb" for the raw peer; its status. */
 static int raw_grant(int fd, uint64_t length, ferry_pool_grant *g) {
   ferry_pool_req r = {.op = FERRY_POOL_GRANT, .length = length, .pool = "emb", .pool_len = 3};
-  uint8_t body[FERRY_WIRE_POOL_MAX];
-  ferry_frame_header h = {.type = FERRY_FRAME_POOL, .body_len = ferry_wire_pool_encode(body, &r)};
-  if (raw_frame(fd, &h, body))
-    return 1;
-  uint8_t head[FERRY_WIRE_HEADER_SIZE], reply[FERRY_WIRE_POOL_REPLY_SIZE];
-  if (recv(fd, head, sizeof head, MSG_WAITALL) != sizeof head ||
-      ferry_wire_header_decode(head, &h) || h.status ||
-      recv(fd, reply, sizeof reply, MSG_WAITALL) != sizeof reply)
-    return 1;
-  ferry_wire_grant_decode(reply, g);
-  return 0;
+  return raw_pool_call(fd, &r, g);
+}
+
+static int raw_landed(int fd, const ferry_pool_grant *g, uint64_t length) {
+  ferry_pool_req r = {.op = FERRY_POOL_LANDED,
+                      .grant = g->id,
+                      .length = length,
+                      .pool = "emb",
+                      .pool_len = 3,
+                      .tag = "raw",
+                      .tag_len = 3};
+  ferry_pool_grant none;
+  return raw_pool_call(fd, &r, &none);
 }
 
 static void writes_only_into_own_grant(void **state) {
@@ -359,6 +377,53 @@ static void writes_only_into_own_grant(void **state) {
                    FERRY_ENOTREG);
   assert_memory_equal(m.addr, before, sizeof before);
   close(fd);
+  pair_free(p);
+}
+
+/* A slot is writable by its sender only until it landed: a LANDED that
+ * meets a WRITE into the slot still in flight is refused, and a WRITE
+ * that comes after LANDED is refused, so the receiver never reads a
+ * message whose bytes still change. The two race here (WRITE on one
+ * connection, LANDED on another); either order must keep that promise,
+ * and the rounds must meet the overlap at least once. */
+static void no_write_after_landed(void **state) {
+  pair *p = pair_new(1 * MiB);
+  int data_fd = raw_connect(ferry_engine_port(p->rx)), ctl = raw_connect(ferry_engine_port(p->rx));
+  assert_int_equal(raw_hello_as(data_fd, 0xbad, NULL, 0), 0);
+  assert_int_equal(raw_hello_as(ctl, 0xbad, NULL, 0), 0);
+  uint8_t *data = malloc(64 * KiB);
+  memset(data, 0xee, 64 * KiB);
+  char reason[FERRY_WIRE_MAX_REASON];
+  int overlapped = 0;
+  for (int round = 0; round < 200 && overlapped < 3; round++) {
+    ferry_pool_grant g;
+    assert_int_equal(raw_grant(ctl, 64 * KiB, &g), 0);
+    memset((void *)(uintptr_t)g.addr, 0, 64 * KiB);
+    assert_int_equal(raw_write_begin(data_fd, g.addr, data, 64 * KiB, 1000), 0);
+    int landed = raw_landed(ctl, &g, 64 * KiB);
+    assert_int_equal(raw_send(data_fd, data + 1000, 64 * KiB - 1000), 0);
+    int wrote = raw_reply(data_fd, reason, sizeof reason);
+    ferry_message m;
+    if (landed == FERRY_EBUSY) { /* met the WRITE in flight: the WRITE lands, then LANDED */
+      overlapped++;
+      assert_int_equal(wrote, FERRY_OK);
+      assert_int_equal(raw_landed(ctl, &g, 64 * KiB), FERRY_OK);
+      assert_int_equal(ferry_recv(p->rx, p->pool, "raw", 3, 5000, &m), FERRY_OK);
+      assert_memory_equal(m.addr, data, 64 * KiB);
+    } else { /* landed before the WRITE was checked: the WRITE is refused */
+      assert_int_equal(landed, FERRY_OK);
+      assert_int_equal(wrote, FERRY_ENOTREG);
+      assert_int_equal(ferry_recv(p->rx, p->pool, "raw", 3, 5000, &m), FERRY_OK);
+      assert_int_equal(((uint8_t *)m.addr)[0], 0);
+    }
+    /* Landed: no byte goes in any more. */
+    assert_int_equal(raw_write(data_fd, g.addr, data, 4096, reason, sizeof reason), FERRY_ENOTREG);
+    assert_int_equal(ferry_pool_release(p->rx, p->pool, m.slot), FERRY_OK);
+  }
+  assert_true(overlapped > 0);
+  free(data);
+  close(data_fd);
+  close(ctl);
   pair_free(p);
 }
 
@@ -439,6 +504,7 @@ int main(void) {
       cmocka_unit_test(pregrant_of_another_size_is_given_back),
       cmocka_unit_test(landed_notice_rides_on_the_write),
       cmocka_unit_test(writes_only_into_own_grant),
+      cmocka_unit_test(no_write_after_landed),
       cmocka_unit_test(sender_killed_mid_send),
       cmocka_unit_test(receiver_restarted),
       cmocka_unit_test(shutdown_wakes_recv),
