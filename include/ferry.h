@@ -447,20 +447,18 @@ uint16_t ferry_engine_metrics_port(const ferry_engine *engine);
  * read in place, then gives the slot back with ferry_pool_release. The
  * receiver grants each sender its slot (and, as the slot's message lands, a
  * pre-grant for the next one of the same size), so a steady sender pays the
- * data WRITE and its ack: over tcp the "landed" notice rides on the WRITE
- * frame of a message sent as one frame (up to slice_size), otherwise it
- * follows on the control connection. The receiver checks every WRITE into
- * the pool against the grants it gave that sender, and a landed slot takes
- * no more WRITEs (tcp; on shm, which only serves the same user, the sender
- * maps the pool directly). ferry_stats counts landed messages
- * (pool_messages_landed, pool_landed_inband) and waiting senders. A message
- * is delivered only after every byte of it was acknowledged, and a sender
- * whose every connection is gone loses the slots it was writing: they go
- * back to the pool and nothing is delivered from them. The pool is
- * registered memory: a peer may READ it like any other region. Slot and
- * pre-grant traffic uses the POOL frame (wire.h) on the control connection,
- * so a target without pools fails a send with FERRY_EPROTO or a lost
- * connection. Guarantees and their tests: RELIABILITY.md, promise 15. */
+ * data WRITE and its ack: over tcp the "landed" notice rides on the
+ * message's last WRITE frame (the receiver holds the message until its
+ * other frames landed too); over shm it follows on the control connection. The receiver checks
+ * every WRITE into the pool against the grants it gave that sender, and a landed slot takes no more
+ * WRITEs (tcp; on shm, which only serves the same user, the sender maps the pool directly).
+ * ferry_stats counts landed messages (pool_messages_landed, pool_landed_inband) and waiting
+ * senders. A message is delivered only after every byte of it was acknowledged, and a sender whose
+ * every connection is gone loses the slots it was writing: they go back to the pool and nothing is
+ * delivered from them. The pool is registered memory: a peer may READ it like any other region.
+ * Slot and pre-grant traffic uses the POOL frame (wire.h) on the control connection, so a target
+ * without pools fails a send with FERRY_EPROTO or a lost connection. Guarantees and their tests:
+ * RELIABILITY.md, promise 15. */
 typedef struct ferry_pool ferry_pool;
 
 #define FERRY_TAG_MAX 256 /* bytes of a message tag (any bytes, at least one) */

@@ -136,11 +136,6 @@ static unsigned wanted_drivers(const ferry_batch *b) {
 
 /* ---- claiming and completing ------------------------------------------------------ */
 
-ferry_after *ferry_batch_after_inband(ferry_batch *b, const ferry_chunk *c) {
-  int whole = c->bytes == b->total_bytes && c->count == b->count;
-  return b->after && b->transport->carries_after && whole ? b->after : NULL;
-}
-
 int ferry_batch_has_work(ferry_batch *b) {
   pthread_mutex_lock(&b->lock);
   int work = !ferry_chunker_done(&b->cursor);
@@ -148,15 +143,23 @@ int ferry_batch_has_work(ferry_batch *b) {
   return work;
 }
 
-int ferry_batch_claim(ferry_batch *b, size_t slice_size, ferry_chunk *c) {
+int ferry_batch_claim_after(ferry_batch *b, size_t slice_size, ferry_chunk *c,
+                            ferry_after **after) {
   pthread_mutex_lock(&b->lock);
   int claimed = ferry_chunker_next(&b->cursor, slice_size, c);
   b->outstanding += (unsigned)claimed;
   int exhausted = ferry_chunker_done(&b->cursor);
+  int last = claimed && exhausted && b->after && b->transport->carries_after;
+  if (after)
+    *after = last ? b->after : NULL;
   pthread_mutex_unlock(&b->lock);
   if (exhausted)
     ferry_peer_wake(b->peer); /* threads waiting for a channel can stop */
   return claimed;
+}
+
+int ferry_batch_claim(ferry_batch *b, size_t slice_size, ferry_chunk *c) {
+  return ferry_batch_claim_after(b, slice_size, c, NULL);
 }
 
 static void record_error(ferry_batch *b, ferry_status status) {

@@ -10,14 +10,15 @@
 #include "core/chunker.h"
 #include "core/engine.h"
 
-/* An after-landed message: a POOL body (wire.h) the target must serve only
- * once every byte of the batch landed, e.g. pool.c's LANDED notice. A
- * transport that carries it (carries_after, transport.h) sends it in-band
- * with the batch's only chunk, so it costs no round trip of its own; in
- * every other case (several chunks, another transport) the batch sends it
- * on the control connection once the data is acknowledged, like a
- * notification. Either way reply gets the POOL_REPLY body. Owned by the
- * caller of ferry_batch_run. */
+/* An after-landed message: a POOL body (wire.h) about the batch's data,
+ * e.g. pool.c's LANDED notice. A transport that carries it (carries_after,
+ * transport.h) sends it in-band with the batch's last claimed chunk, so it
+ * costs no round trip of its own; the target serves it after that chunk
+ * landed, and pool.c holds the message until the batch's other chunks
+ * landed too (it counts every WRITE into a slot). With any other
+ * transport the batch sends it on the control connection once all the
+ * data is acknowledged, like a notification. Either way reply gets the
+ * POOL_REPLY body. Owned by the caller of ferry_batch_run. */
 typedef struct ferry_after {
   uint8_t body[FERRY_WIRE_POOL_MAX];
   size_t len;
@@ -64,9 +65,11 @@ int ferry_batch_claim(ferry_batch *batch, size_t slice_size, ferry_chunk *chunk)
 void ferry_batch_complete(ferry_batch *batch, ferry_status status);
 /* Fails the batch (first error wins) with the calling thread's detail. */
 void ferry_batch_fail(ferry_batch *batch, ferry_status status);
-/* The after-landed message a transport that carries it must send with
- * chunk: non-NULL only when chunk is the whole batch (its one chunk). */
-ferry_after *ferry_batch_after_inband(ferry_batch *batch, const ferry_chunk *chunk);
+/* ferry_batch_claim for a transport that carries after-landed messages:
+ * *after gets the batch's for the chunk that is the last one claimed
+ * (NULL for the others), to be sent with it. */
+int ferry_batch_claim_after(ferry_batch *batch, size_t slice_size, ferry_chunk *chunk,
+                            ferry_after **after);
 int ferry_batch_has_work(ferry_batch *batch);
 void ferry_batch_release(ferry_batch *batch);
 

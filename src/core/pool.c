@@ -34,13 +34,17 @@
 #define GRANT_WAIT_TURN_MS 20u
 #define PREGRANTS_PER_POOL 1 /* cached per target pool; more would idle the receiver's room */
 
-typedef enum slot_state { SLOT_GRANTED, SLOT_QUEUED, SLOT_TAKEN } slot_state;
+/* PENDING: its LANDED notice came in-band with one of several WRITE frames
+ * (tcp) while the others still moved; queued once all its bytes landed. */
+typedef enum slot_state { SLOT_GRANTED, SLOT_PENDING, SLOT_QUEUED, SLOT_TAKEN } slot_state;
 
 typedef struct slot {
   uint64_t id, peer, offset, length;
   slot_state state;
-  unsigned writers;     /* WRITEs into it still moving bytes (tcp): no LANDED until 0 */
-  uint64_t landed, seq; /* message length, order of landing */
+  unsigned writers;          /* WRITEs into it still moving bytes (tcp) */
+  uint64_t inflight, filled; /* their bytes; bytes of WRITEs that landed whole */
+  int inband;                /* its LANDED notice rode on a WRITE frame */
+  uint64_t landed, seq;      /* message length, order of landing */
   uint8_t tag[FERRY_TAG_MAX];
   size_t tag_len;
   char sender[FERRY_TAG_MAX + 1];
@@ -241,6 +245,22 @@ static ferry_status serve_grant(ferry_engine *e, ferry_pool *p, const ferry_pool
   return st;
 }
 
+/* The message in s is final: queued for ferry_recv. */
+static void queue_slot(ferry_pools *ps, ferry_pool *p, slot *s) {
+  s->state = SLOT_QUEUED;
+  s->seq = ps->next_seq++;
+  ps->landed++;
+  ps->inband += s->inband != 0;
+  if (p->queued++ == 0)
+    set_ready(p, 1);
+  pthread_cond_broadcast(&p->cond);
+}
+
+/* LANDED: the message is final once no WRITE into the slot still moves
+ * bytes. On the control connection the sender had every WRITE acked
+ * first, so one still in flight is refused; in-band, the other frames of
+ * the message may still be moving: then the slot waits (PENDING) until
+ * its bytes all landed, and takes no more bytes than the message has. */
 static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
                                  uint64_t peer, const char *peer_name, int inband,
                                  ferry_pool_grant *g) {
@@ -251,23 +271,21 @@ static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_poo
                       "(reclaimed, or never given)",
                       p->name, e->name, (unsigned long long)r->grant, peer_name,
                       (unsigned long long)r->length);
-  /* Landed means no byte moves into it any more: the writes come first. */
-  if (s->writers)
+  int complete = !s->writers && (!inband || s->filled >= r->length);
+  if (!complete && !inband)
     return ferry_fail(FERRY_EBUSY,
                       "pool '%s' of %s: LANDED for slot %llu from %s while %u WRITE(s) into it "
                       "are still in flight",
                       p->name, e->name, (unsigned long long)r->grant, peer_name, s->writers);
-  s->state = SLOT_QUEUED;
   s->landed = r->length;
-  s->seq = e->pools->next_seq++;
-  e->pools->landed++;
-  e->pools->inband += inband != 0;
+  s->inband = inband;
   memcpy(s->tag, r->tag, r->tag_len);
   s->tag_len = r->tag_len;
   snprintf(s->sender, sizeof s->sender, "%s", peer_name);
-  if (p->queued++ == 0)
-    set_ready(p, 1);
-  pthread_cond_broadcast(&p->cond);
+  if (complete)
+    queue_slot(e->pools, p, s);
+  else
+    s->state = SLOT_PENDING;
   /* Room for the next message and one more: a pre-grant never fills the pool. */
   if ((r->flags & FERRY_POOL_NEXT) && p->length - p->used >= 2 * s->length) {
     slot *next = carve(e->pools, p, peer, r->length);
@@ -316,27 +334,49 @@ static ferry_pool *pool_touched(ferry_pools *ps, uint64_t addr, uint64_t len) {
   return NULL;
 }
 
-/* The slot of p granted to peer and not landed that holds all of
- * [addr, addr+len), or NULL. */
+static int holds(const ferry_pool *p, const slot *s, uint64_t addr, uint64_t len) {
+  uint64_t base = (uint64_t)(uintptr_t)p->base + s->offset;
+  return addr >= base && addr + len <= base + s->length;
+}
+
+/* The slot of p that peer may write [addr, addr+len) into: granted to it
+ * and not landed, or PENDING with room left in its message, or NULL. */
 static slot *slot_for_write(ferry_pool *p, uint64_t peer, uint64_t addr, uint64_t len) {
-  uint64_t base = (uint64_t)(uintptr_t)p->base;
   for (slot *s = p->slots; s && !p->dead; s = s->next)
-    if (s->peer == peer && s->state == SLOT_GRANTED && addr >= base + s->offset &&
-        addr + len <= base + s->offset + s->length)
+    if (s->peer == peer && holds(p, s, addr, len) &&
+        (s->state == SLOT_GRANTED ||
+         (s->state == SLOT_PENDING && s->filled + s->inflight + len <= s->landed)))
       return s;
   return NULL;
 }
 
-static void mark_writers(ferry_pools *ps, uint64_t peer, const ferry_region *segs, uint32_t n,
-                         int delta) {
+/* The slot a WRITE checked by ferry_pools_check_writes counted in. */
+static slot *slot_written(ferry_pool *p, uint64_t peer, uint64_t addr, uint64_t len) {
+  for (slot *s = p->slots; s; s = s->next)
+    if (s->peer == peer && s->writers && holds(p, s, addr, len))
+      return s;
+  return NULL;
+}
+
+/* Counts a checked WRITE out of its slots; one that landed whole fills
+ * them, which may complete a PENDING message. */
+static void count_out(ferry_pools *ps, uint64_t peer, const ferry_region *segs, uint32_t n,
+                      int landed) {
   for (uint32_t i = 0; i < n; i++) {
-    ferry_pool *p = pool_touched(ps, segs[i].addr, segs[i].length);
-    slot *s = p ? slot_for_write(p, peer, segs[i].addr, segs[i].length) : NULL;
-    if (s)
-      s->writers += (unsigned)delta;
+    uint64_t addr = segs[i].addr, len = segs[i].length;
+    ferry_pool *p = pool_touched(ps, addr, len);
+    slot *s = p ? slot_written(p, peer, addr, len) : NULL;
+    if (!s)
+      continue;
+    s->writers--, s->inflight -= len;
+    s->filled += landed ? len : 0;
+    if (s->state == SLOT_PENDING && !s->writers && s->filled >= s->landed)
+      queue_slot(ps, p, s);
   }
 }
 
+/* Checks each segment and counts it in its slot as it goes; a refused
+ * one counts the earlier ones out again. */
 ferry_status ferry_pools_check_writes(ferry_engine *e, uint64_t peer, const ferry_region *segs,
                                       uint32_t count, char *reason, size_t size) {
   if (!__atomic_load_n(&e->pools->count, __ATOMIC_ACQUIRE))
@@ -344,28 +384,30 @@ ferry_status ferry_pools_check_writes(ferry_engine *e, uint64_t peer, const ferr
   ferry_status st = FERRY_OK;
   pthread_mutex_lock(&e->pools->lock);
   for (uint32_t i = 0; i < count && !st; i++) {
-    ferry_pool *p = pool_touched(e->pools, segs[i].addr, segs[i].length);
-    if (p && !slot_for_write(p, peer, segs[i].addr, segs[i].length)) {
-      st = FERRY_ENOTREG;
-      snprintf(reason, size,
-               "remote address 0x%llx (+%llu bytes) is in pool '%s' of %s outside every slot "
-               "granted to this sender and not landed yet",
-               (unsigned long long)segs[i].addr, (unsigned long long)segs[i].length, p->name,
-               e->name);
-    }
+    uint64_t addr = segs[i].addr, len = segs[i].length;
+    ferry_pool *p = pool_touched(e->pools, addr, len);
+    slot *s = p ? slot_for_write(p, peer, addr, len) : NULL;
+    if (s)
+      s->writers++, s->inflight += len;
+    if (!p || s)
+      continue;
+    st = FERRY_ENOTREG;
+    snprintf(reason, size,
+             "remote address 0x%llx (+%llu bytes) is in pool '%s' of %s outside every slot "
+             "granted to this sender and not landed yet",
+             (unsigned long long)addr, (unsigned long long)len, p->name, e->name);
+    count_out(e->pools, peer, segs, i, 0);
   }
-  if (!st)
-    mark_writers(e->pools, peer, segs, count, 1);
   pthread_mutex_unlock(&e->pools->lock);
   return st;
 }
 
 void ferry_pools_writes_done(ferry_engine *e, uint64_t peer, const ferry_region *segs,
-                             uint32_t count) {
+                             uint32_t count, int landed) {
   if (!__atomic_load_n(&e->pools->count, __ATOMIC_ACQUIRE))
     return;
   pthread_mutex_lock(&e->pools->lock);
-  mark_writers(e->pools, peer, segs, count, -1);
+  count_out(e->pools, peer, segs, count, landed);
   pthread_mutex_unlock(&e->pools->lock);
 }
 
@@ -375,7 +417,7 @@ void ferry_pools_peer_gone(ferry_engine *e, uint64_t peer) {
     slot *s = p->slots;
     while (s) {
       slot *next = s->next;
-      if (s->peer == peer && s->state == SLOT_GRANTED)
+      if (s->peer == peer && (s->state == SLOT_GRANTED || s->state == SLOT_PENDING))
         drop_slot(p, s);
       s = next;
     }

@@ -26,14 +26,15 @@ ferry_status ferry_pools_serve(ferry_engine *engine, uint64_t peer, const char *
 void ferry_pools_stats(ferry_engine *engine, ferry_stats *out);
 /* A WRITE of segs by peer: FERRY_OK unless one touches a pool outside a
  * slot granted to that peer and not landed yet (then reason says why). On
- * FERRY_OK the slots count the WRITE as in flight, and refuse LANDED, until
+ * FERRY_OK the slots count the WRITE as in flight, and hold back LANDED, until
  * ferry_pools_writes_done: a slot is writable by its sender only until it
  * landed. One atomic load when the engine has no pool. */
 ferry_status ferry_pools_check_writes(ferry_engine *engine, uint64_t peer, const ferry_region *segs,
                                       uint32_t count, char *reason, size_t size);
-/* The WRITE checked by ferry_pools_check_writes moves no more bytes. */
+/* The WRITE checked by ferry_pools_check_writes moves no more bytes;
+ * landed: all of them arrived (and passed the checksum). */
 void ferry_pools_writes_done(ferry_engine *engine, uint64_t peer, const ferry_region *segs,
-                             uint32_t count);
+                             uint32_t count, int landed);
 /* Every connection of peer has ended: its slots not yet landed go back. */
 void ferry_pools_peer_gone(ferry_engine *engine, uint64_t peer);
 

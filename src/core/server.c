@@ -450,7 +450,7 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
            ? receive_payload(c, h, total, after, (size_t)after_len, &verdict, reason, sizeof reason)
            : send_data(c, h, total);
   if (write)
-    ferry_pools_writes_done(c->engine, c->peer_id, c->segs, h->count);
+    ferry_pools_writes_done(c->engine, c->peer_id, c->segs, h->count, !st && !verdict);
   if (unpublish(c, &fenced))
     return end_fenced(c, h, &fenced);
   if (write)

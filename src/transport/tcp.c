@@ -5,8 +5,8 @@
  * segments); the target reads it into its memory with recvmsg and answers
  * once the last byte landed. A READ is a segment table; the reply's payload
  * is received straight into local memory. A batch's after-landed message
- * rides on its one WRITE frame (FERRY_FRAME_FLAG_AFTER) and its reply on
- * the ack. Several frames are kept in flight
+ * rides on its last WRITE frame (FERRY_FRAME_FLAG_AFTER) and its reply on
+ * that frame's ack. Several frames are kept in flight
  * per connection so the link never idles waiting for an acknowledgement. */
 #include <endian.h>
 #include <stdio.h>
@@ -177,10 +177,9 @@ static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
   ferry_sock_set_deadline(&ch->sock, b->deadline_ns);
   for (;;) {
     while (!base->broken && sent - done < TCP_WINDOW &&
-           ferry_batch_claim(b, slice, &ch->slots[sent % TCP_WINDOW].chunk)) {
-      tcp_slot *s = &ch->slots[sent % TCP_WINDOW];
-      s->after = ferry_batch_after_inband(b, &s->chunk);
-      ferry_status st = send_request(ch, s, sent, checksum);
+           ferry_batch_claim_after(b, slice, &ch->slots[sent % TCP_WINDOW].chunk,
+                                   &ch->slots[sent % TCP_WINDOW].after)) {
+      ferry_status st = send_request(ch, &ch->slots[sent % TCP_WINDOW], sent, checksum);
       sent++;
       if (st) {
         base->broken = 1;

@@ -53,11 +53,13 @@ struct ferry_transport {
    * chunk is reported to the batch; the return value is the first error. */
   ferry_status (*channel_drive)(ferry_channel *channel, ferry_batch *batch);
   /* Nonzero when channel_drive carries a batch's after-landed message
-   * (batch.h) in-band: for the chunk ferry_batch_after_inband returns it,
-   * the target serves the message after the chunk landed and before its
-   * acknowledgement, which brings the reply; the driver stores it and sets
-   * carried before completing the chunk. Zero: the batch sends the message
-   * on the control connection after the data (one more round trip). */
+   * (batch.h) in-band: it claims with ferry_batch_claim_after, and for the
+   * chunk that gets the message the target serves it after the chunk
+   * landed and before its acknowledgement, which brings the reply; the
+   * driver stores it and sets carried before completing the chunk. Only a
+   * transport whose target checks every WRITE (pool.c counts them into
+   * their slots) may carry it. Zero: the batch sends the message on the
+   * control connection after the data (one more round trip). */
   int carries_after;
   /* Nonzero when an idle channel can take a batch. A transport whose check
    * costs a system call may skip it for a channel that got a reply within
