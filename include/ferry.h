@@ -518,8 +518,10 @@ typedef struct ferry_send_item {
   size_t length;
   ferry_status status; /* filled in by ferry_send_batch */
 } ferry_send_item;
-/* Sends items in order to one target's pool; each gets its own status.
- * Returns the first failure (FERRY_OK when all were delivered). */
+/* Sends items to one target's pool, all WRITEs in flight together (each
+ * message's slot is granted first); each item gets its own status, and
+ * the messages land in any order. Returns the first failure in item order
+ * (FERRY_OK when all were delivered). */
 ferry_status ferry_send_batch(ferry_engine *engine, const char *target, const char *pool,
                               ferry_send_item *items, size_t count, int64_t timeout_ms,
                               unsigned flags);

@@ -399,6 +399,17 @@ ferry_status ferry_transfer_sync_batch(ferry_engine *e, const char *target,
   FERRY_GATED(e, transfer_sync_batch(e, target, entries, count, notify, NULL));
 }
 
+ferry_status ferry_batch_start(ferry_engine *e, const char *target, const ferry_entry *entries,
+                               size_t count, ferry_after *after, ferry_batch **out) {
+  ferry_status st = batch_create(e, target, entries, count, NULL, out);
+  if (st)
+    return st;
+  after->carried = 0;
+  (*out)->after = after;
+  ferry_workers_post(e, *out, wanted_drivers(*out));
+  return FERRY_OK;
+}
+
 ferry_status ferry_batch_run(ferry_engine *e, const char *target, const ferry_entry *entries,
                              size_t count, ferry_after *after) {
   if (after)

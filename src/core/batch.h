@@ -78,6 +78,11 @@ void ferry_batch_release(ferry_batch *batch);
 ferry_status ferry_batch_run(ferry_engine *engine, const char *target, const ferry_entry *entries,
                              size_t count, ferry_after *after);
 
+/* The same, asynchronous: workers drive it; the caller waits with
+ * ferry_batch_wait, then ferry_batch_release, and keeps after until then. */
+ferry_status ferry_batch_start(ferry_engine *engine, const char *target, const ferry_entry *entries,
+                               size_t count, ferry_after *after, ferry_batch **out);
+
 /* workers.c: threads that drive batches handed to them. */
 ferry_status ferry_workers_start(ferry_engine *engine, unsigned count);
 void ferry_workers_stop(ferry_engine *engine);

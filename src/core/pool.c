@@ -690,68 +690,86 @@ static ferry_status request_grant(const send_args *a, ferry_peer *peer, uint64_t
  * after-landed message (batch.h): a transport that carries it in-band
  * costs one round trip for both; the others send it on the control
  * connection once the data is acknowledged. */
-static ferry_status write_landed(const send_args *a, const ferry_pool_grant *g) {
-  int next = wants_pregrant(a->e->pools, a->target, a->pool);
+/* One message on its way: its grant and the WRITE batch carrying its
+ * LANDED notice as the after-landed message (batch.h): a transport that
+ * carries it in-band costs one round trip for both; the others send it on
+ * the control connection once the data is acknowledged. */
+typedef struct outgoing {
+  const send_args *a;
+  ferry_peer *peer;
+  uint64_t deadline; /* for the control calls of the send */
+  ferry_pool_grant grant;
+  int cached; /* the grant was a pre-grant */
+  ferry_entry entry;
+  ferry_after after;
+  ferry_batch *batch; /* sent asynchronously (ferry_send_batch) */
+} outgoing;
+
+/* The grant (a cached pre-grant when use_cache) and the LANDED notice. */
+static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
+  ferry_engine *e = a->e;
+  const struct ferry_transport *transport;
+  uint64_t instance, stale = 0;
+  *o = (outgoing){.a = a, .deadline = ferry_now_ns() + e->cfg.connect_timeout_ms * 1000000ull};
+  ferry_status st = ferry_peer_get(e, a->target, &o->peer);
+  if (!st)
+    st = ferry_peer_ensure(o->peer, o->deadline, &transport, &instance);
+  if (st)
+    return st;
+  o->cached = use_cache &&
+              take_pregrant(e->pools, a->target, a->pool, a->length, instance, &o->grant, &stale);
+  if (!o->cached)
+    st = request_grant(a, o->peer, stale, &o->grant);
+  if (!st && o->grant.instance != instance)
+    st = ferry_fail(FERRY_ESOCKET, "send to pool '%s' of %s: the target restarted during the send",
+                    a->pool, a->target);
+  if (st)
+    return st;
   ferry_pool_req r = {.op = FERRY_POOL_LANDED,
-                      .flags = next ? FERRY_POOL_NEXT : 0,
-                      .grant = g->id,
+                      .flags = wants_pregrant(e->pools, a->target, a->pool) ? FERRY_POOL_NEXT : 0,
+                      .grant = o->grant.id,
                       .length = a->length,
                       .pool = a->pool,
                       .pool_len = strlen(a->pool),
                       .tag = a->tag,
                       .tag_len = a->tag_len};
-  ferry_after after;
-  after.len = ferry_wire_pool_encode(after.body, &r);
-  ferry_entry entry = {FERRY_OP_WRITE, a->local, g->addr, a->length};
-  ferry_status st = ferry_batch_run(a->e, a->target, &entry, 1, &after);
-  ferry_pool_grant pre;
-  if (!st) {
-    ferry_wire_grant_decode(after.reply, &pre);
-    if (pre.id)
-      keep_pregrant(a->e->pools, a->target, a->pool, &pre);
-  }
-  return st;
+  o->after.len = ferry_wire_pool_encode(o->after.body, &r);
+  o->entry = (ferry_entry){FERRY_OP_WRITE, a->local, o->grant.addr, a->length};
+  return FERRY_OK;
 }
 
 /* A broken connection leaves unknown whether the target served LANDED:
  * only a target that restarted since the grant surely has no message. */
-static int target_restarted(ferry_peer *peer, uint64_t deadline, uint64_t instance) {
+static int target_restarted(const outgoing *o) {
   const struct ferry_transport *transport;
   uint64_t now_instance;
-  return !ferry_peer_ensure(peer, deadline, &transport, &now_instance) && now_instance != instance;
+  return !ferry_peer_ensure(o->peer, o->deadline, &transport, &now_instance) &&
+         now_instance != o->grant.instance;
 }
 
-/* One try: a grant (a cached pre-grant when use_cache), then the WRITE
- * with its LANDED notice. *retry says whether a failure left nothing
- * delivered and a second try with a fresh grant may succeed: a pre-grant
- * the target voided, or a target that restarted. */
+/* The outcome of the WRITE: the pre-grant its ack brought is kept; a
+ * failed one's grant is not reused (LANDED may have been served with it;
+ * unused, it goes back when this engine's connections end). *retry says
+ * whether nothing was delivered and a try with a fresh grant may succeed:
+ * a pre-grant the target voided, or a target that restarted. */
+static ferry_status landed(const outgoing *o, ferry_status st, int *retry) {
+  *retry =
+      st && ((st == FERRY_ENOTREG && o->cached) || (st == FERRY_ESOCKET && target_restarted(o)));
+  ferry_pool_grant pre;
+  if (!st) {
+    ferry_wire_grant_decode(o->after.reply, &pre);
+    if (pre.id)
+      keep_pregrant(o->a->e->pools, o->a->target, o->a->pool, &pre);
+  }
+  return st;
+}
+
 static ferry_status send_try(const send_args *a, int use_cache, int *retry) {
-  ferry_engine *e = a->e;
-  ferry_peer *peer;
-  const struct ferry_transport *transport;
-  uint64_t instance, stale = 0;
-  ferry_pool_grant g = {0, 0, 0, 0};
+  outgoing o;
   *retry = 0;
-  ferry_status st = ferry_peer_get(e, a->target, &peer);
-  uint64_t deadline = ferry_now_ns() + e->cfg.connect_timeout_ms * 1000000ull;
+  ferry_status st = prepare(&o, a, use_cache);
   if (!st)
-    st = ferry_peer_ensure(peer, deadline, &transport, &instance);
-  if (st)
-    return st;
-  int cached =
-      use_cache && take_pregrant(e->pools, a->target, a->pool, a->length, instance, &g, &stale);
-  if (!cached)
-    st = request_grant(a, peer, stale, &g);
-  if (!st && g.instance != instance)
-    st = ferry_fail(FERRY_ESOCKET, "send to pool '%s' of %s: the target restarted during the send",
-                    a->pool, a->target);
-  if (!st)
-    st = write_landed(a, &g);
-  /* A failed try's grant is not reused: LANDED may have been served with
-   * it. Unused, it goes back when this engine's connections end. */
-  if (st)
-    *retry = (st == FERRY_ENOTREG && cached) ||
-             (st == FERRY_ESOCKET && target_restarted(peer, deadline, g.instance));
+    st = landed(&o, ferry_batch_run(a->e, a->target, &o.entry, 1, &o.after), retry);
   return st;
 }
 
@@ -792,22 +810,72 @@ static ferry_status send_message(ferry_engine *e, const char *target, const char
   return send_one(&a);
 }
 
+static void note_failure(ferry_status st, size_t i, ferry_status *first, char *detail,
+                         size_t size) {
+  if (st && !*first) {
+    *first = st;
+    snprintf(detail, size, "message %zu: %s", i, ferry_last_error());
+  }
+}
+
+static void start_sends(ferry_engine *e, const char *target, ferry_send_item *items, outgoing *out,
+                        size_t from, size_t to) {
+  for (size_t i = from; i < to; i++)
+    if (!items[i].status)
+      items[i].status =
+          ferry_batch_start(e, target, &out[i].entry, 1, &out[i].after, &out[i].batch);
+}
+
+/* Grants first (most ride on pre-grants or cost a grant round trip each)
+ * without waiting for room; the WRITEs go in flight together
+ * (ferry_batch_start, driven by the workers) once all are granted, or as
+ * soon as one message must wait for room, which only a landed and
+ * released message can free. Each is waited for in turn, and one that may
+ * be retried goes again alone with a fresh grant. */
 static ferry_status send_batch(ferry_engine *e, const char *target, const char *pool,
                                ferry_send_item *items, size_t count, int64_t timeout_ms,
                                unsigned flags) {
   if (!items && count)
     return ferry_fail(FERRY_EINVAL, "send batch: null items");
+  send_args *args = calloc(count ? count : 1, sizeof *args);
+  outgoing *out = calloc(count ? count : 1, sizeof *out);
+  if (!args || !out) {
+    free(args);
+    free(out);
+    return ferry_fail(FERRY_ENOMEM, "no memory for a batch of %zu sends", count);
+  }
   ferry_status first = FERRY_OK;
   char detail[FERRY_ERROR_MAX] = "";
+  size_t started = 0;
   for (size_t i = 0; i < count; i++) {
     ferry_send_item *it = &items[i];
-    it->status = send_message(e, target, pool, it->tag, it->tag_len, it->local, it->length,
-                              timeout_ms, flags);
-    if (it->status && !first) {
-      first = it->status;
-      snprintf(detail, sizeof detail, "message %zu: %s", i, ferry_last_error());
+    args[i] = args_for(e, target, pool, timeout_ms, flags | FERRY_SEND_NOWAIT);
+    args[i].tag = it->tag, args[i].tag_len = it->tag_len;
+    args[i].local = it->local, args[i].length = it->length;
+    it->status = check_send(e, target, pool, it->tag, it->tag_len, it->local, it->length);
+    if (!it->status)
+      it->status = prepare(&out[i], &args[i], 1);
+    args[i].wait_ms = args_for(e, target, pool, timeout_ms, flags).wait_ms;
+    if (it->status == FERRY_EBUSY && args[i].wait_ms) {
+      start_sends(e, target, items, out, started, i);
+      started = i;
+      it->status = prepare(&out[i], &args[i], 1);
     }
   }
+  start_sends(e, target, items, out, started, count);
+  for (size_t i = 0; i < count; i++) {
+    int retry = 0;
+    if (out[i].batch) {
+      ferry_status st = ferry_batch_wait(out[i].batch, -1);
+      ferry_batch_release(out[i].batch);
+      items[i].status = landed(&out[i], st, &retry);
+    }
+    if (retry)
+      items[i].status = send_try(&args[i], 0, &retry);
+    note_failure(items[i].status, i, &first, detail, sizeof detail);
+  }
+  free(args);
+  free(out);
   if (first)
     ferry_error_set_detail(detail);
   return first;

@@ -133,6 +133,46 @@ static void batch_delivers_each(void **state) {
   pair_free(p);
 }
 
+typedef struct drain {
+  pair *p;
+  int count;
+  size_t len;
+} drain;
+
+/* Receives count messages of len bytes, releasing each. */
+static void *drain_pool(void *arg) {
+  drain *d = arg;
+  for (int i = 0; i < d->count; i++) {
+    ferry_message m;
+    if (ferry_recv(d->p->rx, d->p->pool, NULL, 0, 20000, &m) || m.length != d->len)
+      return "recv";
+    ferry_pool_release(d->p->rx, d->p->pool, m.slot);
+  }
+  return NULL;
+}
+
+/* A batch into a pool with room for fewer of its messages than it has:
+ * the later ones wait for room that only the earlier ones, delivered and
+ * released, free; so those are in flight before the batch waits. */
+static void batch_larger_than_the_pool(void **state) {
+  pair *p = pair_new(1 * MiB);
+  test_fill_random(p->out, 8 * MiB, 12);
+  ferry_send_item items[5];
+  for (int i = 0; i < 5; i++)
+    items[i] = (ferry_send_item){"b", 1, p->out + i * 400 * KiB, 400 * KiB, FERRY_EINPROGRESS};
+  drain d = {p, 5, 400 * KiB};
+  pthread_t t;
+  pthread_create(&t, NULL, drain_pool, &d);
+  assert_int_equal(ferry_send_batch(p->tx, ferry_engine_name(p->rx), "emb", items, 5, 20000, 0),
+                   FERRY_OK);
+  void *failed;
+  pthread_join(t, &failed);
+  assert_null(failed);
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(items[i].status, FERRY_OK);
+  pair_free(p);
+}
+
 static void too_large_and_unknown_pool(void **state) {
   pair *p = pair_new(1 * MiB);
   assert_int_equal(send_tag(p, "big", 0, 1 * MiB + 1, -1, 0), FERRY_EINVAL);
@@ -557,6 +597,7 @@ int main(void) {
       cmocka_unit_test(handoff_in_order),
       cmocka_unit_test(handoff_with_secret),
       cmocka_unit_test(batch_delivers_each),
+      cmocka_unit_test(batch_larger_than_the_pool),
       cmocka_unit_test(too_large_and_unknown_pool),
       cmocka_unit_test(recv_timeout_names_tag_and_pool),
       cmocka_unit_test(tag_twice_both_in_order),
