@@ -1,12 +1,17 @@
 /* pool.c - receive pools: a receiver's named memory that senders fill
  * through slots it grants them, and the messages that land there.
  *
- * A send is a grant (a slot of the pool, reserved for one sender), the data
- * WRITE into it (the engine's own path, any transport), then a LANDED
- * notice sent only after every byte was acknowledged. Only then is the
- * message queued for ferry_recv. The reply to LANDED carries a pre-grant
- * for the sender's next message of the same size while the pool has room
- * for it and one more, so a steady sender skips the grant round trip.
+ * A send is a grant (a slot of the pool, reserved for one sender), then the
+ * data WRITE into it (the engine's own path, any transport) with a LANDED
+ * notice as the batch's after-landed message (batch.h): on tcp it rides on
+ * the last WRITE frame, elsewhere it follows on the control connection
+ * once every byte was acknowledged. The message is queued for ferry_recv
+ * only when its notice came and no byte of it is still moving: the target
+ * counts every WRITE into a slot (tcp), holds an in-band notice whose other
+ * frames are still on their way (PENDING), and refuses WRITEs into a slot
+ * that landed. The reply to LANDED carries a pre-grant for the sender's
+ * next message of the same size while the pool has room for it and one
+ * more, so a steady sender pays the WRITE and its ack only.
  *
  * Slots are reclaimed when the receiver releases them, and, for slots not
  * landed yet, when every connection of their sender ended (the sender died

@@ -1,7 +1,8 @@
 /* pool.h - receive pools (message handoff): the receiver's pools and the
- * grants it gave, served from POOL frames, and the sender's side of
- * ferry_send. Built on the engine's WRITE path and its control connection,
- * so it works over every transport. */
+ * grants it gave, served from POOL frames (or the POOL body a WRITE frame
+ * carries after its payload), and the sender's side of ferry_send. Built
+ * on the engine's WRITE path and its control connection, so it works over
+ * every transport. */
 #ifndef FERRY_POOL_H
 #define FERRY_POOL_H
 
