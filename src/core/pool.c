@@ -77,6 +77,7 @@ typedef struct pregrant {
   char pool[FERRY_WIRE_MAX_NAME + 1];
   ferry_pool_grant grant;
   uint64_t got_ns;
+  int given_up; /* a failed send's slot: only to be given back */
   struct pregrant *next;
 } pregrant;
 
@@ -236,8 +237,10 @@ static ferry_status wait_room(ferry_engine *e, ferry_pool *p, const ferry_pool_r
 
 static ferry_status serve_grant(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
                                 uint64_t peer, ferry_pool_grant *g) {
+  /* Given back: only a slot no message of which landed or still moves. */
   slot *stale = r->grant ? find_slot(p, r->grant) : NULL;
-  if (stale && stale->peer == peer && stale->state == SLOT_GRANTED)
+  if (stale && stale->peer == peer && !stale->writers &&
+      (stale->state == SLOT_GRANTED || stale->state == SLOT_PENDING))
     drop_slot(p, stale);
   if (!r->length || r->length > p->length)
     return ferry_fail(FERRY_EINVAL,
@@ -601,7 +604,8 @@ static int take_pregrant(ferry_pools *ps, const char *target, const char *pool, 
   for (pregrant **pp = &ps->pregrants; *pp;) {
     pregrant *g = *pp;
     int mine = same_pool(g, target, pool), ours = g->grant.instance == instance;
-    int fits = ours && now - g->got_ns < PREGRANT_FRESH_NS && g->grant.length >= length;
+    int fits =
+        ours && !g->given_up && now - g->got_ns < PREGRANT_FRESH_NS && g->grant.length >= length;
     int take = mine && ((fits && !found) || (ours && !*stale) || !ours);
     if (!take) {
       pp = &g->next;
@@ -618,9 +622,10 @@ static int take_pregrant(ferry_pools *ps, const char *target, const char *pool, 
   return found;
 }
 
-/* Caches a pre-grant for the next send to this pool. */
+/* Caches a pre-grant for the next send to this pool; given_up: a slot
+ * only to be given back by the next grant request. */
 static void keep_pregrant(ferry_pools *ps, const char *target, const char *pool,
-                          const ferry_pool_grant *grant) {
+                          const ferry_pool_grant *grant, int given_up) {
   pregrant *g = calloc(1, sizeof *g);
   if (!g)
     return; /* the slot idles until this engine's connections end */
@@ -628,6 +633,7 @@ static void keep_pregrant(ferry_pools *ps, const char *target, const char *pool,
   snprintf(g->pool, sizeof g->pool, "%s", pool);
   g->grant = *grant;
   g->got_ns = ferry_now_ns();
+  g->given_up = given_up;
   pthread_mutex_lock(&ps->lock);
   g->next = ps->pregrants;
   ps->pregrants = g;
@@ -638,7 +644,7 @@ static int wants_pregrant(ferry_pools *ps, const char *target, const char *pool)
   unsigned n = 0;
   pthread_mutex_lock(&ps->lock);
   for (pregrant *g = ps->pregrants; g; g = g->next)
-    n += same_pool(g, target, pool);
+    n += same_pool(g, target, pool) && !g->given_up;
   pthread_mutex_unlock(&ps->lock);
   return n < PREGRANTS_PER_POOL;
 }
@@ -753,18 +759,21 @@ static int target_restarted(const outgoing *o) {
 }
 
 /* The outcome of the WRITE: the pre-grant its ack brought is kept; a
- * failed one's grant is not reused (LANDED may have been served with it;
- * unused, it goes back when this engine's connections end). *retry says
+ * failed one's grant is not reused (LANDED may have been served with it)
+ * but given back by the next grant request, which the receiver honours
+ * only for a slot whose message did not land. *retry says
  * whether nothing was delivered and a try with a fresh grant may succeed:
  * a pre-grant the target voided, or a target that restarted. */
 static ferry_status landed(const outgoing *o, ferry_status st, int *retry) {
   *retry =
       st && ((st == FERRY_ENOTREG && o->cached) || (st == FERRY_ESOCKET && target_restarted(o)));
   ferry_pool_grant pre;
+  if (st && o->grant.id)
+    keep_pregrant(o->a->e->pools, o->a->target, o->a->pool, &o->grant, 1);
   if (!st) {
     ferry_wire_grant_decode(o->after.reply, &pre);
     if (pre.id)
-      keep_pregrant(o->a->e->pools, o->a->target, o->a->pool, &pre);
+      keep_pregrant(o->a->e->pools, o->a->target, o->a->pool, &pre, 0);
   }
   return st;
 }

@@ -173,6 +173,24 @@ static void batch_larger_than_the_pool(void **state) {
   pair_free(p);
 }
 
+/* A send that fails after its slot was granted (here: local memory that is
+ * not registered, refused when its WRITE is built) gives the slot back
+ * with the next grant request: a pool that holds one message takes the
+ * next one at once. */
+static void failed_send_gives_its_slot_back(void **state) {
+  pair *p = pair_new(1 * MiB);
+  uint8_t *plain = malloc(1 * MiB);
+  memset(plain, 1, 1 * MiB);
+  assert_int_equal(
+      ferry_send(p->tx, ferry_engine_name(p->rx), "emb", "lost", 4, plain, 1 * MiB, -1, 0),
+      FERRY_ENOTREG);
+  test_fill_random(p->out, 1 * MiB, 13);
+  assert_int_equal(send_tag(p, "next", 0, 1 * MiB, 0, FERRY_SEND_NOWAIT), FERRY_OK);
+  expect(p, "next", 0, 1 * MiB);
+  free(plain);
+  pair_free(p);
+}
+
 static void too_large_and_unknown_pool(void **state) {
   pair *p = pair_new(1 * MiB);
   assert_int_equal(send_tag(p, "big", 0, 1 * MiB + 1, -1, 0), FERRY_EINVAL);
@@ -598,6 +616,7 @@ int main(void) {
       cmocka_unit_test(handoff_with_secret),
       cmocka_unit_test(batch_delivers_each),
       cmocka_unit_test(batch_larger_than_the_pool),
+      cmocka_unit_test(failed_send_gives_its_slot_back),
       cmocka_unit_test(too_large_and_unknown_pool),
       cmocka_unit_test(recv_timeout_names_tag_and_pool),
       cmocka_unit_test(tag_twice_both_in_order),
