@@ -435,8 +435,9 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
     if (total > carried || total + after_len != carried || after_len > sizeof after ||
         (after_len && after_len < FERRY_WIRE_POOL_FIXED))
       return ferry_fail(FERRY_EPROTO,
-                        "WRITE from %s: segments sum to %llu bytes, frame carries %llu", c->peer,
-                        (unsigned long long)total, (unsigned long long)carried);
+                        "WRITE from %s: segments sum to %llu bytes, frame carries %llu%s", c->peer,
+                        (unsigned long long)total, (unsigned long long)carried,
+                        after_len ? " with an after-landed message" : "");
   }
   char reason[FERRY_WIRE_MAX_REASON];
   publish(c, h);
