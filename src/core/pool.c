@@ -750,12 +750,17 @@ static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
 }
 
 /* A broken connection leaves unknown whether the target served LANDED:
- * only a target that restarted since the grant surely has no message. */
+ * only a target that restarted since the grant surely has no message.
+ * The send's own error is what the caller sees, whatever the check met. */
 static int target_restarted(const outgoing *o) {
   const struct ferry_transport *transport;
   uint64_t now_instance;
-  return !ferry_peer_ensure(o->peer, o->deadline, &transport, &now_instance) &&
-         now_instance != o->grant.instance;
+  char detail[FERRY_ERROR_MAX];
+  snprintf(detail, sizeof detail, "%s", ferry_last_error());
+  int restarted = !ferry_peer_ensure(o->peer, o->deadline, &transport, &now_instance) &&
+                  now_instance != o->grant.instance;
+  ferry_error_set_detail(detail);
+  return restarted;
 }
 
 /* The outcome of the WRITE: the pre-grant its ack brought is kept; a
