@@ -81,19 +81,24 @@ static size_t hello_reply_auth(uint8_t *out, uint8_t auth_required) {
 
 static size_t hello_reply(uint8_t *out) { return hello_reply_auth(out, 0); }
 
-/* WRITE of `len` bytes (value v) to addr, optionally checksummed. */
-static void add_write(buf *b, uint64_t id, uint64_t addr, size_t len, int checksum) {
-  uint8_t body[16 + 4096 + 4];
+/* WRITE of `len` bytes (value v) to addr, optionally checksummed and
+ * carrying an after-landed message (a POOL body). */
+static void add_write(buf *b, uint64_t id, uint64_t addr, size_t len, int checksum,
+                      const ferry_pool_req *after) {
+  uint8_t body[16 + 4096 + FERRY_WIRE_POOL_MAX + 4];
   ferry_region seg = {addr, len};
   ferry_wire_segments_encode(body, &seg, 1);
   memset(body + 16, 0x5a, len);
   size_t n = 16 + len;
+  if (after)
+    n += ferry_wire_pool_encode(body + n, after);
   if (checksum) {
-    uint32_t c = ferry_crc32c(0, body + 16, len);
+    uint32_t c = ferry_crc32c(0, body + 16, n - 16);
     for (int i = 0; i < 4; i++)
       body[n++] = (uint8_t)(c >> (8 * i));
   }
-  add_frame(b, FERRY_FRAME_WRITE, checksum ? FERRY_FRAME_FLAG_CHECKSUM : 0, 1, 0, id, body, n);
+  uint8_t flags = (checksum ? FERRY_FRAME_FLAG_CHECKSUM : 0) | (after ? FERRY_FRAME_FLAG_AFTER : 0);
+  add_frame(b, FERRY_FRAME_WRITE, flags, 1, 0, id, body, n);
 }
 
 static void add_read(buf *b, uint64_t id, uint64_t addr, size_t len, int checksum) {
@@ -113,6 +118,13 @@ static void header_seeds(void) {
       {"write", {.type = FERRY_FRAME_WRITE, .count = 2, .body_len = 32 + 8192, .id = 7}},
       {"write_crc",
        {.type = FERRY_FRAME_WRITE, .flags = 1, .count = 1, .body_len = 16 + 100 + 4, .id = 8}},
+      {"write_after",
+       {.type = FERRY_FRAME_WRITE, .flags = 3, .count = 1, .body_len = 16 + 100 + 33 + 4, .id = 8}},
+      {"write_ack_after",
+       {.type = FERRY_FRAME_WRITE_ACK,
+        .flags = 2,
+        .body_len = FERRY_WIRE_POOL_REPLY_SIZE,
+        .id = 8}},
       {"read", {.type = FERRY_FRAME_READ, .count = 3, .body_len = 48, .id = 9}},
       {"read_reply_crc", {.type = FERRY_FRAME_READ_REPLY, .flags = 1, .body_len = 4100, .id = 9}},
       {"refusal", {.type = FERRY_FRAME_WRITE_ACK, .status = FERRY_ENOTREG, .body_len = 40}},
@@ -194,13 +206,21 @@ static void server_seeds(void) {
   const ferry_region asked[2] = {{FUZZ_SERVER_BUF, 64}, {FUZZ_SERVER_BUF + 4096, 1}};
   ferry_wire_ranges_encode(body, asked, 2);
   add_frame(&b, FERRY_FRAME_REGIONS_REQ, 0, 2, 0, 2, body, 32);
-  add_write(&b, 3, FUZZ_SERVER_BUF + 64, 256, 0);
-  add_write(&b, 4, FUZZ_SERVER_BUF + 1024, 64, 1);
+  add_write(&b, 3, FUZZ_SERVER_BUF + 64, 256, 0, NULL);
+  add_write(&b, 4, FUZZ_SERVER_BUF + 1024, 64, 1, NULL);
   add_read(&b, 5, FUZZ_SERVER_BUF + 64, 256, 0);
   add_read(&b, 6, FUZZ_SERVER_BUF + 64, 256, 1);
   size_t n = ferry_wire_notify_encode(body, "seed", "hello", 5);
   add_frame(&b, FERRY_FRAME_NOTIFY, 0, 0, 0, 7, body, n);
-  add_write(&b, 8, 0x1000, 16, 0); /* refused: not registered */
+  add_write(&b, 8, 0x1000, 16, 0, NULL); /* refused: not registered */
+  ferry_pool_req landed = {.op = FERRY_POOL_LANDED,
+                           .grant = 1,
+                           .length = 64,
+                           .pool = "seed",
+                           .pool_len = 4,
+                           .tag = "t",
+                           .tag_len = 1};
+  add_write(&b, 9, FUZZ_SERVER_BUF + 2048, 64, 1, &landed); /* refused: no such pool */
   put("fuzz_server", "session", b.data, b.len);
 
   b.len = 0;

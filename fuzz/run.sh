@@ -5,7 +5,7 @@
 # New interesting inputs go to a scratch folder, not into the repository.
 #
 # Usage: fuzz/run.sh [SECONDS] [TARGET...]      (default: every fuzz_* target)
-#        fuzz/run.sh --seeds                    (rewrite fuzz/corpus from make_seeds.c)
+#        fuzz/run.sh --seeds                    (rewrite the seeds from make_seeds.c, keeping reproducers)
 # Env:   FERRY_FUZZ_BUILD (build dir, default build-fuzz), FERRY_FUZZ_KEEP=1
 #        (keep the scratch corpora and logs), FERRY_FUZZ_JOBS (parallel targets,
 #        default 1).
@@ -24,9 +24,13 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
 fi
 cmake --build "$build" --target fuzz_all >/dev/null
 
+# Seeds are rewritten in place; kept reproducers (files make_seeds does not
+# write) stay.
 if [ "${1:-}" = "--seeds" ]; then
-  rm -rf fuzz/corpus
-  "$build/fuzz/fuzz_make_seeds" fuzz/corpus
+  seeds=$(mktemp -d)
+  "$build/fuzz/fuzz_make_seeds" "$seeds"
+  cp -r "$seeds"/. fuzz/corpus/
+  rm -rf "$seeds"
   find fuzz/corpus -type f | sort
   exit 0
 fi

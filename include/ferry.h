@@ -447,6 +447,14 @@ typedef struct ferry_stats {
    * rail_hosts), in rail order per peer. */
   ferry_stats_rail *rails;
   size_t rail_count;
+  /* Receive pools, as a receiver (all its pools): messages landed (their
+   * LANDED notice served), how many of those rode on the data's own WRITE
+   * frame instead of a control frame of their own (the transport carries
+   * it: tcp, for a message sent as one frame), and grant requests waiting
+   * for room in a full pool right now (gauge). */
+  uint64_t pool_messages_landed;
+  uint64_t pool_landed_inband;
+  uint64_t pool_senders_waiting;
 } ferry_stats;
 
 /* A snapshot of the engine's statistics; release with ferry_stats_free.
@@ -476,16 +484,18 @@ uint16_t ferry_engine_metrics_port(const ferry_engine *engine);
  * read in place, then gives the slot back with ferry_pool_release. The
  * receiver grants each sender its slot (and, as the slot's message lands, a
  * pre-grant for the next one of the same size), so a steady sender pays the
- * data WRITE and one "landed" notice, and the receiver checks every WRITE
- * into the pool against the grants it gave that sender (tcp; on shm, which
- * only serves the same user, the sender maps the pool directly). A message
- * is delivered only after every byte of it was acknowledged, and a sender
- * whose every connection is gone loses the slots it was writing: they go
- * back to the pool and nothing is delivered from them. The pool is
- * registered memory: a peer may READ it like any other region. Slot and
- * pre-grant traffic uses the POOL frame (wire.h) on the control connection,
- * so a target without pools fails a send with FERRY_EPROTO or a lost
- * connection. Guarantees and their tests: RELIABILITY.md, promise 15. */
+ * data WRITE and its ack: over tcp the "landed" notice rides on the
+ * message's last WRITE frame (the receiver holds the message until its
+ * other frames landed too); over shm it follows on the control connection. The receiver checks
+ * every WRITE into the pool against the grants it gave that sender, and a landed slot takes no more
+ * WRITEs (tcp; on shm, which only serves the same user, the sender maps the pool directly).
+ * ferry_stats counts landed messages (pool_messages_landed, pool_landed_inband) and waiting
+ * senders. A message is delivered only after every byte of it was acknowledged, and a sender whose
+ * every connection is gone loses the slots it was writing: they go back to the pool and nothing is
+ * delivered from them. The pool is registered memory: a peer may READ it like any other region.
+ * Slot and pre-grant traffic uses the POOL frame (wire.h) on the control connection, so a target
+ * without pools fails a send with FERRY_EPROTO or a lost connection. Guarantees and their tests:
+ * RELIABILITY.md, promise 15. */
 typedef struct ferry_pool ferry_pool;
 
 #define FERRY_TAG_MAX 256 /* bytes of a message tag (any bytes, at least one) */
@@ -530,7 +540,10 @@ int ferry_pool_fd(const ferry_pool *pool);
  * A WRITE that meets a restarted receiver's dead connection is retried once
  * with a fresh slot (nothing was delivered). A message larger than the pool fails with
  * FERRY_EINVAL, an unknown pool with FERRY_ENOTFOUND. On FERRY_OK the
- * receiver has the message; on an error it never gets it. */
+ * receiver has the message; on an error it does not, except when the
+ * connection broke after the data landed (FERRY_ESOCKET, FERRY_ETIMEDOUT),
+ * which leaves it unknown: such a send is retried only when the receiver
+ * restarted meanwhile. */
 ferry_status ferry_send(ferry_engine *engine, const char *target, const char *pool, const void *tag,
                         size_t tag_len, void *local, size_t length, int64_t timeout_ms,
                         unsigned flags);
@@ -542,8 +555,10 @@ typedef struct ferry_send_item {
   size_t length;
   ferry_status status; /* filled in by ferry_send_batch */
 } ferry_send_item;
-/* Sends items in order to one target's pool; each gets its own status.
- * Returns the first failure (FERRY_OK when all were delivered). */
+/* Sends items to one target's pool, all WRITEs in flight together (each
+ * message's slot is granted first); each item gets its own status, and
+ * the messages land in any order. Returns the first failure in item order
+ * (FERRY_OK when all were delivered). */
 ferry_status ferry_send_batch(ferry_engine *engine, const char *target, const char *pool,
                               ferry_send_item *items, size_t count, int64_t timeout_ms,
                               unsigned flags);

@@ -48,6 +48,7 @@ typedef struct bench_opts {
   int random_offsets;
   unsigned long depth;         /* batches in flight per thread (async when > 1) */
   unsigned long first_contact; /* rounds of first_contact.c instead of a run */
+  int send;                    /* --op send: bench_send.c instead of a run */
 } bench_opts;
 
 /* Latencies of one thread's batch calls, in nanoseconds. */
@@ -111,6 +112,9 @@ static void bench_usage(FILE *out) {
                "                     store lookups and known-peer WRITEs (needs --metadata)\n"
                "  --remote-addr A    remote start address (default: the target's first region)\n"
                "  --op write|read    direction (default write)\n"
+               "  --op send          instead: ferry_send into a receive pool of a second\n"
+               "                     engine here, next to sync WRITEs of --block bytes from\n"
+               "                     --threads senders (no --target; --duration each)\n"
                "  --block SIZE       bytes per entry, K/M/G suffixes (default 1M)\n"
                "  --batch N          entries per submitted batch (default 1)\n"
                "  --random-offsets   scatter entries over random block-sized slots of the\n"
@@ -178,7 +182,9 @@ static int apply_option(int c, const char *arg, bench_opts *o) {
   case 'a':
     o->remote_addr_set = 1;
     return parse_addr(arg, &o->remote_addr) ? ferry_cli_bad_value(PROG, "remote-addr", arg) : 0;
-  case 'o': return parse_op(arg, &o->op) ? ferry_cli_bad_value(PROG, "op", arg) : 0;
+  case 'o':
+    o->send = strcmp(arg, "send") == 0;
+    return !o->send && parse_op(arg, &o->op) ? ferry_cli_bad_value(PROG, "op", arg) : 0;
   case 'b':
     return ferry_cli_parse_size(arg, &o->block) ? ferry_cli_bad_value(PROG, "block", arg) : 0;
   case 'B':
@@ -249,7 +255,7 @@ static int parse_bench_args(int argc, char **argv, bench_opts *o) {
     fprintf(stderr, "%s: unexpected argument '%s'\n", PROG, argv[optind]);
     return 2;
   }
-  if (o->target == NULL) {
+  if (o->target == NULL && !o->send) {
     fprintf(stderr, "%s: --target is required\n", PROG);
     return 2;
   }
@@ -872,6 +878,8 @@ int ferry_cmd_bench(int argc, char **argv) {
   }
   if (o.first_contact)
     return ferry_bench_first_contact(&o.engine, o.target, o.first_contact, o.json);
+  if (o.send)
+    return ferry_bench_send(&o.engine, o.block, (unsigned)o.threads, o.duration, o.json);
   /* Before the engine's threads exist, so only the timed wait takes them. */
   sigset_t stop;
   ferry_cli_block_stop_signals(&stop);

@@ -179,7 +179,7 @@ static const struct {
     {"threads", "a whole number, 1 to 1024", 1},
     {"depth", "a whole number, 1 to 1024", 1},
     {"batch", "a whole number, 1 to 1048576", 1},
-    {"op", "write or read", 0},
+    {"op", "write, read or send", 0},
     {"duration", "seconds, more than 0 and at most 1000000 (5, 0.5)", 0},
     {"remote-addr", "an address, decimal or 0x-prefixed hexadecimal", 0},
 };

@@ -15,4 +15,8 @@ struct ferry_cli_engine_opts;
 int ferry_bench_first_contact(const struct ferry_cli_engine_opts *opts, const char *target,
                               unsigned long rounds, int json);
 
+/* bench_send.c: `ferry bench --op send`. */
+int ferry_bench_send(const struct ferry_cli_engine_opts *opts, size_t block, unsigned threads,
+                     double seconds, int json);
+
 #endif

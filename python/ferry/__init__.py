@@ -24,7 +24,8 @@ This package is a thin layer over libferry's C API (the extension module
       -> ``Pool`` (``.name``, ``.size``, ``fileno()``, ``close()``, context
       manager); ``send(target, pool, tag, data, timeout=None, nowait=False)``
       moves ``data`` into the target's pool and returns once the receiver has
-      it; ``recv(pool, tag=None, timeout=None)`` -> ``Message``, the bytes in
+      it; ``send_batch(target, pool, [(tag, data), ...], timeout=None,
+      nowait=False)`` the same for many, all in flight together; ``recv(pool, tag=None, timeout=None)`` -> ``Message``, the bytes in
       place (buffer protocol: ``numpy.frombuffer`` / ``torch.frombuffer``
       give a view) with ``.tag``, ``.sender``, ``.release()`` and a context
       manager. ``await recv_async(engine, pool, tag=None, timeout=None)`` is

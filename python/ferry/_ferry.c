@@ -1516,7 +1516,10 @@ static PyObject *stats_dict(const ferry_stats *s) {
        put(d, "notifications_queued", PyLong_FromUnsignedLongLong(s->notifications_queued)) < 0 ||
        put(d, "control_connections_opened",
            PyLong_FromUnsignedLongLong(s->control_connections_opened)) < 0 ||
-       put(d, "sync_latency", latency_dict(s)) < 0))
+       put(d, "sync_latency", latency_dict(s)) < 0 ||
+       put(d, "pool_messages_landed", PyLong_FromUnsignedLongLong(s->pool_messages_landed)) < 0 ||
+       put(d, "pool_landed_inband", PyLong_FromUnsignedLongLong(s->pool_landed_inband)) < 0 ||
+       put(d, "pool_senders_waiting", PyLong_FromUnsignedLongLong(s->pool_senders_waiting)) < 0))
     Py_CLEAR(d);
   return d;
 }
@@ -1929,6 +1932,99 @@ static PyObject *engine_send(EngineObject *self, PyObject *args, PyObject *kwds)
   return none_or_raise(&r);
 }
 
+/* The messages of send_batch: tags, buffers (registered for the call
+ * when ferry does not know them yet) and the C items. */
+typedef struct {
+  Py_ssize_t count;
+  PyObject **tags;
+  LocalArg *locals;
+  int *registered;
+  ferry_send_item *items;
+} SendItems;
+
+static void send_items_free(SendItems *si) {
+  for (Py_ssize_t i = 0; i < si->count; i++) {
+    local_release(&si->locals[i]);
+    Py_XDECREF(si->tags[i]);
+  }
+  PyMem_Free(si->tags);
+  PyMem_Free(si->locals);
+  PyMem_Free(si->registered);
+  PyMem_Free(si->items);
+}
+
+/* items: a sequence of (tag, data) pairs; si starts zeroed, and is freed
+ * by the caller either way. */
+static int send_items_get(PyObject *items, SendItems *si) {
+  PyObject *seq = PySequence_Fast(items, "send_batch: items must be a sequence of (tag, data)");
+  if (!seq)
+    return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  si->tags = PyMem_Calloc(n ? n : 1, sizeof *si->tags);
+  si->locals = PyMem_Calloc(n ? n : 1, sizeof *si->locals);
+  si->registered = PyMem_Calloc(n ? n : 1, sizeof *si->registered);
+  si->items = PyMem_Calloc(n ? n : 1, sizeof *si->items);
+  int rc = 0;
+  if (!si->tags || !si->locals || !si->registered || !si->items) {
+    PyErr_NoMemory();
+    rc = -1;
+  }
+  for (Py_ssize_t i = 0; i < n && rc == 0; i++, si->count++) {
+    PyObject *pair = PySequence_Fast_GET_ITEM(seq, i), *tag_o, *data_o;
+    size_t len;
+    if (!PyTuple_Check(pair)) {
+      PyErr_Format(PyExc_TypeError, "send_batch: item %zd is not a (tag, data) tuple", i);
+      rc = -1;
+      break;
+    }
+    if (!PyArg_ParseTuple(pair, "OO:send_batch item", &tag_o, &data_o) ||
+        !(si->tags[i] = to_bytes(tag_o)) ||
+        local_get_with_length(data_o, 0, NULL, &si->locals[i], &len) < 0) {
+      rc = -1;
+      break;
+    }
+    si->items[i] =
+        (ferry_send_item){PyBytes_AS_STRING(si->tags[i]), (size_t)PyBytes_GET_SIZE(si->tags[i]),
+                          si->locals[i].ptr, len, FERRY_OK};
+  }
+  Py_DECREF(seq);
+  return rc;
+}
+
+static PyObject *engine_send_batch(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"target", "pool", "items", "timeout", "nowait", NULL};
+  const char *target, *pool;
+  PyObject *items_o, *timeout_o = Py_None;
+  int nowait = 0;
+  int64_t ms;
+  SendItems si = {0};
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "ssO|Op:send_batch", kwlist, &target, &pool,
+                                   &items_o, &timeout_o, &nowait) ||
+      timeout_ms_arg(timeout_o, &ms) < 0)
+    return NULL;
+  if (send_items_get(items_o, &si) < 0 || eng_enter(self) < 0) {
+    send_items_free(&si);
+    return NULL;
+  }
+  CallResult r;
+  PyThreadState *ts = PyEval_SaveThread();
+  for (Py_ssize_t i = 0; i < si.count; i++)
+    si.registered[i] =
+        si.locals[i].has_view &&
+        ferry_memory_register(self->eng, si.items[i].local, si.items[i].length) == FERRY_OK;
+  r.st = ferry_send_batch(self->eng, target, pool, si.items, (size_t)si.count, ms,
+                          nowait ? FERRY_SEND_NOWAIT : 0);
+  if (r.st != FERRY_OK)
+    capture_error(r.err);
+  for (Py_ssize_t i = 0; i < si.count; i++)
+    if (si.registered[i])
+      ferry_memory_unregister(self->eng, si.items[i].local);
+  PyEval_RestoreThread(ts);
+  eng_leave(self);
+  send_items_free(&si);
+  return none_or_raise(&r);
+}
+
 static PyMethodDef engine_methods[] = {
     {"register", KW(engine_register),
      "register(buf_or_addr, length=None) -> int\n\nRegisters memory (an int address with a "
@@ -1969,7 +2065,8 @@ static PyMethodDef engine_methods[] = {
      "'served_requests' (as target, over tcp), 'errors' ({ferry.E*: count}), "
      "'batches_in_flight', 'registered_bytes', 'registered_regions', "
      "'notifications_queued', 'control_connections_opened' and 'sync_latency' "
-     "({'buckets': [(upper bound in seconds, count)], 'sum_seconds', 'count'})."},
+     "({'buckets': [(upper bound in seconds, count)], 'sum_seconds', 'count'}), "
+     "'pool_messages_landed', 'pool_landed_inband' and 'pool_senders_waiting' (receive pools)."},
     {"stats_text", (PyCFunction)engine_stats_text, METH_NOARGS,
      "stats_text() -> str: the same snapshot in Prometheus' text format"},
     {"close", (PyCFunction)engine_close, METH_NOARGS,
@@ -1983,6 +2080,10 @@ static PyMethodDef engine_methods[] = {
      "into the target's pool under tag; returns once the receiver has it. A full pool is\n"
      "waited on up to timeout seconds (None: the engine's timeout), or EBUSY at once with\n"
      "nowait"},
+    {"send_batch", KW(engine_send_batch),
+     "send_batch(target, pool, items, timeout=None, nowait=False): sends every (tag, data)\n"
+     "of items into the target's pool with all their WRITEs in flight together; returns\n"
+     "once the receiver has them all, or raises the first failure (naming the message)"},
     {"recv", KW(engine_recv),
      "recv(pool, tag=None, timeout=None) -> Message: the earliest landed message with tag\n"
      "(None: any), waiting up to timeout seconds (None: without bound); ETIMEDOUT past it"},

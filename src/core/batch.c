@@ -179,14 +179,21 @@ static int take_retry_locked(ferry_batch *b, unsigned rail, ferry_chunk *c) {
   return 0;
 }
 
-static int claim(ferry_batch *b, int rail, size_t slice_size, ferry_chunk *c) {
+/* A lost chunk moved to another rail never carries the after-landed
+ * message: if it is still unsent, the batch sends it on the control
+ * connection once everything landed. */
+static int claim(ferry_batch *b, int rail, size_t slice_size, ferry_chunk *c, ferry_after **after) {
   pthread_mutex_lock(&b->lock);
-  int claimed = rail >= 0 && take_retry_locked(b, (unsigned)rail, c);
+  int retried = rail >= 0 && take_retry_locked(b, (unsigned)rail, c);
+  int claimed = retried;
   if (!claimed) {
     claimed = ferry_chunker_next(&b->cursor, slice_size, c);
     b->outstanding += (unsigned)claimed;
   }
   int exhausted = ferry_chunker_done(&b->cursor) && !b->retries;
+  int last = claimed && !retried && exhausted && b->after && b->transport->carries_after;
+  if (after)
+    *after = last ? b->after : NULL;
   pthread_mutex_unlock(&b->lock);
   if (exhausted)
     ferry_peer_wake(b->peer); /* threads waiting for a channel can stop */
@@ -194,12 +201,17 @@ static int claim(ferry_batch *b, int rail, size_t slice_size, ferry_chunk *c) {
 }
 
 int ferry_batch_claim(ferry_batch *b, size_t slice_size, ferry_chunk *c) {
-  return claim(b, -1, slice_size, c);
+  return claim(b, -1, slice_size, c, NULL);
 }
 
-int ferry_batch_claim_on(ferry_batch *b, const ferry_channel *ch, size_t slice_size,
-                         ferry_chunk *c) {
-  return claim(b, (int)ch->rail, slice_size, c);
+int ferry_batch_claim_after(ferry_batch *b, size_t slice_size, ferry_chunk *c,
+                            ferry_after **after) {
+  return claim(b, -1, slice_size, c, after);
+}
+
+int ferry_batch_claim_on(ferry_batch *b, const ferry_channel *ch, size_t slice_size, ferry_chunk *c,
+                         ferry_after **after) {
+  return claim(b, (int)ch->rail, slice_size, c, after);
 }
 
 static void record_error(ferry_batch *b, ferry_status status) {
@@ -236,20 +248,30 @@ static uint64_t notify_deadline(const ferry_batch *b) {
   return own > b->deadline_ns ? own : b->deadline_ns;
 }
 
+/* The control messages that follow the data: the notification, and the
+ * after-landed message unless the transport carried it in-band. */
+static ferry_status send_followers(ferry_batch *b, uint64_t deadline) {
+  ferry_status st = FERRY_OK;
+  if (b->has_notify)
+    st = ferry_peer_notify(b->peer, b->notify.name, b->notify.data, b->notify.length, deadline);
+  if (!st && b->after && !b->after->carried)
+    st = ferry_peer_pool(b->peer, b->after->body, b->after->len, b->after->reply, deadline);
+  return st;
+}
+
 /* Called with the lock held when nothing is outstanding: makes the state
- * final, sending the notification first if the data all landed. While it
- * is sent the batch stays PENDING (nothing expires it), so the state a
- * caller reads is the send's outcome: DONE when the target acknowledged. */
+ * final, sending the followers first if the data all landed. While they
+ * are sent the batch stays PENDING (nothing expires it), so the state a
+ * caller reads is their outcome: DONE when the target acknowledged. */
 static void finish_locked(ferry_batch *b) {
   if (b->state != FERRY_BATCH_PENDING || b->finishing || b->outstanding ||
       !ferry_chunker_done(&b->cursor))
     return;
-  if (!b->error && b->has_notify) {
+  if (!b->error && (b->has_notify || (b->after && !b->after->carried))) {
     b->finishing = 1;
     uint64_t deadline = notify_deadline(b);
     pthread_mutex_unlock(&b->lock);
-    ferry_status st =
-        ferry_peer_notify(b->peer, b->notify.name, b->notify.data, b->notify.length, deadline);
+    ferry_status st = send_followers(b, deadline);
     pthread_mutex_lock(&b->lock);
     b->finishing = 0;
     if (st)
@@ -438,12 +460,13 @@ static ferry_status batch_submit(ferry_engine *e, const char *target, const ferr
 
 static ferry_status transfer_sync_batch(ferry_engine *e, const char *target,
                                         const ferry_entry *entries, size_t count,
-                                        const ferry_notification *notify) {
+                                        const ferry_notification *notify, ferry_after *after) {
   ferry_batch *b;
   uint64_t start = ferry_now_ns();
   ferry_status st = batch_create(e, target, entries, count, notify, &b);
   if (st)
     return st;
+  b->after = after;
   /* The caller drives one channel itself: a small transfer then costs no
    * thread hand-off at all. Workers take the other channels. */
   unsigned drivers = wanted_drivers(b);
@@ -464,7 +487,25 @@ ferry_status ferry_batch_submit(ferry_engine *e, const char *target, const ferry
 ferry_status ferry_transfer_sync_batch(ferry_engine *e, const char *target,
                                        const ferry_entry *entries, size_t count,
                                        const ferry_notification *notify) {
-  FERRY_GATED(e, transfer_sync_batch(e, target, entries, count, notify));
+  FERRY_GATED(e, transfer_sync_batch(e, target, entries, count, notify, NULL));
+}
+
+ferry_status ferry_batch_start(ferry_engine *e, const char *target, const ferry_entry *entries,
+                               size_t count, ferry_after *after, ferry_batch **out) {
+  ferry_status st = batch_create(e, target, entries, count, NULL, out);
+  if (st)
+    return st;
+  after->carried = 0;
+  (*out)->after = after;
+  ferry_workers_post(e, *out, wanted_drivers(*out));
+  return FERRY_OK;
+}
+
+ferry_status ferry_batch_run(ferry_engine *e, const char *target, const ferry_entry *entries,
+                             size_t count, ferry_after *after) {
+  if (after)
+    after->carried = 0;
+  return transfer_sync_batch(e, target, entries, count, NULL, after);
 }
 
 ferry_status ferry_transfer_sync(ferry_engine *e, const char *target, ferry_op op, void *local,

@@ -10,6 +10,22 @@
 #include "core/chunker.h"
 #include "core/engine.h"
 
+/* An after-landed message: a POOL body (wire.h) about the batch's data,
+ * e.g. pool.c's LANDED notice. A transport that carries it (carries_after,
+ * transport.h) sends it in-band with the batch's last claimed chunk, so it
+ * costs no round trip of its own; the target serves it after that chunk
+ * landed, and pool.c holds the message until the batch's other chunks
+ * landed too (it counts every WRITE into a slot). With any other
+ * transport the batch sends it on the control connection once all the
+ * data is acknowledged, like a notification. Either way reply gets the
+ * POOL_REPLY body. Owned by the caller of ferry_batch_run. */
+typedef struct ferry_after {
+  uint8_t body[FERRY_WIRE_POOL_MAX];
+  size_t len;
+  uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE];
+  int carried; /* set by the transport once the target served it in-band */
+} ferry_after;
+
 /* Drivers (the submitting thread, workers) use engine and peer; they all
  * run inside the engine's call gate, so both outlive them. Status, wait and
  * free may come after the engine is gone: they use only the batch's own
@@ -36,7 +52,8 @@ struct ferry_batch {
   const struct ferry_transport *transport; /* the peer's, when the batch was made */
   ferry_notification notify;
   int has_notify;
-  int async; /* from ferry_batch_submit: a failure is counted when it ends */
+  ferry_after *after; /* ferry_batch_run only: NULL otherwise */
+  int async;          /* from ferry_batch_submit: a failure is counted when it ends */
 
   pthread_mutex_t lock;
   pthread_cond_t cond;
@@ -54,9 +71,10 @@ struct ferry_batch {
  * batch failed). */
 int ferry_batch_claim(ferry_batch *batch, size_t slice_size, ferry_chunk *chunk);
 /* The same for a channel on one rail: it also takes chunks lost on another
- * rail (ferry_batch_settle), never one lost on its own. */
+ * rail (ferry_batch_settle), never one lost on its own. after: as for
+ * ferry_batch_claim_after (may be NULL). */
 int ferry_batch_claim_on(ferry_batch *batch, const struct ferry_channel *channel, size_t slice_size,
-                         ferry_chunk *chunk);
+                         ferry_chunk *chunk, ferry_after **after);
 /* Completes a claimed chunk; on error the batch fails with the current
  * thread's error detail and no more chunks are handed out. */
 void ferry_batch_complete(ferry_batch *batch, ferry_status status);
@@ -68,8 +86,23 @@ void ferry_batch_settle(ferry_batch *batch, struct ferry_channel *channel, const
                         ferry_status status);
 /* Fails the batch (first error wins) with the calling thread's detail. */
 void ferry_batch_fail(ferry_batch *batch, ferry_status status);
+/* ferry_batch_claim for a transport that carries after-landed messages:
+ * *after gets the batch's for the chunk that is the last one claimed
+ * (NULL for the others), to be sent with it. */
+int ferry_batch_claim_after(ferry_batch *batch, size_t slice_size, ferry_chunk *chunk,
+                            ferry_after **after);
 int ferry_batch_has_work(ferry_batch *batch);
 void ferry_batch_release(ferry_batch *batch);
+
+/* A synchronous batch (as ferry_transfer_sync_batch) whose target serves
+ * after once the data landed; DONE only when it did. */
+ferry_status ferry_batch_run(ferry_engine *engine, const char *target, const ferry_entry *entries,
+                             size_t count, ferry_after *after);
+
+/* The same, asynchronous: workers drive it; the caller waits with
+ * ferry_batch_wait, then ferry_batch_release, and keeps after until then. */
+ferry_status ferry_batch_start(ferry_engine *engine, const char *target, const ferry_entry *entries,
+                               size_t count, ferry_after *after, ferry_batch **out);
 
 /* workers.c: threads that drive batches handed to them. */
 ferry_status ferry_workers_start(ferry_engine *engine, unsigned count);

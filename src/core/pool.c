@@ -1,12 +1,17 @@
 /* pool.c - receive pools: a receiver's named memory that senders fill
  * through slots it grants them, and the messages that land there.
  *
- * A send is a grant (a slot of the pool, reserved for one sender), the data
- * WRITE into it (the engine's own path, any transport), then a LANDED
- * notice sent only after every byte was acknowledged. Only then is the
- * message queued for ferry_recv. The reply to LANDED carries a pre-grant
- * for the sender's next message of the same size while the pool has room
- * for it and one more, so a steady sender skips the grant round trip.
+ * A send is a grant (a slot of the pool, reserved for one sender), then the
+ * data WRITE into it (the engine's own path, any transport) with a LANDED
+ * notice as the batch's after-landed message (batch.h): on tcp it rides on
+ * the last WRITE frame, elsewhere it follows on the control connection
+ * once every byte was acknowledged. The message is queued for ferry_recv
+ * only when its notice came and no byte of it is still moving: the target
+ * counts every WRITE into a slot (tcp), holds an in-band notice whose other
+ * frames are still on their way (PENDING), and refuses WRITEs into a slot
+ * that landed. The reply to LANDED carries a pre-grant for the sender's
+ * next message of the same size while the pool has room for it and one
+ * more, so a steady sender pays the WRITE and its ack only.
  *
  * Slots are reclaimed when the receiver releases them, and, for slots not
  * landed yet, when every connection of their sender ended (the sender died
@@ -23,6 +28,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "core/batch.h"
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/peer.h"
@@ -33,12 +39,17 @@
 #define GRANT_WAIT_TURN_MS 20u
 #define PREGRANTS_PER_POOL 1 /* cached per target pool; more would idle the receiver's room */
 
-typedef enum slot_state { SLOT_GRANTED, SLOT_QUEUED, SLOT_TAKEN } slot_state;
+/* PENDING: its LANDED notice came in-band with one of several WRITE frames
+ * (tcp) while the others still moved; queued once all its bytes landed. */
+typedef enum slot_state { SLOT_GRANTED, SLOT_PENDING, SLOT_QUEUED, SLOT_TAKEN } slot_state;
 
 typedef struct slot {
   uint64_t id, peer, offset, length;
   slot_state state;
-  uint64_t landed, seq; /* message length, order of landing */
+  unsigned writers;          /* WRITEs into it still moving bytes (tcp) */
+  uint64_t inflight, filled; /* their bytes; bytes of WRITEs that landed whole */
+  int inband;                /* its LANDED notice rode on a WRITE frame */
+  uint64_t landed, seq;      /* message length, order of landing */
   uint8_t tag[FERRY_TAG_MAX];
   size_t tag_len;
   char sender[FERRY_TAG_MAX + 1];
@@ -66,6 +77,7 @@ typedef struct pregrant {
   char pool[FERRY_WIRE_MAX_NAME + 1];
   ferry_pool_grant grant;
   uint64_t got_ns;
+  int given_up; /* a failed send's slot: only to be given back */
   struct pregrant *next;
 } pregrant;
 
@@ -75,6 +87,8 @@ struct ferry_pools {
   int count; /* pools alive, read without the lock by the WRITE check */
   uint64_t next_id, next_seq;
   pregrant *pregrants;
+  uint64_t landed, inband; /* messages landed; of them, noticed in-band */
+  uint64_t waiting;        /* grant requests waiting for room */
 };
 
 ferry_status ferry_pools_init(ferry_engine *e) {
@@ -197,6 +211,7 @@ static ferry_status wait_room(ferry_engine *e, ferry_pool *p, const ferry_pool_r
   uint32_t wait_ms = r->wait_ms < e->cfg.timeout_ms ? r->wait_ms : e->cfg.timeout_ms;
   uint64_t deadline = ferry_now_ns() + wait_ms * 1000000ull;
   p->users++;
+  e->pools->waiting++;
   ferry_status st = FERRY_OK;
   while (!(*out = carve(e->pools, p, peer, r->length))) {
     if (p->dead || ferry_engine_closing(e)) {
@@ -214,6 +229,7 @@ static ferry_status wait_room(ferry_engine *e, ferry_pool *p, const ferry_pool_r
     struct timespec until = ferry_timespec(deadline);
     pthread_cond_timedwait(&p->cond, &e->pools->lock, &until);
   }
+  e->pools->waiting--;
   if (--p->users == 0 && p->dead)
     pthread_cond_broadcast(&p->cond);
   return st;
@@ -221,8 +237,10 @@ static ferry_status wait_room(ferry_engine *e, ferry_pool *p, const ferry_pool_r
 
 static ferry_status serve_grant(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
                                 uint64_t peer, ferry_pool_grant *g) {
+  /* Given back: only a slot no message of which landed or still moves. */
   slot *stale = r->grant ? find_slot(p, r->grant) : NULL;
-  if (stale && stale->peer == peer && stale->state == SLOT_GRANTED)
+  if (stale && stale->peer == peer && !stale->writers &&
+      (stale->state == SLOT_GRANTED || stale->state == SLOT_PENDING))
     drop_slot(p, stale);
   if (!r->length || r->length > p->length)
     return ferry_fail(FERRY_EINVAL,
@@ -235,8 +253,25 @@ static ferry_status serve_grant(ferry_engine *e, ferry_pool *p, const ferry_pool
   return st;
 }
 
+/* The message in s is final: queued for ferry_recv. */
+static void queue_slot(ferry_pools *ps, ferry_pool *p, slot *s) {
+  s->state = SLOT_QUEUED;
+  s->seq = ps->next_seq++;
+  ps->landed++;
+  ps->inband += s->inband != 0;
+  if (p->queued++ == 0)
+    set_ready(p, 1);
+  pthread_cond_broadcast(&p->cond);
+}
+
+/* LANDED: the message is final once no WRITE into the slot still moves
+ * bytes. On the control connection the sender had every WRITE acked
+ * first, so one still in flight is refused; in-band, the other frames of
+ * the message may still be moving: then the slot waits (PENDING) until
+ * its bytes all landed, and takes no more bytes than the message has. */
 static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
-                                 uint64_t peer, const char *peer_name, ferry_pool_grant *g) {
+                                 uint64_t peer, const char *peer_name, int inband,
+                                 ferry_pool_grant *g) {
   slot *s = find_slot(p, r->grant);
   if (!s || s->peer != peer || s->state != SLOT_GRANTED || !r->length || r->length > s->length)
     return ferry_fail(FERRY_ENOTFOUND,
@@ -244,15 +279,21 @@ static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_poo
                       "(reclaimed, or never given)",
                       p->name, e->name, (unsigned long long)r->grant, peer_name,
                       (unsigned long long)r->length);
-  s->state = SLOT_QUEUED;
+  int complete = !s->writers && (!inband || s->filled >= r->length);
+  if (!complete && !inband)
+    return ferry_fail(FERRY_EBUSY,
+                      "pool '%s' of %s: LANDED for slot %llu from %s while %u WRITE(s) into it "
+                      "are still in flight",
+                      p->name, e->name, (unsigned long long)r->grant, peer_name, s->writers);
   s->landed = r->length;
-  s->seq = e->pools->next_seq++;
+  s->inband = inband;
   memcpy(s->tag, r->tag, r->tag_len);
   s->tag_len = r->tag_len;
   snprintf(s->sender, sizeof s->sender, "%s", peer_name);
-  if (p->queued++ == 0)
-    set_ready(p, 1);
-  pthread_cond_broadcast(&p->cond);
+  if (complete)
+    queue_slot(e->pools, p, s);
+  else
+    s->state = SLOT_PENDING;
   /* Room for the next message and one more: a pre-grant never fills the pool. */
   if ((r->flags & FERRY_POOL_NEXT) && p->length - p->used >= 2 * s->length) {
     slot *next = carve(e->pools, p, peer, r->length);
@@ -263,7 +304,7 @@ static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_poo
 }
 
 ferry_status ferry_pools_serve(ferry_engine *e, uint64_t peer, const char *peer_name,
-                               const uint8_t *body, size_t len,
+                               const uint8_t *body, size_t len, int inband,
                                uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE]) {
   ferry_pool_req r;
   ferry_status st = ferry_wire_pool_decode(body, len, &r);
@@ -277,35 +318,105 @@ ferry_status ferry_pools_serve(ferry_engine *e, uint64_t peer, const char *peer_
   else if (r.op == FERRY_POOL_GRANT)
     st = serve_grant(e, p, &r, peer, &g);
   else
-    st = serve_landed(e, p, &r, peer, peer_name, &g);
+    st = serve_landed(e, p, &r, peer, peer_name, inband, &g);
   pthread_mutex_unlock(&e->pools->lock);
   ferry_wire_grant_encode(reply, &g);
   return st;
 }
 
-ferry_status ferry_pools_check_write(ferry_engine *e, uint64_t peer, uint64_t addr, uint64_t len,
-                                     char *reason, size_t size) {
+void ferry_pools_stats(ferry_engine *e, ferry_stats *out) {
+  pthread_mutex_lock(&e->pools->lock);
+  out->pool_messages_landed = e->pools->landed;
+  out->pool_landed_inband = e->pools->inband;
+  out->pool_senders_waiting = e->pools->waiting;
+  pthread_mutex_unlock(&e->pools->lock);
+}
+
+/* The pool holding any byte of [addr, addr+len), or NULL. */
+static ferry_pool *pool_touched(ferry_pools *ps, uint64_t addr, uint64_t len) {
+  for (ferry_pool *p = ps->list; p; p = p->next) {
+    uint64_t base = (uint64_t)(uintptr_t)p->base;
+    if (addr + len > base && addr < base + p->length)
+      return p;
+  }
+  return NULL;
+}
+
+static int holds(const ferry_pool *p, const slot *s, uint64_t addr, uint64_t len) {
+  uint64_t base = (uint64_t)(uintptr_t)p->base + s->offset;
+  return addr >= base && addr + len <= base + s->length;
+}
+
+/* The slot of p that peer may write [addr, addr+len) into: granted to it
+ * and not landed, or PENDING with room left in its message, or NULL. */
+static slot *slot_for_write(ferry_pool *p, uint64_t peer, uint64_t addr, uint64_t len) {
+  for (slot *s = p->slots; s && !p->dead; s = s->next)
+    if (s->peer == peer && holds(p, s, addr, len) &&
+        (s->state == SLOT_GRANTED ||
+         (s->state == SLOT_PENDING && s->filled + s->inflight + len <= s->landed)))
+      return s;
+  return NULL;
+}
+
+/* The slot a WRITE checked by ferry_pools_check_writes counted in. */
+static slot *slot_written(ferry_pool *p, uint64_t peer, uint64_t addr, uint64_t len) {
+  for (slot *s = p->slots; s; s = s->next)
+    if (s->peer == peer && s->writers && holds(p, s, addr, len))
+      return s;
+  return NULL;
+}
+
+/* Counts a checked WRITE out of its slots; one that landed whole fills
+ * them, which may complete a PENDING message. */
+static void count_out(ferry_pools *ps, uint64_t peer, const ferry_region *segs, uint32_t n,
+                      int landed) {
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t addr = segs[i].addr, len = segs[i].length;
+    ferry_pool *p = pool_touched(ps, addr, len);
+    slot *s = p ? slot_written(p, peer, addr, len) : NULL;
+    if (!s)
+      continue;
+    s->writers--, s->inflight -= len;
+    s->filled += landed ? len : 0;
+    if (s->state == SLOT_PENDING && !s->writers && s->filled >= s->landed)
+      queue_slot(ps, p, s);
+  }
+}
+
+/* Checks each segment and counts it in its slot as it goes; a refused
+ * one counts the earlier ones out again. */
+ferry_status ferry_pools_check_writes(ferry_engine *e, uint64_t peer, const ferry_region *segs,
+                                      uint32_t count, char *reason, size_t size) {
   if (!__atomic_load_n(&e->pools->count, __ATOMIC_ACQUIRE))
     return FERRY_OK;
   ferry_status st = FERRY_OK;
   pthread_mutex_lock(&e->pools->lock);
-  for (ferry_pool *p = e->pools->list; p && !st; p = p->next) {
-    uint64_t base = (uint64_t)(uintptr_t)p->base;
-    if (addr + len <= base || addr >= base + p->length)
+  for (uint32_t i = 0; i < count && !st; i++) {
+    uint64_t addr = segs[i].addr, len = segs[i].length;
+    ferry_pool *p = pool_touched(e->pools, addr, len);
+    slot *s = p ? slot_for_write(p, peer, addr, len) : NULL;
+    if (s)
+      s->writers++, s->inflight += len;
+    if (!p || s)
       continue;
     st = FERRY_ENOTREG;
-    for (slot *s = p->slots; s && !p->dead; s = s->next)
-      if (s->peer == peer && s->state == SLOT_GRANTED && addr >= base + s->offset &&
-          addr + len <= base + s->offset + s->length)
-        st = FERRY_OK;
-    if (st)
-      snprintf(reason, size,
-               "remote address 0x%llx (+%llu bytes) is in pool '%s' of %s outside every slot "
-               "granted to this sender",
-               (unsigned long long)addr, (unsigned long long)len, p->name, e->name);
+    snprintf(reason, size,
+             "remote address 0x%llx (+%llu bytes) is in pool '%s' of %s outside every slot "
+             "granted to this sender and not landed yet",
+             (unsigned long long)addr, (unsigned long long)len, p->name, e->name);
+    count_out(e->pools, peer, segs, i, 0);
   }
   pthread_mutex_unlock(&e->pools->lock);
   return st;
+}
+
+void ferry_pools_writes_done(ferry_engine *e, uint64_t peer, const ferry_region *segs,
+                             uint32_t count, int landed) {
+  if (!__atomic_load_n(&e->pools->count, __ATOMIC_ACQUIRE))
+    return;
+  pthread_mutex_lock(&e->pools->lock);
+  count_out(e->pools, peer, segs, count, landed);
+  pthread_mutex_unlock(&e->pools->lock);
 }
 
 void ferry_pools_peer_gone(ferry_engine *e, uint64_t peer) {
@@ -314,7 +425,7 @@ void ferry_pools_peer_gone(ferry_engine *e, uint64_t peer) {
     slot *s = p->slots;
     while (s) {
       slot *next = s->next;
-      if (s->peer == peer && s->state == SLOT_GRANTED)
+      if (s->peer == peer && (s->state == SLOT_GRANTED || s->state == SLOT_PENDING))
         drop_slot(p, s);
       s = next;
     }
@@ -493,7 +604,8 @@ static int take_pregrant(ferry_pools *ps, const char *target, const char *pool, 
   for (pregrant **pp = &ps->pregrants; *pp;) {
     pregrant *g = *pp;
     int mine = same_pool(g, target, pool), ours = g->grant.instance == instance;
-    int fits = ours && now - g->got_ns < PREGRANT_FRESH_NS && g->grant.length >= length;
+    int fits =
+        ours && !g->given_up && now - g->got_ns < PREGRANT_FRESH_NS && g->grant.length >= length;
     int take = mine && ((fits && !found) || (ours && !*stale) || !ours);
     if (!take) {
       pp = &g->next;
@@ -510,9 +622,10 @@ static int take_pregrant(ferry_pools *ps, const char *target, const char *pool, 
   return found;
 }
 
-/* Caches a pre-grant for the next send to this pool. */
+/* Caches a pre-grant for the next send to this pool; given_up: a slot
+ * only to be given back by the next grant request. */
 static void keep_pregrant(ferry_pools *ps, const char *target, const char *pool,
-                          const ferry_pool_grant *grant) {
+                          const ferry_pool_grant *grant, int given_up) {
   pregrant *g = calloc(1, sizeof *g);
   if (!g)
     return; /* the slot idles until this engine's connections end */
@@ -520,6 +633,7 @@ static void keep_pregrant(ferry_pools *ps, const char *target, const char *pool,
   snprintf(g->pool, sizeof g->pool, "%s", pool);
   g->grant = *grant;
   g->got_ns = ferry_now_ns();
+  g->given_up = given_up;
   pthread_mutex_lock(&ps->lock);
   g->next = ps->pregrants;
   ps->pregrants = g;
@@ -530,7 +644,7 @@ static int wants_pregrant(ferry_pools *ps, const char *target, const char *pool)
   unsigned n = 0;
   pthread_mutex_lock(&ps->lock);
   for (pregrant *g = ps->pregrants; g; g = g->next)
-    n += same_pool(g, target, pool);
+    n += same_pool(g, target, pool) && !g->given_up;
   pthread_mutex_unlock(&ps->lock);
   return n < PREGRANTS_PER_POOL;
 }
@@ -583,57 +697,99 @@ static ferry_status request_grant(const send_args *a, ferry_peer *peer, uint64_t
   }
 }
 
-static ferry_status send_landed(const send_args *a, ferry_peer *peer, uint64_t id) {
-  int next = wants_pregrant(a->e->pools, a->target, a->pool);
+/* The WRITE into grant id with its LANDED notice as the batch's
+ * after-landed message (batch.h): a transport that carries it in-band
+ * costs one round trip for both; the others send it on the control
+ * connection once the data is acknowledged. */
+/* One message on its way: its grant and the WRITE batch carrying its
+ * LANDED notice as the after-landed message (batch.h): a transport that
+ * carries it in-band costs one round trip for both; the others send it on
+ * the control connection once the data is acknowledged. */
+typedef struct outgoing {
+  const send_args *a;
+  ferry_peer *peer;
+  uint64_t deadline; /* for the control calls of the send */
+  ferry_pool_grant grant;
+  int cached; /* the grant was a pre-grant */
+  ferry_entry entry;
+  ferry_after after;
+  ferry_batch *batch; /* sent asynchronously (ferry_send_batch) */
+} outgoing;
+
+/* The grant (a cached pre-grant when use_cache) and the LANDED notice. */
+static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
+  ferry_engine *e = a->e;
+  const struct ferry_transport *transport;
+  uint64_t instance, stale = 0;
+  *o = (outgoing){.a = a, .deadline = ferry_now_ns() + e->cfg.connect_timeout_ms * 1000000ull};
+  ferry_status st = ferry_peer_get(e, a->target, &o->peer);
+  if (!st)
+    st = ferry_peer_ensure(o->peer, o->deadline, &transport, &instance);
+  if (st)
+    return st;
+  o->cached = use_cache &&
+              take_pregrant(e->pools, a->target, a->pool, a->length, instance, &o->grant, &stale);
+  if (!o->cached)
+    st = request_grant(a, o->peer, stale, &o->grant);
+  if (!st && o->grant.instance != instance)
+    st = ferry_fail(FERRY_ESOCKET, "send to pool '%s' of %s: the target restarted during the send",
+                    a->pool, a->target);
+  if (st)
+    return st;
   ferry_pool_req r = {.op = FERRY_POOL_LANDED,
-                      .flags = next ? FERRY_POOL_NEXT : 0,
-                      .grant = id,
+                      .flags = wants_pregrant(e->pools, a->target, a->pool) ? FERRY_POOL_NEXT : 0,
+                      .grant = o->grant.id,
                       .length = a->length,
                       .pool = a->pool,
                       .pool_len = strlen(a->pool),
                       .tag = a->tag,
                       .tag_len = a->tag_len};
-  ferry_pool_grant g;
-  uint64_t deadline = ferry_now_ns() + a->e->cfg.connect_timeout_ms * 1000000ull;
-  ferry_status st = pool_call(peer, &r, deadline, &g);
-  if (!st && g.id)
-    keep_pregrant(a->e->pools, a->target, a->pool, &g);
+  o->after.len = ferry_wire_pool_encode(o->after.body, &r);
+  o->entry = (ferry_entry){FERRY_OP_WRITE, a->local, o->grant.addr, a->length};
+  return FERRY_OK;
+}
+
+/* A broken connection leaves unknown whether the target served LANDED:
+ * only a target that restarted since the grant surely has no message.
+ * The send's own error is what the caller sees, whatever the check met. */
+static int target_restarted(const outgoing *o) {
+  const struct ferry_transport *transport;
+  uint64_t now_instance;
+  char detail[FERRY_ERROR_MAX];
+  snprintf(detail, sizeof detail, "%s", ferry_last_error());
+  int restarted = !ferry_peer_ensure(o->peer, o->deadline, &transport, &now_instance) &&
+                  now_instance != o->grant.instance;
+  ferry_error_set_detail(detail);
+  return restarted;
+}
+
+/* The outcome of the WRITE: the pre-grant its ack brought is kept; a
+ * failed one's grant is not reused (LANDED may have been served with it)
+ * but given back by the next grant request, which the receiver honours
+ * only for a slot whose message did not land. *retry says
+ * whether nothing was delivered and a try with a fresh grant may succeed:
+ * a pre-grant the target voided, or a target that restarted. */
+static ferry_status landed(const outgoing *o, ferry_status st, int *retry) {
+  *retry =
+      st && ((st == FERRY_ENOTREG && o->cached) || (st == FERRY_ESOCKET && target_restarted(o)));
+  ferry_pool_grant pre;
+  if (st && o->grant.id)
+    keep_pregrant(o->a->e->pools, o->a->target, o->a->pool, &o->grant, 1);
+  if (!st) {
+    ferry_wire_grant_decode(o->after.reply, &pre);
+    if (pre.id)
+      keep_pregrant(o->a->e->pools, o->a->target, o->a->pool, &pre, 0);
+  }
   return st;
 }
 
-/* One try: a grant (a cached pre-grant when use_cache), the WRITE, then
- * LANDED. *retry says whether a failure left nothing delivered and a
- * second try with a fresh grant may succeed: a pre-grant the target voided,
- * or a connection of a target that restarted. */
 static ferry_status send_try(const send_args *a, int use_cache, int *retry) {
-  ferry_engine *e = a->e;
-  ferry_peer *peer;
-  const struct ferry_transport *transport;
-  uint64_t instance, stale = 0;
-  ferry_pool_grant g = {0, 0, 0, 0};
+  outgoing o;
   *retry = 0;
-  ferry_status st = ferry_peer_get(e, a->target, &peer);
+  ferry_status st = prepare(&o, a, use_cache);
   if (!st)
-    st = ferry_peer_ensure(peer, ferry_now_ns() + e->cfg.connect_timeout_ms * 1000000ull,
-                           &transport, &instance);
-  if (st)
-    return st;
-  int cached =
-      use_cache && take_pregrant(e->pools, a->target, a->pool, a->length, instance, &g, &stale);
-  if (!cached)
-    st = request_grant(a, peer, stale, &g);
-  if (!st && g.instance != instance)
-    st = ferry_fail(FERRY_ESOCKET, "send to pool '%s' of %s: the target restarted during the send",
-                    a->pool, a->target);
-  if (!st)
-    st = ferry_transfer_sync(e, a->target, FERRY_OP_WRITE, a->local, g.addr, a->length);
-  if (st) {
-    *retry = st == FERRY_ESOCKET || (st == FERRY_ENOTREG && cached);
-    if (st != FERRY_ENOTREG && st != FERRY_ESOCKET && g.id)
-      keep_pregrant(e->pools, a->target, a->pool, &g); /* still ours: the next send may use it */
-    return st;
-  }
-  return send_landed(a, peer, g.id); /* past here the receiver may have the message: no retry */
+    st = landed(&o, ferry_batch_run(a->e, a->target, &o.entry, 1, &o.after), retry);
+  return st;
 }
 
 static ferry_status send_one(const send_args *a) {
@@ -673,22 +829,72 @@ static ferry_status send_message(ferry_engine *e, const char *target, const char
   return send_one(&a);
 }
 
+static void note_failure(ferry_status st, size_t i, ferry_status *first, char *detail,
+                         size_t size) {
+  if (st && !*first) {
+    *first = st;
+    snprintf(detail, size, "message %zu: %s", i, ferry_last_error());
+  }
+}
+
+static void start_sends(ferry_engine *e, const char *target, ferry_send_item *items, outgoing *out,
+                        size_t from, size_t to) {
+  for (size_t i = from; i < to; i++)
+    if (!items[i].status)
+      items[i].status =
+          ferry_batch_start(e, target, &out[i].entry, 1, &out[i].after, &out[i].batch);
+}
+
+/* Grants first (most ride on pre-grants or cost a grant round trip each)
+ * without waiting for room; the WRITEs go in flight together
+ * (ferry_batch_start, driven by the workers) once all are granted, or as
+ * soon as one message must wait for room, which only a landed and
+ * released message can free. Each is waited for in turn, and one that may
+ * be retried goes again alone with a fresh grant. */
 static ferry_status send_batch(ferry_engine *e, const char *target, const char *pool,
                                ferry_send_item *items, size_t count, int64_t timeout_ms,
                                unsigned flags) {
   if (!items && count)
     return ferry_fail(FERRY_EINVAL, "send batch: null items");
+  send_args *args = calloc(count ? count : 1, sizeof *args);
+  outgoing *out = calloc(count ? count : 1, sizeof *out);
+  if (!args || !out) {
+    free(args);
+    free(out);
+    return ferry_fail(FERRY_ENOMEM, "no memory for a batch of %zu sends", count);
+  }
   ferry_status first = FERRY_OK;
   char detail[FERRY_ERROR_MAX] = "";
+  size_t started = 0;
   for (size_t i = 0; i < count; i++) {
     ferry_send_item *it = &items[i];
-    it->status = send_message(e, target, pool, it->tag, it->tag_len, it->local, it->length,
-                              timeout_ms, flags);
-    if (it->status && !first) {
-      first = it->status;
-      snprintf(detail, sizeof detail, "message %zu: %s", i, ferry_last_error());
+    args[i] = args_for(e, target, pool, timeout_ms, flags | FERRY_SEND_NOWAIT);
+    args[i].tag = it->tag, args[i].tag_len = it->tag_len;
+    args[i].local = it->local, args[i].length = it->length;
+    it->status = check_send(e, target, pool, it->tag, it->tag_len, it->local, it->length);
+    if (!it->status)
+      it->status = prepare(&out[i], &args[i], 1);
+    args[i].wait_ms = args_for(e, target, pool, timeout_ms, flags).wait_ms;
+    if (it->status == FERRY_EBUSY && args[i].wait_ms) {
+      start_sends(e, target, items, out, started, i);
+      started = i;
+      it->status = prepare(&out[i], &args[i], 1);
     }
   }
+  start_sends(e, target, items, out, started, count);
+  for (size_t i = 0; i < count; i++) {
+    int retry = 0;
+    if (out[i].batch) {
+      ferry_status st = ferry_batch_wait(out[i].batch, -1);
+      ferry_batch_release(out[i].batch);
+      items[i].status = landed(&out[i], st, &retry);
+    }
+    if (retry)
+      items[i].status = send_try(&args[i], 0, &retry);
+    note_failure(items[i].status, i, &first, detail, sizeof detail);
+  }
+  free(args);
+  free(out);
   if (first)
     ferry_error_set_detail(detail);
   return first;

@@ -1,7 +1,8 @@
 /* pool.h - receive pools (message handoff): the receiver's pools and the
- * grants it gave, served from POOL frames, and the sender's side of
- * ferry_send. Built on the engine's WRITE path and its control connection,
- * so it works over every transport. */
+ * grants it gave, served from POOL frames (or the POOL body a WRITE frame
+ * carries after its payload), and the sender's side of ferry_send. Built
+ * on the engine's WRITE path and its control connection, so it works over
+ * every transport. */
 #ifndef FERRY_POOL_H
 #define FERRY_POOL_H
 
@@ -15,17 +16,26 @@ void ferry_pools_wake(ferry_engine *engine);
 /* After shutdown: frees what is left. */
 void ferry_pools_destroy(ferry_engine *engine);
 
-/* Server side of a POOL frame from peer (its engine id and name); on
- * FERRY_OK reply holds the POOL_REPLY body. May wait for room in the pool
+/* Server side of a POOL frame from peer (its engine id and name), or of
+ * the after-landed message a WRITE carried (inband); on FERRY_OK reply
+ * holds the POOL_REPLY body. May wait for room in the pool
  * up to the request's wait_ms, at most the engine's timeout_ms. */
 ferry_status ferry_pools_serve(ferry_engine *engine, uint64_t peer, const char *peer_name,
-                               const uint8_t *body, size_t len,
+                               const uint8_t *body, size_t len, int inband,
                                uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE]);
-/* A WRITE of [addr, addr+len) by peer: FERRY_OK unless it touches a pool
- * outside a slot granted to that peer (then reason says why). One atomic
- * load when the engine has no pool. */
-ferry_status ferry_pools_check_write(ferry_engine *engine, uint64_t peer, uint64_t addr,
-                                     uint64_t len, char *reason, size_t size);
+/* The pools' part of a stats snapshot (ferry.h: pool_*). */
+void ferry_pools_stats(ferry_engine *engine, ferry_stats *out);
+/* A WRITE of segs by peer: FERRY_OK unless one touches a pool outside a
+ * slot granted to that peer and not landed yet (then reason says why). On
+ * FERRY_OK the slots count the WRITE as in flight, and hold back LANDED, until
+ * ferry_pools_writes_done: a slot is writable by its sender only until it
+ * landed. One atomic load when the engine has no pool. */
+ferry_status ferry_pools_check_writes(ferry_engine *engine, uint64_t peer, const ferry_region *segs,
+                                      uint32_t count, char *reason, size_t size);
+/* The WRITE checked by ferry_pools_check_writes moves no more bytes;
+ * landed: all of them arrived (and passed the checksum). */
+void ferry_pools_writes_done(ferry_engine *engine, uint64_t peer, const ferry_region *segs,
+                             uint32_t count, int landed);
 /* Every connection of peer has ended: its slots not yet landed go back. */
 void ferry_pools_peer_gone(ferry_engine *engine, uint64_t peer);
 

@@ -276,12 +276,12 @@ static ferry_status validate_segments(server_conn *c, const ferry_frame_header *
                c->engine->name);
       return FERRY_ENOTREG;
     }
-    /* A receive pool takes WRITEs only into the slots it granted the peer. */
-    if (h->type == FERRY_FRAME_WRITE &&
-        ferry_pools_check_write(c->engine, c->peer_id, c->segs[i].addr, c->segs[i].length, reason,
-                                size))
-      return FERRY_ENOTREG;
   }
+  /* A receive pool takes WRITEs only into the slots it granted the peer,
+   * until they landed; from here the WRITE counts as in flight in them. */
+  if (h->type == FERRY_FRAME_WRITE &&
+      ferry_pools_check_writes(c->engine, c->peer_id, c->segs, h->count, reason, size))
+    return FERRY_ENOTREG;
   return FERRY_OK;
 }
 
@@ -311,16 +311,20 @@ static uint32_t segments_crc(server_conn *c, uint32_t count) {
 /* Receives a checked WRITE's payload into place; a crc mismatch is a
  * verdict for the ack, not a connection error. */
 static ferry_status receive_payload(server_conn *c, const ferry_frame_header *h, uint64_t total,
-                                    ferry_status *verdict, char *reason, size_t size) {
+                                    uint8_t *after, size_t after_len, ferry_status *verdict,
+                                    char *reason, size_t size) {
   int checksum = h->flags & FERRY_FRAME_FLAG_CHECKSUM;
   uint32_t sent_crc = 0;
   int n = segments_iov(c, h->count);
+  if (after_len)
+    c->iov[n++] = (struct iovec){after, after_len};
   if (checksum) {
     c->iov[n].iov_base = &sent_crc;
     c->iov[n++].iov_len = sizeof sent_crc;
   }
   ferry_status st = ferry_sock_recvv(&c->sock, c->iov, n, "receive WRITE payload");
-  if (!st && checksum && le32toh(sent_crc) != segments_crc(c, h->count)) {
+  if (!st && checksum &&
+      le32toh(sent_crc) != ferry_crc32c(segments_crc(c, h->count), after, after_len)) {
     snprintf(reason, size, "checksum mismatch on WRITE of %llu bytes at %s",
              (unsigned long long)total, c->engine->name);
     FERRY_ERROR("%s (from %s)", reason, c->peer);
@@ -388,18 +392,26 @@ static ferry_status serve_notify(server_conn *c, const ferry_frame_header *h) {
   return reply(c, FERRY_FRAME_NOTIFY_ACK, h->id, st, st ? ferry_last_error() : NULL);
 }
 
-/* Receive pools (pool.c): a grant request or a landed notice. */
-static ferry_status serve_pool(server_conn *c, const ferry_frame_header *h) {
-  uint8_t body[FERRY_WIRE_POOL_MAX], grant[FERRY_WIRE_POOL_REPLY_SIZE];
-  ferry_status st = ferry_sock_recv(&c->sock, body, h->body_len, "receive POOL");
-  if (!st)
-    st = ferry_pools_serve(c->engine, c->peer_id, c->peer_name, body, h->body_len, grant);
+/* Serves a POOL body (pool.c) and answers it with a frame of type: a
+ * POOL_REPLY, or the ack of the WRITE that carried it (flags). */
+static ferry_status answer_pool(server_conn *c, uint8_t type, uint8_t flags, uint64_t id,
+                                const uint8_t *body, size_t len) {
+  uint8_t grant[FERRY_WIRE_POOL_REPLY_SIZE];
+  ferry_status st = ferry_pools_serve(c->engine, c->peer_id, c->peer_name, body, len,
+                                      type == FERRY_FRAME_WRITE_ACK, grant);
   if (st == FERRY_EPROTO || st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT)
     return st;
   if (st)
-    return reply(c, FERRY_FRAME_POOL_REPLY, h->id, st, ferry_last_error());
-  ferry_frame_header ok = {.type = FERRY_FRAME_POOL_REPLY, .id = h->id, .body_len = sizeof grant};
-  return ferry_sock_send_frame(&c->sock, &ok, grant, "send POOL_REPLY");
+    return reply(c, type, id, st, ferry_last_error());
+  ferry_frame_header ok = {.type = type, .flags = flags, .id = id, .body_len = sizeof grant};
+  return ferry_sock_send_frame(&c->sock, &ok, grant, "send pool reply");
+}
+
+/* Receive pools (pool.c): a grant request or a landed notice. */
+static ferry_status serve_pool(server_conn *c, const ferry_frame_header *h) {
+  uint8_t body[FERRY_WIRE_POOL_MAX];
+  ferry_status st = ferry_sock_recv(&c->sock, body, h->body_len, "receive POOL");
+  return st ? st : answer_pool(c, FERRY_FRAME_POOL_REPLY, 0, h->id, body, h->body_len);
 }
 
 /* The ranges a REGIONS_REQ asks for (none: the whole table). A body that
@@ -513,13 +525,20 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
   if (st)
     return st;
   int write = h->type == FERRY_FRAME_WRITE;
+  /* An after-landed message (pool.c's LANDED) rides past the payload:
+   * served once every byte landed, its reply on the ack. */
+  uint8_t after[FERRY_WIRE_POOL_MAX];
+  uint64_t after_len = 0;
   if (write) {
     uint64_t carried = h->body_len - (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE -
                        (h->flags & FERRY_FRAME_FLAG_CHECKSUM ? 4 : 0);
-    if (total != carried)
+    after_len = h->flags & FERRY_FRAME_FLAG_AFTER ? carried - total : 0;
+    if (total > carried || total + after_len != carried || after_len > sizeof after ||
+        (after_len && after_len < FERRY_WIRE_POOL_FIXED))
       return ferry_fail(FERRY_EPROTO,
-                        "WRITE from %s: segments sum to %llu bytes, frame carries %llu", c->peer,
-                        (unsigned long long)total, (unsigned long long)carried);
+                        "WRITE from %s: segments sum to %llu bytes, frame carries %llu%s", c->peer,
+                        (unsigned long long)total, (unsigned long long)carried,
+                        after_len ? " with an after-landed message" : "");
   }
   char reason[FERRY_WIRE_MAX_REASON];
   publish(c, h);
@@ -527,10 +546,13 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
   ferry_region fenced;
   if (verdict) {
     unpublish(c, &fenced); /* nothing was touched: a fence has nothing to wait for */
-    return refuse_request(c, h, total, verdict, reason);
+    return refuse_request(c, h, total + after_len, verdict, reason);
   }
-  st = write ? receive_payload(c, h, total, &verdict, reason, sizeof reason)
-             : send_data(c, h, total);
+  st = write
+           ? receive_payload(c, h, total, after, (size_t)after_len, &verdict, reason, sizeof reason)
+           : send_data(c, h, total);
+  if (write)
+    ferry_pools_writes_done(c->engine, c->peer_id, c->segs, h->count, !st && !verdict);
   if (unpublish(c, &fenced))
     return end_fenced(c, h, &fenced);
   if (write)
@@ -538,6 +560,9 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
   if (st || !write)
     return st;
   /* Acknowledged only now: every byte of the frame is in memory. */
+  if (after_len && !verdict)
+    return answer_pool(c, FERRY_FRAME_WRITE_ACK, FERRY_FRAME_FLAG_AFTER, h->id, after,
+                       (size_t)after_len);
   return reply(c, FERRY_FRAME_WRITE_ACK, h->id, verdict, verdict ? reason : NULL);
 }
 

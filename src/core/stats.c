@@ -16,6 +16,7 @@
 #include "engine.h"
 #include "error.h"
 #include "peer.h"
+#include "pool.h"
 #include "transport/transport.h"
 
 #define ADD(counter, n) __atomic_add_fetch(&(counter), (n), __ATOMIC_RELAXED)
@@ -178,6 +179,7 @@ static void read_gauges(ferry_engine *e, ferry_stats *s) {
   pthread_mutex_lock(&e->notify_lock);
   s->notifications_queued = e->notify_count;
   pthread_mutex_unlock(&e->notify_lock);
+  ferry_pools_stats(e, s);
 }
 
 static void read_engine_counters(ferry_engine *e, ferry_stats *s) {
@@ -366,6 +368,14 @@ static void put_all(FILE *f, const ferry_stats *s) {
   put_gauge(f, "ferry_registered_regions", "Registered regions.", s->registered_regions);
   put_gauge(f, "ferry_notifications_queued", "Notifications received and not drained.",
             s->notifications_queued);
+  put_gauge(f, "ferry_pool_senders_waiting", "Grant requests waiting for room in a full pool.",
+            s->pool_senders_waiting);
+  put_head(f, "ferry_pool_messages_landed_total", "counter",
+           "Messages landed in this engine's pools.");
+  fprintf(f, "ferry_pool_messages_landed_total{notice=\"inband\"} %llu\n",
+          (unsigned long long)s->pool_landed_inband);
+  fprintf(f, "ferry_pool_messages_landed_total{notice=\"control\"} %llu\n",
+          (unsigned long long)(s->pool_messages_landed - s->pool_landed_inband));
   put_histogram(f, s);
 }
 

@@ -4,8 +4,10 @@
  * sendmsg straight from registered memory (header, segment table, payload
  * segments); the target reads it into its memory with recvmsg and answers
  * once the last byte landed. A READ is a segment table; the reply's payload
- * is received straight into local memory. Several frames are kept in flight
- * per connection so the link never idles waiting for an acknowledgement.
+ * is received straight into local memory. A batch's after-landed message
+ * rides on its last WRITE frame (FERRY_FRAME_FLAG_AFTER) and its reply on
+ * that frame's ack. Several frames are kept in flight per connection so
+ * the link never idles waiting for an acknowledgement.
  *
  * Rails: a target with rail_hosts listens on each rail too (service_start;
  * the server accepts there) and its descriptor lists them, "host:port"
@@ -32,7 +34,8 @@ typedef struct tcp_slot {
   ferry_chunk chunk;
   uint8_t header[FERRY_WIRE_HEADER_SIZE];
   uint8_t table[FERRY_CHUNK_MAX_SEGMENTS * FERRY_WIRE_SEGMENT_SIZE];
-  uint32_t crc; /* little-endian on the wire */
+  uint32_t crc;       /* little-endian on the wire */
+  ferry_after *after; /* carried after the payload (batch.h), or NULL */
 } tcp_slot;
 
 typedef struct tcp_channel {
@@ -164,11 +167,13 @@ static ferry_status send_request(tcp_channel *ch, tcp_slot *s, uint64_t id, int 
   ferry_chunk *c = &s->chunk;
   int write = c->op == FERRY_OP_WRITE;
   uint64_t table_len = (uint64_t)c->count * FERRY_WIRE_SEGMENT_SIZE;
-  ferry_frame_header h = {.type = write ? FERRY_FRAME_WRITE : FERRY_FRAME_READ,
-                          .flags = checksum ? FERRY_FRAME_FLAG_CHECKSUM : 0,
-                          .count = c->count,
-                          .id = id,
-                          .body_len = table_len + (write ? c->bytes + (checksum ? 4 : 0) : 0)};
+  uint64_t after_len = s->after ? s->after->len : 0;
+  ferry_frame_header h = {
+      .type = write ? FERRY_FRAME_WRITE : FERRY_FRAME_READ,
+      .flags = (checksum ? FERRY_FRAME_FLAG_CHECKSUM : 0) | (s->after ? FERRY_FRAME_FLAG_AFTER : 0),
+      .count = c->count,
+      .id = id,
+      .body_len = table_len + (write ? c->bytes + after_len + (checksum ? 4 : 0) : 0)};
   ferry_wire_header_encode(s->header, &h);
   ferry_wire_segments_encode(s->table, c->remote, c->count);
   struct iovec *iov = ch->iov;
@@ -178,8 +183,11 @@ static ferry_status send_request(tcp_channel *ch, tcp_slot *s, uint64_t id, int 
   if (write) {
     memcpy(&iov[n], c->local, c->count * sizeof *iov);
     n += (int)c->count;
+    if (s->after)
+      iov[n++] = (struct iovec){s->after->body, s->after->len};
     if (checksum) {
-      s->crc = htole32(chunk_crc(c));
+      uint32_t crc = chunk_crc(c);
+      s->crc = htole32(s->after ? ferry_crc32c(crc, s->after->body, s->after->len) : crc);
       iov[n++] = (struct iovec){&s->crc, sizeof s->crc};
     }
   }
@@ -221,12 +229,21 @@ static ferry_status receive_reply(tcp_channel *ch, tcp_slot *s, uint64_t id, int
     return ferry_fail(FERRY_EPROTO,
                       "reply from %s is frame type %u id %llu, expected type %u id %llu",
                       ch->address, h.type, (unsigned long long)h.id, want, (unsigned long long)id);
+  if (!h.status && write && !(h.flags & FERRY_FRAME_FLAG_AFTER) != !s->after)
+    return ferry_fail(FERRY_EPROTO, "WRITE ack from %s %s the after-landed reply", ch->address,
+                      s->after ? "lacks" : "carries an unasked");
   if (h.status) {
     st = ferry_sock_read_refusal(&ch->sock, &h, write ? "WRITE" : "READ");
     *fatal = st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT;
     return st;
   }
   *fatal = 0;
+  if (write && s->after) { /* the after-landed message's reply */
+    st = ferry_sock_recv(&ch->sock, s->after->reply, sizeof s->after->reply, "receive WRITE ack");
+    *fatal = st != FERRY_OK;
+    s->after->carried = !st;
+    return st;
+  }
   if (write)
     return FERRY_OK; /* header decode guaranteed an empty body */
   st = receive_read_data(ch, s, &h, checksum);
@@ -243,7 +260,8 @@ static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
   ferry_sock_set_deadline(&ch->sock, b->deadline_ns);
   for (;;) {
     while (!base->broken && sent - done < TCP_WINDOW &&
-           ferry_batch_claim_on(b, base, slice, &ch->slots[sent % TCP_WINDOW].chunk)) {
+           ferry_batch_claim_on(b, base, slice, &ch->slots[sent % TCP_WINDOW].chunk,
+                                &ch->slots[sent % TCP_WINDOW].after)) {
       ferry_status st = send_request(ch, &ch->slots[sent % TCP_WINDOW], sent, checksum);
       sent++;
       if (st) { /* settled below, with the frames still in flight */
@@ -304,6 +322,7 @@ const ferry_transport ferry_transport_tcp = {
     .slice_size = tcp_slice,
     .channel_open = tcp_open,
     .channel_drive = tcp_drive,
+    .carries_after = 1,
     .channel_alive = tcp_alive,
     .channel_shutdown = tcp_shutdown,
     .channel_close = tcp_close,

@@ -32,6 +32,9 @@
  * rail instead of failing the batch. The change for rails was additive:
  * these two hooks, channel->rail, and those two batch calls.
  *
+ * A transport may also carry a batch's after-landed message with its data
+ * (carries_after below), saving pool sends their second round trip.
+ *
  * Not in the seam yet (issue 12): asynchronous completion, several
  * transports per peer. */
 #ifndef FERRY_TRANSPORT_H
@@ -69,6 +72,15 @@ struct ferry_transport {
   /* Claims chunks of the batch and moves them until none are left. A failed
    * chunk is reported to the batch; the return value is the first error. */
   ferry_status (*channel_drive)(ferry_channel *channel, ferry_batch *batch);
+  /* Nonzero when channel_drive carries a batch's after-landed message
+   * (batch.h) in-band: it claims with ferry_batch_claim_after, and for the
+   * chunk that gets the message the target serves it after the chunk
+   * landed and before its acknowledgement, which brings the reply; the
+   * driver stores it and sets carried before completing the chunk. Only a
+   * transport whose target checks every WRITE (pool.c counts them into
+   * their slots) may carry it. Zero: the batch sends the message on the
+   * control connection after the data (one more round trip). */
+  int carries_after;
   /* Nonzero when an idle channel can take a batch. A transport whose check
    * costs a system call may skip it for a channel that got a reply within
    * FERRY_PEER_TRUST_NS (tcp does; shm's link check stays). */

@@ -125,11 +125,14 @@ static int is_reply(uint8_t type) {
  * asks the target to checksum its READ_REPLY: the reader has no other way
  * to ask for it. */
 static ferry_status check_flags(const ferry_frame_header *h) {
-  if (h->flags & ~FERRY_FRAME_FLAG_CHECKSUM)
+  if (h->flags & ~(FERRY_FRAME_FLAG_CHECKSUM | FERRY_FRAME_FLAG_AFTER))
     return bad_frame(h, "unknown flags 0x%02x", (unsigned)h->flags);
   if ((h->flags & FERRY_FRAME_FLAG_CHECKSUM) && h->type != FERRY_FRAME_WRITE &&
       h->type != FERRY_FRAME_READ && h->type != FERRY_FRAME_READ_REPLY)
     return bad_frame(h, "checksum flag on a frame that carries no data");
+  if ((h->flags & FERRY_FRAME_FLAG_AFTER) && h->type != FERRY_FRAME_WRITE &&
+      h->type != FERRY_FRAME_WRITE_ACK)
+    return bad_frame(h, "after-landed flag on a frame that is not a WRITE or its ack");
   return FERRY_OK;
 }
 
@@ -163,11 +166,16 @@ static ferry_status check_write(const ferry_frame_header *h) {
     return st;
   uint64_t table = (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE;
   uint64_t trailer = (h->flags & FERRY_FRAME_FLAG_CHECKSUM) ? CHECKSUM_SIZE : 0;
+  uint64_t after_extra = 0; /* an after-landed message's bytes past its fixed part */
+  if (h->flags & FERRY_FRAME_FLAG_AFTER) {
+    trailer += FERRY_WIRE_POOL_FIXED;
+    after_extra = FERRY_WIRE_POOL_MAX - FERRY_WIRE_POOL_FIXED;
+  }
   if (h->body_len < table + trailer)
     return bad_frame(h, "body of %" PRIu64 " bytes cannot hold %" PRIu32 " segments", h->body_len,
                      h->count);
   uint64_t payload = h->body_len - table - trailer;
-  if (payload > FERRY_WIRE_MAX_PAYLOAD)
+  if (payload > FERRY_WIRE_MAX_PAYLOAD + after_extra)
     return bad_frame(h, "payload of %" PRIu64 " bytes exceeds %llu", payload,
                      FERRY_WIRE_MAX_PAYLOAD);
   return FERRY_OK;
@@ -214,6 +222,9 @@ static ferry_status check_type_limits(const ferry_frame_header *h) {
     return check_body_range(h, FERRY_WIRE_PROOF_SIZE + FACTS_FIXED, FERRY_WIRE_AUTH_REPLY_MAX);
   case FERRY_FRAME_REGIONS_REQ: return check_regions_req(h);
   case FERRY_FRAME_WRITE_ACK:
+    if (h->flags & FERRY_FRAME_FLAG_AFTER)
+      return check_body_range(h, FERRY_WIRE_POOL_REPLY_SIZE, FERRY_WIRE_POOL_REPLY_SIZE);
+    return check_empty(h);
   case FERRY_FRAME_NOTIFY_ACK:
   case FERRY_FRAME_PING:
   case FERRY_FRAME_PONG: return check_empty(h);

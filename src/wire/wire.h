@@ -82,6 +82,11 @@ typedef enum ferry_frame_type {
 /* WRITE: payload followed by its crc32c (u32). READ: asks for a checksummed
  * reply. READ_REPLY: payload followed by its crc32c. */
 #define FERRY_FRAME_FLAG_CHECKSUM 0x1
+/* WRITE: the payload is followed by an after-landed message (a POOL body,
+ * FERRY_WIRE_POOL_FIXED..FERRY_WIRE_POOL_MAX bytes, before the crc, which
+ * covers it too), served by the target once the payload landed and before
+ * it acks. WRITE_ACK (status 0): its POOL_REPLY body follows. */
+#define FERRY_FRAME_FLAG_AFTER 0x2
 
 typedef struct ferry_frame_header {
   uint8_t type;

@@ -48,7 +48,7 @@ def test_python_m_ferry_runs_the_bundled_tool():
 
 @pytest.mark.parametrize("args, rc, message", [
     (["bench", "--target", "127.0.0.1:1", "--op", "frobnicate"], 2,
-     "invalid value 'frobnicate' for --op: expected write or read"),
+     "invalid value 'frobnicate' for --op: expected write, read or send"),
     (["bench", "--target", "127.0.0.1:1", "--block", "1X"], 2,
      "invalid value '1X' for --block: expected a size in bytes, more than 0, with an optional "
      "binary K, M, G or T suffix"),

@@ -37,6 +37,24 @@ def test_send_recv_numpy_view(pair):
             del got
 
 
+def test_send_batch_delivers_each(pair):
+    rx, tx = pair
+    rng = np.random.default_rng(3)
+    embs = [rng.standard_normal((n, 1024)).astype(np.float16) for n in (16, 300, 1024)]
+    with rx.create_pool("emb", 16 << 20) as pool:
+        tx.send_batch(rx.name, "emb", [(b"b%d" % i, e) for i, e in enumerate(embs)])
+        for i, e in enumerate(embs):
+            with rx.recv(pool, b"b%d" % i, timeout=5) as msg:
+                assert bytes(msg) == e.tobytes()
+        with pytest.raises(ferry.Error) as err:
+            tx.send_batch(rx.name, "emb", [(b"ok", embs[0]), (b"big", bytes(32 << 20))])
+        assert "message 1" in str(err.value) and "does not fit" in str(err.value)
+        with rx.recv(pool, b"ok", timeout=5) as msg:
+            assert bytes(msg) == embs[0].tobytes()
+        with pytest.raises(TypeError):
+            tx.send_batch(rx.name, "emb", [b"not a pair"])
+
+
 def test_user_memory_pool_and_any_tag(pair):
     rx, tx = pair
     backing = bytearray(1 << 20)

@@ -121,8 +121,36 @@ static void test_header_bad_magic_reserved_type(void **state) {
 
 static void test_header_flags_and_status(void **state) {
   (void)state;
-  assert_int_equal(check_header(header(FERRY_FRAME_PING, 0x2, 0, 0, 0)), FERRY_EPROTO);
+  assert_int_equal(check_header(header(FERRY_FRAME_PING, 0x4, 0, 0, 0)), FERRY_EPROTO);
   assert_detail("flags");
+  /* The after-landed flag: only on WRITE (room for at least the fixed
+   * part of a POOL body past the table) and on its ack (a grant). */
+  assert_int_equal(check_header(header(FERRY_FRAME_PING, FERRY_FRAME_FLAG_AFTER, 0, 0, 0)),
+                   FERRY_EPROTO);
+  assert_detail("after-landed");
+  assert_int_equal(check_header(header(FERRY_FRAME_WRITE, FERRY_FRAME_FLAG_AFTER, 1, 0,
+                                       16 + FERRY_WIRE_POOL_FIXED)),
+                   FERRY_OK);
+  assert_int_equal(check_header(header(FERRY_FRAME_WRITE, FERRY_FRAME_FLAG_AFTER, 1, 0,
+                                       16 + FERRY_WIRE_POOL_FIXED - 1)),
+                   FERRY_EPROTO);
+  assert_int_equal(
+      check_header(header(FERRY_FRAME_WRITE, FERRY_FRAME_FLAG_AFTER | FERRY_FRAME_FLAG_CHECKSUM, 1,
+                          0, 16 + FERRY_WIRE_POOL_FIXED + 3)),
+      FERRY_EPROTO);
+  assert_int_equal(check_header(header(FERRY_FRAME_WRITE, FERRY_FRAME_FLAG_AFTER, 1, 0,
+                                       16 + FERRY_WIRE_MAX_PAYLOAD + FERRY_WIRE_POOL_MAX)),
+                   FERRY_OK);
+  assert_int_equal(check_header(header(FERRY_FRAME_WRITE, FERRY_FRAME_FLAG_AFTER, 1, 0,
+                                       16 + FERRY_WIRE_MAX_PAYLOAD + FERRY_WIRE_POOL_MAX + 1)),
+                   FERRY_EPROTO);
+  assert_int_equal(check_header(header(FERRY_FRAME_WRITE_ACK, FERRY_FRAME_FLAG_AFTER, 0, 0,
+                                       FERRY_WIRE_POOL_REPLY_SIZE)),
+                   FERRY_OK);
+  assert_int_equal(check_header(header(FERRY_FRAME_WRITE_ACK, FERRY_FRAME_FLAG_AFTER, 0, 0, 0)),
+                   FERRY_EPROTO);
+  assert_int_equal(check_header(header(FERRY_FRAME_READ, FERRY_FRAME_FLAG_AFTER, 1, 0, 16)),
+                   FERRY_EPROTO);
   /* On READ the flag asks for a checksummed reply and adds no bytes. */
   assert_int_equal(check_header(header(FERRY_FRAME_READ, FERRY_FRAME_FLAG_CHECKSUM, 1, 0, 16)),
                    FERRY_OK);
