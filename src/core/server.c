@@ -578,10 +578,10 @@ static ferry_status serve_frame(server_conn *c, const ferry_frame_header *h) {
   }
 }
 
-/* The next request of a connection the loop found readable: its header
- * must arrive within timeout_ms (the time it waited idle was spent in the
- * loop); once in, the rest of the frame must follow by the deadline of a
- * transfer of its size, so a peer that stalls mid-frame is cut off. */
+/* The next request of a connection epoll found readable: its header must
+ * arrive within timeout_ms (the time it waited idle was spent in epoll);
+ * once in, the rest of the frame must follow by the deadline of a transfer
+ * of its size, so a peer that stalls mid-frame is cut off. */
 static ferry_status next_request(server_conn *c, ferry_frame_header *h) {
   ferry_sock_set_deadline(&c->sock, ferry_engine_deadline(c->engine, 0));
   ferry_status st = ferry_sock_recv_header(&c->sock, h, "receive request");
