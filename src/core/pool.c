@@ -731,6 +731,8 @@ static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
               take_pregrant(e->pools, a->target, a->pool, a->length, instance, &o->grant, &stale);
   if (!o->cached)
     st = request_grant(a, o->peer, stale, &o->grant);
+  else if (stale) /* no grant request to carry it back this time: the next one will */
+    keep_pregrant(e->pools, a->target, a->pool, &(ferry_pool_grant){instance, stale, 0, 0}, 1);
   if (!st && o->grant.instance != instance)
     st = ferry_fail(FERRY_ESOCKET, "send to pool '%s' of %s: the target restarted during the send",
                     a->pool, a->target);
