@@ -177,7 +177,8 @@ typedef struct ferry_config {
                                         tcp_connections + 1); past it the
                                         handshake is refused with FERRY_EBUSY */
   uint32_t idle_timeout_ms;          /* a connection with no request for this
-                                        long is closed (FERRY_IDLE_TIMEOUT_MS,
+                                        long is closed, by the target and by
+                                        the initiator (FERRY_IDLE_TIMEOUT_MS,
                                         default 600000); initiators reconnect */
   /* Memory one peer's undrained notifications may hold: payload, name,
    * queue slot and allocator overhead (FERRY_NOTIFY_PEER_BYTES, default

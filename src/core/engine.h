@@ -69,6 +69,7 @@ struct ferry_engine {
 
   pthread_mutex_t peers_lock;
   ferry_peer *peers;
+  uint64_t peers_swept_ns; /* last sweep of idle connections (peer.c; atomic) */
 
   pthread_mutex_t notify_lock;
   ferry_notification *notifications;

@@ -372,6 +372,7 @@ static ferry_status control_once(ferry_peer *p, const ferry_frame_header *req, c
     st = h.status ? ferry_sock_read_refusal(&s, &h, "request") : read(p, &s, &h, ctx);
   if (st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT || st == FERRY_EPROTO)
     control_close(p);
+  p->control_used_ns = ferry_now_ns();
   return st;
 }
 
@@ -816,8 +817,59 @@ static ferry_status open_on_rail(ferry_peer *p, ferry_batch *b, int r, ferry_cha
   return FERRY_OK;
 }
 
+/* ---- idle connections ------------------------------------------------------------------ */
+
+/* Connections unused past this engine's idle_timeout_ms are closed: a
+ * target closes its end at its own idle limit, and an initiator keeping
+ * its end would hold the socket half-closed until its next call to that
+ * target, which may never come. Swept at most once a second (or once an
+ * idle limit, if shorter) from any checkout, so an engine that makes no
+ * calls never wakes for it. */
+#define FERRY_PEER_SWEEP_NS (1000 * 1000000ull)
+
+static void close_idle_channels_locked(ferry_peer *p, uint64_t before_ns) {
+  for (ferry_channel **pp = &p->idle; *pp;) {
+    ferry_channel *ch = *pp;
+    if (ch->idle_since_ns >= before_ns) {
+      pp = &ch->next_idle;
+      continue;
+    }
+    *pp = ch->next_idle;
+    unlink_channel(p, ch);
+    ch->transport->channel_close(ch);
+  }
+}
+
+/* A control connection busy with a request is in use, not idle. */
+static void close_idle_control(ferry_peer *p, uint64_t before_ns) {
+  if (pthread_mutex_trylock(&p->control_lock) != 0)
+    return;
+  if (p->control_fd >= 0 && p->control_used_ns < before_ns)
+    control_close(p);
+  pthread_mutex_unlock(&p->control_lock);
+}
+
+static void sweep_idle_connections(ferry_engine *e) {
+  uint64_t now = ferry_now_ns(), last = __atomic_load_n(&e->peers_swept_ns, __ATOMIC_RELAXED);
+  uint64_t limit_ns = (uint64_t)e->cfg.idle_timeout_ms * 1000000ull;
+  uint64_t every_ns = limit_ns < FERRY_PEER_SWEEP_NS ? limit_ns : FERRY_PEER_SWEEP_NS;
+  if (now - last < every_ns || now < limit_ns ||
+      !__atomic_compare_exchange_n(&e->peers_swept_ns, &last, now, 0, __ATOMIC_RELAXED,
+                                   __ATOMIC_RELAXED))
+    return; /* recently swept, or another thread sweeps now */
+  pthread_mutex_lock(&e->peers_lock);
+  for (ferry_peer *p = e->peers; p; p = p->next) {
+    pthread_mutex_lock(&p->lock);
+    close_idle_channels_locked(p, now - limit_ns);
+    pthread_mutex_unlock(&p->lock);
+    close_idle_control(p, now - limit_ns);
+  }
+  pthread_mutex_unlock(&e->peers_lock);
+}
+
 ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **out) {
   ferry_status st = FERRY_OK, lost = FERRY_OK; /* lost: why the last rail tried failed */
+  sweep_idle_connections(p->engine);
   pthread_mutex_lock(&p->lock);
   for (;;) {
     if (ferry_engine_closing(p->engine)) {
@@ -881,6 +933,7 @@ void ferry_peer_checkin(ferry_peer *p, ferry_channel *ch) {
     unlink_channel(p, ch);
     ch->transport->channel_close(ch);
   } else {
+    ch->idle_since_ns = ferry_now_ns();
     ch->next_idle = p->idle;
     p->idle = ch;
   }

@@ -61,6 +61,7 @@ struct ferry_peer {
 
   pthread_mutex_t control_lock; /* one request at a time on control */
   int control_fd;               /* set and closed under both locks */
+  uint64_t control_used_ns;     /* when its last request ended (control_lock) */
   uint64_t control_instance;
   ferry_session control_session; /* seals control frames (a secret is set) */
 };

@@ -55,6 +55,7 @@ typedef struct ferry_channel {
   uint64_t replied_ns;      /* when a reply last arrived: recent proof the link works */
   unsigned rail;            /* index in the transport's rails list (0 without rails) */
   unsigned rail_generation; /* that rail's generation when opened (peer.c) */
+  uint64_t idle_since_ns;   /* when it was last checked in */
   struct ferry_channel *next_idle;
   struct ferry_channel *next_all;
 } ferry_channel;

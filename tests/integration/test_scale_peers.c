@@ -3,8 +3,8 @@
  * target with every byte verified while the target stays within its worker
  * bound; hundreds of idle connections cost no thread; peers stalled
  * mid-frame do not hold up a healthy one (the pool grows past the stuck
- * workers, up to its cap); a second listening socket is served like the
- * first.
+ * workers, up to its cap); an initiator closes its connections to a
+ * target it stopped calling once they are idle past its limit.
  *
  * Thread counts come from /proc/self/task, taken at moments the test
  * drives (every peer connected and idle, or every stalled frame inside the
@@ -29,6 +29,7 @@
 
 #include "core/engine.h"
 #include "core/net.h"
+#include "core/peer.h"
 #include "ferry.h"
 #include "harness.h"
 #include "rawclient.h"
@@ -247,11 +248,57 @@ static void stalled_peers_do_not_hold_up_a_healthy_one(void **state) {
   free(back);
 }
 
+/* ---- an initiator's idle connections ------------------------------------ */
+
+static void write_block(ferry_engine *from, ferry_engine *to, uint8_t *src, uint8_t *dst) {
+  ferry_entry e = {FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)dst, BLOCK};
+  if (ferry_transfer_sync_batch(from, ferry_engine_name(to), &e, 1, NULL) != FERRY_OK)
+    fail_msg("write to %s: %s", ferry_engine_name(to), ferry_last_error());
+}
+
+/* Its connections to target a, left idle past the initiator's limit, are
+ * closed by the next call to another target, not kept half-open until a
+ * call to a that may never come. */
+static void idle_connections_to_a_quiet_target_are_closed(void **state) {
+  (void)state;
+  ferry_engine *a = tcp_engine(SERVER_THREADS, 30000), *b = tcp_engine(SERVER_THREADS, 30000);
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.transports = FERRY_TRANSPORT_TCP;
+  cfg.idle_timeout_ms = 100;
+  ferry_engine *i = NULL;
+  assert_int_equal(ferry_engine_create(&cfg, &i), FERRY_OK);
+  uint8_t *src = test_buffer(i, BLOCK), *dst_a = test_buffer(a, BLOCK),
+          *dst_b = test_buffer(b, BLOCK);
+  write_block(i, a, src, dst_a);
+  write_block(i, b, src, dst_b);
+  ferry_peer *to_a;
+  assert_int_equal(ferry_peer_get(i, ferry_engine_name(a), &to_a), FERRY_OK);
+  assert_true(to_a->open_channels > 0 && to_a->control_fd >= 0);
+  poll(NULL, 0, 250); /* past the 100 ms idle limit: what is tested is that limit */
+  write_block(i, b, src, dst_b);
+  pthread_mutex_lock(&to_a->lock);
+  unsigned open = to_a->open_channels;
+  int control = to_a->control_fd;
+  pthread_mutex_unlock(&to_a->lock);
+  assert_int_equal(open, 0);
+  assert_int_equal(control, -1);
+  write_block(i, a, src, dst_a); /* and a is reached again on the next call */
+  ferry_engine_destroy(i);
+  ferry_engine_destroy(a);
+  ferry_engine_destroy(b);
+  free(src);
+  free(dst_a);
+  free(dst_b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sixty_four_initiator_processes_into_one_target),
       cmocka_unit_test(idle_connections_cost_no_threads),
       cmocka_unit_test(stalled_peers_do_not_hold_up_a_healthy_one),
+      cmocka_unit_test(idle_connections_to_a_quiet_target_are_closed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
