@@ -58,6 +58,7 @@ struct ferry_engine {
   ferry_metadata *metadata;               /* NULL in peer-to-peer mode */
   ferry_shm_service *shm;                 /* same-host service, NULL when shm is off */
   char shm_path[FERRY_WIRE_MAX_NAME + 1]; /* its UNIX socket, advertised in HELLO_REPLY */
+  struct ferry_fabric *fabric;            /* the libfabric transport's, NULL when off */
 
   pthread_mutex_t peers_lock;
   ferry_peer *peers;

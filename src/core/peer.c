@@ -415,6 +415,10 @@ static ferry_status refresh_regions(ferry_peer *p, uint64_t deadline_ns) {
   return control_call(p, &req, NULL, FERRY_FRAME_REGIONS_REPLY, read_regions, NULL, deadline_ns);
 }
 
+ferry_status ferry_peer_refresh_regions(ferry_peer *p, uint64_t deadline_ns) {
+  return refresh_regions(p, deadline_ns);
+}
+
 ferry_status ferry_peer_ping(ferry_peer *p, uint64_t deadline_ns) {
   ferry_frame_header req = {.type = FERRY_FRAME_PING};
   return control_call(p, &req, NULL, FERRY_FRAME_PONG, read_nothing, NULL, deadline_ns);

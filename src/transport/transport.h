@@ -97,6 +97,7 @@ struct ferry_transport {
 };
 
 extern const ferry_transport ferry_transport_tcp;
+extern const ferry_transport ferry_transport_fabric;
 
 /* Transports in order of preference. */
 extern const ferry_transport *const ferry_transports[];
