@@ -90,6 +90,22 @@ static int query(const ferry_config *cfg, const char *provider, uint64_t extra_c
   return rc;
 }
 
+/* The entry on the configured device: providers may ignore the domain
+ * name in the hints (rxm does), so it is checked here. -FI_ENODATA when no
+ * entry is on it. */
+static int pick_device(const ferry_config *cfg, struct fi_info **info) {
+  if (!cfg->fabric_device)
+    return 0;
+  struct fi_info *hit = NULL;
+  for (struct fi_info *i = *info; i && !hit; i = i->next)
+    if (i->domain_attr->name && !strcmp(i->domain_attr->name, cfg->fabric_device))
+      hit = i;
+  struct fi_info *one = hit ? fi_dupinfo(hit) : NULL;
+  fi_freeinfo(*info);
+  *info = one;
+  return one ? 0 : hit ? -FI_ENOMEM : -FI_ENODATA;
+}
+
 /* fi_getinfo for provider, pinned where it must be; with remote RMA events
  * (for polling without a wait fd) where the provider has them. */
 static int provider_info(ferry_engine *e, const char *provider, struct fi_info **out,
@@ -106,6 +122,8 @@ static int provider_info(ferry_engine *e, const char *provider, struct fi_info *
       *node = host;
       rc = query(&e->cfg, provider, caps, host, out);
     }
+    if (rc == 0)
+      rc = pick_device(&e->cfg, out);
   }
   return rc;
 }
