@@ -85,9 +85,9 @@ peer_descriptor(const ferry_hello_reply *info, ferry_fabric_descriptor *d, char 
   return ferry_fabric_descriptor_decode(w->data, w->len, d, why, size) ? w : NULL;
 }
 
-/* Same provider and fabric, an address libfabric accepts, and for shm the
- * same host. The descriptor is untrusted input: decoded with every length
- * checked, then only compared and handed to fi_av_insert. */
+/* Same provider and fabric (IP providers: any subnet, routing decides), an
+ * address libfabric accepts, and for shm the same host. The descriptor is untrusted input: decoded
+ * with every length checked, then only compared and handed to fi_av_insert. */
 static int fabric_usable(ferry_engine *e, const ferry_hello_reply *info, char *why, size_t size) {
   ferry_fabric *f = e->fabric;
   ferry_fabric_descriptor d;
@@ -99,7 +99,7 @@ static int fabric_usable(ferry_engine *e, const ferry_hello_reply *info, char *w
     return snprintf(why, size, "the peer uses provider %s, this engine %s", d.provider,
                     f->self.provider),
            0;
-  if (strcmp(d.fabric, f->self.fabric) != 0)
+  if (!ferry_fabric_is_host_ip(f->info) && strcmp(d.fabric, f->self.fabric) != 0)
     return snprintf(why, size, "the peer is on fabric %s, this engine on %s", d.fabric,
                     f->self.fabric),
            0;

@@ -31,6 +31,9 @@ int ferry_fabric_probe(const char *provider, char *out, size_t size);
  * API 1.4, the strict verbs/efa set) and thread safety; NULL: no memory. */
 struct fi_info *ferry_fabric_hints(const char *provider, int basic);
 #define FERRY_FABRIC_API(basic) ((basic) ? FI_VERSION(1, 4) : FI_VERSION(1, 17))
+/* A provider over the host's IP stack (tcp, net): pinned to the engine's
+ * host; its fabric name is its subnet, which says nothing of reachability. */
+int ferry_fabric_is_host_ip(const struct fi_info *info);
 /* Appends each domain name of the list once ("eth0, lo"). */
 void ferry_fabric_domains(const struct fi_info *info, char *out, size_t size);
 

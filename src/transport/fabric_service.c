@@ -32,7 +32,7 @@
 
 #define FABRIC_SPIN_ROUNDS 4096   /* yields before the first sleep */
 #define FABRIC_SLEEP_MIN_US 50    /* then sleeps, doubling */
-#define FABRIC_SLEEP_MAX_US 10000 /* up to this: 100 wake-ups a second when idle */
+#define FABRIC_SLEEP_MAX_US 20000 /* up to this: 50 wake-ups a second when idle */
 #define FABRIC_DESCRIPTOR_VERSION 1
 
 void ferry_fabric_backoff(unsigned *idle, int wake_fd) {
@@ -67,7 +67,7 @@ static int is_wildcard(const char *host) {
  * entry per interface, eth0 first: it is pinned to the engine's own host,
  * so traffic never leaves the interface the engine was told to use
  * (loopback in tests). verbs and efa address their NICs themselves. */
-static int needs_pinning(const struct fi_info *info) {
+int ferry_fabric_is_host_ip(const struct fi_info *info) {
   uint32_t f = info->addr_format;
   const char *prov = info->fabric_attr->prov_name;
   int ip = f == FI_SOCKADDR || f == FI_SOCKADDR_IN || f == FI_SOCKADDR_IN6;
@@ -116,7 +116,7 @@ static int provider_info(ferry_engine *e, const char *provider, struct fi_info *
   for (int events = 1; events >= 0 && rc; events--) {
     uint64_t caps = events ? FI_RMA_EVENT : 0;
     rc = query(&e->cfg, provider, caps, NULL, out);
-    if (rc == 0 && needs_pinning(*out)) {
+    if (rc == 0 && ferry_fabric_is_host_ip(*out)) {
       fi_freeinfo(*out);
       *out = NULL;
       *node = host;
