@@ -38,7 +38,8 @@
 
 /* Operations in flight per channel: enough to cover the per-operation
  * latency of the tcp and shm providers at 512 KiB (libfabric.md's baseline
- * uses the same). Chunks in flight: as many, for one operation each. */
+ * uses the same depth). Chunks in flight: as many, for small entries (one
+ * operation each). A segment larger than an operation is split. */
 #define FABRIC_DEPTH 16
 #define FABRIC_SLOTS FABRIC_DEPTH
 #define FABRIC_WAIT_MS 100 /* longest sleep on the CQ fd before checking the deadline */
@@ -50,6 +51,8 @@
 typedef struct fabric_slot {
   ferry_chunk chunk;
   uint32_t posted, done, planned; /* operations; planned drops when posting stops */
+  uint32_t seg;                   /* where the next operation starts */
+  uint64_t seg_off;
   int active;
   ferry_status st;
   char detail[FERRY_ERROR_MAX];
@@ -65,6 +68,7 @@ typedef struct fabric_channel {
   int stopping;
   int virt_addr; /* the target addresses its registrations virtually */
   int local_mr;  /* the provider needs a descriptor for local buffers */
+  size_t op_max; /* bytes per operation */
   fi_addr_t dest;
   char address[FERRY_HOST_MAX + 8];
   ferry_batch *batch;   /* being driven */
@@ -112,11 +116,18 @@ static int fabric_usable(ferry_engine *e, const ferry_hello_reply *info, char *w
   return 1;
 }
 
-static size_t fabric_slice(const ferry_batch *b) {
-  size_t slice = b->engine->cfg.slice_size;
-  size_t max = b->engine->fabric ? b->engine->fabric->info->ep_attr->max_msg_size : slice;
+/* Bytes per operation: the engine's slice size, within what the provider
+ * takes in one message. */
+static size_t op_size(const ferry_engine *e) {
+  size_t slice = e->cfg.slice_size;
+  size_t max = e->fabric ? e->fabric->info->ep_attr->max_msg_size : slice;
   return slice < max ? slice : max;
 }
+
+/* A chunk is FABRIC_DEPTH operations: one channel keeps a 16 MiB batch's
+ * operations in flight on its own, where several channels (threads, CPUs,
+ * connections) only competed on 2 vCPUs. */
+static size_t fabric_slice(const ferry_batch *b) { return FABRIC_DEPTH * op_size(b->engine); }
 
 /* ---- channels ------------------------------------------------------------------------- */
 
@@ -180,6 +191,7 @@ static ferry_status fabric_open(ferry_peer *p, uint64_t deadline_ns, ferry_chann
   ch->fabric = f;
   ch->cq_fd = -1;
   ch->virt_addr = d.virt_addr;
+  ch->op_max = op_size(p->engine);
   ch->local_mr = (f->info->domain_attr->mr_mode & FI_MR_LOCAL) || (f->info->mode & FI_LOCAL_MR);
   snprintf(ch->address, sizeof ch->address, "%s", p->address);
   ch->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -426,10 +438,13 @@ static ferry_status target_of(fabric_channel *ch, const struct iovec *local,
  * -FI_EAGAIN (it does for the first operations, while it connects, and
  * whenever its queues are full). */
 static ferry_status post_one(fabric_channel *ch, fabric_slot *s) {
-  struct iovec *local = &s->chunk.local[s->posted];
+  const struct iovec *seg = &s->chunk.local[s->seg];
+  size_t len = seg->iov_len - s->seg_off < ch->op_max ? seg->iov_len - s->seg_off : ch->op_max;
+  struct iovec local[1] = {{(char *)seg->iov_base + s->seg_off, len}};
+  ferry_region remote = {s->chunk.remote[s->seg].addr + s->seg_off, len};
   struct fi_rma_iov rma;
   void *desc = NULL;
-  ferry_status st = target_of(ch, local, &s->chunk.remote[s->posted], &rma, &desc);
+  ferry_status st = target_of(ch, local, &remote, &rma, &desc);
   if (st)
     return st;
   int write = s->chunk.op == FERRY_OP_WRITE;
@@ -443,8 +458,14 @@ static ferry_status post_one(fabric_channel *ch, fabric_slot *s) {
   for (;;) {
     ssize_t rc = write ? fi_writemsg(ch->ep, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION)
                        : fi_readmsg(ch->ep, &msg, FI_COMPLETION);
-    if (rc == 0)
+    if (rc == 0) {
+      s->seg_off += len;
+      if (s->seg_off == seg->iov_len) {
+        s->seg++;
+        s->seg_off = 0;
+      }
       return FERRY_OK;
+    }
     if (rc != -FI_EAGAIN) {
       ch->base.broken = 1;
       return ferry_fail(FERRY_ETRANSPORT, "fabric %s to %s: %s: %s", write ? "WRITE" : "READ",
@@ -468,8 +489,11 @@ static fabric_slot *claim_slot(fabric_channel *ch, size_t slice) {
     if (!ferry_batch_claim(ch->batch, slice, &s->chunk))
       return NULL;
     s->active = 1;
-    s->posted = s->done = 0;
-    s->planned = s->chunk.count;
+    s->posted = s->done = s->seg = 0;
+    s->seg_off = 0;
+    s->planned = 0;
+    for (uint32_t i = 0; i < s->chunk.count; i++)
+      s->planned += (uint32_t)((s->chunk.local[i].iov_len + ch->op_max - 1) / ch->op_max);
     s->st = FERRY_OK;
     ch->active++;
     return s;
