@@ -83,7 +83,7 @@ typedef struct ferry_fabric {
 
   pthread_rwlock_t mr_lock; /* the table; writers are serialized by the engine too */
   ferry_fabric_mr *mrs;
-  size_t mr_count;
+  size_t mr_count, mr_cap;
   uint64_t next_key; /* where the provider takes ours (no PROV_KEY) */
 } ferry_fabric;
 

@@ -541,16 +541,27 @@ static size_t fresh_regions(const ferry_fabric *f, const ferry_region *regions, 
   return kept;
 }
 
-/* The table with the fresh registrations merged in, both sorted. */
-static ferry_fabric_mr *merged(const ferry_fabric *f, const ferry_fabric_mr *fresh, size_t n) {
-  ferry_fabric_mr *all = malloc((f->mr_count + n) * sizeof *all);
-  if (!all)
-    return NULL;
-  size_t i = 0, j = 0, k = 0;
-  while (i < f->mr_count || j < n)
-    all[k++] =
-        j == n || (i < f->mr_count && mr_cmp(&f->mrs[i], &fresh[j]) < 0) ? f->mrs[i++] : fresh[j++];
-  return all;
+/* Room for need registrations (amortized doubling); under the write lock,
+ * as it may move the table. */
+static int reserve(ferry_fabric *f, size_t need) {
+  if (need <= f->mr_cap)
+    return 0;
+  size_t cap = f->mr_cap * 2 > need ? f->mr_cap * 2 : need;
+  ferry_fabric_mr *grown = realloc(f->mrs, cap * sizeof *grown);
+  if (!grown)
+    return -1;
+  f->mrs = grown;
+  f->mr_cap = cap;
+  return 0;
+}
+
+/* Merges the sorted fresh registrations in from the back: appending at the
+ * end (addresses registered in order) moves nothing. */
+static void merge_in(ferry_fabric *f, const ferry_fabric_mr *fresh, size_t n) {
+  size_t i = f->mr_count, j = n, k = f->mr_count + n;
+  while (j > 0)
+    f->mrs[--k] = i > 0 && mr_cmp(&f->mrs[i - 1], &fresh[j - 1]) > 0 ? f->mrs[--i] : fresh[--j];
+  f->mr_count += n;
 }
 
 ferry_status ferry_fabric_region_register(ferry_engine *e, const ferry_region *regions,
@@ -558,53 +569,72 @@ ferry_status ferry_fabric_region_register(ferry_engine *e, const ferry_region *r
   ferry_fabric *f = e->fabric;
   if (!f || !count)
     return FERRY_OK;
-  ferry_fabric_mr *fresh = malloc(count * sizeof *fresh), *all = NULL;
+  ferry_fabric_mr *fresh = malloc(count * sizeof *fresh);
   if (!fresh)
     return ferry_fail(FERRY_ENOMEM, "no memory to register %zu regions with fabric", count);
   size_t n = fresh_regions(f, regions, count, fresh), done = 0;
   ferry_status st = FERRY_OK;
   while (done < n && !(st = mr_open(f, &fresh[done])))
     done++;
-  if (!st && !(all = merged(f, fresh, n)))
-    st = ferry_fail(FERRY_ENOMEM, "no memory for %zu fabric registrations", f->mr_count + n);
-  if (st) {
-    while (done)
-      fi_close(&fresh[--done].mr->fid);
-    free(fresh);
-    return st;
-  }
   pthread_rwlock_wrlock(&f->mr_lock);
-  ferry_fabric_mr *old = f->mrs;
-  f->mrs = all;
-  f->mr_count += n;
+  if (!st && reserve(f, f->mr_count + n) != 0)
+    st = ferry_fail(FERRY_ENOMEM, "no memory for %zu fabric registrations", f->mr_count + n);
+  if (!st)
+    merge_in(f, fresh, n);
   pthread_rwlock_unlock(&f->mr_lock);
-  free(old);
+  while (st && done)
+    fi_close(&fresh[--done].mr->fid);
   free(fresh);
-  return FERRY_OK;
+  return st;
+}
+
+/* Marks the registrations of regions (mr = NULL, the table stays sorted)
+ * and moves their MRs to closing; returns how many. */
+static size_t mark_removed(ferry_fabric *f, const ferry_region *regions, size_t count,
+                           struct fid_mr **closing) {
+  size_t n = 0;
+  for (size_t i = 0; i < count; i++) {
+    long at = mr_exact(f, &regions[i]);
+    if (at >= 0 && f->mrs[at].mr) {
+      closing[n++] = f->mrs[at].mr;
+      f->mrs[at].mr = NULL;
+    }
+  }
+  return n;
+}
+
+static void compact(ferry_fabric *f) {
+  size_t kept = 0;
+  for (size_t i = 0; i < f->mr_count; i++)
+    if (f->mrs[i].mr)
+      f->mrs[kept++] = f->mrs[i];
+  f->mr_count = kept;
 }
 
 void ferry_fabric_region_deregister(ferry_engine *e, const ferry_region *regions, size_t count) {
   ferry_fabric *f = e->fabric;
   if (!f || !count)
     return;
-  struct fid_mr **closing = malloc(count * sizeof *closing);
-  size_t n = 0;
+  struct fid_mr *one, **closing = count > 1 ? malloc(count * sizeof *closing) : &one;
   pthread_rwlock_wrlock(&f->mr_lock);
-  for (size_t i = 0; i < count; i++) {
-    long at = mr_exact(f, &regions[i]);
-    if (at < 0)
-      continue;
-    if (closing)
-      closing[n++] = f->mrs[at].mr;
+  size_t n = 0;
+  for (size_t done = 0; done < count;) { /* without memory for the list: one at a time */
+    size_t step = closing ? count - done : 1;
+    struct fid_mr **into = closing ? closing + n : &one;
+    size_t got = mark_removed(f, regions + done, step, into);
+    if (!closing)
+      while (got--)
+        fi_close(&one->fid);
     else
-      fi_close(&f->mrs[at].mr->fid); /* no memory for the list: close under the lock */
-    memmove(&f->mrs[at], &f->mrs[at + 1], (f->mr_count - (size_t)at - 1) * sizeof *f->mrs);
-    f->mr_count--;
+      n += got;
+    done += step;
   }
+  compact(f);
   pthread_rwlock_unlock(&f->mr_lock);
   for (size_t i = 0; i < n; i++)
     fi_close(&closing[i]->fid);
-  free(closing);
+  if (closing != &one)
+    free(closing);
   quiesce(f); /* a copy into a closed registration under way now ended */
 }
 
