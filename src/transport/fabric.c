@@ -336,7 +336,8 @@ static ferry_status wait_status(fabric_channel *ch) {
     return ferry_fail(FERRY_ECLOSED, "fabric transfer to %s ended by shutdown", ch->address);
   if (ferry_now_ns() >= ch->batch->deadline_ns)
     return ferry_fail(FERRY_ETIMEDOUT,
-                      "fabric transfer to %s: %u operations not completed by the deadline",
+                      "fabric transfer to %s: no completion by the deadline (%u operations in "
+                      "flight)",
                       ch->address, ch->inflight);
   return FERRY_OK;
 }
