@@ -279,7 +279,9 @@ class TransferEngine:
             # (FERRY_TRANSPORTS narrows it).
             fallback = proto
         no_device = None
-        if fallback in _FABRIC_PROTOCOLS:
+        if fallback in _FABRIC_PROTOCOLS and not _fabric_allowed():
+            _check_device_name(device_name)  # FERRY_TRANSPORTS leaves fabric out
+        elif fallback in _FABRIC_PROTOCOLS:
             _fabric_kwargs(fallback, device_name, kwargs)
         else:
             _check_device_name(device_name)
@@ -299,7 +301,7 @@ class TransferEngine:
         self._engine = engine
         if no_device is not None:
             _warn_no_device(protocol, no_device)
-        elif fallback in _FABRIC_PROTOCOLS:
+        elif fallback in _FABRIC_PROTOCOLS and _fabric_allowed():
             logger.info("protocol %r: ferry's fabric transport (provider %s)", protocol,
                         os.environ.get("FERRY_FABRIC_PROVIDER") or kwargs["fabric_provider"])
         elif fallback is not None:
@@ -609,6 +611,12 @@ def _warn_fallback(protocol):
         "Pass protocol 'tcp' (or set MC_FORCE_TCP=1) to choose this on purpose. See %s.",
         protocol, what, "FERRY_TRANSPORTS=%s" % env if env else "all built in",
         proto.upper() if proto in _FALLBACK_PROTOCOLS else "it", _ERRORS_DOC)
+
+
+def _fabric_allowed():
+    """FERRY_TRANSPORTS (when set) lets the fabric transport run."""
+    env = (os.environ.get("FERRY_TRANSPORTS") or "all").lower()
+    return "fabric" in env or "all" in env
 
 
 def _fabric_kwargs(proto, device_name, kwargs):
