@@ -62,6 +62,9 @@ test-tsan: deps
 test-python: build
 	@$(PYTHON) setup.py -q build_ext --inplace >/dev/null
 	@FERRY_TOOL=$(CURDIR)/$(BUILD)/ferry $(PYTHON) -m pytest -q -rs tests/python
+	@# the drop-in's protocol="rdma" forced onto the fabric transport's tcp provider
+	@FERRY_TOOL=$(CURDIR)/$(BUILD)/ferry FERRY_TEST_PROTOCOL=rdma FERRY_TRANSPORTS=fabric,tcp \
+	  FERRY_FABRIC_PROVIDER="tcp;ofi_rxm" $(PYTHON) -m pytest -q -rs tests/python/test_mooncake_engine.py
 
 # libFuzzer (clang): every network parser for a bounded time, 6 s each.
 test-fuzz: deps

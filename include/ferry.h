@@ -238,6 +238,23 @@ typedef struct ferry_config {
    * pool grows by one per stuck worker, up to 4 times this, and the extra
    * threads exit after worker_idle_ms idle. */
   unsigned server_threads;
+  /* The libfabric transport (FERRY_TRANSPORT_FABRIC, RELIABILITY.md).
+   * fabric_provider: a provider as fi_info names it ("verbs;ofi_rxm", "efa",
+   * "tcp;ofi_rxm", "net", "shm"; FERRY_FABRIC_PROVIDER). NULL: automatic,
+   * verbs;ofi_rxm then efa where fi_getinfo finds an RDMA device; with none
+   * the transport is off, one INFO line says why, and peers use tcp/shm.
+   * A provider named here that cannot start fails ferry_engine_create with
+   * FERRY_ETRANSPORT naming it and libfabric's reason. IP providers (tcp,
+   * net) bind to bind_host, or advertise_host when that is a wildcard.
+   * fabric_device: the domain (NIC, e.g. "mlx5_0") to use
+   * (FERRY_FABRIC_DEVICE); NULL: the provider's first. One that does not
+   * exist fails create, naming those that do.
+   * fabric_mr_basic: nonzero asks the provider for FI_MR_BASIC
+   * (FERRY_FABRIC_MR_BASIC): virtual addresses and provider keys, the
+   * strict registration mode verbs and efa need, here to test that path. */
+  const char *fabric_provider;
+  const char *fabric_device;
+  int fabric_mr_basic;
 } ferry_config;
 
 /* Fills cfg with defaults, including those taken from the environment
@@ -256,8 +273,9 @@ void ferry_config_init_size(ferry_config *cfg, size_t size);
  * FERRY_SPIN_US_MAX), FERRY_SECRET, and the serving limits FERRY_MAX_CONNECTIONS,
  * FERRY_MAX_CONNECTIONS_PER_PEER, FERRY_IDLE_TIMEOUT_MS, FERRY_NOTIFY_PEER_BYTES
  * (positive whole numbers), FERRY_METRICS_PORT (0 to 65535), FERRY_METRICS_HOST
- * (host), MC_TE_METRIC (boolean) and MC_TE_METRIC_INTERVAL_SECONDS (1 to
- * 86400). A bad one fails with FERRY_EINVAL and a
+ * (host), MC_TE_METRIC (boolean), MC_TE_METRIC_INTERVAL_SECONDS (1 to
+ * 86400), FERRY_FABRIC_PROVIDER, FERRY_FABRIC_DEVICE (names) and
+ * FERRY_FABRIC_MR_BASIC (boolean). A bad one fails with FERRY_EINVAL and a
  * message naming the setting, the value and what is accepted. A started
  * engine logs "engine NAME listening on HOST:PORT (transports: ...)" at
  * INFO. */

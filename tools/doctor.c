@@ -141,6 +141,10 @@ static void show_transports(void) {
     ferry_status st = selftest(all[i], detail, sizeof detail);
     if (st == FERRY_ETRANSPORT && strstr(detail, "built in"))
       line("INFO", what, "not built into this library");
+    else if (st == FERRY_ETRANSPORT && strstr(detail, "fabric transport unavailable"))
+      line("INFO", what, /* automatic choice found no RDMA device: engines fall back */
+           "would not be used: no RDMA device (fi_getinfo finds no verbs or efa); engines use "
+           "tcp/shm. FERRY_FABRIC_PROVIDER=\"tcp;ofi_rxm\" or shm runs it without one");
     else
       line(st ? "FAIL" : "OK", what, detail);
   }

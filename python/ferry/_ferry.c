@@ -804,9 +804,12 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
                            "timeout_ns_per_mb",
                            "slice_size",
                            "spin_us",
+                           "fabric_provider",
+                           "fabric_device",
                            NULL};
   const char *host = NULL, *bind_host = NULL, *secret = NULL, *metadata_url = NULL,
-             *segment_name = NULL, *advertise_host = NULL;
+             *segment_name = NULL, *advertise_host = NULL, *fabric_provider = NULL,
+             *fabric_device = NULL;
   PyObject *port = NULL, *transports = NULL, *connections = NULL, *workers = NULL,
            *timeout_ms = NULL, *checksum = NULL, *log_level = NULL, *connect_timeout_ms = NULL,
            *timeout_ns_per_mb = NULL, *slice_size = NULL, *spin_us = NULL;
@@ -814,11 +817,11 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
     PyErr_SetString(PyExc_RuntimeError, "Engine is already initialized");
     return -1;
   }
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|z$zOOOOOzzzOOzOOOO:Engine", kwlist, &host,
-                                   &bind_host, &port, &transports, &connections, &workers,
-                                   &timeout_ms, &secret, &metadata_url, &segment_name, &checksum,
-                                   &log_level, &advertise_host, &connect_timeout_ms,
-                                   &timeout_ns_per_mb, &slice_size, &spin_us))
+  if (!PyArg_ParseTupleAndKeywords(
+          args, kwds, "|z$zOOOOOzzzOOzOOOOzz:Engine", kwlist, &host, &bind_host, &port, &transports,
+          &connections, &workers, &timeout_ms, &secret, &metadata_url, &segment_name, &checksum,
+          &log_level, &advertise_host, &connect_timeout_ms, &timeout_ns_per_mb, &slice_size,
+          &spin_us, &fabric_provider, &fabric_device))
     return -1;
 
   ferry_config cfg;
@@ -859,6 +862,10 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
     cfg.metadata_url = metadata_url;
   if (segment_name)
     cfg.segment_name = segment_name;
+  if (fabric_provider) /* read only while the engine starts */
+    cfg.fabric_provider = fabric_provider;
+  if (fabric_device)
+    cfg.fabric_device = fabric_device;
   if (checksum && checksum != Py_None) {
     int t = PyObject_IsTrue(checksum);
     if (t < 0)

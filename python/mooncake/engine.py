@@ -19,14 +19,22 @@ calling thread's last message, ``last_error_code()`` its Mooncake code.
   ``local_hostname`` is the segment name, verbatim. Its keys live under a
   lease (``FERRY_METADATA_TTL_MS``, default 5 s), so a killed engine's
   segment disappears. A store that cannot be reached fails initialize.
-- ``protocol``: ``"tcp"`` restricts ferry to TCP; anything else (``"rdma"``,
-  ``"efa"``, ...) lets ferry choose among all its transports, with a WARNING
-  (once per engine) naming what was asked for and why it is not available.
+- ``protocol``: ``"tcp"`` restricts ferry to TCP. ``"rdma"`` runs ferry's
+  fabric transport on libfabric's ``verbs;ofi_rxm`` provider (InfiniBand,
+  RoCE), ``"efa"`` on its ``efa`` provider; on a host without such a device
+  ferry falls back to tcp/shm with a WARNING (once per engine) saying why
+  (libfabric's own words). ``FERRY_FABRIC_PROVIDER`` overrides the provider
+  (``"tcp;ofi_rxm"`` runs the same RMA path without an RDMA NIC). Anything
+  else (``"nvlink"``, ...) lets ferry choose among all its transports, with
+  a WARNING naming what was asked for and why it is not available.
   ``MC_FORCE_TCP=1`` (or true/yes/on) forces TCP. Ascend NPUs (protocol
   ``"ascend"``, or a ``local_hostname`` ending in ``:npu_N``) are refused
   with -303 (not implemented): ferry moves host memory only.
-- ``device_name`` is not used (ferry drives no RDMA NIC); one that names no
-  device of this host is reported at WARNING with the devices that exist.
+- ``device_name``: with ``"rdma"``/``"efa"``, the NIC (libfabric domain,
+  e.g. ``"mlx5_0"``) the fabric transport uses; a list uses its first (one
+  rail). One that does not exist fails initialize naming those that do.
+  Otherwise not used; one that names no device of this host is reported at
+  WARNING with the devices that exist.
 
 Failures are explained in ferry's docs/errors.md, by Mooncake code.
 
@@ -77,6 +85,8 @@ _FALLBACK_PROTOCOLS = {
     "nvmeof": "NVMe over Fabrics",
     "barex": "Barex",
 }
+# The protocols ferry's fabric transport serves, by libfabric provider.
+_FABRIC_PROTOCOLS = {"rdma": "verbs;ofi_rxm", "efa": "efa"}
 _ASCEND_PROTOCOLS = ("ascend", "ascend_direct", "hccl", "npu")
 _NPU_HOST = re.compile(r":npu_\d+$")
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]", "*")
@@ -268,14 +278,33 @@ class TransferEngine:
             # No transports argument: libferry's default, all it has built in
             # (FERRY_TRANSPORTS narrows it).
             fallback = proto
-        _check_device_name(device_name)
+        no_device = None
+        if fallback in _FABRIC_PROTOCOLS and not _fabric_allowed():
+            _check_device_name(device_name)  # FERRY_TRANSPORTS leaves fabric out
+        elif fallback in _FABRIC_PROTOCOLS:
+            _fabric_kwargs(fallback, device_name, kwargs)
+        else:
+            _check_device_name(device_name)
 
         try:
-            engine = ferry.Engine(port=port, **kwargs)
+            try:
+                engine = ferry.Engine(port=port, **kwargs)
+            except ferry.Error as e:
+                if "fabric_provider" not in kwargs or not _no_rdma_device(e):
+                    raise
+                no_device = e.detail  # libfabric found no such device: fall back
+                kwargs.pop("fabric_provider")
+                kwargs.pop("fabric_device", None)
+                engine = ferry.Engine(port=port, **kwargs)
         except ferry.Error as e:
             return self._fail("initialize", e)
         self._engine = engine
-        if fallback is not None:
+        if no_device is not None:
+            _warn_no_device(protocol, no_device)
+        elif fallback in _FABRIC_PROTOCOLS and _fabric_allowed():
+            logger.info("protocol %r: ferry's fabric transport (provider %s)", protocol,
+                        os.environ.get("FERRY_FABRIC_PROVIDER") or kwargs["fabric_provider"])
+        elif fallback is not None:
             _warn_fallback(protocol)
         logger.info("transfer engine ready: session %s (ferry %s)", engine.name, ferry.version())
         return 0
@@ -582,6 +611,49 @@ def _warn_fallback(protocol):
         "Pass protocol 'tcp' (or set MC_FORCE_TCP=1) to choose this on purpose. See %s.",
         protocol, what, "FERRY_TRANSPORTS=%s" % env if env else "all built in",
         proto.upper() if proto in _FALLBACK_PROTOCOLS else "it", _ERRORS_DOC)
+
+
+def _fabric_allowed():
+    """FERRY_TRANSPORTS (when set) lets the fabric transport run."""
+    env = (os.environ.get("FERRY_TRANSPORTS") or "all").lower()
+    return "fabric" in env or "all" in env
+
+
+def _fabric_kwargs(proto, device_name, kwargs):
+    """The fabric provider (FERRY_FABRIC_PROVIDER wins: libferry reads it)
+    and device for protocol "rdma" or "efa"."""
+    if not os.environ.get("FERRY_FABRIC_PROVIDER"):
+        kwargs["fabric_provider"] = _FABRIC_PROTOCOLS[proto]
+    try:
+        devices = _device_names(str(device_name)) if device_name else []
+    except (OSError, ValueError) as e:
+        logger.warning("device_name %r cannot be read (%s); the provider's first device is "
+                       "used", device_name, e)
+        devices = []
+    if devices:
+        kwargs["fabric_device"] = devices[0]
+    if len(devices) > 1:
+        logger.warning("device_name %r names %d devices; ferry's fabric transport drives one "
+                       "(%s) until it has rails", device_name, len(devices), devices[0])
+
+
+def _no_rdma_device(err):
+    """libferry's refusal of a fabric provider that has no device here."""
+    return err.code == ferry.ETRANSPORT and ("no such provider or device here" in err.detail
+                                            or "its devices: none" in err.detail)
+
+
+def _warn_no_device(protocol, reason):
+    """The WARNING of an "rdma"/"efa" engine that fell back: no such device."""
+    proto = (protocol or "").strip().lower()
+    env = os.environ.get("FERRY_TRANSPORTS")
+    logger.warning(
+        "protocol %r asks for %s through ferry's fabric transport, but this host has no such "
+        "device (%s); using ferry's own transports instead (%s; tcp between hosts, shm on one "
+        "host). Between hosts this runs at TCP speed, which can be orders of magnitude below "
+        "%s. Pass protocol 'tcp' (or set MC_FORCE_TCP=1) to choose this on purpose. See %s.",
+        protocol, _FALLBACK_PROTOCOLS[proto], reason,
+        "FERRY_TRANSPORTS=%s" % env if env else "all built in", proto.upper(), _ERRORS_DOC)
 
 
 def _rdma_devices():

@@ -257,6 +257,33 @@ static ferry_status apply_te_interval(const char *name, const char *value, ferry
   return st;
 }
 
+/* A libfabric provider or domain name: what fi_info prints, no blanks. */
+static ferry_status check_fabric_name(const char *name, const char *value) {
+  if (strlen(value) > 64 || strpbrk(value, " \t\n/"))
+    return bad_env(name, value, "a libfabric name of at most 64 characters (fi_info -l)");
+  return FERRY_OK;
+}
+
+static ferry_status apply_fabric_provider(const char *name, const char *value, ferry_config *cfg) {
+  ferry_status st = check_fabric_name(name, value);
+  if (!st)
+    cfg->fabric_provider = value;
+  return st;
+}
+
+static ferry_status apply_fabric_device(const char *name, const char *value, ferry_config *cfg) {
+  ferry_status st = check_fabric_name(name, value);
+  if (!st)
+    cfg->fabric_device = value;
+  return st;
+}
+
+static ferry_status apply_fabric_basic(const char *name, const char *value, ferry_config *cfg) {
+  if (ferry_parse_bool(value, &cfg->fabric_mr_basic))
+    return bad_env(name, value, FERRY_BOOL_SPELLINGS);
+  return FERRY_OK;
+}
+
 /* In order of precedence: MC_FORCE_TCP, applied after FERRY_TRANSPORTS,
  * wins over it. */
 static const struct env_var {
@@ -282,6 +309,9 @@ static const struct env_var {
     {"MC_TE_METRIC", apply_te_metric},
     {"MC_TE_METRIC_INTERVAL_SECONDS", apply_te_interval},
     {"FERRY_RAIL_HOSTS", apply_rail_hosts},
+    {"FERRY_FABRIC_PROVIDER", apply_fabric_provider},
+    {"FERRY_FABRIC_DEVICE", apply_fabric_device},
+    {"FERRY_FABRIC_MR_BASIC", apply_fabric_basic},
 };
 
 /* Applies every variable that is set (an empty value counts as unset).

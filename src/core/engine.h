@@ -66,6 +66,7 @@ struct ferry_engine {
   unsigned rail_count;
   int rail_fds[FERRY_RAILS_MAX];
   char rail_names[FERRY_RAILS_MAX][FERRY_RAIL_NAME_MAX]; /* as advertised */
+  struct ferry_fabric *fabric; /* the libfabric transport's, NULL when off */
 
   pthread_mutex_t peers_lock;
   ferry_peer *peers;

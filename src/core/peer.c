@@ -454,6 +454,11 @@ static ferry_status fetch_missing(ferry_peer *p, const ferry_entry *entries, siz
   return st;
 }
 
+ferry_status ferry_peer_refresh_regions(ferry_peer *p, const ferry_region *spans, size_t count,
+                                        uint64_t deadline_ns) {
+  return refresh_regions(p, spans, count, deadline_ns);
+}
+
 ferry_status ferry_peer_ping(ferry_peer *p, uint64_t deadline_ns) {
   ferry_frame_header req = {.type = FERRY_FRAME_PING};
   return control_call(p, &req, NULL, FERRY_FRAME_PONG, read_nothing, NULL, deadline_ns);

@@ -134,6 +134,12 @@ void ferry_peer_wake(ferry_peer *peer);
  * Safe to repeat while calls remain. */
 void ferry_peers_shutdown(ferry_engine *engine);
 
+/* Fetches the peer's regions overlapping spans again (sorted, disjoint,
+ * non-empty; none: the whole table): for a transport whose operation
+ * failed or stalled in a way that may mean the target unregistered memory
+ * (a one-sided transport cannot tell otherwise). */
+ferry_status ferry_peer_refresh_regions(ferry_peer *peer, const ferry_region *spans, size_t count,
+                                        uint64_t deadline_ns);
 ferry_status ferry_peer_ping(ferry_peer *peer, uint64_t deadline_ns);
 ferry_status ferry_peer_notify(ferry_peer *peer, const char *name, const void *data, size_t len,
                                uint64_t deadline_ns);

@@ -1,11 +1,19 @@
-/* fabric.h - private to the libfabric (RDMA-class) transport of issue 12.
- * Today it holds the provider probe `ferry doctor` reports with; the
- * transport itself (fi_write/fi_read into registered memory) builds on the
- * same provider table. */
+/* fabric.h - private to the libfabric (RDMA-class) transport of issue 12:
+ * the provider probe `ferry doctor` reports with (fabric_probe.c), the
+ * engine-wide service every engine runs when the transport is on
+ * (fabric_service.c: provider choice, the domain, the target's endpoint and
+ * progress thread, memory registrations and their keys) and the
+ * descriptor the target publishes in its handshake facts. The initiator's
+ * channels are in fabric.c. */
 #ifndef FERRY_FABRIC_H
 #define FERRY_FABRIC_H
 
+#include <pthread.h>
+#include <rdma/fabric.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "core/engine.h"
 
 /* The providers ferry drives, RDMA hardware first: InfiniBand/RoCE, AWS
  * EFA, then the tcp and shm providers that run the same RMA path without
@@ -17,5 +25,96 @@ extern const char *const ferry_fabric_providers[];
  * model and memory-registration modes in out, or 0 with why not (libfabric's
  * own words: "No data available" when no device exists). */
 int ferry_fabric_probe(const char *provider, char *out, size_t size);
+
+/* fi_getinfo hints for RMA on an RDM endpoint of provider, with delivery
+ * completion, every MR mode ferry honours (basic: FI_MR_BASIC, which needs
+ * API 1.4, the strict verbs/efa set) and thread safety; NULL: no memory. */
+struct fi_info *ferry_fabric_hints(const char *provider, int basic);
+#define FERRY_FABRIC_API(basic) ((basic) ? FI_VERSION(1, 4) : FI_VERSION(1, 17))
+/* A provider over the host's IP stack (tcp, net): pinned to the engine's
+ * host; its fabric name is its subnet, which says nothing of reachability. */
+int ferry_fabric_is_host_ip(const struct fi_info *info);
+/* Appends each domain name of the list once ("eth0, lo"). */
+void ferry_fabric_domains(const struct fi_info *info, char *out, size_t size);
+
+#define FERRY_FABRIC_NAME_MAX 64  /* provider, fabric and domain names */
+#define FERRY_FABRIC_ADDR_MAX 256 /* an fi_getname blob */
+#define FERRY_FABRIC_KEY_SIZE 8   /* per region in the table: the u64 key */
+
+/* What a target publishes (describe) and an initiator decodes as untrusted
+ * input (ferry_fabric_descriptor_decode). */
+typedef struct ferry_fabric_descriptor {
+  int virt_addr; /* remote addresses are the target's virtual ones, else offsets */
+  char provider[FERRY_FABRIC_NAME_MAX + 1];
+  char fabric[FERRY_FABRIC_NAME_MAX + 1];
+  char domain[FERRY_FABRIC_NAME_MAX + 1];
+  uint8_t addr[FERRY_FABRIC_ADDR_MAX]; /* fi_getname of its endpoint */
+  size_t addr_len;
+} ferry_fabric_descriptor;
+
+/* One memory registration, in a table sorted by address. */
+typedef struct ferry_fabric_mr {
+  uint64_t addr, length;
+  struct fid_mr *mr;
+} ferry_fabric_mr;
+
+typedef struct ferry_fabric {
+  ferry_engine *engine;
+  struct fi_info *info;
+  struct fid_fabric *fabric;
+  struct fid_domain *domain;
+  struct fid_av *av; /* the target endpoint's; stays empty */
+  struct fid_cq *cq;
+  struct fid_cntr *cntr; /* remote RMA events: activity, where the CQ has no fd */
+  struct fid_ep *ep;
+  int cq_fd;   /* the CQ's wait fd, -1 where the provider has none */
+  int wake_fd; /* eventfd: stop the progress thread */
+  int stop;
+  /* Deregistration waits until the progress thread began a new round: a
+   * copy into a registration (software providers copy in the target's
+   * progress call) that was under way when it was closed has then ended. */
+  pthread_mutex_t quiesce_lock;
+  pthread_cond_t quiesce_cond;
+  uint64_t quiesce_asked, quiesce_seen;
+  pthread_t progress;
+  int progress_running;
+  int virt_addr, prov_key, mr_endpoint;
+  ferry_fabric_descriptor self; /* what describe publishes */
+
+  pthread_rwlock_t mr_lock; /* the table; writers are serialized by the engine too */
+  ferry_fabric_mr *mrs;
+  size_t mr_count, mr_cap;
+  uint64_t next_key; /* where the provider takes ours (no PROV_KEY) */
+} ferry_fabric;
+
+ferry_status ferry_fabric_service_start(ferry_engine *engine);
+void ferry_fabric_service_stop(ferry_engine *engine);
+size_t ferry_fabric_describe(ferry_engine *engine, uint8_t *out, size_t size);
+/* 1 when in holds a well-formed descriptor, else 0 with why. */
+int ferry_fabric_descriptor_decode(const uint8_t *in, size_t len, ferry_fabric_descriptor *d,
+                                   char *why, size_t why_size);
+
+ferry_status ferry_fabric_region_register(ferry_engine *engine, const ferry_region *regions,
+                                          size_t count);
+void ferry_fabric_region_deregister(ferry_engine *engine, const ferry_region *regions,
+                                    size_t count);
+size_t ferry_fabric_region_key_size(ferry_engine *engine);
+void ferry_fabric_region_keys(ferry_engine *engine, const ferry_region *regions, size_t count,
+                              uint8_t *out);
+/* The local descriptor (fi_mr_desc) of the registration holding
+ * [addr, addr+length); 0 when this engine registered no such memory. */
+int ferry_fabric_local_desc(ferry_fabric *fabric, const void *addr, size_t length, void **desc);
+
+/* A CQ that sleeps on an fd (*fd) where the provider has one, else a
+ * polled one (*fd = -1). 0 or a negative libfabric error. */
+int ferry_fabric_cq_open(struct fid_domain *domain, struct fid_cq **cq, int *fd);
+
+/* Waiting without a wait fd: yields for a while, then sleeps longer and
+ * longer (capped), so an idle poller costs ~0 CPU; a write to wake_fd
+ * (-1: none) ends a sleep early. *idle counts the empty rounds; reset it
+ * on activity. */
+void ferry_fabric_backoff(unsigned *idle, int wake_fd);
+/* Empties an eventfd that woke a poll. */
+void ferry_fabric_consume(int wake_fd);
 
 #endif

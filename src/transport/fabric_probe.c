@@ -13,18 +13,21 @@
 const char *const ferry_fabric_providers[] = {"verbs;ofi_rxm", "efa", "tcp;ofi_rxm",
                                               "net",           "shm", NULL};
 
-/* Every MR mode bit a transport can honour; the provider clears those it
- * does not need and keeps those it requires. */
+/* Every MR mode bit ferry honours; the provider clears those it does not
+ * need and keeps those it requires (libfabric.md: the strict set cannot be
+ * forced with API 1.17, only with FI_MR_BASIC and API 1.4). */
 #define FABRIC_MR_MODES                                                                            \
   (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT)
 
-static struct fi_info *rma_hints(const char *provider) {
+struct fi_info *ferry_fabric_hints(const char *provider, int basic) {
   struct fi_info *hints = fi_allocinfo();
   if (!hints)
     return NULL;
   hints->caps = FI_RMA;
   hints->ep_attr->type = FI_EP_RDM;
-  hints->domain_attr->mr_mode = FABRIC_MR_MODES;
+  hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+  hints->domain_attr->mr_mode = basic ? FI_MR_BASIC : FABRIC_MR_MODES;
+  hints->domain_attr->threading = FI_THREAD_SAFE;
   hints->fabric_attr->prov_name = strdup(provider);
   if (!hints->fabric_attr->prov_name) {
     fi_freeinfo(hints);
@@ -33,9 +36,10 @@ static struct fi_info *rma_hints(const char *provider) {
   return hints;
 }
 
-/* Appends each domain name once ("eth0, lo"). */
-static void list_domains(const struct fi_info *info, char *out, size_t size) {
+void ferry_fabric_domains(const struct fi_info *info, char *out, size_t size) {
   size_t used = 0;
+  if (size)
+    out[0] = '\0';
   for (const struct fi_info *i = info; i && used < size; i = i->next) {
     const char *name = i->domain_attr->name ? i->domain_attr->name : "?";
     int seen = 0;
@@ -47,7 +51,7 @@ static void list_domains(const struct fi_info *info, char *out, size_t size) {
 }
 
 int ferry_fabric_probe(const char *provider, char *out, size_t size) {
-  struct fi_info *hints = rma_hints(provider), *info = NULL;
+  struct fi_info *hints = ferry_fabric_hints(provider, 0), *info = NULL;
   if (!hints)
     return snprintf(out, size, "no memory for fi_getinfo hints"), 0;
   int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
@@ -57,7 +61,7 @@ int ferry_fabric_probe(const char *provider, char *out, size_t size) {
                     rc == -FI_ENODATA ? " (no such device or provider here)" : ""),
            0;
   char domains[256];
-  list_domains(info, domains, sizeof domains);
+  ferry_fabric_domains(info, domains, sizeof domains);
   snprintf(out, size, "RMA on %s; %s progress; MR modes 0x%x", domains,
            info->domain_attr->data_progress == FI_PROGRESS_AUTO ? "automatic" : "manual",
            (unsigned)info->domain_attr->mr_mode);

@@ -35,8 +35,37 @@
  * A transport may also carry a batch's after-landed message with its data
  * (carries_after below), saving pool sends their second round trip.
  *
- * Not in the seam yet (issue 12): asynchronous completion, several
- * transports per peer. */
+ * What a channel may use of core (and nothing else of batch or peer):
+ * ferry_batch_claim / ferry_batch_complete / ferry_batch_fail (batch.h),
+ * or their rail forms above,
+ * with ferry_stats_moved next to each complete; b->deadline_ns; the peer's
+ * address, lock-protected info (its descriptor) and engine;
+ * ferry_peer_region_key, and ferry_peer_refresh_regions when a one-sided
+ * transport must learn whether the target still holds a range. Core has
+ * already checked every remote range against the cached table
+ * (ferry_peer_check_remote) before a channel sees a chunk.
+ *
+ * The shape of an asynchronous (completion-queue) transport, as fabric.c
+ * is: drive claims several chunks, posts their operations with a bounded
+ * number in flight, and completes a chunk (ferry_batch_complete) only when
+ * all of its operations completed, which for a WRITE must mean "in the
+ * target's memory" (promise 1 of RELIABILITY.md): a notification attached
+ * to the batch is sent by core after the last completion. Chunks may
+ * complete in any order. drive returns only with nothing of its own in
+ * flight, or with the channel marked broken (close then cancels the rest).
+ * The target side needs no thread per connection: a progress thread that
+ * sleeps on the provider's fd (or polls with backoff) serves every peer.
+ *
+ * The next transport (GPU memory): register/deregister its memory in
+ * region_register (pinning, an IPC or dma-buf handle, or fi_mr_regattr
+ * with FI_HMEM), publish per-region keys or handles through region_keys
+ * (up to FERRY_WIRE_MAX_KEY bytes), describe its endpoint in describe,
+ * and decide in usable, from the descriptor alone and treating it as
+ * untrusted, whether this engine can reach the peer (same node, same
+ * fabric). Core needs no change for it.
+ *
+ * Not in the seam yet (issue 12): several transports per peer (one is
+ * chosen per target incarnation). */
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H
 
@@ -135,6 +164,7 @@ struct ferry_transport {
 };
 
 extern const ferry_transport ferry_transport_tcp;
+extern const ferry_transport ferry_transport_fabric;
 
 /* Transports in order of preference. */
 extern const ferry_transport *const ferry_transports[];

@@ -197,8 +197,12 @@ def shared_target():
     t.stop()
 
 
-def make_engine(protocol="tcp", hostname="127.0.0.1", server="P2PHANDSHAKE"):
+def make_engine(protocol=None, hostname="127.0.0.1", server="P2PHANDSHAKE"):
+    """protocol None: FERRY_TEST_PROTOCOL, else "tcp" (the Makefile runs the
+    drop-in's tests once with "rdma" on the fabric transport's tcp provider)."""
     from mooncake.engine import TransferEngine
+
+    protocol = protocol or os.environ.get("FERRY_TEST_PROTOCOL") or "tcp"
 
     te = TransferEngine()
     rc = te.initialize(hostname, server, protocol, "")

@@ -46,7 +46,7 @@ def main():
     ap.add_argument("--metadata", default=None)
     ap.add_argument("--name", default=None)
     ap.add_argument("--size", type=int, default=1 << 20)
-    ap.add_argument("--protocol", default="tcp")
+    ap.add_argument("--protocol", default=os.environ.get("FERRY_TEST_PROTOCOL") or "tcp")
     args = ap.parse_args()
 
     if args.port:

@@ -64,6 +64,8 @@ def test_initialize_p2p(engine):
 
 
 def test_initialize_rdma_falls_back_and_logs(caplog):
+    if os.environ.get("FERRY_FABRIC_PROVIDER"):
+        pytest.skip("a forced fabric provider serves rdma: nothing falls back")
     caplog.set_level(logging.INFO, logger="mooncake.engine")
     te = TransferEngine()
     try:
@@ -556,3 +558,21 @@ def test_region_registered_after_connect(engine, target):
     extra = reply["addr"]
     assert engine.transfer_sync_write(target.session, addr, extra, 8192) == 0
     assert target.dump(extra - target.addr, 8192) == data
+
+
+def test_rdma_runs_on_the_fabric_transport(monkeypatch, caplog, target):
+    """protocol "rdma" with FERRY_FABRIC_PROVIDER: ferry's fabric transport
+    moves the bytes (here on the tcp provider: the verbs code path without a
+    NIC); the target process runs fabric too when the suite is run so."""
+    if "fabric" not in os.environ.get("FERRY_TRANSPORTS", ""):
+        pytest.skip("run with FERRY_TRANSPORTS=fabric,tcp (make test-python does)")
+    caplog.set_level(logging.INFO, logger="mooncake.engine")
+    te = make_engine(protocol="rdma")
+    try:
+        addr, data = local_buffer(te, 1 << 20)
+        assert te.transfer_sync_write(target.session, addr, target.addr, 1 << 20) == 0
+        assert target.dump(0, 1 << 20) == data
+        assert te.get_engine().peer_transport(target.session) == ferry.TRANSPORT_FABRIC
+        assert "fabric transport (provider tcp;ofi_rxm)" in caplog.text
+    finally:
+        te.close()

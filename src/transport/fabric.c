@@ -1,0 +1,588 @@
+/* fabric.c - the libfabric (RDMA-class) data transport: one-sided fi_write /
+ * fi_read straight into the memory a peer registered, on verbs (InfiniBand,
+ * RoCE), efa, or the tcp and shm providers that run the same path here.
+ *
+ * The engine-wide part (provider, domain, the target endpoint and its
+ * progress thread, registrations and keys) is fabric_service.c. A channel
+ * is an RDM endpoint of its own, with its own CQ and address vector holding
+ * the one peer, driven by the thread that checked it out: it claims chunks
+ * and keeps up to FABRIC_DEPTH operations in flight, one per segment, each
+ * aimed at the peer's registration by the key the peer's region table
+ * carries (ferry_peer_region_key).
+ *
+ * Done means landed: every WRITE asks for FI_DELIVERY_COMPLETE (and the
+ * service only opens providers that grant it in tx op_flags), so its
+ * completion means the bytes are in the target's memory, not just handed
+ * to a socket. A chunk completes only once all its operations did, so the
+ * batch's notification (sent by core when the last chunk completes) always
+ * follows the data. */
+#include <errno.h>
+#include <poll.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "transport/fabric.h"
+#include "transport/transport.h"
+
+/* Operations in flight per channel: enough to cover the per-operation
+ * latency of the tcp and shm providers at 512 KiB (libfabric.md's baseline
+ * uses the same depth). Chunks in flight: as many, for small entries (one
+ * operation each). A segment larger than an operation is split. */
+#define FABRIC_DEPTH 16
+#define FABRIC_SLOTS FABRIC_DEPTH
+#define FABRIC_WAIT_MS 100 /* longest sleep on the CQ fd before checking the deadline */
+/* Operations silent this long make the channel ask the target whether
+ * their regions are still registered: shm (1.17) drops an operation with
+ * a key it no longer knows, without a completion. */
+#define FABRIC_STALL_NS (1000 * 1000 * 1000ull)
+
+typedef struct fabric_slot {
+  ferry_chunk chunk;
+  uint32_t posted, done, planned; /* operations; planned drops when posting stops */
+  uint32_t seg;                   /* where the next operation starts */
+  uint64_t seg_off;
+  int active;
+  ferry_status st;
+  char detail[FERRY_ERROR_MAX];
+} fabric_slot;
+
+typedef struct fabric_channel {
+  ferry_channel base;
+  ferry_fabric *fabric;
+  struct fid_av *av;
+  struct fid_cq *cq;
+  struct fid_ep *ep;
+  int cq_fd, wake_fd;
+  int stopping;
+  int virt_addr; /* the target addresses its registrations virtually */
+  int local_mr;  /* the provider needs a descriptor for local buffers */
+  size_t op_max; /* bytes per operation */
+  fi_addr_t dest;
+  char address[FERRY_HOST_MAX + 8];
+  ferry_batch *batch;   /* being driven */
+  uint64_t progress_ns; /* when an operation last completed, or the drive began */
+  ferry_status first;
+  unsigned inflight, active;
+  fabric_slot *posting; /* the slot with operations left to post */
+  fabric_slot slots[FABRIC_SLOTS];
+} fabric_channel;
+
+/* ---- choosing ------------------------------------------------------------------------- */
+
+static const ferry_wire_descriptor *
+peer_descriptor(const ferry_hello_reply *info, ferry_fabric_descriptor *d, char *why, size_t size) {
+  const ferry_wire_descriptor *w = ferry_wire_descriptor_find(info, FERRY_TRANSPORT_FABRIC);
+  if (!w)
+    return snprintf(why, size, "the peer describes no fabric endpoint"), NULL;
+  return ferry_fabric_descriptor_decode(w->data, w->len, d, why, size) ? w : NULL;
+}
+
+/* Same provider and fabric (IP providers: any subnet, routing decides), an
+ * address libfabric accepts, and for shm the same host. The descriptor is untrusted input: decoded
+ * with every length checked, then only compared and handed to fi_av_insert. */
+static int fabric_usable(ferry_engine *e, const ferry_hello_reply *info, char *why, size_t size) {
+  ferry_fabric *f = e->fabric;
+  ferry_fabric_descriptor d;
+  if (!f)
+    return snprintf(why, size, "fabric is off here"), 0;
+  if (!peer_descriptor(info, &d, why, size))
+    return 0;
+  if (strcmp(d.provider, f->self.provider) != 0)
+    return snprintf(why, size, "the peer uses provider %s, this engine %s", d.provider,
+                    f->self.provider),
+           0;
+  if (!ferry_fabric_is_host_ip(f->info) && strcmp(d.fabric, f->self.fabric) != 0)
+    return snprintf(why, size, "the peer is on fabric %s, this engine on %s", d.fabric,
+                    f->self.fabric),
+           0;
+  if (!strcmp(d.provider, "shm") && memcmp(info->boot_id, e->boot_id, sizeof e->boot_id) != 0)
+    return snprintf(why, size, "shm reaches only this host (boot ids differ)"), 0;
+  fi_addr_t probe;
+  if (fi_av_insert(f->av, d.addr, 1, &probe, 0, NULL) != 1)
+    return snprintf(why, size, "libfabric refuses its address (%zu bytes)", d.addr_len), 0;
+  fi_av_remove(f->av, &probe, 1, 0);
+  return 1;
+}
+
+/* Bytes per operation: the engine's slice size, within what the provider
+ * takes in one message. */
+static size_t op_size(const ferry_engine *e) {
+  size_t slice = e->cfg.slice_size;
+  size_t max = e->fabric ? e->fabric->info->ep_attr->max_msg_size : slice;
+  return slice < max ? slice : max;
+}
+
+/* A chunk is FABRIC_DEPTH operations: one channel keeps a 16 MiB batch's
+ * operations in flight on its own, where several channels (threads, CPUs,
+ * connections) only competed on 2 vCPUs. */
+static size_t fabric_slice(const ferry_batch *b) { return FABRIC_DEPTH * op_size(b->engine); }
+
+/* ---- channels ------------------------------------------------------------------------- */
+
+static ferry_status channel_step(fabric_channel *ch, const char *what, int rc) {
+  if (rc == 0)
+    return FERRY_OK;
+  return ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: %s failed: %s", ch->address, what,
+                    fi_strerror(rc < 0 ? -rc : rc));
+}
+
+static void fabric_close(ferry_channel *base) {
+  fabric_channel *ch = (fabric_channel *)base;
+  struct fid *fids[] = {ch->ep ? &ch->ep->fid : NULL, ch->cq ? &ch->cq->fid : NULL,
+                        ch->av ? &ch->av->fid : NULL};
+  for (size_t i = 0; i < sizeof fids / sizeof *fids; i++)
+    if (fids[i])
+      fi_close(fids[i]); /* the endpoint first: it cancels what is still in flight */
+  if (ch->wake_fd >= 0)
+    close(ch->wake_fd);
+  free(ch);
+}
+
+static ferry_status open_endpoint(fabric_channel *ch, const ferry_fabric_descriptor *d) {
+  ferry_fabric *f = ch->fabric;
+  struct fi_av_attr av_attr = {.type = FI_AV_TABLE, .count = 1};
+  ferry_status st = channel_step(ch, "fi_av_open", fi_av_open(f->domain, &av_attr, &ch->av, NULL));
+  if (!st)
+    st = channel_step(ch, "fi_cq_open", ferry_fabric_cq_open(f->domain, &ch->cq, &ch->cq_fd));
+  if (!st)
+    st = channel_step(ch, "fi_endpoint", fi_endpoint(f->domain, f->info, &ch->ep, NULL));
+  if (!st)
+    st = channel_step(ch, "fi_ep_bind(av)", fi_ep_bind(ch->ep, &ch->av->fid, 0));
+  if (!st)
+    st =
+        channel_step(ch, "fi_ep_bind(cq)", fi_ep_bind(ch->ep, &ch->cq->fid, FI_TRANSMIT | FI_RECV));
+  if (!st)
+    st = channel_step(ch, "fi_enable", fi_enable(ch->ep));
+  if (!st && fi_av_insert(ch->av, d->addr, 1, &ch->dest, 0, NULL) != 1)
+    st = ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: fi_av_insert refused its address",
+                    ch->address);
+  return st;
+}
+
+static ferry_status fabric_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel **out) {
+  ferry_fabric *f = p->engine->fabric;
+  ferry_fabric_descriptor d;
+  char why[160];
+  pthread_mutex_lock(&p->lock);
+  uint64_t instance = p->info.engine_id;
+  int ok = f && p->known && peer_descriptor(&p->info, &d, why, sizeof why);
+  pthread_mutex_unlock(&p->lock);
+  if (!ok)
+    return ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: %s", p->address,
+                      f ? why : "fabric is off here");
+  fabric_channel *ch = calloc(1, sizeof *ch);
+  if (!ch)
+    return ferry_fail(FERRY_ENOMEM, "no memory for a fabric channel to %s", p->address);
+  ch->base.transport = &ferry_transport_fabric;
+  ch->base.peer = p;
+  ch->base.peer_instance = instance;
+  ch->fabric = f;
+  ch->cq_fd = -1;
+  ch->virt_addr = d.virt_addr;
+  ch->op_max = op_size(p->engine);
+  ch->local_mr = (f->info->domain_attr->mr_mode & FI_MR_LOCAL) || (f->info->mode & FI_LOCAL_MR);
+  snprintf(ch->address, sizeof ch->address, "%s", p->address);
+  ch->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  ferry_status st = ch->wake_fd < 0 ? ferry_fail_errno(FERRY_ETRANSPORT, errno,
+                                                       "fabric channel to %s: eventfd", p->address)
+                                    : open_endpoint(ch, &d);
+  if (st) {
+    fabric_close(&ch->base);
+    return st;
+  }
+  FERRY_DEBUG("opened fabric channel to %s (%s, domain %s)", ch->address, d.provider, d.domain);
+  *out = &ch->base;
+  return FERRY_OK;
+}
+
+/* ---- completing ----------------------------------------------------------------------- */
+
+static void slot_error(fabric_slot *s, ferry_status st) {
+  if (s->st)
+    return;
+  s->st = st;
+  snprintf(s->detail, sizeof s->detail, "%s", ferry_last_error());
+}
+
+static void slot_finish(fabric_channel *ch, fabric_slot *s) {
+  if (s->st)
+    ferry_fail(s->st, "%s", s->detail); /* the batch takes the thread's detail */
+  ferry_stats_moved(ch->base.peer, ch->base.transport, &s->chunk, s->st);
+  ferry_batch_complete(ch->batch, s->st);
+  if (s->st && !ch->first)
+    ch->first = s->st;
+  s->active = 0;
+  ch->active--;
+}
+
+static void op_done(fabric_channel *ch, fabric_slot *s) {
+  s->done++;
+  ch->inflight--;
+  if (s->done == s->planned)
+    slot_finish(ch, s);
+}
+
+/* No more operations of s are posted (it failed). */
+static void stop_posting(fabric_channel *ch, fabric_slot *s) {
+  s->planned = s->posted;
+  if (ch->posting == s)
+    ch->posting = NULL;
+  if (s->done == s->planned)
+    slot_finish(ch, s);
+}
+
+/* What a failed operation means for the caller. A key the target no
+ * longer holds (unregistered after this engine fetched its table) is
+ * FERRY_ENOTREG, as over tcp; the tcp provider reports it as a canceled
+ * operation with the target's ENOENT. A link that went away reads as a
+ * socket error, so the caller reconnects; anything else is the target's
+ * failure. */
+static ferry_status cq_status(const struct fi_cq_err_entry *err) {
+  switch (err->err) {
+  case FI_EACCES:
+  case FI_EKEYREJECTED: return FERRY_ENOTREG;
+  case FI_ECANCELED:
+    return err->prov_errno == ENOENT || err->prov_errno == EACCES ? FERRY_ENOTREG : FERRY_ESOCKET;
+  case FI_ECONNREFUSED:
+  case FI_ECONNRESET:
+  case FI_ECONNABORTED:
+  case FI_ENOTCONN:
+  case FI_EHOSTUNREACH: return FERRY_ESOCKET;
+  default: return FERRY_EREMOTE;
+  }
+}
+
+/* After a failure or stall: FERRY_ENOTREG (detail set) when the target's
+ * fresh table no longer holds a remote range of s, else FERRY_OK (also when
+ * the table cannot be fetched: the failure stands as it is). */
+static ferry_status gone_remote(fabric_channel *ch, const fabric_slot *s) {
+  ferry_region span = s->chunk.remote[0]; /* one span covering the chunk's ranges */
+  uint64_t end = span.addr + span.length;
+  for (uint32_t i = 1; i < s->chunk.count; i++) {
+    const ferry_region *r = &s->chunk.remote[i];
+    span.addr = r->addr < span.addr ? r->addr : span.addr;
+    end = r->addr + r->length > end ? r->addr + r->length : end;
+  }
+  span.length = end - span.addr;
+  if (ferry_peer_refresh_regions(ch->base.peer, &span, 1, ch->batch->deadline_ns) != FERRY_OK)
+    return FERRY_OK;
+  uint8_t key[FERRY_FABRIC_KEY_SIZE];
+  uint64_t base;
+  for (uint32_t i = 0; i < s->chunk.count; i++) {
+    const ferry_region *r = &s->chunk.remote[i];
+    if (ferry_peer_region_key(ch->base.peer, FERRY_TRANSPORT_FABRIC, r->addr, r->length, key,
+                              sizeof key, &base) != sizeof key)
+      return ferry_fail(FERRY_ENOTREG,
+                        "fabric %s to %s: remote address 0x%llx (+%llu bytes) not registered "
+                        "there any more",
+                        s->chunk.op == FERRY_OP_WRITE ? "WRITE" : "READ", ch->address,
+                        (unsigned long long)r->addr, (unsigned long long)r->length);
+  }
+  return FERRY_OK;
+}
+
+static void op_failed(fabric_channel *ch, const struct fi_cq_err_entry *err) {
+  fabric_slot *s = err->op_context;
+  char prov[128] = "";
+  const char *text = fi_cq_strerror(ch->cq, err->prov_errno, err->err_data, prov, sizeof prov);
+  ferry_status st = cq_status(err);
+  ferry_fail(st, "fabric %s of %llu bytes to %s failed: %s%s (provider %s: %s)",
+             s->chunk.op == FERRY_OP_WRITE ? "WRITE" : "READ", (unsigned long long)s->chunk.bytes,
+             ch->address, fi_strerror(err->err),
+             st == FERRY_ENOTREG ? ": remote address not registered" : "",
+             ch->fabric->self.provider, text ? text : "no detail");
+  /* The target may have dropped the link over a key it no longer holds. */
+  if (st == FERRY_ESOCKET) {
+    char detail[FERRY_ERROR_MAX];
+    snprintf(detail, sizeof detail, "%s", ferry_last_error());
+    if (gone_remote(ch, s) == FERRY_OK)
+      ferry_fail(st, "%s", detail);
+    else
+      st = FERRY_ENOTREG;
+  }
+  slot_error(s, st);
+  ch->base.broken = 1; /* the provider may have dropped the link: a fresh one next time */
+  stop_posting(ch, s);
+  op_done(ch, s);
+}
+
+/* Reads completions: how many, 0 for none, -1 when the CQ itself failed. */
+static int reap(fabric_channel *ch) {
+  struct fi_cq_entry done[FABRIC_DEPTH];
+  ssize_t n = fi_cq_read(ch->cq, done, FABRIC_DEPTH);
+  for (ssize_t i = 0; i < n; i++)
+    op_done(ch, done[i].op_context);
+  if (n > 0)
+    ch->progress_ns = ferry_now_ns();
+  if (n >= 0 || n == -FI_EAGAIN)
+    return n > 0 ? (int)n : 0;
+  struct fi_cq_err_entry err = {0};
+  if (n == -FI_EAVAIL && fi_cq_readerr(ch->cq, &err, 0) == 1) {
+    op_failed(ch, &err);
+    return 1;
+  }
+  ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: fi_cq_read: %s", ch->address,
+             fi_strerror((int)-n));
+  return -1;
+}
+
+/* Why the channel cannot go on waiting, or FERRY_OK. */
+static ferry_status wait_status(fabric_channel *ch) {
+  if (__atomic_load_n(&ch->stopping, __ATOMIC_ACQUIRE))
+    return ferry_fail(FERRY_ECLOSED, "fabric transfer to %s ended by shutdown", ch->address);
+  if (ferry_now_ns() >= ch->batch->deadline_ns)
+    return ferry_fail(FERRY_ETIMEDOUT,
+                      "fabric transfer to %s: no completion by the deadline (%u operations in "
+                      "flight)",
+                      ch->address, ch->inflight);
+  return FERRY_OK;
+}
+
+/* Sleeps on the CQ's fd (after fi_trywait: the provider may need to be
+ * progressed first) or, without one, yields. */
+static void wait_cq(fabric_channel *ch) {
+  if (ch->cq_fd < 0) {
+    sched_yield();
+    return;
+  }
+  struct fid *fids[] = {&ch->cq->fid};
+  if (fi_trywait(ch->fabric->fabric, fids, 1) != FI_SUCCESS)
+    return;
+  uint64_t left_ms = (ch->batch->deadline_ns - ferry_now_ns()) / 1000000 + 1;
+  struct pollfd p[2] = {{.fd = ch->cq_fd, .events = POLLIN}, {.fd = ch->wake_fd, .events = POLLIN}};
+  poll(p, 2, left_ms < FABRIC_WAIT_MS ? (int)left_ms : FABRIC_WAIT_MS);
+}
+
+/* Operations silent for FABRIC_STALL_NS: FERRY_ENOTREG if one aims at a
+ * range the target unregistered meanwhile. */
+static ferry_status stalled(fabric_channel *ch) {
+  if (ferry_now_ns() - ch->progress_ns < FABRIC_STALL_NS)
+    return FERRY_OK;
+  ch->progress_ns = ferry_now_ns();
+  for (size_t i = 0; i < FABRIC_SLOTS; i++)
+    if (ch->slots[i].active && gone_remote(ch, &ch->slots[i]))
+      return FERRY_ENOTREG;
+  return FERRY_OK;
+}
+
+/* Until at least one completion came; an error when the wait must end. */
+static ferry_status await(fabric_channel *ch) {
+  for (;;) {
+    int n = reap(ch);
+    if (n)
+      return n < 0 ? FERRY_ETRANSPORT : FERRY_OK;
+    ferry_status st = wait_status(ch);
+    if (!st)
+      st = stalled(ch);
+    if (st)
+      return st;
+    wait_cq(ch);
+  }
+}
+
+/* Ends every chunk in flight with st; the channel is closed afterwards,
+ * which cancels their operations (fi_close of the endpoint). */
+static void abandon(fabric_channel *ch, ferry_status st) {
+  char detail[FERRY_ERROR_MAX];
+  snprintf(detail, sizeof detail, "%s", ferry_last_error());
+  ch->base.broken = 1;
+  ch->posting = NULL;
+  for (size_t i = 0; i < FABRIC_SLOTS; i++) {
+    fabric_slot *s = &ch->slots[i];
+    if (!s->active)
+      continue;
+    ferry_fail(st, "%s", detail);
+    slot_error(s, st);
+    slot_finish(ch, s);
+  }
+  ch->inflight = 0;
+}
+
+/* ---- posting -------------------------------------------------------------------------- */
+
+static uint64_t key_of(const uint8_t *bytes) {
+  uint64_t key = 0;
+  for (int b = FERRY_FABRIC_KEY_SIZE - 1; b >= 0; b--)
+    key = key << 8 | bytes[b];
+  return key;
+}
+
+/* The peer's key and address for a remote segment, and the local
+ * descriptor. */
+static ferry_status target_of(fabric_channel *ch, const struct iovec *local,
+                              const ferry_region *remote, struct fi_rma_iov *rma, void **desc) {
+  uint8_t key[FERRY_FABRIC_KEY_SIZE];
+  uint64_t base;
+  if (ferry_peer_region_key(ch->base.peer, FERRY_TRANSPORT_FABRIC, remote->addr, remote->length,
+                            key, sizeof key, &base) != sizeof key)
+    return ferry_fail(FERRY_ENOTREG,
+                      "remote address 0x%llx (+%llu bytes) is not registered at %s (no fabric "
+                      "key in its table)",
+                      (unsigned long long)remote->addr, (unsigned long long)remote->length,
+                      ch->address);
+  if (!ferry_fabric_local_desc(ch->fabric, local->iov_base, local->iov_len, desc) && ch->local_mr)
+    return ferry_fail(FERRY_ENOTREG,
+                      "local buffer %p (+%zu bytes) is not registered with this engine, and "
+                      "provider %s needs it to be",
+                      local->iov_base, local->iov_len, ch->fabric->self.provider);
+  *rma = (struct fi_rma_iov){.addr = ch->virt_addr ? remote->addr : remote->addr - base,
+                             .len = remote->length,
+                             .key = key_of(key)};
+  return FERRY_OK;
+}
+
+/* Posts operation s->posted, progressing the CQ while the provider answers
+ * -FI_EAGAIN (it does for the first operations, while it connects, and
+ * whenever its queues are full). */
+static ferry_status post_one(fabric_channel *ch, fabric_slot *s) {
+  const struct iovec *seg = &s->chunk.local[s->seg];
+  size_t len = seg->iov_len - s->seg_off < ch->op_max ? seg->iov_len - s->seg_off : ch->op_max;
+  struct iovec local[1] = {{(char *)seg->iov_base + s->seg_off, len}};
+  ferry_region remote = {s->chunk.remote[s->seg].addr + s->seg_off, len};
+  struct fi_rma_iov rma;
+  void *desc = NULL;
+  ferry_status st = target_of(ch, local, &remote, &rma, &desc);
+  if (st)
+    return st;
+  int write = s->chunk.op == FERRY_OP_WRITE;
+  struct fi_msg_rma msg = {.msg_iov = local,
+                           .desc = &desc,
+                           .iov_count = 1,
+                           .addr = ch->dest,
+                           .rma_iov = &rma,
+                           .rma_iov_count = 1,
+                           .context = s};
+  for (;;) {
+    ssize_t rc = write ? fi_writemsg(ch->ep, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION)
+                       : fi_readmsg(ch->ep, &msg, FI_COMPLETION);
+    if (rc == 0) {
+      s->seg_off += len;
+      if (s->seg_off == seg->iov_len) {
+        s->seg++;
+        s->seg_off = 0;
+      }
+      return FERRY_OK;
+    }
+    if (rc != -FI_EAGAIN) {
+      ch->base.broken = 1;
+      return ferry_fail(FERRY_ETRANSPORT, "fabric %s to %s: %s: %s", write ? "WRITE" : "READ",
+                        ch->address, write ? "fi_writemsg" : "fi_readmsg", fi_strerror((int)-rc));
+    }
+    if (reap(ch) < 0) {
+      ch->base.broken = 1;
+      return FERRY_ETRANSPORT;
+    }
+    if ((st = wait_status(ch)) != FERRY_OK)
+      return st;
+    sched_yield();
+  }
+}
+
+static fabric_slot *claim_slot(fabric_channel *ch, size_t slice) {
+  for (size_t i = 0; i < FABRIC_SLOTS; i++) {
+    fabric_slot *s = &ch->slots[i];
+    if (s->active)
+      continue;
+    if (!ferry_batch_claim(ch->batch, slice, &s->chunk))
+      return NULL;
+    s->active = 1;
+    s->posted = s->done = s->seg = 0;
+    s->seg_off = 0;
+    s->planned = 0;
+    for (uint32_t i = 0; i < s->chunk.count; i++)
+      s->planned += (uint32_t)((s->chunk.local[i].iov_len + ch->op_max - 1) / ch->op_max);
+    s->st = FERRY_OK;
+    ch->active++;
+    return s;
+  }
+  return NULL;
+}
+
+/* Posts until FABRIC_DEPTH operations are in flight or nothing is left;
+ * an error that ends the channel's turn is returned. */
+static ferry_status post_more(fabric_channel *ch, size_t slice) {
+  while (!ch->base.broken && ch->inflight < FABRIC_DEPTH) {
+    fabric_slot *s = ch->posting ? ch->posting : (ch->posting = claim_slot(ch, slice));
+    if (!s)
+      return FERRY_OK;
+    ferry_status st = post_one(ch, s);
+    if (st == FERRY_ECLOSED || st == FERRY_ETIMEDOUT)
+      return st;
+    if (st) {
+      slot_error(s, st);
+      stop_posting(ch, s);
+      continue;
+    }
+    s->posted++;
+    ch->inflight++;
+    if (s->posted == s->planned)
+      ch->posting = NULL;
+  }
+  return FERRY_OK;
+}
+
+static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
+  fabric_channel *ch = (fabric_channel *)base;
+  size_t slice = fabric_slice(b);
+  ch->batch = b;
+  ch->first = FERRY_OK;
+  ch->progress_ns = ferry_now_ns();
+  for (;;) {
+    ferry_status st = post_more(ch, slice);
+    if (!st && !ch->active)
+      break;
+    if (!st && ch->inflight)
+      st = await(ch);
+    if (st) {
+      abandon(ch, st);
+      if (!ch->first)
+        ch->first = st;
+      break;
+    }
+  }
+  ch->batch = NULL;
+  if (!base->broken)
+    base->replied_ns = ferry_now_ns();
+  return ch->first;
+}
+
+static int fabric_alive(ferry_channel *base) { return !base->broken; }
+
+static void fabric_shutdown(ferry_channel *base) {
+  fabric_channel *ch = (fabric_channel *)base;
+  __atomic_store_n(&ch->stopping, 1, __ATOMIC_RELEASE);
+  uint64_t one = 1;
+  if (write(ch->wake_fd, &one, sizeof one) < 0)
+    FERRY_DEBUG("fabric channel to %s: wake: %s", ch->address, strerror(errno));
+}
+
+const ferry_transport ferry_transport_fabric = {
+    .name = "fabric",
+    .id = FERRY_TRANSPORT_FABRIC,
+    .usable = fabric_usable,
+    .slice_size = fabric_slice,
+    .channel_open = fabric_open,
+    .channel_drive = fabric_drive,
+    .channel_alive = fabric_alive,
+    .channel_shutdown = fabric_shutdown,
+    .channel_close = fabric_close,
+    .service_start = ferry_fabric_service_start,
+    .describe = ferry_fabric_describe,
+    .service_stop = ferry_fabric_service_stop,
+    .region_register = ferry_fabric_region_register,
+    .region_deregister = ferry_fabric_region_deregister,
+    .region_key_size = ferry_fabric_region_key_size,
+    .region_keys = ferry_fabric_region_keys,
+};

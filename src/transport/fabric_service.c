@@ -1,0 +1,667 @@
+/* fabric_service.c - the engine-wide half of the libfabric transport: which
+ * provider, one fabric and domain, the target's RDM endpoint that peers
+ * write into and read from, its progress thread, and the memory
+ * registrations (one fi_mr_reg per region, in a sorted table) whose keys
+ * the region table carries to initiators.
+ *
+ * Progress is manual for every provider seen (libfabric.md): RMA aimed at
+ * a target that never calls into libfabric stalls. So a thread reads the
+ * target's CQ, sleeping on its wait fd where the provider has one (tcp,
+ * net, verbs). Where it has none (shm, efa) it polls, yielding while remote
+ * RMA events (a counter) show traffic and sleeping longer and longer once
+ * they stop, so an idle engine costs ~0 CPU; the first operation after an
+ * idle spell waits up to FABRIC_SLEEP_MAX_US for it. */
+#include <errno.h>
+#include <poll.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "transport/fabric.h"
+#include "transport/transport.h"
+
+#define FABRIC_SPIN_ROUNDS 4096   /* yields before the first sleep */
+#define FABRIC_SLEEP_MIN_US 50    /* then sleeps, doubling */
+#define FABRIC_SLEEP_MAX_US 20000 /* up to this: 50 wake-ups a second when idle */
+#define FABRIC_DESCRIPTOR_VERSION 1
+
+void ferry_fabric_backoff(unsigned *idle, int wake_fd) {
+  unsigned n = (*idle)++;
+  if (n < FABRIC_SPIN_ROUNDS) {
+    sched_yield();
+    return;
+  }
+  unsigned shift = n - FABRIC_SPIN_ROUNDS;
+  unsigned us = shift < 8 ? FABRIC_SLEEP_MIN_US << shift : FABRIC_SLEEP_MAX_US;
+  if (us > FABRIC_SLEEP_MAX_US)
+    us = FABRIC_SLEEP_MAX_US;
+  struct timespec ts = {0, (long)us * 1000};
+  struct pollfd p = {.fd = wake_fd, .events = POLLIN};
+  if (ppoll(&p, wake_fd >= 0, &ts, NULL) > 0)
+    ferry_fabric_consume(wake_fd);
+}
+
+void ferry_fabric_consume(int wake_fd) {
+  uint64_t count;
+  if (read(wake_fd, &count, sizeof count) < 0 && errno != EAGAIN)
+    FERRY_DEBUG("fabric: reading a wake fd: %s", strerror(errno));
+}
+
+/* ---- provider choice ------------------------------------------------------------------ */
+
+static int is_wildcard(const char *host) {
+  return !*host || !strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !strcmp(host, "[::]");
+}
+
+/* A provider over the host's IP stack (tcp, net, sockets, udp) offers one
+ * entry per interface, eth0 first: it is pinned to the engine's own host,
+ * so traffic never leaves the interface the engine was told to use
+ * (loopback in tests). verbs and efa address their NICs themselves. */
+int ferry_fabric_is_host_ip(const struct fi_info *info) {
+  uint32_t f = info->addr_format;
+  const char *prov = info->fabric_attr->prov_name;
+  int ip = f == FI_SOCKADDR || f == FI_SOCKADDR_IN || f == FI_SOCKADDR_IN6;
+  return ip && strncmp(prov, "verbs", 5) != 0 && strcmp(prov, "efa") != 0;
+}
+
+static int query(const ferry_config *cfg, const char *provider, uint64_t extra_caps,
+                 const char *node, struct fi_info **out) {
+  struct fi_info *hints = ferry_fabric_hints(provider, cfg->fabric_mr_basic);
+  if (!hints)
+    return -FI_ENOMEM;
+  hints->caps |= extra_caps;
+  if (cfg->fabric_device && !(hints->domain_attr->name = strdup(cfg->fabric_device))) {
+    fi_freeinfo(hints);
+    return -FI_ENOMEM;
+  }
+  int rc = fi_getinfo(FERRY_FABRIC_API(cfg->fabric_mr_basic), node, NULL, node ? FI_SOURCE : 0,
+                      hints, out);
+  fi_freeinfo(hints);
+  return rc;
+}
+
+/* The entry on the configured device: providers may ignore the domain
+ * name in the hints (rxm does), so it is checked here. -FI_ENODATA when no
+ * entry is on it. */
+static int pick_device(const ferry_config *cfg, struct fi_info **info) {
+  if (!cfg->fabric_device)
+    return 0;
+  struct fi_info *hit = NULL;
+  for (struct fi_info *i = *info; i && !hit; i = i->next)
+    if (i->domain_attr->name && !strcmp(i->domain_attr->name, cfg->fabric_device))
+      hit = i;
+  struct fi_info *one = hit ? fi_dupinfo(hit) : NULL;
+  fi_freeinfo(*info);
+  *info = one;
+  return one ? 0 : hit ? -FI_ENOMEM : -FI_ENODATA;
+}
+
+/* fi_getinfo for provider, pinned where it must be; with remote RMA events
+ * (for polling without a wait fd) where the provider has them. */
+static int provider_info(ferry_engine *e, const char *provider, struct fi_info **out,
+                         const char **node) {
+  const char *host = is_wildcard(e->bind_host) ? e->advertise_host : e->bind_host;
+  int rc = -FI_ENODATA;
+  *node = NULL;
+  for (int events = 1; events >= 0 && rc; events--) {
+    uint64_t caps = events ? FI_RMA_EVENT : 0;
+    rc = query(&e->cfg, provider, caps, NULL, out);
+    if (rc == 0 && ferry_fabric_is_host_ip(*out)) {
+      fi_freeinfo(*out);
+      *out = NULL;
+      *node = host;
+      rc = query(&e->cfg, provider, caps, host, out);
+    }
+    if (rc == 0)
+      rc = pick_device(&e->cfg, out);
+  }
+  return rc;
+}
+
+/* An explicitly named provider (or device) that cannot start. */
+static ferry_status provider_failed(ferry_engine *e, const char *provider, const char *node,
+                                    int rc) {
+  const char *device = e->cfg.fabric_device;
+  if (device && rc == -FI_ENODATA) {
+    ferry_config any = e->cfg;
+    any.fabric_device = NULL;
+    struct fi_info *all = NULL;
+    char names[256] = "none";
+    if (query(&any, provider, 0, node, &all) == 0)
+      ferry_fabric_domains(all, names, sizeof names);
+    fi_freeinfo(all);
+    return ferry_fail(FERRY_ETRANSPORT,
+                      "fabric device \"%s\" not found for provider %s; its devices: %s", device,
+                      provider, names);
+  }
+  return ferry_fail(FERRY_ETRANSPORT, "fabric provider %s cannot start: fi_getinfo(%s%s): %s%s",
+                    provider, node ? "node " : "no node", node ? node : "", fi_strerror(-rc),
+                    rc == -FI_ENODATA ? " (no such provider or device here)" : "");
+}
+
+/* " tcp, shm": what the engine uses instead, for the fallback line. */
+static void others(const ferry_engine *e, char *out, size_t size) {
+  size_t used = 0;
+  out[0] = '\0';
+  for (size_t i = 0; ferry_transports[i] && used < size; i++)
+    if ((e->transports & ferry_transports[i]->id) &&
+        ferry_transports[i]->id != FERRY_TRANSPORT_FABRIC)
+      used += (size_t)snprintf(out + used, size - used, "%s%s", used ? ", " : "",
+                               ferry_transports[i]->name);
+}
+
+/* The provider to open: the configured one, else the first RDMA provider
+ * with a device. 1 with *out set; 0 when automatic choice found none
+ * (why says so); -1 with the error set. */
+static int choose_provider(ferry_engine *e, struct fi_info **out, char *why, size_t size) {
+  const char *node, *named = e->cfg.fabric_provider;
+  if (named) {
+    int rc = provider_info(e, named, out, &node);
+    if (rc)
+      return provider_failed(e, named, node, rc), -1;
+    return 1;
+  }
+  static const char *const rdma[] = {"verbs;ofi_rxm", "efa"};
+  size_t used = (size_t)snprintf(why, size, "no RDMA device:");
+  for (size_t i = 0; i < sizeof rdma / sizeof *rdma; i++) {
+    int rc = provider_info(e, rdma[i], out, &node);
+    if (rc == 0)
+      return 1;
+    if (used < size)
+      used += (size_t)snprintf(why + used, size - used, "%s fi_getinfo(%s) found none (%s)",
+                               i ? "," : "", rdma[i], fi_strerror(-rc));
+  }
+  return 0;
+}
+
+/* ---- opening --------------------------------------------------------------------------- */
+
+static ferry_status step(const ferry_fabric *f, const char *what, int rc) {
+  if (rc == 0)
+    return FERRY_OK;
+  return ferry_fail(FERRY_ETRANSPORT, "fabric provider %s: %s failed: %s",
+                    f->info->fabric_attr->prov_name, what, fi_strerror(rc < 0 ? -rc : rc));
+}
+
+/* A CQ that sleeps on an fd where the provider has one, else a polled one
+ * (*fd = -1). Shared with the initiator's channels. */
+int ferry_fabric_cq_open(struct fid_domain *domain, struct fid_cq **cq, int *fd) {
+  struct fi_cq_attr attr = {.format = FI_CQ_FORMAT_CONTEXT, .size = 1024, .wait_obj = FI_WAIT_FD};
+  *fd = -1;
+  if (fi_cq_open(domain, &attr, cq, NULL) == 0) {
+    if (fi_control(&(*cq)->fid, FI_GETWAIT, fd) == 0)
+      return 0;
+    fi_close(&(*cq)->fid);
+    *fd = -1;
+  }
+  attr.wait_obj = FI_WAIT_NONE; /* shm: -FI_ENOSYS for an fd */
+  return fi_cq_open(domain, &attr, cq, NULL);
+}
+
+/* The remote-event counter that tells a polling target traffic is on. */
+static ferry_status open_counter(ferry_fabric *f) {
+  if (f->cq_fd >= 0 || !(f->info->caps & FI_RMA_EVENT))
+    return FERRY_OK;
+  struct fi_cntr_attr attr = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_NONE};
+  ferry_status st = step(f, "fi_cntr_open", fi_cntr_open(f->domain, &attr, &f->cntr, NULL));
+  if (!st)
+    st = step(f, "fi_ep_bind(counter)",
+              fi_ep_bind(f->ep, &f->cntr->fid, FI_REMOTE_WRITE | FI_REMOTE_READ));
+  return st;
+}
+
+static ferry_status open_endpoint(ferry_fabric *f) {
+  struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+  ferry_status st = step(f, "fi_fabric", fi_fabric(f->info->fabric_attr, &f->fabric, NULL));
+  if (!st)
+    st = step(f, "fi_domain", fi_domain(f->fabric, f->info, &f->domain, NULL));
+  if (!st)
+    st = step(f, "fi_av_open", fi_av_open(f->domain, &av_attr, &f->av, NULL));
+  if (!st)
+    st = step(f, "fi_cq_open", ferry_fabric_cq_open(f->domain, &f->cq, &f->cq_fd));
+  if (!st)
+    st = step(f, "fi_endpoint", fi_endpoint(f->domain, f->info, &f->ep, NULL));
+  if (!st)
+    st = step(f, "fi_ep_bind(av)", fi_ep_bind(f->ep, &f->av->fid, 0));
+  if (!st)
+    st = step(f, "fi_ep_bind(cq)", fi_ep_bind(f->ep, &f->cq->fid, FI_TRANSMIT | FI_RECV));
+  if (!st)
+    st = open_counter(f);
+  if (!st)
+    st = step(f, "fi_enable", fi_enable(f->ep));
+  return st;
+}
+
+/* FI_MR_BASIC (API < 1.5) means VIRT_ADDR, ALLOCATED and PROV_KEY. */
+static void read_mr_mode(ferry_fabric *f) {
+  int mode = f->info->domain_attr->mr_mode;
+  int basic = mode == FI_MR_BASIC;
+  f->virt_addr = basic || (mode & FI_MR_VIRT_ADDR);
+  f->prov_key = basic || (mode & FI_MR_PROV_KEY);
+  f->mr_endpoint = !basic && (mode & FI_MR_ENDPOINT);
+  f->next_key = 1;
+}
+
+static void copy_name(char *out, const char *in) {
+  snprintf(out, FERRY_FABRIC_NAME_MAX + 1, "%s", in ? in : "");
+}
+
+static ferry_status fill_self(ferry_fabric *f) {
+  ferry_fabric_descriptor *d = &f->self;
+  d->virt_addr = f->virt_addr;
+  copy_name(d->provider, f->info->fabric_attr->prov_name);
+  copy_name(d->fabric, f->info->fabric_attr->name);
+  copy_name(d->domain, f->info->domain_attr->name);
+  d->addr_len = sizeof d->addr;
+  return step(f, "fi_getname", fi_getname(&f->ep->fid, d->addr, &d->addr_len));
+}
+
+static void drain(ferry_fabric *f) {
+  struct fi_cq_entry done[16];
+  ssize_t n = fi_cq_read(f->cq, done, 16);
+  if (n == -FI_EAVAIL) { /* the target posts nothing: only a provider's own failure */
+    struct fi_cq_err_entry err = {0};
+    if (fi_cq_readerr(f->cq, &err, 0) > 0)
+      FERRY_DEBUG("fabric target CQ error: %s", fi_strerror(err.err));
+  }
+}
+
+/* The previous round (and any copy it made) is over: answer the
+ * deregistrations that asked before it. */
+static void quiesce_answer(ferry_fabric *f) {
+  pthread_mutex_lock(&f->quiesce_lock);
+  if (f->quiesce_seen != f->quiesce_asked) {
+    f->quiesce_seen = f->quiesce_asked;
+    pthread_cond_broadcast(&f->quiesce_cond);
+  }
+  pthread_mutex_unlock(&f->quiesce_lock);
+}
+
+static void wake(ferry_fabric *f) {
+  uint64_t one = 1;
+  if (write(f->wake_fd, &one, sizeof one) < 0)
+    FERRY_DEBUG("fabric: waking the progress thread: %s", strerror(errno));
+}
+
+/* Returns once the progress thread started a round after this call. */
+static void quiesce(ferry_fabric *f) {
+  if (!f->progress_running)
+    return;
+  pthread_mutex_lock(&f->quiesce_lock);
+  uint64_t ticket = ++f->quiesce_asked;
+  wake(f);
+  while (f->quiesce_seen < ticket)
+    pthread_cond_wait(&f->quiesce_cond, &f->quiesce_lock);
+  pthread_mutex_unlock(&f->quiesce_lock);
+}
+
+static void *progress_main(void *arg) {
+  ferry_fabric *f = arg;
+  unsigned idle = 0;
+  uint64_t seen = 0;
+  struct fid *fids[] = {&f->cq->fid};
+  struct pollfd p[2] = {{.fd = f->cq_fd, .events = POLLIN}, {.fd = f->wake_fd, .events = POLLIN}};
+  while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
+    quiesce_answer(f);
+    drain(f);
+    if (f->cq_fd >= 0) {
+      /* The wake fd is read only after a poll saw it, and the loop then
+       * checks stop and quiesce: a wake-up is never lost. */
+      if (fi_trywait(f->fabric, fids, 1) == FI_SUCCESS && poll(p, 2, -1) > 0 &&
+          (p[1].revents & POLLIN))
+        ferry_fabric_consume(f->wake_fd);
+      continue;
+    }
+    uint64_t events = f->cntr ? fi_cntr_read(f->cntr) : 0;
+    if (events != seen) {
+      seen = events;
+      idle = 0;
+    }
+    ferry_fabric_backoff(&idle, f->wake_fd);
+  }
+  quiesce_answer(f);
+  return NULL;
+}
+
+static void fabric_free(ferry_fabric *f) {
+  if (f->progress_running) {
+    __atomic_store_n(&f->stop, 1, __ATOMIC_RELEASE);
+    wake(f);
+    pthread_join(f->progress, NULL);
+  }
+  for (size_t i = 0; i < f->mr_count; i++)
+    fi_close(&f->mrs[i].mr->fid);
+  free(f->mrs);
+  struct fid *fids[] = {f->ep ? &f->ep->fid : NULL,         f->cntr ? &f->cntr->fid : NULL,
+                        f->cq ? &f->cq->fid : NULL,         f->av ? &f->av->fid : NULL,
+                        f->domain ? &f->domain->fid : NULL, f->fabric ? &f->fabric->fid : NULL};
+  for (size_t i = 0; i < sizeof fids / sizeof *fids; i++)
+    if (fids[i])
+      fi_close(fids[i]);
+  if (f->info)
+    fi_freeinfo(f->info);
+  if (f->wake_fd >= 0)
+    close(f->wake_fd);
+  pthread_rwlock_destroy(&f->mr_lock);
+  pthread_mutex_destroy(&f->quiesce_lock);
+  pthread_cond_destroy(&f->quiesce_cond);
+  free(f);
+}
+
+static ferry_status fabric_open(ferry_fabric *f) {
+  read_mr_mode(f);
+  ferry_status st = open_endpoint(f);
+  if (!st)
+    st = fill_self(f);
+  if (st)
+    return st;
+  f->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (f->wake_fd < 0)
+    return ferry_fail_errno(FERRY_ETRANSPORT, errno, "fabric: eventfd for the progress thread");
+  int rc = pthread_create(&f->progress, NULL, progress_main, f);
+  if (rc)
+    return ferry_fail_errno(FERRY_ETRANSPORT, rc, "fabric: starting the progress thread");
+  f->progress_running = 1;
+  return FERRY_OK;
+}
+
+/* Drops the fabric bit: the engine goes on with its other transports,
+ * unless fabric was the only one. */
+static ferry_status transport_off(ferry_engine *e, const char *why) {
+  e->transports &= ~(unsigned)FERRY_TRANSPORT_FABRIC;
+  if (!e->transports)
+    return ferry_fail(FERRY_ETRANSPORT, "fabric transport unavailable (%s) and no other enabled",
+                      why);
+  char names[64];
+  others(e, names, sizeof names);
+  FERRY_INFO("fabric transport off: %s; using %s", why, names);
+  return FERRY_OK;
+}
+
+ferry_status ferry_fabric_service_start(ferry_engine *e) {
+  ferry_fabric *f = calloc(1, sizeof *f);
+  if (!f)
+    return ferry_fail(FERRY_ENOMEM, "no memory for the fabric transport");
+  f->engine = e;
+  f->cq_fd = f->wake_fd = -1;
+  pthread_rwlock_init(&f->mr_lock, NULL);
+  pthread_mutex_init(&f->quiesce_lock, NULL);
+  pthread_cond_init(&f->quiesce_cond, NULL);
+  char why[512];
+  int chosen = choose_provider(e, &f->info, why, sizeof why);
+  ferry_status st = chosen < 0 ? FERRY_ETRANSPORT : chosen ? fabric_open(f) : FERRY_OK;
+  if (st || !chosen) {
+    fabric_free(f);
+    return st ? st : transport_off(e, why);
+  }
+  e->fabric = f;
+  FERRY_INFO("fabric transport on: provider %s, fabric %s, domain %s, %s progress wait, MR mode "
+             "0x%x",
+             f->self.provider, f->self.fabric, f->self.domain,
+             f->cq_fd >= 0 ? "fd"
+             : f->cntr     ? "polled (counter)"
+                           : "polled",
+             (unsigned)f->info->domain_attr->mr_mode);
+  return FERRY_OK;
+}
+
+void ferry_fabric_service_stop(ferry_engine *e) {
+  if (!e->fabric)
+    return;
+  fabric_free(e->fabric);
+  e->fabric = NULL;
+}
+
+/* ---- the descriptor ---------------------------------------------------------------------- */
+
+/* version | flags | 3 x (u8 len, name) | u16 addr_len | addr */
+static size_t put_name(uint8_t *out, const char *name) {
+  size_t n = strlen(name);
+  out[0] = (uint8_t)n;
+  memcpy(out + 1, name, n);
+  return n + 1;
+}
+
+size_t ferry_fabric_describe(ferry_engine *e, uint8_t *out, size_t size) {
+  const ferry_fabric *f = e->fabric;
+  if (!f || size < 2 + 3 * (FERRY_FABRIC_NAME_MAX + 1) + 2 + f->self.addr_len)
+    return 0;
+  size_t n = 0;
+  out[n++] = FABRIC_DESCRIPTOR_VERSION;
+  out[n++] = (uint8_t)(f->self.virt_addr ? 1 : 0);
+  n += put_name(out + n, f->self.provider);
+  n += put_name(out + n, f->self.fabric);
+  n += put_name(out + n, f->self.domain);
+  out[n++] = (uint8_t)(f->self.addr_len & 0xff);
+  out[n++] = (uint8_t)(f->self.addr_len >> 8);
+  memcpy(out + n, f->self.addr, f->self.addr_len);
+  return n + f->self.addr_len;
+}
+
+static int get_name(const uint8_t *in, size_t len, size_t *at, char *out) {
+  if (*at >= len || in[*at] > FERRY_FABRIC_NAME_MAX || len - *at - 1 < in[*at])
+    return 0;
+  size_t n = in[(*at)++];
+  memcpy(out, in + *at, n);
+  out[n] = '\0';
+  *at += n;
+  return memchr(out, '\0', n) == NULL;
+}
+
+int ferry_fabric_descriptor_decode(const uint8_t *in, size_t len, ferry_fabric_descriptor *d,
+                                   char *why, size_t size) {
+  size_t at = 2;
+  memset(d, 0, sizeof *d);
+  if (len < 2 || in[0] != FABRIC_DESCRIPTOR_VERSION || in[1] > 1)
+    return snprintf(why, size, "its fabric descriptor is of an unknown version"), 0;
+  d->virt_addr = in[1];
+  if (!get_name(in, len, &at, d->provider) || !get_name(in, len, &at, d->fabric) ||
+      !get_name(in, len, &at, d->domain) || len - at < 2)
+    return snprintf(why, size, "its fabric descriptor is malformed"), 0;
+  d->addr_len = in[at] | (size_t)in[at + 1] << 8;
+  at += 2;
+  if (!d->addr_len || d->addr_len > sizeof d->addr || len - at != d->addr_len)
+    return snprintf(why, size, "its fabric address is malformed (%zu bytes)", d->addr_len), 0;
+  memcpy(d->addr, in + at, d->addr_len);
+  return 1;
+}
+
+/* ---- memory registrations ----------------------------------------------------------------- */
+
+static int mr_cmp(const void *a, const void *b) {
+  const ferry_fabric_mr *x = a, *y = b;
+  return x->addr < y->addr       ? -1
+         : x->addr > y->addr     ? 1
+         : x->length < y->length ? -1
+                                 : x->length > y->length;
+}
+
+/* Index of the registration holding [addr, addr+length), or -1. */
+static long mr_find(const ferry_fabric *f, uint64_t addr, uint64_t length) {
+  size_t lo = 0, hi = f->mr_count;
+  while (lo < hi) { /* the last one starting at or below addr */
+    size_t mid = lo + (hi - lo) / 2;
+    if (f->mrs[mid].addr <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (!lo)
+    return -1;
+  const ferry_fabric_mr *m = &f->mrs[lo - 1];
+  return addr - m->addr <= m->length && length <= m->length - (addr - m->addr) ? (long)lo - 1 : -1;
+}
+
+static long mr_exact(const ferry_fabric *f, const ferry_region *r) {
+  long i = mr_find(f, r->addr, r->length);
+  return i >= 0 && f->mrs[i].addr == r->addr && f->mrs[i].length == r->length ? i : -1;
+}
+
+static ferry_status mr_open(ferry_fabric *f, ferry_fabric_mr *m) {
+  uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+  uint64_t key = f->prov_key ? 0 : __atomic_fetch_add(&f->next_key, 1, __ATOMIC_RELAXED);
+  int rc =
+      fi_mr_reg(f->domain, (void *)(uintptr_t)m->addr, m->length, access, 0, key, 0, &m->mr, NULL);
+  if (rc == 0 && f->mr_endpoint) {
+    rc = fi_mr_bind(m->mr, &f->ep->fid, 0);
+    if (rc == 0)
+      rc = fi_mr_enable(m->mr);
+    if (rc)
+      fi_close(&m->mr->fid);
+  }
+  if (rc)
+    return ferry_fail(FERRY_ETRANSPORT, "fabric: registering 0x%llx (+%llu bytes) with %s: %s",
+                      (unsigned long long)m->addr, (unsigned long long)m->length, f->self.provider,
+                      fi_strerror(-rc));
+  return FERRY_OK;
+}
+
+/* The regions of this call not registered yet, sorted, each once. */
+static size_t fresh_regions(const ferry_fabric *f, const ferry_region *regions, size_t count,
+                            ferry_fabric_mr *out) {
+  size_t n = 0;
+  for (size_t i = 0; i < count; i++)
+    if (mr_exact(f, &regions[i]) < 0)
+      out[n++] = (ferry_fabric_mr){regions[i].addr, regions[i].length, NULL};
+  qsort(out, n, sizeof *out, mr_cmp);
+  size_t kept = 0;
+  for (size_t i = 0; i < n; i++)
+    if (!kept || mr_cmp(&out[kept - 1], &out[i]) != 0)
+      out[kept++] = out[i];
+  return kept;
+}
+
+/* Room for need registrations (amortized doubling); under the write lock,
+ * as it may move the table. */
+static int reserve(ferry_fabric *f, size_t need) {
+  if (need <= f->mr_cap)
+    return 0;
+  size_t cap = f->mr_cap * 2 > need ? f->mr_cap * 2 : need;
+  ferry_fabric_mr *grown = realloc(f->mrs, cap * sizeof *grown);
+  if (!grown)
+    return -1;
+  f->mrs = grown;
+  f->mr_cap = cap;
+  return 0;
+}
+
+/* Merges the sorted fresh registrations in from the back: appending at the
+ * end (addresses registered in order) moves nothing. */
+static void merge_in(ferry_fabric *f, const ferry_fabric_mr *fresh, size_t n) {
+  size_t i = f->mr_count, j = n, k = f->mr_count + n;
+  while (j > 0)
+    f->mrs[--k] = i > 0 && mr_cmp(&f->mrs[i - 1], &fresh[j - 1]) > 0 ? f->mrs[--i] : fresh[--j];
+  f->mr_count += n;
+}
+
+ferry_status ferry_fabric_region_register(ferry_engine *e, const ferry_region *regions,
+                                          size_t count) {
+  ferry_fabric *f = e->fabric;
+  if (!f || !count)
+    return FERRY_OK;
+  ferry_fabric_mr *fresh = malloc(count * sizeof *fresh);
+  if (!fresh)
+    return ferry_fail(FERRY_ENOMEM, "no memory to register %zu regions with fabric", count);
+  size_t n = fresh_regions(f, regions, count, fresh), done = 0;
+  ferry_status st = FERRY_OK;
+  while (done < n && !(st = mr_open(f, &fresh[done])))
+    done++;
+  pthread_rwlock_wrlock(&f->mr_lock);
+  if (!st && reserve(f, f->mr_count + n) != 0)
+    st = ferry_fail(FERRY_ENOMEM, "no memory for %zu fabric registrations", f->mr_count + n);
+  if (!st)
+    merge_in(f, fresh, n);
+  pthread_rwlock_unlock(&f->mr_lock);
+  while (st && done)
+    fi_close(&fresh[--done].mr->fid);
+  free(fresh);
+  return st;
+}
+
+/* Marks the registrations of regions (mr = NULL, the table stays sorted)
+ * and moves their MRs to closing; returns how many. */
+static size_t mark_removed(ferry_fabric *f, const ferry_region *regions, size_t count,
+                           struct fid_mr **closing) {
+  size_t n = 0;
+  for (size_t i = 0; i < count; i++) {
+    long at = mr_exact(f, &regions[i]);
+    if (at >= 0 && f->mrs[at].mr) {
+      closing[n++] = f->mrs[at].mr;
+      f->mrs[at].mr = NULL;
+    }
+  }
+  return n;
+}
+
+static void compact(ferry_fabric *f) {
+  size_t kept = 0;
+  for (size_t i = 0; i < f->mr_count; i++)
+    if (f->mrs[i].mr)
+      f->mrs[kept++] = f->mrs[i];
+  f->mr_count = kept;
+}
+
+void ferry_fabric_region_deregister(ferry_engine *e, const ferry_region *regions, size_t count) {
+  ferry_fabric *f = e->fabric;
+  if (!f || !count)
+    return;
+  struct fid_mr *one, **closing = count > 1 ? malloc(count * sizeof *closing) : &one;
+  pthread_rwlock_wrlock(&f->mr_lock);
+  size_t n = 0;
+  for (size_t done = 0; done < count;) { /* without memory for the list: one at a time */
+    size_t step = closing ? count - done : 1;
+    struct fid_mr **into = closing ? closing + n : &one;
+    size_t got = mark_removed(f, regions + done, step, into);
+    if (!closing)
+      while (got--)
+        fi_close(&one->fid);
+    else
+      n += got;
+    done += step;
+  }
+  compact(f);
+  pthread_rwlock_unlock(&f->mr_lock);
+  for (size_t i = 0; i < n; i++)
+    fi_close(&closing[i]->fid);
+  if (closing != &one)
+    free(closing);
+  quiesce(f); /* a copy into a closed registration under way now ended */
+}
+
+size_t ferry_fabric_region_key_size(ferry_engine *e) {
+  return e->fabric ? FERRY_FABRIC_KEY_SIZE : 0;
+}
+
+void ferry_fabric_region_keys(ferry_engine *e, const ferry_region *regions, size_t count,
+                              uint8_t *out) {
+  ferry_fabric *f = e->fabric;
+  memset(out, 0, count * FERRY_FABRIC_KEY_SIZE);
+  if (!f)
+    return;
+  pthread_rwlock_rdlock(&f->mr_lock);
+  for (size_t i = 0; i < count; i++) {
+    long at = mr_exact(f, &regions[i]);
+    uint64_t key = at >= 0 ? fi_mr_key(f->mrs[at].mr) : 0;
+    for (int b = 0; b < FERRY_FABRIC_KEY_SIZE; b++)
+      out[i * FERRY_FABRIC_KEY_SIZE + b] = (uint8_t)(key >> (8 * b));
+  }
+  pthread_rwlock_unlock(&f->mr_lock);
+}
+
+int ferry_fabric_local_desc(ferry_fabric *f, const void *addr, size_t length, void **desc) {
+  pthread_rwlock_rdlock(&f->mr_lock);
+  long at = mr_find(f, (uint64_t)(uintptr_t)addr, length);
+  *desc = at >= 0 ? fi_mr_desc(f->mrs[at].mr) : NULL;
+  pthread_rwlock_unlock(&f->mr_lock);
+  return at >= 0;
+}

@@ -1,0 +1,242 @@
+/* test_fabric.c - the libfabric transport's own behaviour, two engines in
+ * this process: the provider choice (automatic fallback with one line, a
+ * named provider or device that cannot start), the descriptor decoded as
+ * untrusted input, done-means-landed for WRITEs (the target's memory holds
+ * the bytes the moment the call returns), the key of a region registered
+ * or unregistered after connect, and no CPU while idle. The two-process
+ * suite over fabric is test_transfer, run as test_transfer_fabric_*. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* cmocka needs the headers above first. */
+#include <cmocka.h>
+
+#include "ferry.h"
+#include "harness.h"
+#include "transport/fabric.h"
+
+#define KiB 1024u
+
+/* An engine on fabric alone with provider (NULL: automatic); *st gets the
+ * create status. */
+static ferry_engine *fabric_engine(const char *provider, const char *device, ferry_status *st) {
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.transports = FERRY_TRANSPORT_FABRIC;
+  cfg.fabric_provider = provider;
+  cfg.fabric_device = device;
+  ferry_engine *e = NULL;
+  *st = ferry_engine_create(&cfg, &e);
+  return e;
+}
+
+static ferry_engine *must_engine(const char *provider) {
+  ferry_status st;
+  ferry_engine *e = fabric_engine(provider, NULL, &st);
+  if (st)
+    fail_msg("engine on %s: %s", provider, ferry_last_error());
+  return e;
+}
+
+struct captured {
+  pthread_mutex_t lock;
+  int fallback_lines;
+  char line[512];
+};
+
+static void capture(const ferry_log_record *r, void *arg) {
+  struct captured *c = arg;
+  pthread_mutex_lock(&c->lock);
+  if (strstr(r->message, "fabric transport off")) {
+    c->fallback_lines++;
+    snprintf(c->line, sizeof c->line, "%s", r->message);
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* No RDMA device here: the engine starts on its other transports and one
+ * INFO line says why, naming what fi_getinfo was asked. */
+static void automatic_choice_falls_back_with_one_line(void **state) {
+  char probe[256];
+  if (ferry_fabric_probe("verbs;ofi_rxm", probe, sizeof probe))
+    skip(); /* a host with an RDMA device uses it: nothing falls back */
+  struct captured c = {.lock = PTHREAD_MUTEX_INITIALIZER};
+  ferry_log_set_handler(capture, &c);
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.fabric_provider = NULL;
+  cfg.log_level = FERRY_LOG_INFO; /* the line is at INFO */
+  cfg.log_level_set = 1;
+  ferry_engine *e = NULL;
+  ferry_status st = ferry_engine_create(&cfg, &e);
+  ferry_log_set_handler(NULL, NULL);
+  assert_int_equal(st, FERRY_OK);
+  print_message("%s\n", c.line);
+  assert_int_equal(c.fallback_lines, 1);
+  assert_non_null(strstr(c.line, "no RDMA device"));
+  assert_non_null(strstr(c.line, "fi_getinfo(verbs;ofi_rxm)"));
+  assert_non_null(strstr(strstr(c.line, "; using "), "tcp"));
+  ferry_engine_destroy(e);
+  /* fabric alone, automatic, no device: nothing left to run on */
+  e = fabric_engine(NULL, NULL, &st);
+  assert_int_equal(st, FERRY_ETRANSPORT);
+  assert_non_null(strstr(ferry_last_error(), "no RDMA device"));
+}
+
+static void named_provider_that_cannot_start_is_an_error(void **state) {
+  ferry_status st;
+  assert_null(fabric_engine("no-such-provider", NULL, &st));
+  assert_int_equal(st, FERRY_ETRANSPORT);
+  print_message("%s\n", ferry_last_error());
+  assert_non_null(strstr(ferry_last_error(), "no-such-provider"));
+  assert_non_null(strstr(ferry_last_error(), "fi_getinfo"));
+  /* an unknown device names the ones that exist */
+  assert_null(fabric_engine("tcp;ofi_rxm", "mlx5_9", &st));
+  assert_int_equal(st, FERRY_ETRANSPORT);
+  print_message("%s\n", ferry_last_error());
+  assert_non_null(strstr(ferry_last_error(), "\"mlx5_9\" not found"));
+  assert_non_null(strstr(ferry_last_error(), "lo"));
+}
+
+/* Every truncation and a flipped byte of a real descriptor: decoded without
+ * reading past the end, and refused unless still well formed. */
+static void descriptor_is_checked_as_untrusted_input(void **state) {
+  ferry_engine *e = must_engine("tcp;ofi_rxm");
+  uint8_t real[FERRY_WIRE_MAX_DESCRIPTOR];
+  size_t len = ferry_fabric_describe(e, real, sizeof real);
+  assert_true(len > 20);
+  ferry_fabric_descriptor d;
+  char why[160];
+  assert_int_equal(ferry_fabric_descriptor_decode(real, len, &d, why, sizeof why), 1);
+  assert_string_equal(d.provider, "tcp;ofi_rxm");
+  for (size_t n = 0; n < len; n++) {
+    uint8_t *cut = malloc(n ? n : 1); /* exactly n bytes: ASan sees any overread */
+    memcpy(cut, real, n);
+    assert_int_equal(ferry_fabric_descriptor_decode(cut, n, &d, why, sizeof why), 0);
+    free(cut);
+  }
+  uint8_t bad[FERRY_WIRE_MAX_DESCRIPTOR];
+  memcpy(bad, real, len);
+  bad[2] = 200; /* a provider name longer than the descriptor */
+  assert_int_equal(ferry_fabric_descriptor_decode(bad, len, &d, why, sizeof why), 0);
+  assert_non_null(strstr(why, "malformed"));
+  ferry_engine_destroy(e);
+}
+
+/* A WRITE is done when its bytes are in the target's memory: checked the
+ * moment each call returns, without asking the target anything. With local
+ * completion (bytes handed to a socket) the check sees old bytes. */
+static void write_is_done_when_landed(void **state) {
+  ferry_engine *a = must_engine("tcp;ofi_rxm"), *b = must_engine("tcp;ofi_rxm");
+  size_t size = 256 * KiB;
+  uint8_t *dst = test_buffer(a, size), *src = test_buffer(b, size);
+  unsigned transport = 0;
+  assert_int_equal(ferry_peer_transport(b, ferry_engine_name(a), &transport), FERRY_OK);
+  assert_int_equal(transport, FERRY_TRANSPORT_FABRIC);
+  for (int round = 0; round < 200; round++) {
+    memset(src, round + 1, size);
+    assert_int_equal(ferry_transfer_sync(b, ferry_engine_name(a), FERRY_OP_WRITE, src,
+                                         (uint64_t)(uintptr_t)dst, size),
+                     FERRY_OK);
+    if (dst[size - 1] != (uint8_t)(round + 1) || memcmp(dst, src, size) != 0)
+      fail_msg("round %d: the WRITE returned before its bytes landed", round);
+  }
+  ferry_engine_destroy(b);
+  ferry_engine_destroy(a);
+  free(dst);
+  free(src);
+}
+
+/* A region registered after the first contact gets a key the initiator
+ * fetches on its miss; one unregistered since is refused (the target no
+ * longer holds the key) with the endpoint still usable. Both providers: shm
+ * drops such an operation silently, the stall check catches it. */
+static void late_regions_and_stale_keys(const char *provider) {
+  ferry_engine *a = must_engine(provider), *b = must_engine(provider);
+  uint8_t *first = test_buffer(a, 4 * KiB), *src = test_buffer(b, 64 * KiB);
+  const char *target = ferry_engine_name(a);
+  assert_int_equal(
+      ferry_transfer_sync(b, target, FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)first, 4 * KiB),
+      FERRY_OK);
+  uint8_t *later = test_buffer(a, 64 * KiB);
+  test_fill_random(src, 64 * KiB, 9);
+  assert_int_equal(
+      ferry_transfer_sync(b, target, FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)later, 64 * KiB),
+      FERRY_OK);
+  assert_memory_equal(src, later, 64 * KiB);
+  assert_int_equal(ferry_memory_unregister(a, later), FERRY_OK);
+  ferry_status st =
+      ferry_transfer_sync(b, target, FERRY_OP_WRITE, src, (uint64_t)(uintptr_t)later, 64 * KiB);
+  print_message("%s: %s\n", provider, ferry_last_error());
+  assert_int_equal(st, FERRY_ENOTREG);
+  assert_non_null(strstr(ferry_last_error(), "not registered"));
+  test_round_trip(b, target, src, src + 32 * KiB, (uint64_t)(uintptr_t)first, 4 * KiB, 10);
+  ferry_engine_destroy(b);
+  ferry_engine_destroy(a);
+  free(first);
+  free(later);
+  free(src);
+}
+
+static void late_regions_and_stale_keys_tcp(void **state) {
+  late_regions_and_stale_keys("tcp;ofi_rxm");
+}
+
+static void late_regions_and_stale_keys_shm(void **state) { late_regions_and_stale_keys("shm"); }
+
+static long process_ticks(void) {
+  FILE *f = fopen("/proc/self/stat", "r");
+  char buf[1024];
+  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+  if (f)
+    fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');
+  long utime = 0, stime = 0;
+  if (!p ||
+      sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &utime, &stime) != 2)
+    return -1;
+  return utime + stime;
+}
+
+/* shm has no wait fd: its progress threads poll, backing off to sleeps, so
+ * two idle engines after traffic cost (almost) nothing. */
+static void idle_polled_engines_use_no_cpu(void **state) {
+  ferry_engine *a = must_engine("shm"), *b = must_engine("shm");
+  uint8_t *dst = test_buffer(a, 64 * KiB), *src = test_buffer(b, 64 * KiB);
+  test_round_trip(b, ferry_engine_name(a), src, src + 32 * KiB, (uint64_t)(uintptr_t)dst, 32 * KiB,
+                  11);
+  usleep(200 * 1000); /* past the yielding phase of the backoff */
+  long before = process_ticks();
+  sleep(2);
+  long used = process_ticks() - before;
+  print_message("two idle shm-provider engines used %ld ticks in 2 s\n", used);
+  assert_true(before >= 0 && used <= 3);
+  ferry_engine_destroy(b);
+  ferry_engine_destroy(a);
+  free(dst);
+  free(src);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(automatic_choice_falls_back_with_one_line),
+      cmocka_unit_test(named_provider_that_cannot_start_is_an_error),
+      cmocka_unit_test(descriptor_is_checked_as_untrusted_input),
+      cmocka_unit_test(write_is_done_when_landed),
+      cmocka_unit_test(late_regions_and_stale_keys_tcp),
+      cmocka_unit_test(late_regions_and_stale_keys_shm),
+      cmocka_unit_test(idle_polled_engines_use_no_cpu),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
