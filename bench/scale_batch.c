@@ -19,25 +19,9 @@
 #include <unistd.h>
 
 #include "../src/core/clock.h"
+#define BENCH_PROG "scale_batch"
+#include "bench_engine.h"
 #include "ferry.h"
-
-static void check(ferry_status st, const char *what) {
-  if (st) {
-    fprintf(stderr, "scale_batch: %s: %s\n", what, ferry_last_error());
-    exit(1);
-  }
-}
-
-static ferry_engine *engine_new(void) {
-  ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
-  cfg.port = 0;
-  cfg.transports = FERRY_TRANSPORT_TCP;
-  ferry_engine *e;
-  check(ferry_engine_create(&cfg, &e), "engine");
-  return e;
-}
 
 static char *buffer(size_t bytes) {
   char *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

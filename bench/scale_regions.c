@@ -16,27 +16,11 @@
 #include <sys/mman.h>
 
 #include "../src/core/clock.h"
+#define BENCH_PROG "scale_regions"
+#include "bench_engine.h"
 #include "ferry.h"
 
 #define PAGE 4096
-
-static void check(ferry_status st, const char *what) {
-  if (st) {
-    fprintf(stderr, "scale_regions: %s: %s\n", what, ferry_last_error());
-    exit(1);
-  }
-}
-
-static ferry_engine *engine_new(void) {
-  ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
-  cfg.port = 0;
-  cfg.transports = FERRY_TRANSPORT_TCP;
-  ferry_engine *e;
-  check(ferry_engine_create(&cfg, &e), "engine");
-  return e;
-}
 
 /* A target holding n regions inside one reserved, untouched mapping. */
 static char *target_regions(ferry_engine *t, size_t n) {
