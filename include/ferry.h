@@ -226,7 +226,7 @@ typedef struct ferry_config {
    * initiators, which then spread their data connections over the rails:
    * large batches are striped across them, small ones take turns, and a
    * rail whose link fails is dropped for a few seconds while the others
-   * carry on (RELIABILITY.md, "Rails"). The RPC port stays the control
+   * carry on (RELIABILITY.md, 17). The RPC port stays the control
    * path. At most 8; a name, a wildcard or a malformed entry is
    * FERRY_EINVAL at create, naming the entry. */
   const char *rail_hosts;
