@@ -414,7 +414,9 @@ static int route_shared_hosts(fault_net *n, const fault_link *l, char *out, size
   for (const fault_link *m = n->links; m < l; m++)
     for (int s = 0; s < 2; s++)
       for (int t = 0; t < 2; t++) {
-        if (link_host(l, s) != link_host(m, t))
+        /* A second link between the same two hosts needs none: a route
+         * would steer the first link's traffic onto it. */
+        if (link_host(l, s) != link_host(m, t) || link_host(l, !s) == link_host(m, !t))
           continue;
         if (fault_cmd(out, size, "ip -n %s route add %s/32 dev %s", n->ns[link_host(l, !s)],
                       m->addr[t], l->dev[!s]) != 0 ||
