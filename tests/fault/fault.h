@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "cases.h"
 #include "ferry.h"
 #include "wire/wire.h"
 
@@ -170,9 +171,15 @@ void fault_proxy_data_frames(const fault_proxy *p, unsigned *frames, unsigned *c
 void fault_proxy_stop(fault_proxy *p);
 
 /* ---- engines ------------------------------------------------------------------------------ */
+/* The transports the fault tests run over: FERRY_TEST_TRANSPORTS as for
+ * test_transfer (ctest: test_fault_*_fabric), default tcp, so that tests on
+ * one machine exercise the network path. The first call also sets
+ * FERRY_TRANSPORTS to it, which the `ferry serve` processes inherit; exits
+ * the test when the variable names no transport. */
+unsigned fault_transports(void);
 /* An engine bound to bind (a host's address), with the given transfer
- * timeout (ms; 0 keeps the default) and checksum mode. TCP only, so tests on
- * one machine exercise the network path. */
+ * timeout (ms; 0 keeps the default) and checksum mode, on fault_transports()
+ * only. Every libfabric endpoint it opens is pinned to bind too. */
 ferry_engine *fault_engine(const char *bind, uint32_t timeout_ms, uint32_t connect_timeout_ms,
                            int checksum);
 /* malloc'd, page-aligned buffer registered on e. */
@@ -180,8 +187,10 @@ void *fault_buffer(ferry_engine *e, size_t size);
 void fault_buffer_free(ferry_engine *e, void *buf);
 /* Writes len bytes of fault_pattern(seed) from local to remote, reads them
  * back into local + len (local must hold 2 * len registered bytes) and
- * compares crc32c of both. FERRY_OK, the failing call's status, or
- * FERRY_ECHECKSUM when the bytes read back differ. */
+ * compares crc32c of both. FERRY_OK, the failing call's status,
+ * FERRY_ECHECKSUM when the bytes read back differ, or FERRY_ETRANSPORT when
+ * they moved over a transport outside fault_transports() (a run forced onto
+ * fabric that fell back to tcp proves nothing). */
 ferry_status fault_roundtrip(ferry_engine *e, const char *target, uint8_t *local, uint64_t remote,
                              size_t len, uint64_t seed);
 
@@ -193,5 +202,12 @@ ferry_status fault_roundtrip(ferry_engine *e, const char *target, uint8_t *local
  * S s"), or the first failure's status (what failed on stderr). */
 ferry_status fault_transfer_mix(fault_net *net, int host, const char *bind, const fault_proc *t,
                                 const char *label);
+
+/* ---- running a test program ---------------------------------------------------------------- */
+/* cmocka_run_group_tests over the cases FERRY_TEST_EXCLUDE leaves in
+ * (tests/support/cases.h); tests must be a non-const array. */
+#define fault_run_tests(tests, setup, teardown)                                                    \
+  _cmocka_run_group_tests(#tests, tests, test_keep_cases(tests, sizeof tests / sizeof *tests),     \
+                          setup, teardown)
 
 #endif

@@ -402,6 +402,31 @@ static int config_side(fault_net *n, fault_link *l, int side, int host, char *ou
   return fault_cmd(out, size, "ip -n %s link set %s up", n->ns[host], l->dev[side]) == 0 ? 0 : -1;
 }
 
+static int link_host(const fault_link *l, int side) { return side ? l->b : l->a; }
+
+/* Routes for a host's addresses on its other links: a host reaches only its
+ * neighbour's address on their shared link, so a reply to an engine bound to
+ * another of the neighbour's addresses (a fabric endpoint is pinned to the
+ * engine's address, not chosen by the kernel) would have no way back. For
+ * every host the new link shares with an older one, each far end gets a
+ * route to that host's address on the other link, over its own link. */
+static int route_shared_hosts(fault_net *n, const fault_link *l, char *out, size_t size) {
+  for (const fault_link *m = n->links; m < l; m++)
+    for (int s = 0; s < 2; s++)
+      for (int t = 0; t < 2; t++) {
+        /* A second link between the same two hosts needs none: a route
+         * would steer the first link's traffic onto it. */
+        if (link_host(l, s) != link_host(m, t) || link_host(l, !s) == link_host(m, !t))
+          continue;
+        if (fault_cmd(out, size, "ip -n %s route add %s/32 dev %s", n->ns[link_host(l, !s)],
+                      m->addr[t], l->dev[!s]) != 0 ||
+            fault_cmd(out, size, "ip -n %s route add %s/32 dev %s", n->ns[link_host(m, !t)],
+                      l->addr[s], m->dev[!t]) != 0)
+          return -1;
+      }
+  return 0;
+}
+
 /* Moves the calling thread into a host's namespace for a moment; *home is
  * where end_visit takes it back. 0 on success. */
 static int visit_host(const fault_net *n, int host, int *home) {
@@ -479,7 +504,8 @@ int fault_net_link(fault_net *n, int a, int b, fault_link_kind kind) {
       return -1;
   }
   if (config_side(n, l, 0, a, out, sizeof out) != 0 ||
-      config_side(n, l, 1, b, out, sizeof out) != 0) {
+      config_side(n, l, 1, b, out, sizeof out) != 0 ||
+      route_shared_hosts(n, l, out, sizeof out) != 0) {
     fprintf(stderr, "fault: configuring link %d: %s\n", id, out);
     return -1;
   }
@@ -655,6 +681,7 @@ static int spawn_serve(fault_proc *p) {
 int fault_serve_start(fault_proc *p, const fault_net *net, int host, const char *bind,
                       uint16_t port, const char *size, const char *const *extra, int fixed_layout) {
   install_handlers();
+  fault_transports(); /* before the first fork: the serve processes inherit it */
   memset(p, 0, sizeof *p);
   p->net = net;
   p->host = host;
@@ -770,13 +797,28 @@ long fault_rss_kib(pid_t pid) {
 /* ---- engines ------------------------------------------------------------------------------------
  */
 
+unsigned fault_transports(void) {
+  static unsigned transports;
+  if (transports)
+    return transports;
+  const char *forced = getenv("FERRY_TEST_TRANSPORTS");
+  const char *names = forced && *forced ? forced : "tcp";
+  transports = ferry_transport_parse(names);
+  if (!transports) {
+    fprintf(stderr, "fault: FERRY_TEST_TRANSPORTS=%s names no transport\n", names);
+    exit(1);
+  }
+  setenv("FERRY_TRANSPORTS", names, 1);
+  return transports;
+}
+
 ferry_engine *fault_engine(const char *bind, uint32_t timeout_ms, uint32_t connect_timeout_ms,
                            int checksum) {
   ferry_config cfg;
   ferry_config_init(&cfg);
   cfg.bind_host = bind;
   cfg.advertise_host = bind;
-  cfg.transports = FERRY_TRANSPORT_TCP;
+  cfg.transports = fault_transports();
   if (timeout_ms)
     cfg.timeout_ms = timeout_ms;
   if (connect_timeout_ms)
@@ -821,6 +863,12 @@ ferry_status fault_roundtrip(ferry_engine *e, const char *target, uint8_t *local
     fprintf(stderr, "fault: %zu bytes at %s 0x%llx read back differently\n", len, target,
             (unsigned long long)remote);
     return FERRY_ECHECKSUM;
+  }
+  unsigned used = 0;
+  if (st == FERRY_OK && (ferry_peer_transport(e, target, &used) || !(used & fault_transports()))) {
+    fprintf(stderr, "fault: bytes to %s moved over %s, not the transports under test\n", target,
+            used ? ferry_transport_name(used) : "an unknown transport");
+    return FERRY_ETRANSPORT;
   }
   return st;
 }

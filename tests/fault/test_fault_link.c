@@ -353,11 +353,11 @@ static void test_loss_and_delay_emulated(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {
+  struct CMUnitTest tests[] = {
       cmocka_unit_test(test_link_down_during_1gib),
       cmocka_unit_test(test_link_down_short_timeout),
       cmocka_unit_test(test_no_late_landing_after_timeout),
       cmocka_unit_test(test_loss_and_delay_emulated),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return fault_run_tests(tests, setup, teardown);
 }

@@ -254,9 +254,9 @@ static void test_paused_write_lands_late(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {
+  struct CMUnitTest tests[] = {
       cmocka_unit_test(test_paused_target_times_out),
       cmocka_unit_test(test_paused_write_lands_late),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return fault_run_tests(tests, setup, teardown);
 }

@@ -189,9 +189,9 @@ static void test_restart_same_layout(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {
+  struct CMUnitTest tests[] = {
       cmocka_unit_test(test_restart_new_layout),
       cmocka_unit_test(test_restart_same_layout),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return fault_run_tests(tests, setup, teardown);
 }

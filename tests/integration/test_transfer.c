@@ -20,6 +20,7 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
+#include "cases.h"
 #include "ferry.h"
 #include "harness.h"
 #include "rawclient.h"
@@ -704,22 +705,6 @@ static void ipv6_loopback_target(void **state) {
   free(src);
 }
 
-/* Drops the cases FERRY_TEST_EXCLUDE names (comma separated): what a run
- * over another transport cannot pass, each with its reason where the run
- * is declared (tests/CMakeLists.txt). Returns how many are left. */
-static size_t keep_cases(struct CMUnitTest *cases, size_t count) {
-  const char *exclude = getenv("FERRY_TEST_EXCLUDE");
-  size_t kept = 0;
-  for (size_t i = 0; i < count; i++) {
-    size_t len = strlen(cases[i].name);
-    const char *at = exclude ? strstr(exclude, cases[i].name) : NULL;
-    int listed = at && (at == exclude || at[-1] == ',') && (at[len] == ',' || !at[len]);
-    if (!listed)
-      cases[kept++] = cases[i];
-  }
-  return kept;
-}
-
 int main(void) {
   /* This suite is about the TCP path; same-host shm has test_shm.c. The
    * target processes inherit the setting. FERRY_TEST_TRANSPORTS runs the
@@ -763,8 +748,8 @@ int main(void) {
       cmocka_unit_test(ipv6_loopback_target),
       cmocka_unit_test(spinning_receives_then_idle),
   };
-  size_t shared = keep_cases(shared_target, sizeof shared_target / sizeof *shared_target);
-  size_t own = keep_cases(own_targets, sizeof own_targets / sizeof *own_targets);
+  size_t shared = test_keep_cases(shared_target, sizeof shared_target / sizeof *shared_target);
+  size_t own = test_keep_cases(own_targets, sizeof own_targets / sizeof *own_targets);
   int failed =
       _cmocka_run_group_tests("shared target", shared_target, shared, start_target, stop_target);
   failed += _cmocka_run_group_tests("own targets", own_targets, own, NULL, NULL);
