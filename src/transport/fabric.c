@@ -293,6 +293,16 @@ static ferry_status gone_remote(fabric_channel *ch, const fabric_slot *s) {
   return FERRY_OK;
 }
 
+/* Nonzero once the peer's facts name another instance than the one this
+ * channel was opened to. */
+static int target_restarted(fabric_channel *ch) {
+  ferry_peer *p = ch->base.peer;
+  pthread_mutex_lock(&p->lock);
+  int restarted = p->info.engine_id != ch->base.peer_instance;
+  pthread_mutex_unlock(&p->lock);
+  return restarted;
+}
+
 static void op_failed(fabric_channel *ch, const struct fi_cq_err_entry *err) {
   fabric_slot *s = err->op_context;
   char prov[128] = "";
@@ -303,14 +313,19 @@ static void op_failed(fabric_channel *ch, const struct fi_cq_err_entry *err) {
              ch->address, fi_strerror(err->err),
              st == FERRY_ENOTREG ? ": remote address not registered" : "",
              ch->fabric->self.provider, text ? text : "no detail");
-  /* The target may have dropped the link over a key it no longer holds. */
-  if (st == FERRY_ESOCKET) {
+  /* The target may have dropped the link over a key it no longer holds, or
+   * a new instance on its address refuses the old one's keys: the refreshed
+   * table (its control connection notices a restart) tells which. */
+  if (st == FERRY_ESOCKET || st == FERRY_ENOTREG) {
     char detail[FERRY_ERROR_MAX];
     snprintf(detail, sizeof detail, "%s", ferry_last_error());
-    if (gone_remote(ch, s) == FERRY_OK)
-      ferry_fail(st, "%s", detail);
-    else
+    ferry_status gone = gone_remote(ch, s);
+    if (target_restarted(ch))
+      st = ferry_fail(FERRY_ESOCKET, "%s; %s restarted meanwhile", detail, ch->address);
+    else if (gone)
       st = FERRY_ENOTREG;
+    else
+      ferry_fail(st, "%s", detail);
   }
   slot_error(s, st);
   ch->base.broken = 1; /* the provider may have dropped the link: a fresh one next time */
