@@ -2,11 +2,15 @@
  * rail_hosts 127.0.0.1,127.0.0.2 opens a fabric endpoint pinned to each
  * (tcp;ofi_rxm provider, one domain on lo) and an initiator spreads its
  * channels over them (peer.c's rails), so a large transfer is striped over
- * both. Both engines live in this process; every transfer is verified byte
- * for byte and the bytes per rail come from ferry_stats. */
+ * both, and a rail whose link is cut is dropped while the other carries
+ * on. Both engines live in this process; every transfer is
+ * verified byte for byte and the bytes per rail come from ferry_stats. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -36,9 +40,10 @@ static ferry_engine *fabric_engine(const char *rails) {
   return e;
 }
 
-/* The bytes moved on each rail toward target, in rail order. */
-static size_t rail_bytes(ferry_engine *initiator, const char *target, uint64_t bytes[],
-                         size_t max) {
+/* The bytes moved on each rail toward target, in rail order, and whether
+ * each is up (up may be NULL). */
+static size_t rail_bytes_up(ferry_engine *initiator, const char *target, uint64_t bytes[], int up[],
+                            size_t max) {
   ferry_stats *s;
   assert_int_equal(ferry_stats_snapshot(initiator, &s), FERRY_OK);
   size_t n = 0;
@@ -47,55 +52,128 @@ static size_t rail_bytes(ferry_engine *initiator, const char *target, uint64_t b
     /* each rail's endpoint is pinned to its own address */
     assert_true(!strncmp(s->rails[i].rail, i ? "127.0.0.2:" : "127.0.0.1:", 10));
     bytes[n] = s->rails[i].bytes[FERRY_OP_READ] + s->rails[i].bytes[FERRY_OP_WRITE];
+    if (up)
+      up[n] = s->rails[i].up;
   }
   ferry_stats_free(s);
   return n;
 }
 
+static size_t rail_bytes(ferry_engine *initiator, const char *target, uint64_t bytes[],
+                         size_t max) {
+  return rail_bytes_up(initiator, target, bytes, NULL, max);
+}
+
+typedef struct rig {
+  ferry_engine *target, *initiator;
+  uint8_t *memory, *out, *in; /* the target's registered buffer; the initiator's */
+  char name[64];              /* the target as initiators name it */
+  uint64_t rounds;
+} rig;
+
+static void rig_start(rig *r) {
+  memset(r, 0, sizeof *r);
+  r->target = fabric_engine("127.0.0.1,127.0.0.2");
+  r->initiator = fabric_engine(NULL);
+  r->memory = test_buffer(r->target, BIG);
+  r->out = test_buffer(r->initiator, BIG);
+  r->in = test_buffer(r->initiator, BIG);
+  assert_true(r->memory && r->out && r->in);
+  snprintf(r->name, sizeof r->name, "127.0.0.1:%u", ferry_engine_port(r->target));
+}
+
+static void rig_stop(rig *r) {
+  ferry_engine_destroy(r->initiator);
+  ferry_engine_destroy(r->target);
+  free(r->memory);
+  free(r->out);
+  free(r->in);
+}
+
+/* A verified 16 MiB WRITE and READ back over fabric. */
+static void round_trip(rig *r) {
+  r->rounds++;
+  test_fill_random(r->out, BIG, r->rounds);
+  assert_int_equal(ferry_transfer_sync(r->initiator, r->name, FERRY_OP_WRITE, r->out,
+                                       (uint64_t)(uintptr_t)r->memory, BIG),
+                   FERRY_OK);
+  assert_memory_equal(r->memory, r->out, BIG);
+  assert_int_equal(ferry_transfer_sync(r->initiator, r->name, FERRY_OP_READ, r->in,
+                                       (uint64_t)(uintptr_t)r->memory, BIG),
+                   FERRY_OK);
+  assert_memory_equal(r->in, r->out, BIG);
+  unsigned transport = 0;
+  assert_int_equal(ferry_peer_transport(r->initiator, r->name, &transport), FERRY_OK);
+  assert_int_equal(transport, FERRY_TRANSPORT_FABRIC);
+}
+
+/* Round trips until both rails carried some: one driver may take a whole
+ * batch before the others start (a busy machine), so a bounded number of
+ * times. */
+static void stripe(rig *r, uint64_t bytes[2]) {
+  bytes[0] = bytes[1] = 0;
+  while (r->rounds < 20 && !(bytes[0] && bytes[1])) {
+    round_trip(r);
+    assert_int_equal(rail_bytes(r->initiator, r->name, bytes, 2), 2);
+  }
+  print_message("after %llu rounds: fabric rail 127.0.0.1: %llu bytes, 127.0.0.2: %llu bytes\n",
+                (unsigned long long)r->rounds, (unsigned long long)bytes[0],
+                (unsigned long long)bytes[1]);
+  assert_true(bytes[0] > 0 && bytes[1] > 0);
+}
+
 /* Both rails carry a striped 16 MiB WRITE and READ; every byte lands and
  * reads back, and the rails' counts add up to what moved. */
 static void striped_over_two_fabric_rails(void **state) {
-  ferry_engine *target = fabric_engine("127.0.0.1,127.0.0.2"), *initiator = fabric_engine(NULL);
-  uint8_t *memory = test_buffer(target, BIG), *out = test_buffer(initiator, BIG),
-          *in = test_buffer(initiator, BIG);
-  assert_true(memory && out && in);
-  char name[64];
-  snprintf(name, sizeof name, "127.0.0.1:%u", ferry_engine_port(target));
-  unsigned transport = 0;
-  /* One driver may take a whole batch before the others start (a busy
-   * machine): repeat until both rails carried some, a bounded number of
-   * times. */
-  uint64_t bytes[4] = {0, 0}, rounds = 0;
-  while (rounds < 20 && !(bytes[0] && bytes[1])) {
-    rounds++;
-    test_fill_random(out, BIG, rounds);
-    assert_int_equal(
-        ferry_transfer_sync(initiator, name, FERRY_OP_WRITE, out, (uint64_t)(uintptr_t)memory, BIG),
-        FERRY_OK);
-    assert_memory_equal(memory, out, BIG);
-    assert_int_equal(
-        ferry_transfer_sync(initiator, name, FERRY_OP_READ, in, (uint64_t)(uintptr_t)memory, BIG),
-        FERRY_OK);
-    assert_memory_equal(in, out, BIG);
-    assert_int_equal(ferry_peer_transport(initiator, name, &transport), FERRY_OK);
-    assert_int_equal(transport, FERRY_TRANSPORT_FABRIC);
-    assert_int_equal(rail_bytes(initiator, name, bytes, 4), 2);
+  rig r;
+  rig_start(&r);
+  uint64_t bytes[2];
+  stripe(&r, bytes);
+  assert_int_equal(bytes[0] + bytes[1], 2 * r.rounds * BIG);
+  rig_stop(&r);
+}
+
+/* Cuts every socket of this process bound to 127.0.0.2 (the target's rail
+ * 1: its listener and accepted connections), as a dead link would: the
+ * initiator sees resets and refusals. Returns how many. */
+static int cut_rail_sockets(void) {
+  int cut = 0;
+  for (int fd = 3; fd < 4096; fd++) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    if (getsockname(fd, (struct sockaddr *)&a, &len) == 0 && a.sin_family == AF_INET &&
+        a.sin_addr.s_addr == htonl(0x7f000002) && shutdown(fd, SHUT_RDWR) == 0)
+      cut++;
   }
-  print_message("after %llu rounds: fabric rail 127.0.0.1: %llu bytes, 127.0.0.2: %llu bytes\n",
-                (unsigned long long)rounds, (unsigned long long)bytes[0],
-                (unsigned long long)bytes[1]);
-  assert_true(bytes[0] > 0 && bytes[1] > 0);
-  assert_int_equal(bytes[0] + bytes[1], 2 * rounds * BIG);
-  ferry_engine_destroy(initiator);
-  ferry_engine_destroy(target);
-  free(memory);
-  free(out);
-  free(in);
+  return cut;
+}
+
+/* The target's rail 1 link dies (its sockets cut): the chunks lost with it
+ * move to rail 0, every transfer still completes verified, and rail 1 is
+ * taken out of use. */
+static void rail_link_cut(void **state) {
+  rig r;
+  rig_start(&r);
+  uint64_t before[2], after[2];
+  stripe(&r, before);
+  int cut = cut_rail_sockets();
+  print_message("cut %d sockets on 127.0.0.2\n", cut);
+  assert_true(cut >= 2); /* the listener and at least one connection */
+  for (int i = 0; i < 3; i++)
+    round_trip(&r);
+  int up[2];
+  assert_int_equal(rail_bytes_up(r.initiator, r.name, after, up, 2), 2);
+  print_message("after the cut: rail 0 +%llu bytes, rail 1 +%llu bytes, up %d %d\n",
+                (unsigned long long)(after[0] - before[0]),
+                (unsigned long long)(after[1] - before[1]), up[0], up[1]);
+  assert_true(after[0] > before[0] && !up[1] && up[0]);
+  rig_stop(&r);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(striped_over_two_fabric_rails),
+      cmocka_unit_test(rail_link_cut),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
