@@ -22,6 +22,7 @@
 
 #include "ferry.h"
 #include "harness.h"
+#include "transport/fabric.h"
 
 #define MiB (1024ull * 1024ull)
 #define BIG (16 * MiB)
@@ -169,10 +170,51 @@ static void rail_link_cut(void **state) {
   rig_stop(&r);
 }
 
+/* A railed target's descriptor as untrusted input: it decodes with both
+ * rails; a cut decodes only where the rails-less form ends (no rails), a
+ * rail count past FERRY_RAILS_MAX, a rail address running past the end and
+ * bytes after the last rail are refused. */
+static void railed_descriptor_is_checked(void **state) {
+  ferry_engine *e = fabric_engine("127.0.0.1,127.0.0.2");
+  uint8_t real[FERRY_WIRE_MAX_DESCRIPTOR + 1];
+  size_t len = ferry_fabric_describe(e, real, FERRY_WIRE_MAX_DESCRIPTOR);
+  ferry_fabric_descriptor d;
+  char why[160];
+  assert_int_equal(ferry_fabric_descriptor_decode(real, len, &d, why, sizeof why), 1);
+  assert_int_equal(d.rail_count, 2);
+  size_t addr_len = d.rail_addr_len[0]; /* both rails are sockaddr_in */
+  assert_int_equal(d.rail_addr_len[1], addr_len);
+  size_t plain = len - 1 - 2 * (2 + addr_len);
+  for (size_t n = 0; n < len; n++) {
+    uint8_t *cut = malloc(n ? n : 1); /* exactly n bytes: ASan sees any overread */
+    memcpy(cut, real, n);
+    int ok = ferry_fabric_descriptor_decode(cut, n, &d, why, sizeof why);
+    assert_int_equal(ok, n == plain);
+    if (ok)
+      assert_int_equal(d.rail_count, 0);
+    free(cut);
+  }
+  uint8_t bad[sizeof real];
+  memcpy(bad, real, len);
+  bad[plain] = FERRY_RAILS_MAX + 1;
+  assert_int_equal(ferry_fabric_descriptor_decode(bad, len, &d, why, sizeof why), 0);
+  assert_non_null(strstr(why, "rails"));
+  memcpy(bad, real, len);
+  bad[len - addr_len - 1] = 0xff; /* rail 1's length: past the end */
+  assert_int_equal(ferry_fabric_descriptor_decode(bad, len, &d, why, sizeof why), 0);
+  assert_non_null(strstr(why, "rail 1"));
+  memcpy(bad, real, len);
+  bad[len] = 0;
+  assert_int_equal(ferry_fabric_descriptor_decode(bad, len + 1, &d, why, sizeof why), 0);
+  assert_non_null(strstr(why, "past its rails"));
+  ferry_engine_destroy(e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(striped_over_two_fabric_rails),
       cmocka_unit_test(rail_link_cut),
+      cmocka_unit_test(railed_descriptor_is_checked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
