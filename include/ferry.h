@@ -227,7 +227,9 @@ typedef struct ferry_config {
    * large batches are striped across them, small ones take turns, and a
    * rail whose link fails is dropped for a few seconds while the others
    * carry on (RELIABILITY.md, 17). The RPC port stays the control
-   * path. At most 8; a name, a wildcard or a malformed entry is
+   * path. The fabric transport on an IP provider (tcp;ofi_rxm, net) opens
+   * an endpoint pinned to each of these addresses too (the port is the
+   * tcp listener's only; RELIABILITY.md, 16). At most 8; a name, a wildcard or a malformed entry is
    * FERRY_EINVAL at create, naming the entry. */
   const char *rail_hosts;
   /* Server workers that serve requests from peers (FERRY_SERVER_THREADS,

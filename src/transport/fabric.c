@@ -15,8 +15,26 @@
  * completion means the bytes are in the target's memory, not just handed
  * to a socket. A chunk completes only once all its operations did, so the
  * batch's notification (sent by core when the last chunk completes) always
- * follows the data. */
+ * follows the data.
+ *
+ * Rails: a target with rail_hosts on a provider over the host's IP stack
+ * (tcp, net: one domain spans every address of the host) opens one more
+ * endpoint per rail host in its one domain, pinned to that address
+ * (fabric_service.c), and appends their fi_getname addresses to its
+ * descriptor. An initiator's `rails` lists them (named host:port) and
+ * rail_open aims a channel at one; core spreads channels over the rails,
+ * and chunks are claimed with ferry_batch_claim_on and reported with
+ * ferry_batch_settle, so a chunk lost with its rail's link (FERRY_ESOCKET)
+ * is moved again on another rail. One domain suffices because a
+ * registration belongs to a domain, not an endpoint: every rail reaches a
+ * region by the same key, and the region table keeps one key per region.
+ * verbs and efa NICs are each a domain of their own: rails there need a
+ * domain per fabric_device entry, each registering every region, with a
+ * key per rail in the table (region_key_size = rails x 8) - not done; such
+ * a provider serves on its one endpoint and says so. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -171,13 +189,64 @@ static ferry_status open_endpoint(fabric_channel *ch, const ferry_fabric_descrip
   return st;
 }
 
-static ferry_status fabric_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel **out) {
+/* A rail's name: its address as host:port where it is an IP one. */
+static void rail_name(const uint8_t *addr, size_t len, unsigned r, char *out) {
+  char host[INET6_ADDRSTRLEN] = "";
+  sa_family_t family = 0;
+  if (len >= sizeof family)
+    memcpy(&family, addr, sizeof family);
+  struct sockaddr_in in4;
+  struct sockaddr_in6 in6;
+  if (family == AF_INET && len >= sizeof in4) {
+    memcpy(&in4, addr, sizeof in4);
+    inet_ntop(AF_INET, &in4.sin_addr, host, sizeof host);
+    snprintf(out, FERRY_RAIL_NAME_MAX, "%s:%u", host, ntohs(in4.sin_port));
+  } else if (family == AF_INET6 && len >= sizeof in6) {
+    memcpy(&in6, addr, sizeof in6);
+    inet_ntop(AF_INET6, &in6.sin6_addr, host, sizeof host);
+    snprintf(out, FERRY_RAIL_NAME_MAX, "[%s]:%u", host, ntohs(in6.sin6_port));
+  } else {
+    snprintf(out, FERRY_RAIL_NAME_MAX, "fabric rail %u", r);
+  }
+}
+
+/* The peer's rail endpoints from its descriptor (none: one rail, its main
+ * endpoint). */
+static unsigned fabric_rails(const ferry_hello_reply *info, char names[][FERRY_RAIL_NAME_MAX],
+                             unsigned max) {
+  ferry_fabric_descriptor d;
+  char why[160];
+  if (!peer_descriptor(info, &d, why, sizeof why))
+    return 0;
+  unsigned n = d.rail_count < max ? d.rail_count : max;
+  for (unsigned r = 0; r < n; r++)
+    rail_name(d.rail_addr[r], d.rail_addr_len[r], r, names[r]);
+  return n;
+}
+
+/* Aims d at the endpoint of the rail named `rail` (NULL: the main one). */
+static int pick_rail(ferry_fabric_descriptor *d, const char *rail, char *why, size_t size) {
+  for (unsigned r = 0; rail && r < d->rail_count; r++) {
+    char name[FERRY_RAIL_NAME_MAX];
+    rail_name(d->rail_addr[r], d->rail_addr_len[r], r, name);
+    if (!strcmp(name, rail)) {
+      memcpy(d->addr, d->rail_addr[r], d->rail_addr_len[r]);
+      d->addr_len = d->rail_addr_len[r];
+      return 1;
+    }
+  }
+  return rail ? (snprintf(why, size, "it lists no rail %s", rail), 0) : 1;
+}
+
+static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_ns,
+                            ferry_channel **out) {
   ferry_fabric *f = p->engine->fabric;
   ferry_fabric_descriptor d;
   char why[160];
   pthread_mutex_lock(&p->lock);
   uint64_t instance = p->info.engine_id;
-  int ok = f && p->known && peer_descriptor(&p->info, &d, why, sizeof why);
+  int ok = f && p->known && peer_descriptor(&p->info, &d, why, sizeof why) &&
+           pick_rail(&d, rail, why, sizeof why);
   pthread_mutex_unlock(&p->lock);
   if (!ok)
     return ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: %s", p->address,
@@ -193,7 +262,10 @@ static ferry_status fabric_open(ferry_peer *p, uint64_t deadline_ns, ferry_chann
   ch->virt_addr = d.virt_addr;
   ch->op_max = op_size(p->engine);
   ch->local_mr = (f->info->domain_attr->mr_mode & FI_MR_LOCAL) || (f->info->mode & FI_LOCAL_MR);
-  snprintf(ch->address, sizeof ch->address, "%s", p->address);
+  if (rail)
+    snprintf(ch->address, sizeof ch->address, "%.190s (rail %.60s)", p->address, rail);
+  else
+    snprintf(ch->address, sizeof ch->address, "%s", p->address);
   ch->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   ferry_status st = ch->wake_fd < 0 ? ferry_fail_errno(FERRY_ETRANSPORT, errno,
                                                        "fabric channel to %s: eventfd", p->address)
@@ -205,6 +277,15 @@ static ferry_status fabric_open(ferry_peer *p, uint64_t deadline_ns, ferry_chann
   FERRY_DEBUG("opened fabric channel to %s (%s, domain %s)", ch->address, d.provider, d.domain);
   *out = &ch->base;
   return FERRY_OK;
+}
+
+static ferry_status fabric_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel **out) {
+  return open_on(p, NULL, deadline_ns, out);
+}
+
+static ferry_status fabric_rail_open(ferry_peer *p, const char *rail, uint64_t deadline_ns,
+                                     ferry_channel **out) {
+  return open_on(p, rail, deadline_ns, out);
 }
 
 /* ---- completing ----------------------------------------------------------------------- */
@@ -220,7 +301,7 @@ static void slot_finish(fabric_channel *ch, fabric_slot *s) {
   if (s->st)
     ferry_fail(s->st, "%s", s->detail); /* the batch takes the thread's detail */
   ferry_stats_moved(ch->base.peer, ch->base.transport, &s->chunk, s->st);
-  ferry_batch_complete(ch->batch, s->st);
+  ferry_batch_settle(ch->batch, &ch->base, &s->chunk, s->st); /* ESOCKET: another rail */
   if (s->st && !ch->first)
     ch->first = s->st;
   s->active = 0;
@@ -510,7 +591,7 @@ static fabric_slot *claim_slot(fabric_channel *ch, size_t slice) {
     fabric_slot *s = &ch->slots[i];
     if (s->active)
       continue;
-    if (!ferry_batch_claim(ch->batch, slice, &s->chunk))
+    if (!ferry_batch_claim_on(ch->batch, &ch->base, slice, &s->chunk, NULL))
       return NULL;
     s->active = 1;
     s->posted = s->done = s->seg = 0;
@@ -600,4 +681,6 @@ const ferry_transport ferry_transport_fabric = {
     .region_deregister = ferry_fabric_region_deregister,
     .region_key_size = ferry_fabric_region_key_size,
     .region_keys = ferry_fabric_region_keys,
+    .rails = fabric_rails,
+    .rail_open = fabric_rail_open,
 };

@@ -50,6 +50,9 @@ typedef struct ferry_fabric_descriptor {
   char domain[FERRY_FABRIC_NAME_MAX + 1];
   uint8_t addr[FERRY_FABRIC_ADDR_MAX]; /* fi_getname of its endpoint */
   size_t addr_len;
+  unsigned rail_count; /* rail endpoints (fabric.c's top comment); 0: none */
+  uint8_t rail_addr[FERRY_RAILS_MAX][FERRY_FABRIC_ADDR_MAX];
+  size_t rail_addr_len[FERRY_RAILS_MAX];
 } ferry_fabric_descriptor;
 
 /* One memory registration, in a table sorted by address. */
@@ -67,8 +70,9 @@ typedef struct ferry_fabric {
   struct fid_cq *cq;
   struct fid_cntr *cntr; /* remote RMA events: activity, where the CQ has no fd */
   struct fid_ep *ep;
-  int cq_fd;   /* the CQ's wait fd, -1 where the provider has none */
-  int wake_fd; /* eventfd: stop the progress thread */
+  struct fid_ep *rail_eps[FERRY_RAILS_MAX]; /* one per rail host, in the domain of ep */
+  int cq_fd;                                /* the CQ's wait fd, -1 where the provider has none */
+  int wake_fd;                              /* eventfd: stop the progress thread */
   int stop;
   /* Deregistration waits until the progress thread began a new round: a
    * copy into a registration (software providers copy in the target's

@@ -10,8 +10,14 @@
  * net, verbs). Where it has none (shm, efa) it polls, yielding while remote
  * RMA events (a counter) show traffic and sleeping longer and longer once
  * they stop, so an idle engine costs ~0 CPU; the first operation after an
- * idle spell waits up to FABRIC_SLEEP_MAX_US for it. */
+ * idle spell waits up to FABRIC_SLEEP_MAX_US for it.
+ *
+ * Rails (fabric.c's top comment): one more endpoint per rail host, in the
+ * same domain and on the same AV, CQ and counter, so the one progress
+ * thread serves them all and every registration's key works on each. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -342,6 +348,9 @@ static void fabric_free(ferry_fabric *f) {
   for (size_t i = 0; i < f->mr_count; i++)
     fi_close(&f->mrs[i].mr->fid);
   free(f->mrs);
+  for (unsigned r = 0; r < FERRY_RAILS_MAX; r++)
+    if (f->rail_eps[r])
+      fi_close(&f->rail_eps[r]->fid);
   struct fid *fids[] = {f->ep ? &f->ep->fid : NULL,         f->cntr ? &f->cntr->fid : NULL,
                         f->cq ? &f->cq->fid : NULL,         f->av ? &f->av->fid : NULL,
                         f->domain ? &f->domain->fid : NULL, f->fabric ? &f->fabric->fid : NULL};
@@ -358,11 +367,95 @@ static void fabric_free(ferry_fabric *f) {
   free(f);
 }
 
+/* f's entry with its source address moved to host (a literal address of
+ * the same family), port 0: the domain spans the host's addresses, and
+ * fi_getinfo would name another domain for an address that is no
+ * interface's own (127.0.0.2 on lo). NULL when host does not fit. */
+static struct fi_info *rail_info(const ferry_fabric *f, const char *host) {
+  struct sockaddr_storage ss = {0};
+  struct sockaddr_in *in4 = (struct sockaddr_in *)&ss;
+  struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+  size_t len = 0;
+  if (f->info->addr_format != FI_SOCKADDR_IN6 && inet_pton(AF_INET, host, &in4->sin_addr) == 1) {
+    in4->sin_family = AF_INET;
+    len = sizeof *in4;
+  } else if (f->info->addr_format != FI_SOCKADDR_IN &&
+             inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
+    in6->sin6_family = AF_INET6;
+    len = sizeof *in6;
+  }
+  struct fi_info *one = len ? fi_dupinfo(f->info) : NULL;
+  void *addr = one ? malloc(len) : NULL;
+  if (!addr) {
+    fi_freeinfo(one);
+    return NULL;
+  }
+  memcpy(addr, &ss, len);
+  free(one->src_addr);
+  one->src_addr = addr;
+  one->src_addrlen = len;
+  return one;
+}
+
+/* One more endpoint of the domain, pinned to host, on the target's AV, CQ
+ * and counter (so the progress thread serves it too); its address is
+ * rail r of the descriptor. */
+static ferry_status open_rail(ferry_fabric *f, unsigned r, const char *host) {
+  struct fi_info *info = rail_info(f, host);
+  if (!info)
+    return ferry_fail(FERRY_ETRANSPORT,
+                      "fabric rail %u: %s is no literal address of provider %s's kind (or no "
+                      "memory)",
+                      r, host, f->self.provider);
+  struct fid_ep **ep = &f->rail_eps[r];
+  ferry_status st = step(f, "fi_endpoint(rail)", fi_endpoint(f->domain, info, ep, NULL));
+  fi_freeinfo(info);
+  if (!st)
+    st = step(f, "fi_ep_bind(rail av)", fi_ep_bind(*ep, &f->av->fid, 0));
+  if (!st)
+    st = step(f, "fi_ep_bind(rail cq)", fi_ep_bind(*ep, &f->cq->fid, FI_TRANSMIT | FI_RECV));
+  if (!st && f->cntr)
+    st = step(f, "fi_ep_bind(rail counter)",
+              fi_ep_bind(*ep, &f->cntr->fid, FI_REMOTE_WRITE | FI_REMOTE_READ));
+  if (!st)
+    st = step(f, "fi_enable(rail)", fi_enable(*ep));
+  f->self.rail_addr_len[r] = sizeof f->self.rail_addr[r];
+  if (!st)
+    st = step(f, "fi_getname(rail)",
+              fi_getname(&(*ep)->fid, f->self.rail_addr[r], &f->self.rail_addr_len[r]));
+  if (!st)
+    FERRY_INFO("fabric rail %u: serving on %s", r, host);
+  return st;
+}
+
+/* An endpoint per rail host (ferry_config.rail_hosts) for providers over
+ * the host's IP stack, whose one domain spans the host's addresses; other
+ * providers (a domain per NIC) serve on their one endpoint. */
+static ferry_status open_rails(ferry_fabric *f) {
+  ferry_rail_spec specs[FERRY_RAILS_MAX];
+  unsigned count = 0;
+  if (!f->engine->rail_hosts || ferry_rails_parse(f->engine->rail_hosts, specs, &count))
+    return FERRY_OK; /* the tcp transport reports a bad list */
+  if (count && (!ferry_fabric_is_host_ip(f->info) || f->mr_endpoint)) {
+    FERRY_INFO("fabric: provider %s serves on one endpoint (rails need an IP provider without "
+               "FI_MR_ENDPOINT)",
+               f->self.provider);
+    return FERRY_OK;
+  }
+  ferry_status st = FERRY_OK;
+  for (unsigned r = 0; r < count && !st; r++)
+    if (!(st = open_rail(f, r, specs[r].host)))
+      f->self.rail_count = r + 1;
+  return st;
+}
+
 static ferry_status fabric_open(ferry_fabric *f) {
   read_mr_mode(f);
   ferry_status st = open_endpoint(f);
   if (!st)
     st = fill_self(f);
+  if (!st)
+    st = open_rails(f);
   if (st)
     return st;
   f->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -424,12 +517,27 @@ void ferry_fabric_service_stop(ferry_engine *e) {
 
 /* ---- the descriptor ---------------------------------------------------------------------- */
 
-/* version | flags | 3 x (u8 len, name) | u16 addr_len | addr */
+/* version | flags | 3 x (u8 len, name) | u16 addr_len | addr [| rails] */
 static size_t put_name(uint8_t *out, const char *name) {
   size_t n = strlen(name);
   out[0] = (uint8_t)n;
   memcpy(out + 1, name, n);
   return n + 1;
+}
+
+/* The rails that fit in size bytes: u8 count | count x (u16
+ * len | addr). Nothing when there are none. */
+static size_t put_rails(const ferry_fabric_descriptor *d, uint8_t *out, size_t size) {
+  size_t n = 1;
+  unsigned count = 0;
+  for (; count < d->rail_count && n + 2 + d->rail_addr_len[count] <= size; count++) {
+    out[n++] = (uint8_t)(d->rail_addr_len[count] & 0xff);
+    out[n++] = (uint8_t)(d->rail_addr_len[count] >> 8);
+    memcpy(out + n, d->rail_addr[count], d->rail_addr_len[count]);
+    n += d->rail_addr_len[count];
+  }
+  out[0] = (uint8_t)count;
+  return count ? n : 0;
 }
 
 size_t ferry_fabric_describe(ferry_engine *e, uint8_t *out, size_t size) {
@@ -445,7 +553,8 @@ size_t ferry_fabric_describe(ferry_engine *e, uint8_t *out, size_t size) {
   out[n++] = (uint8_t)(f->self.addr_len & 0xff);
   out[n++] = (uint8_t)(f->self.addr_len >> 8);
   memcpy(out + n, f->self.addr, f->self.addr_len);
-  return n + f->self.addr_len;
+  n += f->self.addr_len;
+  return n + put_rails(&f->self, out + n, size - n);
 }
 
 static int get_name(const uint8_t *in, size_t len, size_t *at, char *out) {
@@ -458,6 +567,20 @@ static int get_name(const uint8_t *in, size_t len, size_t *at, char *out) {
   return memchr(out, '\0', n) == NULL;
 }
 
+/* u16 len | addr, with 0 < len <= FERRY_FABRIC_ADDR_MAX within in. */
+static int get_addr(const uint8_t *in, size_t len, size_t *at, uint8_t *out, size_t *out_len) {
+  if (len - *at < 2)
+    return 0;
+  size_t n = in[*at] | (size_t)in[*at + 1] << 8;
+  *at += 2;
+  if (!n || n > FERRY_FABRIC_ADDR_MAX || len - *at < n)
+    return 0;
+  memcpy(out, in + *at, n);
+  *out_len = n;
+  *at += n;
+  return 1;
+}
+
 int ferry_fabric_descriptor_decode(const uint8_t *in, size_t len, ferry_fabric_descriptor *d,
                                    char *why, size_t size) {
   size_t at = 2;
@@ -466,13 +589,20 @@ int ferry_fabric_descriptor_decode(const uint8_t *in, size_t len, ferry_fabric_d
     return snprintf(why, size, "its fabric descriptor is of an unknown version"), 0;
   d->virt_addr = in[1];
   if (!get_name(in, len, &at, d->provider) || !get_name(in, len, &at, d->fabric) ||
-      !get_name(in, len, &at, d->domain) || len - at < 2)
+      !get_name(in, len, &at, d->domain))
     return snprintf(why, size, "its fabric descriptor is malformed"), 0;
-  d->addr_len = in[at] | (size_t)in[at + 1] << 8;
-  at += 2;
-  if (!d->addr_len || d->addr_len > sizeof d->addr || len - at != d->addr_len)
-    return snprintf(why, size, "its fabric address is malformed (%zu bytes)", d->addr_len), 0;
-  memcpy(d->addr, in + at, d->addr_len);
+  if (!get_addr(in, len, &at, d->addr, &d->addr_len))
+    return snprintf(why, size, "its fabric address is malformed"), 0;
+  if (at == len)
+    return 1;
+  d->rail_count = in[at++];
+  if (d->rail_count > FERRY_RAILS_MAX)
+    return snprintf(why, size, "its fabric descriptor lists %u rails", d->rail_count), 0;
+  for (unsigned r = 0; r < d->rail_count; r++)
+    if (!get_addr(in, len, &at, d->rail_addr[r], &d->rail_addr_len[r]))
+      return snprintf(why, size, "its fabric rail %u address is malformed", r), 0;
+  if (at != len)
+    return snprintf(why, size, "its fabric descriptor has %zu bytes past its rails", len - at), 0;
   return 1;
 }
 

@@ -22,7 +22,8 @@
  *
  * Rails (optional: NULL means the peer has one rail, reached with
  * channel_open): `rails` lists the rails toward a peer from its facts (an
- * address, a device; tcp: the host:port its descriptor lists) and
+ * address, a device; tcp: the host:port its descriptor lists; fabric:
+ * the rail endpoints its descriptor lists) and
  * rail_open opens a channel on one of them. Core spreads a peer's channels
  * over its rails (channel->rail), stripes a batch's chunks across them,
  * and takes a rail whose link failed out of use for a while. A transport
