@@ -17,8 +17,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (h.status == 0 && (h.type == FERRY_FRAME_WRITE || h.type == FERRY_FRAME_READ)) {
     FUZZ_CHECK(h.count >= 1 && h.count <= FERRY_WIRE_MAX_SEGMENTS);
     FUZZ_CHECK(h.body_len >= (uint64_t)h.count * FERRY_WIRE_SEGMENT_SIZE);
+    /* A WRITE may carry an after-landed message (a POOL body) past its data. */
+    uint64_t after = (h.flags & FERRY_FRAME_FLAG_AFTER) ? FERRY_WIRE_POOL_MAX : 0;
     FUZZ_CHECK(h.body_len <=
-               (uint64_t)h.count * FERRY_WIRE_SEGMENT_SIZE + FERRY_WIRE_MAX_PAYLOAD + 4);
+               (uint64_t)h.count * FERRY_WIRE_SEGMENT_SIZE + FERRY_WIRE_MAX_PAYLOAD + 4 + after);
   } else if (h.status == 0 && h.type != FERRY_FRAME_REGIONS_REPLY) {
     FUZZ_CHECK(h.body_len <= FERRY_WIRE_MAX_PAYLOAD + 4);
   } else if (h.status != 0) {
