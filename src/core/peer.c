@@ -913,8 +913,20 @@ static void sweep_idle_connections(ferry_engine *e) {
   pthread_mutex_unlock(&e->peers_lock);
 }
 
+/* With every rail out of use, the first one this checkout has not tried:
+ * a call after an outage of every rail (or transport) tries them again at
+ * once instead of failing until a back-off ends (promise 3: the next call
+ * works). -1 when it tried them all. */
+static int untried_rail(const ferry_peer *p, unsigned tried) {
+  for (unsigned r = 0; r < p->rail_count; r++)
+    if (!(tried & 1u << r))
+      return (int)r;
+  return -1;
+}
+
 ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **out) {
   ferry_status st = FERRY_OK, lost = FERRY_OK; /* lost: why the last rail tried failed */
+  unsigned tried = 0;                          /* rails this checkout failed to connect */
   sweep_idle_connections(p->engine);
   pthread_mutex_lock(&p->lock);
   for (;;) {
@@ -932,6 +944,8 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
       break;
     }
     int rail = pick_rail_locked(p);
+    if (rail < 0)
+      rail = untried_rail(p, tried);
     if (rail < 0) {
       st = rails_all_down(p, lost);
       break;
@@ -943,6 +957,7 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
       if (st && p->rail_count >= 2 && link_failure(st) && ferry_now_ns() < b->deadline_ns &&
           p->info.engine_id == b->peer_instance) {
         rail_down_locked(p, (unsigned)rail); /* try the next rail */
+        tried |= 1u << rail;
         lost = st;
         st = FERRY_OK;
         continue;

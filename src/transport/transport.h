@@ -119,7 +119,8 @@ struct ferry_transport {
    * landed and before its acknowledgement, which brings the reply; the
    * driver stores it and sets carried before completing the chunk. Only a
    * transport whose target checks every WRITE (pool.c counts them into
-   * their slots) may carry it. Zero: the batch sends the message on the
+   * their slots) may carry it, and only on a channel of the batch's own
+   * transport (not a standby's, batch.c). Zero: the batch sends the message on the
    * control connection after the data (one more round trip). */
   int carries_after;
   /* Nonzero when an idle channel can take a batch. A transport whose check

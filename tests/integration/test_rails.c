@@ -227,8 +227,20 @@ static void rail_comes_back(void **state) {
   test_rig_stop(&r);
 }
 
+/* A proxied rail's proxy ("127.0.0.1:RAIL=127.0.0.1:PROXY") started again
+ * on its port. */
+static hold_proxy *restart_proxy(const char *entry) {
+  unsigned rail_port, proxy_port;
+  assert_int_equal(sscanf(entry, "127.0.0.1:%u=127.0.0.1:%u", &rail_port, &proxy_port), 2);
+  hold_proxy *proxy = hold_proxy_start_on((uint16_t)proxy_port, (uint16_t)rail_port);
+  assert_non_null(proxy);
+  return proxy;
+}
+
 /* Both rails dead while the RPC port still answers: the batch fails, and
- * the error names each rail and its cause. */
+ * the error names each rail and its cause. Once they are back, the next
+ * call works at once: with every rail out of use a checkout tries them
+ * all again rather than wait out their back-off. */
 static void every_rail_dead(void **state) {
   char a[96], b[96], rails[200];
   hold_proxy *pa = proxied_rail(a, sizeof a), *pb = proxied_rail(b, sizeof b);
@@ -248,6 +260,13 @@ static void every_rail_dead(void **state) {
   assert_non_null(strstr(why, "every rail"));
   assert_non_null(strstr(why, name_a));
   assert_non_null(strstr(why, name_b));
+  pa = restart_proxy(a);
+  pb = restart_proxy(b);
+  if (test_rig_write(&r, 11))
+    fail_msg("write once both rails are back: %s", ferry_last_error());
+  assert_memory_equal(r.memory, r.out, BIG);
+  hold_proxy_stop(pa);
+  hold_proxy_stop(pb);
   test_rig_stop(&r);
 }
 
