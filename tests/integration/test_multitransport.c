@@ -4,7 +4,8 @@
  * the transfers complete; after fabric's back-off it carries again. Both
  * engines live in this process, pinned to 127.0.0.1; every transfer is
  * verified byte for byte and which transport carried it comes from
- * ferry_stats (bytes per peer and transport, and per rail). */
+ * ferry_stats (bytes per peer and transport, and per rail); the log lines
+ * that say so are watched through a log handler. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -45,6 +46,32 @@ static ferry_engine *two_transport_engine(unsigned connections) {
   return e;
 }
 
+/* Log lines seen (any thread), each also shown on stderr. */
+static const char *const watched[] = {"using fabric; standby tcp; shm: not enabled here",
+                                      "data goes over tcp", "rail 0 (fabric) is up again"};
+enum { USING, FAILOVER, BACK };
+static unsigned seen[3];
+
+static void watch_log(const ferry_log_record *rec, void *arg) {
+  fprintf(stderr, "%s\n", rec->line);
+  for (int i = 0; i < 3; i++)
+    if (strstr(rec->message, watched[i]))
+      __atomic_fetch_add(&seen[i], 1, __ATOMIC_RELAXED);
+}
+
+static unsigned lines(int which) { return __atomic_load_n(&seen[which], __ATOMIC_RELAXED); }
+
+static int watch_start(void **state) {
+  memset(seen, 0, sizeof seen);
+  ferry_log_set_handler(watch_log, NULL);
+  return 0;
+}
+
+static int watch_stop(void **state) {
+  ferry_log_set_handler(NULL, NULL);
+  return 0;
+}
+
 static unsigned carrier(test_rig *r) {
   unsigned transport = 0;
   assert_int_equal(ferry_peer_transport(r->initiator, r->name, &transport), FERRY_OK);
@@ -59,18 +86,21 @@ static void rails_of(test_rig *r, uint64_t bytes[2], int up[2]) {
   assert_string_equal(names[1], "tcp");
 }
 
-/* With both usable, fabric carries every byte and tcp none. */
+/* With both usable, fabric carries every byte and tcp none; the log says
+ * once which transports the peer has and why shm is not one. */
 static void fabric_carries_tcp_stands_by(void **state) {
   test_rig r;
   test_rig_start(&r, two_transport_engine(4), two_transport_engine(2), BIG);
   test_rig_round_trip(&r);
+  test_rig_round_trip(&r);
+  assert_int_equal(lines(USING), 1);
   assert_int_equal(carrier(&r), FERRY_TRANSPORT_FABRIC);
-  assert_int_equal(test_rig_transport_bytes(&r, "fabric"), 2 * BIG);
+  assert_int_equal(test_rig_transport_bytes(&r, "fabric"), 4 * BIG);
   assert_int_equal(test_rig_transport_bytes(&r, "tcp"), 0);
   uint64_t bytes[2];
   int up[2];
   rails_of(&r, bytes, up);
-  assert_true(bytes[0] == 2 * BIG && bytes[1] == 0 && up[0] && up[1]);
+  assert_true(bytes[0] == 4 * BIG && bytes[1] == 0 && up[0] && up[1]);
   test_rig_stop(&r);
 }
 
@@ -122,7 +152,7 @@ static void fabric_cut_tcp_carries_then_fabric_back(void **state) {
   print_message("after the cut: fabric +%llu bytes, tcp %llu bytes, fabric failed %llu times\n",
                 (unsigned long long)(fabric_after - fabric_before), (unsigned long long)tcp_after,
                 (unsigned long long)failures);
-  assert_true(tcp_after > 0 && failures >= 1);
+  assert_true(tcp_after > 0 && failures >= 1 && lines(FAILOVER) >= 1);
   assert_int_equal(fabric_after + tcp_after, 2 * r.rounds * BIG);
 
   /* Back after the back-off (3 s): small verified WRITEs, polled a bounded
@@ -145,14 +175,15 @@ static void fabric_cut_tcp_carries_then_fabric_back(void **state) {
   uint64_t bytes[2];
   int up[2];
   rails_of(&r, bytes, up);
-  assert_true(up[0] && up[1]);
+  assert_true(up[0] && up[1] && lines(BACK) >= 1);
   test_rig_stop(&r);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(fabric_carries_tcp_stands_by),
-      cmocka_unit_test(fabric_cut_tcp_carries_then_fabric_back),
+      cmocka_unit_test_setup_teardown(fabric_carries_tcp_stands_by, watch_start, watch_stop),
+      cmocka_unit_test_setup_teardown(fabric_cut_tcp_carries_then_fabric_back, watch_start,
+                                      watch_stop),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
