@@ -333,8 +333,10 @@ typedef struct ferry_region {
  * *out is malloc'd; release with free(). */
 ferry_status ferry_peer_regions(ferry_engine *engine, const char *target, ferry_region **out,
                                 size_t *count);
-/* Transport used for data with this peer (FERRY_TRANSPORT_* bit); connects
- * if needed. */
+/* Transport that carries data to this peer now (FERRY_TRANSPORT_* bit):
+ * the preferred of those usable toward it, or a standby one while the
+ * preferred is out of use after a link failure (RELIABILITY.md 17);
+ * connects if needed. */
 ferry_status ferry_peer_transport(ferry_engine *engine, const char *target, unsigned *transport);
 
 /* ---- Transfers --------------------------------------------------------- */
@@ -423,10 +425,13 @@ typedef struct ferry_stats_link {
   uint64_t connections_opened; /* data connections opened (reopens too) */
 } ferry_stats_link;
 
-/* One rail of a peer reached over several (its rail_hosts). */
+/* One rail of a peer reached over several: its rail_hosts, or the
+ * transports usable toward it (one rail each unless railed). */
 typedef struct ferry_stats_rail {
-  const char *peer;  /* the target, as callers name it */
-  const char *rail;  /* the rail's address, as the target advertises it */
+  const char *peer; /* the target, as callers name it */
+  /* the rail's address, as the target advertises it; with several
+   * transports, the transport's name ("fabric", "tcp 127.0.0.2:7000") */
+  const char *rail;
   uint64_t bytes[2]; /* by ferry_op: bytes moved and acknowledged on it */
   uint64_t failures; /* times its link failed and it was taken out of use */
   int up;            /* 0 while out of use (back-off after a failure) */
@@ -465,7 +470,8 @@ typedef struct ferry_stats {
   ferry_stats_link *links;
   size_t link_count;
   /* One per rail of every peer with several rails (the target's
-   * rail_hosts), in rail order per peer. */
+   * rail_hosts, or several usable transports), in rail order per peer:
+   * the preferred transport's first. */
   ferry_stats_rail *rails;
   size_t rail_count;
   /* Receive pools, as a receiver (all its pools): messages landed (their

@@ -5,7 +5,8 @@
  * outstanding; only then is its notification sent and its state final, so
  * "done" always means every byte is where it should be. A chunk lost with
  * its rail's link stays outstanding on the retry list until a channel on
- * another rail moves it (once). */
+ * another rail moves it (once): another rail of the same transport, or
+ * one of a standby transport (peer.c). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,17 +182,21 @@ static int take_retry_locked(ferry_batch *b, unsigned rail, ferry_chunk *c) {
 
 /* A lost chunk moved to another rail never carries the after-landed
  * message: if it is still unsent, the batch sends it on the control
- * connection once everything landed. */
-static int claim(ferry_batch *b, int rail, size_t slice_size, ferry_chunk *c, ferry_after **after) {
+ * connection once everything landed; so does one whose chunks may have
+ * gone over another transport (a standby, peer.c), since the target
+ * counts a message's WRITEs only on the batch's own transport. */
+static int claim(ferry_batch *b, const ferry_channel *ch, size_t slice_size, ferry_chunk *c,
+                 ferry_after **after) {
+  int carries = b->transport->carries_after && (!ch || ch->transport == b->transport);
   pthread_mutex_lock(&b->lock);
-  int retried = rail >= 0 && take_retry_locked(b, (unsigned)rail, c);
+  int retried = ch && take_retry_locked(b, ch->rail, c);
   int claimed = retried;
   if (!claimed) {
     claimed = ferry_chunker_next(&b->cursor, slice_size, c);
     b->outstanding += (unsigned)claimed;
   }
   int exhausted = ferry_chunker_done(&b->cursor) && !b->retries;
-  int last = claimed && !retried && exhausted && b->after && b->transport->carries_after;
+  int last = claimed && !retried && exhausted && b->after && carries;
   if (after)
     *after = last ? b->after : NULL;
   pthread_mutex_unlock(&b->lock);
@@ -201,17 +206,17 @@ static int claim(ferry_batch *b, int rail, size_t slice_size, ferry_chunk *c, fe
 }
 
 int ferry_batch_claim(ferry_batch *b, size_t slice_size, ferry_chunk *c) {
-  return claim(b, -1, slice_size, c, NULL);
+  return claim(b, NULL, slice_size, c, NULL);
 }
 
 int ferry_batch_claim_after(ferry_batch *b, size_t slice_size, ferry_chunk *c,
                             ferry_after **after) {
-  return claim(b, -1, slice_size, c, after);
+  return claim(b, NULL, slice_size, c, after);
 }
 
 int ferry_batch_claim_on(ferry_batch *b, const ferry_channel *ch, size_t slice_size, ferry_chunk *c,
                          ferry_after **after) {
-  return claim(b, (int)ch->rail, slice_size, c, after);
+  return claim(b, ch, slice_size, c, after);
 }
 
 static void record_error(ferry_batch *b, ferry_status status) {

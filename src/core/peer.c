@@ -7,10 +7,13 @@
  * that the peer closed is noticed before use. So the call after a peer
  * restart connects afresh instead of failing on a stale socket.
  *
- * Rails: when the transport lists several rails toward the peer, checkouts
- * take turns over them, a failure retires only its rail's channels, and a
- * rail whose link failed is out of use for FERRY_RAIL_BACKOFF_NS while the
- * others carry its work (batch.c moves its lost chunks again). */
+ * Rails: a peer keeps every transport that can reach it, each with its
+ * rails (several NICs, or its one), in order of preference. Checkouts take
+ * turns over the rails of the best transport with a rail in use; the
+ * others stand by (rail_choice.h). A failure retires only its rail's
+ * channels, and a rail whose link failed is out of use for
+ * FERRY_RAIL_BACKOFF_NS while the others, of the same transport or else of
+ * the next one, carry its work (batch.c moves its lost chunks again). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -495,13 +498,15 @@ ferry_status ferry_peer_pool(ferry_peer *p, const void *body, size_t len,
 
 /* ---- transport choice and region checks -------------------------------------------- */
 
-/* Picks the first transport both sides offer that can reach the peer, and
- * logs why the better ones could not. Runs without the peer lock: a
- * transport's check may talk to the peer. */
-static ferry_status choose_transport(ferry_peer *p, const ferry_hello_reply *info,
-                                     const ferry_transport **chosen) {
-  char reasons[512] = "";
-  size_t used = 0;
+/* Every transport both sides offer that can reach the peer, best first
+ * (at most FERRY_RAILS_MAX), logging once which it has and why the others
+ * could not. Runs without the peer lock: a transport's check may talk to
+ * the peer. */
+static ferry_status choose_transports(ferry_peer *p, const ferry_hello_reply *info,
+                                      const ferry_transport **chosen, unsigned *count) {
+  char used_names[128] = "", reasons[512] = "";
+  size_t used = 0, why_used = 0;
+  *count = 0;
   for (size_t i = 0; ferry_transports[i]; i++) {
     const ferry_transport *t = ferry_transports[i];
     char why[160] = "";
@@ -509,37 +514,62 @@ static ferry_status choose_transport(ferry_peer *p, const ferry_hello_reply *inf
       snprintf(why, sizeof why, "not enabled here");
     else if (!(info->transports & t->id))
       snprintf(why, sizeof why, "not offered by the peer");
-    else if (t->usable(p->engine, info, why, sizeof why)) {
-      *chosen = t;
-      FERRY_INFO("peer %s: using %s%s%s", p->address, t->name, used ? "; " : "", reasons);
-      return FERRY_OK;
+    else if (*count < FERRY_RAILS_MAX && t->usable(p->engine, info, why, sizeof why)) {
+      chosen[(*count)++] = t;
+      used += (size_t)snprintf(used_names + used, sizeof used_names - used, "%s%s",
+                               used ? (*count == 2 ? "; standby " : ", ") : "", t->name);
+      used = used < sizeof used_names ? used : sizeof used_names - 1;
+      continue;
     }
-    used += (size_t)snprintf(reasons + used, sizeof reasons - used, "%s%s: %s", used ? ", " : "",
-                             t->name, why);
-    if (used >= sizeof reasons)
-      used = sizeof reasons - 1;
+    why_used += (size_t)snprintf(reasons + why_used, sizeof reasons - why_used, "%s%s: %s",
+                                 why_used ? ", " : "", t->name, why);
+    why_used = why_used < sizeof reasons ? why_used : sizeof reasons - 1;
   }
-  return ferry_fail(FERRY_ETRANSPORT, "no transport usable with %s (%s)", p->address, reasons);
+  if (!*count)
+    return ferry_fail(FERRY_ETRANSPORT, "no transport usable with %s (%s)", p->address, reasons);
+  FERRY_INFO("peer %s: using %s%s%s", p->address, used_names, why_used ? "; " : "", reasons);
+  return FERRY_OK;
 }
 
-/* The chosen transport's rails toward this incarnation, all up. A rail
- * listed under the same name as before keeps its counters. */
-static void adopt_rails_locked(ferry_peer *p, const ferry_transport *t) {
+/* Appends transport t's rails toward this incarnation (its one rail when
+ * it lists none), all up; a rail listed under the same name as before
+ * keeps its counters. Labels name the transport when several serve. */
+static unsigned add_rails_locked(ferry_peer *p, const ferry_transport *t, unsigned at,
+                                 int several) {
   char names[FERRY_RAILS_MAX][FERRY_RAIL_NAME_MAX];
-  unsigned n = t->rails && t->rail_open ? t->rails(&p->info, names, FERRY_RAILS_MAX) : 0;
+  unsigned n = t->rails && t->rail_open ? t->rails(&p->info, names, FERRY_RAILS_MAX - at) : 0;
+  if (!n)
+    names[n++][0] = 0;
   for (unsigned i = 0; i < n; i++) {
-    ferry_peer_rail *r = &p->rails[i];
-    if (strcmp(r->name, names[i]) != 0) {
+    ferry_peer_rail *r = &p->rails[at + i];
+    if (r->transport != t || strcmp(r->name, names[i]) != 0) {
       memset(r, 0, sizeof *r);
+      r->transport = t;
       memcpy(r->name, names[i], sizeof r->name); /* NUL-terminated within it */
     }
+    if (!*r->name)
+      snprintf(r->label, sizeof r->label, "%s", t->name);
+    else
+      snprintf(r->label, sizeof r->label, "%s%s%s", several ? t->name : "", several ? " " : "",
+               r->name);
     r->generation++;
     r->down_until_ns = 0;
   }
+  return n;
+}
+
+/* The rails of every usable transport, best first. */
+static void adopt_rails_locked(ferry_peer *p, const ferry_transport **chosen, unsigned count) {
+  unsigned n = 0;
+  for (unsigned i = 0; i < count && n < FERRY_RAILS_MAX; i++)
+    n += add_rails_locked(p, chosen[i], n, count > 1);
   __atomic_store_n(&p->rail_count, n, __ATOMIC_RELAXED); /* rail_moved reads it unlocked */
-  if (n)
-    FERRY_INFO("peer %s: %u rails via %s (%s%s)", p->address, n, t->name, names[0],
-               n > 1 ? ", ..." : "");
+  char list[256] = "";
+  for (unsigned r = 0, used = 0; n > 1 && r < n && used < sizeof list; r++)
+    used += (unsigned)snprintf(list + used, sizeof list - used, "%s%s", r ? ", " : "",
+                               p->rails[r].label);
+  if (n > 1)
+    FERRY_INFO("peer %s: %u rails (%s)", p->address, n, list);
 }
 
 /* A control connection the target closed means it may have restarted, and a
@@ -574,20 +604,21 @@ ferry_status ferry_peer_ensure_for(ferry_peer *p, const ferry_entry *entries, si
   if (st)
     return st;
   pthread_mutex_lock(&p->lock);
-  const ferry_transport *chosen = p->transport;
+  const ferry_transport *chosen[FERRY_RAILS_MAX] = {p->transport};
+  unsigned usable = 1;
   ferry_hello_reply info = p->info;
   pthread_mutex_unlock(&p->lock);
-  if (!chosen && (st = choose_transport(p, &info, &chosen)) != FERRY_OK)
+  if (!chosen[0] && (st = choose_transports(p, &info, chosen, &usable)) != FERRY_OK)
     return st;
   pthread_mutex_lock(&p->lock);
   /* Keep one choice per incarnation: a racing thread may have chosen first,
    * or the target restarted meanwhile (then this batch fails at checkout). */
   if (!p->transport && p->info.engine_id == info.engine_id) {
-    p->transport = chosen;
-    adopt_rails_locked(p, chosen);
+    p->transport = chosen[0];
+    adopt_rails_locked(p, chosen, usable);
   }
   pthread_mutex_unlock(&p->lock);
-  *transport = chosen;
+  *transport = chosen[0];
   *instance = info.engine_id;
   return FERRY_OK;
 }
@@ -662,17 +693,27 @@ static int channel_current(const ferry_peer *p, const ferry_channel *ch) {
 
 /* A rail a channel may use now: up, or down past its back-off (a retry). */
 static int rail_usable(const ferry_peer *p, unsigned r, uint64_t now) {
-  return p->rails[r].down_until_ns <= now;
+  return ferry_rail_usable(&p->rails[r], now);
 }
 
-/* An idle channel on `rail` (any rail that is usable: -1); closes the
- * retired and dead ones it meets. */
+/* The transport that carries data now (the preferred one unless all its
+ * rails are out of use); with the lock. */
+static const ferry_transport *carrier_locked(const ferry_peer *p) {
+  const ferry_transport *t =
+      p->rail_count < 2 ? NULL : ferry_rails_carrier(p->rails, p->rail_count, ferry_now_ns());
+  return t ? t : p->transport;
+}
+
+/* An idle channel on `rail` (-1: on any usable rail of the carrier);
+ * closes the retired and dead ones it meets. */
 static ferry_channel *take_idle(ferry_peer *p, int rail) {
   uint64_t now = ferry_now_ns();
+  const ferry_transport *carrier = carrier_locked(p);
   for (ferry_channel **pp = &p->idle; *pp;) {
     ferry_channel *ch = *pp;
     int wanted = p->rail_count < 2 ||
-                 (rail >= 0 ? ch->rail == (unsigned)rail : rail_usable(p, ch->rail, now));
+                 (rail >= 0 ? ch->rail == (unsigned)rail
+                            : rail_usable(p, ch->rail, now) && ch->transport == carrier);
     if (channel_current(p, ch) && !wanted) {
       pp = &ch->next_idle;
       continue;
@@ -686,20 +727,12 @@ static ferry_channel *take_idle(ferry_peer *p, int rail) {
   return NULL;
 }
 
-/* The rail of the next checkout: the next usable one in turn; -1 when
- * every rail is out of use. */
+/* The rail of the next checkout (rail_choice.h); -1 when every rail is
+ * out of use. */
 static int pick_rail_locked(ferry_peer *p) {
   if (p->rail_count < 2)
     return 0;
-  uint64_t now = ferry_now_ns();
-  for (unsigned k = 0; k < p->rail_count; k++) {
-    unsigned r = (p->next_rail + k) % p->rail_count;
-    if (rail_usable(p, r, now)) {
-      p->next_rail = r + 1;
-      return (int)r;
-    }
-  }
-  return -1;
+  return ferry_rails_pick(p->rails, p->rail_count, &p->next_rail, ferry_now_ns());
 }
 
 /* Takes rail r out of use with the error detail as its cause. */
@@ -715,8 +748,12 @@ static void rail_down_locked(ferry_peer *p, unsigned r) {
   unsigned up = 0;
   for (unsigned i = 0; i < p->rail_count; i++)
     up += p->rails[i].down_until_ns == 0;
-  FERRY_WARN("peer %s: rail %u (%s) is down: %s; %u of %u rails left, it is tried again in %llu s",
-             p->address, r, rail->name, rail->cause, up, p->rail_count,
+  const ferry_transport *carrier = ferry_rails_carrier(p->rails, p->rail_count, ferry_now_ns());
+  FERRY_WARN("peer %s: rail %u (%s) is down: %s; %u of %u rails left%s%s, it is tried again in "
+             "%llu s",
+             p->address, r, rail->label, rail->cause, up, p->rail_count,
+             carrier && carrier != rail->transport ? ", data goes over " : "",
+             carrier && carrier != rail->transport ? carrier->name : "",
              (unsigned long long)(FERRY_RAIL_BACKOFF_NS / 1000000000ull));
 }
 
@@ -726,7 +763,7 @@ static ferry_status rails_all_down(ferry_peer *p, ferry_status st) {
   size_t used = (size_t)snprintf(msg, sizeof msg, "every rail to %s failed:", p->address);
   for (unsigned r = 0; r < p->rail_count && used < sizeof msg; r++)
     used += (size_t)snprintf(msg + used, sizeof msg - used, "%s rail %u (%s): %s", r ? ";" : "", r,
-                             p->rails[r].name, p->rails[r].cause);
+                             p->rails[r].label, p->rails[r].cause);
   return ferry_fail(st ? st : FERRY_ESOCKET, "%s", msg);
 }
 
@@ -762,19 +799,21 @@ static unsigned channels_on(const ferry_peer *p, unsigned r) {
   return n;
 }
 
-/* The pool is full and `rail` has no idle channel: when it has less than
- * its share of the pool, closes an idle channel of a rail with more, so a
- * rail that came back (or was never used) gets its channels. */
+/* The pool is full and `rail` has no idle channel: closes an idle channel
+ * of another transport (a standby that carried while rail's was out of
+ * use), or, when rail has less than its share of the pool, one of a rail
+ * of the same transport with more, so a rail that came back (or was never
+ * used) gets its channels. */
 static int make_room_locked(ferry_peer *p, unsigned rail) {
   if (p->rail_count < 2)
     return 0;
-  unsigned share = p->engine->cfg.tcp_connections / p->rail_count;
+  const ferry_transport *t = p->rails[rail].transport;
+  unsigned share = p->engine->cfg.tcp_connections / ferry_rails_of(p->rails, p->rail_count, t);
   share = share ? share : 1;
-  if (channels_on(p, rail) >= share)
-    return 0;
+  int below = channels_on(p, rail) < share;
   for (ferry_channel **pp = &p->idle; *pp; pp = &(*pp)->next_idle) {
     ferry_channel *ch = *pp;
-    if (ch->rail != rail && channels_on(p, ch->rail) > share) {
+    if (ch->transport != t || (below && ch->rail != rail && channels_on(p, ch->rail) > share)) {
       *pp = ch->next_idle;
       unlink_channel(p, ch);
       ch->transport->channel_close(ch);
@@ -784,9 +823,11 @@ static int make_room_locked(ferry_peer *p, unsigned rail) {
   return 0;
 }
 
-/* Opens a channel on rail r (with the lock, released meanwhile). */
+/* Opens a channel on rail r (with the lock, released meanwhile): with its
+ * transport's rail_open when the transport listed it, else channel_open. */
 static ferry_status open_on_rail(ferry_peer *p, ferry_batch *b, int r, ferry_channel **out) {
   int railed = p->rail_count >= 2;
+  const ferry_transport *t = railed ? p->rails[r].transport : b->transport;
   char name[FERRY_RAIL_NAME_MAX] = "";
   if (railed)
     snprintf(name, sizeof name, "%s", p->rails[r].name);
@@ -794,8 +835,8 @@ static ferry_status open_on_rail(ferry_peer *p, ferry_batch *b, int r, ferry_cha
   p->open_channels++;
   pthread_mutex_unlock(&p->lock);
   ferry_channel *ch = NULL;
-  ferry_status st = railed ? b->transport->rail_open(p, name, b->deadline_ns, &ch)
-                           : b->transport->channel_open(p, b->deadline_ns, &ch);
+  ferry_status st =
+      *name ? t->rail_open(p, name, b->deadline_ns, &ch) : t->channel_open(p, b->deadline_ns, &ch);
   pthread_mutex_lock(&p->lock);
   if (!st) {
     ch->rail = (unsigned)r;
@@ -810,9 +851,9 @@ static ferry_status open_on_rail(ferry_peer *p, ferry_batch *b, int r, ferry_cha
     pthread_cond_broadcast(&p->cond);
     return st;
   }
-  ferry_stats_channel_opened(p, b->transport);
+  ferry_stats_channel_opened(p, t);
   if (railed && p->rails[r].down_until_ns && rail_generation == p->rails[r].generation) {
-    FERRY_INFO("peer %s: rail %u (%s) is up again", p->address, r, p->rails[r].name);
+    FERRY_INFO("peer %s: rail %u (%s) is up again", p->address, r, p->rails[r].label);
     p->rails[r].down_until_ns = 0;
   }
   ch->generation = p->generation;
@@ -872,8 +913,20 @@ static void sweep_idle_connections(ferry_engine *e) {
   pthread_mutex_unlock(&e->peers_lock);
 }
 
+/* With every rail out of use, the first one this checkout has not tried:
+ * a call after an outage of every rail (or transport) tries them again at
+ * once instead of failing until a back-off ends (promise 3: the next call
+ * works). -1 when it tried them all. */
+static int untried_rail(const ferry_peer *p, unsigned tried) {
+  for (unsigned r = 0; r < p->rail_count; r++)
+    if (!(tried & 1u << r))
+      return (int)r;
+  return -1;
+}
+
 ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **out) {
   ferry_status st = FERRY_OK, lost = FERRY_OK; /* lost: why the last rail tried failed */
+  unsigned tried = 0;                          /* rails this checkout failed to connect */
   sweep_idle_connections(p->engine);
   pthread_mutex_lock(&p->lock);
   for (;;) {
@@ -891,6 +944,8 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
       break;
     }
     int rail = pick_rail_locked(p);
+    if (rail < 0)
+      rail = untried_rail(p, tried);
     if (rail < 0) {
       st = rails_all_down(p, lost);
       break;
@@ -902,6 +957,7 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
       if (st && p->rail_count >= 2 && link_failure(st) && ferry_now_ns() < b->deadline_ns &&
           p->info.engine_id == b->peer_instance) {
         rail_down_locked(p, (unsigned)rail); /* try the next rail */
+        tried |= 1u << rail;
         lost = st;
         st = FERRY_OK;
         continue;
@@ -1038,8 +1094,11 @@ static ferry_status peer_transport(ferry_engine *e, const char *target, unsigned
   ferry_status st = ferry_peer_get(e, target, &p);
   if (!st)
     st = ferry_peer_ensure(p, connect_deadline(e), &chosen, &instance);
-  if (!st)
-    *transport = chosen->id;
+  if (!st) {
+    pthread_mutex_lock(&p->lock);
+    *transport = (p->transport ? carrier_locked(p) : chosen)->id;
+    pthread_mutex_unlock(&p->lock);
+  }
   return st;
 }
 

@@ -1,12 +1,14 @@
 /* peer.h - what an engine knows about a target: where it is, its handshake
- * facts, a cached copy of its region table, the chosen transport and its
- * rails, a pool of data channels and one control connection. Peers are
+ * facts, a cached copy of its region table, the transports that can reach
+ * it and their rails (rail_choice.h), a pool of data channels and one
+ * control connection. Peers are
  * cached by target name for the engine's lifetime; a broken connection is
  * dropped and the next call reconnects. */
 #ifndef FERRY_PEER_H
 #define FERRY_PEER_H
 
 #include "core/engine.h"
+#include "core/rail_choice.h"
 
 struct ferry_channel;
 struct ferry_transport;
@@ -17,18 +19,6 @@ typedef struct ferry_handshake {
   int fd;
   struct ferry_handshake *next;
 } ferry_handshake;
-
-/* One rail toward the peer (rails.h, transport.h): its channels carry
- * rail_generation, bumped when the rail fails so they retire. A failed
- * rail is out of use until down_until_ns, then tried again. */
-typedef struct ferry_peer_rail {
-  char name[FERRY_RAIL_NAME_MAX]; /* as the transport listed it */
-  unsigned generation;
-  uint64_t down_until_ns; /* 0: up */
-  char cause[200];        /* why it went down, for messages */
-  uint64_t bytes[2];      /* atomics, by ferry_op: moved on this rail */
-  uint64_t failures;      /* atomics: times it went down */
-} ferry_peer_rail;
 
 /* How long a failed rail stays out of use before a channel tries it again
  * (a new handshake with a restarted target resets it at once). */
@@ -44,7 +34,7 @@ struct ferry_peer {
   pthread_cond_t cond;  /* a channel was returned */
   int known;            /* info below is valid */
   ferry_hello_reply info;
-  const struct ferry_transport *transport;
+  const struct ferry_transport *transport; /* the preferred one of those usable */
   /* The part of its region table fetched so far, with every transport's
    * keys (region_cache.h). */
   ferry_region_table table;
@@ -54,7 +44,7 @@ struct ferry_peer {
   unsigned open_channels;
   uint64_t replied_ns; /* last reply on a data channel that stayed in step */
   ferry_peer_rail rails[FERRY_RAILS_MAX];
-  unsigned rail_count; /* 0 or 1: the transport's one rail, no failover */
+  unsigned rail_count; /* 0 or 1: one transport with one rail, no failover */
   unsigned next_rail;  /* round robin of checkouts */
   ferry_handshake *handshakes;
   ferry_peer_stats stats; /* atomics: outside the lock */
@@ -76,8 +66,9 @@ struct ferry_peer {
 ferry_status ferry_peer_get(ferry_engine *engine, const char *target, ferry_peer **out);
 void ferry_peers_destroy(ferry_engine *engine);
 /* Handshakes over the control connection if this peer is not known yet (or
- * its connection was lost; a ping) and chooses the transport; *transport and *instance get the
- * choice and the target incarnation it was made for. */
+ * its connection was lost; a ping) and finds the transports that can reach
+ * it (their rails: rail_choice.h); *transport and *instance get the
+ * preferred one and the target incarnation it was found for. */
 ferry_status ferry_peer_ensure(ferry_peer *peer, uint64_t deadline_ns,
                                const struct ferry_transport **transport, uint64_t *instance);
 /* ferry_peer_ensure for a batch: the first exchange with the target (the

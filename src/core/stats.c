@@ -157,7 +157,7 @@ static int add_peer_rails(ferry_stats *s, ferry_peer *p) {
     ferry_stats_rail *out = &s->rails[s->rail_count];
     const ferry_peer_rail *rail = &p->rails[r];
     out->peer = strdup(p->address);
-    out->rail = strdup(rail->name);
+    out->rail = strdup(rail->label); /* names the transport when the peer has several */
     failed = !out->peer || !out->rail;
     out->bytes[0] = GET(rail->bytes[0]);
     out->bytes[1] = GET(rail->bytes[1]);

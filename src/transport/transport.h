@@ -33,6 +33,19 @@
  * rail instead of failing the batch. The change for rails was additive:
  * these two hooks, channel->rail, and those two batch calls.
  *
+ * Several transports per peer: a peer keeps every transport that is usable
+ * toward it, in ferry_transports order, each contributing its rails (or
+ * its one rail) to the peer's rail list (core/rail_choice.h). The first
+ * with a rail in use carries all the data; the others are standby rails,
+ * never striped with it (a batch would end at the slower one's pace). A
+ * chunk the carrier settles with FERRY_ESOCKET moves to the next rail up,
+ * which may be another transport's: so a chunk's size is the slice of the
+ * transport that claimed it, and every transport must move a chunk of any
+ * other's slice (at most FERRY_WIRE_MAX_PAYLOAD bytes). A transport that
+ * completes with ferry_batch_complete (shm) fails the batch on a lost
+ * chunk, but its connect failures still fall over. Nothing in the table
+ * changed for this: a transport just reports link failures as ESOCKET.
+ *
  * A transport may also carry a batch's after-landed message with its data
  * (carries_after below), saving pool sends their second round trip.
  *
@@ -63,10 +76,7 @@
  * (up to FERRY_WIRE_MAX_KEY bytes), describe its endpoint in describe,
  * and decide in usable, from the descriptor alone and treating it as
  * untrusted, whether this engine can reach the peer (same node, same
- * fabric). Core needs no change for it.
- *
- * Not in the seam yet (issue 12): several transports per peer (one is
- * chosen per target incarnation). */
+ * fabric). Core needs no change for it. */
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H
 
@@ -109,7 +119,8 @@ struct ferry_transport {
    * landed and before its acknowledgement, which brings the reply; the
    * driver stores it and sets carried before completing the chunk. Only a
    * transport whose target checks every WRITE (pool.c counts them into
-   * their slots) may carry it. Zero: the batch sends the message on the
+   * their slots) may carry it, and only on a channel of the batch's own
+   * transport (not a standby's, batch.c). Zero: the batch sends the message on the
    * control connection after the data (one more round trip). */
   int carries_after;
   /* Nonzero when an idle channel can take a batch. A transport whose check

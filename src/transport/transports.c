@@ -1,5 +1,6 @@
 /* transports.c - the transports built into this library, best first. A
- * peer uses the first one that both sides offer and that can reach it. */
+ * peer's data goes over the first one that both sides offer and that can
+ * reach it; the later usable ones stand by (core/rail_choice.h). */
 #include "transport/shm.h"
 #include "transport/transport.h"
 

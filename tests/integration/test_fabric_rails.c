@@ -22,6 +22,7 @@
 
 #include "ferry.h"
 #include "harness.h"
+#include "rig.h"
 #include "transport/fabric.h"
 
 #define MiB (1024ull * 1024ull)
@@ -41,67 +42,23 @@ static ferry_engine *fabric_engine(const char *rails) {
   return e;
 }
 
-/* The bytes moved on each rail toward target, in rail order, and whether
- * each is up (up may be NULL). */
-static size_t rail_bytes_up(ferry_engine *initiator, const char *target, uint64_t bytes[], int up[],
-                            size_t max) {
-  ferry_stats *s;
-  assert_int_equal(ferry_stats_snapshot(initiator, &s), FERRY_OK);
-  size_t n = 0;
-  for (size_t i = 0; i < s->rail_count && n < max; i++, n++) {
-    assert_string_equal(s->rails[i].peer, target);
-    /* each rail's endpoint is pinned to its own address */
-    assert_true(!strncmp(s->rails[i].rail, i ? "127.0.0.2:" : "127.0.0.1:", 10));
-    bytes[n] = s->rails[i].bytes[FERRY_OP_READ] + s->rails[i].bytes[FERRY_OP_WRITE];
-    if (up)
-      up[n] = s->rails[i].up;
-  }
-  ferry_stats_free(s);
+/* The bytes moved on each rail toward the rig's target, in rail order, and
+ * whether each is up (up may be NULL). */
+static size_t rail_bytes_up(test_rig *r, uint64_t bytes[], int up[], size_t max) {
+  char names[FERRY_RAILS_MAX][80];
+  size_t n = test_rig_rail_bytes(r, bytes, up, names, max);
+  for (size_t i = 0; i < n; i++) /* each rail's endpoint is pinned to its own address */
+    assert_true(!strncmp(names[i], i ? "127.0.0.2:" : "127.0.0.1:", 10));
   return n;
 }
 
-static size_t rail_bytes(ferry_engine *initiator, const char *target, uint64_t bytes[],
-                         size_t max) {
-  return rail_bytes_up(initiator, target, bytes, NULL, max);
-}
-
-typedef struct rig {
-  ferry_engine *target, *initiator;
-  uint8_t *memory, *out, *in; /* the target's registered buffer; the initiator's */
-  char name[64];              /* the target as initiators name it */
-  uint64_t rounds;
-} rig;
-
-static void rig_start(rig *r) {
-  memset(r, 0, sizeof *r);
-  r->target = fabric_engine("127.0.0.1,127.0.0.2");
-  r->initiator = fabric_engine(NULL);
-  r->memory = test_buffer(r->target, BIG);
-  r->out = test_buffer(r->initiator, 2 * BIG); /* out, then in */
-  assert_true(r->memory && r->out);
-  r->in = r->out + BIG;
-  snprintf(r->name, sizeof r->name, "127.0.0.1:%u", ferry_engine_port(r->target));
-}
-
-static void rig_stop(rig *r) {
-  ferry_engine_destroy(r->initiator);
-  ferry_engine_destroy(r->target);
-  free(r->memory);
-  free(r->out);
+static void rig_start(test_rig *r) {
+  test_rig_start(r, fabric_engine("127.0.0.1,127.0.0.2"), fabric_engine(NULL), BIG);
 }
 
 /* A verified 16 MiB WRITE and READ back over fabric. */
-static void round_trip(rig *r) {
-  r->rounds++;
-  test_fill_random(r->out, BIG, r->rounds);
-  assert_int_equal(ferry_transfer_sync(r->initiator, r->name, FERRY_OP_WRITE, r->out,
-                                       (uint64_t)(uintptr_t)r->memory, BIG),
-                   FERRY_OK);
-  assert_memory_equal(r->memory, r->out, BIG);
-  assert_int_equal(ferry_transfer_sync(r->initiator, r->name, FERRY_OP_READ, r->in,
-                                       (uint64_t)(uintptr_t)r->memory, BIG),
-                   FERRY_OK);
-  assert_memory_equal(r->in, r->out, BIG);
+static void round_trip(test_rig *r) {
+  test_rig_round_trip(r);
   unsigned transport = 0;
   assert_int_equal(ferry_peer_transport(r->initiator, r->name, &transport), FERRY_OK);
   assert_int_equal(transport, FERRY_TRANSPORT_FABRIC);
@@ -110,11 +67,11 @@ static void round_trip(rig *r) {
 /* Round trips until both rails carried some: one driver may take a whole
  * batch before the others start (a busy machine), so a bounded number of
  * times. */
-static void stripe(rig *r, uint64_t bytes[2]) {
+static void stripe(test_rig *r, uint64_t bytes[2]) {
   bytes[0] = bytes[1] = 0;
   while (r->rounds < 20 && !(bytes[0] && bytes[1])) {
     round_trip(r);
-    assert_int_equal(rail_bytes(r->initiator, r->name, bytes, 2), 2);
+    assert_int_equal(rail_bytes_up(r, bytes, NULL, 2), 2);
   }
   print_message("after %llu rounds: fabric rail 127.0.0.1: %llu bytes, 127.0.0.2: %llu bytes\n",
                 (unsigned long long)r->rounds, (unsigned long long)bytes[0],
@@ -125,12 +82,12 @@ static void stripe(rig *r, uint64_t bytes[2]) {
 /* Both rails carry a striped 16 MiB WRITE and READ; every byte lands and
  * reads back, and the rails' counts add up to what moved. */
 static void striped_over_two_fabric_rails(void **state) {
-  rig r;
+  test_rig r;
   rig_start(&r);
   uint64_t bytes[2];
   stripe(&r, bytes);
   assert_int_equal(bytes[0] + bytes[1], 2 * r.rounds * BIG);
-  rig_stop(&r);
+  test_rig_stop(&r);
 }
 
 /* Cuts every socket of this process bound to 127.0.0.2 (the target's rail
@@ -152,7 +109,7 @@ static int cut_rail_sockets(void) {
  * move to rail 0, every transfer still completes verified, and rail 1 is
  * taken out of use. */
 static void rail_link_cut(void **state) {
-  rig r;
+  test_rig r;
   rig_start(&r);
   uint64_t before[2], after[2];
   stripe(&r, before);
@@ -162,12 +119,12 @@ static void rail_link_cut(void **state) {
   for (int i = 0; i < 3; i++)
     round_trip(&r);
   int up[2];
-  assert_int_equal(rail_bytes_up(r.initiator, r.name, after, up, 2), 2);
+  assert_int_equal(rail_bytes_up(&r, after, up, 2), 2);
   print_message("after the cut: rail 0 +%llu bytes, rail 1 +%llu bytes, up %d %d\n",
                 (unsigned long long)(after[0] - before[0]),
                 (unsigned long long)(after[1] - before[1]), up[0], up[1]);
   assert_true(after[0] > before[0] && !up[1] && up[0]);
-  rig_stop(&r);
+  test_rig_stop(&r);
 }
 
 /* A railed target's descriptor as untrusted input: it decodes with both

@@ -25,18 +25,12 @@
 #include "ferry.h"
 #include "harness.h"
 #include "holdproxy.h"
+#include "rig.h"
 #include "wire/wire.h"
 
 #define MiB (1024ull * 1024ull)
 #define BIG (16 * MiB) /* 32 chunks of the default 512 KiB slice */
 #define HOLD_MS 20000  /* generous: the machine may be busy */
-
-typedef struct rig {
-  ferry_engine *target, *initiator;
-  uint8_t *memory; /* the target's registered buffer */
-  uint8_t *out, *in;
-  char name[64]; /* the target as initiators name it */
-} rig;
 
 static ferry_engine *engine_on_rails(const char *rails) {
   ferry_config cfg;
@@ -51,44 +45,8 @@ static ferry_engine *engine_on_rails(const char *rails) {
   return e;
 }
 
-static void rig_start(rig *r, const char *rails) {
-  memset(r, 0, sizeof *r);
-  r->target = engine_on_rails(rails);
-  r->initiator = engine_on_rails(NULL);
-  r->memory = test_buffer(r->target, BIG);
-  r->out = test_buffer(r->initiator, BIG);
-  r->in = test_buffer(r->initiator, BIG);
-  assert_true(r->memory && r->out && r->in);
-  snprintf(r->name, sizeof r->name, "127.0.0.1:%u", ferry_engine_port(r->target));
-}
-
-static void rig_stop(rig *r) {
-  ferry_engine_destroy(r->initiator);
-  ferry_engine_destroy(r->target);
-  free(r->memory);
-  free(r->out);
-  free(r->in);
-}
-
-static ferry_status write_big(rig *r, uint64_t seed) {
-  test_fill_random(r->out, BIG, seed);
-  return ferry_transfer_sync(r->initiator, r->name, FERRY_OP_WRITE, r->out,
-                             (uint64_t)(uintptr_t)r->memory, BIG);
-}
-
-/* The bytes moved on each rail of the target, in rail order. */
-static size_t rail_bytes(rig *r, uint64_t bytes[], int up[], size_t max) {
-  ferry_stats *s;
-  assert_int_equal(ferry_stats_snapshot(r->initiator, &s), FERRY_OK);
-  size_t n = 0;
-  for (size_t i = 0; i < s->rail_count && n < max; i++, n++) {
-    assert_string_equal(s->rails[i].peer, r->name);
-    bytes[n] = s->rails[i].bytes[FERRY_OP_READ] + s->rails[i].bytes[FERRY_OP_WRITE];
-    if (up)
-      up[n] = s->rails[i].up;
-  }
-  ferry_stats_free(s);
-  return n;
+static void rig_start(test_rig *r, const char *rails) {
+  test_rig_start(r, engine_on_rails(rails), engine_on_rails(NULL), BIG);
 }
 
 /* A free port on 127.0.0.1 for a rail to listen on behind a proxy. */
@@ -114,35 +72,28 @@ static hold_proxy *proxied_rail(char *entry, size_t size) {
 
 /* Both rails carry a striped transfer; every byte lands and reads back. */
 static void striped_over_two_addresses(void **state) {
-  rig r;
+  test_rig r;
   rig_start(&r, "127.0.0.1,127.0.0.2");
   /* One driver may claim a whole batch before the others start (a busy
    * machine): repeat until both rails carried some, a bounded number of
    * times. */
   uint64_t bytes[4] = {0, 0};
-  uint64_t rounds = 0;
-  while (rounds < 20 && !(bytes[0] && bytes[1])) {
-    rounds++;
-    assert_int_equal(write_big(&r, rounds), FERRY_OK);
-    assert_memory_equal(r.memory, r.out, BIG);
-    assert_int_equal(ferry_transfer_sync(r.initiator, r.name, FERRY_OP_READ, r.in,
-                                         (uint64_t)(uintptr_t)r.memory, BIG),
-                     FERRY_OK);
-    assert_memory_equal(r.in, r.out, BIG);
-    assert_int_equal(rail_bytes(&r, bytes, NULL, 4), 2);
+  while (r.rounds < 20 && !(bytes[0] && bytes[1])) {
+    test_rig_round_trip(&r);
+    assert_int_equal(test_rig_rail_bytes(&r, bytes, NULL, NULL, 4), 2);
   }
   print_message("after %llu rounds: rail 127.0.0.1: %llu bytes, rail 127.0.0.2: %llu bytes\n",
-                (unsigned long long)rounds, (unsigned long long)bytes[0],
+                (unsigned long long)r.rounds, (unsigned long long)bytes[0],
                 (unsigned long long)bytes[1]);
   assert_true(bytes[0] > 0 && bytes[1] > 0);
-  assert_int_equal(bytes[0] + bytes[1], 2 * rounds * BIG);
-  rig_stop(&r);
+  assert_int_equal(bytes[0] + bytes[1], 2 * r.rounds * BIG);
+  test_rig_stop(&r);
 }
 
 /* Small batches take turns over the rails: each synchronous call checks out
  * one channel, on the next rail in turn. */
 static void small_batches_take_turns(void **state) {
-  rig r;
+  test_rig r;
   rig_start(&r, "127.0.0.1,127.0.0.2");
   enum { CALLS = 8, SMALL = 4096 };
   for (int i = 0; i < CALLS; i++) {
@@ -153,14 +104,14 @@ static void small_batches_take_turns(void **state) {
   }
   assert_memory_equal(r.memory, r.out, CALLS * SMALL);
   uint64_t bytes[2];
-  assert_int_equal(rail_bytes(&r, bytes, NULL, 2), 2);
+  assert_int_equal(test_rig_rail_bytes(&r, bytes, NULL, NULL, 2), 2);
   assert_int_equal(bytes[0], CALLS / 2 * SMALL);
   assert_int_equal(bytes[1], CALLS / 2 * SMALL);
-  rig_stop(&r);
+  test_rig_stop(&r);
 }
 
 typedef struct writer {
-  rig *rig;
+  test_rig *rig;
   ferry_status status;
   char why[512]; /* the error detail is per thread */
   pthread_t thread;
@@ -168,7 +119,7 @@ typedef struct writer {
 
 static void *write_main(void *arg) {
   writer *w = arg;
-  w->status = write_big(w->rig, 42);
+  w->status = test_rig_write(w->rig, 42);
   snprintf(w->why, sizeof w->why, "%s", w->status ? ferry_last_error() : "");
   return NULL;
 }
@@ -183,11 +134,11 @@ static void rail_dies_mid_transfer(void **state) {
   char a[96], b[96], rails[200];
   hold_proxy *pa = proxied_rail(a, sizeof a), *pb = proxied_rail(b, sizeof b);
   snprintf(rails, sizeof rails, "%s,%s", a, b);
-  rig r;
+  test_rig r;
   rig_start(&r, rails);
-  assert_int_equal(write_big(&r, 7), FERRY_OK);
+  assert_int_equal(test_rig_write(&r, 7), FERRY_OK);
   uint64_t before[2];
-  assert_int_equal(rail_bytes(&r, before, NULL, 2), 2);
+  assert_int_equal(test_rig_rail_bytes(&r, before, NULL, NULL, 2), 2);
 
   hold_proxy_hold(pa, FERRY_FRAME_WRITE_ACK);
   hold_proxy_hold(pb, FERRY_FRAME_WRITE_ACK);
@@ -202,16 +153,16 @@ static void rail_dies_mid_transfer(void **state) {
     fail_msg("transfer with a rail dying under it: %s", w.why);
   assert_memory_equal(r.memory, r.out, BIG);
   uint64_t mid[2];
-  assert_int_equal(rail_bytes(&r, mid, NULL, 2), 2);
+  assert_int_equal(test_rig_rail_bytes(&r, mid, NULL, NULL, 2), 2);
   assert_int_equal(mid[0] + mid[1], before[0] + before[1] + BIG);
 
   for (uint64_t seed = 100; seed < 103; seed++) {
-    assert_int_equal(write_big(&r, seed), FERRY_OK);
+    assert_int_equal(test_rig_write(&r, seed), FERRY_OK);
     assert_memory_equal(r.memory, r.out, BIG);
   }
   uint64_t after[2];
   int up[2];
-  assert_int_equal(rail_bytes(&r, after, up, 2), 2);
+  assert_int_equal(test_rig_rail_bytes(&r, after, up, NULL, 2), 2);
   print_message("rail 0: %llu, %llu, %llu bytes; rail 1: %llu, %llu, %llu bytes\n",
                 (unsigned long long)before[0], (unsigned long long)mid[0],
                 (unsigned long long)after[0], (unsigned long long)before[1],
@@ -233,7 +184,7 @@ static void rail_dies_mid_transfer(void **state) {
   free(text);
   ferry_stats_free(s);
   hold_proxy_stop(pa);
-  rig_stop(&r);
+  test_rig_stop(&r);
 }
 
 /* A rail that failed is tried again after its back-off: once its proxy is
@@ -247,16 +198,16 @@ static void rail_comes_back(void **state) {
   uint16_t proxy_port = (uint16_t)atoi(strrchr(hold_proxy_target(proxy), ':') + 1);
   snprintf(entry, sizeof entry, "127.0.0.1:%u=%s", rail_port, hold_proxy_target(proxy));
   snprintf(rails, sizeof rails, "127.0.0.2,%s", entry);
-  rig r;
+  test_rig r;
   rig_start(&r, rails);
-  assert_int_equal(write_big(&r, 1), FERRY_OK);
+  assert_int_equal(test_rig_write(&r, 1), FERRY_OK);
   hold_proxy_stop(proxy);
-  if (write_big(&r, 2))
+  if (test_rig_write(&r, 2))
     fail_msg("write after rail 1 died: %s", ferry_last_error()); /* over rail 0 */
   assert_memory_equal(r.memory, r.out, BIG);
   uint64_t down[2], now[2];
   int up[2];
-  assert_int_equal(rail_bytes(&r, down, up, 2), 2);
+  assert_int_equal(test_rig_rail_bytes(&r, down, up, NULL, 2), 2);
   assert_false(up[1]);
   proxy = hold_proxy_start_on(proxy_port, rail_port);
   assert_non_null(proxy);
@@ -268,16 +219,28 @@ static void rail_comes_back(void **state) {
                                          (uint64_t)(uintptr_t)r.memory, 4096),
                      FERRY_OK);
     assert_memory_equal(r.memory, r.out, 4096);
-    rail_bytes(&r, now, up, 2);
+    test_rig_rail_bytes(&r, now, up, NULL, 2);
   }
   assert_true(now[1] > down[1]);
   assert_true(up[1]);
   hold_proxy_stop(proxy);
-  rig_stop(&r);
+  test_rig_stop(&r);
+}
+
+/* A proxied rail's proxy ("127.0.0.1:RAIL=127.0.0.1:PROXY") started again
+ * on its port. */
+static hold_proxy *restart_proxy(const char *entry) {
+  unsigned rail_port, proxy_port;
+  assert_int_equal(sscanf(entry, "127.0.0.1:%u=127.0.0.1:%u", &rail_port, &proxy_port), 2);
+  hold_proxy *proxy = hold_proxy_start_on((uint16_t)proxy_port, (uint16_t)rail_port);
+  assert_non_null(proxy);
+  return proxy;
 }
 
 /* Both rails dead while the RPC port still answers: the batch fails, and
- * the error names each rail and its cause. */
+ * the error names each rail and its cause. Once they are back, the next
+ * call works at once: with every rail out of use a checkout tries them
+ * all again rather than wait out their back-off. */
 static void every_rail_dead(void **state) {
   char a[96], b[96], rails[200];
   hold_proxy *pa = proxied_rail(a, sizeof a), *pb = proxied_rail(b, sizeof b);
@@ -285,19 +248,26 @@ static void every_rail_dead(void **state) {
   char name_a[32], name_b[32];
   snprintf(name_a, sizeof name_a, "%s", hold_proxy_target(pa));
   snprintf(name_b, sizeof name_b, "%s", hold_proxy_target(pb));
-  rig r;
+  test_rig r;
   rig_start(&r, rails);
-  assert_int_equal(write_big(&r, 9), FERRY_OK);
+  assert_int_equal(test_rig_write(&r, 9), FERRY_OK);
   hold_proxy_stop(pa);
   hold_proxy_stop(pb);
-  ferry_status st = write_big(&r, 10);
+  ferry_status st = test_rig_write(&r, 10);
   const char *why = ferry_last_error();
   print_message("%s\n", why);
   assert_int_equal(st, FERRY_ESOCKET);
   assert_non_null(strstr(why, "every rail"));
   assert_non_null(strstr(why, name_a));
   assert_non_null(strstr(why, name_b));
-  rig_stop(&r);
+  pa = restart_proxy(a);
+  pb = restart_proxy(b);
+  if (test_rig_write(&r, 11))
+    fail_msg("write once both rails are back: %s", ferry_last_error());
+  assert_memory_equal(r.memory, r.out, BIG);
+  hold_proxy_stop(pa);
+  hold_proxy_stop(pb);
+  test_rig_stop(&r);
 }
 
 /* A rail must be a literal, pinned address; create refuses anything else,
