@@ -252,6 +252,7 @@ static void forged_ring_entries_are_refused(void **state) {
   raw_kick(&r);
   raw_drained(&r);
   assert_int_equal(landed_at(p->rx).all, 1);
+  assert_int_equal(__atomic_load_n(&r.post->credits_given, __ATOMIC_ACQUIRE), 0);
   expect_nothing(p);
   assert_int_equal(send_tag(p, "after", 64 * KiB, 64 * KiB, -1), FERRY_OK);
   expect(p, "after", 64 * KiB, 64 * KiB);
