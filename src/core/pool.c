@@ -744,7 +744,8 @@ typedef struct outgoing {
   ferry_peer *peer;
   uint64_t deadline; /* for the control calls of the send */
   ferry_pool_grant grant;
-  int cached; /* the grant was a pre-grant */
+  int cached;    /* the grant was a pre-grant */
+  int restarted; /* the grant came from a newer incarnation than the one checked */
   ferry_entry entry;
   ferry_after after;
   ferry_batch *batch; /* sent asynchronously (ferry_send_batch) */
@@ -769,9 +770,13 @@ static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
     st = request_grant(a, o->peer, stale, &o->grant);
   else if (stale) /* no grant request to carry it back this time: the next one will */
     keep_pregrant(e->pools, a->target, a->pool, &(ferry_pool_grant){instance, stale, 0, 0}, 1);
-  if (!st && o->grant.instance != instance)
+  if (!st && o->grant.instance != instance) {
+    /* The grant is the new incarnation's: given back by the next request. */
+    keep_pregrant(e->pools, a->target, a->pool, &o->grant, 1);
+    o->restarted = 1;
     st = ferry_fail(FERRY_ESOCKET, "send to pool '%s' of %s: the target restarted during the send",
                     a->pool, a->target);
+  }
   if (st)
     return st;
   unsigned most = transport->take_credits ? PREGRANTS_POSTED : PREGRANTS_PER_POOL;
@@ -827,7 +832,9 @@ static ferry_status send_try(const send_args *a, int use_cache, int *retry) {
   outgoing o;
   *retry = 0;
   ferry_status st = prepare(&o, a, use_cache);
-  if (!st)
+  if (st)
+    *retry = o.restarted; /* nothing was written: the new incarnation may take it */
+  else
     st = landed(&o, ferry_batch_run(a->e, a->target, &o.entry, 1, &o.after), retry);
   return st;
 }

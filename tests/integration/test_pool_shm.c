@@ -30,6 +30,7 @@
 #include "core/peer.h"
 #include "ferry.h"
 #include "harness.h"
+#include "holdproxy.h"
 #include "transport/shm.h"
 #include "wire/wire.h"
 
@@ -129,6 +130,43 @@ static void notices_ride_the_ring(void **state) {
   landed l = landed_at(p->rx);
   assert_int_equal(l.all, 65);
   assert_int_equal(l.inband, 65); /* posted: no control frame of their own */
+  pair_free(p);
+}
+
+/* No control round trip per message in steady state: once the sender
+ * holds two credits (a batch of two asks two grants, each notice brings
+ * one back), the control connection (through a proxy) holds back every
+ * POOL_REPLY, and 64 more sends go through without one. */
+static void steady_sends_cross_no_socket(void **state) {
+  (void)state;
+  pair *p = pair_new(1 * MiB);
+  hold_proxy *proxy = hold_proxy_start(ferry_engine_port(p->rx));
+  assert_non_null(proxy);
+  const char *target = hold_proxy_target(proxy);
+  ferry_send_item items[2] = {{"a", 1, p->out, 64 * KiB, 0}, {"b", 1, p->out + KiB, 64 * KiB, 0}};
+  assert_int_equal(ferry_send_batch(p->tx, target, "emb", items, 2, -1, 0), FERRY_OK);
+  unsigned used = 0;
+  assert_int_equal(ferry_peer_transport(p->tx, target, &used), FERRY_OK);
+  if (used != FERRY_TRANSPORT_SHM) {
+    hold_proxy_stop(proxy);
+    pair_free(p);
+    skip();
+  }
+  expect(p, "a", 0, 64 * KiB);
+  expect(p, "b", KiB, 64 * KiB);
+  hold_proxy_hold(proxy, FERRY_FRAME_POOL_REPLY);
+  for (unsigned i = 0; i < 64; i++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "s%u", i);
+    if (ferry_send(p->tx, target, "emb", tag, strlen(tag), p->out + i * KiB, 64 * KiB, -1, 0))
+      fail_msg("send %u: %s", i, ferry_last_error());
+    expect(p, tag, i * KiB, 64 * KiB);
+  }
+  assert_int_equal(hold_proxy_wait_held(proxy, 1, 0), -1); /* no POOL frame was sent */
+  hold_proxy_release(proxy);
+  ferry_engine_destroy(p->tx);
+  p->tx = NULL;
+  hold_proxy_stop(proxy);
   pair_free(p);
 }
 
@@ -381,12 +419,39 @@ static void restarted_receiver_voids_credits(void **state) {
   pair_free(p);
 }
 
+/* A send after a restart that no cached grant fits (the sender holds
+ * credits of a smaller size): its grant comes from the new incarnation
+ * (the control connection reconnects), so it is tried again there
+ * instead of failing. */
+static void send_after_a_restart_without_a_fitting_credit(void **state) {
+  (void)state;
+  pair *p = pair_new(4 * MiB);
+  uint16_t port = ferry_engine_port(p->rx);
+  for (int i = 0; i < 8; i++) {
+    assert_int_equal(send_tag(p, "small", 0, 256 * KiB, -1), FERRY_OK);
+    expect(p, "small", 0, 256 * KiB);
+  }
+  ferry_engine_destroy(p->rx);
+  p->rx = NULL;
+  for (int i = 0; i < 100 && !p->rx; i++)
+    if (!(p->rx = engine_on(port)))
+      usleep(50 * 1000);
+  assert_non_null(p->rx);
+  assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, 4 * MiB, &p->pool), FERRY_OK);
+  if (send_tag(p, "large", 0, 1 * MiB, -1))
+    fail_msg("send after the restart: %s", ferry_last_error());
+  expect(p, "large", 0, 1 * MiB);
+  pair_free(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sender_killed_before_its_notice), /* forks: first, before any thread */
       cmocka_unit_test(notices_ride_the_ring),
+      cmocka_unit_test(steady_sends_cross_no_socket),
       cmocka_unit_test(forged_ring_entries_are_refused),
       cmocka_unit_test(restarted_receiver_voids_credits),
+      cmocka_unit_test(send_after_a_restart_without_a_fitting_credit),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
