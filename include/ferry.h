@@ -475,9 +475,9 @@ typedef struct ferry_stats {
   ferry_stats_rail *rails;
   size_t rail_count;
   /* Receive pools, as a receiver (all its pools): messages landed (their
-   * LANDED notice served), how many of those rode on the data's own WRITE
-   * frame instead of a control frame of their own (the transport carries
-   * it: tcp, for a message sent as one frame), and grant requests waiting
+   * LANDED notice served), how many of those came without a control frame
+   * of their own (on the data's own WRITE frame: tcp; or posted in shared
+   * memory after the copy: shm), and grant requests waiting
    * for room in a full pool right now (gauge). */
   uint64_t pool_messages_landed;
   uint64_t pool_landed_inband;

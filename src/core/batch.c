@@ -254,13 +254,18 @@ static uint64_t notify_deadline(const ferry_batch *b) {
 }
 
 /* The control messages that follow the data: the notification, and the
- * after-landed message unless the transport carried it in-band. */
+ * after-landed message unless the transport carried it in-band or posts
+ * it on its own path. */
 static ferry_status send_followers(ferry_batch *b, uint64_t deadline) {
   ferry_status st = FERRY_OK;
   if (b->has_notify)
     st = ferry_peer_notify(b->peer, b->notify.name, b->notify.data, b->notify.length, deadline);
-  if (!st && b->after && !b->after->carried)
-    st = ferry_peer_pool(b->peer, b->after->body, b->after->len, b->after->reply, deadline);
+  if (!st && b->after && !b->after->carried) {
+    const ferry_transport *t = b->transport;
+    b->after->posted = t->post_after && t->post_after(b->peer, b->peer_instance, b->after);
+    if (!b->after->posted)
+      st = ferry_peer_pool(b->peer, b->after->body, b->after->len, b->after->reply, deadline);
+  }
   return st;
 }
 
@@ -500,7 +505,7 @@ ferry_status ferry_batch_start(ferry_engine *e, const char *target, const ferry_
   ferry_status st = batch_create(e, target, entries, count, NULL, out);
   if (st)
     return st;
-  after->carried = 0;
+  after->carried = after->posted = 0;
   (*out)->after = after;
   ferry_workers_post(e, *out, wanted_drivers(*out));
   return FERRY_OK;
@@ -509,7 +514,7 @@ ferry_status ferry_batch_start(ferry_engine *e, const char *target, const ferry_
 ferry_status ferry_batch_run(ferry_engine *e, const char *target, const ferry_entry *entries,
                              size_t count, ferry_after *after) {
   if (after)
-    after->carried = 0;
+    after->carried = after->posted = 0;
   return transfer_sync_batch(e, target, entries, count, NULL, after);
 }
 

@@ -15,15 +15,19 @@
  * transport.h) sends it in-band with the batch's last claimed chunk, so it
  * costs no round trip of its own; the target serves it after that chunk
  * landed, and pool.c holds the message until the batch's other chunks
- * landed too (it counts every WRITE into a slot). With any other
- * transport the batch sends it on the control connection once all the
- * data is acknowledged, like a notification. Either way reply gets the
- * POOL_REPLY body. Owned by the caller of ferry_batch_run. */
+ * landed too (it counts every WRITE into a slot). A transport that posts
+ * (post_after) gets it once all the data is in place and the target serves
+ * it later (posted; reply stays zero: grants come back as credits). With
+ * any other transport the batch sends it on the control connection once
+ * all the data is acknowledged, like a notification. Carried in-band or on
+ * the control connection, reply gets the POOL_REPLY body. Owned by the
+ * caller of ferry_batch_run. */
 typedef struct ferry_after {
   uint8_t body[FERRY_WIRE_POOL_MAX];
   size_t len;
   uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE];
   int carried; /* set by the transport once the target served it in-band */
+  int posted;  /* the transport posted it (post_after) */
 } ferry_after;
 
 /* Drivers (the submitting thread, workers) use engine and peer; they all

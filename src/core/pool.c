@@ -13,6 +13,16 @@
  * next message of the same size while the pool has room for it and one
  * more, so a steady sender pays the WRITE and its ack only.
  *
+ * A transport may post the notice on its own path instead (post_after,
+ * transport.h: shm's ring in shared memory) once every byte is in place;
+ * the target serves it here like any LANDED (FERRY_NOTICE_POSTED: only a
+ * slot granted to that sender, at most its length) and hands the reply's
+ * pre-grant back as a credit the sender collects (take_credits) before
+ * its next send. Such a sender keeps up to PREGRANTS_POSTED of them per
+ * pool, since a credit comes back only when the receiver got round to the
+ * notice: a steady send then takes a credit, copies and posts, with no
+ * round trip at all.
+ *
  * Slots are reclaimed when the receiver releases them, and, for slots not
  * landed yet, when every connection of their sender ended (the sender died
  * or left): no WRITE of it can arrive any more, and a slot whose notice did
@@ -33,11 +43,14 @@
 #include "core/error.h"
 #include "core/peer.h"
 #include "core/sync.h"
+#include "transport/transport.h"
 
 #define SLOT_ALIGN 64
 #define PREGRANT_FRESH_NS (5000ull * 1000 * 1000)
 #define GRANT_WAIT_TURN_MS 20u
 #define PREGRANTS_PER_POOL 1 /* cached per target pool; more would idle the receiver's room */
+#define PREGRANTS_POSTED 4   /* the same with credits: they come back later than a reply */
+#define CREDITS_PER_TAKE 16
 
 /* PENDING: its LANDED notice came in-band with one of several WRITE frames
  * (tcp) while the others still moved; queued once all its bytes landed. */
@@ -48,7 +61,7 @@ typedef struct slot {
   slot_state state;
   unsigned writers;          /* WRITEs into it still moving bytes (tcp) */
   uint64_t inflight, filled; /* their bytes; bytes of WRITEs that landed whole */
-  int inband;                /* its LANDED notice rode on a WRITE frame */
+  int inband;                /* its LANDED notice came without a control round trip */
   uint64_t landed, seq;      /* message length, order of landing */
   uint8_t tag[FERRY_TAG_MAX];
   size_t tag_len;
@@ -279,14 +292,15 @@ static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_poo
                       "(reclaimed, or never given)",
                       p->name, e->name, (unsigned long long)r->grant, peer_name,
                       (unsigned long long)r->length);
-  int complete = !s->writers && (!inband || s->filled >= r->length);
-  if (!complete && !inband)
+  int held = inband == FERRY_NOTICE_INBAND; /* its other frames may still be moving */
+  int complete = !s->writers && (!held || s->filled >= r->length);
+  if (!complete && !held)
     return ferry_fail(FERRY_EBUSY,
                       "pool '%s' of %s: LANDED for slot %llu from %s while %u WRITE(s) into it "
                       "are still in flight",
                       p->name, e->name, (unsigned long long)r->grant, peer_name, s->writers);
   s->landed = r->length;
-  s->inband = inband;
+  s->inband = inband != FERRY_NOTICE_CONTROL;
   memcpy(s->tag, r->tag, r->tag_len);
   s->tag_len = r->tag_len;
   snprintf(s->sender, sizeof s->sender, "%s", peer_name);
@@ -315,6 +329,9 @@ ferry_status ferry_pools_serve(ferry_engine *e, uint64_t peer, const char *peer_
   ferry_pool *p = find_pool(e->pools, r.pool, r.pool_len);
   if (!p)
     st = ferry_fail(FERRY_ENOTFOUND, "no pool '%.*s' at %s", (int)r.pool_len, r.pool, e->name);
+  else if (r.op == FERRY_POOL_GRANT && inband == FERRY_NOTICE_POSTED)
+    st = ferry_fail(FERRY_EPROTO, "pool '%s' of %s: %s posted a grant request", p->name, e->name,
+                    peer_name);
   else if (r.op == FERRY_POOL_GRANT)
     st = serve_grant(e, p, &r, peer, &g);
   else
@@ -606,7 +623,7 @@ static int take_pregrant(ferry_pools *ps, const char *target, const char *pool, 
     int mine = same_pool(g, target, pool), ours = g->grant.instance == instance;
     int fits =
         ours && !g->given_up && now - g->got_ns < PREGRANT_FRESH_NS && g->grant.length >= length;
-    int take = mine && ((fits && !found) || (ours && !*stale) || !ours);
+    int take = mine && ((fits && !found) || (ours && !fits && !*stale) || !ours);
     if (!take) {
       pp = &g->next;
       continue;
@@ -622,17 +639,17 @@ static int take_pregrant(ferry_pools *ps, const char *target, const char *pool, 
   return found;
 }
 
-/* Caches a pre-grant for the next send to this pool; given_up: a slot
- * only to be given back by the next grant request. */
-static void keep_pregrant(ferry_pools *ps, const char *target, const char *pool,
-                          const ferry_pool_grant *grant, int given_up) {
+/* Caches a pre-grant for the next send to this pool, granted at got_ns;
+ * given_up: a slot only to be given back by the next grant request. */
+static void keep_grant_of(ferry_pools *ps, const char *target, const char *pool,
+                          const ferry_pool_grant *grant, int given_up, uint64_t got_ns) {
   pregrant *g = calloc(1, sizeof *g);
   if (!g)
     return; /* the slot idles until this engine's connections end */
   snprintf(g->target, sizeof g->target, "%s", target);
   snprintf(g->pool, sizeof g->pool, "%s", pool);
   g->grant = *grant;
-  g->got_ns = ferry_now_ns();
+  g->got_ns = got_ns;
   g->given_up = given_up;
   pthread_mutex_lock(&ps->lock);
   g->next = ps->pregrants;
@@ -640,13 +657,33 @@ static void keep_pregrant(ferry_pools *ps, const char *target, const char *pool,
   pthread_mutex_unlock(&ps->lock);
 }
 
-static int wants_pregrant(ferry_pools *ps, const char *target, const char *pool) {
+static void keep_pregrant(ferry_pools *ps, const char *target, const char *pool,
+                          const ferry_pool_grant *grant, int given_up) {
+  keep_grant_of(ps, target, pool, grant, given_up, ferry_now_ns());
+}
+
+/* Pre-grants cached for sends to this pool. */
+static unsigned pregrants_held(ferry_pools *ps, const char *target, const char *pool) {
   unsigned n = 0;
   pthread_mutex_lock(&ps->lock);
   for (pregrant *g = ps->pregrants; g; g = g->next)
     n += same_pool(g, target, pool) && !g->given_up;
   pthread_mutex_unlock(&ps->lock);
-  return n < PREGRANTS_PER_POOL;
+  return n;
+}
+
+/* Caches the credits the target's transport handed back (the grants of
+ * posted LANDED notices), fresh from when the target granted them; with
+ * none held for pool, the transport may wait briefly for those coming. */
+static void collect_credits(ferry_engine *e, const char *target, const char *pool,
+                            const ferry_transport *t, ferry_peer *peer, uint64_t instance) {
+  ferry_credit got[CREDITS_PER_TAKE];
+  if (!t->take_credits)
+    return;
+  int wait = !pregrants_held(e->pools, target, pool);
+  size_t n = t->take_credits(peer, instance, got, CREDITS_PER_TAKE, wait);
+  for (size_t i = 0; i < n; i++)
+    keep_grant_of(e->pools, target, got[i].pool, &got[i].grant, 0, got[i].issued_ns);
 }
 
 static ferry_status pool_call(ferry_peer *peer, const ferry_pool_req *r, uint64_t deadline,
@@ -697,20 +734,18 @@ static ferry_status request_grant(const send_args *a, ferry_peer *peer, uint64_t
   }
 }
 
-/* The WRITE into grant id with its LANDED notice as the batch's
- * after-landed message (batch.h): a transport that carries it in-band
- * costs one round trip for both; the others send it on the control
- * connection once the data is acknowledged. */
 /* One message on its way: its grant and the WRITE batch carrying its
  * LANDED notice as the after-landed message (batch.h): a transport that
- * carries it in-band costs one round trip for both; the others send it on
- * the control connection once the data is acknowledged. */
+ * carries it in-band costs one round trip for both, one that posts it
+ * none; the others send it on the control connection once the data is
+ * acknowledged. */
 typedef struct outgoing {
   const send_args *a;
   ferry_peer *peer;
   uint64_t deadline; /* for the control calls of the send */
   ferry_pool_grant grant;
-  int cached; /* the grant was a pre-grant */
+  int cached;    /* the grant was a pre-grant */
+  int restarted; /* the grant came from a newer incarnation than the one checked */
   ferry_entry entry;
   ferry_after after;
   ferry_batch *batch; /* sent asynchronously (ferry_send_batch) */
@@ -727,19 +762,27 @@ static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
     st = ferry_peer_ensure(o->peer, o->deadline, &transport, &instance);
   if (st)
     return st;
+  if (use_cache)
+    collect_credits(e, a->target, a->pool, transport, o->peer, instance);
   o->cached = use_cache &&
               take_pregrant(e->pools, a->target, a->pool, a->length, instance, &o->grant, &stale);
   if (!o->cached)
     st = request_grant(a, o->peer, stale, &o->grant);
   else if (stale) /* no grant request to carry it back this time: the next one will */
     keep_pregrant(e->pools, a->target, a->pool, &(ferry_pool_grant){instance, stale, 0, 0}, 1);
-  if (!st && o->grant.instance != instance)
+  if (!st && o->grant.instance != instance) {
+    /* The grant is the new incarnation's: given back by the next request. */
+    keep_pregrant(e->pools, a->target, a->pool, &o->grant, 1);
+    o->restarted = 1;
     st = ferry_fail(FERRY_ESOCKET, "send to pool '%s' of %s: the target restarted during the send",
                     a->pool, a->target);
+  }
   if (st)
     return st;
+  unsigned most = transport->take_credits ? PREGRANTS_POSTED : PREGRANTS_PER_POOL;
   ferry_pool_req r = {.op = FERRY_POOL_LANDED,
-                      .flags = wants_pregrant(e->pools, a->target, a->pool) ? FERRY_POOL_NEXT : 0,
+                      .flags =
+                          pregrants_held(e->pools, a->target, a->pool) < most ? FERRY_POOL_NEXT : 0,
                       .grant = o->grant.id,
                       .length = a->length,
                       .pool = a->pool,
@@ -789,7 +832,9 @@ static ferry_status send_try(const send_args *a, int use_cache, int *retry) {
   outgoing o;
   *retry = 0;
   ferry_status st = prepare(&o, a, use_cache);
-  if (!st)
+  if (st)
+    *retry = o.restarted; /* nothing was written: the new incarnation may take it */
+  else
     st = landed(&o, ferry_batch_run(a->e, a->target, &o.entry, 1, &o.after), retry);
   return st;
 }

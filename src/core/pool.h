@@ -16,10 +16,17 @@ void ferry_pools_wake(ferry_engine *engine);
 /* After shutdown: frees what is left. */
 void ferry_pools_destroy(ferry_engine *engine);
 
+/* How a LANDED notice came (the inband argument of ferry_pools_serve). */
+#define FERRY_NOTICE_CONTROL 0 /* a POOL frame on the control connection */
+#define FERRY_NOTICE_INBAND 1  /* after the payload of one of the message's WRITE frames */
+#define FERRY_NOTICE_POSTED 2  /* posted by a transport once every byte was in place */
+
 /* Server side of a POOL frame from peer (its engine id and name), or of
- * the after-landed message a WRITE carried (inband); on FERRY_OK reply
- * holds the POOL_REPLY body. May wait for room in the pool
- * up to the request's wait_ms, at most the engine's timeout_ms. */
+ * an after-landed message carried in-band or posted (inband: one of
+ * FERRY_NOTICE_*); on FERRY_OK reply holds the POOL_REPLY body. May wait
+ * for room in the pool up to the request's wait_ms, at most the engine's
+ * timeout_ms; a posted message is served only if it is a LANDED (it never
+ * waits). */
 ferry_status ferry_pools_serve(ferry_engine *engine, uint64_t peer, const char *peer_name,
                                const uint8_t *body, size_t len, int inband,
                                uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE]);

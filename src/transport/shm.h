@@ -14,11 +14,11 @@
 
 #include "transport/transport.h"
 
-#define SHM_MAGIC 0x4d485346u         /* "FSHM" */
-#define SHM_VERSION 2                 /* 2: refusals in GREETING, MAP names the region */
+#define SHM_MAGIC 0x4d485346u /* "FSHM" */
+#define SHM_VERSION 3         /* 2: refusals in GREETING, MAP names the region; 3: the post page */
 #define SHM_TABLE_CAPACITY (1u << 20) /* regions the shared table can list */
 #define SHM_SLOTS 256                 /* copying channels per link */
-#define SHM_MAX_FDS 2
+#define SHM_MAX_FDS 4
 /* Connections the service keeps at once (one descriptor each); later ones
  * are refused with FERRY_EBUSY until some close. */
 #define SHM_CONNS_MAX 256
@@ -48,11 +48,53 @@ typedef struct shm_table {
  * target only reads it, as untrusted input, and bounds every wait on it. */
 #define SHM_SLOTS_BYTES ((size_t)SHM_SLOTS * sizeof(uint64_t))
 
+/* The post page of a link (read-write for both sides, sealed against
+ * resizing): after-landed messages (pool.c's LANDED notices) from the
+ * initiator to the target, and the replies' grants (credits for the
+ * initiator's next messages) back, so that a steady send crosses no
+ * socket. Single producer, single consumer each way, indices counting up
+ * forever; an entry is valid when its seq is its index + 1, written last.
+ * The target reads the notices as untrusted input (indices, lengths, the
+ * body: pool.c validates each as any LANDED), and the initiator bounds
+ * what it reads of the credits. The initiator writes the link's eventfd
+ * only when `sleeping` is set: no syscall per message while the target's
+ * service is busy draining. */
+#define SHM_NOTICES 64
+#define SHM_CREDITS 64
+
+typedef struct shm_notice {
+  uint64_t seq;
+  uint64_t len; /* bytes of body, at most FERRY_WIRE_POOL_MAX */
+  uint8_t body[FERRY_WIRE_POOL_MAX];
+} shm_notice;
+
+typedef struct shm_credit {
+  uint64_t seq;
+  uint64_t issued_ns; /* CLOCK_MONOTONIC, shared by the host: its freshness */
+  uint8_t grant[FERRY_WIRE_POOL_REPLY_SIZE];
+  char pool[FERRY_WIRE_MAX_NAME]; /* NUL-terminated */
+} shm_credit;
+
+typedef struct shm_post {
+  uint64_t head; /* notices published: the initiator writes it */
+  uint64_t credits_taken;
+  uint64_t pad0[6];
+  uint64_t tail; /* notices consumed: the target writes the rest of this line */
+  uint64_t sleeping;
+  uint64_t credits_given;
+  uint64_t pad1[5];
+  shm_notice notices[SHM_NOTICES];
+  shm_credit credits[SHM_CREDITS];
+} shm_post;
+
 typedef enum shm_msg_type {
   SHM_GREETING = 1, /* service -> initiator on connect: engine_id, probe_addr, nonce;
                        or only a nonzero status: refused (another user, too many) */
-  SHM_HELLO = 2,    /* initiator: nonce, proof (when the target has a secret) */
-  SHM_ATTACH = 3,   /* service: status; fds = table (read-only), slots */
+  SHM_HELLO = 2,    /* initiator: nonce, proof (when the target has a secret); engine_id,
+                       probe_addr (where its memory holds engine_id) and name: who posts
+                       the link's notices */
+  SHM_ATTACH = 3,   /* service: status; fds = table (read-only), slots, and, when it
+                       verified who posts, the post page and its eventfd */
   SHM_SYNC = 4,     /* initiator: bring the table up to date with the registry */
   SHM_SYNCED = 5,   /* service: seq */
   SHM_MAP = 6,      /* initiator: ino of an allocation, addr/length: the region it wants */
@@ -71,6 +113,7 @@ typedef struct shm_msg {
   uint64_t seq;
   uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
   uint8_t proof[FERRY_WIRE_PROOF_SIZE];
+  char name[FERRY_WIRE_MAX_NAME + 1]; /* HELLO: the initiator engine's name */
 } shm_msg;
 
 /* Fills the fixed fields of a message of `type`. */

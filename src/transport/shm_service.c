@@ -23,7 +23,25 @@
  * peer writes are only read here, as untrusted input: a link whose slots
  * do not clear within timeout_ms is cut off (its socket shut down, so its
  * initiator stops using it) and unregister returns. See shm.c for the
- * initiator's half of that protocol. */
+ * initiator's half of that protocol.
+ *
+ * Posted notices. A HELLO names the initiator's engine (id, name) and an
+ * address in its memory that holds the id; when process_vm_readv on the
+ * caller's pid (from the kernel) reads the same id there, the link's
+ * sender is known, and ATTACH also hands over a post page and an eventfd
+ * (shm.h). This thread polls the eventfd with the sockets, drains the
+ * notice ring (bounded per round, so one busy link cannot starve the
+ * others) and serves each entry through pool.c as a LANDED of that
+ * sender (FERRY_NOTICE_POSTED): the entry is copied out first, its index,
+ * length and body are checked, and pool.c accepts it only for a slot
+ * granted to that sender, of at most the slot's length. Each reply's
+ * grant goes to the credit ring; when that is full the notice's request
+ * for one is dropped (the sender then asks on the control connection).
+ * Before it sleeps the thread sets `sleeping` and looks at head once more,
+ * so a notice is never left unseen. A sender that dies leaves at most
+ * notices of complete messages; its slots without one are reclaimed by
+ * pool.c when its connections end, as on every transport. A link whose
+ * ring indices make no sense is cut off. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -31,9 +49,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,6 +61,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/pool.h"
 #include "transport/shm.h"
 
 typedef struct svc_conn {
@@ -52,6 +73,12 @@ typedef struct svc_conn {
   unsigned refs;        /* the service thread's, plus one per revocation using it */
   uint64_t *slots;      /* shared with the initiator: untrusted */
   uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
+  shm_post *post;       /* shared with the initiator: untrusted; NULL: none */
+  int efd;              /* the initiator writes it to wake this thread */
+  uint64_t tail, given; /* notices consumed, credits given (ours, not the page's) */
+  uint64_t sender;      /* engine id of the initiator, verified */
+  char sender_name[FERRY_WIRE_MAX_NAME + 1];
+  unsigned refused_notices; /* for the log */
   struct svc_conn *next;
 } svc_conn;
 
@@ -312,6 +339,10 @@ static uint64_t table_refresh(ferry_shm_service *s, int force) {
 static void conn_free(svc_conn *c) {
   if (c->slots)
     munmap(c->slots, SHM_SLOTS_BYTES);
+  if (c->post)
+    munmap(c->post, sizeof(shm_post));
+  if (c->efd >= 0)
+    close(c->efd);
   close(c->fd);
   free(c);
 }
@@ -395,6 +426,7 @@ static int accept_one(ferry_shm_service *s) {
     return 1;
   }
   c->fd = fd;
+  c->efd = -1;
   c->cred = cred;
   c->refs = 1;
   c->deadline_ns = ferry_now_ns() + (uint64_t)s->engine->cfg.connect_timeout_ms * 1000000ull;
@@ -417,6 +449,45 @@ static int accept_one(ferry_shm_service *s) {
   return 1;
 }
 
+/* Whether the HELLO's engine id is in the caller's memory where it says:
+ * then notices on this link are that engine's. */
+static int sender_verified(const svc_conn *c, const shm_msg *req) {
+  uint64_t value = 0;
+  struct iovec local = {&value, sizeof value};
+  struct iovec remote = {(void *)(uintptr_t)req->probe_addr, sizeof value};
+  return req->engine_id && c->cred.pid > 0 &&
+         process_vm_readv(c->cred.pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof value &&
+         value == req->engine_id;
+}
+
+/* The post page and eventfd of a verified sender (*fd: the page's memfd
+ * to hand over; c->efd the eventfd); 0 without: its notices then take
+ * the control connection. */
+static int post_page(svc_conn *c, const shm_msg *req, int fd[2]) {
+  void *page;
+  if (!sender_verified(c, req)) {
+    FERRY_DEBUG("shm: peer pid %d posts no notices: its engine id could not be read back",
+                (int)c->cred.pid);
+    return 0;
+  }
+  if (sealed_memfd("ferry-shm-post", sizeof(shm_post), 0, &fd[0], &page) != FERRY_OK)
+    return 0;
+  c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (c->efd < 0) {
+    munmap(page, sizeof(shm_post));
+    close(fd[0]);
+    fd[0] = -1;
+    return 0;
+  }
+  c->post = page;
+  c->post->sleeping = 1;
+  c->sender = req->engine_id;
+  snprintf(c->sender_name, sizeof c->sender_name, "%.*s",
+           (int)strnlen(req->name, FERRY_WIRE_MAX_NAME), req->name);
+  fd[1] = c->efd;
+  return 1;
+}
+
 static int serve_hello(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
   shm_msg m;
   shm_msg_init(&m, SHM_ATTACH);
@@ -435,15 +506,18 @@ static int serve_hello(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
     FERRY_WARN("shm: refused a same-host peer (pid %d): %s", (int)c->cred.pid, ferry_last_error());
     return -1;
   }
+  int fds[4] = {s->table_fd, slots_fd, -1, -1};
+  int nfds = post_page(c, req, &fds[2]) ? 4 : 2;
   pthread_mutex_lock(&s->lock);
   c->slots = slots;
   c->deadline_ns = 0;
   c->attached = 1; /* before the table is built: revocations now wait for it */
   pthread_mutex_unlock(&s->lock);
   m.seq = table_refresh(s, 0);
-  int fds[2] = {s->table_fd, slots_fd};
-  int rc = shm_msg_send(c->fd, &m, fds, 2, MSG_DONTWAIT);
+  int rc = shm_msg_send(c->fd, &m, fds, nfds, MSG_DONTWAIT);
   close(slots_fd); /* the mapping is all this side needs */
+  if (fds[2] >= 0)
+    close(fds[2]);
   return rc;
 }
 
@@ -498,6 +572,100 @@ static int serve_request(ferry_shm_service *s, svc_conn *c) {
   shm_msg_init(&m, SHM_SYNCED);
   m.seq = table_refresh(s, 0);
   return shm_msg_send(c->fd, &m, NULL, 0, MSG_DONTWAIT);
+}
+
+/* ---- posted notices ---------------------------------------------------------------- */
+
+#define NOTICE_ROUNDS 4 /* rounds of draining one link before the others get a turn */
+
+static void refuse_notice(svc_conn *c, const char *why) {
+  if (c->refused_notices++ == 0)
+    FERRY_WARN("shm: refused a notice posted by %s (pid %d): %s (later ones at debug level)",
+               c->sender_name, (int)c->cred.pid, why);
+  else
+    FERRY_DEBUG("shm: refused a notice posted by %s (pid %d): %s", c->sender_name, (int)c->cred.pid,
+                why);
+}
+
+/* A reply's grant into the credit ring (room was checked before). */
+static void give_credit(svc_conn *c, const ferry_pool_req *r, const uint8_t *reply) {
+  shm_credit *cr = &c->post->credits[c->given % SHM_CREDITS];
+  cr->issued_ns = ferry_now_ns();
+  memcpy(cr->grant, reply, sizeof cr->grant);
+  snprintf(cr->pool, sizeof cr->pool, "%.*s", (int)r->pool_len, r->pool);
+  __atomic_store_n(&cr->seq, c->given + 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&c->post->credits_given, ++c->given, __ATOMIC_RELEASE);
+}
+
+/* One notice, already copied out of the ring: a LANDED of this link's
+ * sender, re-encoded without its request for a grant when the credit ring
+ * has no room for one. */
+static void serve_notice(ferry_shm_service *s, svc_conn *c, const uint8_t *body, size_t len) {
+  ferry_pool_req r;
+  uint8_t clean[FERRY_WIRE_POOL_MAX], reply[FERRY_WIRE_POOL_REPLY_SIZE];
+  if (ferry_wire_pool_decode(body, len, &r) != FERRY_OK) {
+    refuse_notice(c, ferry_last_error());
+    return;
+  }
+  uint64_t taken = __atomic_load_n(&c->post->credits_taken, __ATOMIC_ACQUIRE);
+  if (c->given - taken >= SHM_CREDITS)
+    r.flags &= ~(uint8_t)FERRY_POOL_NEXT;
+  size_t n = ferry_wire_pool_encode(clean, &r);
+  if (ferry_pools_serve(s->engine, c->sender, c->sender_name, clean, n, FERRY_NOTICE_POSTED,
+                        reply) != FERRY_OK) {
+    refuse_notice(c, ferry_last_error());
+    return;
+  }
+  ferry_pool_grant g;
+  ferry_wire_grant_decode(reply, &g);
+  if (g.id)
+    give_credit(c, &r, reply);
+}
+
+/* Serves the notices up to head, at most a ring's worth; nonzero when the
+ * indices are impossible (the link is then cut off). */
+static int serve_posted(ferry_shm_service *s, svc_conn *c) {
+  shm_post *q = c->post;
+  uint64_t head = __atomic_load_n(&q->head, __ATOMIC_ACQUIRE);
+  if (head - c->tail > SHM_NOTICES)
+    return -1;
+  for (; c->tail != head; __atomic_store_n(&q->tail, ++c->tail, __ATOMIC_RELEASE)) {
+    const shm_notice *n = &q->notices[c->tail % SHM_NOTICES];
+    uint8_t body[FERRY_WIRE_POOL_MAX];
+    uint64_t seq = __atomic_load_n(&n->seq, __ATOMIC_ACQUIRE);
+    uint64_t len = __atomic_load_n(&n->len, __ATOMIC_RELAXED);
+    if (seq != c->tail + 1 || len > sizeof body) {
+      refuse_notice(c, seq != c->tail + 1 ? "entry not written (torn or forged)"
+                                          : "entry longer than a POOL body");
+      continue;
+    }
+    memcpy(body, n->body, len);
+    serve_notice(s, c, body, len);
+  }
+  return 0;
+}
+
+/* The eventfd fired: drains until the ring stays empty with sleeping set
+ * (the sender checks sleeping after publishing, we check head after
+ * setting it), or wakes itself for another turn after NOTICE_ROUNDS. */
+static int drain_notices(ferry_shm_service *s, svc_conn *c) {
+  uint64_t count;
+  ssize_t r = read(c->efd, &count, sizeof count);
+  (void)r; /* nonblocking: nothing to read is fine */
+  for (unsigned round = 0; round < NOTICE_ROUNDS; round++) {
+    __atomic_store_n(&c->post->sleeping, 0, __ATOMIC_SEQ_CST);
+    if (serve_posted(s, c) != 0) {
+      FERRY_WARN("shm: cut off %s (pid %d): its notice ring's indices are impossible",
+                 c->sender_name, (int)c->cred.pid);
+      return -1;
+    }
+    __atomic_store_n(&c->post->sleeping, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&c->post->head, __ATOMIC_SEQ_CST) == c->tail)
+      return 0;
+  }
+  uint64_t one = 1;
+  r = write(c->efd, &one, sizeof one);
+  return 0;
 }
 
 /* ---- revocation ------------------------------------------------------------------- */
@@ -603,7 +771,7 @@ void ferry_shm_revoke(ferry_engine *e, ferry_region *removed, size_t count) {
 
 /* ---- the service thread ------------------------------------------------------------- */
 
-#define POLL_MAX (SHM_CONNS_MAX + 2)
+#define POLL_MAX (2 * SHM_CONNS_MAX + 2) /* a socket and an eventfd per connection */
 
 /* Fills the poll set (wake pipe, listener, then connections), drops the
  * connections that were cut off or missed their HELLO deadline, and
@@ -625,9 +793,13 @@ static size_t poll_set(ferry_shm_service *s, struct pollfd *pfd, svc_conn **conn
                   (int)c->cred.pid);
     if (late || __atomic_load_n(&c->cut, __ATOMIC_ACQUIRE)) {
       conn_drop(s, c);
-    } else if (n < POLL_MAX) {
+    } else if (n + 2 <= POLL_MAX) {
       if (c->deadline_ns && (!next || c->deadline_ns < next))
         next = c->deadline_ns;
+      if (c->post) { /* notices first: a hang-up on the socket must not lose them */
+        conns[n] = c;
+        pfd[n++] = (struct pollfd){c->efd, POLLIN, 0};
+      }
       conns[n] = c;
       pfd[n++] = (struct pollfd){c->fd, POLLIN, 0};
     }
@@ -636,6 +808,18 @@ static size_t poll_set(ferry_shm_service *s, struct pollfd *pfd, svc_conn **conn
   uint64_t wait_ms = next ? (next - now) / 1000000ull + 1 : 0;
   *timeout_ms = !next ? -1 : wait_ms > 60000 ? 60000 : (int)wait_ms;
   return n;
+}
+
+/* A readable eventfd (notices) or socket (a request, or a hang-up: the
+ * notices posted just before it are served first); nonzero drops the
+ * connection. */
+static int serve_ready(ferry_shm_service *s, svc_conn *c, int fd) {
+  if (fd == c->efd)
+    return drain_notices(s, c);
+  int rc = serve_request(s, c);
+  if (rc && c->post)
+    drain_notices(s, c);
+  return rc;
 }
 
 static void *service_main(void *arg) {
@@ -653,9 +837,15 @@ static void *service_main(void *arg) {
       if (read(s->wake[0], &why, 1) != 1 || why != 'c')
         break; /* stop; 'c' only says a connection was cut off */
     }
-    for (size_t i = 2; i < n; i++)
-      if (pfd[i].revents && serve_request(s, conns[i]) != 0)
+    svc_conn *dropped = NULL; /* a connection's entries are next to each other */
+    for (size_t i = 2; i < n; i++) {
+      if (!pfd[i].revents || conns[i] == dropped)
+        continue;
+      if (serve_ready(s, conns[i], pfd[i].fd) != 0) {
+        dropped = conns[i];
         conn_drop(s, conns[i]); /* only this thread unlinks connections */
+      }
+    }
     /* A bounded number per round: a flood does not starve the others. */
     for (int i = 0; pfd[1].revents && i < 64 && accept_one(s); i++)
       ;

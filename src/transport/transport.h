@@ -46,8 +46,13 @@
  * chunk, but its connect failures still fall over. Nothing in the table
  * changed for this: a transport just reports link failures as ESOCKET.
  *
- * A transport may also carry a batch's after-landed message with its data
- * (carries_after below), saving pool sends their second round trip.
+ * A transport may also carry a batch's after-landed message without a
+ * control round trip of its own, in one of two ways: in-band with its data
+ * (carries_after: tcp, whose target checks every WRITE), or on a path of
+ * its own to the target once every byte of the batch is in place
+ * (post_after: shm's notice ring). A transport that posts may hand back
+ * the replies' grants as credits (take_credits), which pool.c caches for
+ * the next sends: a steady sender then crosses no socket at all.
  *
  * What a channel may use of core (and nothing else of batch or peer):
  * ferry_batch_claim / ferry_batch_complete / ferry_batch_fail (batch.h),
@@ -84,6 +89,14 @@
 #include "core/peer.h"
 
 typedef struct ferry_transport ferry_transport;
+
+/* A grant for this engine's next message into a target's pool, handed back
+ * on a transport's own path (take_credits) instead of a POOL_REPLY. */
+typedef struct ferry_credit {
+  char pool[FERRY_WIRE_MAX_NAME];
+  ferry_pool_grant grant;
+  uint64_t issued_ns; /* ferry_now_ns() when the target granted it */
+} ferry_credit;
 
 /* Common head of every transport's channel struct. */
 typedef struct ferry_channel {
@@ -123,6 +136,23 @@ struct ferry_transport {
    * transport (not a standby's, batch.c). Zero: the batch sends the message on the
    * control connection after the data (one more round trip). */
   int carries_after;
+  /* Optional (NULL: none). Posts a batch's after-landed message to the
+   * target incarnation `instance` on the transport's own path, called by
+   * the batch once every chunk completed (all bytes in the target's
+   * memory) instead of the control round trip; nonzero when posted. The
+   * target serves it on its own time, through pool.c's checks like any
+   * LANDED, and its reply's grant, if any, comes back as a credit. Zero
+   * (no such path to that incarnation now, or it is full): the batch
+   * sends it on the control connection. */
+  int (*post_after)(ferry_peer *peer, uint64_t instance, const ferry_after *after);
+  /* Optional. Moves up to max credits the target incarnation `instance`
+   * handed this engine on the transport's own path into out; returns how
+   * many. The grants are the target's, as trusted as a POOL_REPLY. wait:
+   * the caller holds none; it may wait briefly (bounded, far below a
+   * control round trip) while the target still has posted messages of
+   * ours to serve, whose replies may bring some. */
+  size_t (*take_credits)(ferry_peer *peer, uint64_t instance, ferry_credit *out, size_t max,
+                         int wait);
   /* Nonzero when an idle channel can take a batch. A transport whose check
    * costs a system call may skip it for a channel that got a reply within
    * FERRY_PEER_TRUST_NS (tcp does; shm's link check stays). */

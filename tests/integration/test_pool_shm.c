@@ -1,0 +1,457 @@
+/* test_pool_shm.c - the message handoff over shm: LANDED notices posted
+ * to the link's ring in shared memory and credits coming back the same
+ * way (shm.c, shm_service.c), between engines of this process and a
+ * forked sender. The hostile cases post forged entries by hand as a
+ * same-host process could (a raw shm link that claims the sender's
+ * identity, as the service verifies it: an engine id read back from the
+ * caller's memory). */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* cmocka needs the headers above first. */
+#include <cmocka.h>
+
+#include "core/clock.h"
+#include "core/engine.h"
+#include "core/peer.h"
+#include "ferry.h"
+#include "harness.h"
+#include "holdproxy.h"
+#include "transport/shm.h"
+#include "wire/wire.h"
+
+#define KiB 1024u
+#define MiB (1024u * 1024u)
+
+static ferry_engine *engine_on(uint16_t port) {
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.port = port;
+  cfg.transports = FERRY_TRANSPORT_TCP | FERRY_TRANSPORT_SHM;
+  ferry_engine *e = NULL;
+  if (ferry_engine_create(&cfg, &e))
+    return NULL;
+  return e;
+}
+
+typedef struct pair {
+  ferry_engine *rx, *tx;
+  ferry_pool *pool;
+  uint8_t *out;
+} pair;
+
+static pair *pair_new(size_t pool_size) {
+  pair *p = calloc(1, sizeof *p);
+  p->rx = engine_on(0);
+  p->tx = engine_on(0);
+  assert_non_null(p->rx);
+  assert_non_null(p->tx);
+  assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, pool_size, &p->pool), FERRY_OK);
+  assert_int_equal(ferry_memory_alloc(p->tx, 4 * MiB, (void **)&p->out), FERRY_OK);
+  test_fill_random(p->out, 4 * MiB, 21);
+  return p;
+}
+
+static void pair_free(pair *p) {
+  if (p->tx)
+    ferry_engine_destroy(p->tx);
+  if (p->rx)
+    ferry_engine_destroy(p->rx);
+  free(p);
+}
+
+static ferry_status send_tag(pair *p, const char *tag, size_t offset, size_t len, int64_t timeout) {
+  return ferry_send(p->tx, ferry_engine_name(p->rx), "emb", tag, strlen(tag), p->out + offset, len,
+                    timeout, 0);
+}
+
+static void expect(pair *p, const char *tag, size_t offset, size_t len) {
+  ferry_message m;
+  if (ferry_recv(p->rx, p->pool, tag, strlen(tag), 10000, &m))
+    fail_msg("recv %s: %s", tag, ferry_last_error());
+  assert_int_equal(m.length, len);
+  assert_memory_equal(m.addr, p->out + offset, len);
+  assert_int_equal(ferry_pool_release(p->rx, p->pool, m.slot), FERRY_OK);
+}
+
+static void expect_nothing(pair *p) {
+  ferry_message m;
+  assert_int_equal(ferry_recv(p->rx, p->pool, NULL, 0, 0, &m), FERRY_ETIMEDOUT);
+}
+
+/* The receiver's pool counters: messages landed, and of them posted. */
+typedef struct landed {
+  uint64_t all, inband;
+} landed;
+
+static landed landed_at(ferry_engine *e) {
+  ferry_stats *st = NULL;
+  assert_int_equal(ferry_stats_snapshot(e, &st), FERRY_OK);
+  landed l = {st->pool_messages_landed, st->pool_landed_inband};
+  ferry_stats_free(st);
+  return l;
+}
+
+static void require_shm(pair *p) {
+  unsigned used = 0;
+  assert_int_equal(ferry_peer_transport(p->tx, ferry_engine_name(p->rx), &used), FERRY_OK);
+  if (used != FERRY_TRANSPORT_SHM)
+    skip(); /* no CMA here (ptrace scope): shm is not used at all */
+}
+
+/* Every notice rides the ring: none is served from a control frame. */
+static void notices_ride_the_ring(void **state) {
+  (void)state;
+  pair *p = pair_new(1 * MiB);
+  assert_int_equal(send_tag(p, "warm", 0, 64 * KiB, -1), FERRY_OK);
+  require_shm(p);
+  expect(p, "warm", 0, 64 * KiB);
+  for (unsigned i = 0; i < 64; i++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "m%u", i);
+    assert_int_equal(send_tag(p, tag, i * KiB, 64 * KiB, -1), FERRY_OK);
+    expect(p, tag, i * KiB, 64 * KiB);
+  }
+  landed l = landed_at(p->rx);
+  assert_int_equal(l.all, 65);
+  assert_int_equal(l.inband, 65); /* posted: no control frame of their own */
+  pair_free(p);
+}
+
+/* No control round trip per message in steady state: once the sender
+ * holds two credits (a batch of two asks two grants, each notice brings
+ * one back), the control connection (through a proxy) holds back every
+ * POOL_REPLY, and 64 more sends go through without one. */
+static void steady_sends_cross_no_socket(void **state) {
+  (void)state;
+  pair *p = pair_new(1 * MiB);
+  hold_proxy *proxy = hold_proxy_start(ferry_engine_port(p->rx));
+  assert_non_null(proxy);
+  const char *target = hold_proxy_target(proxy);
+  ferry_send_item items[2] = {{"a", 1, p->out, 64 * KiB, 0}, {"b", 1, p->out + KiB, 64 * KiB, 0}};
+  assert_int_equal(ferry_send_batch(p->tx, target, "emb", items, 2, -1, 0), FERRY_OK);
+  unsigned used = 0;
+  assert_int_equal(ferry_peer_transport(p->tx, target, &used), FERRY_OK);
+  if (used != FERRY_TRANSPORT_SHM) {
+    hold_proxy_stop(proxy);
+    pair_free(p);
+    skip();
+  }
+  expect(p, "a", 0, 64 * KiB);
+  expect(p, "b", KiB, 64 * KiB);
+  hold_proxy_hold(proxy, FERRY_FRAME_POOL_REPLY);
+  for (unsigned i = 0; i < 64; i++) {
+    char tag[16];
+    snprintf(tag, sizeof tag, "s%u", i);
+    if (ferry_send(p->tx, target, "emb", tag, strlen(tag), p->out + i * KiB, 64 * KiB, -1, 0))
+      fail_msg("send %u: %s", i, ferry_last_error());
+    expect(p, tag, i * KiB, 64 * KiB);
+  }
+  assert_int_equal(hold_proxy_wait_held(proxy, 1, 0), -1); /* no POOL frame was sent */
+  hold_proxy_release(proxy);
+  ferry_engine_destroy(p->tx);
+  p->tx = NULL;
+  hold_proxy_stop(proxy);
+  pair_free(p);
+}
+
+/* ---- a raw link that posts by hand --------------------------------------------------- */
+
+typedef struct raw_link {
+  int fd, efd;
+  shm_post *post;
+} raw_link;
+
+/* Connects to rx's service as tx would (tx's engine id, where tx's
+ * memory holds it), so the service hands over a post page. */
+static void raw_attach(raw_link *r, ferry_engine *rx, ferry_engine *tx) {
+  struct sockaddr_un sa;
+  unsigned len;
+  assert_int_equal(shm_sockaddr(rx->shm_path, &sa, &len), 0);
+  r->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  assert_int_equal(connect(r->fd, (struct sockaddr *)&sa, len), 0);
+  shm_msg m;
+  assert_int_equal(shm_msg_recv(r->fd, &m, SHM_GREETING, NULL, NULL, 0), 0);
+  shm_msg_init(&m, SHM_HELLO);
+  m.engine_id = tx->instance_id;
+  m.probe_addr = (uint64_t)(uintptr_t)&tx->instance_id;
+  snprintf(m.name, sizeof m.name, "forger");
+  assert_int_equal(shm_msg_send(r->fd, &m, NULL, 0, 0), 0);
+  int fds[SHM_MAX_FDS], nfds = 0;
+  assert_int_equal(shm_msg_recv(r->fd, &m, SHM_ATTACH, fds, &nfds, 0), 0);
+  assert_int_equal(nfds, 4);
+  r->post = mmap(NULL, sizeof(shm_post), PROT_READ | PROT_WRITE, MAP_SHARED, fds[2], 0);
+  assert_true(r->post != MAP_FAILED);
+  r->efd = fds[3];
+  close(fds[0]);
+  close(fds[1]);
+  close(fds[2]);
+}
+
+static void raw_close(raw_link *r) {
+  munmap(r->post, sizeof(shm_post));
+  close(r->efd);
+  close(r->fd);
+}
+
+/* Puts an entry at the ring's next index (seq as given) and publishes it. */
+static void raw_post(raw_link *r, uint64_t seq, const void *body, uint64_t len) {
+  uint64_t head = r->post->head;
+  shm_notice *n = &r->post->notices[head % SHM_NOTICES];
+  memcpy(n->body, body, len < sizeof n->body ? len : sizeof n->body);
+  n->len = len;
+  __atomic_store_n(&n->seq, seq, __ATOMIC_RELEASE);
+  __atomic_store_n(&r->post->head, head + 1, __ATOMIC_SEQ_CST);
+}
+
+static void raw_kick(raw_link *r) {
+  uint64_t one = 1;
+  assert_int_equal(write(r->efd, &one, sizeof one), sizeof one);
+}
+
+/* Waits (bounded) until the service consumed every entry posted. */
+static void raw_drained(raw_link *r) {
+  for (int i = 0; i < 10000; i++) {
+    if (__atomic_load_n(&r->post->tail, __ATOMIC_ACQUIRE) == r->post->head)
+      return;
+    usleep(1000);
+  }
+  fail_msg("the service did not drain the ring in 10 s");
+}
+
+static size_t landed_body(uint8_t *out, uint64_t grant, uint64_t length, const char *tag,
+                          unsigned op) {
+  ferry_pool_req r = {.op = op,
+                      .grant = grant,
+                      .length = length,
+                      .pool = "emb",
+                      .pool_len = 3,
+                      .tag = tag,
+                      .tag_len = strlen(tag)};
+  return ferry_wire_pool_encode(out, &r);
+}
+
+/* A grant of length bytes in target's pool "emb" for engine e, asked by
+ * hand on its control connection: its id (its address with want_addr), 0
+ * on failure. */
+static uint64_t grant_by_hand(ferry_engine *e, const char *target, uint64_t length, int want_addr) {
+  uint8_t req[FERRY_WIRE_POOL_MAX], reply[FERRY_WIRE_POOL_REPLY_SIZE];
+  ferry_pool_req r = {
+      .op = FERRY_POOL_GRANT, .length = length, .wait_ms = 20000, .pool = "emb", .pool_len = 3};
+  size_t n = ferry_wire_pool_encode(req, &r);
+  ferry_peer *peer;
+  ferry_pool_grant g = {0, 0, 0, 0};
+  if (!ferry_peer_get(e, target, &peer) &&
+      !ferry_peer_pool(peer, req, n, reply, ferry_now_ns() + 30000000000ull))
+    ferry_wire_grant_decode(reply, &g);
+  return want_addr ? g.addr : g.id;
+}
+
+/* Forged entries of every kind are refused one by one; the ring goes on
+ * and a real send afterwards is delivered, alone. The forger speaks as
+ * tx: its notices may name tx's slots, and no other's. */
+static void forged_ring_entries_are_refused(void **state) {
+  (void)state;
+  pair *p = pair_new(1 * MiB);
+  assert_int_equal(send_tag(p, "first", 0, 64 * KiB, -1), FERRY_OK);
+  require_shm(p);
+  expect(p, "first", 0, 64 * KiB);
+  ferry_engine *other = engine_on(0);
+  assert_non_null(other);
+  uint64_t theirs = grant_by_hand(other, ferry_engine_name(p->rx), 64 * KiB, 0);
+  uint64_t ours = grant_by_hand(p->tx, ferry_engine_name(p->rx), 64 * KiB, 0);
+  assert_true(theirs && ours);
+  raw_link r;
+  raw_attach(&r, p->rx, p->tx);
+  uint8_t body[FERRY_WIRE_POOL_MAX];
+  uint8_t junk[FERRY_WIRE_POOL_MAX];
+  memset(junk, 0xa5, sizeof junk);
+  raw_post(&r, 1, body, landed_body(body, theirs, 64 * KiB, "theirs", FERRY_POOL_LANDED));
+  raw_post(&r, 2, body, landed_body(body, ours, 64 * KiB + 64, "too-long", FERRY_POOL_LANDED));
+  raw_post(&r, 9, body, landed_body(body, ours, 64 * KiB, "torn", FERRY_POOL_LANDED));
+  raw_post(&r, 4, junk, FERRY_WIRE_POOL_MAX + 1); /* longer than a POOL body */
+  raw_post(&r, 5, junk, 64);                      /* not a POOL body */
+  raw_post(&r, 6, body, landed_body(body, 0, 64 * KiB, "grant", FERRY_POOL_GRANT));
+  raw_kick(&r);
+  raw_drained(&r);
+  assert_int_equal(landed_at(p->rx).all, 1);
+  assert_int_equal(__atomic_load_n(&r.post->credits_given, __ATOMIC_ACQUIRE), 0);
+  expect_nothing(p);
+  assert_int_equal(send_tag(p, "after", 64 * KiB, 64 * KiB, -1), FERRY_OK);
+  expect(p, "after", 64 * KiB, 64 * KiB);
+  expect_nothing(p);
+  /* Impossible indices cut the link off; the real sender goes on. */
+  __atomic_store_n(&r.post->head, r.post->head + 1000, __ATOMIC_SEQ_CST);
+  raw_kick(&r);
+  struct pollfd pfd = {r.fd, POLLRDHUP, 0};
+  assert_int_equal(poll(&pfd, 1, 10000), 1);
+  assert_int_equal(send_tag(p, "last", 0, 64 * KiB, -1), FERRY_OK);
+  expect(p, "last", 0, 64 * KiB);
+  raw_close(&r);
+  ferry_engine_destroy(other);
+  pair_free(p);
+}
+
+/* ---- a sender that dies after its data, before its notice ---------------------------- */
+
+/* The child: an engine that sends "done" into the pool once normally (so
+ * it holds credits and a live link), then copies a message's data into
+ * the slot of a credit and stops without posting; the parent kills it. */
+static void dying_sender(int go, int ready) {
+  char target[FERRY_HOST_MAX + 8] = "";
+  if (read(go, target, sizeof target - 1) <= 0)
+    _exit(1);
+  ferry_engine *e = engine_on(0);
+  void *buf;
+  if (!e || ferry_memory_alloc(e, 1 * MiB, &buf))
+    _exit(2);
+  memset(buf, 0x5a, 1 * MiB);
+  if (ferry_send(e, target, "emb", "done", 4, buf, 256 * KiB, -1, 0))
+    _exit(3);
+  /* A grant of its own, by hand, written into and never noticed. */
+  uint64_t addr = grant_by_hand(e, target, 1 * MiB, 1);
+  if (!addr)
+    _exit(4);
+  if (ferry_transfer_sync(e, target, FERRY_OP_WRITE, buf, addr, 1 * MiB))
+    _exit(5);
+  char c = 'w';
+  if (write(ready, &c, 1) != 1)
+    _exit(6);
+  pause();
+  _exit(0);
+}
+
+static void sender_killed_before_its_notice(void **state) {
+  (void)state;
+  int ready[2], go[2];
+  assert_int_equal(pipe(ready), 0);
+  assert_int_equal(pipe(go), 0);
+  pid_t child = fork(); /* before this process has threads */
+  assert_true(child >= 0);
+  if (child == 0) {
+    close(ready[0]);
+    close(go[1]);
+    dying_sender(go[0], ready[1]);
+  }
+  close(ready[1]);
+  close(go[0]);
+  ferry_engine *rx = engine_on(0);
+  assert_non_null(rx);
+  ferry_pool *pool;
+  /* Room for the killed one's message behind "done" and its credit, nothing more. */
+  assert_int_equal(ferry_pool_create(rx, "emb", NULL, 1 * MiB + 512 * KiB, &pool), FERRY_OK);
+  const char *name = ferry_engine_name(rx);
+  assert_int_equal(write(go[1], name, strlen(name)), (ssize_t)strlen(name));
+  close(go[1]);
+  ferry_message m;
+  assert_int_equal(ferry_recv(rx, pool, "done", 4, 20000, &m), FERRY_OK);
+  int shm = landed_at(rx).inband == 1;
+  assert_int_equal(ferry_pool_release(rx, pool, m.slot), FERRY_OK);
+  char c = 0;
+  ssize_t got = read(ready[0], &c, 1);
+  kill(child, SIGKILL);
+  int status;
+  assert_int_equal(waitpid(child, &status, 0), child);
+  if (got != 1)
+    fail_msg("the child failed before it wrote: exit %d",
+             WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  close(ready[0]);
+  if (!shm) {
+    ferry_engine_destroy(rx);
+    skip();
+  }
+  /* Its slot comes back (this send waits for it) and never shows up. */
+  pair p = {.rx = rx, .pool = pool};
+  p.tx = engine_on(0);
+  assert_non_null(p.tx);
+  assert_int_equal(ferry_memory_alloc(p.tx, 4 * MiB, (void **)&p.out), FERRY_OK);
+  test_fill_random(p.out, 4 * MiB, 22);
+  if (send_tag(&p, "next", 0, 1 * MiB, 20000))
+    fail_msg("send after the kill: %s", ferry_last_error());
+  expect(&p, "next", 0, 1 * MiB);
+  expect_nothing(&p);
+  ferry_engine_destroy(p.tx);
+  ferry_engine_destroy(rx);
+}
+
+/* ---- a receiver that restarts ----------------------------------------------------------- */
+
+/* The sender holds credits of the old instance (the pool had room for
+ * them); after the restart its next send reaches the new one. */
+static void restarted_receiver_voids_credits(void **state) {
+  (void)state;
+  pair *p = pair_new(4 * MiB);
+  for (int i = 0; i < 8; i++) {
+    assert_int_equal(send_tag(p, "old", 0, 256 * KiB, -1), FERRY_OK);
+    require_shm(p);
+    expect(p, "old", 0, 256 * KiB);
+  }
+  uint16_t port = ferry_engine_port(p->rx);
+  ferry_engine_destroy(p->rx);
+  p->rx = NULL;
+  for (int i = 0; i < 100 && !p->rx; i++) /* the port is free once the old listener closed */
+    if (!(p->rx = engine_on(port)))
+      usleep(50 * 1000);
+  assert_non_null(p->rx);
+  /* Its pool elsewhere than the old one: an old credit would miss it. */
+  void *filler;
+  assert_int_equal(ferry_memory_alloc(p->rx, 8 * MiB, &filler), FERRY_OK);
+  assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, 4 * MiB, &p->pool), FERRY_OK);
+  if (send_tag(p, "new", 0, 256 * KiB, -1))
+    fail_msg("send after the restart: %s", ferry_last_error());
+  expect(p, "new", 0, 256 * KiB);
+  assert_int_equal(landed_at(p->rx).inband, 1);
+  pair_free(p);
+}
+
+/* A send after a restart that no cached grant fits (the sender holds
+ * credits of a smaller size): its grant comes from the new incarnation
+ * (the control connection reconnects), so it is tried again there
+ * instead of failing. */
+static void send_after_a_restart_without_a_fitting_credit(void **state) {
+  (void)state;
+  pair *p = pair_new(4 * MiB);
+  uint16_t port = ferry_engine_port(p->rx);
+  for (int i = 0; i < 8; i++) {
+    assert_int_equal(send_tag(p, "small", 0, 256 * KiB, -1), FERRY_OK);
+    expect(p, "small", 0, 256 * KiB);
+  }
+  ferry_engine_destroy(p->rx);
+  p->rx = NULL;
+  for (int i = 0; i < 100 && !p->rx; i++)
+    if (!(p->rx = engine_on(port)))
+      usleep(50 * 1000);
+  assert_non_null(p->rx);
+  assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, 4 * MiB, &p->pool), FERRY_OK);
+  if (send_tag(p, "large", 0, 1 * MiB, -1))
+    fail_msg("send after the restart: %s", ferry_last_error());
+  expect(p, "large", 0, 1 * MiB);
+  pair_free(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(sender_killed_before_its_notice), /* forks: first, before any thread */
+      cmocka_unit_test(notices_ride_the_ring),
+      cmocka_unit_test(steady_sends_cross_no_socket),
+      cmocka_unit_test(forged_ring_entries_are_refused),
+      cmocka_unit_test(restarted_receiver_voids_credits),
+      cmocka_unit_test(send_after_a_restart_without_a_fitting_credit),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
