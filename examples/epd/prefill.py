@@ -16,7 +16,8 @@ Two faults it shows how to handle (tests/python/test_epd_examples.py):
                           checks that nothing of it comes (FERRY_ETIMEDOUT
                           naming tag and pool), prints "NEED ENCODER", reads
                           a new encoder's address from stdin and redoes the
-                          request; the run ends there.
+                          request; the run ends there. (One encoder at a
+                          time: the gauge counts every sender's slots.)
 With FERRY_METRICS_PORT=0 it prints "METRICS <port>" first (its /metrics)."""
 
 import argparse
@@ -48,7 +49,7 @@ class Prefill:
         msg = self.engine.recv(self.pool, request_id, timeout=timeout)
         got = np.frombuffer(msg, dtype=np.float16).reshape(-1, HIDDEN)
         want = embedding(request_id, self.args.max_tokens, self.args.min_tokens)
-        if got.shape != want.shape or got.tobytes() != want.tobytes():
+        if got.shape != want.shape or not np.array_equal(got.view(np.uint16), want.view(np.uint16)):
             sys.exit(f"{request_id}: embedding differs (got {got.shape}, want {want.shape})")
         print(f"{request_id}: {got.shape[0]} x {HIDDEN} float16 verified from {msg.sender}", flush=True)
         return msg
@@ -73,7 +74,7 @@ class Prefill:
         print(f"{request_id}: encoder lost: {lost}", flush=True)
         self.wait_stat("pool_bytes_granted", lambda v: v == 0, RECLAIM_WAIT_S)
         try:
-            self.receive(request_id, timeout=2).release()
+            self.receive(request_id, timeout=0.5).release()
             print(f"{request_id}: had landed before the encoder was lost", flush=True)
             redone = False
         except ferry.Error as e:

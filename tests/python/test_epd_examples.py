@@ -124,27 +124,38 @@ def test_epd_pool_full(plane):
     assert f"{plane}-req-2: 4096 x 4096 float16 verified" in out, out
 
 
-def metric(port, name):
-    """A gauge from the prefill's /metrics."""
+def metric(port, series):
+    """A value from the prefill's /metrics (series: the name and its labels)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
+            if line.startswith(series + " "):
                 return int(line.split()[1])
-    raise AssertionError(f"{name} is not on /metrics")
+    raise AssertionError(f"{series} is not on /metrics")
 
 
-def kill_mid_send(encoder, prefill, metrics_port, limit_s=60):
-    """SIGKILLs the encoder while the prefill's pool holds a slot granted to
-    it and not landed (pool_bytes_granted; no pre-grant exists with FULL):
-    it watches the gauge, stops the encoder, and kills it only if the slot
-    is still granted while it is stopped; else it lets it go on and waits
-    for the next send. Returns how many stops came too late."""
+def granted(port):
+    return metric(port, "ferry_pool_bytes_granted")
+
+
+def written(port):
+    """Bytes the prefill took in from WRITE frames over tcp: messages of 32
+    MiB each, whole once they landed."""
+    return metric(port, 'ferry_served_bytes_total{op="write",transport="tcp"}')
+
+
+def kill_mid_send(encoder, prefill, metrics_port, in_flight, limit_s=60):
+    """SIGKILLs the encoder while in_flight(metrics_port): the prefill's pool
+    holds a slot granted to it and not landed (no pre-grant exists with
+    FULL), and over tcp some of its bytes landed. It watches the prefill,
+    stops the encoder, and kills it only if that still holds while it is
+    stopped; else it lets it go on and watches again. Returns how many
+    stops came too late."""
     missed, deadline = 0, time.monotonic() + limit_s
     while time.monotonic() < deadline:
         assert prefill.poll() is None, "the prefill ended before a send was caught in flight"
-        if metric(metrics_port, "ferry_pool_bytes_granted"):
+        if in_flight(metrics_port):
             os.kill(encoder.pid, signal.SIGSTOP)
-            if metric(metrics_port, "ferry_pool_bytes_granted"):
+            if in_flight(metrics_port):
                 os.kill(encoder.pid, signal.SIGKILL)
                 encoder.wait(timeout=30)
                 return missed
@@ -212,6 +223,11 @@ def test_epd_encoder_killed_mid_send(plane, transports, tmp_path):
     a WRITE frame mid-payload. ZMQ is left out: its REQ socket never sees
     the encoder die, so the prefill would only learn it from its timeout."""
     need_plane(plane)
+    if transports == "tcp":
+        def in_flight(port):  # granted, and part of a message's WRITE frames landed
+            return granted(port) and written(port) % (32 << 20)
+    else:  # shm: the encoder copies into the pool itself, unseen by the prefill
+        in_flight = granted
     env = dict(ENV, FERRY_TRANSPORTS=transports)
     encoder, address = start_encoder(plane, *FULL, env=env)
     prefill = Prefill(plane, address, dict(env, FERRY_METRICS_PORT="0"), tmp_path,
@@ -219,7 +235,7 @@ def test_epd_encoder_killed_mid_send(plane, transports, tmp_path):
     try:
         metrics_port = int(prefill.until("METRICS ").split()[1])
         for _ in range(KILL_TRIES):
-            kill_mid_send(encoder, prefill.proc, metrics_port)
+            kill_mid_send(encoder, prefill.proc, metrics_port, in_flight)
             prefill.until("NEED ENCODER")
             encoder, address = start_encoder(plane, *FULL, env=env)
             prefill.proc.stdin.write(address + "\n")
