@@ -482,6 +482,11 @@ typedef struct ferry_stats {
   uint64_t pool_messages_landed;
   uint64_t pool_landed_inband;
   uint64_t pool_senders_waiting;
+  /* Bytes of slots granted to senders whose message has not landed yet,
+   * pre-grants included (gauge, all pools): a send in flight holds its
+   * slot here until it lands, or until its sender's connections are all
+   * gone and the slot goes back to the pool. */
+  uint64_t pool_bytes_granted;
 } ferry_stats;
 
 /* A snapshot of the engine's statistics; release with ferry_stats_free.
@@ -499,7 +504,8 @@ void ferry_stats_free(ferry_stats *stats);
  * ferry_served_bytes_total{op,transport},
  * ferry_served_requests_total{op,transport}, ferry_errors_total{code},
  * ferry_batches_in_flight, ferry_registered_bytes, ferry_registered_regions,
- * ferry_notifications_queued and the histogram
+ * ferry_notifications_queued, ferry_pool_senders_waiting,
+ * ferry_pool_bytes_granted, ferry_pool_messages_landed_total{notice} and the histogram
  * ferry_sync_transfer_duration_seconds. *text is malloc'd: free() it. */
 ferry_status ferry_stats_prometheus(const ferry_stats *stats, char **text);
 /* The port /metrics is served on (config metrics_port), 0 when it is not. */

@@ -2,8 +2,10 @@
 the embedding a request id stands for, and the three control planes.
 
 The control plane carries only {"request_id", "prefill"} (the prefill's
-ferry engine name); the embedding itself goes through ferry into the
-prefill's receive pool, tagged with the request id."""
+ferry engine name), and "nowait" when the prefill wants a full pool
+reported at once; the embedding itself goes through ferry into the
+prefill's receive pool, tagged with the request id. A client call returns
+the encoder's JSON reply, or raises EncoderLost when the encoder is gone."""
 
 import hashlib
 import json
@@ -14,22 +16,28 @@ HIDDEN = 4096
 POOL = "embeddings"
 
 
-def embedding(request_id, max_tokens=4096):
-    """The float16 embedding of a request: 256..max_tokens tokens x 4096,
-    random but fixed by the request id, so the prefill can check every byte."""
+def embedding(request_id, max_tokens=4096, min_tokens=256):
+    """The float16 embedding of a request: min_tokens..max_tokens tokens x
+    4096, random but fixed by the request id, so the prefill can check every
+    byte. Random bits with the exponent's top bit cleared: finite values in
+    (-2, 2), and cheap to make (the tests make hundreds of MiB of them)."""
     seed = int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "little")
-    tokens = 256 + seed % (max_tokens - 255)
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((tokens, HIDDEN), dtype=np.float32).astype(np.float16)
+    tokens = min_tokens + seed % (max_tokens - min_tokens + 1)
+    bits = np.frombuffer(np.random.default_rng(seed).bytes(tokens * HIDDEN * 2), dtype=np.uint16)
+    return (bits & 0xBFFF).view(np.float16).reshape(tokens, HIDDEN)
 
 
-def encode_request(request_id, prefill):
-    return json.dumps({"request_id": request_id, "prefill": prefill}).encode()
+def encode_request(request_id, prefill, nowait=False):
+    return json.dumps({"request_id": request_id, "prefill": prefill, "nowait": nowait}).encode()
 
 
 def decode_request(body):
     req = json.loads(body)
-    return req["request_id"], req["prefill"]
+    return req["request_id"], req["prefill"], req.get("nowait", False)
+
+
+class EncoderLost(Exception):
+    """The control plane lost the encoder (it died or went away) mid-call."""
 
 
 # ---- the control planes: serve(handler) on the encoder, a client on the prefill
@@ -67,6 +75,8 @@ def http_client(address):
                 return r.read()
         except urllib.error.HTTPError as e:  # the encoder's reason, in its body
             return e.read()
+        except (urllib.error.URLError, ConnectionError) as e:
+            raise EncoderLost(f"http {address}: {e}") from e
 
     return call
 
@@ -100,7 +110,16 @@ def grpc_client(address):
 
     channel = grpc.insecure_channel(address)
     stub = channel.unary_unary(GRPC_METHOD)
-    return lambda body: stub(body, timeout=60)
+
+    def call(body):
+        try:
+            return stub(body, timeout=60)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.INTERNAL:  # the encoder's reason
+                return e.details().encode()
+            raise EncoderLost(f"grpc {address}: {e.code().name}: {e.details()}") from e
+
+    return call
 
 
 def serve_zmq(handler):
@@ -128,7 +147,10 @@ def zmq_client(address):
 
     def call(body):
         sock.send(body)
-        return sock.recv()
+        try:
+            return sock.recv()
+        except zmq.Again as e:  # REQ sees no peer death, only the silence
+            raise EncoderLost(f"zmq {address}: no reply in 60 s") from e
 
     return call
 

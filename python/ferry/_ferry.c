@@ -1526,7 +1526,8 @@ static PyObject *stats_dict(const ferry_stats *s) {
        put(d, "sync_latency", latency_dict(s)) < 0 ||
        put(d, "pool_messages_landed", PyLong_FromUnsignedLongLong(s->pool_messages_landed)) < 0 ||
        put(d, "pool_landed_inband", PyLong_FromUnsignedLongLong(s->pool_landed_inband)) < 0 ||
-       put(d, "pool_senders_waiting", PyLong_FromUnsignedLongLong(s->pool_senders_waiting)) < 0))
+       put(d, "pool_senders_waiting", PyLong_FromUnsignedLongLong(s->pool_senders_waiting)) < 0 ||
+       put(d, "pool_bytes_granted", PyLong_FromUnsignedLongLong(s->pool_bytes_granted)) < 0))
     Py_CLEAR(d);
   return d;
 }
@@ -2073,7 +2074,8 @@ static PyMethodDef engine_methods[] = {
      "'batches_in_flight', 'registered_bytes', 'registered_regions', "
      "'notifications_queued', 'control_connections_opened' and 'sync_latency' "
      "({'buckets': [(upper bound in seconds, count)], 'sum_seconds', 'count'}), "
-     "'pool_messages_landed', 'pool_landed_inband' and 'pool_senders_waiting' (receive pools)."},
+     "'pool_messages_landed', 'pool_landed_inband', 'pool_senders_waiting' and "
+     "'pool_bytes_granted' (receive pools)."},
     {"stats_text", (PyCFunction)engine_stats_text, METH_NOARGS,
      "stats_text() -> str: the same snapshot in Prometheus' text format"},
     {"close", (PyCFunction)engine_close, METH_NOARGS,

@@ -346,6 +346,10 @@ void ferry_pools_stats(ferry_engine *e, ferry_stats *out) {
   out->pool_messages_landed = e->pools->landed;
   out->pool_landed_inband = e->pools->inband;
   out->pool_senders_waiting = e->pools->waiting;
+  for (ferry_pool *p = e->pools->list; p; p = p->next)
+    for (slot *s = p->slots; s; s = s->next)
+      out->pool_bytes_granted +=
+          s->state == SLOT_GRANTED || s->state == SLOT_PENDING ? s->length : 0;
   pthread_mutex_unlock(&e->pools->lock);
 }
 

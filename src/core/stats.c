@@ -370,6 +370,9 @@ static void put_all(FILE *f, const ferry_stats *s) {
             s->notifications_queued);
   put_gauge(f, "ferry_pool_senders_waiting", "Grant requests waiting for room in a full pool.",
             s->pool_senders_waiting);
+  put_gauge(f, "ferry_pool_bytes_granted",
+            "Bytes of pool slots granted to senders, their message not landed yet.",
+            s->pool_bytes_granted);
   put_head(f, "ferry_pool_messages_landed_total", "counter",
            "Messages landed in this engine's pools.");
   fprintf(f, "ferry_pool_messages_landed_total{notice=\"inband\"} %llu\n",

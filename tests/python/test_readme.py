@@ -1,5 +1,6 @@
-"""test_readme.py - the README's Python example runs as written, against the
-package installed the way the README says (pip into a fresh target folder)."""
+"""test_readme.py - the README's Python examples run as written, against the
+package installed the way the README says (pip into a fresh target folder):
+the two of the quick start, and the message handoff in ten lines."""
 
 import os
 import re
@@ -11,11 +12,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def readme_examples():
-    """Every python block of the README's quick start, verbatim."""
+def python_blocks(heading):
+    """Every python block of the README's section heading, verbatim."""
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = text.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def readme_examples():
+    return python_blocks("Quick start") + python_blocks("Message handoff: send/recv into a receiver's pool")
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +33,16 @@ def installed(tmp_path_factory):
     return target
 
 
-def test_readme_has_both_examples():
+def test_readme_has_its_examples():
     examples = readme_examples()
-    assert len(examples) == 2
+    assert len(examples) == 3
     assert "ferry.Engine" in examples[0] and "TransferEngine" in examples[1]
+    handoff = examples[2]
+    assert all(call in handoff for call in ("create_pool(", ".send(", ".recv(")), handoff
+    assert len(handoff.strip().splitlines()) <= 10, handoff
 
 
-@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("index", [0, 1, 2])
 def test_readme_example_runs_from_a_pip_install(installed, tmp_path, index):
     script = tmp_path / "example.py"
     script.write_text(readme_examples()[index])
