@@ -20,7 +20,8 @@ typedef struct ferry_chunk {
   ferry_op op;
   uint32_t count;
   uint64_t bytes;
-  int retried; /* handed out again after its rail failed (batch.c): once at most */
+  int retried; /* handed out again after its rail failed (batch.c): once at most; set
+                * also for one that may still land where it was (tcp.c) */
   struct iovec local[FERRY_CHUNK_MAX_SEGMENTS];
   ferry_region remote[FERRY_CHUNK_MAX_SEGMENTS];
 } ferry_chunk;

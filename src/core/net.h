@@ -45,6 +45,9 @@ typedef struct ferry_session {
   uint8_t header[FERRY_WIRE_HEADER_SIZE];
   uint64_t head_left, payload_left;
   int payload_split; /* payload taken in pieces (dropped): its tag is not checked */
+  /* Initiator side: the nonce of this connection's HELLO, which names it to
+   * its target (a CUT request, peer.h); set with or without a secret. */
+  uint8_t id[FERRY_WIRE_NONCE_SIZE];
 } ferry_session;
 
 /* auth.c: the tag of part (0 header and head, 1 payload) of frame seq over

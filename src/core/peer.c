@@ -120,6 +120,7 @@ typedef struct handshake_bytes {
   uint8_t hello[FERRY_WIRE_HELLO_MAX];
   uint8_t reply[FERRY_WIRE_HELLO_REPLY_MAX];
   size_t hello_len, reply_len;
+  uint8_t nonce[FERRY_WIRE_NONCE_SIZE]; /* the HELLO's: the connection's id */
 } handshake_bytes;
 
 static ferry_status send_hello(ferry_peer *p, ferry_sock *s, ferry_conn_kind kind,
@@ -131,6 +132,7 @@ static ferry_status send_hello(ferry_peer *p, ferry_sock *s, ferry_conn_kind kin
   hello.conn_kind = (uint8_t)kind;
   hello.engine_id = p->engine->instance_id;
   ferry_auth_nonce(hello.nonce);
+  memcpy(hb->nonce, hello.nonce, sizeof hb->nonce);
   snprintf(hello.name, sizeof hello.name, "%.*s", FERRY_WIRE_MAX_NAME, p->engine->name);
   ferry_frame_header h = {.type = FERRY_FRAME_HELLO};
   h.body_len = hb->hello_len = ferry_wire_hello_encode(hb->hello, &hello);
@@ -309,6 +311,7 @@ ferry_status ferry_peer_connect_at(ferry_peer *p, const char *rail, ferry_conn_k
     *fd = -1;
     return st;
   }
+  memcpy(session->id, hb.nonce, sizeof session->id);
   note_instance(p, reply);
   return FERRY_OK;
 }
@@ -483,6 +486,12 @@ ferry_status ferry_peer_notify(ferry_peer *p, const char *name, const void *data
       control_call(p, &req, body, FERRY_FRAME_NOTIFY_ACK, read_nothing, NULL, deadline_ns);
   free(body);
   return st;
+}
+
+ferry_status ferry_peer_cut(ferry_peer *p, const uint8_t id[FERRY_WIRE_NONCE_SIZE],
+                            uint64_t deadline_ns) {
+  ferry_frame_header req = {.type = FERRY_FRAME_CUT, .body_len = FERRY_WIRE_NONCE_SIZE};
+  return control_call(p, &req, id, FERRY_FRAME_CUT_REPLY, read_nothing, NULL, deadline_ns);
 }
 
 static ferry_status read_grant(ferry_peer *p, ferry_sock *s, const ferry_frame_header *h,

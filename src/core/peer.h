@@ -134,6 +134,14 @@ ferry_status ferry_peer_refresh_regions(ferry_peer *peer, const ferry_region *sp
 ferry_status ferry_peer_ping(ferry_peer *peer, uint64_t deadline_ns);
 ferry_status ferry_peer_notify(ferry_peer *peer, const char *name, const void *data, size_t len,
                                uint64_t deadline_ns);
+/* Asks the target, on the control connection, to stop serving our data
+ * connection with session id `id` (ferry_session.id): on FERRY_OK no WRITE
+ * that came over it touches the target's memory any more, nor ever will,
+ * even from bytes still in flight on it. For a transport whose connection
+ * broke with WRITEs unacknowledged, before they are sent again elsewhere
+ * (needs wire version 5; ferry_peer_connect_at's reply says). */
+ferry_status ferry_peer_cut(ferry_peer *peer, const uint8_t id[FERRY_WIRE_NONCE_SIZE],
+                            uint64_t deadline_ns);
 /* A POOL request (pool.c) on the control connection; reply gets the
  * POOL_REPLY body. */
 ferry_status ferry_peer_pool(ferry_peer *peer, const void *body, size_t len,

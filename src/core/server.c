@@ -95,6 +95,8 @@ typedef struct server_conn {
   int identified;
   uint64_t peer_id;
   char peer_name[FERRY_WIRE_MAX_NAME + 1];
+  uint8_t id[FERRY_WIRE_NONCE_SIZE]; /* its HELLO's nonce, which a CUT names */
+  int cut;                           /* its initiator cut it (CUT): it ends without serving more */
   struct server_conn *next;
   char peer[FERRY_HOST_MAX + 8];
   ferry_sock sock;
@@ -205,6 +207,7 @@ static ferry_status admit_peer(server_conn *c, const ferry_hello *hello) {
   if (open < limit) {
     c->identified = 1;
     c->peer_id = hello->engine_id;
+    memcpy(c->id, hello->nonce, sizeof c->id);
     snprintf(c->peer_name, sizeof c->peer_name, "%s", hello->name);
   }
   pthread_mutex_unlock(&s->lock);
@@ -505,6 +508,9 @@ static ferry_status end_fenced(server_conn *c, const ferry_frame_header *h,
                                const ferry_region *fenced) {
   char reason[FERRY_WIRE_MAX_REASON];
   int write = h->type == FERRY_FRAME_WRITE;
+  if (__atomic_load_n(&c->cut, __ATOMIC_ACQUIRE)) /* nobody listens for a reply */
+    return ferry_fail(FERRY_ECLOSED, "connection from %s (%s) cut by its initiator mid-%s", c->peer,
+                      c->peer_name, write ? "WRITE" : "READ");
   snprintf(reason, sizeof reason,
            "region 0x%llx (+%llu bytes) unregistered at %s while the %s from %s was in flight",
            (unsigned long long)fenced->addr, (unsigned long long)fenced->length, c->engine->name,
@@ -566,6 +572,42 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
   return reply(c, FERRY_FRAME_WRITE_ACK, h->id, verdict, verdict ? reason : NULL);
 }
 
+/* The requester's other connection named id, or NULL. Server lock held. */
+static server_conn *find_cut(ferry_server *s, const server_conn *by, const uint8_t *id) {
+  for (server_conn *o = s->conns; o; o = o->next)
+    if (o != by && o->identified && o->peer_id == by->peer_id && !memcmp(o->id, id, sizeof o->id))
+      return o;
+  return NULL;
+}
+
+/* CUT: the requester's data connection named by its HELLO nonce stops,
+ * like one a fence cancelled: its worker leaves the system call it is in
+ * and serves nothing more, so bytes still on their way over it never land.
+ * Answered once it is out of its frame. Only the requester's own
+ * connections can be named (peer_id: authenticated with a secret). */
+static ferry_status serve_cut(server_conn *c, const ferry_frame_header *h) {
+  uint8_t id[FERRY_WIRE_NONCE_SIZE];
+  ferry_status st = ferry_sock_recv(&c->sock, id, sizeof id, "receive CUT");
+  if (st)
+    return st;
+  ferry_server *s = c->engine->server;
+  pthread_mutex_lock(&s->lock);
+  server_conn *o = find_cut(s, c, id);
+  if (o) {
+    pthread_mutex_lock(&o->lock);
+    __atomic_store_n(&o->cut, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&o->cancelled, 1, __ATOMIC_RELEASE);
+    shutdown(o->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&o->lock);
+  }
+  FERRY_DEBUG("%s asked to cut one of its data connections: %s", c->peer_name,
+              o ? "cut" : "already closed");
+  while ((o = find_cut(s, c, id)) && o->state == CONN_BUSY)
+    pthread_cond_wait(&s->quiet, &s->lock);
+  pthread_mutex_unlock(&s->lock);
+  return reply(c, FERRY_FRAME_CUT_REPLY, h->id, FERRY_OK, NULL);
+}
+
 static ferry_status serve_frame(server_conn *c, const ferry_frame_header *h) {
   switch (h->type) {
   case FERRY_FRAME_WRITE:
@@ -574,6 +616,7 @@ static ferry_status serve_frame(server_conn *c, const ferry_frame_header *h) {
   case FERRY_FRAME_POOL: return serve_pool(c, h);
   case FERRY_FRAME_REGIONS_REQ: return serve_regions(c, h);
   case FERRY_FRAME_PING: return reply(c, FERRY_FRAME_PONG, h->id, FERRY_OK, NULL);
+  case FERRY_FRAME_CUT: return serve_cut(c, h);
   default: return ferry_fail(FERRY_EPROTO, "unexpected frame type %u from %s", h->type, c->peer);
   }
 }
@@ -625,6 +668,7 @@ static void end_connection(server_conn *c) {
     pp = &(*pp)->next;
   *pp = c->next;
   s->count--;
+  pthread_cond_broadcast(&s->quiet); /* a CUT may wait for it */
   pthread_mutex_unlock(&s->lock);
   free_connection(c);
 }
@@ -717,6 +761,8 @@ static void serve_ready(ferry_server *s, server_conn *c, server_buffers *b) {
     pthread_mutex_lock(&s->lock);
     if (arm_connection(s, c, EPOLL_CTL_MOD) < 0)
       st = ferry_fail_errno(FERRY_ESOCKET, errno, "watch the connection from %s", c->peer);
+    if (__atomic_load_n(&c->cut, __ATOMIC_ACQUIRE))
+      pthread_cond_broadcast(&s->quiet); /* its CUT waits for it to leave the frame */
     pthread_mutex_unlock(&s->lock);
   }
   if (st) {

@@ -43,6 +43,7 @@ typedef struct tcp_channel {
   ferry_sock sock;
   ferry_session session;
   char address[FERRY_HOST_MAX + 8];
+  int cuttable; /* the target speaks CUT (wire v5) */
   struct iovec iov[FERRY_WIRE_MAX_SEGMENTS + 4];
   tcp_slot slots[TCP_WINDOW];
   uint8_t readahead[FERRY_READAHEAD];
@@ -71,6 +72,7 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   ch->base.transport = &ferry_transport_tcp;
   ch->base.peer = p;
   ch->base.peer_instance = reply.engine_id;
+  ch->cuttable = reply.version >= 5;
   if (rail)
     snprintf(ch->address, sizeof ch->address, "%.190s (rail %.60s)", p->address, rail);
   else
@@ -251,12 +253,39 @@ static ferry_status receive_reply(tcp_channel *ch, tcp_slot *s, uint64_t id, int
   return st;
 }
 
+/* What became of the WRITEs a broken connection left unacknowledged. */
+enum { CUT_NOT_NEEDED, CUT_CONFIRMED, CUT_UNCONFIRMED };
+
+/* The connection broke with a WRITE unacknowledged. Before that WRITE is
+ * sent again on another rail, or the call fails and its caller writes
+ * again, the target must stop serving this connection: bytes of it still
+ * in the target's socket buffer would otherwise land later, over the newer
+ * ones (RELIABILITY 5). Keeps the failure's own detail. */
+static int cut_at_target(tcp_channel *ch, uint64_t deadline_ns) {
+  char cause[FERRY_ERROR_MAX];
+  snprintf(cause, sizeof cause, "%s", ferry_last_error());
+  if (!ch->cuttable) { /* a v4 target: as before the protocol had CUT */
+    ferry_fail(FERRY_ESOCKET, "%s", cause);
+    return CUT_CONFIRMED;
+  }
+  if (ferry_peer_cut(ch->base.peer, ch->session.id, deadline_ns) == FERRY_OK) {
+    ferry_fail(FERRY_ESOCKET, "%s", cause);
+    return CUT_CONFIRMED;
+  }
+  ferry_fail(FERRY_ESOCKET,
+             "%s; the target did not confirm it stopped serving that connection (%s), so its "
+             "WRITE is not sent again elsewhere",
+             cause, ferry_last_error());
+  return CUT_UNCONFIRMED;
+}
+
 static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
   tcp_channel *ch = (tcp_channel *)base;
   int checksum = b->engine->cfg.checksum;
   size_t slice = tcp_slice(b);
   uint64_t sent = 0, done = 0; /* frame ids; slot = id % window */
   ferry_status first = FERRY_OK;
+  int cut = CUT_NOT_NEEDED;
   ferry_sock_set_deadline(&ch->sock, b->deadline_ns);
   for (;;) {
     while (!base->broken && sent - done < TCP_WINDOW &&
@@ -279,8 +308,14 @@ static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
       base->broken = 1;
     if (st && !first)
       first = st;
-    ferry_stats_moved(base->peer, base->transport, &ch->slots[done % TCP_WINDOW].chunk, st);
-    ferry_batch_settle(b, base, &ch->slots[done % TCP_WINDOW].chunk, st);
+    ferry_chunk *c = &ch->slots[done % TCP_WINDOW].chunk;
+    if (st == FERRY_ESOCKET && c->op == FERRY_OP_WRITE) {
+      if (cut == CUT_NOT_NEEDED)
+        cut = cut_at_target(ch, b->deadline_ns);
+      c->retried |= cut == CUT_UNCONFIRMED; /* it may still land: it stays failed */
+    }
+    ferry_stats_moved(base->peer, base->transport, c, st);
+    ferry_batch_settle(b, base, c, st);
     done++;
   }
   ferry_sock_set_deadline(&ch->sock, 0);

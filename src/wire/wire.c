@@ -115,7 +115,8 @@ static int is_reply(uint8_t type) {
   case FERRY_FRAME_READ_REPLY:
   case FERRY_FRAME_NOTIFY_ACK:
   case FERRY_FRAME_PONG:
-  case FERRY_FRAME_POOL_REPLY: return 1;
+  case FERRY_FRAME_POOL_REPLY:
+  case FERRY_FRAME_CUT_REPLY: return 1;
   default: return 0;
   }
 }
@@ -227,7 +228,9 @@ static ferry_status check_type_limits(const ferry_frame_header *h) {
     return check_empty(h);
   case FERRY_FRAME_NOTIFY_ACK:
   case FERRY_FRAME_PING:
-  case FERRY_FRAME_PONG: return check_empty(h);
+  case FERRY_FRAME_PONG:
+  case FERRY_FRAME_CUT_REPLY: return check_empty(h);
+  case FERRY_FRAME_CUT: return check_body_range(h, FERRY_WIRE_NONCE_SIZE, FERRY_WIRE_NONCE_SIZE);
   case FERRY_FRAME_REGIONS_REPLY: return check_regions_reply(h);
   case FERRY_FRAME_WRITE: return check_write(h);
   case FERRY_FRAME_READ: return check_read(h);

@@ -38,7 +38,7 @@
  * 3: the facts carry a list of transport descriptors, not an shm path.
  * 4: region tables carry per-transport keys. */
 #define FERRY_WIRE_VERSION_MIN 4
-#define FERRY_WIRE_VERSION_MAX 4
+#define FERRY_WIRE_VERSION_MAX 5 /* 5: CUT */
 #define FERRY_WIRE_HEADER_SIZE 32
 #define FERRY_WIRE_SEGMENT_SIZE 16                /* u64 addr, u64 length */
 #define FERRY_WIRE_MAX_SEGMENTS 1024              /* per data frame (IOV_MAX) */
@@ -75,7 +75,11 @@ typedef enum ferry_frame_type {
   FERRY_FRAME_PONG = 14,
   FERRY_FRAME_POOL = 15,       /* receive pools: a grant request or a landed notice (pool.c) */
   FERRY_FRAME_POOL_REPLY = 16, /* its answer: a grant, or none */
-  FERRY_FRAME_LAST = FERRY_FRAME_POOL_REPLY, /* a new type goes above and moves this */
+  /* v5: an initiator asks the target to stop serving one of its data
+   * connections (named by its HELLO nonce) before its WRITEs move elsewhere */
+  FERRY_FRAME_CUT = 17,
+  FERRY_FRAME_CUT_REPLY = 18,               /* once that connection touches no memory */
+  FERRY_FRAME_LAST = FERRY_FRAME_CUT_REPLY, /* a new type goes above and moves this */
 } ferry_frame_type;
 
 /* flags */

@@ -184,6 +184,79 @@ static void idle_connections_are_dropped_and_calls_reconnect(void **state) {
   free(back);
 }
 
+/* A data connection as an initiator engine opens it: engine id and the
+ * HELLO nonce that names it; the control connection of the same engine. */
+static int named_peer(ferry_engine *e, uint64_t engine_id, uint8_t nonce_byte) {
+  uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
+  memset(nonce, nonce_byte, sizeof nonce);
+  int fd = raw_connect(ferry_engine_port(e));
+  assert_true(fd >= 0);
+  assert_int_equal(raw_hello_named(fd, engine_id, nonce), 0);
+  return fd;
+}
+
+static int cut(int control, uint8_t nonce_byte) {
+  uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
+  memset(nonce, nonce_byte, sizeof nonce);
+  return raw_cut(control, nonce);
+}
+
+/* CUT is how an initiator whose data connection broke with a WRITE in
+ * flight makes sure no byte of it lands after it wrote again elsewhere
+ * (tcp.c, RELIABILITY 5). A WRITE stalls after its first byte; once CUT
+ * answered, the newer bytes are in place and the rest of the stalled
+ * WRITE, sent after, never lands; the connection is closed. */
+static void cut_stops_a_write_in_flight(void **state) {
+  enum { SIZE = 64 * KiB };
+  ferry_engine *e = target_engine(5000, 0);
+  uint8_t *buf = test_buffer(e, SIZE), *payload = malloc(SIZE), *newer = malloc(SIZE);
+  memset(buf, 0, SIZE);
+  memset(payload, 0xab, SIZE);
+  memset(newer, 0x5c, SIZE);
+  int data = named_peer(e, 77, 0x11), control = named_peer(e, 77, 0x22);
+  assert_int_equal(raw_write_begin(data, (uint64_t)(uintptr_t)buf, payload, SIZE, 1), 0);
+  wait_for_byte(buf, 0xab);
+  assert_int_equal(cut(control, 0x11), 0);
+  memcpy(buf, newer, SIZE);              /* the WRITE sent again elsewhere landed */
+  raw_send(data, payload + 1, SIZE - 1); /* may fail: the target closed it */
+  assert_true(raw_closed_by_peer(data, 10000));
+  assert_memory_equal(buf, newer, SIZE);
+  close(data);
+  close(control);
+  ferry_engine_destroy(e);
+  free(buf);
+  free(payload);
+  free(newer);
+}
+
+/* A connection cut while idle serves nothing more: a whole WRITE sent on it
+ * afterwards does not land. A CUT names only the asking engine's own
+ * connections: another engine's CUT of the same nonce changes nothing. */
+static void cut_connection_serves_nothing_more(void **state) {
+  enum { SIZE = 4 * KiB };
+  ferry_engine *e = target_engine(5000, 0);
+  uint8_t *buf = test_buffer(e, SIZE), *payload = malloc(SIZE);
+  memset(buf, 0, SIZE);
+  memset(payload, 0xcd, SIZE);
+  int data = named_peer(e, 77, 0x11), control = named_peer(e, 77, 0x22);
+  int stranger = named_peer(e, 78, 0x33);
+  assert_int_equal(cut(stranger, 0x11), 0);
+  assert_int_equal(raw_write(data, (uint64_t)(uintptr_t)buf, payload, SIZE, NULL, 0), 0);
+  assert_memory_equal(buf, payload, SIZE); /* still served */
+  memset(buf, 0, SIZE);
+  assert_int_equal(cut(control, 0x11), 0);
+  assert_int_not_equal(raw_write(data, (uint64_t)(uintptr_t)buf, payload, SIZE, NULL, 0), 0);
+  for (size_t i = 0; i < SIZE; i++)
+    assert_int_equal(buf[i], 0);
+  assert_int_equal(cut(control, 0x44), 0); /* no such connection: nothing to wait for */
+  close(data);
+  close(control);
+  close(stranger);
+  ferry_engine_destroy(e);
+  free(buf);
+  free(payload);
+}
+
 /* Notifications count their real memory against a per-peer share: one-byte
  * notifications are refused long before their payload bytes reach the
  * limit, and a second peer is not refused because the first is. */
@@ -352,6 +425,8 @@ int main(void) {
       cmocka_unit_test(unregister_fences_a_stalled_read),
       cmocka_unit_test(peer_stalled_mid_frame_is_cut_off),
       cmocka_unit_test(idle_connections_are_dropped_and_calls_reconnect),
+      cmocka_unit_test(cut_stops_a_write_in_flight),
+      cmocka_unit_test(cut_connection_serves_nothing_more),
       cmocka_unit_test(notification_shares_count_real_memory_per_peer),
       cmocka_unit_test(connections_are_capped_per_peer_and_in_total),
       cmocka_unit_test_teardown(concurrent_registrations_publish_the_latest_table,

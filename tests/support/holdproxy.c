@@ -82,17 +82,22 @@ static void *up_main(void *arg) {
   return NULL;
 }
 
-/* Parks a frame of the held type until release (or stop). */
-static void maybe_hold(hold_proxy *p, uint8_t type) {
+/* Parks a frame of the held type until release (or stop). Nonzero when
+ * the proxy stopped meanwhile: the frame is dropped, never delivered, as
+ * by a link that died with it. */
+static int maybe_hold(hold_proxy *p, uint8_t type) {
   pthread_mutex_lock(&p->lock);
+  int dropped = 0;
   if (p->hold_type == type && !p->stopping) {
     p->held++;
     pthread_cond_broadcast(&p->cond);
     while (p->hold_type == type && !p->stopping)
       pthread_cond_wait(&p->cond, &p->lock);
     p->held--;
+    dropped = p->stopping;
   }
   pthread_mutex_unlock(&p->lock);
+  return dropped;
 }
 
 static void *down_main(void *arg) {
@@ -100,8 +105,8 @@ static void *down_main(void *arg) {
   uint8_t raw[FERRY_WIRE_HEADER_SIZE];
   ferry_frame_header h;
   while (recv_all(c->server, raw, sizeof raw) == 0 && ferry_wire_header_decode(raw, &h) == 0) {
-    maybe_hold(c->proxy, h.type);
-    if (send_all(c->client, raw, sizeof raw) < 0 || forward(c->server, c->client, h.body_len) < 0)
+    if (maybe_hold(c->proxy, h.type) || send_all(c->client, raw, sizeof raw) < 0 ||
+        forward(c->server, c->client, h.body_len) < 0)
       break;
   }
   shutdown(c->client, SHUT_WR);

@@ -90,6 +90,23 @@ int raw_hello_as(int fd, uint64_t engine_id, char *reason, size_t reason_size) {
   return hello_with(fd, &hello, reason, reason_size);
 }
 
+int raw_hello_named(int fd, uint64_t engine_id, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]) {
+  ferry_hello hello = {.version_min = FERRY_WIRE_VERSION_MIN,
+                       .version_max = FERRY_WIRE_VERSION_MAX,
+                       .conn_kind = FERRY_CONN_DATA,
+                       .engine_id = engine_id};
+  memcpy(hello.nonce, nonce, FERRY_WIRE_NONCE_SIZE);
+  return hello_with(fd, &hello, NULL, 0);
+}
+
+int raw_cut(int fd, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]) {
+  ferry_frame_header h = {.type = FERRY_FRAME_CUT, .id = 9, .body_len = FERRY_WIRE_NONCE_SIZE};
+  if (send_frame(fd, &h, nonce) < 0)
+    return 1;
+  int st = recv_reply(fd, &h, NULL, 0);
+  return st ? st : h.type != FERRY_FRAME_CUT_REPLY || h.id != 9;
+}
+
 int raw_reply(int fd, char *reason, size_t reason_size) {
   ferry_frame_header h;
   return recv_reply(fd, &h, reason, reason_size);

@@ -29,6 +29,11 @@ int raw_read_begin(int fd, uint64_t remote, size_t len);
 int raw_reply(int fd, char *reason, size_t reason_size);
 /* HELLO as raw_hello, claiming to be the engine engine_id. */
 int raw_hello_as(int fd, uint64_t engine_id, char *reason, size_t reason_size);
+/* HELLO as raw_hello_as, with the nonce that names the connection (CUT). */
+int raw_hello_named(int fd, uint64_t engine_id, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]);
+/* CUT of the connection named nonce; returns the reply status, or 1 if the
+ * connection broke or the reply is not CUT_REPLY. */
+int raw_cut(int fd, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]);
 int raw_send(int fd, const void *data, size_t len);
 /* Exactly len bytes; -1 on EOF or error. */
 int raw_recv(int fd, void *buf, size_t len);
