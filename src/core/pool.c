@@ -18,10 +18,12 @@
  * the target serves it here like any LANDED (FERRY_NOTICE_POSTED: only a
  * slot granted to that sender, at most its length) and hands the reply's
  * pre-grant back as a credit the sender collects (take_credits) before
- * its next send. Such a sender keeps up to PREGRANTS_POSTED of them per
+ * its next send. Such a sender keeps several of them (credits_most) per
  * pool, since a credit comes back only when the receiver got round to the
  * notice: a steady send then takes a credit, copies and posts, with no
- * round trip at all.
+ * round trip at all. The transport also names the epoch its credits are
+ * valid in; cached ones of another epoch (the target took the sender's
+ * slots back, or the link that carried them ended) are only given back.
  *
  * Slots are reclaimed when the receiver releases them, and, for slots not
  * landed yet, when every connection of their sender ended (the sender died
@@ -51,10 +53,14 @@
 #define PREGRANTS_PER_POOL 1 /* cached per target pool; more would idle the receiver's room */
 /* The same with credits: they come back later than a reply, so a sender
  * needs enough to cover the receiver's lag (one wake of its service per
- * batch of notices); the receiver's room rule (serve_landed) still bounds
- * them by the pool's room for that size, so a small pool gets fewer. */
-#define PREGRANTS_POSTED 32
-#define CREDITS_PER_TAKE 32
+ * batch of notices): up to CREDIT_BYTES of them, 4 to 32 credits. Many
+ * small ones let a sender run ahead; large ones would only queue whole
+ * messages behind the receiver. The receiver's room rule (serve_landed)
+ * still bounds them by the pool's room for that size. */
+#define CREDITS_MIN 4
+#define CREDITS_MAX 32
+#define CREDIT_BYTES (4ull << 20)
+#define CREDITS_PER_TAKE CREDITS_MAX
 
 /* PENDING: its LANDED notice came in-band with one of several WRITE frames
  * (tcp) while the others still moved; queued once all its bytes landed. */
@@ -731,6 +737,12 @@ typedef struct send_args {
   uint32_t wait_ms;
 } send_args;
 
+/* Credits a sender keeps per pool for messages of length bytes. */
+static unsigned credits_most(size_t length) {
+  uint64_t n = CREDIT_BYTES / length;
+  return n < CREDITS_MIN ? CREDITS_MIN : n > CREDITS_MAX ? CREDITS_MAX : (unsigned)n;
+}
+
 /* A grant, waiting for room up to wait_ms in turns of GRANT_WAIT_TURN_MS:
  * the receiver holds each request while the pool is full, and the control
  * connection it holds is the one this engine's other sends to that target
@@ -806,7 +818,7 @@ static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
   }
   if (st)
     return st;
-  unsigned most = transport->take_credits ? PREGRANTS_POSTED : PREGRANTS_PER_POOL;
+  unsigned most = transport->take_credits ? credits_most(a->length) : PREGRANTS_PER_POOL;
   ferry_pool_req r = {.op = FERRY_POOL_LANDED,
                       .flags =
                           pregrants_held(e->pools, a->target, a->pool) < most ? FERRY_POOL_NEXT : 0,

@@ -57,7 +57,9 @@
  * eventfd only when the target's service said it sleeps. The grants the
  * service answers with come back in the page's credit ring and pool.c
  * collects them before its next send (take_credits). A full ring, or a
- * link without a page, falls back to the control connection. */
+ * link without a page, falls back to the control connection. Credits
+ * count only under the page's current reclaim count and from this link
+ * (the epoch take_credits reports): see shm.h. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>

@@ -40,8 +40,10 @@
  * Before it sleeps the thread sets `sleeping` and looks at head once more,
  * so a notice is never left unseen. A sender that dies leaves at most
  * notices of complete messages; its slots without one are reclaimed by
- * pool.c when its connections end, as on every transport. A link whose
- * ring indices make no sense is cut off. */
+ * pool.c when its connections end, as on every transport; before they
+ * go, ferry_shm_peer_gone bumps the reclaim count of its links' pages, so
+ * credits granted earlier stop working. A link whose ring indices make
+ * no sense is cut off. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>

@@ -475,17 +475,22 @@ static void reclaimed_slots_void_credits(void **state) {
   ferry_message m;
   assert_int_equal(ferry_memory_alloc(p->tx, 4 * MiB, (void **)&p->out), FERRY_OK);
   assert_int_equal(ferry_memory_alloc(other, 1 * MiB, (void **)&big), FERRY_OK);
-  /* A batch of two into emb brings two credits. A message into aux comes
-   * after them in the ring: once it was received they are there, and the
-   * next send (to aux) caches them: tx holds emb credits it took. */
+  /* A batch of four into emb brings four credits. Messages into aux come
+   * after them in the ring: once one was received they are there, and the
+   * next send (to aux) caches them. One more send into emb then uses one
+   * and leaves the credit its notice brings in the ring: tx holds emb
+   * credits both cached and not taken yet. */
   ferry_pool *aux;
   assert_int_equal(ferry_pool_create(p->rx, "aux", NULL, 1 * MiB, &aux), FERRY_OK);
-  ferry_send_item items[2] = {{"a", 1, p->out, 64 * KiB, 0}, {"b", 1, p->out, 64 * KiB, 0}};
-  assert_int_equal(ferry_send_batch(p->tx, ferry_engine_name(p->rx), "emb", items, 2, -1, 0),
+  ferry_send_item items[4] = {{"a", 1, p->out, 64 * KiB, 0},
+                              {"a", 1, p->out, 64 * KiB, 0},
+                              {"a", 1, p->out, 64 * KiB, 0},
+                              {"a", 1, p->out, 64 * KiB, 0}};
+  assert_int_equal(ferry_send_batch(p->tx, ferry_engine_name(p->rx), "emb", items, 4, -1, 0),
                    FERRY_OK);
   require_shm(p);
-  expect(p, "a", 0, 64 * KiB);
-  expect(p, "b", 0, 64 * KiB);
+  for (unsigned i = 0; i < 4; i++)
+    expect(p, "a", 0, 64 * KiB);
   for (unsigned i = 0; i < 2; i++) {
     assert_int_equal(
         ferry_send(p->tx, ferry_engine_name(p->rx), "aux", "x", 1, p->out, 4 * KiB, -1, 0),
@@ -493,6 +498,8 @@ static void reclaimed_slots_void_credits(void **state) {
     assert_int_equal(ferry_recv(p->rx, aux, "x", 1, 10000, &m), FERRY_OK);
     assert_int_equal(ferry_pool_release(p->rx, aux, m.slot), FERRY_OK);
   }
+  assert_int_equal(send_tag(p, "c", 0, 64 * KiB, -1), FERRY_OK);
+  expect(p, "c", 0, 64 * KiB);
   assert_int_equal(whole_pool_send(p, other, big), FERRY_EBUSY); /* tx holds credits */
   ferry_status st = FERRY_EBUSY;
   for (int i = 0; i < 1000 && st == FERRY_EBUSY; i++)
