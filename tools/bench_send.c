@@ -17,6 +17,7 @@
 
 #define PROG "ferry bench --op send"
 #define MAX_SAMPLES (1u << 20)
+#define BENCH_POOL_MIN (64u << 20)
 
 typedef struct run {
   ferry_engine *rx, *tx;
@@ -152,8 +153,13 @@ static ferry_status setup(run *r, const ferry_cli_engine_opts *opts, unsigned se
   if (st != FERRY_OK)
     return st;
   void *dst;
-  /* Room for every sender's message and its pre-grant, twice. */
-  st = ferry_pool_create(r->rx, "bench", NULL, 4 * senders * r->size, &r->pool);
+  /* Room for every sender's message and its pre-grant, twice, and at
+   * least BENCH_POOL_MIN: a pool of a few small messages would measure
+   * how often a sender runs out of credits, not what a handoff costs
+   * (a receiver sizes its pool for many requests, not for four). */
+  size_t room = 4 * senders * r->size;
+  st = ferry_pool_create(r->rx, "bench", NULL, room > BENCH_POOL_MIN ? room : BENCH_POOL_MIN,
+                         &r->pool);
   if (st == FERRY_OK)
     st = ferry_memory_alloc(r->rx, senders * r->size, &dst);
   if (st != FERRY_OK)

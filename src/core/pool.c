@@ -18,10 +18,12 @@
  * the target serves it here like any LANDED (FERRY_NOTICE_POSTED: only a
  * slot granted to that sender, at most its length) and hands the reply's
  * pre-grant back as a credit the sender collects (take_credits) before
- * its next send. Such a sender keeps up to PREGRANTS_POSTED of them per
+ * its next send. Such a sender keeps several of them (credits_most) per
  * pool, since a credit comes back only when the receiver got round to the
  * notice: a steady send then takes a credit, copies and posts, with no
- * round trip at all.
+ * round trip at all. The transport also names the epoch its credits are
+ * valid in; cached ones of another epoch (the target took the sender's
+ * slots back, or the link that carried them ended) are only given back.
  *
  * Slots are reclaimed when the receiver releases them, and, for slots not
  * landed yet, when every connection of their sender ended (the sender died
@@ -49,8 +51,16 @@
 #define PREGRANT_FRESH_NS (5000ull * 1000 * 1000)
 #define GRANT_WAIT_TURN_MS 20u
 #define PREGRANTS_PER_POOL 1 /* cached per target pool; more would idle the receiver's room */
-#define PREGRANTS_POSTED 4   /* the same with credits: they come back later than a reply */
-#define CREDITS_PER_TAKE 16
+/* The same with credits: they come back later than a reply, so a sender
+ * needs enough to cover the receiver's lag (one wake of its service per
+ * batch of notices): up to CREDIT_BYTES of them, 4 to 32 credits. Many
+ * small ones let a sender run ahead; large ones would only queue whole
+ * messages behind the receiver. The receiver's room rule (serve_landed)
+ * still bounds them by the pool's room for that size. */
+#define CREDITS_MIN 4
+#define CREDITS_MAX 32
+#define CREDIT_BYTES (4ull << 20)
+#define CREDITS_PER_TAKE CREDITS_MAX
 
 /* PENDING: its LANDED notice came in-band with one of several WRITE frames
  * (tcp) while the others still moved; queued once all its bytes landed. */
@@ -90,7 +100,8 @@ typedef struct pregrant {
   char pool[FERRY_WIRE_MAX_NAME + 1];
   ferry_pool_grant grant;
   uint64_t got_ns;
-  int given_up; /* a failed send's slot: only to be given back */
+  uint64_t epoch; /* the transport's credit epoch it came under (0: none) */
+  int given_up;   /* a failed send's slot: only to be given back */
   struct pregrant *next;
 } pregrant;
 
@@ -441,6 +452,9 @@ void ferry_pools_writes_done(ferry_engine *e, uint64_t peer, const ferry_region 
 }
 
 void ferry_pools_peer_gone(ferry_engine *e, uint64_t peer) {
+  for (size_t i = 0; ferry_transports[i]; i++) /* their credits stop working first */
+    if ((e->transports & ferry_transports[i]->id) && ferry_transports[i]->peer_gone)
+      ferry_transports[i]->peer_gone(e, peer);
   pthread_mutex_lock(&e->pools->lock);
   for (ferry_pool *p = e->pools->list; p; p = p->next) {
     slot *s = p->slots;
@@ -646,7 +660,8 @@ static int take_pregrant(ferry_pools *ps, const char *target, const char *pool, 
 /* Caches a pre-grant for the next send to this pool, granted at got_ns;
  * given_up: a slot only to be given back by the next grant request. */
 static void keep_grant_of(ferry_pools *ps, const char *target, const char *pool,
-                          const ferry_pool_grant *grant, int given_up, uint64_t got_ns) {
+                          const ferry_pool_grant *grant, int given_up, uint64_t got_ns,
+                          uint64_t epoch) {
   pregrant *g = calloc(1, sizeof *g);
   if (!g)
     return; /* the slot idles until this engine's connections end */
@@ -654,6 +669,7 @@ static void keep_grant_of(ferry_pools *ps, const char *target, const char *pool,
   snprintf(g->pool, sizeof g->pool, "%s", pool);
   g->grant = *grant;
   g->got_ns = got_ns;
+  g->epoch = epoch;
   g->given_up = given_up;
   pthread_mutex_lock(&ps->lock);
   g->next = ps->pregrants;
@@ -662,8 +678,19 @@ static void keep_grant_of(ferry_pools *ps, const char *target, const char *pool,
 }
 
 static void keep_pregrant(ferry_pools *ps, const char *target, const char *pool,
-                          const ferry_pool_grant *grant, int given_up) {
-  keep_grant_of(ps, target, pool, grant, given_up, ferry_now_ns());
+                          const ferry_pool_grant *grant, int given_up, uint64_t epoch) {
+  keep_grant_of(ps, target, pool, grant, given_up, ferry_now_ns(), epoch);
+}
+
+/* The transport's credits moved to another epoch: pre-grants of this
+ * target cached under an earlier one may name slots the target took back
+ * (or gave to another sender); they are only to be given back. */
+static void void_pregrants(ferry_pools *ps, const char *target, uint64_t epoch) {
+  pthread_mutex_lock(&ps->lock);
+  for (pregrant *g = ps->pregrants; g; g = g->next)
+    if (!strcmp(g->target, target) && g->epoch != epoch)
+      g->given_up = 1;
+  pthread_mutex_unlock(&ps->lock);
 }
 
 /* Pre-grants cached for sends to this pool. */
@@ -679,15 +706,19 @@ static unsigned pregrants_held(ferry_pools *ps, const char *target, const char *
 /* Caches the credits the target's transport handed back (the grants of
  * posted LANDED notices), fresh from when the target granted them; with
  * none held for pool, the transport may wait briefly for those coming. */
-static void collect_credits(ferry_engine *e, const char *target, const char *pool,
-                            const ferry_transport *t, ferry_peer *peer, uint64_t instance) {
+static uint64_t collect_credits(ferry_engine *e, const char *target, const char *pool,
+                                const ferry_transport *t, ferry_peer *peer, uint64_t instance) {
   ferry_credit got[CREDITS_PER_TAKE];
+  uint64_t epoch = 0;
   if (!t->take_credits)
-    return;
+    return 0;
   int wait = !pregrants_held(e->pools, target, pool);
-  size_t n = t->take_credits(peer, instance, got, CREDITS_PER_TAKE, wait);
+  size_t n = t->take_credits(peer, instance, got, CREDITS_PER_TAKE, wait, &epoch);
+  if (epoch)
+    void_pregrants(e->pools, target, epoch);
   for (size_t i = 0; i < n; i++)
-    keep_grant_of(e->pools, target, got[i].pool, &got[i].grant, 0, got[i].issued_ns);
+    keep_grant_of(e->pools, target, got[i].pool, &got[i].grant, 0, got[i].issued_ns, epoch);
+  return epoch;
 }
 
 static ferry_status pool_call(ferry_peer *peer, const ferry_pool_req *r, uint64_t deadline,
@@ -709,6 +740,12 @@ typedef struct send_args {
   size_t length;
   uint32_t wait_ms;
 } send_args;
+
+/* Credits a sender keeps per pool for messages of length bytes. */
+static unsigned credits_most(size_t length) {
+  uint64_t n = CREDIT_BYTES / length;
+  return n < CREDITS_MIN ? CREDITS_MIN : n > CREDITS_MAX ? CREDITS_MAX : (unsigned)n;
+}
 
 /* A grant, waiting for room up to wait_ms in turns of GRANT_WAIT_TURN_MS:
  * the receiver holds each request while the pool is full, and the control
@@ -748,8 +785,9 @@ typedef struct outgoing {
   ferry_peer *peer;
   uint64_t deadline; /* for the control calls of the send */
   ferry_pool_grant grant;
-  int cached;    /* the grant was a pre-grant */
-  int restarted; /* the grant came from a newer incarnation than the one checked */
+  uint64_t epoch; /* the transport's credit epoch when it was prepared */
+  int cached;     /* the grant was a pre-grant */
+  int restarted;  /* the grant came from a newer incarnation than the one checked */
   ferry_entry entry;
   ferry_after after;
   ferry_batch *batch; /* sent asynchronously (ferry_send_batch) */
@@ -767,23 +805,24 @@ static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
   if (st)
     return st;
   if (use_cache)
-    collect_credits(e, a->target, a->pool, transport, o->peer, instance);
+    o->epoch = collect_credits(e, a->target, a->pool, transport, o->peer, instance);
   o->cached = use_cache &&
               take_pregrant(e->pools, a->target, a->pool, a->length, instance, &o->grant, &stale);
   if (!o->cached)
     st = request_grant(a, o->peer, stale, &o->grant);
   else if (stale) /* no grant request to carry it back this time: the next one will */
-    keep_pregrant(e->pools, a->target, a->pool, &(ferry_pool_grant){instance, stale, 0, 0}, 1);
+    keep_pregrant(e->pools, a->target, a->pool, &(ferry_pool_grant){instance, stale, 0, 0}, 1,
+                  o->epoch);
   if (!st && o->grant.instance != instance) {
     /* The grant is the new incarnation's: given back by the next request. */
-    keep_pregrant(e->pools, a->target, a->pool, &o->grant, 1);
+    keep_pregrant(e->pools, a->target, a->pool, &o->grant, 1, o->epoch);
     o->restarted = 1;
     st = ferry_fail(FERRY_ESOCKET, "send to pool '%s' of %s: the target restarted during the send",
                     a->pool, a->target);
   }
   if (st)
     return st;
-  unsigned most = transport->take_credits ? PREGRANTS_POSTED : PREGRANTS_PER_POOL;
+  unsigned most = transport->take_credits ? credits_most(a->length) : PREGRANTS_PER_POOL;
   ferry_pool_req r = {.op = FERRY_POOL_LANDED,
                       .flags =
                           pregrants_held(e->pools, a->target, a->pool) < most ? FERRY_POOL_NEXT : 0,
@@ -823,11 +862,11 @@ static ferry_status landed(const outgoing *o, ferry_status st, int *retry) {
       st && ((st == FERRY_ENOTREG && o->cached) || (st == FERRY_ESOCKET && target_restarted(o)));
   ferry_pool_grant pre;
   if (st && o->grant.id)
-    keep_pregrant(o->a->e->pools, o->a->target, o->a->pool, &o->grant, 1);
+    keep_pregrant(o->a->e->pools, o->a->target, o->a->pool, &o->grant, 1, o->epoch);
   if (!st) {
     ferry_wire_grant_decode(o->after.reply, &pre);
     if (pre.id)
-      keep_pregrant(o->a->e->pools, o->a->target, o->a->pool, &pre, 0);
+      keep_pregrant(o->a->e->pools, o->a->target, o->a->pool, &pre, 0, o->epoch);
   }
   return st;
 }

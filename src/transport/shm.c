@@ -57,7 +57,9 @@
  * eventfd only when the target's service said it sleeps. The grants the
  * service answers with come back in the page's credit ring and pool.c
  * collects them before its next send (take_credits). A full ring, or a
- * link without a page, falls back to the control connection. */
+ * link without a page, falls back to the control connection. Credits
+ * count only under the page's current reclaim count and from this link
+ * (the epoch take_credits reports): see shm.h. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -121,6 +123,7 @@ typedef struct shm_link {
   int efd;                   /* wakes the target's service */
   pthread_mutex_t post_lock; /* this side's ends of both rings */
   uint64_t posted, taken;    /* notices posted, credits taken (ours, not the page's) */
+  uint64_t serial;           /* this engine's links, counted: the high half of credit epochs */
 } shm_link;
 
 typedef struct shm_channel {
@@ -805,6 +808,8 @@ static ferry_status link_create(ferry_peer *p, uint64_t deadline_ns, shm_link **
     return st;
   }
   l->engine_id = info.engine_id;
+  static uint64_t links_made;
+  l->serial = __atomic_add_fetch(&links_made, 1, __ATOMIC_RELAXED);
   FERRY_DEBUG("shm link to %s (pid %d) attached", address, (int)l->pid);
   *out = l;
   return FERRY_OK;
@@ -917,20 +922,24 @@ static void await_credits(shm_link *l) {
     sched_yield();
 }
 
-/* The credits given and not taken yet; a count past the ring's size is
- * the target's error: those are skipped. */
-static size_t take_from(shm_link *l, ferry_credit *out, size_t max, int wait) {
+/* The credits given and not taken yet, of the page's current reclaim
+ * count (older ones name slots the target took back); a count past the
+ * ring's size is the target's error: those are skipped. *epoch: this
+ * link and that count, so credits of an earlier link or count are void. */
+static size_t take_from(shm_link *l, ferry_credit *out, size_t max, int wait, uint64_t *epoch) {
   shm_post *q = l->post;
   size_t n = 0;
   pthread_mutex_lock(&l->post_lock);
   if (wait)
     await_credits(l);
+  uint64_t reclaims = __atomic_load_n(&q->reclaims, __ATOMIC_ACQUIRE);
+  *epoch = l->serial << 32 | (uint32_t)reclaims;
   uint64_t given = __atomic_load_n(&q->credits_given, __ATOMIC_ACQUIRE);
   if (given - l->taken > SHM_CREDITS)
     l->taken = given;
   for (; l->taken != given && n < max; l->taken++) {
     const shm_credit *c = &q->credits[l->taken % SHM_CREDITS];
-    if (__atomic_load_n(&c->seq, __ATOMIC_ACQUIRE) != l->taken + 1)
+    if (__atomic_load_n(&c->seq, __ATOMIC_ACQUIRE) != l->taken + 1 || c->reclaims != reclaims)
       continue;
     ferry_wire_grant_decode(c->grant, &out[n].grant);
     out[n].issued_ns = c->issued_ns;
@@ -944,11 +953,12 @@ static size_t take_from(shm_link *l, ferry_credit *out, size_t max, int wait) {
 }
 
 static size_t shm_take_credits(ferry_peer *p, uint64_t instance, ferry_credit *out, size_t max,
-                               int wait) {
+                               int wait, uint64_t *epoch) {
   shm_link *l = post_link(p, instance);
+  *epoch = 0;
   if (!l)
     return 0;
-  size_t n = take_from(l, out, max, wait);
+  size_t n = take_from(l, out, max, wait, epoch);
   link_leave(l, SHM_SLOTS);
   return n;
 }
@@ -1005,4 +1015,5 @@ const ferry_transport ferry_transport_shm = {
     .service_start = ferry_shm_service_start,
     .service_stop = ferry_shm_service_stop,
     .fence = ferry_shm_revoke,
+    .peer_gone = ferry_shm_peer_gone,
 };

@@ -15,7 +15,9 @@
 #include "transport/transport.h"
 
 #define SHM_MAGIC 0x4d485346u /* "FSHM" */
-#define SHM_VERSION 3         /* 2: refusals in GREETING, MAP names the region; 3: the post page */
+/* 2: refusals in GREETING, MAP names the region; 3: the post page; 4: its
+ * reclaim count */
+#define SHM_VERSION 4
 #define SHM_TABLE_CAPACITY (1u << 20) /* regions the shared table can list */
 #define SHM_SLOTS 256                 /* copying channels per link */
 #define SHM_MAX_FDS 4
@@ -58,7 +60,14 @@ typedef struct shm_table {
  * body: pool.c validates each as any LANDED), and the initiator bounds
  * what it reads of the credits. The initiator writes the link's eventfd
  * only when `sleeping` is set: no syscall per message while the target's
- * service is busy draining. */
+ * service is busy draining.
+ *
+ * `reclaims` counts the times the target took back the sender's slots
+ * while this link lived (its control connections all ended: pool.c's
+ * peer_gone), bumped before the slots go; each credit carries the count
+ * it was granted under, and the initiator uses only credits of the
+ * current count: one granted before a reclaim may name a slot that is
+ * now another sender's. */
 #define SHM_NOTICES 64
 #define SHM_CREDITS 64
 
@@ -71,6 +80,7 @@ typedef struct shm_notice {
 typedef struct shm_credit {
   uint64_t seq;
   uint64_t issued_ns; /* CLOCK_MONOTONIC, shared by the host: its freshness */
+  uint64_t reclaims;  /* the page's reclaims when it was granted */
   uint8_t grant[FERRY_WIRE_POOL_REPLY_SIZE];
   char pool[FERRY_WIRE_MAX_NAME]; /* NUL-terminated */
 } shm_credit;
@@ -82,7 +92,8 @@ typedef struct shm_post {
   uint64_t tail; /* notices consumed: the target writes the rest of this line */
   uint64_t sleeping;
   uint64_t credits_given;
-  uint64_t pad1[5];
+  uint64_t reclaims;
+  uint64_t pad1[4];
   shm_notice notices[SHM_NOTICES];
   shm_credit credits[SHM_CREDITS];
 } shm_post;
@@ -136,6 +147,9 @@ extern const ferry_transport ferry_transport_shm;
 ferry_status ferry_shm_service_start(ferry_engine *engine);
 void ferry_shm_service_stop(ferry_engine *engine);
 void ferry_shm_revoke(ferry_engine *engine, ferry_region *removed, size_t count);
+/* The pools take back peer's slots: its links' credits granted so far are
+ * void (the post page's reclaims). */
+void ferry_shm_peer_gone(ferry_engine *engine, uint64_t peer);
 /* Whether processes of this uid are served, and served by: the engine's
  * own uid or one in cfg.shm_allowed_uids. */
 int ferry_shm_uid_allowed(const ferry_engine *engine, uid_t uid);

@@ -40,8 +40,10 @@
  * Before it sleeps the thread sets `sleeping` and looks at head once more,
  * so a notice is never left unseen. A sender that dies leaves at most
  * notices of complete messages; its slots without one are reclaimed by
- * pool.c when its connections end, as on every transport. A link whose
- * ring indices make no sense is cut off. */
+ * pool.c when its connections end, as on every transport; before they
+ * go, ferry_shm_peer_gone bumps the reclaim count of its links' pages, so
+ * credits granted earlier stop working. A link whose ring indices make
+ * no sense is cut off. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -76,6 +78,7 @@ typedef struct svc_conn {
   shm_post *post;       /* shared with the initiator: untrusted; NULL: none */
   int efd;              /* the initiator writes it to wake this thread */
   uint64_t tail, given; /* notices consumed, credits given (ours, not the page's) */
+  uint64_t reclaims;    /* its sender's slots taken back (atomic): see shm.h */
   uint64_t sender;      /* engine id of the initiator, verified */
   char sender_name[FERRY_WIRE_MAX_NAME + 1];
   unsigned refused_notices; /* for the log */
@@ -588,9 +591,11 @@ static void refuse_notice(svc_conn *c, const char *why) {
 }
 
 /* A reply's grant into the credit ring (room was checked before). */
-static void give_credit(svc_conn *c, const ferry_pool_req *r, const uint8_t *reply) {
+static void give_credit(svc_conn *c, const ferry_pool_req *r, const uint8_t *reply,
+                        uint64_t reclaims) {
   shm_credit *cr = &c->post->credits[c->given % SHM_CREDITS];
   cr->issued_ns = ferry_now_ns();
+  cr->reclaims = reclaims;
   memcpy(cr->grant, reply, sizeof cr->grant);
   snprintf(cr->pool, sizeof cr->pool, "%.*s", (int)r->pool_len, r->pool);
   __atomic_store_n(&cr->seq, c->given + 1, __ATOMIC_RELEASE);
@@ -611,6 +616,8 @@ static void serve_notice(ferry_shm_service *s, svc_conn *c, const uint8_t *body,
   if (c->given - taken >= SHM_CREDITS)
     r.flags &= ~(uint8_t)FERRY_POOL_NEXT;
   size_t n = ferry_wire_pool_encode(clean, &r);
+  /* Read before the grant: a reclaim racing with it voids this credit. */
+  uint64_t reclaims = __atomic_load_n(&c->reclaims, __ATOMIC_ACQUIRE);
   if (ferry_pools_serve(s->engine, c->sender, c->sender_name, clean, n, FERRY_NOTICE_POSTED,
                         reply) != FERRY_OK) {
     refuse_notice(c, ferry_last_error());
@@ -619,7 +626,7 @@ static void serve_notice(ferry_shm_service *s, svc_conn *c, const uint8_t *body,
   ferry_pool_grant g;
   ferry_wire_grant_decode(reply, &g);
   if (g.id)
-    give_credit(c, &r, reply);
+    give_credit(c, &r, reply, reclaims);
 }
 
 /* Serves the notices up to head, at most a ring's worth; nonzero when the
@@ -666,6 +673,22 @@ static int drain_notices(ferry_shm_service *s, svc_conn *c) {
   uint64_t one = 1;
   r = write(c->efd, &one, sizeof one);
   return 0;
+}
+
+/* Any thread (the server's, as a control connection ends), before the
+ * slots go: under the lock the attached connections and their pages stay. */
+void ferry_shm_peer_gone(ferry_engine *e, uint64_t peer) {
+  ferry_shm_service *s = e->shm;
+  if (!s)
+    return;
+  pthread_mutex_lock(&s->lock);
+  for (svc_conn *c = s->conns; c; c = c->next) {
+    if (!c->attached || !c->post || c->sender != peer)
+      continue;
+    uint64_t n = __atomic_add_fetch(&c->reclaims, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&c->post->reclaims, n, __ATOMIC_SEQ_CST);
+  }
+  pthread_mutex_unlock(&s->lock);
 }
 
 /* ---- revocation ------------------------------------------------------------------- */

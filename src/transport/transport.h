@@ -150,9 +150,12 @@ struct ferry_transport {
    * many. The grants are the target's, as trusted as a POOL_REPLY. wait:
    * the caller holds none; it may wait briefly (bounded, far below a
    * control round trip) while the target still has posted messages of
-   * ours to serve, whose replies may bring some. */
+   * ours to serve, whose replies may bring some.
+   * *epoch (0: none) names the credits valid now: the caller stops using
+   * those it cached under another epoch, since the target may have taken
+   * their slots back (peer_gone below) or the link carrying them ended. */
   size_t (*take_credits)(ferry_peer *peer, uint64_t instance, ferry_credit *out, size_t max,
-                         int wait);
+                         int wait, uint64_t *epoch);
   /* Nonzero when an idle channel can take a batch. A transport whose check
    * costs a system call may skip it for a channel that got a reply within
    * FERRY_PEER_TRUST_NS (tcp does; shm's link check stays). */
@@ -175,6 +178,10 @@ struct ferry_transport {
   size_t (*describe)(ferry_engine *engine, uint8_t *out, size_t size);
   void (*service_stop)(ferry_engine *engine);
   void (*fence)(ferry_engine *engine, ferry_region *removed, size_t count);
+  /* Target side: the pools are about to take back peer's slots (all its
+   * connections ended); what the transport handed it for them (credits)
+   * must stop working first. */
+  void (*peer_gone)(ferry_engine *engine, uint64_t peer);
 
   /* Per region, target side (each may be NULL). region_register runs for
    * the regions a call registers that are not registered yet, before the

@@ -444,6 +444,77 @@ static void send_after_a_restart_without_a_fitting_credit(void **state) {
   pair_free(p);
 }
 
+/* A second sender's send of the whole pool, not waiting for room: it
+ * fits only while nobody else holds a slot of it. */
+static ferry_status whole_pool_send(pair *p, ferry_engine *other, void *buf) {
+  return ferry_send(other, ferry_engine_name(p->rx), "emb", "all", 3, buf, 1 * MiB, 0,
+                    FERRY_SEND_NOWAIT);
+}
+
+/* The receiver takes back a sender's slots when every control connection
+ * of it ends while the sender lives on (here: the receiver idles them out
+ * soon); credits granted before must stop working, or the next send
+ * copies into a slot that is no longer its own and its notice is refused:
+ * a message the send reported sent, lost. The post page's reclaim count
+ * voids them; the send then asks for a grant and lands. */
+static void reclaimed_slots_void_credits(void **state) {
+  (void)state;
+  pair *p = calloc(1, sizeof *p);
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.transports = FERRY_TRANSPORT_TCP | FERRY_TRANSPORT_SHM;
+  cfg.idle_timeout_ms = 1500;
+  assert_int_equal(ferry_engine_create(&cfg, &p->rx), FERRY_OK);
+  assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, 1 * MiB, &p->pool), FERRY_OK);
+  p->tx = engine_on(0);
+  ferry_engine *other = engine_on(0);
+  assert_non_null(p->tx);
+  assert_non_null(other);
+  uint8_t *big;
+  ferry_message m;
+  assert_int_equal(ferry_memory_alloc(p->tx, 4 * MiB, (void **)&p->out), FERRY_OK);
+  assert_int_equal(ferry_memory_alloc(other, 1 * MiB, (void **)&big), FERRY_OK);
+  /* A batch of four into emb brings four credits. Messages into aux come
+   * after them in the ring: once one was received they are there, and the
+   * next send (to aux) caches them. One more send into emb then uses one
+   * and leaves the credit its notice brings in the ring: tx holds emb
+   * credits both cached and not taken yet. */
+  ferry_pool *aux;
+  assert_int_equal(ferry_pool_create(p->rx, "aux", NULL, 1 * MiB, &aux), FERRY_OK);
+  ferry_send_item items[4] = {{"a", 1, p->out, 64 * KiB, 0},
+                              {"a", 1, p->out, 64 * KiB, 0},
+                              {"a", 1, p->out, 64 * KiB, 0},
+                              {"a", 1, p->out, 64 * KiB, 0}};
+  assert_int_equal(ferry_send_batch(p->tx, ferry_engine_name(p->rx), "emb", items, 4, -1, 0),
+                   FERRY_OK);
+  require_shm(p);
+  for (unsigned i = 0; i < 4; i++)
+    expect(p, "a", 0, 64 * KiB);
+  for (unsigned i = 0; i < 2; i++) {
+    assert_int_equal(
+        ferry_send(p->tx, ferry_engine_name(p->rx), "aux", "x", 1, p->out, 4 * KiB, -1, 0),
+        FERRY_OK);
+    assert_int_equal(ferry_recv(p->rx, aux, "x", 1, 10000, &m), FERRY_OK);
+    assert_int_equal(ferry_pool_release(p->rx, aux, m.slot), FERRY_OK);
+  }
+  assert_int_equal(send_tag(p, "c", 0, 64 * KiB, -1), FERRY_OK);
+  expect(p, "c", 0, 64 * KiB);
+  assert_int_equal(whole_pool_send(p, other, big), FERRY_EBUSY); /* tx holds credits */
+  ferry_status st = FERRY_EBUSY;
+  for (int i = 0; i < 1000 && st == FERRY_EBUSY; i++)
+    if ((st = whole_pool_send(p, other, big)) == FERRY_EBUSY)
+      usleep(10 * 1000); /* polls for the reclaim, which runs on rx's server thread */
+  assert_int_equal(st, FERRY_OK);
+  assert_int_equal(ferry_recv(p->rx, p->pool, "all", 3, 10000, &m), FERRY_OK);
+  assert_int_equal(ferry_pool_release(p->rx, p->pool, m.slot), FERRY_OK);
+  if (send_tag(p, "after", KiB, 64 * KiB, -1))
+    fail_msg("send after the reclaim: %s", ferry_last_error());
+  expect(p, "after", KiB, 64 * KiB);
+  ferry_engine_destroy(other);
+  pair_free(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sender_killed_before_its_notice), /* forks: first, before any thread */
@@ -452,6 +523,7 @@ int main(void) {
       cmocka_unit_test(forged_ring_entries_are_refused),
       cmocka_unit_test(restarted_receiver_voids_credits),
       cmocka_unit_test(send_after_a_restart_without_a_fitting_credit),
+      cmocka_unit_test(reclaimed_slots_void_credits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
