@@ -41,7 +41,6 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,11 +59,20 @@
  * operation each). A segment larger than an operation is split. */
 #define FABRIC_DEPTH 16
 #define FABRIC_SLOTS FABRIC_DEPTH
-#define FABRIC_WAIT_MS 100 /* longest sleep on the CQ fd before checking the deadline */
+#define FABRIC_WAIT_MS 10 /* longest sleep on the CQ fd before checking deadline and target */
 /* Operations silent this long make the channel ask the target whether
  * their regions are still registered: shm (1.17) drops an operation with
  * a key it no longer knows, without a completion. */
 #define FABRIC_STALL_NS (1000 * 1000 * 1000ull)
+/* Operations silent this long make the channel check, once per this much,
+ * whether the target is gone: the provider does not fail them when it dies
+ * (rxm keeps reconnecting until the deadline), but the kernel closes the
+ * dead target's control connection at once. A probe after such a close is
+ * given at most FABRIC_PROBE_NS; when it cannot conclude (a slow or cut
+ * link), the next one waits FABRIC_REPROBE_NS. */
+#define FABRIC_GONE_CHECK_NS (1000 * 1000ull)
+#define FABRIC_PROBE_NS (250 * 1000 * 1000ull)
+#define FABRIC_REPROBE_NS (1000 * 1000 * 1000ull)
 
 typedef struct fabric_slot {
   ferry_chunk chunk;
@@ -91,6 +99,8 @@ typedef struct fabric_channel {
   char address[FERRY_HOST_MAX + 8];
   ferry_batch *batch;   /* being driven */
   uint64_t progress_ns; /* when an operation last completed, or the drive began */
+  uint64_t check_ns;    /* when target_gone may look again */
+  unsigned idle;        /* empty waits in a row without a wait fd (ferry_fabric_backoff) */
   ferry_status first;
   unsigned inflight, active;
   fabric_slot *posting; /* the slot with operations left to post */
@@ -420,8 +430,10 @@ static int reap(fabric_channel *ch) {
   ssize_t n = fi_cq_read(ch->cq, done, FABRIC_DEPTH);
   for (ssize_t i = 0; i < n; i++)
     op_done(ch, done[i].op_context);
-  if (n > 0)
+  if (n > 0) {
     ch->progress_ns = ferry_now_ns();
+    ch->idle = 0;
+  }
   if (n >= 0 || n == -FI_EAGAIN)
     return n > 0 ? (int)n : 0;
   struct fi_cq_err_entry err = {0};
@@ -447,15 +459,15 @@ static ferry_status wait_status(fabric_channel *ch) {
 }
 
 /* Sleeps on the CQ's fd (after fi_trywait: the provider may need to be
- * progressed first) or, without one, yields. */
+ * progressed first) or, without one, polls with backoff. A provider whose
+ * trywait keeps failing with nothing to complete (rxm reconnecting to a
+ * dead target) is polled with the same backoff instead of spun on. */
 static void wait_cq(fabric_channel *ch) {
-  if (ch->cq_fd < 0) {
-    sched_yield();
+  struct fid *fids[] = {&ch->cq->fid};
+  if (ch->cq_fd < 0 || fi_trywait(ch->fabric->fabric, fids, 1) != FI_SUCCESS) {
+    ferry_fabric_backoff(&ch->idle, ch->wake_fd);
     return;
   }
-  struct fid *fids[] = {&ch->cq->fid};
-  if (fi_trywait(ch->fabric->fabric, fids, 1) != FI_SUCCESS)
-    return;
   uint64_t left_ms = (ch->batch->deadline_ns - ferry_now_ns()) / 1000000 + 1;
   struct pollfd p[2] = {{.fd = ch->cq_fd, .events = POLLIN}, {.fd = ch->wake_fd, .events = POLLIN}};
   poll(p, 2, left_ms < FABRIC_WAIT_MS ? (int)left_ms : FABRIC_WAIT_MS);
@@ -473,6 +485,38 @@ static ferry_status stalled(fabric_channel *ch) {
   return FERRY_OK;
 }
 
+/* FERRY_ESOCKET when the target is gone or restarted: the target closed
+ * its control connection and connecting again failed, or met a new
+ * instance. The provider does not say so: rxm keeps reconnecting to a
+ * dead target until the deadline. Looks only after FABRIC_GONE_CHECK_NS
+ * without a completion, and leaves a passed deadline to wait_status. */
+static ferry_status target_gone(fabric_channel *ch) {
+  uint64_t now = ferry_now_ns();
+  if (now - ch->progress_ns < FABRIC_GONE_CHECK_NS || now < ch->check_ns ||
+      now >= ch->batch->deadline_ns)
+    return FERRY_OK;
+  ch->check_ns = now + FABRIC_GONE_CHECK_NS;
+  ferry_peer *p = ch->base.peer;
+  if (!ferry_peer_control_hangup(p))
+    return FERRY_OK;
+  uint64_t deadline = now + FABRIC_PROBE_NS;
+  ferry_status st =
+      ferry_peer_ping(p, deadline < ch->batch->deadline_ns ? deadline : ch->batch->deadline_ns);
+  if (st == FERRY_ECLOSED)
+    return st;
+  if (st == FERRY_ESOCKET)
+    return ferry_fail(FERRY_ESOCKET,
+                      "fabric transfer to %s: the target is gone (it closed its control "
+                      "connection, and connecting again failed: %s)",
+                      ch->address, ferry_last_error());
+  if (!st && target_restarted(ch))
+    return ferry_fail(FERRY_ESOCKET, "fabric transfer to %s: the target restarted meanwhile",
+                      ch->address);
+  if (st) /* inconclusive (a slow or cut link): the deadline decides */
+    ch->check_ns = ferry_now_ns() + FABRIC_REPROBE_NS;
+  return FERRY_OK;
+}
+
 /* Until at least one completion came; an error when the wait must end. */
 static ferry_status await(fabric_channel *ch) {
   for (;;) {
@@ -482,6 +526,8 @@ static ferry_status await(fabric_channel *ch) {
     ferry_status st = wait_status(ch);
     if (!st)
       st = stalled(ch);
+    if (!st)
+      st = target_gone(ch);
     if (st)
       return st;
     wait_cq(ch);
@@ -580,9 +626,9 @@ static ferry_status post_one(fabric_channel *ch, fabric_slot *s) {
       ch->base.broken = 1;
       return FERRY_ETRANSPORT;
     }
-    if ((st = wait_status(ch)) != FERRY_OK)
+    if ((st = wait_status(ch)) != FERRY_OK || (st = target_gone(ch)) != FERRY_OK)
       return st;
-    sched_yield();
+    ferry_fabric_backoff(&ch->idle, ch->wake_fd);
   }
 }
 
@@ -614,8 +660,8 @@ static ferry_status post_more(fabric_channel *ch, size_t slice) {
     if (!s)
       return FERRY_OK;
     ferry_status st = post_one(ch, s);
-    if (st == FERRY_ECLOSED || st == FERRY_ETIMEDOUT)
-      return st;
+    if (st == FERRY_ECLOSED || st == FERRY_ETIMEDOUT || st == FERRY_ESOCKET)
+      return st; /* the wait ended: the channel's turn too */
     if (st) {
       slot_error(s, st);
       stop_posting(ch, s);
@@ -635,6 +681,8 @@ static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
   ch->batch = b;
   ch->first = FERRY_OK;
   ch->progress_ns = ferry_now_ns();
+  ch->check_ns = 0;
+  ch->idle = 0;
   for (;;) {
     ferry_status st = post_more(ch, slice);
     if (!st && !ch->active)
