@@ -33,6 +33,7 @@
  * key per rail in the table (region_key_size = rails x 8) - not done; such
  * a provider serves on its one endpoint and says so. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -45,6 +46,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/clock.h"
@@ -96,6 +99,9 @@ typedef struct fabric_channel {
   int local_mr;  /* the provider needs a descriptor for local buffers */
   size_t op_max; /* bytes per operation */
   fi_addr_t dest;
+  struct sockaddr_storage dest_ip; /* the target endpoint's address on an IP provider */
+  socklen_t dest_ip_len;           /* 0: not one */
+  int orphaned;                    /* abandoned with operations in flight */
   char address[FERRY_HOST_MAX + 8];
   ferry_batch *batch;   /* being driven */
   uint64_t progress_ns; /* when an operation last completed, or the drive began */
@@ -166,8 +172,56 @@ static ferry_status channel_step(fabric_channel *ch, const char *what, int rc) {
                     fi_strerror(rc < 0 ? -rc : rc));
 }
 
+static int same_endpoint(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+  if (a->ss_family != b->ss_family)
+    return 0;
+  if (a->ss_family == AF_INET) {
+    const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+  }
+  const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+  return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr);
+}
+
+/* Makes the provider's close of an abandoned channel a reset. Its WRITEs
+ * may still sit in a socket's send queue (the link was down), and the
+ * tcp and net providers close their sockets gracefully, so the kernel
+ * would deliver them once the link is back, after the caller was told
+ * they failed and perhaps wrote the range again. libfabric offers no way
+ * to abort a connection, so every socket of this process connected to the
+ * target endpoint gets SO_LINGER 0: closed, it sends a reset and drops
+ * what it still queued. Sockets of other channels to the same endpoint
+ * only close that way too, later, with nothing queued (their operations
+ * completed; a completion means landed). */
+static void reset_on_close(const fabric_channel *ch) {
+  DIR *dir = opendir("/proc/self/fd");
+  if (!dir) {
+    FERRY_WARN("fabric channel to %s: cannot list /proc/self/fd (%s): its abandoned WRITEs "
+               "may still land",
+               ch->address, strerror(errno));
+    return;
+  }
+  struct dirent *e;
+  while ((e = readdir(dir)) != NULL) {
+    char *end;
+    long fd = strtol(e->d_name, &end, 10);
+    struct stat st;
+    struct sockaddr_storage peer;
+    socklen_t len = sizeof peer;
+    if (*end || end == e->d_name || fd == dirfd(dir) || fstat((int)fd, &st) != 0 ||
+        !S_ISSOCK(st.st_mode) || getpeername((int)fd, (struct sockaddr *)&peer, &len) != 0 ||
+        !same_endpoint(&peer, &ch->dest_ip))
+      continue;
+    struct linger reset = {.l_onoff = 1, .l_linger = 0};
+    setsockopt((int)fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+  }
+  closedir(dir);
+}
+
 static void fabric_close(ferry_channel *base) {
   fabric_channel *ch = (fabric_channel *)base;
+  if (ch->orphaned && ch->dest_ip_len)
+    reset_on_close(ch);
   struct fid *fids[] = {ch->ep ? &ch->ep->fid : NULL, ch->cq ? &ch->cq->fid : NULL,
                         ch->av ? &ch->av->fid : NULL};
   for (size_t i = 0; i < sizeof fids / sizeof *fids; i++)
@@ -220,6 +274,21 @@ static void rail_name(const uint8_t *addr, size_t len, unsigned r, char *out) {
   }
 }
 
+/* The sockaddr in an IP provider's endpoint name: its length, 0 if none. */
+static socklen_t ip_endpoint(const uint8_t *addr, size_t len, struct sockaddr_storage *out) {
+  sa_family_t family = 0;
+  if (len >= sizeof family)
+    memcpy(&family, addr, sizeof family);
+  size_t need = family == AF_INET    ? sizeof(struct sockaddr_in)
+                : family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                     : 0;
+  if (!need || len < need)
+    return 0;
+  memset(out, 0, sizeof *out);
+  memcpy(out, addr, need);
+  return (socklen_t)need;
+}
+
 /* The peer's rail endpoints from its descriptor (none: one rail, its main
  * endpoint). */
 static unsigned fabric_rails(const ferry_hello_reply *info, char names[][FERRY_RAIL_NAME_MAX],
@@ -270,6 +339,8 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   ch->fabric = f;
   ch->cq_fd = -1;
   ch->virt_addr = d.virt_addr;
+  if (ferry_fabric_is_host_ip(f->info))
+    ch->dest_ip_len = ip_endpoint(d.addr, d.addr_len, &ch->dest_ip);
   ch->op_max = op_size(p->engine);
   ch->local_mr = (f->info->domain_attr->mr_mode & FI_MR_LOCAL) || (f->info->mode & FI_LOCAL_MR);
   if (rail)
@@ -541,6 +612,7 @@ static void abandon(fabric_channel *ch, ferry_status st) {
   snprintf(detail, sizeof detail, "%s", ferry_last_error());
   ch->base.broken = 1;
   ch->posting = NULL;
+  ch->orphaned |= ch->inflight > 0;
   for (size_t i = 0; i < FABRIC_SLOTS; i++) {
     fabric_slot *s = &ch->slots[i];
     if (!s->active)
