@@ -350,6 +350,7 @@ static ferry_status control_once(ferry_peer *p, const ferry_frame_header *req, c
   *reused = p->control_fd >= 0;
   if (p->control_fd >= 0 && !ferry_net_idle_alive(p->control_fd)) {
     control_close(p);
+    p->control_hangup = 1;
     *reused = 0;
   }
   if (p->control_fd < 0) {
@@ -361,6 +362,7 @@ static ferry_status control_once(ferry_peer *p, const ferry_frame_header *req, c
       st = control_adopt(p, fd, reply.engine_id);
     if (st)
       return st;
+    p->control_hangup = 0;
     ferry_stats_control_opened(p);
   }
   ferry_sock s;
@@ -378,6 +380,8 @@ static ferry_status control_once(ferry_peer *p, const ferry_frame_header *req, c
     st = h.status ? ferry_sock_read_refusal(&s, &h, "request") : read(p, &s, &h, ctx);
   if (st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT || st == FERRY_EPROTO)
     control_close(p);
+  if (st == FERRY_ESOCKET) /* closed or reset by the target, not timed out here */
+    p->control_hangup = 1;
   p->control_used_ns = ferry_now_ns();
   return st;
 }
@@ -591,6 +595,14 @@ static int control_lost(ferry_peer *p) {
   int lost = p->control_fd < 0 || !ferry_net_idle_alive(p->control_fd);
   pthread_mutex_unlock(&p->control_lock);
   return lost;
+}
+
+int ferry_peer_control_hangup(ferry_peer *p) {
+  if (pthread_mutex_trylock(&p->control_lock) != 0)
+    return 0;
+  int hung = p->control_fd >= 0 ? !ferry_net_idle_alive(p->control_fd) : p->control_hangup;
+  pthread_mutex_unlock(&p->control_lock);
+  return hung;
 }
 
 ferry_status ferry_peer_ensure_for(ferry_peer *p, const ferry_entry *entries, size_t count,

@@ -53,6 +53,7 @@ struct ferry_peer {
   int control_fd;               /* set and closed under both locks */
   uint64_t control_used_ns;     /* when its last request ended (control_lock) */
   uint64_t control_instance;
+  int control_hangup;            /* the target closed it, and no connection replaced it yet */
   ferry_session control_session; /* seals control frames (a secret is set) */
 };
 
@@ -132,6 +133,15 @@ void ferry_peers_shutdown(ferry_engine *engine);
 ferry_status ferry_peer_refresh_regions(ferry_peer *peer, const ferry_region *spans, size_t count,
                                         uint64_t deadline_ns);
 ferry_status ferry_peer_ping(ferry_peer *peer, uint64_t deadline_ns);
+/* Nonzero when the target closed the peer's control connection (a killed
+ * target's kernel does so at once; a live one after its idle limit) and
+ * no new one replaced it yet, without waiting; 0 while another thread
+ * uses it. A transport whose channels cannot see a dead target asks this,
+ * then ferry_peer_ping tells a dead target (connecting again fails) from
+ * an idle close (it succeeds) or a restart (a new instance id in the
+ * peer's info). A connection this engine closed (a request timed out: a
+ * cut link) does not count. */
+int ferry_peer_control_hangup(ferry_peer *peer);
 ferry_status ferry_peer_notify(ferry_peer *peer, const char *name, const void *data, size_t len,
                                uint64_t deadline_ns);
 /* Asks the target, on the control connection, to stop serving our data

@@ -33,6 +33,7 @@
  * key per rail in the table (region_key_size = rails x 8) - not done; such
  * a provider serves on its one endpoint and says so. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -41,11 +42,12 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/clock.h"
@@ -60,11 +62,20 @@
  * operation each). A segment larger than an operation is split. */
 #define FABRIC_DEPTH 16
 #define FABRIC_SLOTS FABRIC_DEPTH
-#define FABRIC_WAIT_MS 100 /* longest sleep on the CQ fd before checking the deadline */
+#define FABRIC_WAIT_MS 10 /* longest sleep on the CQ fd before checking deadline and target */
 /* Operations silent this long make the channel ask the target whether
  * their regions are still registered: shm (1.17) drops an operation with
  * a key it no longer knows, without a completion. */
 #define FABRIC_STALL_NS (1000 * 1000 * 1000ull)
+/* Operations silent this long make the channel check, once per this much,
+ * whether the target is gone: the provider does not fail them when it dies
+ * (rxm keeps reconnecting until the deadline), but the kernel closes the
+ * dead target's control connection at once. A probe after such a close is
+ * given at most FABRIC_PROBE_NS; when it cannot conclude (a slow or cut
+ * link), the next one waits FABRIC_REPROBE_NS. */
+#define FABRIC_GONE_CHECK_NS (1000 * 1000ull)
+#define FABRIC_PROBE_NS (250 * 1000 * 1000ull)
+#define FABRIC_REPROBE_NS (1000 * 1000 * 1000ull)
 
 typedef struct fabric_slot {
   ferry_chunk chunk;
@@ -88,9 +99,14 @@ typedef struct fabric_channel {
   int local_mr;  /* the provider needs a descriptor for local buffers */
   size_t op_max; /* bytes per operation */
   fi_addr_t dest;
+  struct sockaddr_storage dest_ip; /* the target endpoint's address on an IP provider */
+  socklen_t dest_ip_len;           /* 0: not one */
+  int orphaned;                    /* abandoned with operations in flight */
   char address[FERRY_HOST_MAX + 8];
   ferry_batch *batch;   /* being driven */
   uint64_t progress_ns; /* when an operation last completed, or the drive began */
+  uint64_t check_ns;    /* when target_gone may look again */
+  unsigned idle;        /* empty waits in a row without a wait fd (ferry_fabric_backoff) */
   ferry_status first;
   unsigned inflight, active;
   fabric_slot *posting; /* the slot with operations left to post */
@@ -156,8 +172,56 @@ static ferry_status channel_step(fabric_channel *ch, const char *what, int rc) {
                     fi_strerror(rc < 0 ? -rc : rc));
 }
 
+static int same_endpoint(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+  if (a->ss_family != b->ss_family)
+    return 0;
+  if (a->ss_family == AF_INET) {
+    const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+  }
+  const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+  return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr);
+}
+
+/* Makes the provider's close of an abandoned channel a reset. Its WRITEs
+ * may still sit in a socket's send queue (the link was down), and the
+ * tcp and net providers close their sockets gracefully, so the kernel
+ * would deliver them once the link is back, after the caller was told
+ * they failed and perhaps wrote the range again. libfabric offers no way
+ * to abort a connection, so every socket of this process connected to the
+ * target endpoint gets SO_LINGER 0: closed, it sends a reset and drops
+ * what it still queued. Sockets of other channels to the same endpoint
+ * only close that way too, later, with nothing queued (their operations
+ * completed; a completion means landed). */
+static void reset_on_close(const fabric_channel *ch) {
+  DIR *dir = opendir("/proc/self/fd");
+  if (!dir) {
+    FERRY_WARN("fabric channel to %s: cannot list /proc/self/fd (%s): its abandoned WRITEs "
+               "may still land",
+               ch->address, strerror(errno));
+    return;
+  }
+  struct dirent *e;
+  while ((e = readdir(dir)) != NULL) {
+    char *end;
+    long fd = strtol(e->d_name, &end, 10);
+    struct stat st;
+    struct sockaddr_storage peer;
+    socklen_t len = sizeof peer;
+    if (*end || end == e->d_name || fd == dirfd(dir) || fstat((int)fd, &st) != 0 ||
+        !S_ISSOCK(st.st_mode) || getpeername((int)fd, (struct sockaddr *)&peer, &len) != 0 ||
+        !same_endpoint(&peer, &ch->dest_ip))
+      continue;
+    struct linger reset = {.l_onoff = 1, .l_linger = 0};
+    setsockopt((int)fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+  }
+  closedir(dir);
+}
+
 static void fabric_close(ferry_channel *base) {
   fabric_channel *ch = (fabric_channel *)base;
+  if (ch->orphaned && ch->dest_ip_len)
+    reset_on_close(ch);
   struct fid *fids[] = {ch->ep ? &ch->ep->fid : NULL, ch->cq ? &ch->cq->fid : NULL,
                         ch->av ? &ch->av->fid : NULL};
   for (size_t i = 0; i < sizeof fids / sizeof *fids; i++)
@@ -210,6 +274,21 @@ static void rail_name(const uint8_t *addr, size_t len, unsigned r, char *out) {
   }
 }
 
+/* The sockaddr in an IP provider's endpoint name: its length, 0 if none. */
+static socklen_t ip_endpoint(const uint8_t *addr, size_t len, struct sockaddr_storage *out) {
+  sa_family_t family = 0;
+  if (len >= sizeof family)
+    memcpy(&family, addr, sizeof family);
+  size_t need = family == AF_INET    ? sizeof(struct sockaddr_in)
+                : family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                     : 0;
+  if (!need || len < need)
+    return 0;
+  memset(out, 0, sizeof *out);
+  memcpy(out, addr, need);
+  return (socklen_t)need;
+}
+
 /* The peer's rail endpoints from its descriptor (none: one rail, its main
  * endpoint). */
 static unsigned fabric_rails(const ferry_hello_reply *info, char names[][FERRY_RAIL_NAME_MAX],
@@ -260,6 +339,8 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   ch->fabric = f;
   ch->cq_fd = -1;
   ch->virt_addr = d.virt_addr;
+  if (ferry_fabric_is_host_ip(f->info))
+    ch->dest_ip_len = ip_endpoint(d.addr, d.addr_len, &ch->dest_ip);
   ch->op_max = op_size(p->engine);
   ch->local_mr = (f->info->domain_attr->mr_mode & FI_MR_LOCAL) || (f->info->mode & FI_LOCAL_MR);
   if (rail)
@@ -420,8 +501,10 @@ static int reap(fabric_channel *ch) {
   ssize_t n = fi_cq_read(ch->cq, done, FABRIC_DEPTH);
   for (ssize_t i = 0; i < n; i++)
     op_done(ch, done[i].op_context);
-  if (n > 0)
+  if (n > 0) {
     ch->progress_ns = ferry_now_ns();
+    ch->idle = 0;
+  }
   if (n >= 0 || n == -FI_EAGAIN)
     return n > 0 ? (int)n : 0;
   struct fi_cq_err_entry err = {0};
@@ -447,15 +530,15 @@ static ferry_status wait_status(fabric_channel *ch) {
 }
 
 /* Sleeps on the CQ's fd (after fi_trywait: the provider may need to be
- * progressed first) or, without one, yields. */
+ * progressed first) or, without one, polls with backoff. A provider whose
+ * trywait keeps failing with nothing to complete (rxm reconnecting to a
+ * dead target) is polled with the same backoff instead of spun on. */
 static void wait_cq(fabric_channel *ch) {
-  if (ch->cq_fd < 0) {
-    sched_yield();
+  struct fid *fids[] = {&ch->cq->fid};
+  if (ch->cq_fd < 0 || fi_trywait(ch->fabric->fabric, fids, 1) != FI_SUCCESS) {
+    ferry_fabric_backoff(&ch->idle, ch->wake_fd);
     return;
   }
-  struct fid *fids[] = {&ch->cq->fid};
-  if (fi_trywait(ch->fabric->fabric, fids, 1) != FI_SUCCESS)
-    return;
   uint64_t left_ms = (ch->batch->deadline_ns - ferry_now_ns()) / 1000000 + 1;
   struct pollfd p[2] = {{.fd = ch->cq_fd, .events = POLLIN}, {.fd = ch->wake_fd, .events = POLLIN}};
   poll(p, 2, left_ms < FABRIC_WAIT_MS ? (int)left_ms : FABRIC_WAIT_MS);
@@ -473,6 +556,38 @@ static ferry_status stalled(fabric_channel *ch) {
   return FERRY_OK;
 }
 
+/* FERRY_ESOCKET when the target is gone or restarted: the target closed
+ * its control connection and connecting again failed, or met a new
+ * instance. The provider does not say so: rxm keeps reconnecting to a
+ * dead target until the deadline. Looks only after FABRIC_GONE_CHECK_NS
+ * without a completion, and leaves a passed deadline to wait_status. */
+static ferry_status target_gone(fabric_channel *ch) {
+  uint64_t now = ferry_now_ns();
+  if (now - ch->progress_ns < FABRIC_GONE_CHECK_NS || now < ch->check_ns ||
+      now >= ch->batch->deadline_ns)
+    return FERRY_OK;
+  ch->check_ns = now + FABRIC_GONE_CHECK_NS;
+  ferry_peer *p = ch->base.peer;
+  if (!ferry_peer_control_hangup(p))
+    return FERRY_OK;
+  uint64_t deadline = now + FABRIC_PROBE_NS;
+  ferry_status st =
+      ferry_peer_ping(p, deadline < ch->batch->deadline_ns ? deadline : ch->batch->deadline_ns);
+  if (st == FERRY_ECLOSED)
+    return st;
+  if (st == FERRY_ESOCKET)
+    return ferry_fail(FERRY_ESOCKET,
+                      "fabric transfer to %s: the target is gone (it closed its control "
+                      "connection, and connecting again failed: %s)",
+                      ch->address, ferry_last_error());
+  if (!st && target_restarted(ch))
+    return ferry_fail(FERRY_ESOCKET, "fabric transfer to %s: the target restarted meanwhile",
+                      ch->address);
+  if (st) /* inconclusive (a slow or cut link): the deadline decides */
+    ch->check_ns = ferry_now_ns() + FABRIC_REPROBE_NS;
+  return FERRY_OK;
+}
+
 /* Until at least one completion came; an error when the wait must end. */
 static ferry_status await(fabric_channel *ch) {
   for (;;) {
@@ -482,6 +597,8 @@ static ferry_status await(fabric_channel *ch) {
     ferry_status st = wait_status(ch);
     if (!st)
       st = stalled(ch);
+    if (!st)
+      st = target_gone(ch);
     if (st)
       return st;
     wait_cq(ch);
@@ -495,6 +612,7 @@ static void abandon(fabric_channel *ch, ferry_status st) {
   snprintf(detail, sizeof detail, "%s", ferry_last_error());
   ch->base.broken = 1;
   ch->posting = NULL;
+  ch->orphaned |= ch->inflight > 0;
   for (size_t i = 0; i < FABRIC_SLOTS; i++) {
     fabric_slot *s = &ch->slots[i];
     if (!s->active)
@@ -580,9 +698,9 @@ static ferry_status post_one(fabric_channel *ch, fabric_slot *s) {
       ch->base.broken = 1;
       return FERRY_ETRANSPORT;
     }
-    if ((st = wait_status(ch)) != FERRY_OK)
+    if ((st = wait_status(ch)) != FERRY_OK || (st = target_gone(ch)) != FERRY_OK)
       return st;
-    sched_yield();
+    ferry_fabric_backoff(&ch->idle, ch->wake_fd);
   }
 }
 
@@ -614,8 +732,8 @@ static ferry_status post_more(fabric_channel *ch, size_t slice) {
     if (!s)
       return FERRY_OK;
     ferry_status st = post_one(ch, s);
-    if (st == FERRY_ECLOSED || st == FERRY_ETIMEDOUT)
-      return st;
+    if (st == FERRY_ECLOSED || st == FERRY_ETIMEDOUT || st == FERRY_ESOCKET)
+      return st; /* the wait ended: the channel's turn too */
     if (st) {
       slot_error(s, st);
       stop_posting(ch, s);
@@ -635,6 +753,8 @@ static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
   ch->batch = b;
   ch->first = FERRY_OK;
   ch->progress_ns = ferry_now_ns();
+  ch->check_ns = 0;
+  ch->idle = 0;
   for (;;) {
     ferry_status st = post_more(ch, slice);
     if (!st && !ch->active)

@@ -60,7 +60,10 @@
  * with ferry_stats_moved next to each complete; b->deadline_ns; the peer's
  * address, lock-protected info (its descriptor) and engine;
  * ferry_peer_region_key, and ferry_peer_refresh_regions when a one-sided
- * transport must learn whether the target still holds a range. Core has
+ * transport must learn whether the target still holds a range;
+ * ferry_peer_control_hangup and ferry_peer_ping when its channels cannot
+ * see a dead target themselves (fabric: rxm reconnects instead of failing
+ * the operations; the control connection's reset tells). Core has
  * already checked every remote range against the cached table
  * (ferry_peer_check_remote) before a channel sees a chunk.
  *

@@ -6,8 +6,8 @@
  * batches of WRITEs and READs, SIGKILLs the target while they are in flight
  * (every other round it is stopped first and one more batch submitted, which
  * therefore is provably in flight at the kill however busy the machine is),
- * checks that every call ends within its timeout with a clear error (or
- * succeeded before the kill), checks that a call made while the target is
+ * checks that every call ends with a clear error well before its timeout,
+ * at the reset (or succeeded before the kill), checks that a call made while the target is
  * down fails fast, restarts the target on the same port, and checks that the
  * very next call reconnects and moves bytes that read back intact (crc32c).
  *
@@ -134,7 +134,13 @@ static void kill_restart_rounds(env *e, int fixed_layout, int count, stats *s) {
                    "timeout",
                    round, ferry_strerror(st), why);
         assert_true(strlen(why) > 10);
-        assert_true(took < (TIMEOUT_MS + 1500) / 1000.0);
+        /* The kill resets the target's connections at once: a call in
+         * flight ends then, not at its deadline (half of it is slack for a
+         * busy machine; tcp takes milliseconds). */
+        if (took >= TIMEOUT_MS / 2000.0)
+          fail_msg("round %d: a call in flight failed %.3f s after the kill (%s): it waited for "
+                   "its deadline instead of noticing the dead target",
+                   round, took, why);
       }
       ferry_batch_free(batches[b]);
     }
