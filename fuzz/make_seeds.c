@@ -131,6 +131,7 @@ static void header_seeds(void) {
       {"regions_reply", {.type = FERRY_FRAME_REGIONS_REPLY, .count = 2, .body_len = 33}},
       {"notify", {.type = FERRY_FRAME_NOTIFY, .body_len = 10}},
       {"ping", {.type = FERRY_FRAME_PING, .id = 1}},
+      {"cut", {.type = FERRY_FRAME_CUT, .body_len = FERRY_WIRE_NONCE_SIZE, .id = 10}},
       {"auth_reply", {.type = FERRY_FRAME_AUTH_REPLY, .body_len = FERRY_WIRE_PROOF_SIZE + 34}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -221,6 +222,8 @@ static void server_seeds(void) {
                            .tag = "t",
                            .tag_len = 1};
   add_write(&b, 9, FUZZ_SERVER_BUF + 2048, 64, 1, &landed); /* refused: no such pool */
+  memset(body, 0x5a, FERRY_WIRE_NONCE_SIZE);
+  add_frame(&b, FERRY_FRAME_CUT, 0, 0, 0, 10, body, FERRY_WIRE_NONCE_SIZE); /* no such connection */
   put("fuzz_server", "session", b.data, b.len);
 
   b.len = 0;

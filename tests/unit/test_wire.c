@@ -111,7 +111,7 @@ static void test_header_bad_magic_reserved_type(void **state) {
   assert_int_equal(ferry_wire_header_decode(buf, &out), FERRY_EPROTO);
   assert_detail("reserved");
 
-  const uint8_t bad_types[] = {0, 17, 200, 255};
+  const uint8_t bad_types[] = {0, FERRY_FRAME_LAST + 1, 200, 255};
   for (size_t i = 0; i < sizeof bad_types; i++) {
     h.type = bad_types[i];
     assert_int_equal(check_header(h), FERRY_EPROTO);
@@ -257,6 +257,11 @@ static void test_header_limits(void **state) {
        FERRY_OK},
       {header(FERRY_FRAME_NOTIFY, 0, 0, 0, 3 + FERRY_WIRE_MAX_NAME + FERRY_WIRE_MAX_NOTIFY_DATA),
        FERRY_EPROTO},
+      {header(FERRY_FRAME_CUT, 0, 0, 0, FERRY_WIRE_NONCE_SIZE), FERRY_OK}, /* a HELLO nonce */
+      {header(FERRY_FRAME_CUT, 0, 0, 0, FERRY_WIRE_NONCE_SIZE - 1), FERRY_EPROTO},
+      {header(FERRY_FRAME_CUT, 0, 0, 0, FERRY_WIRE_NONCE_SIZE + 1), FERRY_EPROTO},
+      {header(FERRY_FRAME_CUT_REPLY, 0, 0, 0, 0), FERRY_OK},
+      {header(FERRY_FRAME_CUT_REPLY, 0, 0, 0, 1), FERRY_EPROTO},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     ferry_status st = check_header(cases[i].h);
