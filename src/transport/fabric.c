@@ -8,7 +8,9 @@
  * the one peer, driven by the thread that checked it out: it claims chunks
  * and keeps up to FABRIC_DEPTH operations in flight, one per segment, each
  * aimed at the peer's registration by the key the peer's region table
- * carries (ferry_peer_region_key).
+ * carries (ferry_peer_region_key). A channel without a rail aims at the
+ * next of the target's lanes (pick_lane; fabric_service.c's top comment),
+ * so a batch's channels are served by several target threads.
  *
  * Done means landed: every WRITE asks for FI_DELIVERY_COMPLETE (and the
  * service only opens providers that grant it in tx op_flags), so its
@@ -238,6 +240,18 @@ static int pick_rail(ferry_fabric_descriptor *d, const char *rail, char *why, si
   return rail ? (snprintf(why, size, "it lists no rail %s", rail), 0) : 1;
 }
 
+/* Aims d at the next of the peer's lanes (round robin over this engine's
+ * channels), so that the target's progress threads share the work. */
+static void pick_lane(ferry_fabric *f, ferry_fabric_descriptor *d) {
+  if (!d->lane_count)
+    return;
+  unsigned lane = __atomic_fetch_add(&f->next_lane, 1, __ATOMIC_RELAXED) % (d->lane_count + 1);
+  if (lane) {
+    memcpy(d->addr, d->lane_addr[lane - 1], d->lane_addr_len[lane - 1]);
+    d->addr_len = d->lane_addr_len[lane - 1];
+  }
+}
+
 static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_ns,
                             ferry_channel **out) {
   ferry_fabric *f = p->engine->fabric;
@@ -251,6 +265,8 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   if (!ok)
     return ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: %s", p->address,
                       f ? why : "fabric is off here");
+  if (!rail)
+    pick_lane(f, &d);
   fabric_channel *ch = calloc(1, sizeof *ch);
   if (!ch)
     return ferry_fail(FERRY_ENOMEM, "no memory for a fabric channel to %s", p->address);

@@ -53,6 +53,9 @@ typedef struct ferry_fabric_descriptor {
   unsigned rail_count; /* rail endpoints (fabric.c's top comment); 0: none */
   uint8_t rail_addr[FERRY_RAILS_MAX][FERRY_FABRIC_ADDR_MAX];
   size_t rail_addr_len[FERRY_RAILS_MAX];
+  unsigned lane_count; /* lanes besides the main endpoint (addr); 0: none */
+  uint8_t lane_addr[FERRY_FABRIC_LANES_MAX - 1][FERRY_FABRIC_ADDR_MAX];
+  size_t lane_addr_len[FERRY_FABRIC_LANES_MAX - 1];
 } ferry_fabric_descriptor;
 
 /* One memory registration, in a table sorted by address. */
@@ -61,27 +64,38 @@ typedef struct ferry_fabric_mr {
   struct fid_mr *mr;
 } ferry_fabric_mr;
 
+/* A lane of the target: an endpoint with its own CQ and progress thread
+ * (fabric_service.c's top comment). Lane 0 is the main endpoint. */
+typedef struct ferry_fabric_lane {
+  struct ferry_fabric *fabric;
+  struct fid_ep *ep;
+  struct fid_cq *cq;
+  struct fid_cntr *cntr; /* remote RMA events: activity, where the CQ has no fd */
+  int cq_fd;             /* the CQ's wait fd, -1 where the provider has none */
+  int wake_fd;           /* eventfd: stop, quiesce */
+  pthread_t thread;
+  int running;
+  uint64_t quiesce_seen; /* under the fabric's quiesce_lock */
+  uint64_t rounds;       /* progress rounds (wake-ups) so far: a busy lane counts many */
+} ferry_fabric_lane;
+
 typedef struct ferry_fabric {
   ferry_engine *engine;
   struct fi_info *info;
   struct fid_fabric *fabric;
   struct fid_domain *domain;
-  struct fid_av *av; /* the target endpoint's; stays empty */
-  struct fid_cq *cq;
-  struct fid_cntr *cntr; /* remote RMA events: activity, where the CQ has no fd */
-  struct fid_ep *ep;
-  struct fid_ep *rail_eps[FERRY_RAILS_MAX]; /* one per rail host, in the domain of ep */
-  int cq_fd;                                /* the CQ's wait fd, -1 where the provider has none */
-  int wake_fd;                              /* eventfd: stop the progress thread */
+  struct fid_av *av; /* the target endpoints'; stays empty */
+  ferry_fabric_lane lanes[FERRY_FABRIC_LANES_MAX];
+  unsigned lane_count;
+  unsigned next_lane; /* initiator: the lane the next channel aims at (atomic) */
+  struct fid_ep *rail_eps[FERRY_RAILS_MAX]; /* one per rail host, on lane 0's CQ */
   int stop;
-  /* Deregistration waits until the progress thread began a new round: a
+  /* Deregistration waits until every progress thread began a new round: a
    * copy into a registration (software providers copy in the target's
    * progress call) that was under way when it was closed has then ended. */
   pthread_mutex_t quiesce_lock;
   pthread_cond_t quiesce_cond;
-  uint64_t quiesce_asked, quiesce_seen;
-  pthread_t progress;
-  int progress_running;
+  uint64_t quiesce_asked;
   int virt_addr, prov_key, mr_endpoint;
   ferry_fabric_descriptor self; /* what describe publishes */
 

@@ -25,27 +25,31 @@
 
 #define KiB 1024u
 
-/* An engine on fabric alone with provider (NULL: automatic); *st gets the
- * create status. */
-static ferry_engine *fabric_engine(const char *provider, const char *device, ferry_status *st) {
+/* An engine on fabric alone with provider (NULL: automatic) and lanes (0:
+ * the default); *st gets the create status. */
+static ferry_engine *fabric_engine(const char *provider, const char *device, unsigned lanes,
+                                   ferry_status *st) {
   ferry_config cfg;
   ferry_config_init(&cfg);
   cfg.bind_host = cfg.advertise_host = "127.0.0.1";
   cfg.transports = FERRY_TRANSPORT_FABRIC;
   cfg.fabric_provider = provider;
   cfg.fabric_device = device;
+  cfg.fabric_lanes = lanes;
   ferry_engine *e = NULL;
   *st = ferry_engine_create(&cfg, &e);
   return e;
 }
 
-static ferry_engine *must_engine(const char *provider) {
+static ferry_engine *lanes_engine(const char *provider, unsigned lanes) {
   ferry_status st;
-  ferry_engine *e = fabric_engine(provider, NULL, &st);
+  ferry_engine *e = fabric_engine(provider, NULL, lanes, &st);
   if (st)
     fail_msg("engine on %s: %s", provider, ferry_last_error());
   return e;
 }
+
+static ferry_engine *must_engine(const char *provider) { return lanes_engine(provider, 0); }
 
 struct captured {
   pthread_mutex_t lock;
@@ -88,20 +92,20 @@ static void automatic_choice_falls_back_with_one_line(void **state) {
   assert_non_null(strstr(strstr(c.line, "; using "), "tcp"));
   ferry_engine_destroy(e);
   /* fabric alone, automatic, no device: nothing left to run on */
-  e = fabric_engine(NULL, NULL, &st);
+  e = fabric_engine(NULL, NULL, 0, &st);
   assert_int_equal(st, FERRY_ETRANSPORT);
   assert_non_null(strstr(ferry_last_error(), "no RDMA device"));
 }
 
 static void named_provider_that_cannot_start_is_an_error(void **state) {
   ferry_status st;
-  assert_null(fabric_engine("no-such-provider", NULL, &st));
+  assert_null(fabric_engine("no-such-provider", NULL, 0, &st));
   assert_int_equal(st, FERRY_ETRANSPORT);
   print_message("%s\n", ferry_last_error());
   assert_non_null(strstr(ferry_last_error(), "no-such-provider"));
   assert_non_null(strstr(ferry_last_error(), "fi_getinfo"));
   /* an unknown device names the ones that exist */
-  assert_null(fabric_engine("tcp;ofi_rxm", "mlx5_9", &st));
+  assert_null(fabric_engine("tcp;ofi_rxm", "mlx5_9", 0, &st));
   assert_int_equal(st, FERRY_ETRANSPORT);
   print_message("%s\n", ferry_last_error());
   assert_non_null(strstr(ferry_last_error(), "\"mlx5_9\" not found"));
@@ -109,9 +113,10 @@ static void named_provider_that_cannot_start_is_an_error(void **state) {
 }
 
 /* Every truncation and a flipped byte of a real descriptor: decoded without
- * reading past the end, and refused unless still well formed. */
+ * reading past the end, and refused unless still well formed. One lane: no
+ * lanes list (that one is test_fabric_lanes). */
 static void descriptor_is_checked_as_untrusted_input(void **state) {
-  ferry_engine *e = must_engine("tcp;ofi_rxm");
+  ferry_engine *e = lanes_engine("tcp;ofi_rxm", 1);
   uint8_t real[FERRY_WIRE_MAX_DESCRIPTOR];
   size_t len = ferry_fabric_describe(e, real, sizeof real);
   assert_true(len > 20);
