@@ -96,6 +96,8 @@ typedef struct fabric_channel {
   ferry_status first;
   unsigned inflight, active;
   fabric_slot *posting; /* the slot with operations left to post */
+  uint32_t *wake_map;   /* shm: the target's wake page, and its lane's word */
+  uint32_t *sleep_word;
   fabric_slot slots[FABRIC_SLOTS];
 } fabric_channel;
 
@@ -167,6 +169,7 @@ static void fabric_close(ferry_channel *base) {
       fi_close(fids[i]); /* the endpoint first: it cancels what is still in flight */
   if (ch->wake_fd >= 0)
     close(ch->wake_fd);
+  ferry_fabric_wake_unmap(ch->wake_map);
   free(ch);
 }
 
@@ -241,15 +244,30 @@ static int pick_rail(ferry_fabric_descriptor *d, const char *rail, char *why, si
 }
 
 /* Aims d at the next of the peer's lanes (round robin over this engine's
- * channels), so that the target's progress threads share the work. */
-static void pick_lane(ferry_fabric *f, ferry_fabric_descriptor *d) {
+ * channels), so that the target's progress threads share the work;
+ * returns the lane. */
+static unsigned pick_lane(ferry_fabric *f, ferry_fabric_descriptor *d) {
   if (!d->lane_count)
-    return;
+    return 0;
   unsigned lane = __atomic_fetch_add(&f->next_lane, 1, __ATOMIC_RELAXED) % (d->lane_count + 1);
   if (lane) {
     memcpy(d->addr, d->lane_addr[lane - 1], d->lane_addr_len[lane - 1]);
     d->addr_len = d->lane_addr_len[lane - 1];
   }
+  return lane;
+}
+
+/* The target lane's wake word where it has one (shm, fabric_wake.c). */
+static void map_wake(fabric_channel *ch, const ferry_fabric_descriptor *d, unsigned lane) {
+  char path[FERRY_FABRIC_WAKE_PATH_MAX];
+  if (!ferry_fabric_wake_path(d, path, sizeof path))
+    return;
+  ch->wake_map = ferry_fabric_wake_map(path, 0);
+  if (ch->wake_map)
+    ch->sleep_word = ch->wake_map + lane * FERRY_FABRIC_WAKE_STRIDE;
+  else
+    FERRY_DEBUG("fabric channel to %s: no wake page %s (%s): its idle target polls", ch->address,
+                path, strerror(errno));
 }
 
 static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_ns,
@@ -265,11 +283,11 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   if (!ok)
     return ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: %s", p->address,
                       f ? why : "fabric is off here");
-  if (!rail)
-    pick_lane(f, &d);
   fabric_channel *ch = calloc(1, sizeof *ch);
   if (!ch)
     return ferry_fail(FERRY_ENOMEM, "no memory for a fabric channel to %s", p->address);
+  snprintf(ch->address, sizeof ch->address, "%s", p->address);
+  map_wake(ch, &d, rail ? 0 : pick_lane(f, &d));
   ch->base.transport = &ferry_transport_fabric;
   ch->base.peer = p;
   ch->base.peer_instance = instance;
@@ -280,8 +298,6 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   ch->local_mr = (f->info->domain_attr->mr_mode & FI_MR_LOCAL) || (f->info->mode & FI_LOCAL_MR);
   if (rail)
     snprintf(ch->address, sizeof ch->address, "%.190s (rail %.60s)", p->address, rail);
-  else
-    snprintf(ch->address, sizeof ch->address, "%s", p->address);
   ch->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   ferry_status st = ch->wake_fd < 0 ? ferry_fail_errno(FERRY_ETRANSPORT, errno,
                                                        "fabric channel to %s: eventfd", p->address)
@@ -433,6 +449,8 @@ static void op_failed(fabric_channel *ch, const struct fi_cq_err_entry *err) {
 /* Reads completions: how many, 0 for none, -1 when the CQ itself failed. */
 static int reap(fabric_channel *ch) {
   struct fi_cq_entry done[FABRIC_DEPTH];
+  if (ch->sleep_word) /* the target lane serves only when awake */
+    ferry_fabric_nudge(ch->sleep_word);
   ssize_t n = fi_cq_read(ch->cq, done, FABRIC_DEPTH);
   for (ssize_t i = 0; i < n; i++)
     op_done(ch, done[i].op_context);

@@ -58,6 +58,23 @@ typedef struct ferry_fabric_descriptor {
   size_t lane_addr_len[FERRY_FABRIC_LANES_MAX - 1];
 } ferry_fabric_descriptor;
 
+/* Wake words (shm, fabric_service.c's top comment): a shared page of one
+ * word per lane, named after the target's address. */
+#define FERRY_FABRIC_WAKE_PATH_MAX (FERRY_FABRIC_ADDR_MAX + 32)
+#define FERRY_FABRIC_WAKE_SIZE 4096u
+#define FERRY_FABRIC_WAKE_STRIDE 16u /* words: a cache line per lane */
+#define FERRY_FABRIC_SLEEPING 1u
+/* The wake page of a target with descriptor d: 1 with its path, 0 when its
+ * provider has none (not shm, or an address of another form). */
+int ferry_fabric_wake_path(const ferry_fabric_descriptor *d, char *out, size_t size);
+/* Maps the wake page at path (create: a new one, for the target); NULL
+ * with errno set when it cannot. */
+uint32_t *ferry_fabric_wake_map(const char *path, int create);
+void ferry_fabric_wake_unmap(uint32_t *words);
+/* An initiator waiting on the lane: wakes its progress thread if it sleeps
+ * on word. */
+void ferry_fabric_nudge(uint32_t *word);
+
 /* One memory registration, in a table sorted by address. */
 typedef struct ferry_fabric_mr {
   uint64_t addr, length;
@@ -77,6 +94,8 @@ typedef struct ferry_fabric_lane {
   int running;
   uint64_t quiesce_seen; /* under the fabric's quiesce_lock */
   uint64_t rounds;       /* progress rounds (wake-ups) so far: a busy lane counts many */
+  uint32_t *sleep_word;  /* shm: its wake word; NULL: sleeps are capped instead */
+  uint64_t woken;        /* sleeps on the wake word that a flip of it ended */
 } ferry_fabric_lane;
 
 typedef struct ferry_fabric {
@@ -96,6 +115,8 @@ typedef struct ferry_fabric {
   pthread_mutex_t quiesce_lock;
   pthread_cond_t quiesce_cond;
   uint64_t quiesce_asked;
+  uint32_t *wake_words; /* shm: the lanes' wake words, shared with initiators */
+  char wake_path[FERRY_FABRIC_WAKE_PATH_MAX];
   int virt_addr, prov_key, mr_endpoint;
   ferry_fabric_descriptor self; /* what describe publishes */
 

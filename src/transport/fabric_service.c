@@ -27,6 +27,7 @@
  * them and every registration's key works on each. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/futex.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <rdma/fi_cm.h>
@@ -38,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -49,6 +51,11 @@
 #define FABRIC_SPIN_ROUNDS 4096   /* yields before the first sleep */
 #define FABRIC_SLEEP_MIN_US 50    /* then sleeps, doubling */
 #define FABRIC_SLEEP_MAX_US 20000 /* up to this: 50 wake-ups a second when idle */
+/* With a wake word (shm): once the sleeps reached this many rounds, the
+ * lane sleeps on its word, at most FABRIC_DEEP_MAX_S (bounds what a peer
+ * that cannot reach the word costs it). */
+#define FABRIC_DEEP_ROUNDS (FABRIC_SPIN_ROUNDS + 8)
+#define FABRIC_DEEP_MAX_S 1
 #define FABRIC_DESCRIPTOR_VERSION 1
 
 void ferry_fabric_backoff(unsigned *idle, int wake_fd) {
@@ -314,6 +321,36 @@ static void wake(const ferry_fabric_lane *l) {
   uint64_t one = 1;
   if (write(l->wake_fd, &one, sizeof one) < 0)
     FERRY_DEBUG("fabric: waking a progress thread: %s", strerror(errno));
+  if (l->sleep_word) {
+    __atomic_store_n(l->sleep_word, 0, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, l->sleep_word, FUTEX_WAKE, 1, NULL, NULL, 0);
+  }
+}
+
+/* Stop or a deregistration asked since the lane's last round. */
+static int asked(ferry_fabric_lane *l) {
+  ferry_fabric *f = l->fabric;
+  return __atomic_load_n(&f->stop, __ATOMIC_SEQ_CST) ||
+         __atomic_load_n(&f->quiesce_asked, __ATOMIC_SEQ_CST) !=
+             __atomic_load_n(&l->quiesce_seen, __ATOMIC_SEQ_CST);
+}
+
+/* Sleeps on the lane's wake word until an initiator or wake() flips it
+ * (fabric_wake.c): first the word says so, then one more progress call
+ * serves what was posted before, and a remote event or a request seen
+ * then cancels the sleep. Returns 0 when only the cap ended it. */
+static int sleep_deep(ferry_fabric_lane *l, uint64_t seen) {
+  __atomic_store_n(l->sleep_word, FERRY_FABRIC_SLEEPING, __ATOMIC_SEQ_CST);
+  drain(l);
+  uint64_t events = l->cntr ? fi_cntr_read(l->cntr) : seen;
+  if (events == seen && !asked(l)) {
+    struct timespec ts = {FABRIC_DEEP_MAX_S, 0};
+    syscall(SYS_futex, l->sleep_word, FUTEX_WAIT, FERRY_FABRIC_SLEEPING, &ts, NULL, 0);
+  }
+  int flipped = __atomic_exchange_n(l->sleep_word, 0, __ATOMIC_SEQ_CST) != FERRY_FABRIC_SLEEPING;
+  if (flipped)
+    __atomic_fetch_add(&l->woken, 1, __ATOMIC_RELAXED);
+  return flipped || events != seen || asked(l);
 }
 
 /* The running lanes that have not yet started a round since ticket. */
@@ -360,6 +397,11 @@ static void *progress_main(void *arg) {
       seen = events;
       idle = 0;
     }
+    if (l->sleep_word && idle >= FABRIC_DEEP_ROUNDS) {
+      if (sleep_deep(l, seen))
+        idle = FABRIC_SPIN_ROUNDS; /* woken: poll briefly, sleep again soon */
+      continue;
+    }
     ferry_fabric_backoff(&idle, l->wake_fd);
   }
   quiesce_answer(l);
@@ -399,6 +441,9 @@ static void fabric_free(ferry_fabric *f) {
       fi_close(&f->rail_eps[r]->fid);
   for (unsigned i = 0; i < FERRY_FABRIC_LANES_MAX; i++)
     close_lane(&f->lanes[i]);
+  ferry_fabric_wake_unmap(f->wake_words);
+  if (f->wake_path[0])
+    unlink(f->wake_path);
   struct fid *fids[] = {f->av ? &f->av->fid : NULL, f->domain ? &f->domain->fid : NULL,
                         f->fabric ? &f->fabric->fid : NULL};
   for (size_t i = 0; i < sizeof fids / sizeof *fids; i++)
@@ -537,6 +582,23 @@ static ferry_status start_lanes(ferry_fabric *f) {
   return FERRY_OK;
 }
 
+/* shm: the lanes' wake words (fabric_wake.c), else (or when the page
+ * cannot be made) capped sleeps. */
+static void open_wake(ferry_fabric *f) {
+  if (f->lanes[0].cq_fd >= 0 ||
+      !ferry_fabric_wake_path(&f->self, f->wake_path, sizeof f->wake_path))
+    return;
+  f->wake_words = ferry_fabric_wake_map(f->wake_path, 1);
+  if (!f->wake_words) {
+    FERRY_INFO("fabric: no wake page %s (%s): idle lanes poll, up to %d ms apart", f->wake_path,
+               strerror(errno), FABRIC_SLEEP_MAX_US / 1000);
+    f->wake_path[0] = '\0';
+    return;
+  }
+  for (unsigned i = 0; i < f->lane_count; i++)
+    f->lanes[i].sleep_word = f->wake_words + i * FERRY_FABRIC_WAKE_STRIDE;
+}
+
 static ferry_status fabric_open(ferry_fabric *f) {
   read_mr_mode(f);
   copy_name(f->self.provider, f->info->fabric_attr->prov_name);
@@ -547,6 +609,8 @@ static ferry_status fabric_open(ferry_fabric *f) {
     st = fill_self(f);
   if (!st)
     st = open_rails(f);
+  if (!st)
+    open_wake(f);
   if (!st)
     st = start_lanes(f);
   return st;

@@ -19,6 +19,7 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
+#include "core/clock.h"
 #include "ferry.h"
 #include "harness.h"
 #include "transport/fabric.h"
@@ -214,19 +215,53 @@ static long process_ticks(void) {
   return utime + stime;
 }
 
-/* shm has no wait fd: its progress threads poll, backing off to sleeps, so
- * two idle engines after traffic cost (almost) nothing. */
+/* Every lane of e sleeps on its wake word (fabric_wake.c). */
+static int lanes_asleep(ferry_engine *e) {
+  const ferry_fabric *f = e->fabric;
+  for (unsigned i = 0; i < f->lane_count; i++)
+    if (!f->lanes[i].sleep_word ||
+        __atomic_load_n(f->lanes[i].sleep_word, __ATOMIC_SEQ_CST) != FERRY_FABRIC_SLEEPING)
+      return 0;
+  return 1;
+}
+
+/* Lane wake-ups, or (woken) sleeps on the wake word a flip of it ended. */
+static uint64_t lane_sum(ferry_engine *e, int woken) {
+  uint64_t n = 0;
+  for (unsigned i = 0; i < e->fabric->lane_count; i++)
+    n += __atomic_load_n(woken ? &e->fabric->lanes[i].woken : &e->fabric->lanes[i].rounds,
+                         __ATOMIC_RELAXED);
+  return n;
+}
+
+/* shm has no wait fd: an idle lane sleeps on its wake word, which the
+ * first initiator waiting on it flips. So two idle engines after traffic
+ * cost no CPU and their lanes do not wake (a capped poll wakes ~50 times
+ * a second per lane; the wake word's safety cap once a second), and the
+ * next transfer's initiator wakes the target (its latency printed). */
 static void idle_polled_engines_use_no_cpu(void **state) {
   ferry_engine *a = must_engine("shm"), *b = must_engine("shm");
   uint8_t *dst = test_buffer(a, 64 * KiB), *src = test_buffer(b, 64 * KiB);
   test_round_trip(b, ferry_engine_name(a), src, src + 32 * KiB, (uint64_t)(uintptr_t)dst, 32 * KiB,
                   11);
-  usleep(200 * 1000); /* past the yielding phase of the backoff */
+  for (int i = 0; i < 6000 && !(lanes_asleep(a) && lanes_asleep(b)); i++)
+    usleep(10 * 1000); /* a poll with a 60 s bound: the backoff's length on a busy host */
+  assert_true(lanes_asleep(a) && lanes_asleep(b));
   long before = process_ticks();
+  uint64_t woke = lane_sum(a, 0) + lane_sum(b, 0);
   sleep(2);
   long used = process_ticks() - before;
-  print_message("two idle shm-provider engines used %ld ticks in 2 s\n", used);
+  woke = lane_sum(a, 0) + lane_sum(b, 0) - woke;
+  print_message("two idle shm-provider engines used %ld ticks and %llu lane wake-ups in 2 s\n",
+                used, (unsigned long long)woke);
   assert_true(before >= 0 && used <= 3);
+  assert_true(woke <= 4 * 3); /* 4 lanes, each at most the safety cap's 2 (+1) */
+  uint64_t t0 = ferry_now_ns(), flips = lane_sum(a, 1);
+  assert_int_equal(ferry_transfer_sync(b, ferry_engine_name(a), FERRY_OP_WRITE, src,
+                                       (uint64_t)(uintptr_t)dst, 4 * KiB),
+                   FERRY_OK);
+  print_message("first 4 KiB WRITE after idle: %.0f us\n", (ferry_now_ns() - t0) / 1e3);
+  assert_true(lane_sum(a, 1) > flips); /* the initiator woke the target, not the cap */
   ferry_engine_destroy(b);
   ferry_engine_destroy(a);
   free(dst);
