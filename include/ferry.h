@@ -259,11 +259,13 @@ typedef struct ferry_config {
   int fabric_mr_basic;
   /* Target lanes of the fabric transport (FERRY_FABRIC_LANES, 1 to
    * FERRY_FABRIC_LANES_MAX; default 0: the number of CPUs, at least 2, at
-   * most FERRY_FABRIC_LANES_MAX): endpoints of the target, each with its
-   * own completion queue and progress thread, over which initiators spread
-   * their channels. On software providers (tcp;ofi_rxm, net, shm) the
-   * target's progress thread copies the bytes, so one lane bounds a
-   * target to one CPU. A provider with FI_MR_ENDPOINT serves on one. */
+   * most FERRY_FABRIC_LANES_MAX, where the provider has a wait fd, else 1):
+   * endpoints of the target, each with its own completion queue and
+   * progress thread, over which initiators spread their channels. On
+   * software providers (tcp;ofi_rxm, net) the target's progress thread
+   * copies the bytes, so one lane bounds a target to one CPU; polling
+   * providers (shm, efa) default to one, as polling threads take the CPUs
+   * from each other. A provider with FI_MR_ENDPOINT serves on one. */
   unsigned fabric_lanes;
 } ferry_config;
 #define FERRY_FABRIC_LANES_MAX 8

@@ -20,7 +20,8 @@
  * counter and progress thread; the descriptor lists the lanes' addresses
  * after the main one, and initiators aim their channels at the lanes in
  * turn. A provider whose registrations bind to one endpoint
- * (FI_MR_ENDPOINT) serves on one lane.
+ * (FI_MR_ENDPOINT) serves on one lane, and so does one without a wait fd
+ * unless fabric_lanes says otherwise (lane_count).
  *
  * Rails (fabric.c's top comment): one more endpoint per rail host, in the
  * same domain and on lane 0's CQ and counter, so lane 0's thread serves
@@ -399,7 +400,7 @@ static void *progress_main(void *arg) {
     }
     if (l->sleep_word && idle >= FABRIC_DEEP_ROUNDS) {
       if (sleep_deep(l, seen))
-        idle = FABRIC_SPIN_ROUNDS; /* woken: poll briefly, sleep again soon */
+        idle = 0; /* woken: an initiator waits, poll as after traffic */
       continue;
     }
     ferry_fabric_backoff(&idle, l->wake_fd);
@@ -540,11 +541,16 @@ static ferry_status open_rails(ferry_fabric *f) {
   return st;
 }
 
-/* fabric_lanes, or one per CPU (at least 2, at most the maximum); one
- * where registrations bind to an endpoint (FI_MR_ENDPOINT). */
+/* fabric_lanes, or one per CPU (at least 2, at most the maximum) where
+ * the CQ has a wait fd, else one: polling threads (shm) would take the CPUs
+ * from each other and from the initiators (shm WRITE 16 MiB fell from 4.6
+ * to 0.4 GB/s with 2 lanes on 2 CPUs). One where registrations bind to an
+ * endpoint (FI_MR_ENDPOINT). Lane 0 is open. */
 static unsigned lane_count(const ferry_fabric *f) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   unsigned n = f->engine->cfg.fabric_lanes;
+  if (!n && f->lanes[0].cq_fd < 0)
+    n = 1;
   if (!n)
     n = cpus < 2 ? 2 : cpus > FERRY_FABRIC_LANES_MAX ? FERRY_FABRIC_LANES_MAX : (unsigned)cpus;
   if (n > 1 && f->mr_endpoint) {
@@ -557,9 +563,12 @@ static unsigned lane_count(const ferry_fabric *f) {
 
 /* The lanes, each published (but the first: the main address) in the
  * descriptor, then a progress thread per lane. */
-static ferry_status open_lanes(ferry_fabric *f, unsigned count) {
-  ferry_status st = FERRY_OK;
-  for (unsigned i = 0; i < count && !st; i++)
+static ferry_status open_lanes(ferry_fabric *f) {
+  ferry_status st = open_lane(f, &f->lanes[0]);
+  unsigned count = st ? 0 : lane_count(f);
+  if (!st)
+    f->lane_count = 1;
+  for (unsigned i = 1; i < count && !st; i++)
     if (!(st = open_lane(f, &f->lanes[i])))
       f->lane_count = i + 1;
   ferry_fabric_descriptor *d = &f->self;
@@ -604,7 +613,7 @@ static ferry_status fabric_open(ferry_fabric *f) {
   copy_name(f->self.provider, f->info->fabric_attr->prov_name);
   ferry_status st = open_domain(f);
   if (!st)
-    st = open_lanes(f, lane_count(f));
+    st = open_lanes(f);
   if (!st)
     st = fill_self(f);
   if (!st)
