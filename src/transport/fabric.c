@@ -257,11 +257,9 @@ static unsigned pick_lane(ferry_fabric *f, ferry_fabric_descriptor *d) {
   return lane;
 }
 
-/* The target lane's wake word where it has one (shm, fabric_wake.c). */
-static void map_wake(fabric_channel *ch, const ferry_fabric_descriptor *d, unsigned lane) {
-  char path[FERRY_FABRIC_WAKE_PATH_MAX];
-  if (!ferry_fabric_wake_path(d, path, sizeof path))
-    return;
+/* The target lane's wake word where it has one (shm, fabric_wake.c; the
+ * page is named after the target's main address, path). */
+static void map_wake(fabric_channel *ch, const char *path, unsigned lane) {
   ch->wake_map = ferry_fabric_wake_map(path, 0);
   if (ch->wake_map)
     ch->sleep_word = ch->wake_map + lane * FERRY_FABRIC_WAKE_STRIDE;
@@ -287,7 +285,11 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   if (!ch)
     return ferry_fail(FERRY_ENOMEM, "no memory for a fabric channel to %s", p->address);
   snprintf(ch->address, sizeof ch->address, "%s", p->address);
-  map_wake(ch, &d, rail ? 0 : pick_lane(f, &d));
+  char wake[FERRY_FABRIC_WAKE_PATH_MAX];
+  int has_wake = ferry_fabric_wake_path(&d, wake, sizeof wake); /* before d aims at a lane */
+  unsigned lane = rail ? 0 : pick_lane(f, &d);
+  if (has_wake)
+    map_wake(ch, wake, lane);
   ch->base.transport = &ferry_transport_fabric;
   ch->base.peer = p;
   ch->base.peer_instance = instance;

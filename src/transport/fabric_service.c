@@ -365,7 +365,8 @@ static unsigned lanes_behind(const ferry_fabric *f, uint64_t ticket) {
 /* Returns once every progress thread started a round after this call. */
 static void quiesce(ferry_fabric *f) {
   pthread_mutex_lock(&f->quiesce_lock);
-  uint64_t ticket = ++f->quiesce_asked;
+  uint64_t ticket =
+      __atomic_add_fetch(&f->quiesce_asked, 1, __ATOMIC_SEQ_CST); /* asked() reads it */
   for (unsigned i = 0; i < f->lane_count; i++)
     if (f->lanes[i].running)
       wake(&f->lanes[i]);

@@ -240,8 +240,9 @@ static uint64_t lane_sum(ferry_engine *e, int woken) {
  * a second per lane; the wake word's safety cap once a second), and the
  * next transfer's initiator wakes the target (its latency printed). */
 static void idle_polled_engines_use_no_cpu(void **state) {
-  ferry_engine *a = must_engine("shm"), *b = must_engine("shm");
-  uint8_t *dst = test_buffer(a, 64 * KiB), *src = test_buffer(b, 64 * KiB);
+  ferry_engine *a = lanes_engine("shm", 2), *b = lanes_engine("shm", 2); /* 1 by default */
+  size_t big = 16 * KiB * KiB; /* two chunks: two channels, one per lane */
+  uint8_t *dst = test_buffer(a, big), *src = test_buffer(b, big);
   test_round_trip(b, ferry_engine_name(a), src, src + 32 * KiB, (uint64_t)(uintptr_t)dst, 32 * KiB,
                   11);
   for (int i = 0; i < 6000 && !(lanes_asleep(a) && lanes_asleep(b)); i++)
@@ -263,6 +264,12 @@ static void idle_polled_engines_use_no_cpu(void **state) {
                    FERRY_OK);
   print_message("first 4 KiB WRITE after idle: %.0f us\n", (ferry_now_ns() - t0) / 1e3);
   assert_true(lane_sum(a, 1) > flips); /* the initiator woke the target, not the cap */
+  /* and a batch on both lanes (lane 1 likely still asleep) */
+  test_fill_random(src, big, 12);
+  assert_int_equal(ferry_transfer_sync(b, ferry_engine_name(a), FERRY_OP_WRITE, src,
+                                       (uint64_t)(uintptr_t)dst, big),
+                   FERRY_OK);
+  assert_memory_equal(src, dst, big);
   ferry_engine_destroy(b);
   ferry_engine_destroy(a);
   free(dst);
