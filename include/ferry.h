@@ -257,7 +257,18 @@ typedef struct ferry_config {
   const char *fabric_provider;
   const char *fabric_device;
   int fabric_mr_basic;
+  /* Target lanes of the fabric transport (FERRY_FABRIC_LANES, 1 to
+   * FERRY_FABRIC_LANES_MAX; default 0: the number of CPUs, at least 2, at
+   * most FERRY_FABRIC_LANES_MAX, where the provider has a wait fd, else 1):
+   * endpoints of the target, each with its own completion queue and
+   * progress thread, over which initiators spread their channels. On
+   * software providers (tcp;ofi_rxm, net) the target's progress thread
+   * copies the bytes, so one lane bounds a target to one CPU; polling
+   * providers (shm, efa) default to one, as polling threads take the CPUs
+   * from each other. A provider with FI_MR_ENDPOINT serves on one. */
+  unsigned fabric_lanes;
 } ferry_config;
+#define FERRY_FABRIC_LANES_MAX 8
 
 /* Fills cfg with defaults, including those taken from the environment
  * (see ferry_engine_create for the variables), and cfg->size. A value it
@@ -277,10 +288,9 @@ void ferry_config_init_size(ferry_config *cfg, size_t size);
  * (positive whole numbers), FERRY_METRICS_PORT (0 to 65535), FERRY_METRICS_HOST
  * (host), MC_TE_METRIC (boolean), MC_TE_METRIC_INTERVAL_SECONDS (1 to
  * 86400), FERRY_FABRIC_PROVIDER, FERRY_FABRIC_DEVICE (names) and
- * FERRY_FABRIC_MR_BASIC (boolean). A bad one fails with FERRY_EINVAL and a
- * message naming the setting, the value and what is accepted. A started
- * engine logs "engine NAME listening on HOST:PORT (transports: ...)" at
- * INFO. */
+ * FERRY_FABRIC_MR_BASIC (boolean), FERRY_FABRIC_LANES (1 to 8). A bad one fails with FERRY_EINVAL
+ * and a message naming the setting, the value and what is accepted. A started engine logs "engine
+ * NAME listening on HOST:PORT (transports: ...)" at INFO. */
 ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out);
 /* Threads. Every call on an engine may be made from any thread, and calls
  * may run concurrently with each other, including ferry_engine_shutdown and

@@ -176,6 +176,8 @@ static const struct limit_var {
     {"FERRY_METADATA_TTL_MS", offsetof(ferry_config, metadata_ttl_ms), sizeof(uint32_t),
      UINT32_MAX},
     {"FERRY_SERVER_THREADS", offsetof(ferry_config, server_threads), sizeof(unsigned), COUNT_MAX},
+    {"FERRY_FABRIC_LANES", offsetof(ferry_config, fabric_lanes), sizeof(unsigned),
+     FERRY_FABRIC_LANES_MAX},
 };
 
 static ferry_status apply_limit(const char *name, const char *value, ferry_config *cfg) {
@@ -304,6 +306,7 @@ static const struct env_var {
     {"FERRY_NOTIFY_PEER_BYTES", apply_limit},
     {"FERRY_METADATA_TTL_MS", apply_limit},
     {"FERRY_SERVER_THREADS", apply_limit},
+    {"FERRY_FABRIC_LANES", apply_limit},
     {"FERRY_METRICS_PORT", apply_metrics_port},
     {"FERRY_METRICS_HOST", apply_metrics_host},
     {"MC_TE_METRIC", apply_te_metric},
@@ -432,6 +435,8 @@ static ferry_status check_fields(ferry_config *cfg) {
     return bad_field("server_threads", cfg->server_threads, "1 to 1024, or 0 for the CPU count");
   if (!cfg->server_threads)
     cfg->server_threads = default_server_threads();
+  if (cfg->fabric_lanes > FERRY_FABRIC_LANES_MAX) /* 0: resolved by the fabric transport */
+    return bad_field("fabric_lanes", cfg->fabric_lanes, "1 to 8, or 0 for the CPU count");
   return FERRY_OK;
 }
 

@@ -8,7 +8,9 @@
  * the one peer, driven by the thread that checked it out: it claims chunks
  * and keeps up to FABRIC_DEPTH operations in flight, one per segment, each
  * aimed at the peer's registration by the key the peer's region table
- * carries (ferry_peer_region_key).
+ * carries (ferry_peer_region_key). A channel without a rail aims at the
+ * next of the target's lanes (pick_lane; fabric_service.c's top comment),
+ * so a batch's channels are served by several target threads.
  *
  * Done means landed: every WRITE asks for FI_DELIVERY_COMPLETE (and the
  * service only opens providers that grant it in tx op_flags), so its
@@ -110,6 +112,8 @@ typedef struct fabric_channel {
   ferry_status first;
   unsigned inflight, active;
   fabric_slot *posting; /* the slot with operations left to post */
+  uint32_t *wake_map;   /* shm: the target's wake page, and its lane's word */
+  uint32_t *sleep_word;
   fabric_slot slots[FABRIC_SLOTS];
 } fabric_channel;
 
@@ -229,6 +233,7 @@ static void fabric_close(ferry_channel *base) {
       fi_close(fids[i]); /* the endpoint first: it cancels what is still in flight */
   if (ch->wake_fd >= 0)
     close(ch->wake_fd);
+  ferry_fabric_wake_unmap(ch->wake_map);
   free(ch);
 }
 
@@ -317,6 +322,31 @@ static int pick_rail(ferry_fabric_descriptor *d, const char *rail, char *why, si
   return rail ? (snprintf(why, size, "it lists no rail %s", rail), 0) : 1;
 }
 
+/* Aims d at the next of the peer's lanes (round robin over this engine's
+ * channels), so that the target's progress threads share the work;
+ * returns the lane. */
+static unsigned pick_lane(ferry_fabric *f, ferry_fabric_descriptor *d) {
+  if (!d->lane_count)
+    return 0;
+  unsigned lane = __atomic_fetch_add(&f->next_lane, 1, __ATOMIC_RELAXED) % (d->lane_count + 1);
+  if (lane) {
+    memcpy(d->addr, d->lane_addr[lane - 1], d->lane_addr_len[lane - 1]);
+    d->addr_len = d->lane_addr_len[lane - 1];
+  }
+  return lane;
+}
+
+/* The target lane's wake word where it has one (shm, fabric_wake.c; the
+ * page is named after the target's main address, path). */
+static void map_wake(fabric_channel *ch, const char *path, unsigned lane) {
+  ch->wake_map = ferry_fabric_wake_map(path, 0);
+  if (ch->wake_map)
+    ch->sleep_word = ch->wake_map + lane * FERRY_FABRIC_WAKE_STRIDE;
+  else
+    FERRY_DEBUG("fabric channel to %s: no wake page %s (%s): its idle target polls", ch->address,
+                path, strerror(errno));
+}
+
 static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_ns,
                             ferry_channel **out) {
   ferry_fabric *f = p->engine->fabric;
@@ -333,6 +363,12 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   fabric_channel *ch = calloc(1, sizeof *ch);
   if (!ch)
     return ferry_fail(FERRY_ENOMEM, "no memory for a fabric channel to %s", p->address);
+  snprintf(ch->address, sizeof ch->address, "%s", p->address);
+  char wake[FERRY_FABRIC_WAKE_PATH_MAX];
+  int has_wake = ferry_fabric_wake_path(&d, wake, sizeof wake); /* before d aims at a lane */
+  unsigned lane = rail ? 0 : pick_lane(f, &d);
+  if (has_wake)
+    map_wake(ch, wake, lane);
   ch->base.transport = &ferry_transport_fabric;
   ch->base.peer = p;
   ch->base.peer_instance = instance;
@@ -345,8 +381,6 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   ch->local_mr = (f->info->domain_attr->mr_mode & FI_MR_LOCAL) || (f->info->mode & FI_LOCAL_MR);
   if (rail)
     snprintf(ch->address, sizeof ch->address, "%.190s (rail %.60s)", p->address, rail);
-  else
-    snprintf(ch->address, sizeof ch->address, "%s", p->address);
   ch->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   ferry_status st = ch->wake_fd < 0 ? ferry_fail_errno(FERRY_ETRANSPORT, errno,
                                                        "fabric channel to %s: eventfd", p->address)
@@ -498,6 +532,8 @@ static void op_failed(fabric_channel *ch, const struct fi_cq_err_entry *err) {
 /* Reads completions: how many, 0 for none, -1 when the CQ itself failed. */
 static int reap(fabric_channel *ch) {
   struct fi_cq_entry done[FABRIC_DEPTH];
+  if (ch->sleep_word) /* the target lane serves only when awake */
+    ferry_fabric_nudge(ch->sleep_word);
   ssize_t n = fi_cq_read(ch->cq, done, FABRIC_DEPTH);
   for (ssize_t i = 0; i < n; i++)
     op_done(ch, done[i].op_context);

@@ -53,7 +53,27 @@ typedef struct ferry_fabric_descriptor {
   unsigned rail_count; /* rail endpoints (fabric.c's top comment); 0: none */
   uint8_t rail_addr[FERRY_RAILS_MAX][FERRY_FABRIC_ADDR_MAX];
   size_t rail_addr_len[FERRY_RAILS_MAX];
+  unsigned lane_count; /* lanes besides the main endpoint (addr); 0: none */
+  uint8_t lane_addr[FERRY_FABRIC_LANES_MAX - 1][FERRY_FABRIC_ADDR_MAX];
+  size_t lane_addr_len[FERRY_FABRIC_LANES_MAX - 1];
 } ferry_fabric_descriptor;
+
+/* Wake words (shm, fabric_service.c's top comment): a shared page of one
+ * word per lane, named after the target's address. */
+#define FERRY_FABRIC_WAKE_PATH_MAX (FERRY_FABRIC_ADDR_MAX + 32)
+#define FERRY_FABRIC_WAKE_SIZE 4096u
+#define FERRY_FABRIC_WAKE_STRIDE 16u /* words: a cache line per lane */
+#define FERRY_FABRIC_SLEEPING 1u
+/* The wake page of a target with descriptor d: 1 with its path, 0 when its
+ * provider has none (not shm, or an address of another form). */
+int ferry_fabric_wake_path(const ferry_fabric_descriptor *d, char *out, size_t size);
+/* Maps the wake page at path (create: a new one, for the target); NULL
+ * with errno set when it cannot. */
+uint32_t *ferry_fabric_wake_map(const char *path, int create);
+void ferry_fabric_wake_unmap(uint32_t *words);
+/* An initiator waiting on the lane: wakes its progress thread if it sleeps
+ * on word. */
+void ferry_fabric_nudge(uint32_t *word);
 
 /* One memory registration, in a table sorted by address. */
 typedef struct ferry_fabric_mr {
@@ -61,27 +81,42 @@ typedef struct ferry_fabric_mr {
   struct fid_mr *mr;
 } ferry_fabric_mr;
 
+/* A lane of the target: an endpoint with its own CQ and progress thread
+ * (fabric_service.c's top comment). Lane 0 is the main endpoint. */
+typedef struct ferry_fabric_lane {
+  struct ferry_fabric *fabric;
+  struct fid_ep *ep;
+  struct fid_cq *cq;
+  struct fid_cntr *cntr; /* remote RMA events: activity, where the CQ has no fd */
+  int cq_fd;             /* the CQ's wait fd, -1 where the provider has none */
+  int wake_fd;           /* eventfd: stop, quiesce */
+  pthread_t thread;
+  int running;
+  uint64_t quiesce_seen; /* under the fabric's quiesce_lock */
+  uint64_t rounds;       /* progress rounds (wake-ups) so far: a busy lane counts many */
+  uint32_t *sleep_word;  /* shm: its wake word; NULL: sleeps are capped instead */
+  uint64_t woken;        /* sleeps on the wake word that a flip of it ended */
+} ferry_fabric_lane;
+
 typedef struct ferry_fabric {
   ferry_engine *engine;
   struct fi_info *info;
   struct fid_fabric *fabric;
   struct fid_domain *domain;
-  struct fid_av *av; /* the target endpoint's; stays empty */
-  struct fid_cq *cq;
-  struct fid_cntr *cntr; /* remote RMA events: activity, where the CQ has no fd */
-  struct fid_ep *ep;
-  struct fid_ep *rail_eps[FERRY_RAILS_MAX]; /* one per rail host, in the domain of ep */
-  int cq_fd;                                /* the CQ's wait fd, -1 where the provider has none */
-  int wake_fd;                              /* eventfd: stop the progress thread */
+  struct fid_av *av; /* the target endpoints'; stays empty */
+  ferry_fabric_lane lanes[FERRY_FABRIC_LANES_MAX];
+  unsigned lane_count;
+  unsigned next_lane; /* initiator: the lane the next channel aims at (atomic) */
+  struct fid_ep *rail_eps[FERRY_RAILS_MAX]; /* one per rail host, on lane 0's CQ */
   int stop;
-  /* Deregistration waits until the progress thread began a new round: a
+  /* Deregistration waits until every progress thread began a new round: a
    * copy into a registration (software providers copy in the target's
    * progress call) that was under way when it was closed has then ended. */
   pthread_mutex_t quiesce_lock;
   pthread_cond_t quiesce_cond;
-  uint64_t quiesce_asked, quiesce_seen;
-  pthread_t progress;
-  int progress_running;
+  uint64_t quiesce_asked;
+  uint32_t *wake_words; /* shm: the lanes' wake words, shared with initiators */
+  char wake_path[FERRY_FABRIC_WAKE_PATH_MAX];
   int virt_addr, prov_key, mr_endpoint;
   ferry_fabric_descriptor self; /* what describe publishes */
 

@@ -12,11 +12,23 @@
  * they stop, so an idle engine costs ~0 CPU; the first operation after an
  * idle spell waits up to FABRIC_SLEEP_MAX_US for it.
  *
+ * Lanes: on the software providers (tcp;ofi_rxm, net, shm) the target's
+ * progress call does the copying (the kernel's recv into the registered
+ * memory, on tcp), so one progress thread bounds a target to one CPU. A
+ * target opens fabric_lanes endpoints in its one domain (registrations
+ * belong to the domain: every key works on each), each with its own CQ,
+ * counter and progress thread; the descriptor lists the lanes' addresses
+ * after the main one, and initiators aim their channels at the lanes in
+ * turn. A provider whose registrations bind to one endpoint
+ * (FI_MR_ENDPOINT) serves on one lane, and so does one without a wait fd
+ * unless fabric_lanes says otherwise (lane_count).
+ *
  * Rails (fabric.c's top comment): one more endpoint per rail host, in the
- * same domain and on the same AV, CQ and counter, so the one progress
- * thread serves them all and every registration's key works on each. */
+ * same domain and on lane 0's CQ and counter, so lane 0's thread serves
+ * them and every registration's key works on each. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/futex.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <rdma/fi_cm.h>
@@ -28,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,6 +52,11 @@
 #define FABRIC_SPIN_ROUNDS 4096   /* yields before the first sleep */
 #define FABRIC_SLEEP_MIN_US 50    /* then sleeps, doubling */
 #define FABRIC_SLEEP_MAX_US 20000 /* up to this: 50 wake-ups a second when idle */
+/* With a wake word (shm): once the sleeps reached this many rounds, the
+ * lane sleeps on its word, at most FABRIC_DEEP_MAX_S (bounds what a peer
+ * that cannot reach the word costs it). */
+#define FABRIC_DEEP_ROUNDS (FABRIC_SPIN_ROUNDS + 8)
+#define FABRIC_DEEP_MAX_S 1
 #define FABRIC_DESCRIPTOR_VERSION 1
 
 void ferry_fabric_backoff(unsigned *idle, int wake_fd) {
@@ -214,37 +232,43 @@ int ferry_fabric_cq_open(struct fid_domain *domain, struct fid_cq **cq, int *fd)
   return fi_cq_open(domain, &attr, cq, NULL);
 }
 
-/* The remote-event counter that tells a polling target traffic is on. */
-static ferry_status open_counter(ferry_fabric *f) {
-  if (f->cq_fd >= 0 || !(f->info->caps & FI_RMA_EVENT))
+/* The remote-event counter that tells a polling lane traffic is on. */
+static ferry_status open_counter(ferry_fabric *f, ferry_fabric_lane *l) {
+  if (l->cq_fd >= 0 || !(f->info->caps & FI_RMA_EVENT))
     return FERRY_OK;
   struct fi_cntr_attr attr = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_NONE};
-  ferry_status st = step(f, "fi_cntr_open", fi_cntr_open(f->domain, &attr, &f->cntr, NULL));
+  ferry_status st = step(f, "fi_cntr_open", fi_cntr_open(f->domain, &attr, &l->cntr, NULL));
   if (!st)
     st = step(f, "fi_ep_bind(counter)",
-              fi_ep_bind(f->ep, &f->cntr->fid, FI_REMOTE_WRITE | FI_REMOTE_READ));
+              fi_ep_bind(l->ep, &l->cntr->fid, FI_REMOTE_WRITE | FI_REMOTE_READ));
   return st;
 }
 
-static ferry_status open_endpoint(ferry_fabric *f) {
+/* A lane: its endpoint on the shared AV, its own CQ and counter. */
+static ferry_status open_lane(ferry_fabric *f, ferry_fabric_lane *l) {
+  ferry_status st = step(f, "fi_cq_open", ferry_fabric_cq_open(f->domain, &l->cq, &l->cq_fd));
+  if (!st)
+    st = step(f, "fi_endpoint", fi_endpoint(f->domain, f->info, &l->ep, NULL));
+  if (!st)
+    st = step(f, "fi_ep_bind(av)", fi_ep_bind(l->ep, &f->av->fid, 0));
+  if (!st)
+    st = step(f, "fi_ep_bind(cq)", fi_ep_bind(l->ep, &l->cq->fid, FI_TRANSMIT | FI_RECV));
+  if (!st)
+    st = open_counter(f, l);
+  if (!st)
+    st = step(f, "fi_enable", fi_enable(l->ep));
+  if (!st && (l->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+    st = ferry_fail_errno(FERRY_ETRANSPORT, errno, "fabric: eventfd for a progress thread");
+  return st;
+}
+
+static ferry_status open_domain(ferry_fabric *f) {
   struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
   ferry_status st = step(f, "fi_fabric", fi_fabric(f->info->fabric_attr, &f->fabric, NULL));
   if (!st)
     st = step(f, "fi_domain", fi_domain(f->fabric, f->info, &f->domain, NULL));
   if (!st)
     st = step(f, "fi_av_open", fi_av_open(f->domain, &av_attr, &f->av, NULL));
-  if (!st)
-    st = step(f, "fi_cq_open", ferry_fabric_cq_open(f->domain, &f->cq, &f->cq_fd));
-  if (!st)
-    st = step(f, "fi_endpoint", fi_endpoint(f->domain, f->info, &f->ep, NULL));
-  if (!st)
-    st = step(f, "fi_ep_bind(av)", fi_ep_bind(f->ep, &f->av->fid, 0));
-  if (!st)
-    st = step(f, "fi_ep_bind(cq)", fi_ep_bind(f->ep, &f->cq->fid, FI_TRANSMIT | FI_RECV));
-  if (!st)
-    st = open_counter(f);
-  if (!st)
-    st = step(f, "fi_enable", fi_enable(f->ep));
   return st;
 }
 
@@ -269,98 +293,166 @@ static ferry_status fill_self(ferry_fabric *f) {
   copy_name(d->fabric, f->info->fabric_attr->name);
   copy_name(d->domain, f->info->domain_attr->name);
   d->addr_len = sizeof d->addr;
-  return step(f, "fi_getname", fi_getname(&f->ep->fid, d->addr, &d->addr_len));
+  return step(f, "fi_getname", fi_getname(&f->lanes[0].ep->fid, d->addr, &d->addr_len));
 }
 
-static void drain(ferry_fabric *f) {
+static void drain(ferry_fabric_lane *l) {
   struct fi_cq_entry done[16];
-  ssize_t n = fi_cq_read(f->cq, done, 16);
+  ssize_t n = fi_cq_read(l->cq, done, 16);
   if (n == -FI_EAVAIL) { /* the target posts nothing: only a provider's own failure */
     struct fi_cq_err_entry err = {0};
-    if (fi_cq_readerr(f->cq, &err, 0) > 0)
+    if (fi_cq_readerr(l->cq, &err, 0) > 0)
       FERRY_DEBUG("fabric target CQ error: %s", fi_strerror(err.err));
   }
 }
 
-/* The previous round (and any copy it made) is over: answer the
+/* The lane's previous round (and any copy it made) is over: answer the
  * deregistrations that asked before it. */
-static void quiesce_answer(ferry_fabric *f) {
+static void quiesce_answer(ferry_fabric_lane *l) {
+  ferry_fabric *f = l->fabric;
   pthread_mutex_lock(&f->quiesce_lock);
-  if (f->quiesce_seen != f->quiesce_asked) {
-    f->quiesce_seen = f->quiesce_asked;
+  if (l->quiesce_seen != f->quiesce_asked) {
+    l->quiesce_seen = f->quiesce_asked;
     pthread_cond_broadcast(&f->quiesce_cond);
   }
   pthread_mutex_unlock(&f->quiesce_lock);
 }
 
-static void wake(ferry_fabric *f) {
+static void wake(const ferry_fabric_lane *l) {
   uint64_t one = 1;
-  if (write(f->wake_fd, &one, sizeof one) < 0)
-    FERRY_DEBUG("fabric: waking the progress thread: %s", strerror(errno));
+  if (write(l->wake_fd, &one, sizeof one) < 0)
+    FERRY_DEBUG("fabric: waking a progress thread: %s", strerror(errno));
+  if (l->sleep_word) {
+    __atomic_store_n(l->sleep_word, 0, __ATOMIC_SEQ_CST);
+    syscall(SYS_futex, l->sleep_word, FUTEX_WAKE, 1, NULL, NULL, 0);
+  }
 }
 
-/* Returns once the progress thread started a round after this call. */
+/* Stop or a deregistration asked since the lane's last round. */
+static int asked(ferry_fabric_lane *l) {
+  ferry_fabric *f = l->fabric;
+  return __atomic_load_n(&f->stop, __ATOMIC_SEQ_CST) ||
+         __atomic_load_n(&f->quiesce_asked, __ATOMIC_SEQ_CST) !=
+             __atomic_load_n(&l->quiesce_seen, __ATOMIC_SEQ_CST);
+}
+
+/* Sleeps on the lane's wake word until an initiator or wake() flips it
+ * (fabric_wake.c): first the word says so, then one more progress call
+ * serves what was posted before, and a remote event or a request seen
+ * then cancels the sleep. Returns 0 when only the cap ended it. */
+static int sleep_deep(ferry_fabric_lane *l, uint64_t seen) {
+  __atomic_store_n(l->sleep_word, FERRY_FABRIC_SLEEPING, __ATOMIC_SEQ_CST);
+  drain(l);
+  uint64_t events = l->cntr ? fi_cntr_read(l->cntr) : seen;
+  if (events == seen && !asked(l)) {
+    struct timespec ts = {FABRIC_DEEP_MAX_S, 0};
+    syscall(SYS_futex, l->sleep_word, FUTEX_WAIT, FERRY_FABRIC_SLEEPING, &ts, NULL, 0);
+  }
+  int flipped = __atomic_exchange_n(l->sleep_word, 0, __ATOMIC_SEQ_CST) != FERRY_FABRIC_SLEEPING;
+  if (flipped)
+    __atomic_fetch_add(&l->woken, 1, __ATOMIC_RELAXED);
+  return flipped || events != seen || asked(l);
+}
+
+/* The running lanes that have not yet started a round since ticket. */
+static unsigned lanes_behind(const ferry_fabric *f, uint64_t ticket) {
+  unsigned behind = 0;
+  for (unsigned i = 0; i < f->lane_count; i++)
+    behind += f->lanes[i].running && f->lanes[i].quiesce_seen < ticket;
+  return behind;
+}
+
+/* Returns once every progress thread started a round after this call. */
 static void quiesce(ferry_fabric *f) {
-  if (!f->progress_running)
-    return;
   pthread_mutex_lock(&f->quiesce_lock);
-  uint64_t ticket = ++f->quiesce_asked;
-  wake(f);
-  while (f->quiesce_seen < ticket)
+  uint64_t ticket =
+      __atomic_add_fetch(&f->quiesce_asked, 1, __ATOMIC_SEQ_CST); /* asked() reads it */
+  for (unsigned i = 0; i < f->lane_count; i++)
+    if (f->lanes[i].running)
+      wake(&f->lanes[i]);
+  while (lanes_behind(f, ticket))
     pthread_cond_wait(&f->quiesce_cond, &f->quiesce_lock);
   pthread_mutex_unlock(&f->quiesce_lock);
 }
 
 static void *progress_main(void *arg) {
-  ferry_fabric *f = arg;
+  ferry_fabric_lane *l = arg;
+  ferry_fabric *f = l->fabric;
   unsigned idle = 0;
   uint64_t seen = 0;
-  struct fid *fids[] = {&f->cq->fid};
-  struct pollfd p[2] = {{.fd = f->cq_fd, .events = POLLIN}, {.fd = f->wake_fd, .events = POLLIN}};
+  struct fid *fids[] = {&l->cq->fid};
+  struct pollfd p[2] = {{.fd = l->cq_fd, .events = POLLIN}, {.fd = l->wake_fd, .events = POLLIN}};
   while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
-    quiesce_answer(f);
-    drain(f);
-    if (f->cq_fd >= 0) {
+    __atomic_fetch_add(&l->rounds, 1, __ATOMIC_RELAXED);
+    quiesce_answer(l);
+    drain(l);
+    if (l->cq_fd >= 0) {
       /* The wake fd is read only after a poll saw it, and the loop then
        * checks stop and quiesce: a wake-up is never lost. */
       if (fi_trywait(f->fabric, fids, 1) == FI_SUCCESS && poll(p, 2, -1) > 0 &&
           (p[1].revents & POLLIN))
-        ferry_fabric_consume(f->wake_fd);
+        ferry_fabric_consume(l->wake_fd);
       continue;
     }
-    uint64_t events = f->cntr ? fi_cntr_read(f->cntr) : 0;
+    uint64_t events = l->cntr ? fi_cntr_read(l->cntr) : 0;
     if (events != seen) {
       seen = events;
       idle = 0;
     }
-    ferry_fabric_backoff(&idle, f->wake_fd);
+    if (l->sleep_word && idle >= FABRIC_DEEP_ROUNDS) {
+      if (sleep_deep(l, seen))
+        idle = 0; /* woken: an initiator waits, poll as after traffic */
+      continue;
+    }
+    ferry_fabric_backoff(&idle, l->wake_fd);
   }
-  quiesce_answer(f);
+  quiesce_answer(l);
   return NULL;
 }
 
+static void stop_lanes(ferry_fabric *f) {
+  __atomic_store_n(&f->stop, 1, __ATOMIC_RELEASE);
+  for (unsigned i = 0; i < f->lane_count; i++)
+    if (f->lanes[i].running) {
+      wake(&f->lanes[i]);
+      pthread_join(f->lanes[i].thread, NULL);
+      pthread_mutex_lock(&f->quiesce_lock); /* a deregistration no longer waits for it */
+      f->lanes[i].running = 0;
+      pthread_cond_broadcast(&f->quiesce_cond);
+      pthread_mutex_unlock(&f->quiesce_lock);
+    }
+}
+
+static void close_lane(ferry_fabric_lane *l) {
+  struct fid *fids[] = {l->ep ? &l->ep->fid : NULL, l->cntr ? &l->cntr->fid : NULL,
+                        l->cq ? &l->cq->fid : NULL};
+  for (size_t i = 0; i < sizeof fids / sizeof *fids; i++)
+    if (fids[i])
+      fi_close(fids[i]);
+  if (l->wake_fd >= 0)
+    close(l->wake_fd);
+}
+
 static void fabric_free(ferry_fabric *f) {
-  if (f->progress_running) {
-    __atomic_store_n(&f->stop, 1, __ATOMIC_RELEASE);
-    wake(f);
-    pthread_join(f->progress, NULL);
-  }
+  stop_lanes(f);
   for (size_t i = 0; i < f->mr_count; i++)
     fi_close(&f->mrs[i].mr->fid);
   free(f->mrs);
   for (unsigned r = 0; r < FERRY_RAILS_MAX; r++)
     if (f->rail_eps[r])
       fi_close(&f->rail_eps[r]->fid);
-  struct fid *fids[] = {f->ep ? &f->ep->fid : NULL,         f->cntr ? &f->cntr->fid : NULL,
-                        f->cq ? &f->cq->fid : NULL,         f->av ? &f->av->fid : NULL,
-                        f->domain ? &f->domain->fid : NULL, f->fabric ? &f->fabric->fid : NULL};
+  for (unsigned i = 0; i < FERRY_FABRIC_LANES_MAX; i++)
+    close_lane(&f->lanes[i]);
+  ferry_fabric_wake_unmap(f->wake_words);
+  if (f->wake_path[0])
+    unlink(f->wake_path);
+  struct fid *fids[] = {f->av ? &f->av->fid : NULL, f->domain ? &f->domain->fid : NULL,
+                        f->fabric ? &f->fabric->fid : NULL};
   for (size_t i = 0; i < sizeof fids / sizeof *fids; i++)
     if (fids[i])
       fi_close(fids[i]);
   if (f->info)
     fi_freeinfo(f->info);
-  if (f->wake_fd >= 0)
-    close(f->wake_fd);
   pthread_rwlock_destroy(&f->mr_lock);
   pthread_mutex_destroy(&f->quiesce_lock);
   pthread_cond_destroy(&f->quiesce_cond);
@@ -397,9 +489,9 @@ static struct fi_info *rail_info(const ferry_fabric *f, const char *host) {
   return one;
 }
 
-/* One more endpoint of the domain, pinned to host, on the target's AV, CQ
- * and counter (so the progress thread serves it too); its address is
- * rail r of the descriptor. */
+/* One more endpoint of the domain, pinned to host, on the target's AV and
+ * lane 0's CQ and counter (so lane 0's thread serves it too); its address
+ * is rail r of the descriptor. */
 static ferry_status open_rail(ferry_fabric *f, unsigned r, const char *host) {
   struct fi_info *info = rail_info(f, host);
   if (!info)
@@ -413,10 +505,11 @@ static ferry_status open_rail(ferry_fabric *f, unsigned r, const char *host) {
   if (!st)
     st = step(f, "fi_ep_bind(rail av)", fi_ep_bind(*ep, &f->av->fid, 0));
   if (!st)
-    st = step(f, "fi_ep_bind(rail cq)", fi_ep_bind(*ep, &f->cq->fid, FI_TRANSMIT | FI_RECV));
-  if (!st && f->cntr)
+    st = step(f, "fi_ep_bind(rail cq)",
+              fi_ep_bind(*ep, &f->lanes[0].cq->fid, FI_TRANSMIT | FI_RECV));
+  if (!st && f->lanes[0].cntr)
     st = step(f, "fi_ep_bind(rail counter)",
-              fi_ep_bind(*ep, &f->cntr->fid, FI_REMOTE_WRITE | FI_REMOTE_READ));
+              fi_ep_bind(*ep, &f->lanes[0].cntr->fid, FI_REMOTE_WRITE | FI_REMOTE_READ));
   if (!st)
     st = step(f, "fi_enable(rail)", fi_enable(*ep));
   f->self.rail_addr_len[r] = sizeof f->self.rail_addr[r];
@@ -449,23 +542,88 @@ static ferry_status open_rails(ferry_fabric *f) {
   return st;
 }
 
+/* fabric_lanes, or one per CPU (at least 2, at most the maximum) where
+ * the CQ has a wait fd, else one: polling threads (shm) would take the CPUs
+ * from each other and from the initiators (shm WRITE 16 MiB fell from 4.6
+ * to 0.4 GB/s with 2 lanes on 2 CPUs). One where registrations bind to an
+ * endpoint (FI_MR_ENDPOINT). Lane 0 is open. */
+static unsigned lane_count(const ferry_fabric *f) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  unsigned n = f->engine->cfg.fabric_lanes;
+  if (!n && f->lanes[0].cq_fd < 0)
+    n = 1;
+  if (!n)
+    n = cpus < 2 ? 2 : cpus > FERRY_FABRIC_LANES_MAX ? FERRY_FABRIC_LANES_MAX : (unsigned)cpus;
+  if (n > 1 && f->mr_endpoint) {
+    FERRY_INFO("fabric: provider %s serves on one lane (its registrations bind to one endpoint)",
+               f->self.provider);
+    n = 1;
+  }
+  return n;
+}
+
+/* The lanes, each published (but the first: the main address) in the
+ * descriptor, then a progress thread per lane. */
+static ferry_status open_lanes(ferry_fabric *f) {
+  ferry_status st = open_lane(f, &f->lanes[0]);
+  unsigned count = st ? 0 : lane_count(f);
+  if (!st)
+    f->lane_count = 1;
+  for (unsigned i = 1; i < count && !st; i++)
+    if (!(st = open_lane(f, &f->lanes[i])))
+      f->lane_count = i + 1;
+  ferry_fabric_descriptor *d = &f->self;
+  for (unsigned i = 1; i < f->lane_count && !st; i++) {
+    d->lane_addr_len[i - 1] = sizeof d->lane_addr[i - 1];
+    st = step(f, "fi_getname(lane)",
+              fi_getname(&f->lanes[i].ep->fid, d->lane_addr[i - 1], &d->lane_addr_len[i - 1]));
+    d->lane_count = st ? 0 : i;
+  }
+  return st;
+}
+
+static ferry_status start_lanes(ferry_fabric *f) {
+  for (unsigned i = 0; i < f->lane_count; i++) {
+    int rc = pthread_create(&f->lanes[i].thread, NULL, progress_main, &f->lanes[i]);
+    if (rc)
+      return ferry_fail_errno(FERRY_ETRANSPORT, rc, "fabric: starting progress thread %u", i);
+    f->lanes[i].running = 1;
+  }
+  return FERRY_OK;
+}
+
+/* shm: the lanes' wake words (fabric_wake.c), else (or when the page
+ * cannot be made) capped sleeps. */
+static void open_wake(ferry_fabric *f) {
+  if (f->lanes[0].cq_fd >= 0 ||
+      !ferry_fabric_wake_path(&f->self, f->wake_path, sizeof f->wake_path))
+    return;
+  f->wake_words = ferry_fabric_wake_map(f->wake_path, 1);
+  if (!f->wake_words) {
+    FERRY_INFO("fabric: no wake page %s (%s): idle lanes poll, up to %d ms apart", f->wake_path,
+               strerror(errno), FABRIC_SLEEP_MAX_US / 1000);
+    f->wake_path[0] = '\0';
+    return;
+  }
+  for (unsigned i = 0; i < f->lane_count; i++)
+    f->lanes[i].sleep_word = f->wake_words + i * FERRY_FABRIC_WAKE_STRIDE;
+}
+
 static ferry_status fabric_open(ferry_fabric *f) {
   read_mr_mode(f);
-  ferry_status st = open_endpoint(f);
+  copy_name(f->self.provider, f->info->fabric_attr->prov_name);
+  ferry_status st = open_domain(f);
+  if (!st)
+    st = open_lanes(f);
   if (!st)
     st = fill_self(f);
   if (!st)
     st = open_rails(f);
-  if (st)
-    return st;
-  f->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (f->wake_fd < 0)
-    return ferry_fail_errno(FERRY_ETRANSPORT, errno, "fabric: eventfd for the progress thread");
-  int rc = pthread_create(&f->progress, NULL, progress_main, f);
-  if (rc)
-    return ferry_fail_errno(FERRY_ETRANSPORT, rc, "fabric: starting the progress thread");
-  f->progress_running = 1;
-  return FERRY_OK;
+  if (!st)
+    open_wake(f);
+  if (!st)
+    st = start_lanes(f);
+  return st;
 }
 
 /* Drops the fabric bit: the engine goes on with its other transports,
@@ -486,7 +644,10 @@ ferry_status ferry_fabric_service_start(ferry_engine *e) {
   if (!f)
     return ferry_fail(FERRY_ENOMEM, "no memory for the fabric transport");
   f->engine = e;
-  f->cq_fd = f->wake_fd = -1;
+  for (unsigned i = 0; i < FERRY_FABRIC_LANES_MAX; i++) {
+    f->lanes[i].fabric = f;
+    f->lanes[i].cq_fd = f->lanes[i].wake_fd = -1;
+  }
   pthread_rwlock_init(&f->mr_lock, NULL);
   pthread_mutex_init(&f->quiesce_lock, NULL);
   pthread_cond_init(&f->quiesce_cond, NULL);
@@ -498,12 +659,12 @@ ferry_status ferry_fabric_service_start(ferry_engine *e) {
     return st ? st : transport_off(e, why);
   }
   e->fabric = f;
-  FERRY_INFO("fabric transport on: provider %s, fabric %s, domain %s, %s progress wait, MR mode "
-             "0x%x",
-             f->self.provider, f->self.fabric, f->self.domain,
-             f->cq_fd >= 0 ? "fd"
-             : f->cntr     ? "polled (counter)"
-                           : "polled",
+  FERRY_INFO("fabric transport on: provider %s, fabric %s, domain %s, %u lanes, %s progress "
+             "wait, MR mode 0x%x",
+             f->self.provider, f->self.fabric, f->self.domain, f->lane_count,
+             f->lanes[0].cq_fd >= 0 ? "fd"
+             : f->lanes[0].cntr     ? "polled (counter)"
+                                    : "polled",
              (unsigned)f->info->domain_attr->mr_mode);
   return FERRY_OK;
 }
@@ -517,7 +678,9 @@ void ferry_fabric_service_stop(ferry_engine *e) {
 
 /* ---- the descriptor ---------------------------------------------------------------------- */
 
-/* version | flags | 3 x (u8 len, name) | u16 addr_len | addr [| rails] */
+/* version | flags | 3 x (u8 len, name) | u16 addr_len | addr [| rails [|
+ * lanes]]: the rails list is there when it or the lanes list is not
+ * empty, so a descriptor without either is as it was before them. */
 static size_t put_name(uint8_t *out, const char *name) {
   size_t n = strlen(name);
   out[0] = (uint8_t)n;
@@ -525,19 +688,22 @@ static size_t put_name(uint8_t *out, const char *name) {
   return n + 1;
 }
 
-/* The rails that fit in size bytes: u8 count | count x (u16
- * len | addr). Nothing when there are none. */
-static size_t put_rails(const ferry_fabric_descriptor *d, uint8_t *out, size_t size) {
+/* A list of addresses, as many as fit in size bytes: u8 count | count x
+ * (u16 len | addr). */
+static size_t put_addrs(const uint8_t (*addr)[FERRY_FABRIC_ADDR_MAX], const size_t *len,
+                        unsigned count, uint8_t *out, size_t size) {
   size_t n = 1;
-  unsigned count = 0;
-  for (; count < d->rail_count && n + 2 + d->rail_addr_len[count] <= size; count++) {
-    out[n++] = (uint8_t)(d->rail_addr_len[count] & 0xff);
-    out[n++] = (uint8_t)(d->rail_addr_len[count] >> 8);
-    memcpy(out + n, d->rail_addr[count], d->rail_addr_len[count]);
-    n += d->rail_addr_len[count];
+  unsigned put = 0;
+  if (!size)
+    return 0;
+  for (; put < count && n + 2 + len[put] <= size; put++) {
+    out[n++] = (uint8_t)(len[put] & 0xff);
+    out[n++] = (uint8_t)(len[put] >> 8);
+    memcpy(out + n, addr[put], len[put]);
+    n += len[put];
   }
-  out[0] = (uint8_t)count;
-  return count ? n : 0;
+  out[0] = (uint8_t)put;
+  return n;
 }
 
 size_t ferry_fabric_describe(ferry_engine *e, uint8_t *out, size_t size) {
@@ -554,7 +720,12 @@ size_t ferry_fabric_describe(ferry_engine *e, uint8_t *out, size_t size) {
   out[n++] = (uint8_t)(f->self.addr_len >> 8);
   memcpy(out + n, f->self.addr, f->self.addr_len);
   n += f->self.addr_len;
-  return n + put_rails(&f->self, out + n, size - n);
+  const ferry_fabric_descriptor *d = &f->self;
+  if (d->rail_count || d->lane_count)
+    n += put_addrs(d->rail_addr, d->rail_addr_len, d->rail_count, out + n, size - n);
+  if (d->lane_count)
+    n += put_addrs(d->lane_addr, d->lane_addr_len, d->lane_count, out + n, size - n);
+  return n;
 }
 
 static int get_name(const uint8_t *in, size_t len, size_t *at, char *out) {
@@ -581,6 +752,20 @@ static int get_addr(const uint8_t *in, size_t len, size_t *at, uint8_t *out, siz
   return 1;
 }
 
+/* A list put_addrs wrote, of min to max addresses (a lanes list is
+ * written only when not empty). */
+static int get_addrs(const uint8_t *in, size_t len, size_t *at, const char *what, unsigned min,
+                     unsigned max, uint8_t (*addr)[FERRY_FABRIC_ADDR_MAX], size_t *addr_len,
+                     unsigned *count, char *why, size_t size) {
+  *count = in[(*at)++];
+  if (*count < min || *count > max)
+    return snprintf(why, size, "its fabric descriptor lists %u %ss", *count, what), 0;
+  for (unsigned r = 0; r < *count; r++)
+    if (!get_addr(in, len, at, addr[r], &addr_len[r]))
+      return snprintf(why, size, "its fabric %s %u address is malformed", what, r), 0;
+  return 1;
+}
+
 int ferry_fabric_descriptor_decode(const uint8_t *in, size_t len, ferry_fabric_descriptor *d,
                                    char *why, size_t size) {
   size_t at = 2;
@@ -595,14 +780,16 @@ int ferry_fabric_descriptor_decode(const uint8_t *in, size_t len, ferry_fabric_d
     return snprintf(why, size, "its fabric address is malformed"), 0;
   if (at == len)
     return 1;
-  d->rail_count = in[at++];
-  if (d->rail_count > FERRY_RAILS_MAX)
-    return snprintf(why, size, "its fabric descriptor lists %u rails", d->rail_count), 0;
-  for (unsigned r = 0; r < d->rail_count; r++)
-    if (!get_addr(in, len, &at, d->rail_addr[r], &d->rail_addr_len[r]))
-      return snprintf(why, size, "its fabric rail %u address is malformed", r), 0;
+  if (!get_addrs(in, len, &at, "rail", 0, FERRY_RAILS_MAX, d->rail_addr, d->rail_addr_len,
+                 &d->rail_count, why, size))
+    return 0;
+  if (at == len)
+    return 1;
+  if (!get_addrs(in, len, &at, "lane", 1, FERRY_FABRIC_LANES_MAX - 1, d->lane_addr,
+                 d->lane_addr_len, &d->lane_count, why, size))
+    return 0;
   if (at != len)
-    return snprintf(why, size, "its fabric descriptor has %zu bytes past its rails", len - at), 0;
+    return snprintf(why, size, "its fabric descriptor has %zu bytes past its lanes", len - at), 0;
   return 1;
 }
 
@@ -643,7 +830,7 @@ static ferry_status mr_open(ferry_fabric *f, ferry_fabric_mr *m) {
   int rc =
       fi_mr_reg(f->domain, (void *)(uintptr_t)m->addr, m->length, access, 0, key, 0, &m->mr, NULL);
   if (rc == 0 && f->mr_endpoint) {
-    rc = fi_mr_bind(m->mr, &f->ep->fid, 0);
+    rc = fi_mr_bind(m->mr, &f->lanes[0].ep->fid, 0);
     if (rc == 0)
       rc = fi_mr_enable(m->mr);
     if (rc)

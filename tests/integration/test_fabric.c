@@ -19,33 +19,38 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
+#include "core/clock.h"
 #include "ferry.h"
 #include "harness.h"
 #include "transport/fabric.h"
 
 #define KiB 1024u
 
-/* An engine on fabric alone with provider (NULL: automatic); *st gets the
- * create status. */
-static ferry_engine *fabric_engine(const char *provider, const char *device, ferry_status *st) {
+/* An engine on fabric alone with provider (NULL: automatic) and lanes (0:
+ * the default); *st gets the create status. */
+static ferry_engine *fabric_engine(const char *provider, const char *device, unsigned lanes,
+                                   ferry_status *st) {
   ferry_config cfg;
   ferry_config_init(&cfg);
   cfg.bind_host = cfg.advertise_host = "127.0.0.1";
   cfg.transports = FERRY_TRANSPORT_FABRIC;
   cfg.fabric_provider = provider;
   cfg.fabric_device = device;
+  cfg.fabric_lanes = lanes;
   ferry_engine *e = NULL;
   *st = ferry_engine_create(&cfg, &e);
   return e;
 }
 
-static ferry_engine *must_engine(const char *provider) {
+static ferry_engine *lanes_engine(const char *provider, unsigned lanes) {
   ferry_status st;
-  ferry_engine *e = fabric_engine(provider, NULL, &st);
+  ferry_engine *e = fabric_engine(provider, NULL, lanes, &st);
   if (st)
     fail_msg("engine on %s: %s", provider, ferry_last_error());
   return e;
 }
+
+static ferry_engine *must_engine(const char *provider) { return lanes_engine(provider, 0); }
 
 struct captured {
   pthread_mutex_t lock;
@@ -88,20 +93,20 @@ static void automatic_choice_falls_back_with_one_line(void **state) {
   assert_non_null(strstr(strstr(c.line, "; using "), "tcp"));
   ferry_engine_destroy(e);
   /* fabric alone, automatic, no device: nothing left to run on */
-  e = fabric_engine(NULL, NULL, &st);
+  e = fabric_engine(NULL, NULL, 0, &st);
   assert_int_equal(st, FERRY_ETRANSPORT);
   assert_non_null(strstr(ferry_last_error(), "no RDMA device"));
 }
 
 static void named_provider_that_cannot_start_is_an_error(void **state) {
   ferry_status st;
-  assert_null(fabric_engine("no-such-provider", NULL, &st));
+  assert_null(fabric_engine("no-such-provider", NULL, 0, &st));
   assert_int_equal(st, FERRY_ETRANSPORT);
   print_message("%s\n", ferry_last_error());
   assert_non_null(strstr(ferry_last_error(), "no-such-provider"));
   assert_non_null(strstr(ferry_last_error(), "fi_getinfo"));
   /* an unknown device names the ones that exist */
-  assert_null(fabric_engine("tcp;ofi_rxm", "mlx5_9", &st));
+  assert_null(fabric_engine("tcp;ofi_rxm", "mlx5_9", 0, &st));
   assert_int_equal(st, FERRY_ETRANSPORT);
   print_message("%s\n", ferry_last_error());
   assert_non_null(strstr(ferry_last_error(), "\"mlx5_9\" not found"));
@@ -109,9 +114,10 @@ static void named_provider_that_cannot_start_is_an_error(void **state) {
 }
 
 /* Every truncation and a flipped byte of a real descriptor: decoded without
- * reading past the end, and refused unless still well formed. */
+ * reading past the end, and refused unless still well formed. One lane: no
+ * lanes list (that one is test_fabric_lanes). */
 static void descriptor_is_checked_as_untrusted_input(void **state) {
-  ferry_engine *e = must_engine("tcp;ofi_rxm");
+  ferry_engine *e = lanes_engine("tcp;ofi_rxm", 1);
   uint8_t real[FERRY_WIRE_MAX_DESCRIPTOR];
   size_t len = ferry_fabric_describe(e, real, sizeof real);
   assert_true(len > 20);
@@ -209,19 +215,61 @@ static long process_ticks(void) {
   return utime + stime;
 }
 
-/* shm has no wait fd: its progress threads poll, backing off to sleeps, so
- * two idle engines after traffic cost (almost) nothing. */
+/* Every lane of e sleeps on its wake word (fabric_wake.c). */
+static int lanes_asleep(ferry_engine *e) {
+  const ferry_fabric *f = e->fabric;
+  for (unsigned i = 0; i < f->lane_count; i++)
+    if (!f->lanes[i].sleep_word ||
+        __atomic_load_n(f->lanes[i].sleep_word, __ATOMIC_SEQ_CST) != FERRY_FABRIC_SLEEPING)
+      return 0;
+  return 1;
+}
+
+/* Lane wake-ups, or (woken) sleeps on the wake word a flip of it ended. */
+static uint64_t lane_sum(ferry_engine *e, int woken) {
+  uint64_t n = 0;
+  for (unsigned i = 0; i < e->fabric->lane_count; i++)
+    n += __atomic_load_n(woken ? &e->fabric->lanes[i].woken : &e->fabric->lanes[i].rounds,
+                         __ATOMIC_RELAXED);
+  return n;
+}
+
+/* shm has no wait fd: an idle lane sleeps on its wake word, which the
+ * first initiator waiting on it flips. So two idle engines after traffic
+ * cost no CPU and their lanes do not wake (a capped poll wakes ~50 times
+ * a second per lane; the wake word's safety cap once a second), and the
+ * next transfer's initiator wakes the target (its latency printed). */
 static void idle_polled_engines_use_no_cpu(void **state) {
-  ferry_engine *a = must_engine("shm"), *b = must_engine("shm");
-  uint8_t *dst = test_buffer(a, 64 * KiB), *src = test_buffer(b, 64 * KiB);
+  ferry_engine *a = lanes_engine("shm", 2), *b = lanes_engine("shm", 2); /* 1 by default */
+  size_t big = 16 * KiB * KiB; /* two chunks: two channels, one per lane */
+  uint8_t *dst = test_buffer(a, big), *src = test_buffer(b, big);
   test_round_trip(b, ferry_engine_name(a), src, src + 32 * KiB, (uint64_t)(uintptr_t)dst, 32 * KiB,
                   11);
-  usleep(200 * 1000); /* past the yielding phase of the backoff */
+  for (int i = 0; i < 6000 && !(lanes_asleep(a) && lanes_asleep(b)); i++)
+    usleep(10 * 1000); /* a poll with a 60 s bound: the backoff's length on a busy host */
+  assert_true(lanes_asleep(a) && lanes_asleep(b));
   long before = process_ticks();
+  uint64_t woke = lane_sum(a, 0) + lane_sum(b, 0);
   sleep(2);
   long used = process_ticks() - before;
-  print_message("two idle shm-provider engines used %ld ticks in 2 s\n", used);
+  woke = lane_sum(a, 0) + lane_sum(b, 0) - woke;
+  print_message("two idle shm-provider engines used %ld ticks and %llu lane wake-ups in 2 s\n",
+                used, (unsigned long long)woke);
   assert_true(before >= 0 && used <= 3);
+  /* each lane at most the safety cap's 2 (+1) */
+  assert_true(woke <= 3 * (a->fabric->lane_count + b->fabric->lane_count));
+  uint64_t t0 = ferry_now_ns(), flips = lane_sum(a, 1);
+  assert_int_equal(ferry_transfer_sync(b, ferry_engine_name(a), FERRY_OP_WRITE, src,
+                                       (uint64_t)(uintptr_t)dst, 4 * KiB),
+                   FERRY_OK);
+  print_message("first 4 KiB WRITE after idle: %.0f us\n", (ferry_now_ns() - t0) / 1e3);
+  assert_true(lane_sum(a, 1) > flips); /* the initiator woke the target, not the cap */
+  /* and a batch on both lanes (lane 1 likely still asleep) */
+  test_fill_random(src, big, 12);
+  assert_int_equal(ferry_transfer_sync(b, ferry_engine_name(a), FERRY_OP_WRITE, src,
+                                       (uint64_t)(uintptr_t)dst, big),
+                   FERRY_OK);
+  assert_memory_equal(src, dst, big);
   ferry_engine_destroy(b);
   ferry_engine_destroy(a);
   free(dst);
