@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -42,12 +43,24 @@ int ferry_fabric_wake_path(const ferry_fabric_descriptor *d, char *out, size_t s
          (int)size;
 }
 
+/* /dev/shm is writable by every user: an initiator maps only a regular
+ * file of its own user (the target's is 0600) that is large enough, never
+ * through a link, so no other user can make it fault (by truncating it) or
+ * point its wake-ups into some other file. */
+static int ours(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+         st.st_size >= FERRY_FABRIC_WAKE_SIZE;
+}
+
 uint32_t *ferry_fabric_wake_map(const char *path, int create) {
-  int fd = open(path, create ? O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC : O_RDWR | O_CLOEXEC, 0600);
+  int fd = open(
+      path, create ? O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC : O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return NULL;
   void *p = MAP_FAILED;
-  if (!create || ftruncate(fd, FERRY_FABRIC_WAKE_SIZE) == 0)
+  errno = EPERM;
+  if (create ? ftruncate(fd, FERRY_FABRIC_WAKE_SIZE) == 0 : ours(fd))
     p = mmap(NULL, FERRY_FABRIC_WAKE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int saved = errno;
   close(fd);
