@@ -55,7 +55,7 @@ test-asan: deps
 test-tsan: deps
 	@cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread >/dev/null
 	@cmake --build $(BUILD)-tsan -j$(JOBS)
-	@cd $(BUILD)-tsan && { TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	@cd $(BUILD)-tsan && { TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp \
 	  FERRY_SOAK_SECONDS=30 ctest --output-on-failure -j1 -L 'unit|threaded|soak'; rc=$$?; \
 	  $(SHOW_SKIPS); exit $$rc; }
 

@@ -560,11 +560,12 @@ static unsigned add_rails_locked(ferry_peer *p, const ferry_transport *t, unsign
       r->transport = t;
       memcpy(r->name, names[i], sizeof r->name); /* NUL-terminated within it */
     }
+    char label[sizeof r->label]; /* apart from *p: gcc sees name and label as one object */
     if (!*r->name)
-      snprintf(r->label, sizeof r->label, "%s", t->name);
+      snprintf(label, sizeof label, "%s", t->name);
     else
-      snprintf(r->label, sizeof r->label, "%s%s%s", several ? t->name : "", several ? " " : "",
-               r->name);
+      snprintf(label, sizeof label, "%s%s%s", several ? t->name : "", several ? " " : "", r->name);
+    memcpy(r->label, label, sizeof label);
     r->generation++;
     r->down_until_ns = 0;
   }

@@ -196,7 +196,9 @@ static int same_endpoint(const struct sockaddr_storage *a, const struct sockaddr
  * target endpoint gets SO_LINGER 0: closed, it sends a reset and drops
  * what it still queued. Sockets of other channels to the same endpoint
  * only close that way too, later, with nothing queued (their operations
- * completed; a completion means landed). */
+ * completed; a completion means landed). A descriptor that another thread
+ * closes and reuses between the check and setsockopt would get the option
+ * too, and close with a reset: a window of two system calls. */
 static void reset_on_close(const fabric_channel *ch) {
   DIR *dir = opendir("/proc/self/fd");
   if (!dir) {
