@@ -4,7 +4,8 @@
  * namespace of its own (made at start, gone when the process exits), the
  * test adds two veth interfaces with private addresses, 10.77.0.1 and
  * 10.77.1.1, and both engines name them in fabric_device. Every region is
- * then registered in both domains with a key each, a 16 MiB transfer is
+ * then registered in both domains with a key each (all or nothing), a
+ * 16 MiB transfer is
  * striped over both devices' rails and verified byte for byte, and cutting
  * one device's connections leaves the other carrying on. Skipped where no
  * namespace can be made (not root). */
@@ -93,6 +94,44 @@ static void a_key_per_device(void **state) {
   assert_int_equal(one->fabric->self.rail_count, 0);
   ferry_engine_destroy(one);
   ferry_engine_destroy(e);
+}
+
+/* A device that refuses a registration: the key it is about to be asked
+ * for (the provider takes ferry's keys here) is taken in its domain
+ * already. The call fails naming the device, the region is registered on
+ * none (the other domain's MR closed, no keys), and once the key is free
+ * the same call succeeds. */
+static void registration_is_all_or_nothing(void **state) {
+  if (!in_namespace)
+    skip();
+  ferry_engine *e = two_device_engine();
+  ferry_fabric *f = e->fabric;
+  uint8_t *memory = malloc(MiB), *other = malloc(4096);
+  struct fid_mr *squatter = NULL, *probe = NULL;
+  uint64_t key = f->next_key; /* domain 0 gets key, fda1 key + 1: taken */
+  assert_int_equal(
+      fi_mr_reg(f->domains[1].domain, other, 4096, FI_REMOTE_WRITE, 0, key + 1, 0, &squatter, NULL),
+      0);
+  assert_int_not_equal(ferry_memory_register(e, memory, MiB), FERRY_OK);
+  print_message("%s\n", ferry_last_error());
+  assert_non_null(strstr(ferry_last_error(), "on device fda1"));
+  assert_int_equal(f->mr_count, 0);
+  ferry_region r = {(uint64_t)(uintptr_t)memory, MiB};
+  uint8_t keys[2 * FERRY_FABRIC_KEY_SIZE], zeros[sizeof keys] = {0};
+  ferry_fabric_region_keys(e, &r, 1, keys);
+  assert_memory_equal(keys, zeros, sizeof keys);
+  /* domain 0's MR was closed: its key is free again */
+  assert_int_equal(
+      fi_mr_reg(f->domains[0].domain, other, 4096, FI_REMOTE_WRITE, 0, key, 0, &probe, NULL), 0);
+  fi_close(&probe->fid);
+  fi_close(&squatter->fid);
+  assert_int_equal(ferry_memory_register(e, memory, MiB), FERRY_OK);
+  assert_int_equal(f->mr_count, 1);
+  assert_int_equal(ferry_memory_unregister(e, memory), FERRY_OK);
+  assert_int_equal(f->mr_count, 0);
+  ferry_engine_destroy(e);
+  free(memory);
+  free(other);
 }
 
 /* The descriptor lists each domain's endpoint as a rail, flagged as
@@ -203,6 +242,7 @@ int main(void) {
                     "(needs root and ip): skipping\n");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_key_per_device),
+      cmocka_unit_test(registration_is_all_or_nothing),
       cmocka_unit_test(devices_are_rails_in_the_descriptor),
       cmocka_unit_test(unknown_device_names_the_devices),
       cmocka_unit_test(striped_over_two_devices),
