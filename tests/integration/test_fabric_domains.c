@@ -94,6 +94,7 @@ static void a_key_per_device(void **state) {
   assert_int_equal(one->fabric->self.rail_count, 0);
   ferry_engine_destroy(one);
   ferry_engine_destroy(e);
+  free(memory);
 }
 
 /* A device that refuses a registration: the key it is about to be asked
