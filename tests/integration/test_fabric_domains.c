@@ -48,25 +48,34 @@ static int make_namespace(void) {
                 "for l in fda0 fdb0 fda1 fdb1; do ip link set $l up || exit 1; done") == 0;
 }
 
-/* Control on loopback; the fabric on the devices' own addresses. */
-static ferry_status device_engine(const char *devices, ferry_engine **e) {
+/* Control on loopback; the fabric on the devices' own addresses. basic:
+ * FI_MR_BASIC (provider keys, virtual addresses: what verbs and efa
+ * need), else the provider takes ferry's keys. */
+static ferry_status basic_engine(const char *devices, int basic, ferry_engine **e) {
   ferry_config cfg;
   ferry_config_init(&cfg);
   cfg.bind_host = cfg.advertise_host = "127.0.0.1";
   cfg.transports = FERRY_TRANSPORT_FABRIC;
   cfg.fabric_provider = "tcp;ofi_rxm";
   cfg.fabric_device = devices;
+  cfg.fabric_mr_basic = basic;
   cfg.timeout_ms = 60000;
   *e = NULL;
   return ferry_engine_create(&cfg, e);
 }
 
-static ferry_engine *two_device_engine(void) {
+static ferry_status device_engine(const char *devices, ferry_engine **e) {
+  return basic_engine(devices, 0, e);
+}
+
+static ferry_engine *two_device_basic_engine(int basic) {
   ferry_engine *e;
-  if (device_engine(DEVICES, &e) != FERRY_OK)
+  if (basic_engine(DEVICES, basic, &e) != FERRY_OK)
     fail_msg("fabric engine on %s: %s", DEVICES, ferry_last_error());
   return e;
 }
+
+static ferry_engine *two_device_engine(void) { return two_device_basic_engine(0); }
 
 /* Each device is a domain, every region is registered in both and
  * publishes a key per domain, each its own MR's; one device keeps the
@@ -200,16 +209,25 @@ static void stripe(test_rig *r, uint64_t bytes[2]) {
   assert_true(bytes[0] > 0 && bytes[1] > 0);
 }
 
-static void striped_over_two_devices(void **state) {
+static void stripe_on(int basic) {
   if (!in_namespace)
     skip();
   test_rig r;
-  test_rig_start(&r, two_device_engine(), two_device_engine(), BIG);
+  test_rig_start(&r, two_device_basic_engine(basic), two_device_basic_engine(basic), BIG);
+  assert_int_equal(r.target->fabric->prov_key, basic);
+  assert_int_equal(r.target->fabric->virt_addr, basic);
   uint64_t bytes[2];
   stripe(&r, bytes);
   assert_int_equal(bytes[0] + bytes[1], 2 * r.rounds * BIG);
   test_rig_stop(&r);
 }
+
+static void striped_over_two_devices(void **state) { stripe_on(0); }
+
+/* The same with provider keys and virtual addresses, the registration
+ * path of verbs and efa: each domain numbers its keys itself (here both
+ * from 1), so only the domain a key is used in tells them apart. */
+static void striped_with_provider_keys(void **state) { stripe_on(1); }
 
 /* fda1's connections die: its chunks move to fda0, every transfer still
  * completes verified, and fda1's rail is taken out of use. */
@@ -247,6 +265,7 @@ int main(void) {
       cmocka_unit_test(devices_are_rails_in_the_descriptor),
       cmocka_unit_test(unknown_device_names_the_devices),
       cmocka_unit_test(striped_over_two_devices),
+      cmocka_unit_test(striped_with_provider_keys),
       cmocka_unit_test(one_device_cut),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
