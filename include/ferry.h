@@ -250,7 +250,11 @@ typedef struct ferry_config {
    * net) bind to bind_host, or advertise_host when that is a wildcard.
    * fabric_device: the domain (NIC, e.g. "mlx5_0") to use
    * (FERRY_FABRIC_DEVICE); NULL: the provider's first. One that does not
-   * exist fails create, naming those that do.
+   * exist fails create, naming those that do. A comma list
+   * ("mlx5_0,mlx5_1", at most 8, each once) opens a domain per device,
+   * each a rail, with every region registered in each (FERRY_EINVAL for a
+   * repeated or empty entry). On IP providers a device is an interface,
+   * pinned to its own address.
    * fabric_mr_basic: nonzero asks the provider for FI_MR_BASIC
    * (FERRY_FABRIC_MR_BASIC): virtual addresses and provider keys, the
    * strict registration mode verbs and efa need, here to test that path. */

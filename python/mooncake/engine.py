@@ -630,11 +630,12 @@ def _fabric_kwargs(proto, device_name, kwargs):
         logger.warning("device_name %r cannot be read (%s); the provider's first device is "
                        "used", device_name, e)
         devices = []
+    devices = list(dict.fromkeys(devices))  # a JSON mapping may name a NIC for several GPUs
+    if len(devices) > 8:
+        logger.warning("device_name %r names %d devices; ferry's fabric transport drives the "
+                       "first 8 (a domain and rail each)", device_name, len(devices))
     if devices:
-        kwargs["fabric_device"] = devices[0]
-    if len(devices) > 1:
-        logger.warning("device_name %r names %d devices; ferry's fabric transport drives one "
-                       "(%s) until it has rails", device_name, len(devices), devices[0])
+        kwargs["fabric_device"] = ",".join(devices[:8])  # a domain per device, each a rail
 
 
 def _no_rdma_device(err):

@@ -30,10 +30,15 @@
  * is moved again on another rail. One domain suffices because a
  * registration belongs to a domain, not an endpoint: every rail reaches a
  * region by the same key, and the region table keeps one key per region.
- * verbs and efa NICs are each a domain of their own: rails there need a
- * domain per fabric_device entry, each registering every region, with a
- * key per rail in the table (region_key_size = rails x 8) - not done; such
- * a provider serves on its one endpoint and says so. */
+ *
+ * Rails over devices: verbs and efa NICs are each a domain of their own.
+ * A target whose fabric_device lists several runs a domain per device
+ * (fabric_service.c), registers every region in each, publishes a key per
+ * device in the region table (in domain order) and lists each domain's
+ * endpoint as rail r, flagged as domains. A channel on rail r then aims at
+ * the target's domain r with the r-th key (remote_key), from this engine's
+ * domain r mod its device count, whose registrations give the local
+ * descriptors. */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -92,6 +97,8 @@ typedef struct fabric_slot {
 typedef struct fabric_channel {
   ferry_channel base;
   ferry_fabric *fabric;
+  unsigned dom;    /* this engine's domain its endpoint is in */
+  unsigned key_at; /* which of the target's keys per region: its domain's */
   struct fid_av *av;
   struct fid_cq *cq;
   struct fid_ep *ep;
@@ -148,9 +155,9 @@ static int fabric_usable(ferry_engine *e, const ferry_hello_reply *info, char *w
   if (!strcmp(d.provider, "shm") && memcmp(info->boot_id, e->boot_id, sizeof e->boot_id) != 0)
     return snprintf(why, size, "shm reaches only this host (boot ids differ)"), 0;
   fi_addr_t probe;
-  if (fi_av_insert(f->av, d.addr, 1, &probe, 0, NULL) != 1)
+  if (fi_av_insert(f->domains[0].av, d.addr, 1, &probe, 0, NULL) != 1)
     return snprintf(why, size, "libfabric refuses its address (%zu bytes)", d.addr_len), 0;
-  fi_av_remove(f->av, &probe, 1, 0);
+  fi_av_remove(f->domains[0].av, &probe, 1, 0);
   return 1;
 }
 
@@ -240,13 +247,14 @@ static void fabric_close(ferry_channel *base) {
 }
 
 static ferry_status open_endpoint(fabric_channel *ch, const ferry_fabric_descriptor *d) {
-  ferry_fabric *f = ch->fabric;
+  const ferry_fabric_domain *dom = &ch->fabric->domains[ch->dom];
   struct fi_av_attr av_attr = {.type = FI_AV_TABLE, .count = 1};
-  ferry_status st = channel_step(ch, "fi_av_open", fi_av_open(f->domain, &av_attr, &ch->av, NULL));
+  ferry_status st =
+      channel_step(ch, "fi_av_open", fi_av_open(dom->domain, &av_attr, &ch->av, NULL));
   if (!st)
-    st = channel_step(ch, "fi_cq_open", ferry_fabric_cq_open(f->domain, &ch->cq, &ch->cq_fd));
+    st = channel_step(ch, "fi_cq_open", ferry_fabric_cq_open(dom->domain, &ch->cq, &ch->cq_fd));
   if (!st)
-    st = channel_step(ch, "fi_endpoint", fi_endpoint(f->domain, f->info, &ch->ep, NULL));
+    st = channel_step(ch, "fi_endpoint", fi_endpoint(dom->domain, dom->info, &ch->ep, NULL));
   if (!st)
     st = channel_step(ch, "fi_ep_bind(av)", fi_ep_bind(ch->ep, &ch->av->fid, 0));
   if (!st)
@@ -310,14 +318,18 @@ static unsigned fabric_rails(const ferry_hello_reply *info, char names[][FERRY_R
   return n;
 }
 
-/* Aims d at the endpoint of the rail named `rail` (NULL: the main one). */
-static int pick_rail(ferry_fabric_descriptor *d, const char *rail, char *why, size_t size) {
+/* Aims d at the endpoint of the rail named `rail` (NULL: the main one,
+ * rail 0), setting *index to the rail's. */
+static int pick_rail(ferry_fabric_descriptor *d, const char *rail, unsigned *index, char *why,
+                     size_t size) {
+  *index = 0;
   for (unsigned r = 0; rail && r < d->rail_count; r++) {
     char name[FERRY_RAIL_NAME_MAX];
     rail_name(d->rail_addr[r], d->rail_addr_len[r], r, name);
     if (!strcmp(name, rail)) {
       memcpy(d->addr, d->rail_addr[r], d->rail_addr_len[r]);
       d->addr_len = d->rail_addr_len[r];
+      *index = r;
       return 1;
     }
   }
@@ -356,8 +368,9 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   char why[160];
   pthread_mutex_lock(&p->lock);
   uint64_t instance = p->info.engine_id;
+  unsigned r = 0;
   int ok = f && p->known && peer_descriptor(&p->info, &d, why, sizeof why) &&
-           pick_rail(&d, rail, why, sizeof why);
+           pick_rail(&d, rail, &r, why, sizeof why);
   pthread_mutex_unlock(&p->lock);
   if (!ok)
     return ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: %s", p->address,
@@ -375,6 +388,10 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   ch->base.peer = p;
   ch->base.peer_instance = instance;
   ch->fabric = f;
+  if (d.domain_rails) { /* rail r: the target's domain r, from ours r (mod how many) */
+    ch->key_at = r;
+    ch->dom = r % f->domain_count;
+  }
   ch->cq_fd = -1;
   ch->virt_addr = d.virt_addr;
   if (ferry_fabric_is_host_ip(f->info))
@@ -462,6 +479,28 @@ static ferry_status cq_status(const struct fi_cq_err_entry *err) {
   }
 }
 
+static uint64_t key_of(const uint8_t *bytes) {
+  uint64_t key = 0;
+  for (int b = FERRY_FABRIC_KEY_SIZE - 1; b >= 0; b--)
+    key = key << 8 | bytes[b];
+  return key;
+}
+
+/* The key of the peer's cached region holding [addr, addr+length) for
+ * this channel's target domain (one key per domain in the table), and the
+ * region's start; 0 when the table has no such region or key. */
+static int remote_key(fabric_channel *ch, uint64_t addr, uint64_t length, uint64_t *key,
+                      uint64_t *base) {
+  uint8_t keys[FERRY_WIRE_MAX_KEY];
+  size_t n = ferry_peer_region_key(ch->base.peer, FERRY_TRANSPORT_FABRIC, addr, length, keys,
+                                   sizeof keys, base);
+  size_t at = (size_t)ch->key_at * FERRY_FABRIC_KEY_SIZE;
+  if (n % FERRY_FABRIC_KEY_SIZE || n < at + FERRY_FABRIC_KEY_SIZE)
+    return 0;
+  *key = key_of(keys + at);
+  return 1;
+}
+
 /* After a failure or stall: FERRY_ENOTREG (detail set) when the target's
  * fresh table no longer holds a remote range of s, else FERRY_OK (also when
  * the table cannot be fetched: the failure stands as it is). */
@@ -476,12 +515,10 @@ static ferry_status gone_remote(fabric_channel *ch, const fabric_slot *s) {
   span.length = end - span.addr;
   if (ferry_peer_refresh_regions(ch->base.peer, &span, 1, ch->batch->deadline_ns) != FERRY_OK)
     return FERRY_OK;
-  uint8_t key[FERRY_FABRIC_KEY_SIZE];
-  uint64_t base;
+  uint64_t key, base;
   for (uint32_t i = 0; i < s->chunk.count; i++) {
     const ferry_region *r = &s->chunk.remote[i];
-    if (ferry_peer_region_key(ch->base.peer, FERRY_TRANSPORT_FABRIC, r->addr, r->length, key,
-                              sizeof key, &base) != sizeof key)
+    if (!remote_key(ch, r->addr, r->length, &key, &base))
       return ferry_fail(FERRY_ENOTREG,
                         "fabric %s to %s: remote address 0x%llx (+%llu bytes) not registered "
                         "there any more",
@@ -573,7 +610,8 @@ static ferry_status wait_status(fabric_channel *ch) {
  * dead target) is polled with the same backoff instead of spun on. */
 static void wait_cq(fabric_channel *ch) {
   struct fid *fids[] = {&ch->cq->fid};
-  if (ch->cq_fd < 0 || fi_trywait(ch->fabric->fabric, fids, 1) != FI_SUCCESS) {
+  struct fid_fabric *fabric = ch->fabric->domains[ch->dom].fabric;
+  if (ch->cq_fd < 0 || fi_trywait(fabric, fids, 1) != FI_SUCCESS) {
     ferry_fabric_backoff(&ch->idle, ch->wake_fd);
     return;
   }
@@ -664,34 +702,26 @@ static void abandon(fabric_channel *ch, ferry_status st) {
 
 /* ---- posting -------------------------------------------------------------------------- */
 
-static uint64_t key_of(const uint8_t *bytes) {
-  uint64_t key = 0;
-  for (int b = FERRY_FABRIC_KEY_SIZE - 1; b >= 0; b--)
-    key = key << 8 | bytes[b];
-  return key;
-}
-
 /* The peer's key and address for a remote segment, and the local
  * descriptor. */
 static ferry_status target_of(fabric_channel *ch, const struct iovec *local,
                               const ferry_region *remote, struct fi_rma_iov *rma, void **desc) {
-  uint8_t key[FERRY_FABRIC_KEY_SIZE];
-  uint64_t base;
-  if (ferry_peer_region_key(ch->base.peer, FERRY_TRANSPORT_FABRIC, remote->addr, remote->length,
-                            key, sizeof key, &base) != sizeof key)
+  uint64_t key, base;
+  if (!remote_key(ch, remote->addr, remote->length, &key, &base))
     return ferry_fail(FERRY_ENOTREG,
                       "remote address 0x%llx (+%llu bytes) is not registered at %s (no fabric "
-                      "key in its table)",
+                      "key for its domain in its table)",
                       (unsigned long long)remote->addr, (unsigned long long)remote->length,
                       ch->address);
-  if (!ferry_fabric_local_desc(ch->fabric, local->iov_base, local->iov_len, desc) && ch->local_mr)
+  if (!ferry_fabric_local_desc(ch->fabric, ch->dom, local->iov_base, local->iov_len, desc) &&
+      ch->local_mr)
     return ferry_fail(FERRY_ENOTREG,
                       "local buffer %p (+%zu bytes) is not registered with this engine, and "
                       "provider %s needs it to be",
                       local->iov_base, local->iov_len, ch->fabric->self.provider);
   *rma = (struct fi_rma_iov){.addr = ch->virt_addr ? remote->addr : remote->addr - base,
                              .len = remote->length,
-                             .key = key_of(key)};
+                             .key = key};
   return FERRY_OK;
 }
 

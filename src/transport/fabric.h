@@ -1,8 +1,8 @@
 /* fabric.h - private to the libfabric (RDMA-class) transport of issue 12:
  * the provider probe `ferry doctor` reports with (fabric_probe.c), the
  * engine-wide service every engine runs when the transport is on
- * (fabric_service.c: provider choice, the domain, the target's endpoint and
- * progress thread, memory registrations and their keys) and the
+ * (fabric_service.c: provider choice, a domain per device, the target's
+ * endpoints and progress threads, memory registrations and their keys) and the
  * descriptor the target publishes in its handshake facts. The initiator's
  * channels are in fabric.c. */
 #ifndef FERRY_FABRIC_H
@@ -39,18 +39,22 @@ void ferry_fabric_domains(const struct fi_info *info, char *out, size_t size);
 
 #define FERRY_FABRIC_NAME_MAX 64  /* provider, fabric and domain names */
 #define FERRY_FABRIC_ADDR_MAX 256 /* an fi_getname blob */
-#define FERRY_FABRIC_KEY_SIZE 8   /* per region in the table: the u64 key */
+#define FERRY_FABRIC_KEY_SIZE 8   /* per region and domain in the table: the u64 key */
+/* Devices (fabric_device entries), each its own domain: a key each per
+ * region, within what the region table carries. */
+#define FERRY_FABRIC_DOMAINS_MAX (FERRY_WIRE_MAX_KEY / FERRY_FABRIC_KEY_SIZE)
 
 /* What a target publishes (describe) and an initiator decodes as untrusted
  * input (ferry_fabric_descriptor_decode). */
 typedef struct ferry_fabric_descriptor {
-  int virt_addr; /* remote addresses are the target's virtual ones, else offsets */
+  int virt_addr;    /* remote addresses are the target's virtual ones, else offsets */
+  int domain_rails; /* rail r is the target's domain r: its key is the r-th in the table */
   char provider[FERRY_FABRIC_NAME_MAX + 1];
   char fabric[FERRY_FABRIC_NAME_MAX + 1];
   char domain[FERRY_FABRIC_NAME_MAX + 1];
   uint8_t addr[FERRY_FABRIC_ADDR_MAX]; /* fi_getname of its endpoint */
   size_t addr_len;
-  unsigned rail_count; /* rail endpoints (fabric.c's top comment); 0: none */
+  unsigned rail_count; /* rail endpoints or domains (fabric.c's top comment); 0: none */
   uint8_t rail_addr[FERRY_RAILS_MAX][FERRY_FABRIC_ADDR_MAX];
   size_t rail_addr_len[FERRY_RAILS_MAX];
   unsigned lane_count; /* lanes besides the main endpoint (addr); 0: none */
@@ -75,16 +79,28 @@ void ferry_fabric_wake_unmap(uint32_t *words);
  * on word. */
 void ferry_fabric_nudge(uint32_t *word);
 
-/* One memory registration, in a table sorted by address. */
+/* One memory registration, in a table sorted by address: one MR per
+ * domain (mr[0] NULL: removed). */
 typedef struct ferry_fabric_mr {
   uint64_t addr, length;
-  struct fid_mr *mr;
+  struct fid_mr *mr[FERRY_FABRIC_DOMAINS_MAX];
 } ferry_fabric_mr;
+
+/* A domain: one device (an RDMA NIC; on IP providers an interface, or
+ * the whole host for the engine's own address) and its target AV. */
+typedef struct ferry_fabric_domain {
+  struct fi_info *info;
+  struct fid_fabric *fabric;
+  struct fid_domain *domain;
+  struct fid_av *av; /* the target endpoints'; stays empty */
+  unsigned lane;     /* its first lane in ferry_fabric.lanes */
+} ferry_fabric_domain;
 
 /* A lane of the target: an endpoint with its own CQ and progress thread
  * (fabric_service.c's top comment). Lane 0 is the main endpoint. */
 typedef struct ferry_fabric_lane {
   struct ferry_fabric *fabric;
+  ferry_fabric_domain *dom; /* the domain its endpoint is in */
   struct fid_ep *ep;
   struct fid_cq *cq;
   struct fid_cntr *cntr; /* remote RMA events: activity, where the CQ has no fd */
@@ -100,11 +116,11 @@ typedef struct ferry_fabric_lane {
 
 typedef struct ferry_fabric {
   ferry_engine *engine;
-  struct fi_info *info;
-  struct fid_fabric *fabric;
-  struct fid_domain *domain;
-  struct fid_av *av; /* the target endpoints'; stays empty */
-  ferry_fabric_lane lanes[FERRY_FABRIC_LANES_MAX];
+  struct fi_info *info; /* domains[0]'s: the provider's facts, the same in each */
+  ferry_fabric_domain domains[FERRY_FABRIC_DOMAINS_MAX];
+  unsigned domain_count;
+  /* Domain 0's lanes first, then one per further domain. */
+  ferry_fabric_lane lanes[FERRY_FABRIC_LANES_MAX + FERRY_FABRIC_DOMAINS_MAX - 1];
   unsigned lane_count;
   unsigned next_lane; /* initiator: the lane the next channel aims at (atomic) */
   struct fid_ep *rail_eps[FERRY_RAILS_MAX]; /* one per rail host, on lane 0's CQ */
@@ -140,9 +156,11 @@ void ferry_fabric_region_deregister(ferry_engine *engine, const ferry_region *re
 size_t ferry_fabric_region_key_size(ferry_engine *engine);
 void ferry_fabric_region_keys(ferry_engine *engine, const ferry_region *regions, size_t count,
                               uint8_t *out);
-/* The local descriptor (fi_mr_desc) of the registration holding
- * [addr, addr+length); 0 when this engine registered no such memory. */
-int ferry_fabric_local_desc(ferry_fabric *fabric, const void *addr, size_t length, void **desc);
+/* The local descriptor (fi_mr_desc) in domain dom of the registration
+ * holding [addr, addr+length); 0 when this engine registered no such
+ * memory. */
+int ferry_fabric_local_desc(ferry_fabric *fabric, unsigned dom, const void *addr, size_t length,
+                            void **desc);
 
 /* A CQ that sleeps on an fd (*fd) where the provider has one, else a
  * polled one (*fd = -1). 0 or a negative libfabric error. */

@@ -1,8 +1,9 @@
 /* fabric_service.c - the engine-wide half of the libfabric transport: which
- * provider, one fabric and domain, the target's RDM endpoint that peers
- * write into and read from, its progress thread, and the memory
- * registrations (one fi_mr_reg per region, in a sorted table) whose keys
- * the region table carries to initiators.
+ * provider, a fabric and domain per device (one without fabric_device),
+ * the target's RDM endpoints that peers write into and read from, their
+ * progress threads, and the memory registrations (fi_mr_reg per region and
+ * domain, in a sorted table) whose keys the region table carries to
+ * initiators.
  *
  * Progress is manual for every provider seen (libfabric.md): RMA aimed at
  * a target that never calls into libfabric stalls. So a thread reads the
@@ -25,7 +26,17 @@
  *
  * Rails (fabric.c's top comment): one more endpoint per rail host, in the
  * same domain and on lane 0's CQ and counter, so lane 0's thread serves
- * them and every registration's key works on each. */
+ * them and every registration's key works on each.
+ *
+ * Devices: fabric_device may list several ("mlx5_0,mlx5_1"). Each is its
+ * own domain (fabric, domain, AV) with one lane (endpoint, CQ, progress
+ * thread: a NIC copies nothing, lanes are for software providers), after
+ * domain 0's lanes in lanes[]; every region is registered in every domain
+ * (all or nothing) and the region table carries a key per domain
+ * (region_key_size = devices x 8; one device keeps the 8-byte table). A
+ * deregistration closes each domain's MR after the same quiesce of every
+ * lane. On IP providers a named device is an interface, and its endpoint
+ * is pinned to that interface's address instead of the engine's host. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <linux/futex.h>
@@ -98,13 +109,13 @@ int ferry_fabric_is_host_ip(const struct fi_info *info) {
   return ip && strncmp(prov, "verbs", 5) != 0 && strcmp(prov, "efa") != 0;
 }
 
-static int query(const ferry_config *cfg, const char *provider, uint64_t extra_caps,
-                 const char *node, struct fi_info **out) {
+static int query(const ferry_config *cfg, const char *provider, const char *device,
+                 uint64_t extra_caps, const char *node, struct fi_info **out) {
   struct fi_info *hints = ferry_fabric_hints(provider, cfg->fabric_mr_basic);
   if (!hints)
     return -FI_ENOMEM;
   hints->caps |= extra_caps;
-  if (cfg->fabric_device && !(hints->domain_attr->name = strdup(cfg->fabric_device))) {
+  if (device && !(hints->domain_attr->name = strdup(device))) {
     fi_freeinfo(hints);
     return -FI_ENOMEM;
   }
@@ -114,15 +125,17 @@ static int query(const ferry_config *cfg, const char *provider, uint64_t extra_c
   return rc;
 }
 
-/* The entry on the configured device: providers may ignore the domain
- * name in the hints (rxm does), so it is checked here. -FI_ENODATA when no
- * entry is on it. */
-static int pick_device(const ferry_config *cfg, struct fi_info **info) {
-  if (!cfg->fabric_device)
+/* The entry on device: providers may ignore the domain name in the hints
+ * (rxm does), so it is checked here; an IPv4 one first where an IP
+ * provider offers several (an IPv6 link-local address needs a scope).
+ * -FI_ENODATA when no entry is on it. */
+static int pick_device(const char *device, struct fi_info **info) {
+  if (!device)
     return 0;
   struct fi_info *hit = NULL;
-  for (struct fi_info *i = *info; i && !hit; i = i->next)
-    if (i->domain_attr->name && !strcmp(i->domain_attr->name, cfg->fabric_device))
+  for (struct fi_info *i = *info; i; i = i->next)
+    if (i->domain_attr->name && !strcmp(i->domain_attr->name, device) &&
+        (!hit || (hit->addr_format != FI_SOCKADDR_IN && i->addr_format == FI_SOCKADDR_IN)))
       hit = i;
   struct fi_info *one = hit ? fi_dupinfo(hit) : NULL;
   fi_freeinfo(*info);
@@ -130,38 +143,37 @@ static int pick_device(const ferry_config *cfg, struct fi_info **info) {
   return one ? 0 : hit ? -FI_ENOMEM : -FI_ENODATA;
 }
 
-/* fi_getinfo for provider, pinned where it must be; with remote RMA events
- * (for polling without a wait fd) where the provider has them. */
-static int provider_info(ferry_engine *e, const char *provider, struct fi_info **out,
-                         const char **node) {
+/* fi_getinfo for provider on device (NULL: its first), with remote RMA
+ * events (for polling without a wait fd) where the provider has them. An
+ * IP provider is pinned to the engine's host, unless pin is 0: a named
+ * device (an interface) is pinned to that interface's own address. */
+static int provider_info(ferry_engine *e, const char *provider, const char *device, int pin,
+                         struct fi_info **out, const char **node) {
   const char *host = is_wildcard(e->bind_host) ? e->advertise_host : e->bind_host;
   int rc = -FI_ENODATA;
   *node = NULL;
   for (int events = 1; events >= 0 && rc; events--) {
     uint64_t caps = events ? FI_RMA_EVENT : 0;
-    rc = query(&e->cfg, provider, caps, NULL, out);
-    if (rc == 0 && ferry_fabric_is_host_ip(*out)) {
+    rc = query(&e->cfg, provider, device, caps, NULL, out);
+    if (rc == 0 && pin && ferry_fabric_is_host_ip(*out)) {
       fi_freeinfo(*out);
       *out = NULL;
       *node = host;
-      rc = query(&e->cfg, provider, caps, host, out);
+      rc = query(&e->cfg, provider, device, caps, host, out);
     }
     if (rc == 0)
-      rc = pick_device(&e->cfg, out);
+      rc = pick_device(device, out);
   }
   return rc;
 }
 
 /* An explicitly named provider (or device) that cannot start. */
-static ferry_status provider_failed(ferry_engine *e, const char *provider, const char *node,
-                                    int rc) {
-  const char *device = e->cfg.fabric_device;
+static ferry_status provider_failed(ferry_engine *e, const char *provider, const char *device,
+                                    const char *node, int rc) {
   if (device && rc == -FI_ENODATA) {
-    ferry_config any = e->cfg;
-    any.fabric_device = NULL;
     struct fi_info *all = NULL;
     char names[256] = "none";
-    if (query(&any, provider, 0, node, &all) == 0)
+    if (query(&e->cfg, provider, NULL, 0, node, &all) == 0)
       ferry_fabric_domains(all, names, sizeof names);
     fi_freeinfo(all);
     return ferry_fail(FERRY_ETRANSPORT,
@@ -184,23 +196,73 @@ static void others(const ferry_engine *e, char *out, size_t size) {
                                ferry_transports[i]->name);
 }
 
-/* The provider to open: the configured one, else the first RDMA provider
- * with a device. 1 with *out set; 0 when automatic choice found none
- * (why says so); -1 with the error set. */
-static int choose_provider(ferry_engine *e, struct fi_info **out, char *why, size_t size) {
-  const char *node, *named = e->cfg.fabric_provider;
+/* fabric_device as a list ("mlx5_0,mlx5_1", as Mooncake's device_name):
+ * each entry once, at most FERRY_FABRIC_DOMAINS_MAX; none: the
+ * provider's first device (*count 1, names[0] NULL). */
+typedef struct device_list {
+  char buf[FERRY_FABRIC_DOMAINS_MAX * (FERRY_FABRIC_NAME_MAX + 1)];
+  const char *names[FERRY_FABRIC_DOMAINS_MAX];
+  unsigned count;
+} device_list;
+
+static ferry_status parse_devices(const char *list, device_list *out) {
+  memset(out, 0, sizeof *out);
+  out->count = 1;
+  if (!list)
+    return FERRY_OK;
+  if (strlen(list) >= sizeof out->buf)
+    return ferry_fail(FERRY_EINVAL, "fabric_device \"%.64s...\" is too long", list);
+  strcpy(out->buf, list);
+  out->count = 0;
+  for (char *save = NULL, *name = strtok_r(out->buf, ",", &save); name;
+       name = strtok_r(NULL, ",", &save)) {
+    if (out->count == FERRY_FABRIC_DOMAINS_MAX)
+      return ferry_fail(FERRY_EINVAL, "fabric_device \"%s\" lists more than %d devices", list,
+                        FERRY_FABRIC_DOMAINS_MAX);
+    for (unsigned i = 0; i < out->count; i++)
+      if (!strcmp(out->names[i], name))
+        return ferry_fail(FERRY_EINVAL, "fabric_device \"%s\" lists %s twice", list, name);
+    out->names[out->count++] = name;
+  }
+  if (!out->count || strstr(list, ",,") || list[0] == ',' || list[strlen(list) - 1] == ',')
+    return ferry_fail(FERRY_EINVAL, "fabric_device \"%s\" has an empty device name", list);
+  return FERRY_OK;
+}
+
+/* An entry per device of provider into f->domains; 0 or the first device's
+ * libfabric error (*failed: which device, *node: where pinned). */
+static int devices_info(ferry_engine *e, ferry_fabric *f, const char *provider,
+                        const device_list *devs, const char **failed, const char **node) {
+  int rc = 0;
+  for (unsigned i = 0; i < devs->count && !rc; i++) {
+    *failed = devs->names[i];
+    rc = provider_info(e, provider, devs->names[i], !devs->names[i], &f->domains[i].info, node);
+    f->domain_count = rc ? i : i + 1;
+  }
+  return rc;
+}
+
+/* The provider to open, on each device: the configured one, else the
+ * first RDMA provider with the (first) device. 1 with f->domains' infos
+ * set; 0 when automatic choice found none (why says so); -1 with the
+ * error set. */
+static int choose_provider(ferry_engine *e, ferry_fabric *f, const device_list *devs, char *why,
+                           size_t size) {
+  const char *node, *failed, *named = e->cfg.fabric_provider;
   if (named) {
-    int rc = provider_info(e, named, out, &node);
+    int rc = devices_info(e, f, named, devs, &failed, &node);
     if (rc)
-      return provider_failed(e, named, node, rc), -1;
+      return provider_failed(e, named, failed, node, rc), -1;
     return 1;
   }
   static const char *const rdma[] = {"verbs;ofi_rxm", "efa"};
   size_t used = (size_t)snprintf(why, size, "no RDMA device:");
   for (size_t i = 0; i < sizeof rdma / sizeof *rdma; i++) {
-    int rc = provider_info(e, rdma[i], out, &node);
+    int rc = devices_info(e, f, rdma[i], devs, &failed, &node);
     if (rc == 0)
       return 1;
+    if (f->domain_count) /* it has the first device, not a later one */
+      return provider_failed(e, rdma[i], failed, node, rc), -1;
     if (used < size)
       used += (size_t)snprintf(why + used, size - used, "%s fi_getinfo(%s) found none (%s)",
                                i ? "," : "", rdma[i], fi_strerror(-rc));
@@ -234,23 +296,25 @@ int ferry_fabric_cq_open(struct fid_domain *domain, struct fid_cq **cq, int *fd)
 
 /* The remote-event counter that tells a polling lane traffic is on. */
 static ferry_status open_counter(ferry_fabric *f, ferry_fabric_lane *l) {
-  if (l->cq_fd >= 0 || !(f->info->caps & FI_RMA_EVENT))
+  if (l->cq_fd >= 0 || !(l->dom->info->caps & FI_RMA_EVENT))
     return FERRY_OK;
   struct fi_cntr_attr attr = {.events = FI_CNTR_EVENTS_COMP, .wait_obj = FI_WAIT_NONE};
-  ferry_status st = step(f, "fi_cntr_open", fi_cntr_open(f->domain, &attr, &l->cntr, NULL));
+  ferry_status st = step(f, "fi_cntr_open", fi_cntr_open(l->dom->domain, &attr, &l->cntr, NULL));
   if (!st)
     st = step(f, "fi_ep_bind(counter)",
               fi_ep_bind(l->ep, &l->cntr->fid, FI_REMOTE_WRITE | FI_REMOTE_READ));
   return st;
 }
 
-/* A lane: its endpoint on the shared AV, its own CQ and counter. */
-static ferry_status open_lane(ferry_fabric *f, ferry_fabric_lane *l) {
-  ferry_status st = step(f, "fi_cq_open", ferry_fabric_cq_open(f->domain, &l->cq, &l->cq_fd));
+/* A lane of domain dom: its endpoint on the domain's AV, its own CQ and
+ * counter. */
+static ferry_status open_lane(ferry_fabric *f, ferry_fabric_domain *dom, ferry_fabric_lane *l) {
+  l->dom = dom;
+  ferry_status st = step(f, "fi_cq_open", ferry_fabric_cq_open(dom->domain, &l->cq, &l->cq_fd));
   if (!st)
-    st = step(f, "fi_endpoint", fi_endpoint(f->domain, f->info, &l->ep, NULL));
+    st = step(f, "fi_endpoint", fi_endpoint(dom->domain, dom->info, &l->ep, NULL));
   if (!st)
-    st = step(f, "fi_ep_bind(av)", fi_ep_bind(l->ep, &f->av->fid, 0));
+    st = step(f, "fi_ep_bind(av)", fi_ep_bind(l->ep, &dom->av->fid, 0));
   if (!st)
     st = step(f, "fi_ep_bind(cq)", fi_ep_bind(l->ep, &l->cq->fid, FI_TRANSMIT | FI_RECV));
   if (!st)
@@ -262,13 +326,13 @@ static ferry_status open_lane(ferry_fabric *f, ferry_fabric_lane *l) {
   return st;
 }
 
-static ferry_status open_domain(ferry_fabric *f) {
+static ferry_status open_domain(ferry_fabric *f, ferry_fabric_domain *dom) {
   struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
-  ferry_status st = step(f, "fi_fabric", fi_fabric(f->info->fabric_attr, &f->fabric, NULL));
+  ferry_status st = step(f, "fi_fabric", fi_fabric(dom->info->fabric_attr, &dom->fabric, NULL));
   if (!st)
-    st = step(f, "fi_domain", fi_domain(f->fabric, f->info, &f->domain, NULL));
+    st = step(f, "fi_domain", fi_domain(dom->fabric, dom->info, &dom->domain, NULL));
   if (!st)
-    st = step(f, "fi_av_open", fi_av_open(f->domain, &av_attr, &f->av, NULL));
+    st = step(f, "fi_av_open", fi_av_open(dom->domain, &av_attr, &dom->av, NULL));
   return st;
 }
 
@@ -389,7 +453,7 @@ static void *progress_main(void *arg) {
     if (l->cq_fd >= 0) {
       /* The wake fd is read only after a poll saw it, and the loop then
        * checks stop and quiesce: a wake-up is never lost. */
-      if (fi_trywait(f->fabric, fids, 1) == FI_SUCCESS && poll(p, 2, -1) > 0 &&
+      if (fi_trywait(l->dom->fabric, fids, 1) == FI_SUCCESS && poll(p, 2, -1) > 0 &&
           (p[1].revents & POLLIN))
         ferry_fabric_consume(l->wake_fd);
       continue;
@@ -423,36 +487,45 @@ static void stop_lanes(ferry_fabric *f) {
     }
 }
 
-static void close_lane(ferry_fabric_lane *l) {
-  struct fid *fids[] = {l->ep ? &l->ep->fid : NULL, l->cntr ? &l->cntr->fid : NULL,
-                        l->cq ? &l->cq->fid : NULL};
+/* Closes three objects, in this order, skipping those never opened. */
+static void close_fids(struct fid *first, struct fid *second, struct fid *third) {
+  struct fid *fids[] = {first, second, third};
   for (size_t i = 0; i < sizeof fids / sizeof *fids; i++)
     if (fids[i])
       fi_close(fids[i]);
+}
+
+static void close_lane(ferry_fabric_lane *l) {
+  close_fids(l->ep ? &l->ep->fid : NULL, l->cntr ? &l->cntr->fid : NULL,
+             l->cq ? &l->cq->fid : NULL);
   if (l->wake_fd >= 0)
     close(l->wake_fd);
 }
 
+static void close_domain(ferry_fabric_domain *dom) {
+  close_fids(dom->av ? &dom->av->fid : NULL, dom->domain ? &dom->domain->fid : NULL,
+             dom->fabric ? &dom->fabric->fid : NULL);
+  if (dom->info)
+    fi_freeinfo(dom->info);
+}
+
+static void mr_close(const ferry_fabric *f, ferry_fabric_mr *m);
+
 static void fabric_free(ferry_fabric *f) {
   stop_lanes(f);
   for (size_t i = 0; i < f->mr_count; i++)
-    fi_close(&f->mrs[i].mr->fid);
+    mr_close(f, &f->mrs[i]);
   free(f->mrs);
   for (unsigned r = 0; r < FERRY_RAILS_MAX; r++)
     if (f->rail_eps[r])
       fi_close(&f->rail_eps[r]->fid);
-  for (unsigned i = 0; i < FERRY_FABRIC_LANES_MAX; i++)
+  for (unsigned i = 0; i < sizeof f->lanes / sizeof *f->lanes; i++)
     close_lane(&f->lanes[i]);
   ferry_fabric_wake_unmap(f->wake_words);
   if (f->wake_path[0])
     unlink(f->wake_path);
-  struct fid *fids[] = {f->av ? &f->av->fid : NULL, f->domain ? &f->domain->fid : NULL,
-                        f->fabric ? &f->fabric->fid : NULL};
-  for (size_t i = 0; i < sizeof fids / sizeof *fids; i++)
-    if (fids[i])
-      fi_close(fids[i]);
-  if (f->info)
-    fi_freeinfo(f->info);
+  for (unsigned i = 0; i < FERRY_FABRIC_DOMAINS_MAX; i++)
+    close_domain(&f->domains[i]);
   pthread_rwlock_destroy(&f->mr_lock);
   pthread_mutex_destroy(&f->quiesce_lock);
   pthread_cond_destroy(&f->quiesce_cond);
@@ -500,10 +573,10 @@ static ferry_status open_rail(ferry_fabric *f, unsigned r, const char *host) {
                       "memory)",
                       r, host, f->self.provider);
   struct fid_ep **ep = &f->rail_eps[r];
-  ferry_status st = step(f, "fi_endpoint(rail)", fi_endpoint(f->domain, info, ep, NULL));
+  ferry_status st = step(f, "fi_endpoint(rail)", fi_endpoint(f->domains[0].domain, info, ep, NULL));
   fi_freeinfo(info);
   if (!st)
-    st = step(f, "fi_ep_bind(rail av)", fi_ep_bind(*ep, &f->av->fid, 0));
+    st = step(f, "fi_ep_bind(rail av)", fi_ep_bind(*ep, &f->domains[0].av->fid, 0));
   if (!st)
     st = step(f, "fi_ep_bind(rail cq)",
               fi_ep_bind(*ep, &f->lanes[0].cq->fid, FI_TRANSMIT | FI_RECV));
@@ -529,6 +602,11 @@ static ferry_status open_rails(ferry_fabric *f) {
   unsigned count = 0;
   if (!f->engine->rail_hosts || ferry_rails_parse(f->engine->rail_hosts, specs, &count))
     return FERRY_OK; /* the tcp transport reports a bad list */
+  if (count && f->domain_count > 1) {
+    FERRY_INFO("fabric: the rails are its %u devices (fabric_device); rail_hosts is not used",
+               f->domain_count);
+    return FERRY_OK;
+  }
   if (count && (!ferry_fabric_is_host_ip(f->info) || f->mr_endpoint)) {
     FERRY_INFO("fabric: provider %s serves on one endpoint (rails need an IP provider without "
                "FI_MR_ENDPOINT)",
@@ -559,18 +637,22 @@ static unsigned lane_count(const ferry_fabric *f) {
                f->self.provider);
     n = 1;
   }
+  if (n > 1 && f->domain_count > 1) {
+    FERRY_INFO("fabric: one lane per device on %u devices", f->domain_count);
+    n = 1;
+  }
   return n;
 }
 
 /* The lanes, each published (but the first: the main address) in the
  * descriptor, then a progress thread per lane. */
 static ferry_status open_lanes(ferry_fabric *f) {
-  ferry_status st = open_lane(f, &f->lanes[0]);
+  ferry_status st = open_lane(f, &f->domains[0], &f->lanes[0]);
   unsigned count = st ? 0 : lane_count(f);
   if (!st)
     f->lane_count = 1;
   for (unsigned i = 1; i < count && !st; i++)
-    if (!(st = open_lane(f, &f->lanes[i])))
+    if (!(st = open_lane(f, &f->domains[0], &f->lanes[i])))
       f->lane_count = i + 1;
   ferry_fabric_descriptor *d = &f->self;
   for (unsigned i = 1; i < f->lane_count && !st; i++) {
@@ -578,6 +660,36 @@ static ferry_status open_lanes(ferry_fabric *f) {
     st = step(f, "fi_getname(lane)",
               fi_getname(&f->lanes[i].ep->fid, d->lane_addr[i - 1], &d->lane_addr_len[i - 1]));
     d->lane_count = st ? 0 : i;
+  }
+  return st;
+}
+
+/* The devices after the first (fabric.c's top comment): each a domain
+ * with one lane (an RDMA NIC moves the bytes itself: lanes are for the
+ * software providers), published as the rails list, rail d being domain
+ * d's endpoint (domain 0's main one first). */
+static ferry_status open_devices(ferry_fabric *f) {
+  ferry_fabric_descriptor *d = &f->self;
+  if (f->domain_count < 2)
+    return FERRY_OK;
+  memcpy(d->rail_addr[0], d->addr, d->addr_len);
+  d->rail_addr_len[0] = d->addr_len;
+  ferry_status st = FERRY_OK;
+  for (unsigned i = 1; i < f->domain_count && !st; i++) {
+    ferry_fabric_domain *dom = &f->domains[i];
+    ferry_fabric_lane *l = &f->lanes[f->lane_count];
+    dom->lane = f->lane_count;
+    st = open_domain(f, dom);
+    if (!st && !(st = open_lane(f, dom, l)))
+      f->lane_count++;
+    d->rail_addr_len[i] = sizeof d->rail_addr[i];
+    if (!st)
+      st = step(f, "fi_getname(device)",
+                fi_getname(&l->ep->fid, d->rail_addr[i], &d->rail_addr_len[i]));
+  }
+  if (!st) {
+    d->rail_count = f->domain_count;
+    d->domain_rails = 1;
   }
   return st;
 }
@@ -612,11 +724,13 @@ static void open_wake(ferry_fabric *f) {
 static ferry_status fabric_open(ferry_fabric *f) {
   read_mr_mode(f);
   copy_name(f->self.provider, f->info->fabric_attr->prov_name);
-  ferry_status st = open_domain(f);
+  ferry_status st = open_domain(f, &f->domains[0]);
   if (!st)
     st = open_lanes(f);
   if (!st)
     st = fill_self(f);
+  if (!st)
+    st = open_devices(f);
   if (!st)
     st = open_rails(f);
   if (!st)
@@ -644,7 +758,7 @@ ferry_status ferry_fabric_service_start(ferry_engine *e) {
   if (!f)
     return ferry_fail(FERRY_ENOMEM, "no memory for the fabric transport");
   f->engine = e;
-  for (unsigned i = 0; i < FERRY_FABRIC_LANES_MAX; i++) {
+  for (unsigned i = 0; i < sizeof f->lanes / sizeof *f->lanes; i++) {
     f->lanes[i].fabric = f;
     f->lanes[i].cq_fd = f->lanes[i].wake_fd = -1;
   }
@@ -652,16 +766,22 @@ ferry_status ferry_fabric_service_start(ferry_engine *e) {
   pthread_mutex_init(&f->quiesce_lock, NULL);
   pthread_cond_init(&f->quiesce_cond, NULL);
   char why[512];
-  int chosen = choose_provider(e, &f->info, why, sizeof why);
-  ferry_status st = chosen < 0 ? FERRY_ETRANSPORT : chosen ? fabric_open(f) : FERRY_OK;
+  device_list devs;
+  ferry_status st = parse_devices(e->cfg.fabric_device, &devs);
+  int chosen = st ? 0 : choose_provider(e, f, &devs, why, sizeof why);
+  f->info = f->domains[0].info;
+  if (!st)
+    st = chosen < 0 ? FERRY_ETRANSPORT : chosen ? fabric_open(f) : FERRY_OK;
   if (st || !chosen) {
     fabric_free(f);
     return st ? st : transport_off(e, why);
   }
   e->fabric = f;
-  FERRY_INFO("fabric transport on: provider %s, fabric %s, domain %s, %u lanes, %s progress "
+  int several = f->domain_count > 1;
+  FERRY_INFO("fabric transport on: provider %s, fabric %s, %s %s, %u lanes, %s progress "
              "wait, MR mode 0x%x",
-             f->self.provider, f->self.fabric, f->self.domain, f->lane_count,
+             f->self.provider, f->self.fabric, several ? "devices" : "domain",
+             several ? e->cfg.fabric_device : f->self.domain, f->lane_count,
              f->lanes[0].cq_fd >= 0 ? "fd"
              : f->lanes[0].cntr     ? "polled (counter)"
                                     : "polled",
@@ -680,7 +800,8 @@ void ferry_fabric_service_stop(ferry_engine *e) {
 
 /* version | flags | 3 x (u8 len, name) | u16 addr_len | addr [| rails [|
  * lanes]]: the rails list is there when it or the lanes list is not
- * empty, so a descriptor without either is as it was before them. */
+ * empty, so a descriptor without either is as it was before them. Flags:
+ * 1 virtual addresses, 2 the rails are domains (a key each). */
 static size_t put_name(uint8_t *out, const char *name) {
   size_t n = strlen(name);
   out[0] = (uint8_t)n;
@@ -712,7 +833,7 @@ size_t ferry_fabric_describe(ferry_engine *e, uint8_t *out, size_t size) {
     return 0;
   size_t n = 0;
   out[n++] = FABRIC_DESCRIPTOR_VERSION;
-  out[n++] = (uint8_t)(f->self.virt_addr ? 1 : 0);
+  out[n++] = (uint8_t)((f->self.virt_addr ? 1 : 0) | (f->self.domain_rails ? 2 : 0));
   n += put_name(out + n, f->self.provider);
   n += put_name(out + n, f->self.fabric);
   n += put_name(out + n, f->self.domain);
@@ -766,13 +887,14 @@ static int get_addrs(const uint8_t *in, size_t len, size_t *at, const char *what
   return 1;
 }
 
-int ferry_fabric_descriptor_decode(const uint8_t *in, size_t len, ferry_fabric_descriptor *d,
-                                   char *why, size_t size) {
+static int decode(const uint8_t *in, size_t len, ferry_fabric_descriptor *d, char *why,
+                  size_t size) {
   size_t at = 2;
   memset(d, 0, sizeof *d);
-  if (len < 2 || in[0] != FABRIC_DESCRIPTOR_VERSION || in[1] > 1)
+  if (len < 2 || in[0] != FABRIC_DESCRIPTOR_VERSION || in[1] > 3)
     return snprintf(why, size, "its fabric descriptor is of an unknown version"), 0;
-  d->virt_addr = in[1];
+  d->virt_addr = in[1] & 1;
+  d->domain_rails = in[1] >> 1;
   if (!get_name(in, len, &at, d->provider) || !get_name(in, len, &at, d->fabric) ||
       !get_name(in, len, &at, d->domain))
     return snprintf(why, size, "its fabric descriptor is malformed"), 0;
@@ -790,6 +912,15 @@ int ferry_fabric_descriptor_decode(const uint8_t *in, size_t len, ferry_fabric_d
     return 0;
   if (at != len)
     return snprintf(why, size, "its fabric descriptor has %zu bytes past its lanes", len - at), 0;
+  return 1;
+}
+
+int ferry_fabric_descriptor_decode(const uint8_t *in, size_t len, ferry_fabric_descriptor *d,
+                                   char *why, size_t size) {
+  if (!decode(in, len, d, why, size))
+    return 0;
+  if (d->domain_rails && (d->rail_count < 2 || d->rail_count > FERRY_FABRIC_DOMAINS_MAX))
+    return snprintf(why, size, "its fabric descriptor lists %u device rails", d->rail_count), 0;
   return 1;
 }
 
@@ -824,22 +955,46 @@ static long mr_exact(const ferry_fabric *f, const ferry_region *r) {
   return i >= 0 && f->mrs[i].addr == r->addr && f->mrs[i].length == r->length ? i : -1;
 }
 
-static ferry_status mr_open(ferry_fabric *f, ferry_fabric_mr *m) {
+static void mr_close(const ferry_fabric *f, ferry_fabric_mr *m) {
+  for (unsigned d = 0; d < f->domain_count; d++)
+    if (m->mr[d]) {
+      fi_close(&m->mr[d]->fid);
+      m->mr[d] = NULL;
+    }
+}
+
+/* m's registration in domain d (bound to its endpoint with FI_MR_ENDPOINT). */
+static int mr_open_in(ferry_fabric *f, unsigned d, ferry_fabric_mr *m, uint64_t key) {
   uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
-  uint64_t key = f->prov_key ? 0 : __atomic_fetch_add(&f->next_key, 1, __ATOMIC_RELAXED);
-  int rc =
-      fi_mr_reg(f->domain, (void *)(uintptr_t)m->addr, m->length, access, 0, key, 0, &m->mr, NULL);
+  struct fid_mr **mr = &m->mr[d];
+  int rc = fi_mr_reg(f->domains[d].domain, (void *)(uintptr_t)m->addr, m->length, access, 0, key, 0,
+                     mr, NULL);
   if (rc == 0 && f->mr_endpoint) {
-    rc = fi_mr_bind(m->mr, &f->lanes[0].ep->fid, 0);
+    rc = fi_mr_bind(*mr, &f->lanes[f->domains[d].lane].ep->fid, 0);
     if (rc == 0)
-      rc = fi_mr_enable(m->mr);
-    if (rc)
-      fi_close(&m->mr->fid);
+      rc = fi_mr_enable(*mr);
+    if (rc) {
+      fi_close(&(*mr)->fid);
+      *mr = NULL;
+    }
   }
-  if (rc)
-    return ferry_fail(FERRY_ETRANSPORT, "fabric: registering 0x%llx (+%llu bytes) with %s: %s",
-                      (unsigned long long)m->addr, (unsigned long long)m->length, f->self.provider,
-                      fi_strerror(-rc));
+  return rc;
+}
+
+/* m registered in every domain, or in none; a key of its own in each
+ * (where the provider takes ours), as NICs' keys are. */
+static ferry_status mr_open(ferry_fabric *f, ferry_fabric_mr *m) {
+  for (unsigned d = 0; d < f->domain_count; d++) {
+    uint64_t key = f->prov_key ? 0 : __atomic_fetch_add(&f->next_key, 1, __ATOMIC_RELAXED);
+    int rc = mr_open_in(f, d, m, key);
+    if (rc) {
+      mr_close(f, m);
+      return ferry_fail(FERRY_ETRANSPORT,
+                        "fabric: registering 0x%llx (+%llu bytes) with %s on device %s: %s",
+                        (unsigned long long)m->addr, (unsigned long long)m->length,
+                        f->self.provider, f->domains[d].info->domain_attr->name, fi_strerror(-rc));
+    }
+  }
   return FERRY_OK;
 }
 
@@ -849,7 +1004,7 @@ static size_t fresh_regions(const ferry_fabric *f, const ferry_region *regions, 
   size_t n = 0;
   for (size_t i = 0; i < count; i++)
     if (mr_exact(f, &regions[i]) < 0)
-      out[n++] = (ferry_fabric_mr){regions[i].addr, regions[i].length, NULL};
+      out[n++] = (ferry_fabric_mr){.addr = regions[i].addr, .length = regions[i].length};
   qsort(out, n, sizeof *out, mr_cmp);
   size_t kept = 0;
   for (size_t i = 0; i < n; i++)
@@ -900,21 +1055,21 @@ ferry_status ferry_fabric_region_register(ferry_engine *e, const ferry_region *r
     merge_in(f, fresh, n);
   pthread_rwlock_unlock(&f->mr_lock);
   while (st && done)
-    fi_close(&fresh[--done].mr->fid);
+    mr_close(f, &fresh[--done]);
   free(fresh);
   return st;
 }
 
-/* Marks the registrations of regions (mr = NULL, the table stays sorted)
- * and moves their MRs to closing; returns how many. */
+/* Marks the registrations of regions (mr[0] = NULL, the table stays
+ * sorted) and copies them to closing; returns how many. */
 static size_t mark_removed(ferry_fabric *f, const ferry_region *regions, size_t count,
-                           struct fid_mr **closing) {
+                           ferry_fabric_mr *closing) {
   size_t n = 0;
   for (size_t i = 0; i < count; i++) {
     long at = mr_exact(f, &regions[i]);
-    if (at >= 0 && f->mrs[at].mr) {
-      closing[n++] = f->mrs[at].mr;
-      f->mrs[at].mr = NULL;
+    if (at >= 0 && f->mrs[at].mr[0]) {
+      closing[n++] = f->mrs[at];
+      f->mrs[at].mr[0] = NULL;
     }
   }
   return n;
@@ -923,7 +1078,7 @@ static size_t mark_removed(ferry_fabric *f, const ferry_region *regions, size_t 
 static void compact(ferry_fabric *f) {
   size_t kept = 0;
   for (size_t i = 0; i < f->mr_count; i++)
-    if (f->mrs[i].mr)
+    if (f->mrs[i].mr[0])
       f->mrs[kept++] = f->mrs[i];
   f->mr_count = kept;
 }
@@ -932,53 +1087,57 @@ void ferry_fabric_region_deregister(ferry_engine *e, const ferry_region *regions
   ferry_fabric *f = e->fabric;
   if (!f || !count)
     return;
-  struct fid_mr *one, **closing = count > 1 ? malloc(count * sizeof *closing) : &one;
+  ferry_fabric_mr one, *closing = count > 1 ? malloc(count * sizeof *closing) : &one;
   pthread_rwlock_wrlock(&f->mr_lock);
   size_t n = 0;
   for (size_t done = 0; done < count;) { /* without memory for the list: one at a time */
     size_t step = closing ? count - done : 1;
-    struct fid_mr **into = closing ? closing + n : &one;
+    ferry_fabric_mr *into = closing ? closing + n : &one;
     size_t got = mark_removed(f, regions + done, step, into);
-    if (!closing)
-      while (got--)
-        fi_close(&one->fid);
-    else
+    if (!closing && got)
+      mr_close(f, &one);
+    else if (closing)
       n += got;
     done += step;
   }
   compact(f);
   pthread_rwlock_unlock(&f->mr_lock);
   for (size_t i = 0; i < n; i++)
-    fi_close(&closing[i]->fid);
+    mr_close(f, &closing[i]);
   if (closing != &one)
     free(closing);
   quiesce(f); /* a copy into a closed registration under way now ended */
 }
 
+/* A key per domain: the single-domain table is as it always was. */
 size_t ferry_fabric_region_key_size(ferry_engine *e) {
-  return e->fabric ? FERRY_FABRIC_KEY_SIZE : 0;
+  return e->fabric ? e->fabric->domain_count * FERRY_FABRIC_KEY_SIZE : 0;
 }
 
 void ferry_fabric_region_keys(ferry_engine *e, const ferry_region *regions, size_t count,
                               uint8_t *out) {
   ferry_fabric *f = e->fabric;
-  memset(out, 0, count * FERRY_FABRIC_KEY_SIZE);
   if (!f)
     return;
+  size_t size = ferry_fabric_region_key_size(e);
+  memset(out, 0, count * size);
   pthread_rwlock_rdlock(&f->mr_lock);
   for (size_t i = 0; i < count; i++) {
     long at = mr_exact(f, &regions[i]);
-    uint64_t key = at >= 0 ? fi_mr_key(f->mrs[at].mr) : 0;
-    for (int b = 0; b < FERRY_FABRIC_KEY_SIZE; b++)
-      out[i * FERRY_FABRIC_KEY_SIZE + b] = (uint8_t)(key >> (8 * b));
+    for (unsigned d = 0; at >= 0 && d < f->domain_count; d++) {
+      uint64_t key = fi_mr_key(f->mrs[at].mr[d]);
+      for (int b = 0; b < FERRY_FABRIC_KEY_SIZE; b++)
+        out[i * size + d * FERRY_FABRIC_KEY_SIZE + b] = (uint8_t)(key >> (8 * b));
+    }
   }
   pthread_rwlock_unlock(&f->mr_lock);
 }
 
-int ferry_fabric_local_desc(ferry_fabric *f, const void *addr, size_t length, void **desc) {
+int ferry_fabric_local_desc(ferry_fabric *f, unsigned dom, const void *addr, size_t length,
+                            void **desc) {
   pthread_rwlock_rdlock(&f->mr_lock);
   long at = mr_find(f, (uint64_t)(uintptr_t)addr, length);
-  *desc = at >= 0 ? fi_mr_desc(f->mrs[at].mr) : NULL;
+  *desc = at >= 0 ? fi_mr_desc(f->mrs[at].mr[dom]) : NULL;
   pthread_rwlock_unlock(&f->mr_lock);
   return at >= 0;
 }

@@ -5,12 +5,9 @@
  * both, and a rail whose link is cut is dropped while the other carries
  * on. Both engines live in this process; every transfer is
  * verified byte for byte and the bytes per rail come from ferry_stats. */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -93,21 +90,6 @@ static void striped_over_two_fabric_rails(void **state) {
   test_rig_stop(&r);
 }
 
-/* Cuts every socket of this process bound to 127.0.0.2 (the target's rail
- * 1: its listener and accepted connections), as a dead link would: the
- * initiator sees resets and refusals. Returns how many. */
-static int cut_rail_sockets(void) {
-  int cut = 0;
-  for (int fd = 3; fd < 4096; fd++) {
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    if (getsockname(fd, (struct sockaddr *)&a, &len) == 0 && a.sin_family == AF_INET &&
-        a.sin_addr.s_addr == htonl(0x7f000002) && shutdown(fd, SHUT_RDWR) == 0)
-      cut++;
-  }
-  return cut;
-}
-
 /* The target's rail 1 link dies (its sockets cut): the chunks lost with it
  * move to rail 0, every transfer still completes verified, and rail 1 is
  * taken out of use. */
@@ -116,7 +98,7 @@ static void rail_link_cut(void **state) {
   rig_start(&r);
   uint64_t before[2], after[2];
   stripe(&r, before);
-  int cut = cut_rail_sockets();
+  int cut = test_rig_cut_sockets(0x7f000002); /* rail 1: listener, accepted connections */
   print_message("cut %d sockets on 127.0.0.2\n", cut);
   assert_true(cut >= 2); /* the listener and at least one connection */
   for (int i = 0; i < 3; i++)

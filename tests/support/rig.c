@@ -1,9 +1,12 @@
 /* rig.c - see rig.h. */
 #include "rig.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -77,4 +80,16 @@ uint64_t test_rig_transport_bytes(test_rig *r, const char *transport) {
       bytes += s->links[i].bytes[FERRY_OP_READ] + s->links[i].bytes[FERRY_OP_WRITE];
   ferry_stats_free(s);
   return bytes;
+}
+
+int test_rig_cut_sockets(uint32_t ipv4) {
+  int cut = 0;
+  for (int fd = 3; fd < 4096; fd++) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    if (getsockname(fd, (struct sockaddr *)&a, &len) == 0 && a.sin_family == AF_INET &&
+        a.sin_addr.s_addr == htonl(ipv4) && shutdown(fd, SHUT_RDWR) == 0)
+      cut++;
+  }
+  return cut;
 }

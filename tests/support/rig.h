@@ -35,4 +35,8 @@ size_t test_rig_rail_bytes(test_rig *r, uint64_t bytes[], int up[], char names[]
 /* The bytes moved toward the rig's target over one transport ("tcp", ...). */
 uint64_t test_rig_transport_bytes(test_rig *r, const char *transport);
 
+/* Shuts down every socket of this process bound to ipv4 (host order), as
+ * a dead link would: its listeners and connections. Returns how many. */
+int test_rig_cut_sockets(uint32_t ipv4);
+
 #endif
