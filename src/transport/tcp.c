@@ -262,12 +262,10 @@ enum { CUT_NOT_NEEDED, CUT_CONFIRMED, CUT_UNCONFIRMED };
  * in the target's socket buffer would otherwise land later, over the newer
  * ones (RELIABILITY 5). Keeps the failure's own detail. */
 static int cut_at_target(tcp_channel *ch, uint64_t deadline_ns) {
+  if (!ch->cuttable) /* a v4 target: as before the protocol had CUT */
+    return CUT_CONFIRMED;
   char cause[FERRY_ERROR_MAX];
   snprintf(cause, sizeof cause, "%s", ferry_last_error());
-  if (!ch->cuttable) { /* a v4 target: as before the protocol had CUT */
-    ferry_fail(FERRY_ESOCKET, "%s", cause);
-    return CUT_CONFIRMED;
-  }
   if (ferry_peer_cut(ch->base.peer, ch->session.id, deadline_ns) == FERRY_OK) {
     ferry_fail(FERRY_ESOCKET, "%s", cause);
     return CUT_CONFIRMED;
