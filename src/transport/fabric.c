@@ -134,6 +134,21 @@ peer_descriptor(const ferry_hello_reply *info, ferry_fabric_descriptor *d, char 
   return ferry_fabric_descriptor_decode(w->data, w->len, d, why, size) ? w : NULL;
 }
 
+/* Whether libfabric accepts the peer's address: inserted into domain 0's AV
+ * and removed again, one thread at a time (probe_lock in fabric.h). */
+static int probe_address(ferry_fabric *f, const ferry_fabric_descriptor *d, char *why,
+                         size_t size) {
+  fi_addr_t probe;
+  pthread_mutex_lock(&f->probe_lock);
+  int ok = fi_av_insert(f->domains[0].av, d->addr, 1, &probe, 0, NULL) == 1;
+  if (ok)
+    fi_av_remove(f->domains[0].av, &probe, 1, 0);
+  pthread_mutex_unlock(&f->probe_lock);
+  if (!ok)
+    snprintf(why, size, "libfabric refuses its address (%zu bytes)", d->addr_len);
+  return ok;
+}
+
 /* Same provider and fabric (IP providers: any subnet, routing decides), an
  * address libfabric accepts, and for shm the same host. The descriptor is untrusted input: decoded
  * with every length checked, then only compared and handed to fi_av_insert. */
@@ -154,11 +169,7 @@ static int fabric_usable(ferry_engine *e, const ferry_hello_reply *info, char *w
            0;
   if (!strcmp(d.provider, "shm") && memcmp(info->boot_id, e->boot_id, sizeof e->boot_id) != 0)
     return snprintf(why, size, "shm reaches only this host (boot ids differ)"), 0;
-  fi_addr_t probe;
-  if (fi_av_insert(f->domains[0].av, d.addr, 1, &probe, 0, NULL) != 1)
-    return snprintf(why, size, "libfabric refuses its address (%zu bytes)", d.addr_len), 0;
-  fi_av_remove(f->domains[0].av, &probe, 1, 0);
-  return 1;
+  return probe_address(f, &d, why, size);
 }
 
 /* Bytes per operation: the engine's slice size, within what the provider
