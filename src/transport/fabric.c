@@ -134,16 +134,22 @@ peer_descriptor(const ferry_hello_reply *info, ferry_fabric_descriptor *d, char 
   return ferry_fabric_descriptor_decode(w->data, w->len, d, why, size) ? w : NULL;
 }
 
-/* Whether libfabric accepts the peer's address: inserted into domain 0's AV
- * and removed again, one thread at a time (probe_lock in fabric.h). */
+/* Whether libfabric accepts the peer's address, tried in an AV of its own
+ * that no endpoint is bound to. Not domain 0's, which the lanes' endpoints
+ * are bound to: after an insert 1.17's shm divides, for each endpoint bound
+ * to the AV, by the AV's peer count, without its lock, so another thread's
+ * probe removing its entry meanwhile made that a division by zero (SIGFPE
+ * in many_threads_one_engine; RELIABILITY.md 16). */
 static int probe_address(ferry_fabric *f, const ferry_fabric_descriptor *d, char *why,
                          size_t size) {
+  struct fi_av_attr attr = {.type = FI_AV_TABLE, .count = 1};
+  struct fid_av *av = NULL;
   fi_addr_t probe;
-  pthread_mutex_lock(&f->probe_lock);
-  int ok = fi_av_insert(f->domains[0].av, d->addr, 1, &probe, 0, NULL) == 1;
-  if (ok)
-    fi_av_remove(f->domains[0].av, &probe, 1, 0);
-  pthread_mutex_unlock(&f->probe_lock);
+  int rc = fi_av_open(f->domains[0].domain, &attr, &av, NULL);
+  if (rc)
+    return snprintf(why, size, "fi_av_open for its address: %s", fi_strerror(-rc)), 0;
+  int ok = fi_av_insert(av, d->addr, 1, &probe, 0, NULL) == 1;
+  fi_close(&av->fid);
   if (!ok)
     snprintf(why, size, "libfabric refuses its address (%zu bytes)", d->addr_len);
   return ok;

@@ -138,10 +138,6 @@ typedef struct ferry_fabric {
   pthread_mutex_t quiesce_lock;
   pthread_cond_t quiesce_cond;
   uint64_t quiesce_asked;
-  /* Serializes fabric_usable's probe insert/remove on domain 0's AV: 1.17's
-   * shm divides by the AV's peer count after an insert, unlocked, so a
-   * remove racing it divides by zero (SIGFPE in many_threads_one_engine). */
-  pthread_mutex_t probe_lock;
   uint32_t *wake_words; /* shm: the lanes' wake words, shared with initiators */
   char wake_path[FERRY_FABRIC_WAKE_PATH_MAX];
   int virt_addr, prov_key, mr_endpoint;

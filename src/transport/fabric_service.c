@@ -528,7 +528,6 @@ static void fabric_free(ferry_fabric *f) {
     close_domain(&f->domains[i]);
   pthread_rwlock_destroy(&f->mr_lock);
   pthread_mutex_destroy(&f->quiesce_lock);
-  pthread_mutex_destroy(&f->probe_lock);
   pthread_cond_destroy(&f->quiesce_cond);
   free(f);
 }
@@ -765,7 +764,6 @@ ferry_status ferry_fabric_service_start(ferry_engine *e) {
   }
   pthread_rwlock_init(&f->mr_lock, NULL);
   pthread_mutex_init(&f->quiesce_lock, NULL);
-  pthread_mutex_init(&f->probe_lock, NULL);
   pthread_cond_init(&f->quiesce_cond, NULL);
   char why[512];
   device_list devs;
