@@ -92,6 +92,26 @@ static void show_fabric(void) {
   }
 }
 
+/* The configured fabric_device entries that name no device of the
+ * configured provider (or, chosen automatically, of verbs or efa): an
+ * engine would refuse to start on them, or fall back without RDMA. */
+static void show_fabric_devices(void) {
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  if (!cfg.fabric_device)
+    return;
+  char missing[512], have[512], detail[1200];
+  int n = ferry_fabric_missing_devices(cfg.fabric_provider, cfg.fabric_device, missing,
+                                       sizeof missing, have, sizeof have);
+  const char *prov = cfg.fabric_provider ? cfg.fabric_provider : "verbs;ofi_rxm or efa";
+  if (n)
+    snprintf(detail, sizeof detail, "%s not found for %s; its devices: %s", missing, prov,
+             *have ? have : "none");
+  else
+    snprintf(detail, sizeof detail, "%s: each found for %s", cfg.fabric_device, prov);
+  line(n ? "FAIL" : "OK", "fabric devices", detail);
+}
+
 /* Two engines in this process, forced to one transport: write, read back,
  * compare. Proves the transport moves bytes here, not just that it exists. */
 static ferry_status selftest(unsigned transport, char *detail, size_t size) {
@@ -241,7 +261,8 @@ static int doctor_usage(int bad) {
           "                      and a put/get/delete round trip\n"
           "  --help              show this help\n"
           "Checked: the environment variables ferry reads (a bad value is a FAIL), the\n"
-          "address an engine would advertise, RDMA devices, and each transport by\n"
+          "address an engine would advertise, RDMA devices, each fabric_device entry\n"
+          "(FERRY_FABRIC_DEVICE) that names no device, and each transport by\n"
           "writing and reading back 4 MiB. Exits 0 when nothing FAILed, 1 otherwise, 2 on\n"
           "a usage error.\n",
           PROG);
@@ -264,6 +285,7 @@ int ferry_cmd_doctor(int argc, char **argv) {
   show_default_engine();
   show_rdma();
   show_fabric();
+  show_fabric_devices();
   show_transports();
   if (target)
     show_target(target);

@@ -134,6 +134,27 @@ peer_descriptor(const ferry_hello_reply *info, ferry_fabric_descriptor *d, char 
   return ferry_fabric_descriptor_decode(w->data, w->len, d, why, size) ? w : NULL;
 }
 
+/* Whether libfabric accepts the peer's address, tried in an AV of its own
+ * that no endpoint is bound to. Not domain 0's, which the lanes' endpoints
+ * are bound to: after an insert 1.17's shm divides, for each endpoint bound
+ * to the AV, by the AV's peer count, without its lock, so another thread's
+ * probe removing its entry meanwhile made that a division by zero (SIGFPE
+ * in many_threads_one_engine; RELIABILITY.md 16). */
+static int probe_address(ferry_fabric *f, const ferry_fabric_descriptor *d, char *why,
+                         size_t size) {
+  struct fi_av_attr attr = {.type = FI_AV_TABLE, .count = 1};
+  struct fid_av *av = NULL;
+  fi_addr_t probe;
+  int rc = fi_av_open(f->domains[0].domain, &attr, &av, NULL);
+  if (rc)
+    return snprintf(why, size, "fi_av_open for its address: %s", fi_strerror(-rc)), 0;
+  int ok = fi_av_insert(av, d->addr, 1, &probe, 0, NULL) == 1;
+  fi_close(&av->fid);
+  if (!ok)
+    snprintf(why, size, "libfabric refuses its address (%zu bytes)", d->addr_len);
+  return ok;
+}
+
 /* Same provider and fabric (IP providers: any subnet, routing decides), an
  * address libfabric accepts, and for shm the same host. The descriptor is untrusted input: decoded
  * with every length checked, then only compared and handed to fi_av_insert. */
@@ -154,11 +175,7 @@ static int fabric_usable(ferry_engine *e, const ferry_hello_reply *info, char *w
            0;
   if (!strcmp(d.provider, "shm") && memcmp(info->boot_id, e->boot_id, sizeof e->boot_id) != 0)
     return snprintf(why, size, "shm reaches only this host (boot ids differ)"), 0;
-  fi_addr_t probe;
-  if (fi_av_insert(f->domains[0].av, d.addr, 1, &probe, 0, NULL) != 1)
-    return snprintf(why, size, "libfabric refuses its address (%zu bytes)", d.addr_len), 0;
-  fi_av_remove(f->domains[0].av, &probe, 1, 0);
-  return 1;
+  return probe_address(f, &d, why, size);
 }
 
 /* Bytes per operation: the engine's slice size, within what the provider

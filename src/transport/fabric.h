@@ -26,6 +26,13 @@ extern const char *const ferry_fabric_providers[];
  * own words: "No data available" when no device exists). */
 int ferry_fabric_probe(const char *provider, char *out, size_t size);
 
+/* The entries of a fabric_device list ("mlx5_0,mlx5_9") that no domain of
+ * provider (NULL: verbs;ofi_rxm or efa, as automatic choice) is named, in
+ * missing ("mlx5_9"), with the domains that exist in have ("mlx5_0").
+ * Returns how many are missing. */
+int ferry_fabric_missing_devices(const char *provider, const char *list, char *missing,
+                                 size_t missing_size, char *have, size_t have_size);
+
 /* fi_getinfo hints for RMA on an RDM endpoint of provider, with delivery
  * completion, every MR mode ferry honours (basic: FI_MR_BASIC, which needs
  * API 1.4, the strict verbs/efa set) and thread safety; NULL: no memory. */

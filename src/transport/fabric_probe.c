@@ -68,3 +68,48 @@ int ferry_fabric_probe(const char *provider, char *out, size_t size) {
   fi_freeinfo(info);
   return 1;
 }
+
+/* Appends the domain names provider offers (none when it has none). */
+static void add_domains(const char *provider, char *have, size_t size) {
+  struct fi_info *hints = ferry_fabric_hints(provider, 0), *info = NULL;
+  if (hints && fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info) == 0) {
+    size_t used = strlen(have);
+    if (used && used + 2 < size)
+      strcat(have, ", ");
+    used = strlen(have);
+    ferry_fabric_domains(info, have + used, size - used);
+  }
+  fi_freeinfo(hints);
+  fi_freeinfo(info);
+}
+
+/* Whether name is one of the ", "-separated names in list. */
+static int listed(const char *list, const char *name) {
+  size_t len = strlen(name);
+  for (const char *p = list; (p = strstr(p, name)) != NULL; p += len)
+    if ((p == list || p[-1] == ' ') && (p[len] == ',' || p[len] == '\0'))
+      return 1;
+  return 0;
+}
+
+int ferry_fabric_missing_devices(const char *provider, const char *list, char *missing,
+                                 size_t missing_size, char *have, size_t have_size) {
+  have[0] = missing[0] = '\0';
+  if (provider)
+    add_domains(provider, have, have_size);
+  else
+    for (const char *const *p = (const char *const[]){"verbs;ofi_rxm", "efa", NULL}; *p; p++)
+      add_domains(*p, have, have_size);
+  char names[512];
+  snprintf(names, sizeof names, "%s", list);
+  int count = 0;
+  size_t used = 0;
+  for (char *save = NULL, *name = strtok_r(names, ",", &save); name;
+       name = strtok_r(NULL, ",", &save))
+    if (!listed(have, name) && used < missing_size) {
+      used +=
+          (size_t)snprintf(missing + used, missing_size - used, "%s%s", count ? ", " : "", name);
+      count++;
+    }
+  return count;
+}

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "core/clock.h"
+#include "descriptor.h"
 #include "ferry.h"
 #include "harness.h"
 #include "transport/fabric.h"
@@ -113,6 +114,22 @@ static void named_provider_that_cannot_start_is_an_error(void **state) {
   assert_non_null(strstr(ferry_last_error(), "lo"));
 }
 
+/* ferry doctor's device check: every fabric_device entry that names no
+ * domain of the provider (whole names only: "l" is not "lo"), with the
+ * domains that exist. */
+static void missing_devices_are_named(void **state) {
+  char missing[256], have[256];
+  int n = ferry_fabric_missing_devices("tcp;ofi_rxm", "lo,mlx5_9,l,eth9", missing, sizeof missing,
+                                       have, sizeof have);
+  assert_int_equal(n, 3);
+  assert_string_equal(missing, "mlx5_9, l, eth9");
+  assert_non_null(strstr(have, "lo"));
+  assert_int_equal(
+      ferry_fabric_missing_devices("tcp;ofi_rxm", "lo", missing, sizeof missing, have, sizeof have),
+      0);
+  assert_string_equal(missing, "");
+}
+
 /* Every truncation and a flipped byte of a real descriptor: decoded without
  * reading past the end, and refused unless still well formed. One lane: no
  * lanes list (that one is test_fabric_lanes). */
@@ -125,17 +142,8 @@ static void descriptor_is_checked_as_untrusted_input(void **state) {
   char why[160];
   assert_int_equal(ferry_fabric_descriptor_decode(real, len, &d, why, sizeof why), 1);
   assert_string_equal(d.provider, "tcp;ofi_rxm");
-  for (size_t n = 0; n < len; n++) {
-    uint8_t *cut = malloc(n ? n : 1); /* exactly n bytes: ASan sees any overread */
-    memcpy(cut, real, n);
-    assert_int_equal(ferry_fabric_descriptor_decode(cut, n, &d, why, sizeof why), 0);
-    free(cut);
-  }
-  uint8_t bad[FERRY_WIRE_MAX_DESCRIPTOR];
-  memcpy(bad, real, len);
-  bad[2] = 200; /* a provider name longer than the descriptor */
-  assert_int_equal(ferry_fabric_descriptor_decode(bad, len, &d, why, sizeof why), 0);
-  assert_non_null(strstr(why, "malformed"));
+  test_descriptor_cuts(real, len, NULL, 0);
+  test_descriptor_refused(real, len, len, 2, 200, "malformed"); /* a name past the end */
   ferry_engine_destroy(e);
 }
 
@@ -280,6 +288,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(automatic_choice_falls_back_with_one_line),
       cmocka_unit_test(named_provider_that_cannot_start_is_an_error),
+      cmocka_unit_test(missing_devices_are_named),
       cmocka_unit_test(descriptor_is_checked_as_untrusted_input),
       cmocka_unit_test(write_is_done_when_landed),
       cmocka_unit_test(late_regions_and_stale_keys_tcp),

@@ -16,6 +16,7 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
+#include "descriptor.h"
 #include "ferry.h"
 #include "harness.h"
 #include "transport/fabric.h"
@@ -96,31 +97,11 @@ static void laned_descriptor_is_checked(void **state) {
   assert_int_equal(d.lane_addr_len[1], addr_len);
   assert_memory_not_equal(d.lane_addr[0], d.addr, addr_len); /* a port of its own */
   size_t plain = len - 2 - 2 * (2 + addr_len);               /* before the empty rails list */
-  for (size_t n = 0; n < len; n++) {
-    uint8_t *cut = malloc(n ? n : 1); /* exactly n bytes: ASan sees any overread */
-    memcpy(cut, real, n);
-    int ok = ferry_fabric_descriptor_decode(cut, n, &d, why, sizeof why);
-    assert_int_equal(ok, n == plain || n == plain + 1);
-    if (ok)
-      assert_int_equal(d.lane_count, 0);
-    free(cut);
-  }
-  uint8_t bad[sizeof real];
-  static const uint8_t counts[] = {0, FERRY_FABRIC_LANES_MAX};
-  for (size_t i = 0; i < sizeof counts; i++) {
-    memcpy(bad, real, len);
-    bad[plain + 1] = counts[i];
-    assert_int_equal(ferry_fabric_descriptor_decode(bad, len, &d, why, sizeof why), 0);
-    assert_non_null(strstr(why, "lanes"));
-  }
-  memcpy(bad, real, len);
-  bad[len - addr_len - 1] = 0xff; /* lane 1's length: past the end */
-  assert_int_equal(ferry_fabric_descriptor_decode(bad, len, &d, why, sizeof why), 0);
-  assert_non_null(strstr(why, "lane 1"));
-  memcpy(bad, real, len);
-  bad[len] = 0;
-  assert_int_equal(ferry_fabric_descriptor_decode(bad, len + 1, &d, why, sizeof why), 0);
-  assert_non_null(strstr(why, "past its lanes"));
+  test_descriptor_cuts(real, len, (const size_t[]){plain, plain + 1}, 2);
+  test_descriptor_refused(real, len, len, plain + 1, 0, "lanes");
+  test_descriptor_refused(real, len, len, plain + 1, FERRY_FABRIC_LANES_MAX, "lanes");
+  test_descriptor_refused(real, len, len, len - addr_len - 1, 0xff, "lane 1"); /* past the end */
+  test_descriptor_refused(real, len, len + 1, len, 0, "past its lanes");
   ferry_engine_destroy(e);
 }
 

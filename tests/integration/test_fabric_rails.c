@@ -17,6 +17,7 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
+#include "descriptor.h"
 #include "ferry.h"
 #include "harness.h"
 #include "rig.h"
@@ -127,28 +128,10 @@ static void railed_descriptor_is_checked(void **state) {
   size_t addr_len = d.rail_addr_len[0]; /* both rails are sockaddr_in */
   assert_int_equal(d.rail_addr_len[1], addr_len);
   size_t plain = len - 1 - 2 * (2 + addr_len);
-  for (size_t n = 0; n < len; n++) {
-    uint8_t *cut = malloc(n ? n : 1); /* exactly n bytes: ASan sees any overread */
-    memcpy(cut, real, n);
-    int ok = ferry_fabric_descriptor_decode(cut, n, &d, why, sizeof why);
-    assert_int_equal(ok, n == plain);
-    if (ok)
-      assert_int_equal(d.rail_count, 0);
-    free(cut);
-  }
-  uint8_t bad[sizeof real];
-  memcpy(bad, real, len);
-  bad[plain] = FERRY_RAILS_MAX + 1;
-  assert_int_equal(ferry_fabric_descriptor_decode(bad, len, &d, why, sizeof why), 0);
-  assert_non_null(strstr(why, "rails"));
-  memcpy(bad, real, len);
-  bad[len - addr_len - 1] = 0xff; /* rail 1's length: past the end */
-  assert_int_equal(ferry_fabric_descriptor_decode(bad, len, &d, why, sizeof why), 0);
-  assert_non_null(strstr(why, "rail 1"));
-  memcpy(bad, real, len);
-  bad[len] = 0;
-  assert_int_equal(ferry_fabric_descriptor_decode(bad, len + 1, &d, why, sizeof why), 0);
-  assert_non_null(strstr(why, "0 lanes")); /* read as an empty lanes list */
+  test_descriptor_cuts(real, len, &plain, 1);
+  test_descriptor_refused(real, len, len, plain, FERRY_RAILS_MAX + 1, "rails");
+  test_descriptor_refused(real, len, len, len - addr_len - 1, 0xff, "rail 1"); /* past the end */
+  test_descriptor_refused(real, len, len + 1, len, 0, "0 lanes"); /* an empty lanes list */
   ferry_engine_destroy(e);
 }
 
