@@ -3,9 +3,10 @@
  * Sockets stay blocking: a blocked thread costs no CPU, and a deadline is
  * enforced with SO_SNDTIMEO/SO_RCVTIMEO set to the time left, re-set only
  * when the time left is shorter than what the socket already has. With a
- * stall bound each call waits one stall window at most, and one that moved
- * nothing while the kernel's send queue did not shrink either (no byte
- * acknowledged) gives a silent link up early (ferry_sock.stall_ns).
+ * stall bound a blocking call wakes four times per bound to look for
+ * progress (a byte moved, or the kernel's send queue shrank: a byte
+ * acknowledged), and a socket with none for a whole bound gives a silent
+ * link up early (ferry_sock.stall_ns).
  *
  * With a session (a shared secret) frames are sealed here, below the code
  * that speaks the protocol: a tag after the header and head, checked before
@@ -35,6 +36,7 @@
 #include "log.h"
 
 #define FERRY_SOCKET_BUFFER (8 << 20)
+#define STALL_LOOKS 4 /* looks for progress per stall bound */
 
 ferry_status ferry_net_parse_target(const char *target, char host[FERRY_HOST_MAX], uint16_t *port) {
   if (!target || !*target)
@@ -220,6 +222,7 @@ void ferry_sock_init(ferry_sock *s, int fd, const char *peer) {
   s->stall_ok = NULL;
   s->stall_arg = NULL;
   s->unacked = 0;
+  s->progress_ns = 0;
   s->stalled = 0;
 }
 
@@ -236,6 +239,7 @@ int ferry_sock_buffered(const ferry_sock *s) { return s->rpos < s->rlen; }
 
 void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns) {
   s->deadline_ns = deadline_ns;
+  s->progress_ns = ferry_now_ns();
   s->stalled = 0;
 }
 
@@ -255,8 +259,9 @@ static ferry_status arm_timeout(ferry_sock *s, const char *step) {
     if (left < 1000000)
       left = 1000000; /* SO_*TIMEO of zero would mean "forever" */
   }
-  if (s->stall_ns && (!left || s->stall_ns < left))
-    left = s->stall_ns; /* each blocking call waits one stall window at most */
+  uint64_t look = s->stall_ns / STALL_LOOKS;
+  if (look && (!left || look < left))
+    left = look; /* a blocking call wakes to look for progress */
   if (left) {
     if (s->timeout_set_ns && s->timeout_set_ns <= left)
       return FERRY_OK;
@@ -277,20 +282,33 @@ static int send_queue(int fd) {
   return ioctl(fd, SIOCOUTQ, &n) == 0 ? n : 0;
 }
 
-/* A call blocked for a whole stall window without moving a byte: the link
- * is silent unless the peer acknowledged some of what was sent before
- * (a slow link draining its queue), or stall_ok says to wait on. */
+/* A byte moved: the stall bound counts from now. */
+static void progressed(ferry_sock *s, int sending) {
+  if (!s->stall_ns)
+    return;
+  s->progress_ns = ferry_now_ns();
+  if (sending)
+    s->unacked = send_queue(s->fd); /* what later acknowledgements count from */
+}
+
+/* A blocking call woke without moving a byte: the link is silent when the
+ * peer acknowledged nothing of what was sent before either (a slow link
+ * drains its queue) for a whole bound, and stall_ok agrees to give it up. */
 static int stalled(ferry_sock *s) {
-  if (!s->stall_ns || s->timeout_set_ns != s->stall_ns)
+  if (!s->stall_ns)
     return 0;
   int unacked = send_queue(s->fd);
-  int acked = unacked != s->unacked;
-  s->unacked = unacked;
-  return !acked && (!s->stall_ok || s->stall_ok(s->stall_arg));
+  uint64_t now = ferry_now_ns();
+  if (unacked != s->unacked) {
+    s->unacked = unacked;
+    s->progress_ns = now;
+    return 0;
+  }
+  return now - s->progress_ns >= s->stall_ns && (!s->stall_ok || s->stall_ok(s->stall_arg));
 }
 
 /* A socket timeout that fired before the deadline (it was armed for an
- * earlier, shorter one, or for one stall window) is not an error: re-arm
+ * earlier, shorter one, or to look for progress) is not an error: re-arm
  * and go on, unless the stall bound gives the link up. */
 static int timeout_is_early(ferry_sock *s, int err) {
   if ((err != EAGAIN && err != EWOULDBLOCK) || (s->deadline_ns && ferry_now_ns() >= s->deadline_ns))
@@ -407,8 +425,7 @@ static ferry_status transfer_iov(ferry_sock *s, struct iovec *iov, int iovcnt, i
     }
     if (n == 0 && !sending)
       return closed_by_peer(s, step);
-    if (sending && s->stall_ns)
-      s->unacked = send_queue(s->fd); /* what later acknowledgements count from */
+    progressed(s, sending);
     iov = iov_advance(iov, &iovcnt, (size_t)n);
   }
   return FERRY_OK;
@@ -520,6 +537,7 @@ static ferry_status recv_plain(ferry_sock *s, struct iovec *iov, int iovcnt, con
     }
     if (n == 0)
       return closed_by_peer(s, step);
+    progressed(s, 0);
     s->rpos = 0;
     s->rlen = (size_t)n;
     iov = drain_readahead(s, iov, &iovcnt);
