@@ -806,6 +806,8 @@ int ferry_peer_rail_failed(ferry_peer *p, ferry_channel *ch) {
 }
 
 int ferry_peer_can_fail_over(ferry_peer *p, ferry_channel *ch) {
+  if (__atomic_load_n(&p->rail_count, __ATOMIC_RELAXED) < 2)
+    return 0; /* the common peer: no lock taken per drive */
   pthread_mutex_lock(&p->lock);
   int other = p->rail_count >= 2 && !ferry_engine_closing(p->engine) &&
               ferry_rails_other_usable(p->rails, p->rail_count, ch->rail, ferry_now_ns());
