@@ -424,6 +424,23 @@ static void bad_rail_lists_refused(void **state) {
   unsetenv("FERRY_RAIL_HOSTS");
 }
 
+/* FERRY_STALL_MS is a positive number of ms; anything else fails create
+ * naming it (0 would be "the default" only in the field). */
+static void bad_stall_bound_refused(void **state) {
+  const char *bad[] = {"0", "abc", "-5", "4294967296"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    setenv("FERRY_STALL_MS", bad[i], 1);
+    ferry_config cfg;
+    ferry_config_init(&cfg);
+    cfg.bind_host = "127.0.0.1";
+    ferry_engine *e = NULL;
+    assert_int_equal(ferry_engine_create(&cfg, &e), FERRY_EINVAL);
+    assert_null(e);
+    assert_non_null(strstr(ferry_last_error(), "FERRY_STALL_MS"));
+  }
+  unsetenv("FERRY_STALL_MS");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(striped_over_two_addresses),
@@ -434,6 +451,7 @@ int main(void) {
       cmocka_unit_test(rail_comes_back),
       cmocka_unit_test(every_rail_dead),
       cmocka_unit_test(bad_rail_lists_refused),
+      cmocka_unit_test(bad_stall_bound_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
