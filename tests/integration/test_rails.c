@@ -3,8 +3,10 @@
  * loopback addresses (127.0.0.1 and 127.0.0.2; Linux routes all of 127/8
  * on lo), a rail whose link dies mid-transfer (it goes through a
  * holdproxy that holds the rail's acknowledgements, then is stopped) while
- * the other rail carries on, and every rail dead. Both engines live in this
- * process; every transfer is verified byte for byte. */
+ * the other rail carries on, a rail whose link goes silent (a blackhole
+ * proxy) dropped after the stall bound while a slow one is kept, and every
+ * rail dead. Both engines live in this process; every transfer is verified
+ * byte for byte. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
