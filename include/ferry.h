@@ -271,6 +271,16 @@ typedef struct ferry_config {
    * providers (shm, efa) default to one, as polling threads take the CPUs
    * from each other. A provider with FI_MR_ENDPOINT serves on one. */
   unsigned fabric_lanes;
+  /* The stall bound of a tcp data connection, in ms (FERRY_STALL_MS;
+   * default 0: 5000). A connection whose chunk in flight moves no byte and
+   * gets no byte acknowledged for this long, while another rail or
+   * transport of the peer is usable, is taken for a silent link (a pulled
+   * cable, an interface set down): it is cut at the target and its chunks
+   * move to another rail, long before the batch's deadline. Progress, not
+   * completion, resets it, so a large chunk on a slow link does not trip it.
+   * A peer with one rail and no standby waits for the deadline as before;
+   * a bound at or above timeout_ms never trips. */
+  uint32_t stall_ms;
 } ferry_config;
 #define FERRY_FABRIC_LANES_MAX 8
 
@@ -292,9 +302,9 @@ void ferry_config_init_size(ferry_config *cfg, size_t size);
  * (positive whole numbers), FERRY_METRICS_PORT (0 to 65535), FERRY_METRICS_HOST
  * (host), MC_TE_METRIC (boolean), MC_TE_METRIC_INTERVAL_SECONDS (1 to
  * 86400), FERRY_FABRIC_PROVIDER, FERRY_FABRIC_DEVICE (names) and
- * FERRY_FABRIC_MR_BASIC (boolean), FERRY_FABRIC_LANES (1 to 8). A bad one fails with FERRY_EINVAL
- * and a message naming the setting, the value and what is accepted. A started engine logs "engine
- * NAME listening on HOST:PORT (transports: ...)" at INFO. */
+ * FERRY_FABRIC_MR_BASIC (boolean), FERRY_FABRIC_LANES (1 to 8), FERRY_STALL_MS (ms, positive). A
+ * bad one fails with FERRY_EINVAL and a message naming the setting, the value and what is accepted.
+ * A started engine logs "engine NAME listening on HOST:PORT (transports: ...)" at INFO. */
 ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out);
 /* Threads. Every call on an engine may be made from any thread, and calls
  * may run concurrently with each other, including ferry_engine_shutdown and

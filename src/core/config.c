@@ -39,6 +39,7 @@
 #define MAX_CONNECTIONS_PER_PEER 64u
 #define IDLE_TIMEOUT_MS 600000u
 #define NOTIFY_PEER_BYTES ((size_t)64 << 20)
+#define STALL_MS 5000u        /* a silent tcp link is dropped after this long (ferry.h) */
 #define LIMIT_MAX (1ul << 20) /* connections: more is a typo */
 #define METRICS_LOG_S 5u      /* MC_TE_METRIC=1 without an interval */
 #define METRICS_LOG_S_MAX 86400u
@@ -91,6 +92,7 @@ static void defaults(ferry_config *cfg) {
   cfg->notify_peer_bytes = NOTIFY_PEER_BYTES;
   cfg->metadata_ttl_ms = FERRY_METADATA_TTL_DEFAULT_MS;
   cfg->metrics_port = -1;
+  cfg->stall_ms = STALL_MS;
 }
 
 /* ---- environment ------------------------------------------------------- */
@@ -178,6 +180,7 @@ static const struct limit_var {
     {"FERRY_SERVER_THREADS", offsetof(ferry_config, server_threads), sizeof(unsigned), COUNT_MAX},
     {"FERRY_FABRIC_LANES", offsetof(ferry_config, fabric_lanes), sizeof(unsigned),
      FERRY_FABRIC_LANES_MAX},
+    {"FERRY_STALL_MS", offsetof(ferry_config, stall_ms), sizeof(uint32_t), UINT32_MAX},
 };
 
 static ferry_status apply_limit(const char *name, const char *value, ferry_config *cfg) {
@@ -307,6 +310,7 @@ static const struct env_var {
     {"FERRY_METADATA_TTL_MS", apply_limit},
     {"FERRY_SERVER_THREADS", apply_limit},
     {"FERRY_FABRIC_LANES", apply_limit},
+    {"FERRY_STALL_MS", apply_limit},
     {"FERRY_METRICS_PORT", apply_metrics_port},
     {"FERRY_METRICS_HOST", apply_metrics_host},
     {"MC_TE_METRIC", apply_te_metric},
@@ -431,6 +435,8 @@ static ferry_status check_fields(ferry_config *cfg) {
     cfg->notify_peer_bytes = NOTIFY_PEER_BYTES;
   if (!cfg->metadata_ttl_ms)
     cfg->metadata_ttl_ms = FERRY_METADATA_TTL_DEFAULT_MS;
+  if (!cfg->stall_ms)
+    cfg->stall_ms = STALL_MS;
   if (cfg->server_threads > COUNT_MAX)
     return bad_field("server_threads", cfg->server_threads, "1 to 1024, or 0 for the CPU count");
   if (!cfg->server_threads)

@@ -2,7 +2,11 @@
  *
  * Sockets stay blocking: a blocked thread costs no CPU, and a deadline is
  * enforced with SO_SNDTIMEO/SO_RCVTIMEO set to the time left, re-set only
- * when the time left is shorter than what the socket already has.
+ * when the time left is shorter than what the socket already has. With a
+ * stall bound a blocking call wakes four times per bound to look for
+ * progress (a byte moved, or the kernel's send queue shrank: a byte
+ * acknowledged), and a socket with none for a whole bound gives a silent
+ * link up early (ferry_sock.stall_ns).
  *
  * With a session (a shared secret) frames are sealed here, below the code
  * that speaks the protocol: a tag after the header and head, checked before
@@ -21,14 +25,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <linux/sockios.h>
 
 #include "clock.h"
 #include "error.h"
 #include "log.h"
 
 #define FERRY_SOCKET_BUFFER (8 << 20)
+#define STALL_LOOKS 4 /* looks for progress per stall bound */
 
 ferry_status ferry_net_parse_target(const char *target, char host[FERRY_HOST_MAX], uint16_t *port) {
   if (!target || !*target)
@@ -210,6 +218,12 @@ void ferry_sock_init(ferry_sock *s, int fd, const char *peer) {
   s->spin_ns = 0;
   s->session = NULL;
   s->cancel = NULL;
+  s->stall_ns = 0;
+  s->stall_ok = NULL;
+  s->stall_arg = NULL;
+  s->unacked = 0;
+  s->progress_ns = 0;
+  s->stalled = 0;
 }
 
 void ferry_sock_auth(ferry_sock *s, ferry_session *session) {
@@ -223,7 +237,11 @@ void ferry_sock_readahead(ferry_sock *s, uint8_t *buf, size_t cap) {
 
 int ferry_sock_buffered(const ferry_sock *s) { return s->rpos < s->rlen; }
 
-void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns) { s->deadline_ns = deadline_ns; }
+void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns) {
+  s->deadline_ns = deadline_ns;
+  s->progress_ns = ferry_now_ns();
+  s->stalled = 0;
+}
 
 /* Makes sure the next blocking call returns by the deadline (or blocks
  * without limit when there is none), and that a cancelled socket makes no
@@ -240,6 +258,11 @@ static ferry_status arm_timeout(ferry_sock *s, const char *step) {
     left = s->deadline_ns - now;
     if (left < 1000000)
       left = 1000000; /* SO_*TIMEO of zero would mean "forever" */
+  }
+  uint64_t look = s->stall_ns / STALL_LOOKS;
+  if (look && (!left || look < left))
+    left = look; /* a blocking call wakes to look for progress */
+  if (left) {
     if (s->timeout_set_ns && s->timeout_set_ns <= left)
       return FERRY_OK;
   } else if (s->timeout_set_ns == 0) {
@@ -253,17 +276,58 @@ static ferry_status arm_timeout(ferry_sock *s, const char *step) {
   return FERRY_OK;
 }
 
+/* Bytes sent on fd and not acknowledged yet (or not sent yet). */
+static int send_queue(int fd) {
+  int n = 0;
+  return ioctl(fd, SIOCOUTQ, &n) == 0 ? n : 0;
+}
+
+/* A byte moved: the stall bound counts from now. */
+static void progressed(ferry_sock *s, int sending) {
+  if (!s->stall_ns)
+    return;
+  s->progress_ns = ferry_now_ns();
+  if (sending)
+    s->unacked = send_queue(s->fd); /* what later acknowledgements count from */
+}
+
+/* A blocking call woke without moving a byte: the link is silent when the
+ * peer acknowledged nothing of what was sent before either (a slow link
+ * drains its queue) for a whole bound, and stall_ok agrees to give it up. */
+static int stalled(ferry_sock *s) {
+  if (!s->stall_ns)
+    return 0;
+  int unacked = send_queue(s->fd);
+  uint64_t now = ferry_now_ns();
+  if (unacked != s->unacked) {
+    s->unacked = unacked;
+    s->progress_ns = now;
+    return 0;
+  }
+  return now - s->progress_ns >= s->stall_ns && (!s->stall_ok || s->stall_ok(s->stall_arg));
+}
+
 /* A socket timeout that fired before the deadline (it was armed for an
- * earlier, shorter one) is not an error: re-arm and go on. */
+ * earlier, shorter one, or to look for progress) is not an error: re-arm
+ * and go on, unless the stall bound gives the link up. */
 static int timeout_is_early(ferry_sock *s, int err) {
   if ((err != EAGAIN && err != EWOULDBLOCK) || (s->deadline_ns && ferry_now_ns() >= s->deadline_ns))
     return 0;
+  if (stalled(s)) {
+    s->stalled = 1;
+    return 0;
+  }
   s->timeout_set_ns = UINT64_MAX;
   return 1;
 }
 
 static ferry_status io_error(ferry_sock *s, int err, int sending, const char *step) {
   const char *dir = sending ? "to" : "from";
+  if (s->stalled)
+    return ferry_fail(FERRY_ESOCKET,
+                      "%s %s %s failed: no progress for %llu ms (no byte moved or acknowledged: "
+                      "the link is silent)",
+                      step, dir, s->peer, (unsigned long long)(s->stall_ns / 1000000ull));
   if (err == EAGAIN || err == EWOULDBLOCK)
     return ferry_fail(FERRY_ETIMEDOUT, "%s %s %s timed out", step, dir, s->peer);
   return ferry_fail_errno(FERRY_ESOCKET, err, "%s %s %s failed", step, dir, s->peer);
@@ -361,6 +425,7 @@ static ferry_status transfer_iov(ferry_sock *s, struct iovec *iov, int iovcnt, i
     }
     if (n == 0 && !sending)
       return closed_by_peer(s, step);
+    progressed(s, sending);
     iov = iov_advance(iov, &iovcnt, (size_t)n);
   }
   return FERRY_OK;
@@ -472,6 +537,7 @@ static ferry_status recv_plain(ferry_sock *s, struct iovec *iov, int iovcnt, con
     }
     if (n == 0)
       return closed_by_peer(s, step);
+    progressed(s, 0);
     s->rpos = 0;
     s->rlen = (size_t)n;
     iov = drain_readahead(s, iov, &iovcnt);

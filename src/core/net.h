@@ -74,6 +74,19 @@ typedef struct ferry_sock {
    * FERRY_ECLOSED before its next system call. An unregister fence sets it
    * (and shuts the socket down to wake a blocked call). */
   const int *cancel;
+  /* Optional stall bound (0: none): a socket that moves no byte for
+   * stall_ns, while nothing it sent is acknowledged meanwhile either, fails
+   * its call with FERRY_ESOCKET "no progress for N ms" when
+   * stall_ok(stall_arg) agrees at that moment (a silent link worth dropping);
+   * otherwise it waits on, up to the deadline. Progress resets it, not
+   * completion: a slow link that moves bytes never trips it. It counts
+   * from ferry_sock_set_deadline. */
+  uint64_t stall_ns;
+  int (*stall_ok)(void *arg);
+  void *stall_arg;
+  int unacked;          /* bytes in the send queue at the last look */
+  uint64_t progress_ns; /* the last progress seen */
+  int stalled;          /* the last failure was the stall bound */
 } ferry_sock;
 
 void ferry_sock_init(ferry_sock *s, int fd, const char *peer);
@@ -86,6 +99,7 @@ void ferry_sock_auth(ferry_sock *s, ferry_session *session);
 void ferry_sock_readahead(ferry_sock *s, uint8_t *buf, size_t cap);
 /* Nonzero when read-ahead holds bytes nobody has asked for yet. */
 int ferry_sock_buffered(const ferry_sock *s);
+/* Also restarts the stall bound and clears the mark of an earlier stall. */
 void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns);
 /* Sends/receives the whole iovec (which is consumed). step names the
  * operation for the message ("send WRITE"). FERRY_ETIMEDOUT at the

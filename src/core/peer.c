@@ -797,12 +797,20 @@ int ferry_peer_rail_failed(ferry_peer *p, ferry_channel *ch) {
   if (p->rail_count >= 2 && !ferry_engine_closing(p->engine)) {
     if (ch->rail_generation == p->rails[ch->rail].generation) /* first to see it */
       rail_down_locked(p, ch->rail);
-    uint64_t now = ferry_now_ns();
-    for (unsigned r = 0; r < p->rail_count && !other; r++)
-      other = r != ch->rail && rail_usable(p, r, now);
+    other = ferry_rails_other_usable(p->rails, p->rail_count, ch->rail, ferry_now_ns());
     if (!other)
       rails_all_down(p, FERRY_ESOCKET); /* the detail the batch fails with */
   }
+  pthread_mutex_unlock(&p->lock);
+  return other;
+}
+
+int ferry_peer_can_fail_over(ferry_peer *p, ferry_channel *ch) {
+  if (__atomic_load_n(&p->rail_count, __ATOMIC_RELAXED) < 2)
+    return 0; /* the common peer: no lock taken per drive */
+  pthread_mutex_lock(&p->lock);
+  int other = p->rail_count >= 2 && !ferry_engine_closing(p->engine) &&
+              ferry_rails_other_usable(p->rails, p->rail_count, ch->rail, ferry_now_ns());
   pthread_mutex_unlock(&p->lock);
   return other;
 }

@@ -109,6 +109,11 @@ ferry_status ferry_peer_connect_at(ferry_peer *peer, const char *rail, ferry_con
  * rail can take the chunk instead; otherwise, with several rails, the error
  * detail becomes every rail's cause. */
 int ferry_peer_rail_failed(ferry_peer *peer, struct ferry_channel *channel);
+/* Nonzero when another rail (of this transport or a standby one) is usable
+ * now, so chunks lost on channel's rail could move there: a transport then
+ * gives up a silent link after the engine's stall bound (stall_ms) instead
+ * of waiting for the batch's deadline. */
+int ferry_peer_can_fail_over(ferry_peer *peer, struct ferry_channel *channel);
 /* Counts a chunk that moved on channel's rail. */
 void ferry_peer_rail_moved(ferry_peer *peer, struct ferry_channel *channel, ferry_op op,
                            uint64_t bytes);

@@ -32,6 +32,14 @@ int ferry_rails_pick(const ferry_peer_rail *rails, unsigned count, unsigned *nex
   return -1;
 }
 
+int ferry_rails_other_usable(const ferry_peer_rail *rails, unsigned count, unsigned rail,
+                             uint64_t now) {
+  for (unsigned r = 0; r < count; r++)
+    if (r != rail && ferry_rail_usable(&rails[r], now))
+      return 1;
+  return 0;
+}
+
 unsigned ferry_rails_of(const ferry_peer_rail *rails, unsigned count,
                         const struct ferry_transport *transport) {
   unsigned n = 0;

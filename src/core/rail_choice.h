@@ -39,6 +39,10 @@ const struct ferry_transport *ferry_rails_carrier(const ferry_peer_rail *rails, 
 /* The rail of the next checkout: the next usable rail of the carrier in
  * turn from *next (advanced past it); -1 when every rail is out of use. */
 int ferry_rails_pick(const ferry_peer_rail *rails, unsigned count, unsigned *next, uint64_t now);
+/* Nonzero when a rail other than `rail` is usable at now (any transport's):
+ * a chunk lost on `rail` has somewhere to go. */
+int ferry_rails_other_usable(const ferry_peer_rail *rails, unsigned count, unsigned rail,
+                             uint64_t now);
 /* How many of the rails belong to transport. */
 unsigned ferry_rails_of(const ferry_peer_rail *rails, unsigned count,
                         const struct ferry_transport *transport);

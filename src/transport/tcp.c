@@ -12,7 +12,14 @@
  * Rails: a target with rail_hosts listens on each rail too (service_start;
  * the server accepts there) and its descriptor lists them, "host:port"
  * comma-separated. An initiator opens each data channel on one of them
- * (rail_open); without a descriptor the peer has one rail, its RPC port. */
+ * (rail_open); without a descriptor the peer has one rail, its RPC port.
+ *
+ * A silent link (no reset: a pulled cable, an interface set down) would
+ * hold a rail's chunks until the batch's deadline. While another rail or
+ * transport of the peer is usable, a channel whose chunk in flight moves no
+ * byte and gets none acknowledged for stall_ms gives its link up instead
+ * (ferry_sock.stall_ns): it is cut at the target, as a broken one is, and
+ * its chunks move on. */
 #include <endian.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +62,20 @@ static int tcp_usable(ferry_engine *e, const ferry_hello_reply *info, char *why,
 
 static size_t tcp_slice(const ferry_batch *b) { return b->engine->cfg.slice_size; }
 
+/* The stall bound's question, when a window passed with no progress: is
+ * there somewhere else for this channel's chunks to go? */
+static int may_drop(void *arg) {
+  tcp_channel *ch = arg;
+  return ferry_peer_can_fail_over(ch->base.peer, &ch->base);
+}
+
+/* The stall bound of this drive: only when another rail could take over,
+ * else (one rail, no standby) the batch's deadline alone, as always. */
+static uint64_t stall_bound(tcp_channel *ch) {
+  ferry_peer *p = ch->base.peer;
+  return may_drop(ch) ? p->engine->cfg.stall_ms * 1000000ull : 0;
+}
+
 /* A data connection to the peer's RPC port (rail NULL) or to one rail. */
 static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_ns,
                             ferry_channel **out) {
@@ -81,6 +102,8 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   ferry_sock_auth(&ch->sock, &ch->session);
   ferry_sock_readahead(&ch->sock, ch->readahead, sizeof ch->readahead);
   ch->sock.spin_ns = p->engine->cfg.spin_us * 1000ull;
+  ch->sock.stall_ok = may_drop;
+  ch->sock.stall_arg = ch;
   FERRY_DEBUG("opened tcp data connection to %s", ch->address);
   *out = &ch->base;
   return FERRY_OK;
@@ -285,6 +308,7 @@ static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
   ferry_status first = FERRY_OK;
   int cut = CUT_NOT_NEEDED;
   ferry_sock_set_deadline(&ch->sock, b->deadline_ns);
+  ch->sock.stall_ns = stall_bound(ch);
   for (;;) {
     while (!base->broken && sent - done < TCP_WINDOW &&
            ferry_batch_claim_on(b, base, slice, &ch->slots[sent % TCP_WINDOW].chunk,

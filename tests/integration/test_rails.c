@@ -3,8 +3,10 @@
  * loopback addresses (127.0.0.1 and 127.0.0.2; Linux routes all of 127/8
  * on lo), a rail whose link dies mid-transfer (it goes through a
  * holdproxy that holds the rail's acknowledgements, then is stopped) while
- * the other rail carries on, and every rail dead. Both engines live in this
- * process; every transfer is verified byte for byte. */
+ * the other rail carries on, a rail whose link goes silent (a blackhole
+ * proxy) dropped after the stall bound while a slow one is kept, and every
+ * rail dead. Both engines live in this process; every transfer is verified
+ * byte for byte. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -32,22 +34,29 @@
 #define BIG (16 * MiB) /* 32 chunks of the default 512 KiB slice */
 #define HOLD_MS 20000  /* generous: the machine may be busy */
 
-static ferry_engine *engine_on_rails(const char *rails) {
+#define TIMEOUT_MS 60000 /* the engines' base timeout: a long batch deadline */
+#define STALL_MS 1000    /* the initiator's stall bound where a test sets one */
+
+/* stall_ms 0: the default bound. */
+static ferry_engine *engine_on_rails(const char *rails, uint32_t stall_ms) {
   ferry_config cfg;
   ferry_config_init(&cfg);
   cfg.bind_host = cfg.advertise_host = "127.0.0.1";
   cfg.transports = FERRY_TRANSPORT_TCP; /* shm would take a same-host peer */
   cfg.rail_hosts = rails;
-  cfg.timeout_ms = 60000;
+  cfg.timeout_ms = TIMEOUT_MS;
+  cfg.stall_ms = stall_ms;
   ferry_engine *e = NULL;
   if (ferry_engine_create(&cfg, &e) != FERRY_OK)
     fail_msg("engine on rails %s: %s", rails ? rails : "(none)", ferry_last_error());
   return e;
 }
 
-static void rig_start(test_rig *r, const char *rails) {
-  test_rig_start(r, engine_on_rails(rails), engine_on_rails(NULL), BIG);
+static void rig_start_stall(test_rig *r, const char *rails, uint32_t stall_ms) {
+  test_rig_start(r, engine_on_rails(rails, 0), engine_on_rails(NULL, stall_ms), BIG);
 }
+
+static void rig_start(test_rig *r, const char *rails) { rig_start_stall(r, rails, 0); }
 
 /* A free port on 127.0.0.1 for a rail to listen on behind a proxy. */
 static uint16_t free_port(void) {
@@ -124,11 +133,18 @@ static void *write_main(void *arg) {
   return NULL;
 }
 
-/* The target's word that an initiator asked it to cut a data connection. */
+/* The target's word that an initiator asked it to cut a data connection,
+ * and the initiator's WARN that a rail went silent (its message, once). */
 static int cuts_asked;
+static char stall_warning[1024];
+static pthread_mutex_t warning_lock = PTHREAD_MUTEX_INITIALIZER;
 static void count_cuts(const ferry_log_record *rec, void *arg) {
   if (strstr(rec->message, "asked to cut one of its data connections"))
     __atomic_add_fetch(&cuts_asked, 1, __ATOMIC_RELAXED);
+  pthread_mutex_lock(&warning_lock);
+  if (rec->level == FERRY_LOG_WARN && strstr(rec->message, "no progress for") && !*stall_warning)
+    snprintf(stall_warning, sizeof stall_warning, "%s", rec->message);
+  pthread_mutex_unlock(&warning_lock);
 }
 
 /* Both rails go through proxies that hold their WRITE acknowledgements:
@@ -142,7 +158,9 @@ static void rail_dies_mid_transfer(void **state) {
   hold_proxy *pa = proxied_rail(a, sizeof a), *pb = proxied_rail(b, sizeof b);
   snprintf(rails, sizeof rails, "%s,%s", a, b);
   test_rig r;
-  rig_start(&r, rails);
+  /* A held acknowledgement is a silent link too: no stall bound here (one
+   * at the engine's timeout never trips), only the death of rail 1. */
+  rig_start_stall(&r, rails, TIMEOUT_MS);
   assert_int_equal(test_rig_write(&r, 7), FERRY_OK);
   uint64_t before[2];
   assert_int_equal(test_rig_rail_bytes(&r, before, NULL, NULL, 2), 2);
@@ -203,6 +221,97 @@ static void rail_dies_mid_transfer(void **state) {
   free(text);
   ferry_stats_free(s);
   hold_proxy_stop(pa);
+  test_rig_stop(&r);
+}
+
+/* Rail 1's link goes silent (its proxy a blackhole: nothing forwarded,
+ * nothing acknowledged once the buffers are full, nothing closed) with the
+ * transfers' deadline a minute away. The chunk caught on it makes no
+ * progress for the stall bound, so its connection is cut at the target and
+ * the chunk moves to rail 0: each transfer completes, verified, long before
+ * its deadline, and rail 1 shows down. Once newer data is written, the
+ * silent link delivers all it held: none of it lands. Polls a bounded
+ * number of transfers, since under load rail 0's channels may take every
+ * chunk of one before rail 1's get one. */
+static void silent_rail_is_dropped(void **state) {
+  char b[96], rails[200];
+  hold_proxy *pb = proxied_rail(b, sizeof b);
+  snprintf(rails, sizeof rails, "127.0.0.1,%s", b);
+  test_rig r;
+  rig_start_stall(&r, rails, STALL_MS);
+  assert_int_equal(test_rig_write(&r, 1), FERRY_OK);
+  ferry_log_level level = ferry_log_get_level();
+  ferry_log_set_level(FERRY_LOG_DEBUG);
+  __atomic_store_n(&cuts_asked, 0, __ATOMIC_RELAXED);
+  ferry_log_set_handler(count_cuts, NULL);
+  hold_proxy_blackhole(pb);
+  uint64_t bytes[2];
+  int up[2] = {1, 1};
+  double slowest = 0;
+  for (uint64_t seed = 2; seed < 22 && up[1]; seed++) {
+    double start = test_now_s();
+    if (test_rig_write(&r, seed))
+      fail_msg("write with rail 1 silent: %s", ferry_last_error());
+    double took = test_now_s() - start;
+    slowest = took > slowest ? took : slowest;
+    assert_memory_equal(r.memory, r.out, BIG);
+    assert_int_equal(test_rig_rail_bytes(&r, bytes, up, NULL, 2), 2);
+  }
+  ferry_log_set_handler(NULL, NULL);
+  ferry_log_set_level(level);
+  print_message("slowest write: %.3f s (stall bound %u ms, deadline %u s)\n", slowest, STALL_MS,
+                TIMEOUT_MS / 1000);
+  assert_false(up[1]);
+  assert_true(__atomic_load_n(&cuts_asked, __ATOMIC_RELAXED) >= 1);
+  char rail[64], peer[80];
+  snprintf(rail, sizeof rail, "rail 1 (%s)", hold_proxy_target(pb));
+  snprintf(peer, sizeof peer, "peer %s:", r.name);
+  print_message("%s\n", stall_warning);
+  assert_non_null(strstr(stall_warning, peer));
+  assert_non_null(strstr(stall_warning, rail));
+  assert_non_null(strstr(stall_warning, "no progress for 1000 ms"));
+  assert_true(slowest < TIMEOUT_MS / 2000.0);         /* well before the deadline */
+  assert_int_equal(test_rig_write(&r, 99), FERRY_OK); /* newer data, over rail 0 */
+  assert_memory_equal(r.memory, r.out, BIG);
+  hold_proxy_release(pb); /* the silent link delivers the old frames it held */
+  assert_int_equal(hold_proxy_wait_drained(pb, HOLD_MS), 0);
+  assert_memory_equal(r.memory, r.out, BIG);
+  hold_proxy_stop(pb);
+  test_rig_stop(&r);
+}
+
+/* Both rails are slow links (16 KiB every 50 ms): a 512 KiB chunk takes
+ * longer than the stall bound, but each piece is progress, so no rail is
+ * dropped and the transfer completes on them. */
+static void slow_rail_is_kept(void **state) {
+  enum { PIECE = 16384, GAP_MS = 50, SIZE = 1 << 20 };
+  uint16_t port_a = free_port(), port_b = free_port();
+  hold_proxy *pa = hold_proxy_start_slow(port_a, PIECE, GAP_MS);
+  hold_proxy *pb = hold_proxy_start_slow(port_b, PIECE, GAP_MS);
+  assert_true(pa && pb);
+  char rails[200];
+  snprintf(rails, sizeof rails, "127.0.0.1:%u=%s,127.0.0.1:%u=%s", port_a, hold_proxy_target(pa),
+           port_b, hold_proxy_target(pb));
+  test_rig r;
+  rig_start_stall(&r, rails, STALL_MS);
+  test_fill_random(r.out, SIZE, 5);
+  double start = test_now_s();
+  ferry_status st = ferry_transfer_sync(r.initiator, r.name, FERRY_OP_WRITE, r.out,
+                                        (uint64_t)(uintptr_t)r.memory, SIZE);
+  double took = test_now_s() - start;
+  if (st)
+    fail_msg("write over slow rails: %s", ferry_last_error());
+  assert_memory_equal(r.memory, r.out, SIZE);
+  uint64_t bytes[2];
+  int up[2];
+  assert_int_equal(test_rig_rail_bytes(&r, bytes, up, NULL, 2), 2);
+  print_message("took %.3f s (stall bound %u ms); rail 0: %llu bytes, rail 1: %llu bytes\n", took,
+                STALL_MS, (unsigned long long)bytes[0], (unsigned long long)bytes[1]);
+  assert_true(took > STALL_MS / 1000.0); /* a chunk did outlast the bound */
+  assert_true(up[0] && up[1]);
+  assert_int_equal(bytes[0] + bytes[1], SIZE);
+  hold_proxy_stop(pa);
+  hold_proxy_stop(pb);
   test_rig_stop(&r);
 }
 
@@ -317,14 +426,34 @@ static void bad_rail_lists_refused(void **state) {
   unsetenv("FERRY_RAIL_HOSTS");
 }
 
+/* FERRY_STALL_MS is a positive number of ms; anything else fails create
+ * naming it (0 would be "the default" only in the field). */
+static void bad_stall_bound_refused(void **state) {
+  const char *bad[] = {"0", "abc", "-5", "4294967296"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    setenv("FERRY_STALL_MS", bad[i], 1);
+    ferry_config cfg;
+    ferry_config_init(&cfg);
+    cfg.bind_host = "127.0.0.1";
+    ferry_engine *e = NULL;
+    assert_int_equal(ferry_engine_create(&cfg, &e), FERRY_EINVAL);
+    assert_null(e);
+    assert_non_null(strstr(ferry_last_error(), "FERRY_STALL_MS"));
+  }
+  unsetenv("FERRY_STALL_MS");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(striped_over_two_addresses),
       cmocka_unit_test(small_batches_take_turns),
       cmocka_unit_test(rail_dies_mid_transfer),
+      cmocka_unit_test(silent_rail_is_dropped),
+      cmocka_unit_test(slow_rail_is_kept),
       cmocka_unit_test(rail_comes_back),
       cmocka_unit_test(every_rail_dead),
       cmocka_unit_test(bad_rail_lists_refused),
+      cmocka_unit_test(bad_stall_bound_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* test_rail_choice.c - which rail a checkout takes (core/rail_choice.c),
  * without a network: the rails of the preferred transport take turns, the
  * next transport's stand by until every rail of the better one is out of
- * use, and a transport whose back-off ended carries again. Transports are
+ * use, a transport whose back-off ended carries again, and whether a lost
+ * chunk has another rail to go to. Transports are
  * stand-ins: only their addresses are compared. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -78,12 +79,28 @@ static void every_rail_out_of_use(void **state) {
   assert_int_equal(pick(rails, &next, 500), 1); /* down until 500: usable at 500 */
 }
 
+/* Where a chunk lost on a rail could go (the stall bound asks): any other
+ * usable rail, of its own transport or a standby. */
+static void somewhere_else_to_go(void **state) {
+  ferry_peer_rail rails[3];
+  three_rails(rails);
+  assert_true(ferry_rails_other_usable(rails, 3, 0, 100));
+  rails[1].down_until_ns = 500;
+  assert_true(ferry_rails_other_usable(rails, 3, 0, 100)); /* the standby */
+  rails[2].down_until_ns = 500;
+  assert_false(ferry_rails_other_usable(rails, 3, 0, 100));
+  assert_true(ferry_rails_other_usable(rails, 3, 1, 100));  /* rail 0 */
+  assert_true(ferry_rails_other_usable(rails, 3, 0, 500));  /* back-offs ended */
+  assert_false(ferry_rails_other_usable(rails, 1, 0, 100)); /* one rail: nowhere */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(preferred_rails_take_turns),
       cmocka_unit_test(a_failed_rail_leaves_its_siblings),
       cmocka_unit_test(standby_carries_then_preferred_comes_back),
       cmocka_unit_test(every_rail_out_of_use),
+      cmocka_unit_test(somewhere_else_to_go),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
