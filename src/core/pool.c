@@ -34,6 +34,7 @@
 #include "core/pool.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +111,10 @@ typedef struct route {
   char pool[FERRY_WIRE_MAX_NAME + 1];
   pregrant *held;
   size_t count, cap;
+  /* Credits its posted notices asked for and not collected yet: an
+   * estimate (the target may grant fewer), reset when a wait for them
+   * brings none. */
+  unsigned asked;
   struct route *next;
 } route;
 
@@ -646,33 +651,39 @@ static route *route_of(ferry_pools *ps, const char *target, const char *pool) {
   return r;
 }
 
+static int pregrant_fits(const pregrant *g, size_t length, uint64_t instance, uint64_t now) {
+  return g->grant.instance == instance && !g->given_up && now - g->got_ns < PREGRANT_FRESH_NS &&
+         g->grant.length >= length;
+}
+
 /* A fresh pre-grant of at least length bytes from this target incarnation,
- * taken out of the cache. One that does not fit (too small, or older than
- * PREGRANT_FRESH_NS) goes to *stale, to be given back by the grant request
- * (0: none), so pre-grants of other sizes do not hold the pool's room;
- * other incarnations' entries are void and dropped. */
+ * taken out of the cache: the newest, whose slot the receiver freed last
+ * (its memory the warmest). One that does not fit (too small, or older
+ * than PREGRANT_FRESH_NS) goes to *stale, to be given back by the grant
+ * request (0: none), so pre-grants of other sizes do not hold the pool's
+ * room; other incarnations' entries are void and dropped. */
 static int take_pregrant(ferry_pools *ps, route *r, size_t length, uint64_t instance,
                          ferry_pool_grant *out, uint64_t *stale) {
   uint64_t now = ferry_now_ns();
-  int found = 0;
-  size_t kept = 0;
+  size_t kept = 0, take = SIZE_MAX;
   *stale = 0;
   pthread_mutex_lock(&ps->lock);
+  for (size_t i = r->count; i-- > 0 && take == SIZE_MAX;)
+    if (pregrant_fits(&r->held[i], length, instance, now))
+      take = i;
   for (size_t i = 0; i < r->count; i++) {
     pregrant *g = &r->held[i];
     int ours = g->grant.instance == instance;
-    int fits =
-        ours && !g->given_up && now - g->got_ns < PREGRANT_FRESH_NS && g->grant.length >= length;
-    if (fits && !found)
-      *out = g->grant, found = 1;
-    else if (ours && !fits && !*stale)
+    if (i == take)
+      *out = g->grant;
+    else if (ours && !*stale && !pregrant_fits(g, length, instance, now))
       *stale = g->grant.id;
     else if (ours)
       r->held[kept++] = *g;
   }
   r->count = kept;
   pthread_mutex_unlock(&ps->lock);
-  return found;
+  return take != SIZE_MAX;
 }
 
 /* Caches a pre-grant for the next send to r's pool, granted at got_ns;
@@ -719,24 +730,63 @@ static unsigned pregrants_held(ferry_pools *ps, const route *r) {
   return n;
 }
 
+/* Credits a sender keeps per pool for messages of length bytes. */
+static unsigned credits_most(size_t length) {
+  uint64_t n = CREDIT_BYTES / length;
+  return n < CREDITS_MIN ? CREDITS_MIN : n > CREDITS_MAX ? CREDITS_MAX : (unsigned)n;
+}
+
+/* How a sender holding no credit for r's pool waits for those its posted
+ * notices asked for: asleep until they come while as many go round as it
+ * keeps (most); otherwise briefly, and the control grant that follows
+ * puts one more into the round (a notice only asks to be replaced). */
+static int credit_wait(ferry_pools *ps, const route *r, unsigned most) {
+  pthread_mutex_lock(&ps->lock);
+  unsigned asked = r->asked;
+  pthread_mutex_unlock(&ps->lock);
+  return pregrants_held(ps, r) ? FERRY_CREDITS_NOW
+         : asked >= most       ? FERRY_CREDITS_COMING
+         : asked               ? FERRY_CREDITS_BRIEFLY
+                               : FERRY_CREDITS_NOW;
+}
+
+/* A credit came for r's pool, or (none) a wait for them found none. */
+static void credits_answered(ferry_pools *ps, route *r, int none) {
+  pthread_mutex_lock(&ps->lock);
+  r->asked = none || !r->asked ? 0 : r->asked - 1;
+  pthread_mutex_unlock(&ps->lock);
+}
+
+/* A posted notice asked for a credit for r's pool. */
+static void asked_more(ferry_pools *ps, route *r) {
+  pthread_mutex_lock(&ps->lock);
+  r->asked++;
+  pthread_mutex_unlock(&ps->lock);
+}
+
 /* Caches the credits the target's transport handed back (the grants of
  * posted LANDED notices), fresh from when the target granted them; with
- * none held for r's pool, the transport may wait briefly for those
- * coming. A credit for another pool of the target goes to its route. */
-static uint64_t collect_credits(ferry_engine *e, route *r, const ferry_transport *t,
+ * none held for r's pool, the transport may wait for those coming
+ * (credit_wait). A credit for another pool of the target goes to its
+ * route. */
+static uint64_t collect_credits(ferry_engine *e, route *r, size_t length, const ferry_transport *t,
                                 ferry_peer *peer, uint64_t instance) {
   ferry_credit got[CREDITS_PER_TAKE];
   uint64_t epoch = 0;
   if (!t->take_credits)
     return 0;
-  int wait = !pregrants_held(e->pools, r);
+  int wait = credit_wait(e->pools, r, credits_most(length));
   size_t n = t->take_credits(peer, instance, got, CREDITS_PER_TAKE, wait, &epoch);
   if (epoch)
     void_pregrants(e->pools, r->target, epoch);
+  if (wait && !n)
+    credits_answered(e->pools, r, 1);
   for (size_t i = 0; i < n; i++) {
     route *to = strcmp(got[i].pool, r->pool) ? route_of(e->pools, r->target, got[i].pool) : r;
-    if (to)
-      keep_grant_of(e->pools, to, &got[i].grant, 0, got[i].issued_ns, epoch);
+    if (!to)
+      continue;
+    keep_grant_of(e->pools, to, &got[i].grant, 0, got[i].issued_ns, epoch);
+    credits_answered(e->pools, to, 0);
   }
   return epoch;
 }
@@ -760,12 +810,6 @@ typedef struct send_args {
   size_t length;
   uint32_t wait_ms;
 } send_args;
-
-/* Credits a sender keeps per pool for messages of length bytes. */
-static unsigned credits_most(size_t length) {
-  uint64_t n = CREDIT_BYTES / length;
-  return n < CREDITS_MIN ? CREDITS_MIN : n > CREDITS_MAX ? CREDITS_MAX : (unsigned)n;
-}
 
 /* A grant, waiting for room up to wait_ms in turns of GRANT_WAIT_TURN_MS:
  * the receiver holds each request while the pool is full, and the control
@@ -808,6 +852,7 @@ typedef struct outgoing {
   ferry_pool_grant grant;
   uint64_t epoch; /* the transport's credit epoch when it was prepared */
   int cached;     /* the grant was a pre-grant */
+  int asks;       /* its LANDED notice asks for a pre-grant */
   int restarted;  /* the grant came from a newer incarnation than the one checked */
   ferry_entry entry;
   ferry_after after;
@@ -829,7 +874,7 @@ static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
     return ferry_fail(FERRY_ENOMEM, "send to pool '%s' of %s: no memory for its pre-grants",
                       a->pool, a->target);
   if (use_cache)
-    o->epoch = collect_credits(e, o->route, transport, o->peer, instance);
+    o->epoch = collect_credits(e, o->route, a->length, transport, o->peer, instance);
   o->cached =
       use_cache && take_pregrant(e->pools, o->route, a->length, instance, &o->grant, &stale);
   if (!o->cached)
@@ -846,8 +891,9 @@ static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
   if (st)
     return st;
   unsigned most = transport->take_credits ? credits_most(a->length) : PREGRANTS_PER_POOL;
+  o->asks = pregrants_held(e->pools, o->route) < most;
   ferry_pool_req r = {.op = FERRY_POOL_LANDED,
-                      .flags = pregrants_held(e->pools, o->route) < most ? FERRY_POOL_NEXT : 0,
+                      .flags = o->asks ? FERRY_POOL_NEXT : 0,
                       .grant = o->grant.id,
                       .length = a->length,
                       .pool = a->pool,
@@ -885,6 +931,8 @@ static ferry_status landed(const outgoing *o, ferry_status st, int *retry) {
   ferry_pool_grant pre;
   if (st && o->grant.id)
     keep_pregrant(o->a->e->pools, o->route, &o->grant, 1, o->epoch);
+  if (!st && o->after.posted && o->asks)
+    asked_more(o->a->e->pools, o->route);
   if (!st) {
     ferry_wire_grant_decode(o->after.reply, &pre);
     if (pre.id)
