@@ -21,9 +21,12 @@
  * its next send. Such a sender keeps several of them (credits_most) per
  * pool, since a credit comes back only when the receiver got round to the
  * notice: a steady send then takes a credit, copies and posts, with no
- * round trip at all. The transport also names the epoch its credits are
- * valid in; cached ones of another epoch (the target took the sender's
- * slots back, or the link that carried them ended) are only given back.
+ * round trip at all. A notice only asks for its own replacement, so the
+ * credits going round grow by the control grants a sender makes when it
+ * holds none; once as many as it keeps are asked for, a sender holding
+ * none sleeps until they come instead (credit_wait). The transport also names the epoch its credits
+ * are valid in; cached ones of another epoch (the target took the sender's slots back, or the link
+ * that carried them ended) are only given back.
  *
  * Slots are reclaimed when the receiver releases them, and, for slots not
  * landed yet, when every connection of their sender ended (the sender died
