@@ -21,9 +21,12 @@
  * its next send. Such a sender keeps several of them (credits_most) per
  * pool, since a credit comes back only when the receiver got round to the
  * notice: a steady send then takes a credit, copies and posts, with no
- * round trip at all. The transport also names the epoch its credits are
- * valid in; cached ones of another epoch (the target took the sender's
- * slots back, or the link that carried them ended) are only given back.
+ * round trip at all. A notice only asks for its own replacement, so the
+ * credits going round grow by the control grants a sender makes when it
+ * holds none; once as many as it keeps are asked for, a sender holding
+ * none sleeps until they come instead (credit_wait). The transport also names the epoch its credits
+ * are valid in; cached ones of another epoch (the target took the sender's slots back, or the link
+ * that carried them ended) are only given back.
  *
  * Slots are reclaimed when the receiver releases them, and, for slots not
  * landed yet, when every connection of their sender ended (the sender died
@@ -34,6 +37,7 @@
 #include "core/pool.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,21 +100,33 @@ struct ferry_pool {
 
 /* A pre-grant held by this engine as a sender. */
 typedef struct pregrant {
-  char target[FERRY_HOST_MAX + 8];
-  char pool[FERRY_WIRE_MAX_NAME + 1];
   ferry_pool_grant grant;
   uint64_t got_ns;
   uint64_t epoch; /* the transport's credit epoch it came under (0: none) */
   int given_up;   /* a failed send's slot: only to be given back */
-  struct pregrant *next;
 } pregrant;
+
+/* The pre-grants held for one target pool, oldest first: found once per
+ * send (no name compared per pre-grant, no allocation per credit), kept
+ * until the engine goes. */
+typedef struct route {
+  char target[FERRY_HOST_MAX + 8];
+  char pool[FERRY_WIRE_MAX_NAME + 1];
+  pregrant *held;
+  size_t count, cap;
+  /* Credits its posted notices asked for and not collected yet: an
+   * estimate (the target may grant fewer), reset when a wait for them
+   * brings none. */
+  unsigned asked;
+  struct route *next;
+} route;
 
 struct ferry_pools {
   pthread_mutex_t lock; /* everything here and in every pool */
   ferry_pool *list;
   int count; /* pools alive, read without the lock by the WRITE check */
   uint64_t next_id, next_seq;
-  pregrant *pregrants;
+  route *routes;
   uint64_t landed, inband; /* messages landed; of them, noticed in-band */
   uint64_t waiting;        /* grant requests waiting for room */
 };
@@ -158,10 +174,11 @@ void ferry_pools_destroy(ferry_engine *e) {
     ps->list = p->next;
     free_pool(p); /* its memory goes with the engine's allocations and registry */
   }
-  while (ps->pregrants) {
-    pregrant *g = ps->pregrants;
-    ps->pregrants = g->next;
-    free(g);
+  while (ps->routes) {
+    route *r = ps->routes;
+    ps->routes = r->next;
+    free(r->held);
+    free(r);
   }
   pthread_mutex_destroy(&ps->lock);
   free(ps);
@@ -621,65 +638,77 @@ static ferry_status pool_release(ferry_engine *e, ferry_pool *p, uint64_t id) {
 
 /* ---- the sender ------------------------------------------------------------------ */
 
-static int same_pool(const pregrant *g, const char *target, const char *pool) {
-  return !strcmp(g->target, target) && !strcmp(g->pool, pool);
+/* The pre-grants of target's pool, made on first use; NULL: no memory. */
+static route *route_of(ferry_pools *ps, const char *target, const char *pool) {
+  pthread_mutex_lock(&ps->lock);
+  route *r = ps->routes;
+  while (r && (strcmp(r->target, target) || strcmp(r->pool, pool)))
+    r = r->next;
+  if (!r && (r = calloc(1, sizeof *r))) {
+    snprintf(r->target, sizeof r->target, "%s", target);
+    snprintf(r->pool, sizeof r->pool, "%s", pool);
+    r->next = ps->routes;
+    ps->routes = r;
+  }
+  pthread_mutex_unlock(&ps->lock);
+  return r;
+}
+
+static int pregrant_fits(const pregrant *g, size_t length, uint64_t instance, uint64_t now) {
+  return g->grant.instance == instance && !g->given_up && now - g->got_ns < PREGRANT_FRESH_NS &&
+         g->grant.length >= length;
 }
 
 /* A fresh pre-grant of at least length bytes from this target incarnation,
- * taken out of the cache. One that does not fit (too small, or older than
- * PREGRANT_FRESH_NS) goes to *stale, to be given back by the grant request
- * (0: none), so pre-grants of other sizes do not hold the pool's room;
- * other incarnations' entries are void and dropped. */
-static int take_pregrant(ferry_pools *ps, const char *target, const char *pool, size_t length,
-                         uint64_t instance, ferry_pool_grant *out, uint64_t *stale) {
+ * taken out of the cache: the newest, whose slot the receiver freed last
+ * (its memory the warmest). One that does not fit (too small, or older
+ * than PREGRANT_FRESH_NS) goes to *stale, to be given back by the grant
+ * request (0: none), so pre-grants of other sizes do not hold the pool's
+ * room; other incarnations' entries are void and dropped. */
+static int take_pregrant(ferry_pools *ps, route *r, size_t length, uint64_t instance,
+                         ferry_pool_grant *out, uint64_t *stale) {
   uint64_t now = ferry_now_ns();
-  int found = 0;
+  size_t kept = 0, take = SIZE_MAX;
   *stale = 0;
   pthread_mutex_lock(&ps->lock);
-  for (pregrant **pp = &ps->pregrants; *pp;) {
-    pregrant *g = *pp;
-    int mine = same_pool(g, target, pool), ours = g->grant.instance == instance;
-    int fits =
-        ours && !g->given_up && now - g->got_ns < PREGRANT_FRESH_NS && g->grant.length >= length;
-    int take = mine && ((fits && !found) || (ours && !fits && !*stale) || !ours);
-    if (!take) {
-      pp = &g->next;
-      continue;
-    }
-    if (fits && !found)
-      *out = g->grant, found = 1;
-    else if (ours)
+  for (size_t i = r->count; i-- > 0 && take == SIZE_MAX;)
+    if (pregrant_fits(&r->held[i], length, instance, now))
+      take = i;
+  for (size_t i = 0; i < r->count; i++) {
+    pregrant *g = &r->held[i];
+    int ours = g->grant.instance == instance;
+    if (i == take)
+      *out = g->grant;
+    else if (ours && !*stale && !pregrant_fits(g, length, instance, now))
       *stale = g->grant.id;
-    *pp = g->next;
-    free(g);
+    else if (ours)
+      r->held[kept++] = *g;
   }
+  r->count = kept;
   pthread_mutex_unlock(&ps->lock);
-  return found;
+  return take != SIZE_MAX;
 }
 
-/* Caches a pre-grant for the next send to this pool, granted at got_ns;
+/* Caches a pre-grant for the next send to r's pool, granted at got_ns;
  * given_up: a slot only to be given back by the next grant request. */
-static void keep_grant_of(ferry_pools *ps, const char *target, const char *pool,
-                          const ferry_pool_grant *grant, int given_up, uint64_t got_ns,
-                          uint64_t epoch) {
-  pregrant *g = calloc(1, sizeof *g);
-  if (!g)
-    return; /* the slot idles until this engine's connections end */
-  snprintf(g->target, sizeof g->target, "%s", target);
-  snprintf(g->pool, sizeof g->pool, "%s", pool);
-  g->grant = *grant;
-  g->got_ns = got_ns;
-  g->epoch = epoch;
-  g->given_up = given_up;
+static void keep_grant_of(ferry_pools *ps, route *r, const ferry_pool_grant *grant, int given_up,
+                          uint64_t got_ns, uint64_t epoch) {
   pthread_mutex_lock(&ps->lock);
-  g->next = ps->pregrants;
-  ps->pregrants = g;
+  if (r->count == r->cap) {
+    size_t cap = r->cap ? 2 * r->cap : CREDITS_MAX;
+    pregrant *held = realloc(r->held, cap * sizeof *held);
+    if (held)
+      r->held = held, r->cap = cap;
+  }
+  if (r->count < r->cap) /* else the slot idles until this engine's connections end */
+    r->held[r->count++] =
+        (pregrant){.grant = *grant, .got_ns = got_ns, .epoch = epoch, .given_up = given_up};
   pthread_mutex_unlock(&ps->lock);
 }
 
-static void keep_pregrant(ferry_pools *ps, const char *target, const char *pool,
-                          const ferry_pool_grant *grant, int given_up, uint64_t epoch) {
-  keep_grant_of(ps, target, pool, grant, given_up, ferry_now_ns(), epoch);
+static void keep_pregrant(ferry_pools *ps, route *r, const ferry_pool_grant *grant, int given_up,
+                          uint64_t epoch) {
+  keep_grant_of(ps, r, grant, given_up, ferry_now_ns(), epoch);
 }
 
 /* The transport's credits moved to another epoch: pre-grants of this
@@ -687,37 +716,81 @@ static void keep_pregrant(ferry_pools *ps, const char *target, const char *pool,
  * (or gave to another sender); they are only to be given back. */
 static void void_pregrants(ferry_pools *ps, const char *target, uint64_t epoch) {
   pthread_mutex_lock(&ps->lock);
-  for (pregrant *g = ps->pregrants; g; g = g->next)
-    if (!strcmp(g->target, target) && g->epoch != epoch)
-      g->given_up = 1;
+  for (route *r = ps->routes; r; r = r->next)
+    for (size_t i = 0; i < r->count && !strcmp(r->target, target); i++)
+      if (r->held[i].epoch != epoch)
+        r->held[i].given_up = 1;
   pthread_mutex_unlock(&ps->lock);
 }
 
-/* Pre-grants cached for sends to this pool. */
-static unsigned pregrants_held(ferry_pools *ps, const char *target, const char *pool) {
+/* Pre-grants cached for sends to r's pool. */
+static unsigned pregrants_held(ferry_pools *ps, const route *r) {
   unsigned n = 0;
   pthread_mutex_lock(&ps->lock);
-  for (pregrant *g = ps->pregrants; g; g = g->next)
-    n += same_pool(g, target, pool) && !g->given_up;
+  for (size_t i = 0; i < r->count; i++)
+    n += !r->held[i].given_up;
   pthread_mutex_unlock(&ps->lock);
   return n;
 }
 
+/* Credits a sender keeps per pool for messages of length bytes. */
+static unsigned credits_most(size_t length) {
+  uint64_t n = CREDIT_BYTES / length;
+  return n < CREDITS_MIN ? CREDITS_MIN : n > CREDITS_MAX ? CREDITS_MAX : (unsigned)n;
+}
+
+/* How a sender holding no credit for r's pool waits for those its posted
+ * notices asked for: asleep until they come while as many go round as it
+ * keeps (most); otherwise briefly, and the control grant that follows
+ * puts one more into the round (a notice only asks to be replaced). */
+static int credit_wait(ferry_pools *ps, const route *r, unsigned most) {
+  pthread_mutex_lock(&ps->lock);
+  unsigned asked = r->asked;
+  pthread_mutex_unlock(&ps->lock);
+  return pregrants_held(ps, r) ? FERRY_CREDITS_NOW
+         : asked >= most       ? FERRY_CREDITS_COMING
+         : asked               ? FERRY_CREDITS_BRIEFLY
+                               : FERRY_CREDITS_NOW;
+}
+
+/* A credit came for r's pool, or (none) a wait for them found none. */
+static void credits_answered(ferry_pools *ps, route *r, int none) {
+  pthread_mutex_lock(&ps->lock);
+  r->asked = none || !r->asked ? 0 : r->asked - 1;
+  pthread_mutex_unlock(&ps->lock);
+}
+
+/* A posted notice asked for a credit for r's pool. */
+static void asked_more(ferry_pools *ps, route *r) {
+  pthread_mutex_lock(&ps->lock);
+  r->asked++;
+  pthread_mutex_unlock(&ps->lock);
+}
+
 /* Caches the credits the target's transport handed back (the grants of
  * posted LANDED notices), fresh from when the target granted them; with
- * none held for pool, the transport may wait briefly for those coming. */
-static uint64_t collect_credits(ferry_engine *e, const char *target, const char *pool,
-                                const ferry_transport *t, ferry_peer *peer, uint64_t instance) {
+ * none held for r's pool, the transport may wait for those coming
+ * (credit_wait). A credit for another pool of the target goes to its
+ * route. */
+static uint64_t collect_credits(ferry_engine *e, route *r, size_t length, const ferry_transport *t,
+                                ferry_peer *peer, uint64_t instance) {
   ferry_credit got[CREDITS_PER_TAKE];
   uint64_t epoch = 0;
   if (!t->take_credits)
     return 0;
-  int wait = !pregrants_held(e->pools, target, pool);
+  int wait = credit_wait(e->pools, r, credits_most(length));
   size_t n = t->take_credits(peer, instance, got, CREDITS_PER_TAKE, wait, &epoch);
   if (epoch)
-    void_pregrants(e->pools, target, epoch);
-  for (size_t i = 0; i < n; i++)
-    keep_grant_of(e->pools, target, got[i].pool, &got[i].grant, 0, got[i].issued_ns, epoch);
+    void_pregrants(e->pools, r->target, epoch);
+  if (wait && !n)
+    credits_answered(e->pools, r, 1);
+  for (size_t i = 0; i < n; i++) {
+    route *to = strcmp(got[i].pool, r->pool) ? route_of(e->pools, r->target, got[i].pool) : r;
+    if (!to)
+      continue;
+    keep_grant_of(e->pools, to, &got[i].grant, 0, got[i].issued_ns, epoch);
+    credits_answered(e->pools, to, 0);
+  }
   return epoch;
 }
 
@@ -740,12 +813,6 @@ typedef struct send_args {
   size_t length;
   uint32_t wait_ms;
 } send_args;
-
-/* Credits a sender keeps per pool for messages of length bytes. */
-static unsigned credits_most(size_t length) {
-  uint64_t n = CREDIT_BYTES / length;
-  return n < CREDITS_MIN ? CREDITS_MIN : n > CREDITS_MAX ? CREDITS_MAX : (unsigned)n;
-}
 
 /* A grant, waiting for room up to wait_ms in turns of GRANT_WAIT_TURN_MS:
  * the receiver holds each request while the pool is full, and the control
@@ -784,9 +851,11 @@ typedef struct outgoing {
   const send_args *a;
   ferry_peer *peer;
   uint64_t deadline; /* for the control calls of the send */
+  route *route;      /* the pre-grants of a->target's a->pool */
   ferry_pool_grant grant;
   uint64_t epoch; /* the transport's credit epoch when it was prepared */
   int cached;     /* the grant was a pre-grant */
+  int asks;       /* its LANDED notice asks for a pre-grant */
   int restarted;  /* the grant came from a newer incarnation than the one checked */
   ferry_entry entry;
   ferry_after after;
@@ -804,18 +873,20 @@ static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
     st = ferry_peer_ensure(o->peer, o->deadline, &transport, &instance);
   if (st)
     return st;
+  if (!(o->route = route_of(e->pools, a->target, a->pool)))
+    return ferry_fail(FERRY_ENOMEM, "send to pool '%s' of %s: no memory for its pre-grants",
+                      a->pool, a->target);
   if (use_cache)
-    o->epoch = collect_credits(e, a->target, a->pool, transport, o->peer, instance);
-  o->cached = use_cache &&
-              take_pregrant(e->pools, a->target, a->pool, a->length, instance, &o->grant, &stale);
+    o->epoch = collect_credits(e, o->route, a->length, transport, o->peer, instance);
+  o->cached =
+      use_cache && take_pregrant(e->pools, o->route, a->length, instance, &o->grant, &stale);
   if (!o->cached)
     st = request_grant(a, o->peer, stale, &o->grant);
   else if (stale) /* no grant request to carry it back this time: the next one will */
-    keep_pregrant(e->pools, a->target, a->pool, &(ferry_pool_grant){instance, stale, 0, 0}, 1,
-                  o->epoch);
+    keep_pregrant(e->pools, o->route, &(ferry_pool_grant){instance, stale, 0, 0}, 1, o->epoch);
   if (!st && o->grant.instance != instance) {
     /* The grant is the new incarnation's: given back by the next request. */
-    keep_pregrant(e->pools, a->target, a->pool, &o->grant, 1, o->epoch);
+    keep_pregrant(e->pools, o->route, &o->grant, 1, o->epoch);
     o->restarted = 1;
     st = ferry_fail(FERRY_ESOCKET, "send to pool '%s' of %s: the target restarted during the send",
                     a->pool, a->target);
@@ -823,9 +894,9 @@ static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
   if (st)
     return st;
   unsigned most = transport->take_credits ? credits_most(a->length) : PREGRANTS_PER_POOL;
+  o->asks = pregrants_held(e->pools, o->route) < most;
   ferry_pool_req r = {.op = FERRY_POOL_LANDED,
-                      .flags =
-                          pregrants_held(e->pools, a->target, a->pool) < most ? FERRY_POOL_NEXT : 0,
+                      .flags = o->asks ? FERRY_POOL_NEXT : 0,
                       .grant = o->grant.id,
                       .length = a->length,
                       .pool = a->pool,
@@ -862,11 +933,13 @@ static ferry_status landed(const outgoing *o, ferry_status st, int *retry) {
       st && ((st == FERRY_ENOTREG && o->cached) || (st == FERRY_ESOCKET && target_restarted(o)));
   ferry_pool_grant pre;
   if (st && o->grant.id)
-    keep_pregrant(o->a->e->pools, o->a->target, o->a->pool, &o->grant, 1, o->epoch);
+    keep_pregrant(o->a->e->pools, o->route, &o->grant, 1, o->epoch);
+  if (!st && o->after.posted && o->asks)
+    asked_more(o->a->e->pools, o->route);
   if (!st) {
     ferry_wire_grant_decode(o->after.reply, &pre);
     if (pre.id)
-      keep_pregrant(o->a->e->pools, o->a->target, o->a->pool, &pre, 0, o->epoch);
+      keep_pregrant(o->a->e->pools, o->route, &pre, 0, o->epoch);
   }
   return st;
 }

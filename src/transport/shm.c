@@ -59,7 +59,12 @@
  * collects them before its next send (take_credits). A full ring, or a
  * link without a page, falls back to the control connection. Credits
  * count only under the page's current reclaim count and from this link
- * (the epoch take_credits reports): see shm.h. */
+ * (the epoch take_credits reports): see shm.h. A sender holding no credit
+ * while notices of ours are unserved sleeps on the link's credit eventfd
+ * (await_credits: the service writes it after serving them, the Dekker
+ * order of shm.h; bounded by the link's hang-up and by connect_timeout_ms,
+ * or by SHM_CREDIT_BRIEF_NS when pool.c would rather add a credit with a
+ * control grant next) rather than spin. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -92,9 +97,11 @@
  * 32 MiB pieces) ran about 2x faster with them; 8 MiB pieces ran slower. */
 #define SHM_NT_MIN (32ull << 20)
 #define SHM_RESOLVE_TRIES 64
-/* How long a sender without credits waits for those its posted notices
- * may bring: a fraction of a control round trip (20-40 us here). */
-#define SHM_CREDIT_WAIT_NS (20ull * 1000)
+/* How long a sender without credits sleeps, at most, for those its posted
+ * notices may bring when pool.c would rather ask the control connection
+ * next (FERRY_CREDITS_BRIEFLY): a fraction of a control round trip
+ * (20-40 us here). */
+#define SHM_CREDIT_BRIEF_NS (20ull * 1000)
 
 /* A mapping of one of the target's memfd buffers. */
 typedef struct shm_map {
@@ -121,8 +128,10 @@ typedef struct shm_link {
 
   shm_post *post;            /* NULL: the target offered no post page */
   int efd;                   /* wakes the target's service */
+  int cefd;                  /* the target's service wakes us: credits (or their verdict) */
   pthread_mutex_t post_lock; /* this side's ends of both rings */
-  uint64_t posted, taken;    /* notices posted, credits taken (ours, not the page's) */
+  pthread_mutex_t wait_lock; /* one thread at a time asleep on cefd (it reads the wake) */
+  uint64_t posted, taken;    /* notices posted, credits taken (ours, not the page's; atomic) */
   uint64_t serial;           /* this engine's links, counted: the high half of credit epochs */
 } shm_link;
 
@@ -699,8 +708,9 @@ static int shm_usable(ferry_engine *e, const ferry_hello_reply *info, char *why,
   return 0;
 }
 
-/* Maps the post page (fds[2]) and keeps the eventfd (fds[3], taken out
- * of fds); without them the link still copies, and posts nothing. */
+/* Maps the post page (fds[2]) and keeps the eventfds (fds[3], fds[4],
+ * taken out of fds); without them the link still copies, and posts
+ * nothing. */
 static void link_post_page(shm_link *l, int *fds) {
   if (!sealed_at_size(fds[2], sizeof(shm_post)))
     return;
@@ -709,7 +719,8 @@ static void link_post_page(shm_link *l, int *fds) {
     return;
   l->post = p;
   l->efd = fds[3];
-  fds[3] = -1;
+  l->cefd = fds[4];
+  fds[3] = fds[4] = -1;
 }
 
 /* HELLO (with the proof of the shared secret, and who we are) and the
@@ -728,7 +739,7 @@ static ferry_status link_attach(shm_link *l, const ferry_engine *e, const shm_ms
   ferry_status st = link_call(l, &hello, &reply, fds, &nfds);
   if (st)
     return st;
-  if (reply.status || (nfds != 2 && nfds != 4) || !sealed_at_size(fds[0], SHM_TABLE_BYTES) ||
+  if (reply.status || (nfds != 2 && nfds != 5) || !sealed_at_size(fds[0], SHM_TABLE_BYTES) ||
       !sealed_at_size(fds[1], SHM_SLOTS_BYTES)) {
     st = ferry_fail(reply.status ? (ferry_status)reply.status : FERRY_EHANDSHAKE,
                     "the shm service of %s refused the link%s", l->address,
@@ -740,7 +751,7 @@ static ferry_status link_attach(shm_link *l, const ferry_engine *e, const shm_ms
     l->slots = s == MAP_FAILED ? NULL : s;
     if (!l->table || !l->slots)
       st = ferry_fail(FERRY_ENOMEM, "cannot map the shm table of %s", l->address);
-    else if (nfds == 4)
+    else if (nfds == 5)
       link_post_page(l, fds);
   }
   for (int i = 0; i < nfds; i++)
@@ -761,9 +772,12 @@ static void link_destroy(shm_link *l) {
     munmap(l->post, sizeof(shm_post));
   if (l->efd >= 0)
     close(l->efd);
+  if (l->cefd >= 0)
+    close(l->cefd);
   if (l->fd >= 0)
     close(l->fd);
   pthread_mutex_destroy(&l->post_lock);
+  pthread_mutex_destroy(&l->wait_lock);
   pthread_mutex_destroy(&l->lock);
   pthread_rwlock_destroy(&l->maps_lock);
   free(l);
@@ -773,10 +787,11 @@ static shm_link *link_alloc(const char *address) {
   shm_link *l = calloc(1, sizeof *l);
   if (!l)
     return NULL;
-  l->fd = l->efd = -1;
+  l->fd = l->efd = l->cefd = -1;
   snprintf(l->address, sizeof l->address, "%s", address);
   pthread_mutex_init(&l->lock, NULL);
   pthread_mutex_init(&l->post_lock, NULL);
+  pthread_mutex_init(&l->wait_lock, NULL);
   ferry_rwlock_init(&l->maps_lock);
   return l;
 }
@@ -891,7 +906,8 @@ static int post_notice(shm_link *l, const ferry_after *a) {
     memcpy(n->body, a->body, a->len);
     __atomic_store_n(&n->len, (uint64_t)a->len, __ATOMIC_RELAXED);
     __atomic_store_n(&n->seq, head + 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&q->head, l->posted = head + 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&l->posted, head + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&q->head, head + 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&q->sleeping, __ATOMIC_SEQ_CST)) {
       uint64_t one = 1;
       ssize_t w = write(l->efd, &one, sizeof one);
@@ -911,35 +927,59 @@ static int shm_post_after(ferry_peer *p, uint64_t instance, const ferry_after *a
   return posted;
 }
 
-/* Whether credits may still come: the target has notices of ours it did
- * not serve yet. Waits for that, yielding, at most SHM_CREDIT_WAIT_NS:
- * its service runs on another CPU or gets this one. */
-static void await_credits(shm_link *l) {
+/* Whether credits may still come: none is waiting to be taken and the
+ * target has notices of ours it did not serve yet. */
+static int credits_coming(shm_link *l) {
   shm_post *q = l->post;
-  uint64_t until = ferry_now_ns() + SHM_CREDIT_WAIT_NS;
-  while (__atomic_load_n(&q->credits_given, __ATOMIC_ACQUIRE) == l->taken &&
-         __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE) != l->posted && ferry_now_ns() < until)
-    sched_yield();
+  return __atomic_load_n(&q->credits_given, __ATOMIC_SEQ_CST) ==
+             __atomic_load_n(&l->taken, __ATOMIC_RELAXED) &&
+         __atomic_load_n(&q->tail, __ATOMIC_SEQ_CST) !=
+             __atomic_load_n(&l->posted, __ATOMIC_RELAXED);
+}
+
+/* Sleeps (no spin, post_lock not held, so other threads still post)
+ * until the credits our unserved notices may bring come, the target
+ * served them without any, the link hangs up, or deadline_ns: counted in
+ * `awaiting`, the target's service writes cefd after serving (shm.h).
+ * One sleeper at a time, since the one woken takes the wake; the next
+ * looks again once it has the lock. */
+static void await_credits(shm_link *l, uint64_t deadline_ns) {
+  shm_post *q = l->post;
+  pthread_mutex_lock(&l->wait_lock);
+  __atomic_add_fetch(&q->awaiting, 1, __ATOMIC_SEQ_CST);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  for (uint64_t now = ferry_now_ns(); credits_coming(l) && now < deadline_ns;
+       now = ferry_now_ns()) {
+    struct pollfd p[2] = {{l->cefd, POLLIN, 0}, {l->fd, POLLRDHUP, 0}};
+    struct timespec left = ferry_timespec(deadline_ns - now);
+    if (ppoll(p, 2, &left, NULL) > 0 && p[1].revents)
+      break; /* the link is gone: no credit comes that way */
+    uint64_t count;
+    ssize_t r = read(l->cefd, &count, sizeof count);
+    (void)r; /* nonblocking: another waiter may have read it */
+  }
+  __atomic_sub_fetch(&q->awaiting, 1, __ATOMIC_SEQ_CST);
+  pthread_mutex_unlock(&l->wait_lock);
 }
 
 /* The credits given and not taken yet, of the page's current reclaim
  * count (older ones name slots the target took back); a count past the
  * ring's size is the target's error: those are skipped. *epoch: this
  * link and that count, so credits of an earlier link or count are void. */
-static size_t take_from(shm_link *l, ferry_credit *out, size_t max, int wait, uint64_t *epoch) {
+static size_t take_from(shm_link *l, ferry_credit *out, size_t max, int wait, uint64_t deadline_ns,
+                        uint64_t *epoch) {
   shm_post *q = l->post;
   size_t n = 0;
-  pthread_mutex_lock(&l->post_lock);
   if (wait)
-    await_credits(l);
+    await_credits(l, deadline_ns);
+  pthread_mutex_lock(&l->post_lock);
   uint64_t reclaims = __atomic_load_n(&q->reclaims, __ATOMIC_ACQUIRE);
   *epoch = l->serial << 32 | (uint32_t)reclaims;
   uint64_t given = __atomic_load_n(&q->credits_given, __ATOMIC_ACQUIRE);
-  if (given - l->taken > SHM_CREDITS)
-    l->taken = given;
-  for (; l->taken != given && n < max; l->taken++) {
-    const shm_credit *c = &q->credits[l->taken % SHM_CREDITS];
-    if (__atomic_load_n(&c->seq, __ATOMIC_ACQUIRE) != l->taken + 1 || c->reclaims != reclaims)
+  uint64_t taken = given - l->taken > SHM_CREDITS ? given : l->taken;
+  for (; taken != given && n < max; taken++) {
+    const shm_credit *c = &q->credits[taken % SHM_CREDITS];
+    if (__atomic_load_n(&c->seq, __ATOMIC_ACQUIRE) != taken + 1 || c->reclaims != reclaims)
       continue;
     ferry_wire_grant_decode(c->grant, &out[n].grant);
     out[n].issued_ns = c->issued_ns;
@@ -947,7 +987,8 @@ static size_t take_from(shm_link *l, ferry_credit *out, size_t max, int wait, ui
     out[n].pool[sizeof out[n].pool - 1] = '\0';
     n++;
   }
-  __atomic_store_n(&q->credits_taken, l->taken, __ATOMIC_RELEASE);
+  __atomic_store_n(&l->taken, taken, __ATOMIC_RELAXED);
+  __atomic_store_n(&q->credits_taken, taken, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&l->post_lock);
   return n;
 }
@@ -958,7 +999,10 @@ static size_t shm_take_credits(ferry_peer *p, uint64_t instance, ferry_credit *o
   *epoch = 0;
   if (!l)
     return 0;
-  size_t n = take_from(l, out, max, wait, epoch);
+  uint64_t wait_ns = wait == FERRY_CREDITS_BRIEFLY
+                         ? SHM_CREDIT_BRIEF_NS
+                         : (uint64_t)p->engine->cfg.connect_timeout_ms * 1000000ull;
+  size_t n = take_from(l, out, max, wait, ferry_now_ns() + wait_ns, epoch);
   link_leave(l, SHM_SLOTS);
   return n;
 }

@@ -16,11 +16,11 @@
 
 #define SHM_MAGIC 0x4d485346u /* "FSHM" */
 /* 2: refusals in GREETING, MAP names the region; 3: the post page; 4: its
- * reclaim count */
-#define SHM_VERSION 4
+ * reclaim count; 5: the credit eventfd */
+#define SHM_VERSION 5
 #define SHM_TABLE_CAPACITY (1u << 20) /* regions the shared table can list */
 #define SHM_SLOTS 256                 /* copying channels per link */
-#define SHM_MAX_FDS 4
+#define SHM_MAX_FDS 5
 /* Connections the service keeps at once (one descriptor each); later ones
  * are refused with FERRY_EBUSY until some close. */
 #define SHM_CONNS_MAX 256
@@ -67,7 +67,14 @@ typedef struct shm_table {
  * peer_gone), bumped before the slots go; each credit carries the count
  * it was granted under, and the initiator uses only credits of the
  * current count: one granted before a reclaim may name a slot that is
- * now another sender's. */
+ * now another sender's.
+ *
+ * A sender that holds no credit while notices of its own are not served
+ * yet sleeps on the link's second eventfd (the credit eventfd) instead of
+ * asking the control connection: it counts itself in `awaiting`, then
+ * looks at credits_given and tail again; the service writes that
+ * eventfd after serving notices while `awaiting` is nonzero (stores
+ * before loads on both sides, so one of them sees the other). */
 #define SHM_NOTICES 64
 #define SHM_CREDITS 64
 
@@ -88,7 +95,8 @@ typedef struct shm_credit {
 typedef struct shm_post {
   uint64_t head; /* notices published: the initiator writes it */
   uint64_t credits_taken;
-  uint64_t pad0[6];
+  uint64_t awaiting; /* the initiator's threads asleep on the credit eventfd */
+  uint64_t pad0[5];
   uint64_t tail; /* notices consumed: the target writes the rest of this line */
   uint64_t sleeping;
   uint64_t credits_given;
@@ -105,7 +113,8 @@ typedef enum shm_msg_type {
                        probe_addr (where its memory holds engine_id) and name: who posts
                        the link's notices */
   SHM_ATTACH = 3,   /* service: status; fds = table (read-only), slots, and, when it
-                       verified who posts, the post page and its eventfd */
+                       verified who posts, the post page, its eventfd (wakes the
+                       service) and the credit eventfd (wakes the initiator) */
   SHM_SYNC = 4,     /* initiator: bring the table up to date with the registry */
   SHM_SYNCED = 5,   /* service: seq */
   SHM_MAP = 6,      /* initiator: ino of an allocation, addr/length: the region it wants */
@@ -150,6 +159,9 @@ void ferry_shm_revoke(ferry_engine *engine, ferry_region *removed, size_t count)
 /* The pools take back peer's slots: its links' credits granted so far are
  * void (the post page's reclaims). */
 void ferry_shm_peer_gone(ferry_engine *engine, uint64_t peer);
+/* Test seam: parks the service thread (hold, returns once it is parked)
+ * or lets it go on (!hold), so a test can keep notices unserved. */
+void ferry_shm_service_hold(ferry_engine *engine, int hold);
 /* Whether processes of this uid are served, and served by: the engine's
  * own uid or one in cfg.shm_allowed_uids. */
 int ferry_shm_uid_allowed(const ferry_engine *engine, uid_t uid);

@@ -38,12 +38,13 @@
  * grant goes to the credit ring; when that is full the notice's request
  * for one is dropped (the sender then asks on the control connection).
  * Before it sleeps the thread sets `sleeping` and looks at head once more,
- * so a notice is never left unseen. A sender that dies leaves at most
- * notices of complete messages; its slots without one are reclaimed by
- * pool.c when its connections end, as on every transport; before they
- * go, ferry_shm_peer_gone bumps the reclaim count of its links' pages, so
- * credits granted earlier stop working. A link whose ring indices make
- * no sense is cut off. */
+ * so a notice is never left unseen. After serving a link's notices it
+ * writes the link's credit eventfd when a sender thread there awaits
+ * credits (`awaiting`, shm.h), so that sender sleeps instead of spinning. A sender that dies leaves
+ * at most notices of complete messages; its slots without one are reclaimed by pool.c when its
+ * connections end, as on every transport; before they go, ferry_shm_peer_gone bumps the reclaim
+ * count of its links' pages, so credits granted earlier stop working. A link whose ring indices
+ * make no sense is cut off. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -77,6 +78,7 @@ typedef struct svc_conn {
   uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
   shm_post *post;       /* shared with the initiator: untrusted; NULL: none */
   int efd;              /* the initiator writes it to wake this thread */
+  int cefd;             /* we write it to wake initiator threads awaiting credits */
   uint64_t tail, given; /* notices consumed, credits given (ours, not the page's) */
   uint64_t reclaims;    /* its sender's slots taken back (atomic): see shm.h */
   uint64_t sender;      /* engine id of the initiator, verified */
@@ -95,7 +97,9 @@ struct ferry_shm_service {
   uid_t uid;      /* served besides the allowed list */
   uint32_t *allowed_uids;
   size_t allowed_count;
-  unsigned refused; /* connections refused, for the log */
+  unsigned refused;         /* connections refused, for the log */
+  pthread_cond_t held_cond; /* held, parked (under lock): ferry_shm_service_hold */
+  int held, parked;
 
   pthread_mutex_t lock; /* conns, nconns, every conn's refs and attached */
   svc_conn *conns;
@@ -346,6 +350,8 @@ static void conn_free(svc_conn *c) {
     munmap(c->post, sizeof(shm_post));
   if (c->efd >= 0)
     close(c->efd);
+  if (c->cefd >= 0)
+    close(c->cefd);
   close(c->fd);
   free(c);
 }
@@ -429,7 +435,7 @@ static int accept_one(ferry_shm_service *s) {
     return 1;
   }
   c->fd = fd;
-  c->efd = -1;
+  c->efd = c->cefd = -1;
   c->cred = cred;
   c->refs = 1;
   c->deadline_ns = ferry_now_ns() + (uint64_t)s->engine->cfg.connect_timeout_ms * 1000000ull;
@@ -463,10 +469,10 @@ static int sender_verified(const svc_conn *c, const shm_msg *req) {
          value == req->engine_id;
 }
 
-/* The post page and eventfd of a verified sender (*fd: the page's memfd
- * to hand over; c->efd the eventfd); 0 without: its notices then take
+/* The post page and eventfds of a verified sender (fd: the page's memfd
+ * to hand over, c->efd and c->cefd); 0 without: its notices then take
  * the control connection. */
-static int post_page(svc_conn *c, const shm_msg *req, int fd[2]) {
+static int post_page(svc_conn *c, const shm_msg *req, int fd[3]) {
   void *page;
   if (!sender_verified(c, req)) {
     FERRY_DEBUG("shm: peer pid %d posts no notices: its engine id could not be read back",
@@ -476,7 +482,13 @@ static int post_page(svc_conn *c, const shm_msg *req, int fd[2]) {
   if (sealed_memfd("ferry-shm-post", sizeof(shm_post), 0, &fd[0], &page) != FERRY_OK)
     return 0;
   c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (c->efd < 0) {
+  c->cefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (c->efd < 0 || c->cefd < 0) {
+    if (c->efd >= 0)
+      close(c->efd);
+    if (c->cefd >= 0)
+      close(c->cefd);
+    c->efd = c->cefd = -1;
     munmap(page, sizeof(shm_post));
     close(fd[0]);
     fd[0] = -1;
@@ -488,6 +500,7 @@ static int post_page(svc_conn *c, const shm_msg *req, int fd[2]) {
   snprintf(c->sender_name, sizeof c->sender_name, "%.*s",
            (int)strnlen(req->name, FERRY_WIRE_MAX_NAME), req->name);
   fd[1] = c->efd;
+  fd[2] = c->cefd;
   return 1;
 }
 
@@ -509,8 +522,8 @@ static int serve_hello(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
     FERRY_WARN("shm: refused a same-host peer (pid %d): %s", (int)c->cred.pid, ferry_last_error());
     return -1;
   }
-  int fds[4] = {s->table_fd, slots_fd, -1, -1};
-  int nfds = post_page(c, req, &fds[2]) ? 4 : 2;
+  int fds[5] = {s->table_fd, slots_fd, -1, -1, -1};
+  int nfds = post_page(c, req, &fds[2]) ? 5 : 2;
   pthread_mutex_lock(&s->lock);
   c->slots = slots;
   c->deadline_ns = 0;
@@ -629,6 +642,18 @@ static void serve_notice(ferry_shm_service *s, svc_conn *c, const uint8_t *body,
     give_credit(c, &r, reply, reclaims);
 }
 
+/* Notices were served: a sender thread asleep for the credits they may
+ * have brought wakes (its count is loaded after our stores of tail and
+ * credits_given, as it loads those after storing it). */
+static void wake_awaiting(svc_conn *c) {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (!__atomic_load_n(&c->post->awaiting, __ATOMIC_SEQ_CST))
+    return;
+  uint64_t one = 1;
+  ssize_t w = write(c->cefd, &one, sizeof one);
+  (void)w; /* a full counter already wakes it */
+}
+
 /* Serves the notices up to head, at most a ring's worth; nonzero when the
  * indices are impossible (the link is then cut off). */
 static int serve_posted(ferry_shm_service *s, svc_conn *c) {
@@ -636,6 +661,8 @@ static int serve_posted(ferry_shm_service *s, svc_conn *c) {
   uint64_t head = __atomic_load_n(&q->head, __ATOMIC_ACQUIRE);
   if (head - c->tail > SHM_NOTICES)
     return -1;
+  if (head == c->tail)
+    return 0;
   for (; c->tail != head; __atomic_store_n(&q->tail, ++c->tail, __ATOMIC_RELEASE)) {
     const shm_notice *n = &q->notices[c->tail % SHM_NOTICES];
     uint8_t body[FERRY_WIRE_POOL_MAX];
@@ -649,6 +676,7 @@ static int serve_posted(ferry_shm_service *s, svc_conn *c) {
     memcpy(body, n->body, len);
     serve_notice(s, c, body, len);
   }
+  wake_awaiting(c);
   return 0;
 }
 
@@ -845,6 +873,33 @@ static int serve_ready(ferry_shm_service *s, svc_conn *c, int fd) {
   return rc;
 }
 
+/* The test seam's hold: parked until ferry_shm_service_hold(e, 0). */
+static void park(ferry_shm_service *s) {
+  pthread_mutex_lock(&s->lock);
+  s->parked = 1;
+  pthread_cond_broadcast(&s->held_cond);
+  while (s->held)
+    pthread_cond_wait(&s->held_cond, &s->lock);
+  s->parked = 0;
+  pthread_mutex_unlock(&s->lock);
+}
+
+void ferry_shm_service_hold(ferry_engine *e, int hold) {
+  ferry_shm_service *s = e->shm;
+  if (!s)
+    return;
+  pthread_mutex_lock(&s->lock);
+  s->held = hold;
+  pthread_cond_broadcast(&s->held_cond);
+  if (hold) {
+    ssize_t unused = write(s->wake[1], "h", 1);
+    (void)unused;
+    while (!s->parked)
+      pthread_cond_wait(&s->held_cond, &s->lock);
+  }
+  pthread_mutex_unlock(&s->lock);
+}
+
 static void *service_main(void *arg) {
   ferry_shm_service *s = arg;
   ferry_log_set_engine(s->engine->name);
@@ -857,8 +912,10 @@ static void *service_main(void *arg) {
       break;
     if (pfd[0].revents) {
       char why = 0;
-      if (read(s->wake[0], &why, 1) != 1 || why != 'c')
+      if (read(s->wake[0], &why, 1) != 1 || (why != 'c' && why != 'h'))
         break; /* stop; 'c' only says a connection was cut off */
+      if (why == 'h')
+        park(s);
     }
     svc_conn *dropped = NULL; /* a connection's entries are next to each other */
     for (size_t i = 2; i < n; i++) {
@@ -943,6 +1000,7 @@ static void service_free(ferry_shm_service *s) {
   if (s->table)
     munmap(s->table, SHM_TABLE_BYTES);
   pthread_mutex_destroy(&s->lock);
+  pthread_cond_destroy(&s->held_cond);
   pthread_mutex_destroy(&s->table_lock);
   free(s->allowed_uids);
   free(s);
@@ -957,6 +1015,7 @@ ferry_status ferry_shm_service_start(ferry_engine *e) {
   s->listen_fd = s->table_fd = s->wake[0] = s->wake[1] = -1;
   s->uid = geteuid();
   pthread_mutex_init(&s->lock, NULL);
+  pthread_cond_init(&s->held_cond, NULL);
   pthread_mutex_init(&s->table_lock, NULL);
   char path[sizeof e->shm_path];
   ferry_status st = allowed_uids_copy(s, &e->cfg);

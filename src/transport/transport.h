@@ -101,6 +101,9 @@ typedef struct ferry_credit {
   uint64_t issued_ns; /* ferry_now_ns() when the target granted it */
 } ferry_credit;
 
+/* take_credits' wait: none, briefly, or until the posted messages are served. */
+enum { FERRY_CREDITS_NOW, FERRY_CREDITS_BRIEFLY, FERRY_CREDITS_COMING };
+
 /* Common head of every transport's channel struct. */
 typedef struct ferry_channel {
   const ferry_transport *transport;
@@ -150,10 +153,13 @@ struct ferry_transport {
   int (*post_after)(ferry_peer *peer, uint64_t instance, const ferry_after *after);
   /* Optional. Moves up to max credits the target incarnation `instance`
    * handed this engine on the transport's own path into out; returns how
-   * many. The grants are the target's, as trusted as a POOL_REPLY. wait:
-   * the caller holds none; it may wait briefly (bounded, far below a
-   * control round trip) while the target still has posted messages of
-   * ours to serve, whose replies may bring some.
+   * many. The grants are the target's, as trusted as a POOL_REPLY. wait
+   * (the caller holds none) while the target still has posted messages
+   * of ours to serve, whose replies may bring some: FERRY_CREDITS_BRIEFLY,
+   * far below a control round trip (the caller asks the control
+   * connection next, which adds a credit to those going round), or
+   * FERRY_CREDITS_COMING, asleep until they are served (bounded by the
+   * connect timeout): enough of ours go round already.
    * *epoch (0: none) names the credits valid now: the caller stops using
    * those it cached under another epoch, since the target may have taken
    * their slots back (peer_gone below) or the link carrying them ended. */

@@ -7,6 +7,7 @@
  * caller's memory). */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,11 +38,14 @@
 #define KiB 1024u
 #define MiB (1024u * 1024u)
 
-static ferry_engine *engine_on(uint16_t port) {
+/* connect_timeout_ms 0: the default. */
+static ferry_engine *engine_with(uint16_t port, uint32_t connect_timeout_ms) {
   ferry_config cfg;
   ferry_config_init(&cfg);
   cfg.bind_host = cfg.advertise_host = "127.0.0.1";
   cfg.port = port;
+  if (connect_timeout_ms)
+    cfg.connect_timeout_ms = connect_timeout_ms;
   cfg.transports = FERRY_TRANSPORT_TCP | FERRY_TRANSPORT_SHM;
   ferry_engine *e = NULL;
   if (ferry_engine_create(&cfg, &e))
@@ -49,16 +53,19 @@ static ferry_engine *engine_on(uint16_t port) {
   return e;
 }
 
+static ferry_engine *engine_on(uint16_t port) { return engine_with(port, 0); }
+
 typedef struct pair {
   ferry_engine *rx, *tx;
   ferry_pool *pool;
   uint8_t *out;
 } pair;
 
-static pair *pair_new(size_t pool_size) {
+/* tx_connect_ms: the sender's connect_timeout_ms (0: the default). */
+static pair *pair_with(size_t pool_size, uint32_t tx_connect_ms) {
   pair *p = calloc(1, sizeof *p);
   p->rx = engine_on(0);
-  p->tx = engine_on(0);
+  p->tx = engine_with(0, tx_connect_ms);
   assert_non_null(p->rx);
   assert_non_null(p->tx);
   assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, pool_size, &p->pool), FERRY_OK);
@@ -66,6 +73,8 @@ static pair *pair_new(size_t pool_size) {
   test_fill_random(p->out, 4 * MiB, 21);
   return p;
 }
+
+static pair *pair_new(size_t pool_size) { return pair_with(pool_size, 0); }
 
 static void pair_free(pair *p) {
   if (p->tx)
@@ -170,6 +179,119 @@ static void steady_sends_cross_no_socket(void **state) {
   pair_free(p);
 }
 
+/* A sender thread's one send of 1 MiB, to be waited for. */
+typedef struct sending {
+  pair *p;
+  const char *target, *tag;
+  pid_t tid;
+  ferry_status st;
+  int done;
+} sending;
+
+static void *send_thread(void *arg) {
+  sending *s = arg;
+  __atomic_store_n(&s->tid, gettid(), __ATOMIC_RELEASE);
+  s->st = ferry_send(s->p->tx, s->target, "emb", s->tag, strlen(s->tag), s->p->out, MiB, -1, 0);
+  __atomic_store_n(&s->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* The thread's state in /proc ('S': asleep), 0 when unreadable. */
+static char thread_state(pid_t tid) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+  FILE *f = fopen(path, "r");
+  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+  if (f)
+    fclose(f);
+  buf[n] = '\0';
+  const char *close_paren = strrchr(buf, ')');
+  return close_paren && close_paren[1] == ' ' ? close_paren[2] : 0;
+}
+
+/* Polls cond for up to 20 s (a state to reach, not a performance bound). */
+static int wait_for(int (*cond)(sending *), sending *s) {
+  for (int i = 0; i < 20000; i++) {
+    if (cond(s))
+      return 1;
+    usleep(1000);
+  }
+  return 0;
+}
+
+static int asleep(sending *s) {
+  pid_t tid = __atomic_load_n(&s->tid, __ATOMIC_ACQUIRE);
+  return tid && thread_state(tid) == 'S';
+}
+
+static int finished(sending *s) { return __atomic_load_n(&s->done, __ATOMIC_ACQUIRE); }
+
+static void send_mib(pair *p, const char *target, const char *tag) {
+  if (ferry_send(p->tx, target, "emb", tag, strlen(tag), p->out, MiB, -1, 0))
+    fail_msg("send %s: %s", tag, ferry_last_error());
+}
+
+/* A sender with no credit left while enough of its notices asking for
+ * one are not served yet sleeps until the receiver's service serves them
+ * (the credit eventfd), instead of asking the control connection. At
+ * 1 MiB a sender keeps 4 credits: a batch of 4 puts 4 into the round,
+ * then, with the service held, b0..b3 use them and c finds none. Every
+ * POOL_REPLY is held (a control grant cannot complete), the thread
+ * sending c is seen asleep, the service goes on, and c goes through on a
+ * credit b0..b3 bring. The sender's connect timeout (which bounds that
+ * sleep) is far longer than the wait for c here, so only the wake ends
+ * the sleep in time. */
+static void a_sender_without_credits_sleeps_until_they_come(void **state) {
+  (void)state;
+  pair *p = pair_with(16 * MiB, 40 * 1000);
+  hold_proxy *proxy = hold_proxy_start(ferry_engine_port(p->rx));
+  assert_non_null(proxy);
+  const char *target = hold_proxy_target(proxy);
+  send_mib(p, target, "warm"); /* the connections are all up before credits count */
+  expect(p, "warm", 0, MiB);
+  ferry_send_item items[4] = {{"a0", 2, p->out, MiB, 0},
+                              {"a1", 2, p->out, MiB, 0},
+                              {"a2", 2, p->out, MiB, 0},
+                              {"a3", 2, p->out, MiB, 0}};
+  assert_int_equal(ferry_send_batch(p->tx, target, "emb", items, 4, -1, 0), FERRY_OK);
+  unsigned used = 0;
+  assert_int_equal(ferry_peer_transport(p->tx, target, &used), FERRY_OK);
+  if (used != FERRY_TRANSPORT_SHM) {
+    hold_proxy_stop(proxy);
+    pair_free(p);
+    skip();
+  }
+  for (unsigned i = 0; i < 4; i++)
+    expect(p, items[i].tag, 0, MiB);
+  hold_proxy_hold(proxy, FERRY_FRAME_POOL_REPLY);
+  ferry_shm_service_hold(p->rx, 1);
+  const char *b[] = {"b0", "b1", "b2", "b3"};
+  for (unsigned i = 0; i < 4; i++)
+    send_mib(p, target, b[i]);
+  sending s = {.p = p, .target = target, .tag = "c"};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, send_thread, &s), 0);
+  int slept = wait_for(asleep, &s);
+  ferry_shm_service_hold(p->rx, 0);
+  int done = wait_for(finished, &s);
+  if (!slept || !done || s.st)
+    hold_proxy_release(proxy); /* so the thread can end */
+  pthread_join(t, NULL);
+  assert_true(slept);
+  assert_true(done);
+  if (s.st)
+    fail_msg("send c: %s", ferry_last_error());
+  assert_int_equal(hold_proxy_wait_held(proxy, 1, 0), -1); /* no POOL frame was sent */
+  for (unsigned i = 0; i < 4; i++)
+    expect(p, b[i], 0, MiB);
+  expect(p, "c", 0, MiB);
+  hold_proxy_release(proxy);
+  ferry_engine_destroy(p->tx);
+  p->tx = NULL;
+  hold_proxy_stop(proxy);
+  pair_free(p);
+}
+
 /* ---- a raw link that posts by hand --------------------------------------------------- */
 
 typedef struct raw_link {
@@ -194,10 +316,11 @@ static void raw_attach(raw_link *r, ferry_engine *rx, ferry_engine *tx) {
   assert_int_equal(shm_msg_send(r->fd, &m, NULL, 0, 0), 0);
   int fds[SHM_MAX_FDS], nfds = 0;
   assert_int_equal(shm_msg_recv(r->fd, &m, SHM_ATTACH, fds, &nfds, 0), 0);
-  assert_int_equal(nfds, 4);
+  assert_int_equal(nfds, 5);
   r->post = mmap(NULL, sizeof(shm_post), PROT_READ | PROT_WRITE, MAP_SHARED, fds[2], 0);
   assert_true(r->post != MAP_FAILED);
   r->efd = fds[3];
+  close(fds[4]);
   close(fds[0]);
   close(fds[1]);
   close(fds[2]);
@@ -520,6 +643,7 @@ int main(void) {
       cmocka_unit_test(sender_killed_before_its_notice), /* forks: first, before any thread */
       cmocka_unit_test(notices_ride_the_ring),
       cmocka_unit_test(steady_sends_cross_no_socket),
+      cmocka_unit_test(a_sender_without_credits_sleeps_until_they_come),
       cmocka_unit_test(forged_ring_entries_are_refused),
       cmocka_unit_test(restarted_receiver_voids_credits),
       cmocka_unit_test(send_after_a_restart_without_a_fitting_credit),
