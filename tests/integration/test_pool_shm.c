@@ -123,6 +123,17 @@ static void require_shm(pair *p) {
     skip(); /* no CMA here (ptrace scope): shm is not used at all */
 }
 
+/* The same through a proxy in front of rx (target), which goes with p. */
+static void require_shm_through(pair *p, hold_proxy *proxy, const char *target) {
+  unsigned used = 0;
+  assert_int_equal(ferry_peer_transport(p->tx, target, &used), FERRY_OK);
+  if (used != FERRY_TRANSPORT_SHM) {
+    hold_proxy_stop(proxy);
+    pair_free(p);
+    skip();
+  }
+}
+
 /* Every notice rides the ring: none is served from a control frame. */
 static void notices_ride_the_ring(void **state) {
   (void)state;
@@ -154,13 +165,7 @@ static void steady_sends_cross_no_socket(void **state) {
   const char *target = hold_proxy_target(proxy);
   ferry_send_item items[2] = {{"a", 1, p->out, 64 * KiB, 0}, {"b", 1, p->out + KiB, 64 * KiB, 0}};
   assert_int_equal(ferry_send_batch(p->tx, target, "emb", items, 2, -1, 0), FERRY_OK);
-  unsigned used = 0;
-  assert_int_equal(ferry_peer_transport(p->tx, target, &used), FERRY_OK);
-  if (used != FERRY_TRANSPORT_SHM) {
-    hold_proxy_stop(proxy);
-    pair_free(p);
-    skip();
-  }
+  require_shm_through(p, proxy, target);
   expect(p, "a", 0, 64 * KiB);
   expect(p, "b", KiB, 64 * KiB);
   hold_proxy_hold(proxy, FERRY_FRAME_POOL_REPLY);
@@ -254,13 +259,7 @@ static void a_sender_without_credits_sleeps_until_they_come(void **state) {
                               {"a2", 2, p->out, MiB, 0},
                               {"a3", 2, p->out, MiB, 0}};
   assert_int_equal(ferry_send_batch(p->tx, target, "emb", items, 4, -1, 0), FERRY_OK);
-  unsigned used = 0;
-  assert_int_equal(ferry_peer_transport(p->tx, target, &used), FERRY_OK);
-  if (used != FERRY_TRANSPORT_SHM) {
-    hold_proxy_stop(proxy);
-    pair_free(p);
-    skip();
-  }
+  require_shm_through(p, proxy, target);
   for (unsigned i = 0; i < 4; i++)
     expect(p, items[i].tag, 0, MiB);
   hold_proxy_hold(proxy, FERRY_FRAME_POOL_REPLY);
