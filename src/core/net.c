@@ -282,13 +282,15 @@ static int send_queue(int fd) {
   return ioctl(fd, SIOCOUTQ, &n) == 0 ? n : 0;
 }
 
-/* A byte moved: the stall bound counts from now. */
+/* A byte moved: the stall bound counts from now. The send queue is not
+ * looked at here (no system call per frame): the next look takes it as
+ * the level later acknowledgements count from. */
 static void progressed(ferry_sock *s, int sending) {
   if (!s->stall_ns)
     return;
   s->progress_ns = ferry_now_ns();
   if (sending)
-    s->unacked = send_queue(s->fd); /* what later acknowledgements count from */
+    s->unacked = -1;
 }
 
 /* A blocking call woke without moving a byte: the link is silent when the
@@ -299,11 +301,9 @@ static int stalled(ferry_sock *s) {
     return 0;
   int unacked = send_queue(s->fd);
   uint64_t now = ferry_now_ns();
-  if (unacked != s->unacked) {
-    s->unacked = unacked;
+  if (s->unacked >= 0 && unacked != s->unacked)
     s->progress_ns = now;
-    return 0;
-  }
+  s->unacked = unacked;
   return now - s->progress_ns >= s->stall_ns && (!s->stall_ok || s->stall_ok(s->stall_arg));
 }
 

@@ -84,7 +84,7 @@ typedef struct ferry_sock {
   uint64_t stall_ns;
   int (*stall_ok)(void *arg);
   void *stall_arg;
-  int unacked;          /* bytes in the send queue at the last look */
+  int unacked;          /* bytes in the send queue at the last look; -1: none since a send */
   uint64_t progress_ns; /* the last progress seen */
   int stalled;          /* the last failure was the stall bound */
 } ferry_sock;
