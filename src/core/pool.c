@@ -716,19 +716,27 @@ static void keep_pregrant(ferry_pools *ps, route *r, const ferry_pool_grant *gra
  * (or gave to another sender); they are only to be given back. */
 static void void_pregrants(ferry_pools *ps, const char *target, uint64_t epoch) {
   pthread_mutex_lock(&ps->lock);
-  for (route *r = ps->routes; r; r = r->next)
-    for (size_t i = 0; i < r->count && !strcmp(r->target, target); i++)
+  for (route *r = ps->routes; r; r = r->next) {
+    if (strcmp(r->target, target))
+      continue;
+    for (size_t i = 0; i < r->count; i++)
       if (r->held[i].epoch != epoch)
         r->held[i].given_up = 1;
+  }
   pthread_mutex_unlock(&ps->lock);
+}
+
+static unsigned held_locked(const route *r) {
+  unsigned n = 0;
+  for (size_t i = 0; i < r->count; i++)
+    n += !r->held[i].given_up;
+  return n;
 }
 
 /* Pre-grants cached for sends to r's pool. */
 static unsigned pregrants_held(ferry_pools *ps, const route *r) {
-  unsigned n = 0;
   pthread_mutex_lock(&ps->lock);
-  for (size_t i = 0; i < r->count; i++)
-    n += !r->held[i].given_up;
+  unsigned n = held_locked(r);
   pthread_mutex_unlock(&ps->lock);
   return n;
 }
@@ -745,12 +753,12 @@ static unsigned credits_most(size_t length) {
  * puts one more into the round (a notice only asks to be replaced). */
 static int credit_wait(ferry_pools *ps, const route *r, unsigned most) {
   pthread_mutex_lock(&ps->lock);
-  unsigned asked = r->asked;
+  unsigned asked = r->asked, held = held_locked(r);
   pthread_mutex_unlock(&ps->lock);
-  return pregrants_held(ps, r) ? FERRY_CREDITS_NOW
-         : asked >= most       ? FERRY_CREDITS_COMING
-         : asked               ? FERRY_CREDITS_BRIEFLY
-                               : FERRY_CREDITS_NOW;
+  return held            ? FERRY_CREDITS_NOW
+         : asked >= most ? FERRY_CREDITS_COMING
+         : asked         ? FERRY_CREDITS_BRIEFLY
+                         : FERRY_CREDITS_NOW;
 }
 
 /* A credit came for r's pool, or (none) a wait for them found none. */
