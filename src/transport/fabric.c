@@ -19,6 +19,24 @@
  * batch's notification (sent by core when the last chunk completes) always
  * follows the data.
  *
+ * Unregistration is a fence (RELIABILITY.md 7, 16): the service closes a
+ * region's registrations after the engine's fence, then waits until every
+ * lane's progress thread began a new round. verbs and efa NICs stop at the
+ * deregistration; shm's target copies inside its progress call, which the
+ * wait covers. The IP providers (tcp;ofi_rxm, net) check a key once per
+ * operation and copy the rest as it arrives, so there the service first
+ * aborts every connection its endpoints accepted (fabric_sockets.c). Each
+ * of its initiators then sees its operations fail (FERRY_ESOCKET) with the
+ * target up: it fetches the target's table once (the same instance, else
+ * the call fails as restarted), fails a chunk whose ranges are gone with
+ * FERRY_ENOTREG, and posts one still registered again from its start on a
+ * fresh endpoint (renew; at most FABRIC_REPOSTS times a chunk, within the
+ * call's deadline). So other peers' operations in flight see a reconnect,
+ * not an error. With another rail or a standby transport up, the chunk
+ * moves there instead, as for a lost link (core cannot tell them apart). Nothing of the cut
+ * connection lands later: the target dropped what it had received, and the old endpoint closes as a
+ * reset.
+ *
  * Rails: a target with rail_hosts on a provider over the host's IP stack
  * (tcp, net: one domain spans every address of the host) opens one more
  * endpoint per rail host in its one domain, pinned to that address
@@ -40,7 +58,6 @@
  * domain r mod its device count, whose registrations give the local
  * descriptors. */
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -54,7 +71,6 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/clock.h"
@@ -83,6 +99,16 @@
 #define FABRIC_GONE_CHECK_NS (1000 * 1000ull)
 #define FABRIC_PROBE_NS (250 * 1000 * 1000ull)
 #define FABRIC_REPROBE_NS (1000 * 1000 * 1000ull)
+/* Times a chunk is posted again after its connection broke while the
+ * target stayed up (a deregistration there aborts every connection; the
+ * bound keeps a target that keeps cutting from holding a call until its
+ * deadline). */
+#define FABRIC_REPOSTS 2
+/* A fresh endpoint that completes nothing this long after renew cannot
+ * reach the target (its link or listener is gone, not just the old
+ * connection): its chunks then fail as on a lost link, so they move to
+ * another rail. A connection on a live link takes a few round trips. */
+#define FABRIC_RENEW_NS (250 * 1000 * 1000ull)
 
 typedef struct fabric_slot {
   ferry_chunk chunk;
@@ -90,6 +116,8 @@ typedef struct fabric_slot {
   uint32_t seg;                   /* where the next operation starts */
   uint64_t seg_off;
   int active;
+  int repost;       /* lost to a target's abort: posted again from the start on a fresh endpoint */
+  unsigned reposts; /* times so far (at most FABRIC_REPOSTS) */
   ferry_status st;
   char detail[FERRY_ERROR_MAX];
 } fabric_slot;
@@ -108,6 +136,11 @@ typedef struct fabric_channel {
   int local_mr;  /* the provider needs a descriptor for local buffers */
   size_t op_max; /* bytes per operation */
   fi_addr_t dest;
+  uint8_t dest_addr[FERRY_FABRIC_ADDR_MAX]; /* the target endpoint's fi_getname */
+  size_t dest_addr_len;
+  int renew;           /* slots wait to be posted again on a fresh endpoint (repost) */
+  int refreshed;       /* the target's table was fetched since the endpoint broke; it is up */
+  uint64_t renewed_ns; /* when a fresh endpoint replaced a cut one; 0 once it completed */
   struct sockaddr_storage dest_ip; /* the target endpoint's address on an IP provider */
   socklen_t dest_ip_len;           /* 0: not one */
   int orphaned;                    /* abandoned with operations in flight */
@@ -200,17 +233,6 @@ static ferry_status channel_step(fabric_channel *ch, const char *what, int rc) {
                     fi_strerror(rc < 0 ? -rc : rc));
 }
 
-static int same_endpoint(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
-  if (a->ss_family != b->ss_family)
-    return 0;
-  if (a->ss_family == AF_INET) {
-    const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
-    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
-  }
-  const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
-  return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr);
-}
-
 /* Makes the provider's close of an abandoned channel a reset. Its WRITEs
  * may still sit in a socket's send queue (the link was down), and the
  * tcp and net providers close their sockets gracefully, so the kernel
@@ -223,47 +245,48 @@ static int same_endpoint(const struct sockaddr_storage *a, const struct sockaddr
  * completed; a completion means landed). A descriptor that another thread
  * closes and reuses between the check and setsockopt would get the option
  * too, and close with a reset: a window of two system calls. */
-static void reset_on_close(const fabric_channel *ch) {
-  DIR *dir = opendir("/proc/self/fd");
-  if (!dir) {
+static void reset_if_to(int fd, void *arg) {
+  const fabric_channel *ch = arg;
+  struct sockaddr_storage peer;
+  socklen_t len = sizeof peer;
+  if (getpeername(fd, (struct sockaddr *)&peer, &len) != 0 ||
+      !ferry_fabric_same_endpoint(&peer, &ch->dest_ip))
+    return;
+  struct linger reset = {.l_onoff = 1, .l_linger = 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+}
+
+static void reset_on_close(fabric_channel *ch) {
+  if (ferry_fabric_each_socket(reset_if_to, ch) != 0)
     FERRY_WARN("fabric channel to %s: cannot list /proc/self/fd (%s): its abandoned WRITEs "
                "may still land",
                ch->address, strerror(errno));
-    return;
-  }
-  struct dirent *e;
-  while ((e = readdir(dir)) != NULL) {
-    char *end;
-    long fd = strtol(e->d_name, &end, 10);
-    struct stat st;
-    struct sockaddr_storage peer;
-    socklen_t len = sizeof peer;
-    if (*end || end == e->d_name || fd == dirfd(dir) || fstat((int)fd, &st) != 0 ||
-        !S_ISSOCK(st.st_mode) || getpeername((int)fd, (struct sockaddr *)&peer, &len) != 0 ||
-        !same_endpoint(&peer, &ch->dest_ip))
-      continue;
-    struct linger reset = {.l_onoff = 1, .l_linger = 0};
-    setsockopt((int)fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
-  }
-  closedir(dir);
+}
+
+static void close_endpoint(fabric_channel *ch) {
+  struct fid *fids[] = {ch->ep ? &ch->ep->fid : NULL, ch->cq ? &ch->cq->fid : NULL,
+                        ch->av ? &ch->av->fid : NULL};
+  for (size_t i = 0; i < sizeof fids / sizeof *fids; i++)
+    if (fids[i])
+      fi_close(fids[i]); /* the endpoint first: it cancels what is still in flight */
+  ch->ep = NULL;
+  ch->cq = NULL;
+  ch->av = NULL;
+  ch->cq_fd = -1;
 }
 
 static void fabric_close(ferry_channel *base) {
   fabric_channel *ch = (fabric_channel *)base;
   if (ch->orphaned && ch->dest_ip_len)
     reset_on_close(ch);
-  struct fid *fids[] = {ch->ep ? &ch->ep->fid : NULL, ch->cq ? &ch->cq->fid : NULL,
-                        ch->av ? &ch->av->fid : NULL};
-  for (size_t i = 0; i < sizeof fids / sizeof *fids; i++)
-    if (fids[i])
-      fi_close(fids[i]); /* the endpoint first: it cancels what is still in flight */
+  close_endpoint(ch);
   if (ch->wake_fd >= 0)
     close(ch->wake_fd);
   ferry_fabric_wake_unmap(ch->wake_map);
   free(ch);
 }
 
-static ferry_status open_endpoint(fabric_channel *ch, const ferry_fabric_descriptor *d) {
+static ferry_status open_endpoint(fabric_channel *ch) {
   const ferry_fabric_domain *dom = &ch->fabric->domains[ch->dom];
   struct fi_av_attr av_attr = {.type = FI_AV_TABLE, .count = 1};
   ferry_status st =
@@ -279,7 +302,7 @@ static ferry_status open_endpoint(fabric_channel *ch, const ferry_fabric_descrip
         channel_step(ch, "fi_ep_bind(cq)", fi_ep_bind(ch->ep, &ch->cq->fid, FI_TRANSMIT | FI_RECV));
   if (!st)
     st = channel_step(ch, "fi_enable", fi_enable(ch->ep));
-  if (!st && fi_av_insert(ch->av, d->addr, 1, &ch->dest, 0, NULL) != 1)
+  if (!st && fi_av_insert(ch->av, ch->dest_addr, 1, &ch->dest, 0, NULL) != 1)
     st = ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: fi_av_insert refused its address",
                     ch->address);
   return st;
@@ -304,21 +327,6 @@ static void rail_name(const uint8_t *addr, size_t len, unsigned r, char *out) {
   } else {
     snprintf(out, FERRY_RAIL_NAME_MAX, "fabric rail %u", r);
   }
-}
-
-/* The sockaddr in an IP provider's endpoint name: its length, 0 if none. */
-static socklen_t ip_endpoint(const uint8_t *addr, size_t len, struct sockaddr_storage *out) {
-  sa_family_t family = 0;
-  if (len >= sizeof family)
-    memcpy(&family, addr, sizeof family);
-  size_t need = family == AF_INET    ? sizeof(struct sockaddr_in)
-                : family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                     : 0;
-  if (!need || len < need)
-    return 0;
-  memset(out, 0, sizeof *out);
-  memcpy(out, addr, need);
-  return (socklen_t)need;
 }
 
 /* The peer's rail endpoints from its descriptor (none: one rail, its main
@@ -411,8 +419,10 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   }
   ch->cq_fd = -1;
   ch->virt_addr = d.virt_addr;
+  memcpy(ch->dest_addr, d.addr, d.addr_len);
+  ch->dest_addr_len = d.addr_len;
   if (ferry_fabric_is_host_ip(f->info))
-    ch->dest_ip_len = ip_endpoint(d.addr, d.addr_len, &ch->dest_ip);
+    ch->dest_ip_len = ferry_fabric_ip_endpoint(d.addr, d.addr_len, &ch->dest_ip);
   ch->op_max = op_size(p->engine);
   ch->local_mr = (f->info->domain_attr->mr_mode & FI_MR_LOCAL) || (f->info->mode & FI_LOCAL_MR);
   if (rail)
@@ -420,7 +430,7 @@ static ferry_status open_on(ferry_peer *p, const char *rail, uint64_t deadline_n
   ch->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   ferry_status st = ch->wake_fd < 0 ? ferry_fail_errno(FERRY_ETRANSPORT, errno,
                                                        "fabric channel to %s: eventfd", p->address)
-                                    : open_endpoint(ch, &d);
+                                    : open_endpoint(ch);
   if (st) {
     fabric_close(&ch->base);
     return st;
@@ -462,7 +472,7 @@ static void slot_finish(fabric_channel *ch, fabric_slot *s) {
 static void op_done(fabric_channel *ch, fabric_slot *s) {
   s->done++;
   ch->inflight--;
-  if (s->done == s->planned)
+  if (s->done == s->planned && !s->repost)
     slot_finish(ch, s);
 }
 
@@ -471,7 +481,7 @@ static void stop_posting(fabric_channel *ch, fabric_slot *s) {
   s->planned = s->posted;
   if (ch->posting == s)
     ch->posting = NULL;
-  if (s->done == s->planned)
+  if (s->done == s->planned && !s->repost)
     slot_finish(ch, s);
 }
 
@@ -518,20 +528,9 @@ static int remote_key(fabric_channel *ch, uint64_t addr, uint64_t length, uint64
   return 1;
 }
 
-/* After a failure or stall: FERRY_ENOTREG (detail set) when the target's
- * fresh table no longer holds a remote range of s, else FERRY_OK (also when
- * the table cannot be fetched: the failure stands as it is). */
-static ferry_status gone_remote(fabric_channel *ch, const fabric_slot *s) {
-  ferry_region span = s->chunk.remote[0]; /* one span covering the chunk's ranges */
-  uint64_t end = span.addr + span.length;
-  for (uint32_t i = 1; i < s->chunk.count; i++) {
-    const ferry_region *r = &s->chunk.remote[i];
-    span.addr = r->addr < span.addr ? r->addr : span.addr;
-    end = r->addr + r->length > end ? r->addr + r->length : end;
-  }
-  span.length = end - span.addr;
-  if (ferry_peer_refresh_regions(ch->base.peer, &span, 1, ch->batch->deadline_ns) != FERRY_OK)
-    return FERRY_OK;
+/* FERRY_ENOTREG (detail set) when the cached table no longer holds a
+ * remote range of s. */
+static ferry_status unregistered(fabric_channel *ch, const fabric_slot *s) {
   uint64_t key, base;
   for (uint32_t i = 0; i < s->chunk.count; i++) {
     const ferry_region *r = &s->chunk.remote[i];
@@ -545,6 +544,24 @@ static ferry_status gone_remote(fabric_channel *ch, const fabric_slot *s) {
   return FERRY_OK;
 }
 
+/* After a failure or stall: FERRY_ENOTREG (detail set) when the target's
+ * fresh table no longer holds a remote range of s, else FERRY_OK (also when
+ * the table cannot be fetched: the failure stands as it is; *fetched says
+ * whether it was). */
+static ferry_status gone_remote(fabric_channel *ch, const fabric_slot *s, int *fetched) {
+  ferry_region span = s->chunk.remote[0]; /* one span covering the chunk's ranges */
+  uint64_t end = span.addr + span.length;
+  for (uint32_t i = 1; i < s->chunk.count; i++) {
+    const ferry_region *r = &s->chunk.remote[i];
+    span.addr = r->addr < span.addr ? r->addr : span.addr;
+    end = r->addr + r->length > end ? r->addr + r->length : end;
+  }
+  span.length = end - span.addr;
+  *fetched =
+      ferry_peer_refresh_regions(ch->base.peer, &span, 1, ch->batch->deadline_ns) == FERRY_OK;
+  return *fetched ? unregistered(ch, s) : FERRY_OK;
+}
+
 /* Nonzero once the peer's facts name another instance than the one this
  * channel was opened to. */
 static int target_restarted(fabric_channel *ch) {
@@ -553,6 +570,35 @@ static int target_restarted(fabric_channel *ch) {
   int restarted = p->info.engine_id != ch->base.peer_instance;
   pthread_mutex_unlock(&p->lock);
   return restarted;
+}
+
+/* Whether s, whose operation failed with st (detail set), moves again on a
+ * fresh endpoint: its connection broke (FERRY_ESOCKET) while the target
+ * stayed up, the same instance, and still holds its ranges, and no other
+ * rail or standby transport can take it (then core moves it there, as for
+ * a lost link: the cut cannot be told from one). A target
+ * aborts every accepted connection when it unregisters memory on the IP
+ * providers (fabric_sockets.c), and what it aborted can never land
+ * later: it dropped the bytes it had received, and the endpoint this
+ * channel leaves closes as a reset (renew). The table is fetched once per
+ * endpoint: every operation cut with it fails at about the same time. */
+static int moves_again(fabric_channel *ch, fabric_slot *s, ferry_status *st) {
+  int fetched = ch->refreshed;
+  char detail[FERRY_ERROR_MAX];
+  snprintf(detail, sizeof detail, "%s", ferry_last_error());
+  ferry_status gone = fetched ? unregistered(ch, s) : gone_remote(ch, s, &fetched);
+  if (target_restarted(ch)) {
+    *st = ferry_fail(FERRY_ESOCKET, "%s; %s restarted meanwhile", detail, ch->address);
+    return 0;
+  }
+  if (gone) {
+    *st = FERRY_ENOTREG;
+    return 0;
+  }
+  ferry_fail(*st, "%s", detail);
+  ch->refreshed = fetched;
+  return fetched && *st == FERRY_ESOCKET && !s->st && s->reposts < FABRIC_REPOSTS &&
+         !ferry_peer_can_fail_over(ch->base.peer, &ch->base);
 }
 
 static void op_failed(fabric_channel *ch, const struct fi_cq_err_entry *err) {
@@ -565,22 +611,20 @@ static void op_failed(fabric_channel *ch, const struct fi_cq_err_entry *err) {
              ch->address, fi_strerror(err->err),
              st == FERRY_ENOTREG ? ": remote address not registered" : "",
              ch->fabric->self.provider, text ? text : "no detail");
+  ch->base.broken = 1; /* the provider may have dropped the link: a fresh one next time */
   /* The target may have dropped the link over a key it no longer holds, or
    * a new instance on its address refuses the old one's keys: the refreshed
    * table (its control connection notices a restart) tells which. */
-  if (st == FERRY_ESOCKET || st == FERRY_ENOTREG) {
-    char detail[FERRY_ERROR_MAX];
-    snprintf(detail, sizeof detail, "%s", ferry_last_error());
-    ferry_status gone = gone_remote(ch, s);
-    if (target_restarted(ch))
-      st = ferry_fail(FERRY_ESOCKET, "%s; %s restarted meanwhile", detail, ch->address);
-    else if (gone)
-      st = FERRY_ENOTREG;
-    else
-      ferry_fail(st, "%s", detail);
+  if (s->repost) {
+    /* already waiting to move again: another of its operations cut */
+  } else if ((st == FERRY_ESOCKET || st == FERRY_ENOTREG) && moves_again(ch, s, &st)) {
+    FERRY_DEBUG("%s: posted again on a fresh endpoint", ferry_last_error());
+    s->repost = 1;
+    s->reposts++;
+    ch->renew = 1;
+  } else {
+    slot_error(s, st);
   }
-  slot_error(s, st);
-  ch->base.broken = 1; /* the provider may have dropped the link: a fresh one next time */
   stop_posting(ch, s);
   op_done(ch, s);
 }
@@ -595,6 +639,7 @@ static int reap(fabric_channel *ch) {
     op_done(ch, done[i].op_context);
   if (n > 0) {
     ch->progress_ns = ferry_now_ns();
+    ch->renewed_ns = 0;
     ch->idle = 0;
   }
   if (n >= 0 || n == -FI_EAGAIN)
@@ -613,6 +658,11 @@ static int reap(fabric_channel *ch) {
 static ferry_status wait_status(fabric_channel *ch) {
   if (__atomic_load_n(&ch->stopping, __ATOMIC_ACQUIRE))
     return ferry_fail(FERRY_ECLOSED, "fabric transfer to %s ended by shutdown", ch->address);
+  if (ch->renewed_ns && ferry_now_ns() - ch->renewed_ns >= FABRIC_RENEW_NS)
+    return ferry_fail(FERRY_ESOCKET,
+                      "fabric transfer to %s: its connection broke, and a fresh endpoint "
+                      "completed nothing in %llu ms",
+                      ch->address, FABRIC_RENEW_NS / 1000000ull);
   if (ferry_now_ns() >= ch->batch->deadline_ns)
     return ferry_fail(FERRY_ETIMEDOUT,
                       "fabric transfer to %s: no completion by the deadline (%u operations in "
@@ -643,8 +693,9 @@ static ferry_status stalled(fabric_channel *ch) {
   if (ferry_now_ns() - ch->progress_ns < FABRIC_STALL_NS)
     return FERRY_OK;
   ch->progress_ns = ferry_now_ns();
+  int fetched;
   for (size_t i = 0; i < FABRIC_SLOTS; i++)
-    if (ch->slots[i].active && gone_remote(ch, &ch->slots[i]))
+    if (ch->slots[i].active && gone_remote(ch, &ch->slots[i], &fetched))
       return FERRY_ENOTREG;
   return FERRY_OK;
 }
@@ -783,10 +834,21 @@ static ferry_status post_one(fabric_channel *ch, fabric_slot *s) {
       ch->base.broken = 1;
       return FERRY_ETRANSPORT;
     }
+    if (ch->renew)
+      return FERRY_EBUSY; /* the endpoint was cut: renew first */
     if ((st = wait_status(ch)) != FERRY_OK || (st = target_gone(ch)) != FERRY_OK)
       return st;
     ferry_fabric_backoff(&ch->idle, ch->wake_fd);
   }
+}
+
+/* s's operations, none posted yet. */
+static void plan(fabric_channel *ch, fabric_slot *s) {
+  s->posted = s->done = s->seg = 0;
+  s->seg_off = 0;
+  s->planned = 0;
+  for (uint32_t i = 0; i < s->chunk.count; i++)
+    s->planned += (uint32_t)((s->chunk.local[i].iov_len + ch->op_max - 1) / ch->op_max);
 }
 
 static fabric_slot *claim_slot(fabric_channel *ch, size_t slice) {
@@ -797,11 +859,9 @@ static fabric_slot *claim_slot(fabric_channel *ch, size_t slice) {
     if (!ferry_batch_claim_on(ch->batch, &ch->base, slice, &s->chunk, NULL))
       return NULL;
     s->active = 1;
-    s->posted = s->done = s->seg = 0;
-    s->seg_off = 0;
-    s->planned = 0;
-    for (uint32_t i = 0; i < s->chunk.count; i++)
-      s->planned += (uint32_t)((s->chunk.local[i].iov_len + ch->op_max - 1) / ch->op_max);
+    plan(ch, s);
+    s->repost = 0;
+    s->reposts = 0;
     s->st = FERRY_OK;
     ch->active++;
     return s;
@@ -809,14 +869,54 @@ static fabric_slot *claim_slot(fabric_channel *ch, size_t slice) {
   return NULL;
 }
 
+/* A slot with operations left to post: one moving again, else a new chunk. */
+static fabric_slot *next_slot(fabric_channel *ch, size_t slice) {
+  for (size_t i = 0; i < FABRIC_SLOTS; i++)
+    if (ch->slots[i].active && ch->slots[i].posted < ch->slots[i].planned)
+      return &ch->slots[i];
+  return claim_slot(ch, slice);
+}
+
+/* Once every operation of the broken endpoint came back: a fresh endpoint,
+ * and the slots cut with the old one posted again from their start. The
+ * old one closes as a reset (reset_on_close), so nothing it still queued
+ * is delivered after the moved operations. */
+static ferry_status renew(fabric_channel *ch) {
+  if (ch->dest_ip_len)
+    reset_on_close(ch);
+  close_endpoint(ch);
+  ch->renew = ch->refreshed = 0;
+  ferry_status st = open_endpoint(ch);
+  if (st)
+    return st;
+  ch->base.broken = 0;
+  ch->renewed_ns = ferry_now_ns();
+  for (size_t i = 0; i < FABRIC_SLOTS; i++) {
+    fabric_slot *s = &ch->slots[i];
+    if (s->active && s->repost) {
+      s->repost = 0;
+      plan(ch, s);
+      __atomic_add_fetch(&ch->fabric->reposts, 1, __ATOMIC_RELAXED);
+    }
+  }
+  return FERRY_OK;
+}
+
 /* Posts until FABRIC_DEPTH operations are in flight or nothing is left;
  * an error that ends the channel's turn is returned. */
 static ferry_status post_more(fabric_channel *ch, size_t slice) {
-  while (!ch->base.broken && ch->inflight < FABRIC_DEPTH) {
-    fabric_slot *s = ch->posting ? ch->posting : (ch->posting = claim_slot(ch, slice));
+  if (ch->renew && ch->inflight)
+    return FERRY_OK; /* the rest of the cut operations first */
+  ferry_status st = ch->renew ? renew(ch) : FERRY_OK;
+  if (st)
+    return st;
+  while (!ch->base.broken && !ch->renew && ch->inflight < FABRIC_DEPTH) {
+    fabric_slot *s = ch->posting ? ch->posting : (ch->posting = next_slot(ch, slice));
     if (!s)
       return FERRY_OK;
-    ferry_status st = post_one(ch, s);
+    st = post_one(ch, s);
+    if (st == FERRY_EBUSY)
+      return FERRY_OK; /* cut meanwhile: posted on the fresh endpoint */
     if (st == FERRY_ECLOSED || st == FERRY_ETIMEDOUT || st == FERRY_ESOCKET)
       return st; /* the wait ended: the channel's turn too */
     if (st) {
@@ -838,6 +938,7 @@ static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
   ch->batch = b;
   ch->first = FERRY_OK;
   ch->progress_ns = ferry_now_ns();
+  ch->renewed_ns = 0;
   ch->check_ns = 0;
   ch->idle = 0;
   for (;;) {

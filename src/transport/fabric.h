@@ -12,6 +12,7 @@
 #include <rdma/fabric.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "core/engine.h"
 
@@ -147,6 +148,8 @@ typedef struct ferry_fabric {
   ferry_fabric_mr *mrs;
   size_t mr_count, mr_cap;
   uint64_t next_key; /* where the provider takes ours (no PROV_KEY) */
+  uint64_t aborts;   /* accepted connections aborted by deregistrations (fabric_sockets.c) */
+  uint64_t reposts;  /* initiator: operations moved again after a target's abort (fabric.c) */
 } ferry_fabric;
 
 ferry_status ferry_fabric_service_start(ferry_engine *engine);
@@ -168,6 +171,18 @@ void ferry_fabric_region_keys(ferry_engine *engine, const ferry_region *regions,
  * memory. */
 int ferry_fabric_local_desc(ferry_fabric *fabric, unsigned dom, const void *addr, size_t length,
                             void **desc);
+
+/* Sockets under the IP providers (fabric_sockets.c). The sockaddr in an
+ * IP provider's endpoint name: its length, 0 if it holds none. */
+socklen_t ferry_fabric_ip_endpoint(const uint8_t *addr, size_t len, struct sockaddr_storage *out);
+int ferry_fabric_same_endpoint(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
+/* Calls fn for each socket descriptor of the process; -1 (errno set) when
+ * /proc/self/fd cannot be listed. */
+int ferry_fabric_each_socket(void (*fn)(int fd, void *arg), void *arg);
+/* Aborts every connection the target's endpoints accepted (a reset, its
+ * received bytes dropped); how many, or -1 when the sockets cannot be
+ * listed. */
+int ferry_fabric_abort_accepted(ferry_fabric *f);
 
 /* A CQ that sleeps on an fd (*fd) where the provider has one, else a
  * polled one (*fd = -1). 0 or a negative libfabric error. */

@@ -1083,6 +1083,21 @@ static void compact(ferry_fabric *f) {
   f->mr_count = kept;
 }
 
+/* The IP providers check a key once per operation, at its header, and
+ * copy the rest of a WRITE as it arrives: only aborting the connection
+ * stops one under way (fabric_sockets.c). Every accepted connection goes,
+ * since none says which operations it carries; their initiators move
+ * the operations again on a fresh connection (fabric.c). */
+static void abort_connections(ferry_fabric *f) {
+  int n = ferry_fabric_abort_accepted(f);
+  if (n < 0)
+    FERRY_WARN("fabric: cannot list /proc/self/fd (%s): a WRITE under way into the memory "
+               "just unregistered may still land",
+               strerror(errno));
+  else
+    FERRY_DEBUG("fabric: unregister aborted %d accepted connections", n);
+}
+
 void ferry_fabric_region_deregister(ferry_engine *e, const ferry_region *regions, size_t count) {
   ferry_fabric *f = e->fabric;
   if (!f || !count)
@@ -1106,6 +1121,8 @@ void ferry_fabric_region_deregister(ferry_engine *e, const ferry_region *regions
     mr_close(f, &closing[i]);
   if (closing != &one)
     free(closing);
+  if (n && ferry_fabric_is_host_ip(f->info))
+    abort_connections(f);
   quiesce(f); /* a copy into a closed registration under way now ended */
 }
 

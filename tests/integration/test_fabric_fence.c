@@ -1,0 +1,179 @@
+/* test_fabric_fence.c - unregistration as a fence on libfabric's IP
+ * providers (tcp;ofi_rxm, net), two engines in this process. Those
+ * providers check a key once per operation, so a target that unregisters
+ * memory aborts every connection its endpoints accepted
+ * (fabric_sockets.c), and initiators move the operations it cut again on a
+ * fresh connection (fabric.c). Here a large WRITE into a region that stays
+ * registered completes, verified byte for byte, while the target
+ * unregisters other regions during it; the WRITE provably saw aborts (the
+ * target's count). The fence itself (no byte lands in the unregistered
+ * region) is test_transfer's unregister_waits_for_writes_in_flight, run as
+ * test_transfer_fabric_tcp and _net. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* cmocka needs the headers above first. */
+#include <cmocka.h>
+
+#include "ferry.h"
+#include "harness.h"
+#include "transport/fabric.h"
+
+#define MiB (1024ull * 1024ull)
+#ifdef __SANITIZE_THREAD__
+#define WRITE_SIZE (8 * MiB)
+#else
+#define WRITE_SIZE (64 * MiB)
+#endif
+#define ROUNDS 4
+#define ABORTS_PER_WRITE 2 /* within the initiator's bound of moves per chunk */
+#define WAIT_S 60.0        /* a bound on waiting for the other thread, not a timing */
+
+static ferry_engine *fabric_engine(const char *provider) {
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.transports = FERRY_TRANSPORT_FABRIC;
+  cfg.fabric_provider = provider;
+  ferry_engine *e = NULL;
+  if (ferry_engine_create(&cfg, &e) != FERRY_OK)
+    fail_msg("engine on %s: %s", provider, ferry_last_error());
+  return e;
+}
+
+struct write_job {
+  ferry_engine *engine;
+  const char *target;
+  const uint8_t *src;
+  uint64_t remote;
+  size_t size;
+  ferry_status st;
+  char error[512];
+  int done;
+};
+
+static void *run_write(void *arg) {
+  struct write_job *job = arg;
+  job->st = ferry_transfer_sync(job->engine, job->target, FERRY_OP_WRITE, (void *)job->src,
+                                job->remote, job->size);
+  snprintf(job->error, sizeof job->error, "%s", ferry_last_error());
+  __atomic_store_n(&job->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static int job_done(struct write_job *job) { return __atomic_load_n(&job->done, __ATOMIC_ACQUIRE); }
+
+static uint64_t counter(uint64_t *c) { return __atomic_load_n(c, __ATOMIC_RELAXED); }
+
+/* Until cond(arg) or the WRITE ended. */
+static void wait_for(int (*cond)(void *), void *arg, struct write_job *job) {
+  double until = test_now_s() + WAIT_S;
+  while (!cond(arg) && !job_done(job) && test_now_s() < until)
+    sched_yield();
+}
+
+struct landed {
+  volatile const uint8_t *dst;
+  uint8_t first;
+};
+
+static int first_landed(void *arg) {
+  struct landed *l = arg;
+  return l->dst[0] == l->first;
+}
+
+struct moved {
+  uint64_t *reposts;
+  uint64_t before;
+};
+
+static int moved_again(void *arg) {
+  struct moved *m = arg;
+  return counter(m->reposts) > m->before;
+}
+
+/* Registers and unregisters a region of its own on target a: 1 when the
+ * unregister aborted a connection before the WRITE ended. */
+static int unregister_other(ferry_engine *a, struct write_job *job) {
+  uint64_t before = counter(&a->fabric->aborts);
+  void *other = test_buffer(a, 4096);
+  assert_int_equal(ferry_memory_unregister(a, other), FERRY_OK);
+  free(other);
+  return counter(&a->fabric->aborts) > before && !job_done(job);
+}
+
+/* One WRITE of WRITE_SIZE: once its first byte landed, the target
+ * unregisters another region; once the initiator moved the cut
+ * operations again, once more. Returns the aborts made during it. */
+static unsigned write_through_aborts(ferry_engine *a, ferry_engine *b, uint8_t *dst,
+                                     const uint8_t *src) {
+  memset(dst, 0, WRITE_SIZE);
+  struct write_job job = {.engine = b,
+                          .target = ferry_engine_name(a),
+                          .src = src,
+                          .remote = (uint64_t)(uintptr_t)dst,
+                          .size = WRITE_SIZE};
+  pthread_t thread;
+  assert_int_equal(pthread_create(&thread, NULL, run_write, &job), 0);
+  struct landed landed = {dst, src[0]};
+  wait_for(first_landed, &landed, &job);
+  unsigned aborts = 0;
+  for (int k = 0; k < ABORTS_PER_WRITE && !job_done(&job); k++) {
+    struct moved moved = {&b->fabric->reposts, counter(&b->fabric->reposts)};
+    aborts += (unsigned)unregister_other(a, &job);
+    wait_for(moved_again, &moved, &job);
+  }
+  pthread_join(thread, NULL);
+  if (job.st)
+    fail_msg("the WRITE failed after %u aborts: %s", aborts, job.error);
+  if (memcmp(dst, src, WRITE_SIZE) != 0)
+    fail_msg("the WRITE succeeded after %u aborts but its bytes differ", aborts);
+  return aborts;
+}
+
+static void others_unregister_during_a_write(const char *provider) {
+  ferry_engine *a = fabric_engine(provider), *b = fabric_engine(provider);
+  uint8_t *dst = test_buffer(a, WRITE_SIZE), *src = test_buffer(b, WRITE_SIZE);
+  unsigned aborts = 0;
+  for (int round = 0; round < ROUNDS; round++) {
+    test_fill_random(src, WRITE_SIZE, (uint64_t)round + 1);
+    src[0] |= 1; /* never 0: its landing is seen */
+    aborts += write_through_aborts(a, b, dst, src);
+  }
+  print_message("%s: %d WRITEs of %llu MiB verified through %u aborts; %llu operations moved "
+                "again\n",
+                provider, ROUNDS, (unsigned long long)(WRITE_SIZE / MiB), aborts,
+                (unsigned long long)counter(&b->fabric->reposts));
+  assert_true(aborts > 0);
+  ferry_engine_destroy(b);
+  ferry_engine_destroy(a);
+  free(dst);
+  free(src);
+}
+
+static void others_unregister_during_a_write_tcp(void **state) {
+  others_unregister_during_a_write("tcp;ofi_rxm");
+}
+
+static void others_unregister_during_a_write_net(void **state) {
+  others_unregister_during_a_write("net");
+}
+
+int main(void) {
+  const char *filter = getenv("FERRY_TEST_FILTER"); /* one case, by name (a glob) */
+  if (filter && *filter)
+    cmocka_set_test_filter(filter);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(others_unregister_during_a_write_tcp),
+      cmocka_unit_test(others_unregister_during_a_write_net),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
