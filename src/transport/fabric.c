@@ -141,7 +141,6 @@ typedef struct fabric_channel {
   uint8_t dest_addr[FERRY_FABRIC_ADDR_MAX]; /* the target endpoint's fi_getname */
   size_t dest_addr_len;
   int renew;           /* slots wait to be posted again on a fresh endpoint (repost) */
-  int refreshed;       /* the target's table was fetched since the endpoint broke; it is up */
   uint64_t renewed_ns; /* when a fresh endpoint replaced a cut one; 0 once it completed */
   struct sockaddr_storage dest_ip; /* the target endpoint's address on an IP provider */
   socklen_t dest_ip_len;           /* 0: not one */
@@ -582,13 +581,14 @@ static int target_restarted(fabric_channel *ch) {
  * aborts every accepted connection when it unregisters memory on the IP
  * providers (fabric_sockets.c), and what it aborted can never land
  * later: it dropped the bytes it had received, and the endpoint this
- * channel leaves closes as a reset (renew). The table is fetched once per
- * endpoint: every operation cut with it fails at about the same time. */
+ * channel leaves closes as a reset (renew). The table is fetched for each
+ * failed operation: a fetch also notices a restart (a new instance), which
+ * a cached answer would hide. */
 static int moves_again(fabric_channel *ch, fabric_slot *s, ferry_status *st) {
-  int fetched = ch->refreshed;
+  int fetched;
   char detail[FERRY_ERROR_MAX];
   snprintf(detail, sizeof detail, "%s", ferry_last_error());
-  ferry_status gone = fetched ? unregistered(ch, s) : gone_remote(ch, s, &fetched);
+  ferry_status gone = gone_remote(ch, s, &fetched);
   if (target_restarted(ch)) {
     *st = ferry_fail(FERRY_ESOCKET, "%s; %s restarted meanwhile", detail, ch->address);
     return 0;
@@ -598,7 +598,6 @@ static int moves_again(fabric_channel *ch, fabric_slot *s, ferry_status *st) {
     return 0;
   }
   ferry_fail(*st, "%s", detail);
-  ch->refreshed = fetched;
   return fetched && *st == FERRY_ESOCKET && !s->st && s->reposts < FABRIC_REPOSTS &&
          !ferry_peer_can_fail_over(ch->base.peer, &ch->base);
 }
@@ -887,7 +886,7 @@ static ferry_status renew(fabric_channel *ch) {
   if (ch->dest_ip_len)
     reset_on_close(ch);
   close_endpoint(ch);
-  ch->renew = ch->refreshed = 0;
+  ch->renew = 0;
   ferry_status st = open_endpoint(ch);
   if (st)
     return st;
