@@ -27,7 +27,7 @@
  * operation and copy the rest as it arrives, so there the service first
  * aborts every connection its endpoints accepted (fabric_sockets.c). Each
  * of its initiators then sees its operations fail (FERRY_ESOCKET) with the
- * target up: it fetches the target's table once (the same instance, else
+ * target up: it fetches the target's table again (the same instance, else
  * the call fails as restarted), fails a chunk whose ranges are gone with
  * FERRY_ENOTREG, and posts one still registered again from its start on a
  * fresh endpoint (renew; at most FABRIC_REPOSTS times a chunk, within the
