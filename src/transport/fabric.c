@@ -142,6 +142,7 @@ typedef struct fabric_channel {
   size_t dest_addr_len;
   int renew;           /* slots wait to be posted again on a fresh endpoint (repost) */
   uint64_t renewed_ns; /* when a fresh endpoint replaced a cut one; 0 once it completed */
+  uint64_t refused_ns; /* since when the provider refuses every post with nothing in flight */
   struct sockaddr_storage dest_ip; /* the target endpoint's address on an IP provider */
   socklen_t dest_ip_len;           /* 0: not one */
   int orphaned;                    /* abandoned with operations in flight */
@@ -672,6 +673,27 @@ static ferry_status wait_status(fabric_channel *ch) {
   return FERRY_OK;
 }
 
+/* FERRY_ESOCKET once the provider refused every post for connect_timeout_ms
+ * with nothing in flight while another rail or standby transport could
+ * take the chunk: rxm keeps trying to connect to an endpoint whose
+ * listener is gone (a rail whose device or address died) and would hold
+ * the chunk until the call's deadline; as a lost link it moves to the
+ * other rail. A peer with nowhere else to go keeps the deadline (a
+ * stopped target must time out, not fail). */
+static ferry_status unconnected(fabric_channel *ch) {
+  uint64_t now = ferry_now_ns(), bound = ch->base.peer->engine->cfg.connect_timeout_ms * 1000000ull;
+  if (ch->inflight || !ch->refused_ns) {
+    ch->refused_ns = ch->inflight ? 0 : now;
+    return FERRY_OK;
+  }
+  if (now - ch->refused_ns < bound || !ferry_peer_can_fail_over(ch->base.peer, &ch->base))
+    return FERRY_OK;
+  return ferry_fail(FERRY_ESOCKET,
+                    "fabric transfer to %s: the provider took no operation for %u ms with none "
+                    "in flight (its connection is not being made)",
+                    ch->address, ch->base.peer->engine->cfg.connect_timeout_ms);
+}
+
 /* Sleeps on the CQ's fd (after fi_trywait: the provider may need to be
  * progressed first) or, without one, polls with backoff. A provider whose
  * trywait keeps failing with nothing to complete (rxm reconnecting to a
@@ -819,6 +841,7 @@ static ferry_status post_one(fabric_channel *ch, fabric_slot *s) {
     ssize_t rc = write ? fi_writemsg(ch->ep, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION)
                        : fi_readmsg(ch->ep, &msg, FI_COMPLETION);
     if (rc == 0) {
+      ch->refused_ns = 0;
       s->seg_off += len;
       if (s->seg_off == seg->iov_len) {
         s->seg++;
@@ -837,7 +860,8 @@ static ferry_status post_one(fabric_channel *ch, fabric_slot *s) {
     }
     if (ch->renew)
       return FERRY_EBUSY; /* the endpoint was cut: renew first */
-    if ((st = wait_status(ch)) != FERRY_OK || (st = target_gone(ch)) != FERRY_OK)
+    if ((st = wait_status(ch)) != FERRY_OK || (st = unconnected(ch)) != FERRY_OK ||
+        (st = target_gone(ch)) != FERRY_OK)
       return st;
     ferry_fabric_backoff(&ch->idle, ch->wake_fd);
   }
@@ -940,6 +964,7 @@ static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
   ch->first = FERRY_OK;
   ch->progress_ns = ferry_now_ns();
   ch->renewed_ns = 0;
+  ch->refused_ns = 0;
   ch->check_ns = 0;
   ch->idle = 0;
   for (;;) {
