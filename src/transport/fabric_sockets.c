@@ -27,6 +27,7 @@
  * A descriptor another thread closes and reuses between the check and the
  * call would get it instead: a window of two system calls, as for any
  * scan of /proc/self/fd. */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -127,8 +128,16 @@ static void abort_if_accepted(int fd, void *arg) {
   if (connect(fd, &unspec, sizeof unspec) == 0) {
     shutdown(fd, SHUT_RDWR); /* ENOTCONN, but it marks both directions shut: see above */
     list->aborted++;
-  } else
-    FERRY_DEBUG("fabric: aborting accepted connection (fd %d): %s", fd, strerror(errno));
+  } else {
+    char name[INET6_ADDRSTRLEN] = "?";
+    const void *ip = peer.ss_family == AF_INET6
+                         ? (const void *)&((struct sockaddr_in6 *)&peer)->sin6_addr
+                         : (const void *)&((struct sockaddr_in *)&peer)->sin_addr;
+    inet_ntop(peer.ss_family, ip, name, sizeof name);
+    FERRY_WARN("fabric: cannot abort the connection accepted from %s (fd %d): %s: a WRITE of it "
+               "under way into the memory just unregistered may still land",
+               name, fd, strerror(errno));
+  }
 }
 
 int ferry_fabric_abort_accepted(ferry_fabric *f) {
