@@ -31,7 +31,10 @@
  * Slots are reclaimed when the receiver releases them, and, for slots not
  * landed yet, when every connection of their sender ended (the sender died
  * or left): no WRITE of it can arrive any more, and a slot whose notice did
- * not come is never delivered. A sender trusts a pre-grant for
+ * not come is never delivered. Every connection counts, a transport's own
+ * links too (ferry_pools_peer_joined/left): a steady shm sender posts its
+ * notices on its link while its control connections idle out, and its
+ * slots must outlive those. A sender trusts a pre-grant for
  * PREGRANT_FRESH_NS only, far below a receiver's idle_timeout_ms, so it
  * never writes into a slot voided by its connections idling out. */
 #include "core/pool.h"
@@ -121,9 +124,18 @@ typedef struct route {
   struct route *next;
 } route;
 
+/* The connections one sender holds to this engine: the server's control
+ * connections and a transport's own links (shm's carry its notices). */
+typedef struct sender_conns {
+  uint64_t peer;
+  unsigned count;
+} sender_conns;
+
 struct ferry_pools {
   pthread_mutex_t lock; /* everything here and in every pool */
   ferry_pool *list;
+  sender_conns *senders; /* those with count > 0 */
+  size_t nsenders, senders_cap;
   int count; /* pools alive, read without the lock by the WRITE check */
   uint64_t next_id, next_seq;
   route *routes;
@@ -180,6 +192,7 @@ void ferry_pools_destroy(ferry_engine *e) {
     free(r->held);
     free(r);
   }
+  free(ps->senders);
   pthread_mutex_destroy(&ps->lock);
   free(ps);
   e->pools = NULL;
@@ -468,12 +481,50 @@ void ferry_pools_writes_done(ferry_engine *e, uint64_t peer, const ferry_region 
   pthread_mutex_unlock(&e->pools->lock);
 }
 
-void ferry_pools_peer_gone(ferry_engine *e, uint64_t peer) {
+static sender_conns *sender_find(ferry_pools *ps, uint64_t peer) {
+  for (size_t i = 0; i < ps->nsenders; i++)
+    if (ps->senders[i].peer == peer)
+      return &ps->senders[i];
+  return NULL;
+}
+
+void ferry_pools_peer_joined(ferry_engine *e, uint64_t peer) {
+  ferry_pools *ps = e->pools;
+  pthread_mutex_lock(&ps->lock);
+  sender_conns *s = sender_find(ps, peer);
+  if (!s && ps->nsenders == ps->senders_cap) {
+    size_t cap = ps->senders_cap ? 2 * ps->senders_cap : 16;
+    sender_conns *grown = realloc(ps->senders, cap * sizeof *grown);
+    if (grown)
+      ps->senders = grown, ps->senders_cap = cap;
+  }
+  if (!s && ps->nsenders < ps->senders_cap) /* else uncounted: its first end reclaims */
+    s = &ps->senders[ps->nsenders++], *s = (sender_conns){peer, 0};
+  if (s)
+    s->count++;
+  pthread_mutex_unlock(&ps->lock);
+}
+
+/* One connection of peer fewer; nonzero when it held none any more. */
+static int sender_left(ferry_pools *ps, uint64_t peer) {
+  pthread_mutex_lock(&ps->lock);
+  sender_conns *s = sender_find(ps, peer);
+  int none = !s || !--s->count;
+  if (s && none)
+    *s = ps->senders[--ps->nsenders];
+  pthread_mutex_unlock(&ps->lock);
+  return none;
+}
+
+void ferry_pools_peer_left(ferry_engine *e, uint64_t peer) {
+  if (!sender_left(e->pools, peer))
+    return;
   for (size_t i = 0; ferry_transports[i]; i++) /* their credits stop working first */
     if ((e->transports & ferry_transports[i]->id) && ferry_transports[i]->peer_gone)
       ferry_transports[i]->peer_gone(e, peer);
   pthread_mutex_lock(&e->pools->lock);
-  for (ferry_pool *p = e->pools->list; p; p = p->next) {
+  /* A connection that came meanwhile may already hold fresh grants: they stay. */
+  for (ferry_pool *p = e->pools->list; p && !sender_find(e->pools, peer); p = p->next) {
     slot *s = p->slots;
     while (s) {
       slot *next = s->next;
@@ -788,8 +839,7 @@ static uint64_t collect_credits(ferry_engine *e, route *r, size_t length, const 
     return 0;
   int wait = credit_wait(e->pools, r, credits_most(length));
   size_t n = t->take_credits(peer, instance, got, CREDITS_PER_TAKE, wait, &epoch);
-  if (epoch)
-    void_pregrants(e->pools, r->target, epoch);
+  void_pregrants(e->pools, r->target, epoch); /* epoch 0: the link that carried them is gone */
   if (wait && !n)
     credits_answered(e->pools, r, 1);
   for (size_t i = 0; i < n; i++) {

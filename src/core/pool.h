@@ -43,7 +43,12 @@ ferry_status ferry_pools_check_writes(ferry_engine *engine, uint64_t peer, const
  * landed: all of them arrived (and passed the checksum). */
 void ferry_pools_writes_done(ferry_engine *engine, uint64_t peer, const ferry_region *segs,
                              uint32_t count, int landed);
-/* Every connection of peer has ended: its slots not yet landed go back. */
-void ferry_pools_peer_gone(ferry_engine *engine, uint64_t peer);
+/* A connection of peer began (the server's control connections, and a
+ * transport's own links that carry peer's notices), or ended: when peer
+ * holds none any more, no WRITE or notice of it can arrive, and its slots
+ * not yet landed go back. Any thread; no lock of the caller's held that
+ * the transports' peer_gone takes. */
+void ferry_pools_peer_joined(ferry_engine *engine, uint64_t peer);
+void ferry_pools_peer_left(ferry_engine *engine, uint64_t peer);
 
 #endif

@@ -211,8 +211,10 @@ static ferry_status admit_peer(server_conn *c, const ferry_hello *hello) {
     snprintf(c->peer_name, sizeof c->peer_name, "%s", hello->name);
   }
   pthread_mutex_unlock(&s->lock);
-  if (open < limit)
+  if (open < limit) {
+    ferry_pools_peer_joined(c->engine, c->peer_id);
     return FERRY_OK;
+  }
   char why[FERRY_WIRE_MAX_REASON];
   snprintf(why, sizeof why,
            "peer %s already has %u connections to %s, the limit (max_connections_per_peer)",
@@ -634,19 +636,12 @@ static ferry_status next_request(server_conn *c, ferry_frame_header *h) {
   return st;
 }
 
-/* Marks c finished; when it was its peer's last connection, no WRITE of
- * that peer can arrive any more, and its receive-pool slots go back. */
+/* Marks c finished; its peer holds one connection fewer (pool.c: its
+ * receive-pool slots go back with the last). */
 static void connection_ended(server_conn *c) {
-  ferry_server *s = c->engine->server;
-  pthread_mutex_lock(&s->lock);
-  int last = c->identified;
-  for (server_conn *o = s->conns; o && last; o = o->next)
-    last = o == c || !o->identified || o->peer_id != c->peer_id ||
-           __atomic_load_n(&o->finished, __ATOMIC_ACQUIRE);
   __atomic_store_n(&c->finished, 1, __ATOMIC_RELEASE);
-  pthread_mutex_unlock(&s->lock);
-  if (last)
-    ferry_pools_peer_gone(c->engine, c->peer_id);
+  if (c->identified)
+    ferry_pools_peer_left(c->engine, c->peer_id);
 }
 
 static void free_connection(server_conn *c) {

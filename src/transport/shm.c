@@ -882,8 +882,11 @@ static shm_link *post_link(ferry_peer *p, uint64_t instance) {
   pthread_mutex_lock(&p->lock);
   for (ferry_channel *c = p->all; c && !found; c = c->next_all) {
     shm_link *l = c->transport == &ferry_transport_shm ? ((shm_channel *)c)->link : NULL;
-    if (!l || !l->post || l->engine_id != instance || __atomic_load_n(&l->dead, __ATOMIC_ACQUIRE))
-      continue; /* no poll: every copy checked the link after it was made */
+    /* Polled, not only the flag: a link the target dropped no longer holds
+     * our slots there (pool.c counts it as one of our connections), so a
+     * notice posted to it would name slots that may be gone. */
+    if (!l || !l->post || l->engine_id != instance || !link_alive(l))
+      continue;
     pthread_mutex_lock(&l->lock);
     l->refs++;
     pthread_mutex_unlock(&l->lock);

@@ -162,6 +162,9 @@ void ferry_shm_peer_gone(ferry_engine *engine, uint64_t peer);
 /* Test seam: parks the service thread (hold, returns once it is parked)
  * or lets it go on (!hold), so a test can keep notices unserved. */
 void ferry_shm_service_hold(ferry_engine *engine, int hold);
+/* Test seam: the service shuts every link down, as it does one whose copy
+ * outlasted an unregister (its initiator sees the hang-up). */
+void ferry_shm_service_cut_links(ferry_engine *engine);
 /* Whether processes of this uid are served, and served by: the engine's
  * own uid or one in cfg.shm_allowed_uids. */
 int ferry_shm_uid_allowed(const ferry_engine *engine, uid_t uid);

@@ -367,7 +367,8 @@ static void conn_release(ferry_shm_service *s, svc_conn *c) {
 
 /* Unlinks the connection (only the service thread does) and drops the
  * service thread's reference: a revocation still reading its slots keeps
- * it until it is done. */
+ * it until it is done. A link that carried its sender's notices counted
+ * as one of the sender's connections (pool.c). */
 static void conn_drop(ferry_shm_service *s, svc_conn *c) {
   pthread_mutex_lock(&s->lock);
   svc_conn **pp = &s->conns;
@@ -378,6 +379,8 @@ static void conn_drop(ferry_shm_service *s, svc_conn *c) {
     s->nconns--;
   }
   pthread_mutex_unlock(&s->lock);
+  if (c->post)
+    ferry_pools_peer_left(s->engine, c->sender);
   conn_release(s, c);
 }
 
@@ -472,7 +475,7 @@ static int sender_verified(const svc_conn *c, const shm_msg *req) {
 /* The post page and eventfds of a verified sender (fd: the page's memfd
  * to hand over, c->efd and c->cefd); 0 without: its notices then take
  * the control connection. */
-static int post_page(svc_conn *c, const shm_msg *req, int fd[3]) {
+static int post_page(ferry_shm_service *s, svc_conn *c, const shm_msg *req, int fd[3]) {
   void *page;
   if (!sender_verified(c, req)) {
     FERRY_DEBUG("shm: peer pid %d posts no notices: its engine id could not be read back",
@@ -501,6 +504,7 @@ static int post_page(svc_conn *c, const shm_msg *req, int fd[3]) {
            (int)strnlen(req->name, FERRY_WIRE_MAX_NAME), req->name);
   fd[1] = c->efd;
   fd[2] = c->cefd;
+  ferry_pools_peer_joined(s->engine, c->sender);
   return 1;
 }
 
@@ -523,7 +527,7 @@ static int serve_hello(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
     return -1;
   }
   int fds[5] = {s->table_fd, slots_fd, -1, -1, -1};
-  int nfds = post_page(c, req, &fds[2]) ? 5 : 2;
+  int nfds = post_page(s, c, req, &fds[2]) ? 5 : 2;
   pthread_mutex_lock(&s->lock);
   c->slots = slots;
   c->deadline_ns = 0;
@@ -739,14 +743,18 @@ static int conn_copying_before(const svc_conn *c, uint64_t seq) {
 
 /* Gives up on a link: shutting its socket down makes its initiator fail
  * the chunk and stop using the link; the service thread then drops it. */
-static void conn_cut(ferry_shm_service *s, svc_conn *c) {
+static void conn_shut(ferry_shm_service *s, svc_conn *c) {
   __atomic_store_n(&c->cut, 1, __ATOMIC_RELEASE);
   shutdown(c->fd, SHUT_RDWR);
+  ssize_t unused = write(s->wake[1], "c", 1);
+  (void)unused;
+}
+
+static void conn_cut(ferry_shm_service *s, svc_conn *c) {
+  conn_shut(s, c);
   FERRY_WARN("shm: unregister cut off the same-host peer pid %d: a copy it began did not end "
              "within %u ms",
              (int)c->cred.pid, s->engine->cfg.timeout_ms);
-  ssize_t unused = write(s->wake[1], "c", 1);
-  (void)unused;
 }
 
 static void pause_briefly(unsigned round) {
@@ -900,6 +908,16 @@ void ferry_shm_service_hold(ferry_engine *e, int hold) {
   pthread_mutex_unlock(&s->lock);
 }
 
+void ferry_shm_service_cut_links(ferry_engine *e) {
+  ferry_shm_service *s = e->shm;
+  if (!s)
+    return;
+  pthread_mutex_lock(&s->lock);
+  for (svc_conn *c = s->conns; c; c = c->next)
+    conn_shut(s, c);
+  pthread_mutex_unlock(&s->lock);
+}
+
 static void *service_main(void *arg) {
   ferry_shm_service *s = arg;
   ferry_log_set_engine(s->engine->name);
@@ -1039,7 +1057,7 @@ void ferry_shm_service_stop(ferry_engine *e) {
   if (!e->shm)
     return;
   ferry_shm_service *s = e->shm;
+  service_free(s); /* its thread's last conn_drop may still read e->shm */
   e->shm = NULL;
   e->shm_path[0] = '\0';
-  service_free(s);
 }

@@ -188,8 +188,10 @@ struct ferry_transport {
   void (*service_stop)(ferry_engine *engine);
   void (*fence)(ferry_engine *engine, ferry_region *removed, size_t count);
   /* Target side: the pools are about to take back peer's slots (all its
-   * connections ended); what the transport handed it for them (credits)
-   * must stop working first. */
+   * connections ended: a transport whose own links carry a sender's
+   * notices counts them too, ferry_pools_peer_joined/left in pool.h);
+   * what the transport handed it for them (credits) must stop working
+   * first. */
   void (*peer_gone)(ferry_engine *engine, uint64_t peer);
 
   /* Per region, target side (each may be NULL). region_register runs for

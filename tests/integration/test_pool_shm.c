@@ -32,6 +32,7 @@
 #include "ferry.h"
 #include "harness.h"
 #include "holdproxy.h"
+#include "rawclient.h"
 #include "transport/shm.h"
 #include "wire/wire.h"
 
@@ -573,29 +574,85 @@ static ferry_status whole_pool_send(pair *p, ferry_engine *other, void *buf) {
                     FERRY_SEND_NOWAIT);
 }
 
-/* The receiver takes back a sender's slots when every control connection
- * of it ends while the sender lives on (here: the receiver idles them out
- * soon); credits granted before must stop working, or the next send
- * copies into a slot that is no longer its own and its notice is refused:
- * a message the send reported sent, lost. The post page's reclaim count
- * voids them; the send then asks for a grant and lands. */
-static void reclaimed_slots_void_credits(void **state) {
-  (void)state;
+/* A pair whose receiver drops connections idle for idle_ms (its pool:
+ * pool_size bytes). */
+static pair *pair_idling_out(size_t pool_size, uint32_t idle_ms) {
   pair *p = calloc(1, sizeof *p);
   ferry_config cfg;
   ferry_config_init(&cfg);
   cfg.bind_host = cfg.advertise_host = "127.0.0.1";
   cfg.transports = FERRY_TRANSPORT_TCP | FERRY_TRANSPORT_SHM;
-  cfg.idle_timeout_ms = 1500;
+  cfg.idle_timeout_ms = idle_ms;
   assert_int_equal(ferry_engine_create(&cfg, &p->rx), FERRY_OK);
-  assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, 1 * MiB, &p->pool), FERRY_OK);
+  assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, pool_size, &p->pool), FERRY_OK);
   p->tx = engine_on(0);
-  ferry_engine *other = engine_on(0);
   assert_non_null(p->tx);
+  assert_int_equal(ferry_memory_alloc(p->tx, 4 * MiB, (void **)&p->out), FERRY_OK);
+  test_fill_random(p->out, 4 * MiB, 21);
+  return p;
+}
+
+/* Waits until rx dropped the control connections tx left idle: a
+ * witness connected after tx's last request is dropped after them. */
+static void wait_for_idle_out(pair *p) {
+  int witness = raw_connect(ferry_engine_port(p->rx));
+  assert_true(witness >= 0);
+  assert_int_equal(raw_hello(witness, FERRY_WIRE_VERSION_MIN, FERRY_WIRE_VERSION_MAX, NULL, 0), 0);
+  assert_true(raw_closed_by_peer(witness, 20000));
+  close(witness);
+}
+
+static uint64_t bytes_granted(ferry_engine *e) {
+  ferry_stats *st = NULL;
+  assert_int_equal(ferry_stats_snapshot(e, &st), FERRY_OK);
+  uint64_t n = st->pool_bytes_granted;
+  ferry_stats_free(st);
+  return n;
+}
+
+/* A steady shm sender crosses no control connection, so the receiver
+ * idles its control connections out while it sends; its link still
+ * carries its notices, and counts as one of its connections: its slots
+ * stay. Here its notice is posted (the service held, so it is not served
+ * yet) before the idle-out, and served after: it must land. Taking the
+ * slots back when the control connections went lost that message, with
+ * the send reported done. */
+static void steady_sender_outlives_idle_outs(void **state) {
+  (void)state;
+  pair *p = pair_idling_out(1 * MiB, 500);
+  assert_int_equal(send_tag(p, "warm", 0, 64 * KiB, -1), FERRY_OK);
+  require_shm(p);
+  expect(p, "warm", 0, 64 * KiB);
+  ferry_shm_service_hold(p->rx, 1);
+  assert_int_equal(send_tag(p, "held", KiB, 64 * KiB, -1), FERRY_OK);
+  wait_for_idle_out(p);
+  assert_true(bytes_granted(p->rx) >= 64 * KiB); /* its slot is still granted */
+  ferry_shm_service_hold(p->rx, 0);
+  expect(p, "held", KiB, 64 * KiB);
+  for (unsigned i = 0; i < 16; i++) { /* and it goes on sending */
+    char tag[16];
+    snprintf(tag, sizeof tag, "s%u", i);
+    if (send_tag(p, tag, i * KiB, 64 * KiB, -1))
+      fail_msg("send %s: %s", tag, ferry_last_error());
+    expect(p, tag, i * KiB, 64 * KiB);
+  }
+  pair_free(p);
+}
+
+/* The receiver takes back a sender's slots when every connection of it
+ * ends while the sender lives on (here: the receiver idles its control
+ * connections out soon, and its service cuts the link); credits granted
+ * before must stop working, or the next send copies into a slot that is
+ * no longer its own and its notice is refused: a message the send
+ * reported sent, lost. The post page's reclaim count and the link's
+ * hang-up void them; the send then asks for a grant and lands. */
+static void reclaimed_slots_void_credits(void **state) {
+  (void)state;
+  pair *p = pair_idling_out(1 * MiB, 1500);
+  ferry_engine *other = engine_on(0);
   assert_non_null(other);
   uint8_t *big;
   ferry_message m;
-  assert_int_equal(ferry_memory_alloc(p->tx, 4 * MiB, (void **)&p->out), FERRY_OK);
   assert_int_equal(ferry_memory_alloc(other, 1 * MiB, (void **)&big), FERRY_OK);
   /* A batch of four into emb brings four credits. Messages into aux come
    * after them in the ring: once one was received they are there, and the
@@ -623,6 +680,7 @@ static void reclaimed_slots_void_credits(void **state) {
   assert_int_equal(send_tag(p, "c", 0, 64 * KiB, -1), FERRY_OK);
   expect(p, "c", 0, 64 * KiB);
   assert_int_equal(whole_pool_send(p, other, big), FERRY_EBUSY); /* tx holds credits */
+  ferry_shm_service_cut_links(p->rx);
   ferry_status st = FERRY_EBUSY;
   for (int i = 0; i < 1000 && st == FERRY_EBUSY; i++)
     if ((st = whole_pool_send(p, other, big)) == FERRY_EBUSY)
@@ -647,6 +705,7 @@ int main(void) {
       cmocka_unit_test(restarted_receiver_voids_credits),
       cmocka_unit_test(send_after_a_restart_without_a_fitting_credit),
       cmocka_unit_test(reclaimed_slots_void_credits),
+      cmocka_unit_test(steady_sender_outlives_idle_outs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
