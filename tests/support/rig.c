@@ -71,6 +71,14 @@ size_t test_rig_rail_bytes(test_rig *r, uint64_t bytes[], int up[], char names[]
   return n;
 }
 
+void test_rig_rail_failures(test_rig *r, uint64_t failures[], size_t max) {
+  ferry_stats *s;
+  assert_int_equal(ferry_stats_snapshot(r->initiator, &s), FERRY_OK);
+  for (size_t i = 0; i < max; i++)
+    failures[i] = i < s->rail_count ? s->rails[i].failures : 0;
+  ferry_stats_free(s);
+}
+
 uint64_t test_rig_transport_bytes(test_rig *r, const char *transport) {
   ferry_stats *s;
   assert_int_equal(ferry_stats_snapshot(r->initiator, &s), FERRY_OK);

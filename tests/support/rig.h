@@ -32,6 +32,9 @@ void test_rig_round_trip(test_rig *r);
  * whether each is up (up and names may be NULL; names get the rails' labels,
  * valid until the next call). Returns how many rails. */
 size_t test_rig_rail_bytes(test_rig *r, uint64_t bytes[], int up[], char names[][80], size_t max);
+/* Times each rail toward the rig's target failed and was taken out of use
+ * (0 past the last rail). */
+void test_rig_rail_failures(test_rig *r, uint64_t failures[], size_t max);
 /* The bytes moved toward the rig's target over one transport ("tcp", ...). */
 uint64_t test_rig_transport_bytes(test_rig *r, const char *transport);
 
