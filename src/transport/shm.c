@@ -56,8 +56,10 @@
  * the entry, a release store of its seq and of head, and a write to the
  * eventfd only when the target's service said it sleeps. The grants the
  * service answers with come back in the page's credit ring and pool.c
- * collects them before its next send (take_credits). A full ring, or a
- * link without a page, falls back to the control connection. Credits
+ * collects them before its next send (take_credits). A full ring, a
+ * link without a page, or one the service is dropping (`closed`, shm.h:
+ * unless its last drain served the notice), falls back to the control
+ * connection. Credits
  * count only under the page's current reclaim count and from this link
  * (the epoch take_credits reports): see shm.h. A sender holding no credit
  * while notices of ours are unserved sleeps on the link's credit eventfd
@@ -882,11 +884,9 @@ static shm_link *post_link(ferry_peer *p, uint64_t instance) {
   pthread_mutex_lock(&p->lock);
   for (ferry_channel *c = p->all; c && !found; c = c->next_all) {
     shm_link *l = c->transport == &ferry_transport_shm ? ((shm_channel *)c)->link : NULL;
-    /* Polled, not only the flag: a link the target dropped no longer holds
-     * our slots there (pool.c counts it as one of our connections), so a
-     * notice posted to it would name slots that may be gone. */
-    if (!l || !l->post || l->engine_id != instance || !link_alive(l))
-      continue;
+    if (!l || !l->post || l->engine_id != instance || __atomic_load_n(&l->dead, __ATOMIC_ACQUIRE) ||
+        __atomic_load_n(&l->post->closed, __ATOMIC_ACQUIRE))
+      continue; /* a closing link counts no more as ours there: its credits may be void */
     pthread_mutex_lock(&l->lock);
     l->refs++;
     pthread_mutex_unlock(&l->lock);
@@ -896,14 +896,33 @@ static shm_link *post_link(ferry_peer *p, uint64_t instance) {
   return found;
 }
 
-/* One notice into the ring; 0 when it is full. The target reads head
- * and sleeping in the opposite order (shm_service.c), so either it sees
- * this notice or we see it sleeping and wake it. */
-static int post_notice(shm_link *l, const ferry_after *a) {
+/* The link closed after notice `index` was published: whether the
+ * service's last drain served it. It stores SHM_DRAINED within
+ * microseconds; a target that died meanwhile never does, and after
+ * wait_ms its notice counts as not served (the batch sends it on the
+ * control connection, which then fails or lands it). */
+static int served_before_close(shm_link *l, uint64_t index, uint32_t wait_ms) {
+  shm_post *q = l->post;
+  uint64_t deadline = ferry_now_ns() + wait_ms * 1000000ull;
+  for (unsigned round = 0; __atomic_load_n(&q->closed, __ATOMIC_SEQ_CST) != SHM_DRAINED; round++) {
+    if (ferry_now_ns() >= deadline)
+      return 0;
+    struct timespec ts = {0, round < 16 ? 1000 : 100 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return __atomic_load_n(&q->tail, __ATOMIC_SEQ_CST) > index;
+}
+
+/* One notice into the ring; 0 when it is full, or when the link closed
+ * before the service could take it (shm.h: `closed`). The target reads
+ * head and sleeping in the opposite order (shm_service.c), so either it
+ * sees this notice or we see it sleeping and wake it. */
+static int post_notice(shm_link *l, const ferry_after *a, uint32_t wait_ms) {
   shm_post *q = l->post;
   pthread_mutex_lock(&l->post_lock);
   uint64_t head = l->posted;
   int room = head - __atomic_load_n(&q->tail, __ATOMIC_ACQUIRE) < SHM_NOTICES;
+  int closed = 0;
   if (room) {
     shm_notice *n = &q->notices[head % SHM_NOTICES];
     memcpy(n->body, a->body, a->len);
@@ -911,21 +930,23 @@ static int post_notice(shm_link *l, const ferry_after *a) {
     __atomic_store_n(&n->seq, head + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&l->posted, head + 1, __ATOMIC_RELAXED);
     __atomic_store_n(&q->head, head + 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&q->sleeping, __ATOMIC_SEQ_CST)) {
+    closed = __atomic_load_n(&q->closed, __ATOMIC_SEQ_CST) != 0;
+    if (!closed && __atomic_load_n(&q->sleeping, __ATOMIC_SEQ_CST)) {
       uint64_t one = 1;
       ssize_t w = write(l->efd, &one, sizeof one);
       (void)w; /* a full counter already wakes it */
     }
   }
   pthread_mutex_unlock(&l->post_lock);
-  return room;
+  return room && (!closed || served_before_close(l, head, wait_ms));
 }
 
 static int shm_post_after(ferry_peer *p, uint64_t instance, const ferry_after *after) {
   shm_link *l = post_link(p, instance);
   if (!l)
     return 0;
-  int posted = after->len <= FERRY_WIRE_POOL_MAX && post_notice(l, after);
+  int posted =
+      after->len <= FERRY_WIRE_POOL_MAX && post_notice(l, after, p->engine->cfg.connect_timeout_ms);
   link_leave(l, SHM_SLOTS);
   return posted;
 }

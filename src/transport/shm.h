@@ -74,9 +74,21 @@ typedef struct shm_table {
  * asking the control connection: it counts itself in `awaiting`, then
  * looks at credits_given and tail again; the service writes that
  * eventfd after serving notices while `awaiting` is nonzero (stores
- * before loads on both sides, so one of them sees the other). */
+ * before loads on both sides, so one of them sees the other).
+ *
+ * `closed`: the service is dropping the link (a hang-up, a cut, a
+ * protocol error). It stores SHM_CLOSING, serves the ring once more, then
+ * stores SHM_DRAINED, and only then counts the link out of the sender's
+ * connections (its slots may then go). A sender loads `closed` after
+ * publishing head (both sequentially consistent), so either the last
+ * drain sees its notice, or it sees the link closing, waits for
+ * SHM_DRAINED, and reads tail to learn whether its notice was served; one
+ * that was not goes on the control connection instead, and is never
+ * served late. */
 #define SHM_NOTICES 64
 #define SHM_CREDITS 64
+#define SHM_CLOSING 1
+#define SHM_DRAINED 2
 
 typedef struct shm_notice {
   uint64_t seq;
@@ -101,7 +113,8 @@ typedef struct shm_post {
   uint64_t sleeping;
   uint64_t credits_given;
   uint64_t reclaims;
-  uint64_t pad1[4];
+  uint64_t closed; /* SHM_CLOSING, then SHM_DRAINED, as the service drops the link */
+  uint64_t pad1[3];
   shm_notice notices[SHM_NOTICES];
   shm_credit credits[SHM_CREDITS];
 } shm_post;

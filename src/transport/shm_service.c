@@ -44,7 +44,9 @@
  * at most notices of complete messages; its slots without one are reclaimed by pool.c when its
  * connections end, as on every transport; before they go, ferry_shm_peer_gone bumps the reclaim
  * count of its links' pages, so credits granted earlier stop working. A link whose ring indices
- * make no sense is cut off. */
+ * make no sense is cut off. A link being dropped serves its ring once more before it stops
+ * counting as one of its sender's connections (`closed`, shm.h), so no notice posted to it is
+ * left unserved without its sender knowing. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -365,10 +367,13 @@ static void conn_release(ferry_shm_service *s, svc_conn *c) {
     conn_free(c);
 }
 
+static int serve_posted(ferry_shm_service *s, svc_conn *c);
+
 /* Unlinks the connection (only the service thread does) and drops the
  * service thread's reference: a revocation still reading its slots keeps
- * it until it is done. A link that carried its sender's notices counted
- * as one of the sender's connections (pool.c). */
+ * it until it is done. A link that carried its sender's notices serves
+ * them once more, and then no longer counts as one of the sender's
+ * connections (pool.c). */
 static void conn_drop(ferry_shm_service *s, svc_conn *c) {
   pthread_mutex_lock(&s->lock);
   svc_conn **pp = &s->conns;
@@ -379,8 +384,13 @@ static void conn_drop(ferry_shm_service *s, svc_conn *c) {
     s->nconns--;
   }
   pthread_mutex_unlock(&s->lock);
-  if (c->post)
+  if (c->post) {
+    __atomic_store_n(&c->post->closed, SHM_CLOSING, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* before head is read: shm.h */
+    serve_posted(s, c);                      /* the last notices (shm.h: `closed`) */
+    __atomic_store_n(&c->post->closed, SHM_DRAINED, __ATOMIC_SEQ_CST);
     ferry_pools_peer_left(s->engine, c->sender);
+  }
   conn_release(s, c);
 }
 

@@ -639,6 +639,28 @@ static void steady_sender_outlives_idle_outs(void **state) {
   pair_free(p);
 }
 
+/* A link the receiver's service drops (here: cut while the service is
+ * held) still has a notice of the sender's in its ring: the service
+ * serves its ring once more before it lets the link go, so the message
+ * lands. Dropped unserved, it was lost, with the send reported done. */
+static void notice_posted_before_a_cut_is_served(void **state) {
+  (void)state;
+  pair *p = pair_new(1 * MiB);
+  assert_int_equal(send_tag(p, "warm", 0, 64 * KiB, -1), FERRY_OK);
+  require_shm(p);
+  expect(p, "warm", 0, 64 * KiB);
+  ferry_shm_service_hold(p->rx, 1);
+  assert_int_equal(send_tag(p, "held", KiB, 64 * KiB, -1), FERRY_OK);
+  assert_int_equal(landed_at(p->rx).all, 1); /* posted, not served yet */
+  ferry_shm_service_cut_links(p->rx);
+  ferry_shm_service_hold(p->rx, 0);
+  expect(p, "held", KiB, 64 * KiB);
+  if (send_tag(p, "after", 0, 64 * KiB, -1)) /* on a new link, or the control connection */
+    fail_msg("send after the cut: %s", ferry_last_error());
+  expect(p, "after", 0, 64 * KiB);
+  pair_free(p);
+}
+
 /* The receiver takes back a sender's slots when every connection of it
  * ends while the sender lives on (here: the receiver idles its control
  * connections out soon, and its service cuts the link); credits granted
@@ -706,6 +728,7 @@ int main(void) {
       cmocka_unit_test(send_after_a_restart_without_a_fitting_credit),
       cmocka_unit_test(reclaimed_slots_void_credits),
       cmocka_unit_test(steady_sender_outlives_idle_outs),
+      cmocka_unit_test(notice_posted_before_a_cut_is_served),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
