@@ -135,13 +135,18 @@ static void require_shm_through(pair *p, hold_proxy *proxy, const char *target) 
   }
 }
 
+/* A first message, received: the pair uses shm (or the test is skipped). */
+static void warm_up(pair *p) {
+  assert_int_equal(send_tag(p, "warm", 0, 64 * KiB, -1), FERRY_OK);
+  require_shm(p);
+  expect(p, "warm", 0, 64 * KiB);
+}
+
 /* Every notice rides the ring: none is served from a control frame. */
 static void notices_ride_the_ring(void **state) {
   (void)state;
   pair *p = pair_new(1 * MiB);
-  assert_int_equal(send_tag(p, "warm", 0, 64 * KiB, -1), FERRY_OK);
-  require_shm(p);
-  expect(p, "warm", 0, 64 * KiB);
+  warm_up(p);
   for (unsigned i = 0; i < 64; i++) {
     char tag[16];
     snprintf(tag, sizeof tag, "m%u", i);
@@ -620,9 +625,7 @@ static uint64_t bytes_granted(ferry_engine *e) {
 static void steady_sender_outlives_idle_outs(void **state) {
   (void)state;
   pair *p = pair_idling_out(1 * MiB, 500);
-  assert_int_equal(send_tag(p, "warm", 0, 64 * KiB, -1), FERRY_OK);
-  require_shm(p);
-  expect(p, "warm", 0, 64 * KiB);
+  warm_up(p);
   ferry_shm_service_hold(p->rx, 1);
   assert_int_equal(send_tag(p, "held", KiB, 64 * KiB, -1), FERRY_OK);
   wait_for_idle_out(p);
@@ -646,9 +649,7 @@ static void steady_sender_outlives_idle_outs(void **state) {
 static void notice_posted_before_a_cut_is_served(void **state) {
   (void)state;
   pair *p = pair_new(1 * MiB);
-  assert_int_equal(send_tag(p, "warm", 0, 64 * KiB, -1), FERRY_OK);
-  require_shm(p);
-  expect(p, "warm", 0, 64 * KiB);
+  warm_up(p);
   ferry_shm_service_hold(p->rx, 1);
   assert_int_equal(send_tag(p, "held", KiB, 64 * KiB, -1), FERRY_OK);
   assert_int_equal(landed_at(p->rx).all, 1); /* posted, not served yet */
