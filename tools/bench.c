@@ -49,6 +49,7 @@ typedef struct bench_opts {
   unsigned long depth;         /* batches in flight per thread (async when > 1) */
   unsigned long first_contact; /* rounds of first_contact.c instead of a run */
   int send;                    /* --op send: bench_send.c instead of a run */
+  int fixed_write;             /* --op send: its WRITEs all into one BLOCK */
 } bench_opts;
 
 /* Latencies of one thread's batch calls, in nanoseconds. */
@@ -114,7 +115,11 @@ static void bench_usage(FILE *out) {
                "  --op write|read    direction (default write)\n"
                "  --op send          instead: ferry_send into a receive pool of a second\n"
                "                     engine here, next to sync WRITEs of --block bytes from\n"
-               "                     --threads senders (no --target; --duration each)\n"
+               "                     --threads senders (no --target; --duration each),\n"
+               "                     each WRITE into the next block of a buffer as large\n"
+               "                     as the pool\n"
+               "  --fixed-write      --op send: every WRITE into the same block instead\n"
+               "                     (cache-hot: a memcpy, not a message's cost)\n"
                "  --block SIZE       bytes per entry, K/M/G suffixes (default 1M)\n"
                "  --batch N          entries per submitted batch (default 1)\n"
                "  --random-offsets   scatter entries over random block-sized slots of the\n"
@@ -179,6 +184,7 @@ static int apply_option(int c, const char *arg, bench_opts *o) {
   case 'v': o->verify = 1; return 0;
   case 'j': o->json = 1; return 0;
   case 'r': o->random_offsets = 1; return 0;
+  case 'X': o->fixed_write = 1; return 0;
   case 'a':
     o->remote_addr_set = 1;
     return parse_addr(arg, &o->remote_addr) ? ferry_cli_bad_value(PROG, "remote-addr", arg) : 0;
@@ -232,6 +238,7 @@ static int parse_bench_args(int argc, char **argv, bench_opts *o) {
                                            {"host", required_argument, NULL, 'H'},
                                            {"metadata", required_argument, NULL, 'M'},
                                            {"first-contact", required_argument, NULL, 'F'},
+                                           {"fixed-write", no_argument, NULL, 'X'},
                                            {"help", no_argument, NULL, 'h'},
                                            {NULL, 0, NULL, 0}};
   memset(o, 0, sizeof *o);
@@ -879,7 +886,8 @@ int ferry_cmd_bench(int argc, char **argv) {
   if (o.first_contact)
     return ferry_bench_first_contact(&o.engine, o.target, o.first_contact, o.json);
   if (o.send)
-    return ferry_bench_send(&o.engine, o.block, (unsigned)o.threads, o.duration, o.json);
+    return ferry_bench_send(&o.engine, o.block, (unsigned)o.threads, o.duration, o.fixed_write,
+                            o.json);
   /* Before the engine's threads exist, so only the timed wait takes them. */
   sigset_t stop;
   ferry_cli_block_stop_signals(&stop);

@@ -1,7 +1,11 @@
 /* bench_send.c - `ferry bench --op send`: what the message handoff costs.
  * Two engines in this process on loopback (a receiver with a pool, and a
  * sender): first THREADS threads make plain synchronous WRITEs of BLOCK
- * bytes into a registered buffer of the receiver, then the same threads
+ * bytes into a registered buffer of the receiver as large as the pool,
+ * each into the next BLOCK of it (as a sender that was told a slot per
+ * message would; with fixed_write all into its first BLOCK, which stays in
+ * the cache and so measures a hot memcpy, not what a message costs on
+ * top of its WRITE), then the same threads
  * ferry_send messages of BLOCK bytes into the pool while a receiver thread
  * takes each with ferry_recv and releases it, for the same time each. Prints
  * both: messages per second, and latency p50/p99 (a WRITE: call to return;
@@ -22,7 +26,8 @@
 typedef struct run {
   ferry_engine *rx, *tx;
   ferry_pool *pool;
-  uint64_t remote; /* WRITE mode: a registered buffer at rx */
+  uint64_t remote; /* WRITE mode: a registered buffer at rx, spots BLOCKs long */
+  size_t spots;
   size_t size;
   uint64_t until_ns;
   int send_mode;
@@ -48,8 +53,8 @@ static ferry_status one_message(run *r, void *buf, unsigned long seq) {
   if (r->send_mode)
     return ferry_send(r->tx, ferry_engine_name(r->rx), "bench", &seq, sizeof seq, buf, r->size, -1,
                       0);
-  return ferry_transfer_sync(r->tx, ferry_engine_name(r->rx), FERRY_OP_WRITE, buf, r->remote,
-                             r->size);
+  return ferry_transfer_sync(r->tx, ferry_engine_name(r->rx), FERRY_OP_WRITE, buf,
+                             r->remote + (seq % r->spots) * r->size, r->size);
 }
 
 static void *sender(void *arg) {
@@ -146,7 +151,8 @@ static void print(const run *r, unsigned senders, const char *protocol, figures 
          s.p99_us, ratio);
 }
 
-static ferry_status setup(run *r, const ferry_cli_engine_opts *opts, unsigned senders) {
+static ferry_status setup(run *r, const ferry_cli_engine_opts *opts, unsigned senders,
+                          int fixed_write) {
   ferry_status st = ferry_cli_engine_create(PROG, opts, &r->rx);
   if (st == FERRY_OK)
     st = ferry_cli_engine_create(PROG, opts, &r->tx);
@@ -158,10 +164,12 @@ static ferry_status setup(run *r, const ferry_cli_engine_opts *opts, unsigned se
    * how often a sender runs out of credits, not what a handoff costs
    * (a receiver sizes its pool for many requests, not for four). */
   size_t room = 4 * senders * r->size;
-  st = ferry_pool_create(r->rx, "bench", NULL, room > BENCH_POOL_MIN ? room : BENCH_POOL_MIN,
-                         &r->pool);
+  if (room < BENCH_POOL_MIN)
+    room = BENCH_POOL_MIN;
+  r->spots = fixed_write ? 1 : room / r->size;
+  st = ferry_pool_create(r->rx, "bench", NULL, room, &r->pool);
   if (st == FERRY_OK)
-    st = ferry_memory_alloc(r->rx, senders * r->size, &dst);
+    st = ferry_memory_alloc(r->rx, r->spots * r->size, &dst);
   if (st != FERRY_OK)
     ferry_cli_report(PROG, "create the pool", st);
   else
@@ -170,7 +178,7 @@ static ferry_status setup(run *r, const ferry_cli_engine_opts *opts, unsigned se
 }
 
 int ferry_bench_send(const ferry_cli_engine_opts *opts, size_t block, unsigned senders,
-                     double seconds, int json) {
+                     double seconds, int fixed_write, int json) {
   if (senders > 1024) {
     fprintf(stderr, "%s: at most 1024 threads\n", PROG);
     return 2;
@@ -180,7 +188,7 @@ int ferry_bench_send(const ferry_cli_engine_opts *opts, size_t block, unsigned s
   r.start_ns = calloc(MAX_SAMPLES, sizeof *r.start_ns);
   r.lat_ns = calloc(MAX_SAMPLES, sizeof *r.lat_ns);
   int rc = 1;
-  if (r.start_ns && r.lat_ns && setup(&r, opts, senders) == FERRY_OK) {
+  if (r.start_ns && r.lat_ns && setup(&r, opts, senders, fixed_write) == FERRY_OK) {
     figures w = one_mode(&r, 0, senders, seconds);
     figures s = r.failed ? w : one_mode(&r, 1, senders, seconds);
     char protocol[64];

@@ -17,6 +17,6 @@ int ferry_bench_first_contact(const struct ferry_cli_engine_opts *opts, const ch
 
 /* bench_send.c: `ferry bench --op send`. */
 int ferry_bench_send(const struct ferry_cli_engine_opts *opts, size_t block, unsigned threads,
-                     double seconds, int json);
+                     double seconds, int fixed_write, int json);
 
 #endif

@@ -98,6 +98,7 @@ struct ferry_pool {
   int dead;      /* destroy began */
   unsigned users;
   pthread_cond_t cond; /* a message landed, room was freed, or the pool is dying */
+  int landed_unseen;   /* a message landed since receivers were last woken */
   struct ferry_pool *next;
 };
 
@@ -246,6 +247,14 @@ static void drop_slot(ferry_pool *p, slot *gone) {
   }
 }
 
+/* A sender's name into a field of size bytes (cut to fit): once per
+ * message each way, so no snprintf. */
+static void copy_name(char *to, size_t size, const char *name) {
+  size_t n = strnlen(name, size - 1);
+  memcpy(to, name, n);
+  to[n] = 0;
+}
+
 static void grant_of(ferry_engine *e, ferry_pool *p, const slot *s, ferry_pool_grant *g) {
   *g = (ferry_pool_grant){e->instance_id, s->id, (uint64_t)(uintptr_t)p->base + s->offset,
                           s->length};
@@ -315,7 +324,19 @@ static void queue_slot(ferry_pools *ps, ferry_pool *p, slot *s) {
   ps->inband += s->inband != 0;
   if (p->queued++ == 0)
     set_ready(p, 1);
-  pthread_cond_broadcast(&p->cond);
+  p->landed_unseen = 1; /* wake_receivers */
+}
+
+/* Wakes the receivers of the pools where messages landed. Once per batch
+ * of posted notices (ferry_pools_landed_wake), else per call: a receiver
+ * woken per message of a batch costs a wake and a switch each time, and
+ * on two cores it shares one with the thread serving the batch. */
+static void wake_receivers(ferry_pools *ps) {
+  for (ferry_pool *p = ps->list; p; p = p->next)
+    if (p->landed_unseen) {
+      p->landed_unseen = 0;
+      pthread_cond_broadcast(&p->cond);
+    }
 }
 
 /* LANDED: the message is final once no WRITE into the slot still moves
@@ -344,7 +365,7 @@ static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_poo
   s->inband = inband != FERRY_NOTICE_CONTROL;
   memcpy(s->tag, r->tag, r->tag_len);
   s->tag_len = r->tag_len;
-  snprintf(s->sender, sizeof s->sender, "%s", peer_name);
+  copy_name(s->sender, sizeof s->sender, peer_name);
   if (complete)
     queue_slot(e->pools, p, s);
   else
@@ -377,6 +398,8 @@ ferry_status ferry_pools_serve(ferry_engine *e, uint64_t peer, const char *peer_
     st = serve_grant(e, p, &r, peer, &g);
   else
     st = serve_landed(e, p, &r, peer, peer_name, inband, &g);
+  if (inband != FERRY_NOTICE_POSTED)
+    wake_receivers(e->pools);
   pthread_mutex_unlock(&e->pools->lock);
   ferry_wire_grant_encode(reply, &g);
   return st;
@@ -468,6 +491,7 @@ ferry_status ferry_pools_check_writes(ferry_engine *e, uint64_t peer, const ferr
              (unsigned long long)addr, (unsigned long long)len, p->name, e->name);
     count_out(e->pools, peer, segs, i, 0);
   }
+  wake_receivers(e->pools);
   pthread_mutex_unlock(&e->pools->lock);
   return st;
 }
@@ -478,6 +502,13 @@ void ferry_pools_writes_done(ferry_engine *e, uint64_t peer, const ferry_region 
     return;
   pthread_mutex_lock(&e->pools->lock);
   count_out(e->pools, peer, segs, count, landed);
+  wake_receivers(e->pools);
+  pthread_mutex_unlock(&e->pools->lock);
+}
+
+void ferry_pools_landed_wake(ferry_engine *e) {
+  pthread_mutex_lock(&e->pools->lock);
+  wake_receivers(e->pools);
   pthread_mutex_unlock(&e->pools->lock);
 }
 
@@ -626,7 +657,7 @@ static void take(ferry_pool *p, slot *s, ferry_message *out) {
   out->length = (size_t)s->landed;
   memcpy(out->tag, s->tag, s->tag_len);
   out->tag_len = s->tag_len;
-  snprintf(out->sender, sizeof out->sender, "%s", s->sender);
+  copy_name(out->sender, sizeof out->sender, s->sender);
 }
 
 static ferry_status no_message(ferry_engine *e, ferry_pool *p, const void *tag, size_t tag_len,
@@ -690,8 +721,7 @@ static ferry_status pool_release(ferry_engine *e, ferry_pool *p, uint64_t id) {
 /* ---- the sender ------------------------------------------------------------------ */
 
 /* The pre-grants of target's pool, made on first use; NULL: no memory. */
-static route *route_of(ferry_pools *ps, const char *target, const char *pool) {
-  pthread_mutex_lock(&ps->lock);
+static route *route_locked(ferry_pools *ps, const char *target, const char *pool) {
   route *r = ps->routes;
   while (r && (strcmp(r->target, target) || strcmp(r->pool, pool)))
     r = r->next;
@@ -701,8 +731,21 @@ static route *route_of(ferry_pools *ps, const char *target, const char *pool) {
     r->next = ps->routes;
     ps->routes = r;
   }
+  return r;
+}
+
+static route *route_of(ferry_pools *ps, const char *target, const char *pool) {
+  pthread_mutex_lock(&ps->lock);
+  route *r = route_locked(ps, target, pool);
   pthread_mutex_unlock(&ps->lock);
   return r;
+}
+
+static unsigned held_locked(const route *r) {
+  unsigned n = 0;
+  for (size_t i = 0; i < r->count; i++)
+    n += !r->held[i].given_up;
+  return n;
 }
 
 static int pregrant_fits(const pregrant *g, size_t length, uint64_t instance, uint64_t now) {
@@ -715,9 +758,10 @@ static int pregrant_fits(const pregrant *g, size_t length, uint64_t instance, ui
  * (its memory the warmest). One that does not fit (too small, or older
  * than PREGRANT_FRESH_NS) goes to *stale, to be given back by the grant
  * request (0: none), so pre-grants of other sizes do not hold the pool's
- * room; other incarnations' entries are void and dropped. */
+ * room; other incarnations' entries are void and dropped. *left: the
+ * pre-grants still held after it. */
 static int take_pregrant(ferry_pools *ps, route *r, size_t length, uint64_t instance,
-                         ferry_pool_grant *out, uint64_t *stale) {
+                         ferry_pool_grant *out, uint64_t *stale, unsigned *left) {
   uint64_t now = ferry_now_ns();
   size_t kept = 0, take = SIZE_MAX;
   *stale = 0;
@@ -736,15 +780,15 @@ static int take_pregrant(ferry_pools *ps, route *r, size_t length, uint64_t inst
       r->held[kept++] = *g;
   }
   r->count = kept;
+  *left = held_locked(r);
   pthread_mutex_unlock(&ps->lock);
   return take != SIZE_MAX;
 }
 
 /* Caches a pre-grant for the next send to r's pool, granted at got_ns;
  * given_up: a slot only to be given back by the next grant request. */
-static void keep_grant_of(ferry_pools *ps, route *r, const ferry_pool_grant *grant, int given_up,
-                          uint64_t got_ns, uint64_t epoch) {
-  pthread_mutex_lock(&ps->lock);
+static void keep_grant_locked(route *r, const ferry_pool_grant *grant, int given_up,
+                              uint64_t got_ns, uint64_t epoch) {
   if (r->count == r->cap) {
     size_t cap = r->cap ? 2 * r->cap : CREDITS_MAX;
     pregrant *held = realloc(r->held, cap * sizeof *held);
@@ -754,19 +798,20 @@ static void keep_grant_of(ferry_pools *ps, route *r, const ferry_pool_grant *gra
   if (r->count < r->cap) /* else the slot idles until this engine's connections end */
     r->held[r->count++] =
         (pregrant){.grant = *grant, .got_ns = got_ns, .epoch = epoch, .given_up = given_up};
-  pthread_mutex_unlock(&ps->lock);
 }
 
 static void keep_pregrant(ferry_pools *ps, route *r, const ferry_pool_grant *grant, int given_up,
                           uint64_t epoch) {
-  keep_grant_of(ps, r, grant, given_up, ferry_now_ns(), epoch);
+  uint64_t now = ferry_now_ns();
+  pthread_mutex_lock(&ps->lock);
+  keep_grant_locked(r, grant, given_up, now, epoch);
+  pthread_mutex_unlock(&ps->lock);
 }
 
 /* The transport's credits moved to another epoch: pre-grants of this
  * target cached under an earlier one may name slots the target took back
  * (or gave to another sender); they are only to be given back. */
-static void void_pregrants(ferry_pools *ps, const char *target, uint64_t epoch) {
-  pthread_mutex_lock(&ps->lock);
+static void void_pregrants_locked(ferry_pools *ps, const char *target, uint64_t epoch) {
   for (route *r = ps->routes; r; r = r->next) {
     if (strcmp(r->target, target))
       continue;
@@ -774,14 +819,6 @@ static void void_pregrants(ferry_pools *ps, const char *target, uint64_t epoch) 
       if (r->held[i].epoch != epoch)
         r->held[i].given_up = 1;
   }
-  pthread_mutex_unlock(&ps->lock);
-}
-
-static unsigned held_locked(const route *r) {
-  unsigned n = 0;
-  for (size_t i = 0; i < r->count; i++)
-    n += !r->held[i].given_up;
-  return n;
 }
 
 /* Pre-grants cached for sends to r's pool. */
@@ -813,10 +850,8 @@ static int credit_wait(ferry_pools *ps, const route *r, unsigned most) {
 }
 
 /* A credit came for r's pool, or (none) a wait for them found none. */
-static void credits_answered(ferry_pools *ps, route *r, int none) {
-  pthread_mutex_lock(&ps->lock);
+static void credits_answered_locked(route *r, int none) {
   r->asked = none || !r->asked ? 0 : r->asked - 1;
-  pthread_mutex_unlock(&ps->lock);
 }
 
 /* A posted notice asked for a credit for r's pool. */
@@ -839,16 +874,20 @@ static uint64_t collect_credits(ferry_engine *e, route *r, size_t length, const 
     return 0;
   int wait = credit_wait(e->pools, r, credits_most(length));
   size_t n = t->take_credits(peer, instance, got, CREDITS_PER_TAKE, wait, &epoch);
-  void_pregrants(e->pools, r->target, epoch); /* epoch 0: the link that carried them is gone */
+  /* One critical section for them all: every sender thread, the receiver
+   * and the serving threads share the lock. */
+  pthread_mutex_lock(&e->pools->lock);
+  void_pregrants_locked(e->pools, r->target, epoch); /* epoch 0: their link is gone */
   if (wait && !n)
-    credits_answered(e->pools, r, 1);
+    credits_answered_locked(r, 1);
   for (size_t i = 0; i < n; i++) {
-    route *to = strcmp(got[i].pool, r->pool) ? route_of(e->pools, r->target, got[i].pool) : r;
+    route *to = strcmp(got[i].pool, r->pool) ? route_locked(e->pools, r->target, got[i].pool) : r;
     if (!to)
       continue;
-    keep_grant_of(e->pools, to, &got[i].grant, 0, got[i].issued_ns, epoch);
-    credits_answered(e->pools, to, 0);
+    keep_grant_locked(to, &got[i].grant, 0, got[i].issued_ns, epoch);
+    credits_answered_locked(to, 0);
   }
+  pthread_mutex_unlock(&e->pools->lock);
   return epoch;
 }
 
@@ -936,8 +975,9 @@ static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
                       a->pool, a->target);
   if (use_cache)
     o->epoch = collect_credits(e, o->route, a->length, transport, o->peer, instance);
+  unsigned held = 0;
   o->cached =
-      use_cache && take_pregrant(e->pools, o->route, a->length, instance, &o->grant, &stale);
+      use_cache && take_pregrant(e->pools, o->route, a->length, instance, &o->grant, &stale, &held);
   if (!o->cached)
     st = request_grant(a, o->peer, stale, &o->grant);
   else if (stale) /* no grant request to carry it back this time: the next one will */
@@ -952,7 +992,7 @@ static ferry_status prepare(outgoing *o, const send_args *a, int use_cache) {
   if (st)
     return st;
   unsigned most = transport->take_credits ? credits_most(a->length) : PREGRANTS_PER_POOL;
-  o->asks = pregrants_held(e->pools, o->route) < most;
+  o->asks = (o->cached ? held : pregrants_held(e->pools, o->route)) < most;
   ferry_pool_req r = {.op = FERRY_POOL_LANDED,
                       .flags = o->asks ? FERRY_POOL_NEXT : 0,
                       .grant = o->grant.id,

@@ -26,10 +26,13 @@ void ferry_pools_destroy(ferry_engine *engine);
  * FERRY_NOTICE_*); on FERRY_OK reply holds the POOL_REPLY body. May wait
  * for room in the pool up to the request's wait_ms, at most the engine's
  * timeout_ms; a posted message is served only if it is a LANDED (it never
- * waits). */
+ * waits), and its receivers wake only at ferry_pools_landed_wake. */
 ferry_status ferry_pools_serve(ferry_engine *engine, uint64_t peer, const char *peer_name,
                                const uint8_t *body, size_t len, int inband,
                                uint8_t reply[FERRY_WIRE_POOL_REPLY_SIZE]);
+/* After a batch of posted notices was served: wakes the receivers of the
+ * pools where their messages landed (once, not once per message). */
+void ferry_pools_landed_wake(ferry_engine *engine);
 /* The pools' part of a stats snapshot (ferry.h: pool_*). */
 void ferry_pools_stats(ferry_engine *engine, ferry_stats *out);
 /* A WRITE of segs by peer: FERRY_OK unless one touches a pool outside a

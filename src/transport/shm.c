@@ -970,8 +970,7 @@ static int credits_coming(shm_link *l) {
 static void await_credits(shm_link *l, uint64_t deadline_ns) {
   shm_post *q = l->post;
   pthread_mutex_lock(&l->wait_lock);
-  __atomic_add_fetch(&q->awaiting, 1, __ATOMIC_SEQ_CST);
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  __atomic_add_fetch(&q->awaiting, 1, __ATOMIC_SEQ_CST); /* before the loads: shm.h */
   for (uint64_t now = ferry_now_ns(); credits_coming(l) && now < deadline_ns;
        now = ferry_now_ns()) {
     struct pollfd p[2] = {{l->cefd, POLLIN, 0}, {l->fd, POLLRDHUP, 0}};

@@ -73,8 +73,11 @@ typedef struct shm_table {
  * yet sleeps on the link's second eventfd (the credit eventfd) instead of
  * asking the control connection: it counts itself in `awaiting`, then
  * looks at credits_given and tail again; the service writes that
- * eventfd after serving notices while `awaiting` is nonzero (stores
- * before loads on both sides, so one of them sees the other).
+ * eventfd after serving notices while `awaiting` is nonzero. Both sides
+ * touch `awaiting` with a read-modify-write, the sender before it loads
+ * tail and credits_given, the service after it stores them: of two
+ * read-modify-writes of one word, the later reads what the earlier
+ * published, so one of them sees the other (no fence needed).
  *
  * `closed`: the service is dropping the link (a hang-up, a cut, a
  * protocol error). It stores SHM_CLOSING, serves the ring once more, then

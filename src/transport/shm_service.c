@@ -386,8 +386,7 @@ static void conn_drop(ferry_shm_service *s, svc_conn *c) {
   pthread_mutex_unlock(&s->lock);
   if (c->post) {
     __atomic_store_n(&c->post->closed, SHM_CLOSING, __ATOMIC_SEQ_CST);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* before head is read: shm.h */
-    serve_posted(s, c);                      /* the last notices (shm.h: `closed`) */
+    serve_posted(s, c); /* the last notices (shm.h: `closed`) */
     __atomic_store_n(&c->post->closed, SHM_DRAINED, __ATOMIC_SEQ_CST);
     ferry_pools_peer_left(s->engine, c->sender);
   }
@@ -657,11 +656,11 @@ static void serve_notice(ferry_shm_service *s, svc_conn *c, const uint8_t *body,
 }
 
 /* Notices were served: a sender thread asleep for the credits they may
- * have brought wakes (its count is loaded after our stores of tail and
- * credits_given, as it loads those after storing it). */
+ * have brought wakes. The count is read with a read-modify-write after
+ * our stores of tail and credits_given, as the sender increments it
+ * before it reads those: the later of the two sees the other (shm.h). */
 static void wake_awaiting(svc_conn *c) {
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (!__atomic_load_n(&c->post->awaiting, __ATOMIC_SEQ_CST))
+  if (!__atomic_fetch_add(&c->post->awaiting, 0, __ATOMIC_SEQ_CST))
     return;
   uint64_t one = 1;
   ssize_t w = write(c->cefd, &one, sizeof one);
@@ -672,7 +671,10 @@ static void wake_awaiting(svc_conn *c) {
  * indices are impossible (the link is then cut off). */
 static int serve_posted(ferry_shm_service *s, svc_conn *c) {
   shm_post *q = c->post;
-  uint64_t head = __atomic_load_n(&q->head, __ATOMIC_ACQUIRE);
+  /* Sequentially consistent, as the sender's store of head and its load
+   * of `closed` are: a drain after SHM_CLOSING sees its notice, or the
+   * sender sees the link closing (shm.h). */
+  uint64_t head = __atomic_load_n(&q->head, __ATOMIC_SEQ_CST);
   if (head - c->tail > SHM_NOTICES)
     return -1;
   if (head == c->tail)
@@ -690,6 +692,7 @@ static int serve_posted(ferry_shm_service *s, svc_conn *c) {
     memcpy(body, n->body, len);
     serve_notice(s, c, body, len);
   }
+  ferry_pools_landed_wake(s->engine);
   wake_awaiting(c);
   return 0;
 }

@@ -237,6 +237,39 @@ static int asleep(sending *s) {
 
 static int finished(sending *s) { return __atomic_load_n(&s->done, __ATOMIC_ACQUIRE); }
 
+static void *recv_thread(void *arg) {
+  sending *s = arg;
+  __atomic_store_n(&s->tid, gettid(), __ATOMIC_RELEASE);
+  ferry_message m;
+  s->st = ferry_recv(s->p->rx, s->p->pool, s->tag, strlen(s->tag), 60000, &m);
+  if (!s->st)
+    s->st = ferry_pool_release(s->p->rx, s->p->pool, m.slot);
+  __atomic_store_n(&s->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* A receiver asleep in ferry_recv wakes when a posted notice lands
+ * (ferry_pools_landed_wake after the service's batch), not at the end of
+ * its recv's 60 s: the test waits 20 s at most. */
+static void a_posted_message_wakes_its_receiver(void **state) {
+  (void)state;
+  pair *p = pair_new(1 * MiB);
+  warm_up(p);
+  sending r = {.p = p, .tag = "late"};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, recv_thread, &r), 0);
+  int slept = wait_for(asleep, &r);
+  ferry_status sent = send_tag(p, "late", 0, 64 * KiB, -1);
+  int woke = wait_for(finished, &r);
+  pthread_join(t, NULL);
+  assert_true(slept);
+  assert_int_equal(sent, FERRY_OK);
+  assert_true(woke);
+  assert_int_equal(r.st, FERRY_OK);
+  assert_int_equal(landed_at(p->rx).inband, 2); /* both posted */
+  pair_free(p);
+}
+
 static void send_mib(pair *p, const char *target, const char *tag) {
   if (ferry_send(p->tx, target, "emb", tag, strlen(tag), p->out, MiB, -1, 0))
     fail_msg("send %s: %s", tag, ferry_last_error());
@@ -724,6 +757,7 @@ int main(void) {
       cmocka_unit_test(notices_ride_the_ring),
       cmocka_unit_test(steady_sends_cross_no_socket),
       cmocka_unit_test(a_sender_without_credits_sleeps_until_they_come),
+      cmocka_unit_test(a_posted_message_wakes_its_receiver),
       cmocka_unit_test(forged_ring_entries_are_refused),
       cmocka_unit_test(restarted_receiver_voids_credits),
       cmocka_unit_test(send_after_a_restart_without_a_fitting_credit),
