@@ -555,7 +555,8 @@ void ferry_pools_peer_left(ferry_engine *e, uint64_t peer) {
       ferry_transports[i]->peer_gone(e, peer);
   pthread_mutex_lock(&e->pools->lock);
   /* A connection that came meanwhile may already hold fresh grants: they stay. */
-  for (ferry_pool *p = e->pools->list; p && !sender_find(e->pools, peer); p = p->next) {
+  ferry_pool *first = sender_find(e->pools, peer) ? NULL : e->pools->list;
+  for (ferry_pool *p = first; p; p = p->next) {
     slot *s = p->slots;
     while (s) {
       slot *next = s->next;
