@@ -458,7 +458,8 @@ typedef struct ferry_stats_rail {
   const char *rail;
   uint64_t bytes[2]; /* by ferry_op: bytes moved and acknowledged on it */
   uint64_t failures; /* times its link failed and it was taken out of use */
-  int up;            /* 0 while out of use (back-off after a failure) */
+  int up;            /* 0 from a failure until a connection over it works again (one is tried
+                      * once its back-off ended) */
 } ferry_stats_rail;
 
 /* Grows only at its end (the library allocates it). */

@@ -152,7 +152,6 @@ static int add_peer_rails(ferry_stats *s, ferry_peer *p) {
   int failed = n && !grown;
   if (!failed)
     s->rails = grown;
-  uint64_t now = ferry_now_ns();
   for (unsigned r = 0; r < n && !failed; r++) {
     ferry_stats_rail *out = &s->rails[s->rail_count];
     const ferry_peer_rail *rail = &p->rails[r];
@@ -162,7 +161,7 @@ static int add_peer_rails(ferry_stats *s, ferry_peer *p) {
     out->bytes[0] = GET(rail->bytes[0]);
     out->bytes[1] = GET(rail->bytes[1]);
     out->failures = GET(rail->failures);
-    out->up = rail->down_until_ns <= now;
+    out->up = rail->down_until_ns == 0; /* reset when a channel over it opens */
     s->rail_count++;
   }
   pthread_mutex_unlock(&p->lock);
@@ -340,7 +339,8 @@ static void put_rails(FILE *f, const ferry_stats *s) {
     put_rail_labels(f, &s->rails[i]);
     fprintf(f, " %llu\n", (unsigned long long)s->rails[i].failures);
   }
-  put_head(f, "ferry_rail_up", "gauge", "1 when the rail is in use, 0 while out of use.");
+  put_head(f, "ferry_rail_up", "gauge",
+           "1 when the rail is in use, 0 from its failure until a connection over it works again.");
   for (size_t i = 0; i < s->rail_count; i++) {
     fputs("ferry_rail_up{", f);
     put_rail_labels(f, &s->rails[i]);

@@ -93,7 +93,9 @@ static void striped_over_two_fabric_rails(void **state) {
 
 /* The target's rail 1 link dies (its sockets cut): the chunks lost with it
  * move to rail 0, every transfer still completes verified, and rail 1 is
- * taken out of use. */
+ * taken out of use (counted as failed; its back-off may end during the
+ * round trips on a slow machine, and rxm's endpoint then opens without
+ * connecting, so whether it shows up at the end is not what is checked). */
 static void rail_link_cut(void **state) {
   test_rig r;
   rig_start(&r);
@@ -105,11 +107,15 @@ static void rail_link_cut(void **state) {
   for (int i = 0; i < 3; i++)
     round_trip(&r);
   int up[2];
+  uint64_t failures[2];
   assert_int_equal(rail_bytes_up(&r, after, up, 2), 2);
-  print_message("after the cut: rail 0 +%llu bytes, rail 1 +%llu bytes, up %d %d\n",
+  test_rig_rail_failures(&r, failures, 2);
+  print_message("after the cut: rail 0 +%llu bytes, rail 1 +%llu bytes, up %d %d, failures "
+                "%llu %llu\n",
                 (unsigned long long)(after[0] - before[0]),
-                (unsigned long long)(after[1] - before[1]), up[0], up[1]);
-  assert_true(after[0] > before[0] && !up[1] && up[0]);
+                (unsigned long long)(after[1] - before[1]), up[0], up[1],
+                (unsigned long long)failures[0], (unsigned long long)failures[1]);
+  assert_true(after[0] > before[0] && up[0] && !failures[0] && failures[1]);
   test_rig_stop(&r);
 }
 
