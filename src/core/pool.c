@@ -490,8 +490,8 @@ ferry_status ferry_pools_check_writes(ferry_engine *e, uint64_t peer, const ferr
              "granted to this sender and not landed yet",
              (unsigned long long)addr, (unsigned long long)len, p->name, e->name);
     count_out(e->pools, peer, segs, i, 0);
+    wake_receivers(e->pools); /* counting out may have completed a PENDING message */
   }
-  wake_receivers(e->pools);
   pthread_mutex_unlock(&e->pools->lock);
   return st;
 }
