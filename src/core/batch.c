@@ -8,6 +8,7 @@
  * another rail moves it (once): another rail of the same transport, or
  * one of a standby transport (peer.c). */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,6 +167,8 @@ static void copy_chunk(ferry_chunk *to, const ferry_chunk *from) {
   memcpy(to->remote, from->remote, from->count * sizeof *from->remote);
 }
 
+#define ANY_RAIL UINT_MAX /* the avoid_rail of a lost chunk that every rail may take */
+
 /* With the lock: a lost chunk this rail may take, off the list. */
 static int take_retry_locked(ferry_batch *b, unsigned rail, ferry_chunk *c) {
   for (ferry_retry **pp = &b->retries; *pp; pp = &(*pp)->next) {
@@ -306,21 +309,30 @@ void ferry_batch_complete(ferry_batch *b, ferry_status status) {
   pthread_mutex_unlock(&b->lock);
 }
 
-/* Queues a chunk lost on ch's rail for another rail; 0 when it cannot be
- * (moved again once already, no other rail up, the batch failed). */
+/* Queues a chunk lost on ch's rail for a channel on another rail; 0 when
+ * it cannot be (moved again once already, one rail only, the batch
+ * failed). Where ch's rail was the last one up, every rail lost its link at
+ * once: the mark of a target that cut all its connections (fabric's IP
+ * providers do when it unregisters memory, fabric_sockets.c), not of one
+ * dead NIC. The chunk then takes a fresh connection on any rail, and so may
+ * those queued to avoid a rail (their other one is down too). A target
+ * really unreachable fails it there: each rail's connect fails, and the
+ * batch gets every rail's cause. */
 static int retry_elsewhere(ferry_batch *b, ferry_channel *ch, const ferry_chunk *c) {
-  int other = ferry_peer_rail_failed(b->peer, ch); /* before the retried check: marks it down */
-  if (c->retried || !other)
+  ferry_rails_left left = ferry_peer_rail_failed(b->peer, ch); /* marks it down */
+  if (c->retried || left == FERRY_RAILS_NONE)
     return 0;
   ferry_retry *r = malloc(sizeof *r);
   if (!r)
     return 0;
   copy_chunk(&r->chunk, c);
   r->chunk.retried = 1;
-  r->avoid_rail = ch->rail;
+  r->avoid_rail = left == FERRY_RAILS_OTHER ? ch->rail : ANY_RAIL;
   pthread_mutex_lock(&b->lock);
   int queued = !b->error && b->state == FERRY_BATCH_PENDING;
   if (queued) {
+    for (ferry_retry *q = b->retries; q && left == FERRY_RAILS_ALL_DOWN; q = q->next)
+      q->avoid_rail = ANY_RAIL;
     r->next = b->retries;
     b->retries = r;
   }
@@ -328,8 +340,8 @@ static int retry_elsewhere(ferry_batch *b, ferry_channel *ch, const ferry_chunk 
   if (!queued)
     free(r);
   else
-    FERRY_DEBUG("chunk of %llu bytes to %s moves again on another rail",
-                (unsigned long long)c->bytes, b->address);
+    FERRY_DEBUG("chunk of %llu bytes to %s moves again on %s rail", (unsigned long long)c->bytes,
+                b->address, left == FERRY_RAILS_OTHER ? "another" : "a fresh connection of any");
   return queued;
 }
 

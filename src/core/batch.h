@@ -37,7 +37,7 @@ typedef struct ferry_after {
 /* A chunk lost with its rail's link, waiting for a channel on another. */
 typedef struct ferry_retry {
   struct ferry_retry *next;
-  unsigned avoid_rail;
+  unsigned avoid_rail; /* the rail it was lost on, or UINT_MAX: none (batch.c) */
   ferry_chunk chunk;
 } ferry_retry;
 

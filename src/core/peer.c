@@ -791,18 +791,20 @@ static ferry_status rails_all_down(ferry_peer *p, ferry_status st) {
 
 static int link_failure(ferry_status st) { return st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT; }
 
-int ferry_peer_rail_failed(ferry_peer *p, ferry_channel *ch) {
+ferry_rails_left ferry_peer_rail_failed(ferry_peer *p, ferry_channel *ch) {
   pthread_mutex_lock(&p->lock);
-  int other = 0;
+  ferry_rails_left left = FERRY_RAILS_NONE;
   if (p->rail_count >= 2 && !ferry_engine_closing(p->engine)) {
     if (ch->rail_generation == p->rails[ch->rail].generation) /* first to see it */
       rail_down_locked(p, ch->rail);
-    other = ferry_rails_other_usable(p->rails, p->rail_count, ch->rail, ferry_now_ns());
-    if (!other)
+    left = ferry_rails_other_usable(p->rails, p->rail_count, ch->rail, ferry_now_ns())
+               ? FERRY_RAILS_OTHER
+               : FERRY_RAILS_ALL_DOWN;
+    if (left == FERRY_RAILS_ALL_DOWN)
       rails_all_down(p, FERRY_ESOCKET); /* the detail the batch fails with */
   }
   pthread_mutex_unlock(&p->lock);
-  return other;
+  return left;
 }
 
 int ferry_peer_can_fail_over(ferry_peer *p, ferry_channel *ch) {

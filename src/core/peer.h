@@ -104,11 +104,17 @@ ferry_status ferry_peer_connect(ferry_peer *peer, ferry_conn_kind kind, uint64_t
 ferry_status ferry_peer_connect_at(ferry_peer *peer, const char *rail, ferry_conn_kind kind,
                                    uint64_t deadline_ns, int *fd, ferry_hello_reply *reply,
                                    ferry_session *session);
+/* What ferry_peer_rail_failed leaves a lost chunk. */
+typedef enum ferry_rails_left {
+  FERRY_RAILS_NONE,     /* one rail (or closing): the chunk fails with its link */
+  FERRY_RAILS_OTHER,    /* another rail is up and can take it */
+  FERRY_RAILS_ALL_DOWN, /* this was the last rail up: every one is out of use */
+} ferry_rails_left;
 /* A chunk on channel's rail failed because the link did (already in the
- * error detail): takes the rail out of use (one WARN). Nonzero when another
- * rail can take the chunk instead; otherwise, with several rails, the error
- * detail becomes every rail's cause. */
-int ferry_peer_rail_failed(ferry_peer *peer, struct ferry_channel *channel);
+ * error detail): takes the rail out of use (one WARN) and says where the
+ * chunk may go; with several rails and none left up, the error detail
+ * becomes every rail's cause. */
+ferry_rails_left ferry_peer_rail_failed(ferry_peer *peer, struct ferry_channel *channel);
 /* Nonzero when another rail (of this transport or a standby one) is usable
  * now, so chunks lost on channel's rail could move there: a transport then
  * gives up a silent link after the engine's stall bound (stall_ms) instead

@@ -37,12 +37,14 @@
 #define ABORTS_PER_WRITE 2 /* within the initiator's bound of moves per chunk */
 #define WAIT_S 60.0        /* a bound on waiting for the other thread, not a timing */
 
-static ferry_engine *fabric_engine(const char *provider) {
+/* rails: NULL, or the target's rail_hosts. */
+static ferry_engine *fabric_engine(const char *provider, const char *rails) {
   ferry_config cfg;
   ferry_config_init(&cfg);
   cfg.bind_host = cfg.advertise_host = "127.0.0.1";
   cfg.transports = FERRY_TRANSPORT_FABRIC;
   cfg.fabric_provider = provider;
+  cfg.rail_hosts = rails;
   ferry_engine *e = NULL;
   if (ferry_engine_create(&cfg, &e) != FERRY_OK)
     fail_msg("engine on %s: %s", provider, ferry_last_error());
@@ -139,8 +141,8 @@ static unsigned write_through_aborts(ferry_engine *a, ferry_engine *b, uint8_t *
   return aborts;
 }
 
-static void others_unregister_during_a_write(const char *provider) {
-  ferry_engine *a = fabric_engine(provider), *b = fabric_engine(provider);
+static void others_unregister_during_a_write(const char *provider, const char *rails) {
+  ferry_engine *a = fabric_engine(provider, rails), *b = fabric_engine(provider, NULL);
   uint8_t *dst = test_buffer(a, WRITE_SIZE), *src = test_buffer(b, WRITE_SIZE);
   unsigned aborts = 0;
   for (int round = 0; round < ROUNDS; round++) {
@@ -148,9 +150,10 @@ static void others_unregister_during_a_write(const char *provider) {
     src[0] |= 1; /* never 0: its landing is seen */
     aborts += write_through_aborts(a, b, dst, src);
   }
-  print_message("%s: %d WRITEs of %llu MiB verified through %u aborts; %llu operations moved "
+  print_message("%s%s%s: %d WRITEs of %llu MiB verified through %u aborts; %llu operations moved "
                 "again\n",
-                provider, ROUNDS, (unsigned long long)(WRITE_SIZE / MiB), aborts,
+                provider, rails ? ", rails " : "", rails ? rails : "", ROUNDS,
+                (unsigned long long)(WRITE_SIZE / MiB), aborts,
                 (unsigned long long)counter(&b->fabric->reposts));
   assert_true(aborts > 0);
   ferry_engine_destroy(b);
@@ -160,11 +163,17 @@ static void others_unregister_during_a_write(const char *provider) {
 }
 
 static void others_unregister_during_a_write_tcp(void **state) {
-  others_unregister_during_a_write("tcp;ofi_rxm");
+  others_unregister_during_a_write("tcp;ofi_rxm", NULL);
 }
 
 static void others_unregister_during_a_write_net(void **state) {
-  others_unregister_during_a_write("net");
+  others_unregister_during_a_write("net", NULL);
+}
+
+/* Every rail's connections are cut at once, so no rail is left to move a
+ * cut chunk to: it moves again on a fresh connection all the same. */
+static void others_unregister_during_a_striped_write_tcp(void **state) {
+  others_unregister_during_a_write("tcp;ofi_rxm", "127.0.0.1,127.0.0.2");
 }
 
 int main(void) {
@@ -174,6 +183,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(others_unregister_during_a_write_tcp),
       cmocka_unit_test(others_unregister_during_a_write_net),
+      cmocka_unit_test(others_unregister_during_a_striped_write_tcp),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
