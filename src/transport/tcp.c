@@ -21,6 +21,7 @@
  * (ferry_sock.stall_ns): it is cut at the target, as a broken one is, and
  * its chunks move on. */
 #include <endian.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,6 +277,31 @@ static ferry_status receive_reply(tcp_channel *ch, tcp_slot *s, uint64_t id, int
   return st;
 }
 
+/* Nonzero once the target has ended its side of the connection (a FIN or
+ * a reset): every byte it sent is queued here, so reading cannot wait. */
+static int target_hung_up(const tcp_channel *ch) {
+  struct pollfd p = {.fd = ch->sock.fd, .events = POLLIN | POLLRDHUP};
+  return poll(&p, 1, 0) == 1 && p.revents & (POLLHUP | POLLRDHUP | POLLERR);
+}
+
+/* The outcome of a frame in flight when a send failed (failed, in the
+ * error detail). A target that refused the frame and closed (a fence:
+ * "region ... unregistered at T while the WRITE from P was in flight")
+ * answered before its reset, so the answer is queued here and says more
+ * than "Broken pipe". It is read only from a target that hung up. */
+static ferry_status after_failed_send(tcp_channel *ch, tcp_slot *s, uint64_t id, int checksum,
+                                      ferry_status failed) {
+  if (failed != FERRY_ESOCKET || !target_hung_up(ch))
+    return failed;
+  char cause[FERRY_ERROR_MAX];
+  snprintf(cause, sizeof cause, "%s", ferry_last_error());
+  int fatal;
+  ferry_status st = receive_reply(ch, s, id, checksum, &fatal);
+  if (!fatal)
+    return st; /* the target's own answer */
+  return ferry_fail(failed, "%s", cause);
+}
+
 /* What became of the WRITEs a broken connection left unacknowledged. */
 enum { CUT_NOT_NEEDED, CUT_CONFIRMED, CUT_UNCONFIRMED };
 
@@ -323,14 +349,14 @@ static ferry_status tcp_drive(ferry_channel *base, ferry_batch *b) {
     if (done == sent)
       break;
     int fatal = 0;
-    ferry_status st =
-        base->broken ? first
-                     : receive_reply(ch, &ch->slots[done % TCP_WINDOW], done, checksum, &fatal);
+    tcp_slot *slot = &ch->slots[done % TCP_WINDOW];
+    ferry_status st = base->broken ? after_failed_send(ch, slot, done, checksum, first)
+                                   : receive_reply(ch, slot, done, checksum, &fatal);
     if (fatal)
       base->broken = 1;
     if (st && !first)
       first = st;
-    ferry_chunk *c = &ch->slots[done % TCP_WINDOW].chunk;
+    ferry_chunk *c = &slot->chunk;
     if (st == FERRY_ESOCKET && c->op == FERRY_OP_WRITE) {
       if (cut == CUT_NOT_NEEDED)
         cut = cut_at_target(ch, b->deadline_ns);
