@@ -158,6 +158,13 @@ int ferry_batch_has_work(ferry_batch *b) {
   return work;
 }
 
+ferry_status ferry_batch_error(ferry_batch *b) {
+  pthread_mutex_lock(&b->lock);
+  ferry_status st = b->error;
+  pthread_mutex_unlock(&b->lock);
+  return st;
+}
+
 static void copy_chunk(ferry_chunk *to, const ferry_chunk *from) {
   to->op = from->op;
   to->count = from->count;
@@ -319,6 +326,8 @@ void ferry_batch_complete(ferry_batch *b, ferry_status status) {
  * really unreachable fails it there: each rail's connect fails, and the
  * batch gets every rail's cause. */
 static int retry_elsewhere(ferry_batch *b, ferry_channel *ch, const ferry_chunk *c) {
+  if (ferry_batch_error(b))
+    return 0; /* failed already: the chunk moves nowhere, nor does its end say its rail died */
   ferry_rails_left left = ferry_peer_rail_failed(b->peer, ch); /* marks it down */
   if (c->retried || left == FERRY_RAILS_NONE)
     return 0;

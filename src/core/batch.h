@@ -96,6 +96,9 @@ void ferry_batch_fail(ferry_batch *batch, ferry_status status);
 int ferry_batch_claim_after(ferry_batch *batch, size_t slice_size, ferry_chunk *chunk,
                             ferry_after **after);
 int ferry_batch_has_work(ferry_batch *batch);
+/* The error a chunk failed the batch with, FERRY_OK while none did: chunks
+ * still in flight then cannot change the outcome. */
+ferry_status ferry_batch_error(ferry_batch *batch);
 void ferry_batch_release(ferry_batch *batch);
 
 /* A synchronous batch (as ferry_transfer_sync_batch) whose target serves

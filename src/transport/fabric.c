@@ -104,13 +104,6 @@
  * bound keeps a target that keeps cutting from holding a call until its
  * deadline). */
 #define FABRIC_REPOSTS 2
-/* A fresh endpoint that completes nothing this long after renew cannot
- * reach the target (its link or listener is gone, not just the old
- * connection): its chunks then fail as on a lost link instead of at the
- * deadline. Its first completion took up to 271 ms (median 71) in
- * test_fabric_fence beside two CPU burners, 16 operations of 512 KiB in
- * flight on each of 4 channels. */
-#define FABRIC_RENEW_NS (2000 * 1000 * 1000ull)
 
 typedef struct fabric_slot {
   ferry_chunk chunk;
@@ -142,6 +135,7 @@ typedef struct fabric_channel {
   size_t dest_addr_len;
   int renew;           /* slots wait to be posted again on a fresh endpoint (repost) */
   uint64_t renewed_ns; /* when a fresh endpoint replaced a cut one; 0 once it completed */
+  int outcome_known;   /* the batch failed on another channel: this turn ends */
   uint64_t refused_ns; /* since when the provider refuses every post with nothing in flight */
   struct sockaddr_storage dest_ip; /* the target endpoint's address on an IP provider */
   socklen_t dest_ip_len;           /* 0: not one */
@@ -598,7 +592,13 @@ static int moves_again(fabric_channel *ch, fabric_slot *s, ferry_status *st) {
     *st = FERRY_ENOTREG;
     return 0;
   }
-  ferry_fail(*st, "%s", detail);
+  /* A refused key while the fresh table holds every range: the refusal
+   * was the connection's (a cut's operations can come back so on
+   * tcp;ofi_rxm), or of a key the target replaced by registering again,
+   * and a repost takes the table's. */
+  int held = fetched && *st == FERRY_ENOTREG;
+  *st = held ? FERRY_ESOCKET : *st;
+  ferry_fail(*st, "%s%s", detail, held ? "; the target still holds that range" : "");
   return fetched && *st == FERRY_ESOCKET && !s->st && s->reposts < FABRIC_REPOSTS &&
          !ferry_peer_can_fail_over(ch->base.peer, &ch->base);
 }
@@ -656,15 +656,31 @@ static int reap(fabric_channel *ch) {
   return -1;
 }
 
-/* Why the channel cannot go on waiting, or FERRY_OK. */
+/* Why the channel cannot go on waiting, or FERRY_OK. A fresh endpoint
+ * that completed nothing within connect_timeout_ms of renew cannot reach
+ * the target (its link or listener is gone, not just the old connection):
+ * its chunks then fail as on a lost link instead of at the deadline. Its
+ * first completion took up to 271 ms (median 71) in test_fabric_fence
+ * beside two CPU burners, 16 operations of 512 KiB in flight on each of 4
+ * channels: the connection it must make is most of that. Once the batch
+ * failed on another channel, this one's operations cannot change the
+ * outcome, and the call returns only when they end: they are abandoned
+ * (a channel opened after its target's endpoint died would hold the call
+ * until the deadline). */
 static ferry_status wait_status(fabric_channel *ch) {
   if (__atomic_load_n(&ch->stopping, __ATOMIC_ACQUIRE))
     return ferry_fail(FERRY_ECLOSED, "fabric transfer to %s ended by shutdown", ch->address);
-  if (ch->renewed_ns && ferry_now_ns() - ch->renewed_ns >= FABRIC_RENEW_NS)
+  ferry_status failed = ferry_batch_error(ch->batch);
+  ch->outcome_known = failed != FERRY_OK;
+  if (failed) /* the call returns once this channel's operations end too */
+    return ferry_fail(failed, "fabric transfer to %s: the batch failed on another channel",
+                      ch->address);
+  uint32_t renew_ms = ch->base.peer->engine->cfg.connect_timeout_ms;
+  if (ch->renewed_ns && ferry_now_ns() - ch->renewed_ns >= renew_ms * 1000000ull)
     return ferry_fail(FERRY_ESOCKET,
                       "fabric transfer to %s: its connection broke, and a fresh endpoint "
-                      "completed nothing in %llu ms",
-                      ch->address, FABRIC_RENEW_NS / 1000000ull);
+                      "completed nothing in %u ms (connect_timeout_ms)",
+                      ch->address, renew_ms);
   if (ferry_now_ns() >= ch->batch->deadline_ns)
     return ferry_fail(FERRY_ETIMEDOUT,
                       "fabric transfer to %s: no completion by the deadline (%u operations in "
@@ -942,7 +958,7 @@ static ferry_status post_more(fabric_channel *ch, size_t slice) {
     st = post_one(ch, s);
     if (st == FERRY_EBUSY)
       return FERRY_OK; /* cut meanwhile: posted on the fresh endpoint */
-    if (st == FERRY_ECLOSED || st == FERRY_ETIMEDOUT || st == FERRY_ESOCKET)
+    if (st == FERRY_ECLOSED || st == FERRY_ETIMEDOUT || st == FERRY_ESOCKET || ch->outcome_known)
       return st; /* the wait ended: the channel's turn too */
     if (st) {
       slot_error(s, st);
@@ -964,6 +980,7 @@ static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
   ch->first = FERRY_OK;
   ch->progress_ns = ferry_now_ns();
   ch->renewed_ns = 0;
+  ch->outcome_known = 0;
   ch->refused_ns = 0;
   ch->check_ns = 0;
   ch->idle = 0;

@@ -9,6 +9,8 @@
  * target's count). The fence itself (no byte lands in the unregistered
  * region) is test_transfer's unregister_waits_for_writes_in_flight, run as
  * test_transfer_fabric_tcp and _net. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -37,18 +39,26 @@
 #define ABORTS_PER_WRITE 2 /* within the initiator's bound of moves per chunk */
 #define WAIT_S 60.0        /* a bound on waiting for the other thread, not a timing */
 
+static void fabric_config(ferry_config *cfg, const char *provider) {
+  ferry_config_init(cfg);
+  cfg->bind_host = cfg->advertise_host = "127.0.0.1";
+  cfg->transports = FERRY_TRANSPORT_FABRIC;
+  cfg->fabric_provider = provider;
+}
+
+static ferry_engine *create(const ferry_config *cfg) {
+  ferry_engine *e = NULL;
+  if (ferry_engine_create(cfg, &e) != FERRY_OK)
+    fail_msg("engine on %s: %s", cfg->fabric_provider, ferry_last_error());
+  return e;
+}
+
 /* rails: NULL, or the target's rail_hosts. */
 static ferry_engine *fabric_engine(const char *provider, const char *rails) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
-  cfg.transports = FERRY_TRANSPORT_FABRIC;
-  cfg.fabric_provider = provider;
+  fabric_config(&cfg, provider);
   cfg.rail_hosts = rails;
-  ferry_engine *e = NULL;
-  if (ferry_engine_create(&cfg, &e) != FERRY_OK)
-    fail_msg("engine on %s: %s", provider, ferry_last_error());
-  return e;
+  return create(&cfg);
 }
 
 struct write_job {
@@ -176,6 +186,83 @@ static void others_unregister_during_a_striped_write_tcp(void **state) {
   others_unregister_during_a_write("tcp;ofi_rxm", "127.0.0.1,127.0.0.2");
 }
 
+/* The port of a's main fabric endpoint. */
+static uint16_t endpoint_port(ferry_engine *a) {
+  uint8_t desc[FERRY_WIRE_MAX_DESCRIPTOR];
+  size_t len = ferry_fabric_describe(a, desc, sizeof desc);
+  ferry_fabric_descriptor d;
+  char why[160];
+  assert_int_equal(ferry_fabric_descriptor_decode(desc, len, &d, why, sizeof why), 1);
+  struct sockaddr_storage ss;
+  assert_true(ferry_fabric_ip_endpoint(d.addr, d.addr_len, &ss) == sizeof(struct sockaddr_in));
+  return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+/* Shuts every socket of this process bound to 127.0.0.1:port, as a dead
+ * endpoint would leave them: its listener and the connections it accepted.
+ * Returns how many. */
+static int cut_port(uint16_t port) {
+  int cut = 0;
+  for (int fd = 3; fd < 4096; fd++) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    if (getsockname(fd, (struct sockaddr *)&a, &len) == 0 && a.sin_family == AF_INET &&
+        a.sin_addr.s_addr == htonl(INADDR_LOOPBACK) && a.sin_port == htons(port) &&
+        shutdown(fd, SHUT_RDWR) == 0)
+      cut++;
+  }
+  return cut;
+}
+
+/* The target's fabric endpoint dies (its listener and connections shut)
+ * during a WRITE while its control connection stays up: the initiator
+ * posts the cut operations again on a fresh endpoint, which cannot
+ * connect, so the call fails as on a lost link once connect_timeout_ms
+ * (1 s here) passed without a completion, not at its deadline (60 s). A
+ * WRITE that ended before the cut is tried again with fresh engines. */
+static void fresh_endpoint_that_cannot_connect_fails_tcp(void **state) {
+  int cut = 0;
+  for (int attempt = 0; attempt < 5 && !cut; attempt++) {
+    ferry_config cfg;
+    fabric_config(&cfg, "tcp;ofi_rxm");
+    cfg.fabric_lanes = 1; /* one endpoint to cut */
+    ferry_engine *a = create(&cfg);
+    fabric_config(&cfg, "tcp;ofi_rxm");
+    cfg.connect_timeout_ms = 1000;
+    cfg.timeout_ms = 60000;
+    ferry_engine *b = create(&cfg);
+    uint8_t *dst = test_buffer(a, WRITE_SIZE), *src = test_buffer(b, WRITE_SIZE);
+    memset(dst, 0, WRITE_SIZE);
+    test_fill_random(src, WRITE_SIZE, (uint64_t)attempt + 1);
+    src[0] |= 1;
+    struct write_job job = {.engine = b,
+                            .target = ferry_engine_name(a),
+                            .src = src,
+                            .remote = (uint64_t)(uintptr_t)dst,
+                            .size = WRITE_SIZE};
+    pthread_t thread;
+    assert_int_equal(pthread_create(&thread, NULL, run_write, &job), 0);
+    struct landed landed = {dst, src[0]};
+    wait_for(first_landed, &landed, &job);
+    double cut_at = test_now_s();
+    cut = job_done(&job) ? 0 : cut_port(endpoint_port(a));
+    pthread_join(thread, NULL);
+    double took = test_now_s() - cut_at;
+    print_message("attempt %d: cut %d sockets; the WRITE ended %.2f s later: %s\n", attempt, cut,
+                  took, job.st ? job.error : "success");
+    if (cut) {
+      assert_int_equal(job.st, FERRY_ESOCKET);
+      assert_non_null(strstr(job.error, "fresh endpoint completed nothing in 1000 ms"));
+      assert_true(took < 30.0); /* the deadline is 60 s away */
+    }
+    ferry_engine_destroy(b);
+    ferry_engine_destroy(a);
+    free(dst);
+    free(src);
+  }
+  assert_true(cut);
+}
+
 int main(void) {
   const char *filter = getenv("FERRY_TEST_FILTER"); /* one case, by name (a glob) */
   if (filter && *filter)
@@ -184,6 +271,7 @@ int main(void) {
       cmocka_unit_test(others_unregister_during_a_write_tcp),
       cmocka_unit_test(others_unregister_during_a_write_net),
       cmocka_unit_test(others_unregister_during_a_striped_write_tcp),
+      cmocka_unit_test(fresh_endpoint_that_cannot_connect_fails_tcp),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
