@@ -8,7 +8,10 @@
  * unregisters other regions during it; the WRITE provably saw aborts (the
  * target's count). The fence itself (no byte lands in the unregistered
  * region) is test_transfer's unregister_waits_for_writes_in_flight, run as
- * test_transfer_fabric_tcp and _net. */
+ * test_transfer_fabric_tcp and _net. The same WRITEs go to a target on two
+ * fabric rails, both cut by each unregister; and a target whose fabric
+ * endpoint dies while its control connection stays up fails the WRITE
+ * within connect_timeout_ms of the move, not at its deadline. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -122,21 +125,29 @@ static int unregister_other(ferry_engine *a, struct write_job *job) {
   return counter(&a->fabric->aborts) > before && !job_done(job);
 }
 
+/* Starts b's WRITE of src (WRITE_SIZE, src[0] not 0) into a's dst on a
+ * thread, and waits until its first byte landed (or it ended). */
+static void start_write(struct write_job *job, pthread_t *thread, ferry_engine *a, ferry_engine *b,
+                        uint8_t *dst, const uint8_t *src) {
+  memset(dst, 0, WRITE_SIZE);
+  *job = (struct write_job){.engine = b,
+                            .target = ferry_engine_name(a),
+                            .src = src,
+                            .remote = (uint64_t)(uintptr_t)dst,
+                            .size = WRITE_SIZE};
+  assert_int_equal(pthread_create(thread, NULL, run_write, job), 0);
+  struct landed landed = {dst, src[0]};
+  wait_for(first_landed, &landed, job);
+}
+
 /* One WRITE of WRITE_SIZE: once its first byte landed, the target
  * unregisters another region; once the initiator moved the cut
  * operations again, once more. Returns the aborts made during it. */
 static unsigned write_through_aborts(ferry_engine *a, ferry_engine *b, uint8_t *dst,
                                      const uint8_t *src) {
-  memset(dst, 0, WRITE_SIZE);
-  struct write_job job = {.engine = b,
-                          .target = ferry_engine_name(a),
-                          .src = src,
-                          .remote = (uint64_t)(uintptr_t)dst,
-                          .size = WRITE_SIZE};
+  struct write_job job;
   pthread_t thread;
-  assert_int_equal(pthread_create(&thread, NULL, run_write, &job), 0);
-  struct landed landed = {dst, src[0]};
-  wait_for(first_landed, &landed, &job);
+  start_write(&job, &thread, a, b, dst, src);
   unsigned aborts = 0;
   for (int k = 0; k < ABORTS_PER_WRITE && !job_done(&job); k++) {
     struct moved moved = {&b->fabric->reposts, counter(&b->fabric->reposts)};
@@ -232,18 +243,11 @@ static void fresh_endpoint_that_cannot_connect_fails_tcp(void **state) {
     cfg.timeout_ms = 60000;
     ferry_engine *b = create(&cfg);
     uint8_t *dst = test_buffer(a, WRITE_SIZE), *src = test_buffer(b, WRITE_SIZE);
-    memset(dst, 0, WRITE_SIZE);
     test_fill_random(src, WRITE_SIZE, (uint64_t)attempt + 1);
     src[0] |= 1;
-    struct write_job job = {.engine = b,
-                            .target = ferry_engine_name(a),
-                            .src = src,
-                            .remote = (uint64_t)(uintptr_t)dst,
-                            .size = WRITE_SIZE};
+    struct write_job job;
     pthread_t thread;
-    assert_int_equal(pthread_create(&thread, NULL, run_write, &job), 0);
-    struct landed landed = {dst, src[0]};
-    wait_for(first_landed, &landed, &job);
+    start_write(&job, &thread, a, b, dst, src);
     double cut_at = test_now_s();
     cut = job_done(&job) ? 0 : cut_port(endpoint_port(a));
     pthread_join(thread, NULL);
