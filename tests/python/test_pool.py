@@ -1,11 +1,15 @@
 """test_pool.py - receive pools from Python: create_pool, send, recv into a
-Message read in place (numpy views), release on views' end, the asyncio
-form on the pool's fd, and the errors a sender and a receiver see. Two
+Message read in place (numpy views), release on views' end, views that
+outlive Engine.close() (in a child process, so a crash fails the test),
+the asyncio forms (recv_async on the pool's fd: no thread per wait, safe
+to cancel; send_async), and the errors a sender and a receiver see. Two
 engines in this process over tcp loopback."""
 
 import asyncio
 import os
 import select
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -156,3 +160,99 @@ def test_readme_handoff_runs():
     env["pool"].close()
     env["encoder"].close()
     env["prefill"].close()
+
+
+# ---- views outliving the engine ------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+VIEWS_AFTER_CLOSE = r"""
+import os, sys
+import numpy as np
+import ferry
+
+def eventfd_open(fd):
+    try:
+        return os.readlink("/proc/self/fd/%d" % fd) == "anon_inode:[eventfd]"
+    except OSError:
+        return False
+
+tx = ferry.Engine("127.0.0.1", transports="tcp")
+data = np.arange(64 << 10, dtype=np.uint32)
+
+# Leaving `with`: the view made inside stays readable; close stopped the engine.
+with ferry.Engine("127.0.0.1", transports="tcp") as rx:
+    name = rx.name
+    pool = rx.create_pool("p", 1 << 20)
+    fd = pool.fileno()
+    tx.send(rx.name, "p", "a", data)
+    view = np.frombuffer(rx.recv(pool, "a", timeout=5), dtype=np.uint32)
+    raw = memoryview(view)
+try:
+    tx.probe(name)
+    sys.exit("the closed engine still answers")
+except ferry.Error:
+    pass
+assert rx.closed and eventfd_open(fd), "memory and pool kept while a view lives"
+assert (view == data).all() and raw.tobytes() == data.tobytes()
+try:
+    pool.close()
+    sys.exit("pool.close() with a live view")
+except BufferError:
+    pass
+try:
+    pool.fileno()
+    sys.exit("fileno() of a closed engine's pool")
+except ferry.Error as e:
+    assert e.code == ferry.ECLOSED
+del raw
+del view  # the last view: now the engine is destroyed and its memory freed
+assert not eventfd_open(fd), "the engine outlived its last view"
+print("with: ok")
+
+# close(); a message received and not viewed refuses a view afterwards.
+rx = ferry.Engine("127.0.0.1", transports="tcp")
+pool = rx.create_pool("p", 1 << 20)
+tx.send(rx.name, "p", "b", data)
+tx.send(rx.name, "p", "c", data)
+kept = memoryview(rx.recv(pool, "b", timeout=5))
+unread = rx.recv(pool, "c", timeout=5)
+rx.close()
+assert kept.tobytes() == data.tobytes()
+try:
+    memoryview(unread)
+    sys.exit("a view made after close")
+except BufferError as e:
+    assert "engine has been closed" in str(e), e
+print("close: ok")
+
+# A pool over the caller's memory: a view after close reads it in place.
+rx = ferry.Engine("127.0.0.1", transports="tcp")
+backing = bytearray(1 << 20)
+pool = rx.create_pool("u", backing)
+tx.send(rx.name, "u", "d", b"in user memory")
+user_view = memoryview(rx.recv(pool, "d", timeout=5))
+rx.close()
+assert user_view.tobytes() == b"in user memory"
+print("user memory: ok")
+
+# Interpreter exit with views of closed engines alive: freed in any order.
+rx = ferry.Engine("127.0.0.1", transports="tcp")
+pool = rx.create_pool("p", 1 << 20)
+tx.send(rx.name, "p", "e", data)
+at_exit = np.frombuffer(rx.recv(pool, "e", timeout=5), dtype=np.uint32)
+rx.close()
+tx.close()
+print("exit: ok")
+"""
+
+
+def test_views_outlive_engine_close():
+    """A view of a message stays readable after Engine.close() and after
+    leaving `with Engine`: the memory is freed with the last view (the pool's
+    eventfd, closed by the engine's destroy, shows when). Red: SIGSEGV."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    run = subprocess.run([sys.executable, "-c", VIEWS_AFTER_CLOSE], env=env, capture_output=True,
+                         text=True, timeout=90)
+    assert run.returncode == 0, "exit %d\n%s%s" % (run.returncode, run.stdout, run.stderr)
+    assert run.stdout.split("\n") == ["with: ok", "close: ok", "user memory: ok", "exit: ok", ""]
