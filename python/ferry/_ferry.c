@@ -1714,15 +1714,27 @@ static PyTypeObject PoolType = {
     .tp_getset = pool_getset,
 };
 
-/* Gives the slot back now (views are gone). */
-static void message_release_now(MessageObject *self) {
+/* The message leaves this object now (no view of it remains): its slot
+ * goes back to the pool (release), or the message waits there again for
+ * the next receiver (requeue). Nothing to do once the pool or the engine
+ * closed: the message went with them. */
+static void message_give_back(MessageObject *self, int requeue, CallResult *r) {
   self->released = 1;
+  r->st = FERRY_OK;
   PoolObject *pool = self->pool;
   if (!pool->pool || !pool->engine->eng || pool->engine->closing)
     return;
+  ferry_engine *eng = pool->engine->eng;
+  uint64_t slot = self->m.slot;
   pool->engine->active++;
+  ENGINE_CALL(pool->engine, *r,
+              requeue ? ferry_pool_requeue(eng, pool->pool, slot)
+                      : ferry_pool_release(eng, pool->pool, slot));
+}
+
+static void message_release_now(MessageObject *self) {
   CallResult r;
-  ENGINE_CALL(pool->engine, r, ferry_pool_release(pool->engine->eng, pool->pool, self->m.slot));
+  message_give_back(self, 0, &r);
 }
 
 static PyObject *message_release(MessageObject *self, PyObject *Py_UNUSED(noargs)) {
@@ -1733,6 +1745,19 @@ static PyObject *message_release(MessageObject *self, PyObject *Py_UNUSED(noargs
   else
     message_release_now(self);
   Py_RETURN_NONE;
+}
+
+/* _requeue(): for ferry's asyncio receive, whose task was cancelled after
+ * its wait took this message: puts it back in the pool for the next
+ * receiver (ferry_pool_requeue) and releases this object. */
+static PyObject *message_requeue(MessageObject *self, PyObject *Py_UNUSED(noargs)) {
+  if (self->released || self->release_pending || self->exports) {
+    PyErr_SetString(PyExc_BufferError, "only a message not released and with no view is requeued");
+    return NULL;
+  }
+  CallResult r;
+  message_give_back(self, 1, &r);
+  return none_or_raise(&r);
 }
 
 static const char *message_unreadable(MessageObject *self) {
@@ -1808,6 +1833,8 @@ static PyObject *message_exit_ctx(MessageObject *self, PyObject *Py_UNUSED(args)
 static PyMethodDef message_methods[] = {
     {"release", (PyCFunction)message_release, METH_NOARGS,
      "release(): gives the slot back (once no view of the bytes remains)"},
+    {"_requeue", (PyCFunction)message_requeue, METH_NOARGS,
+     "_requeue(): puts the message back in its pool for the next receiver (no view may exist)"},
     {"__enter__", (PyCFunction)message_enter_ctx, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)message_exit_ctx, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
