@@ -585,8 +585,20 @@ ferry_status ferry_recv(ferry_engine *engine, ferry_pool *pool, const void *tag,
                         int64_t timeout_ms, ferry_message *out);
 /* Gives a received slot back: its space can be granted again. */
 ferry_status ferry_pool_release(ferry_engine *engine, ferry_pool *pool, uint64_t slot);
+/* Puts a received message (not released) back: it waits in the pool again,
+ * in its place in landing order, as if ferry_recv had not taken it; its
+ * bytes are untouched. For a receiver that took a message it cannot hand
+ * on (an event loop's wait cancelled after the take). FERRY_ENOTFOUND when
+ * slot is not a received message. */
+ferry_status ferry_pool_requeue(ferry_engine *engine, ferry_pool *pool, uint64_t slot);
 /* A file descriptor that polls readable while at least one message waits
- * in the pool (for an event loop; read nothing from it). Owned by the pool. */
+ * in the pool (for an event loop; read nothing from it). Owned by the pool.
+ * Every message that lands (or is requeued) signals it anew, even while
+ * others wait, so an edge-triggered epoll (EPOLLET) sees each arrival and a
+ * waiter for one tag is not blind behind a backlog of others. It also
+ * becomes readable when the pool is destroyed or the engine shuts down
+ * (ferry_recv then fails with FERRY_ECLOSED); a poller that must see the
+ * destroy polls a dup() of it. */
 int ferry_pool_fd(const ferry_pool *pool);
 
 #define FERRY_SEND_NOWAIT 0x1 /* pool full: FERRY_EBUSY at once instead of waiting */

@@ -28,8 +28,13 @@ This package is a thin layer over libferry's C API (the extension module
       nowait=False)`` the same for many, all in flight together; ``recv(pool, tag=None, timeout=None)`` -> ``Message``, the bytes in
       place (buffer protocol: ``numpy.frombuffer`` / ``torch.frombuffer``
       give a view) with ``.tag``, ``.sender``, ``.release()`` and a context
-      manager. ``await recv_async(engine, pool, tag=None, timeout=None)`` is
-      the asyncio form.
+      manager. asyncio: ``await recv_async(engine, pool, tag=None,
+      timeout=None)`` waits in the event loop on the pool's fd (no thread
+      per wait, any tag or one; a cancelled wait never consumes a message),
+      ``await send_async(engine, target, pool, tag, data, ...)`` runs
+      ``send`` in the loop's default executor. A view of a message (numpy,
+      memoryview) stays readable after ``Engine.close()``: the pool memory
+      is freed with the last view.
     - ``probe(target)``, ``notify(target, name, data)``,
       ``drain_notifications()`` -> ``[(name, bytes)]``,
       ``peer_regions(target)``, ``peer_transport(target)``, ``close()``.
@@ -134,6 +139,7 @@ import os as _os
 import threading as _threading
 
 from ferry import _ferry
+from ferry._async import recv_async, send_async  # noqa: F401
 
 __version__ = VERSION_STRING
 
@@ -191,6 +197,7 @@ __all__ = [
     "Pool",
     "Message",
     "recv_async",
+    "send_async",
     "strerror",
     "to_mooncake",
     "version",
@@ -241,30 +248,3 @@ __all__ = [
     "LOG_OFF",
     "VERSION_STRING",
 ]
-
-
-async def recv_async(engine, pool, tag=None, timeout=None):
-    """Awaitable Engine.recv. Any tag: waits on the pool's fd in the event
-    loop (no thread parked); a given tag: in the loop's default executor, as
-    other tags' messages also make the fd readable."""
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-    if tag is not None:
-        return await loop.run_in_executor(None, lambda: engine.recv(pool, tag, timeout))
-    deadline = None if timeout is None else loop.time() + timeout
-    while True:
-        try:
-            return engine.recv(pool, None, 0)
-        except Error as e:
-            if e.code != ETIMEDOUT:
-                raise
-        ready = loop.create_future()
-        loop.add_reader(pool.fileno(), lambda: ready.done() or ready.set_result(None))
-        try:
-            left = None if deadline is None else max(0.0, deadline - loop.time())
-            await asyncio.wait_for(ready, left)
-        except asyncio.TimeoutError:
-            return engine.recv(pool, None, 0)  # raises ETIMEDOUT naming the pool
-        finally:
-            loop.remove_reader(pool.fileno())

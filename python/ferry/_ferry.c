@@ -19,7 +19,11 @@
  * Engine.active (under the GIL) from before it releases the GIL until it
  * has it back. close() calls ferry_engine_shutdown, which ends the calls in
  * progress, and whoever leaves last (close() itself or the last method)
- * then destroys the engine. Nobody waits or polls. A Batch holds a
+ * then destroys the engine. Nobody waits or polls. The bytes of received
+ * messages live in pool memory the engine frees, so a view of one (numpy's
+ * frombuffer, a memoryview) also holds the destroy back: close() stops the
+ * engine at once, and the last view's release destroys it (EngineObject.views
+ * counts them). A Batch holds a
  * reference to its Engine and the Py_buffers of the objects its entries
  * point into until it is freed. Buffer objects passed to register() are
  * held (their memory cannot be resized or freed) until unregister() or
@@ -586,6 +590,7 @@ typedef struct {
   int initialized; /* set once ferry_engine_create succeeded (stays set after close) */
   int closing;     /* close() began: new calls raise ECLOSED */
   long active;     /* methods that may be inside libferry (see the top comment) */
+  long views;      /* exported views of received messages: their pool memory must stay */
   PyObject *held;  /* dict: address -> capsule owning a registered Py_buffer */
 } EngineObject;
 
@@ -623,15 +628,22 @@ static int eng_enter(EngineObject *self) {
 
 static void engine_close_impl(EngineObject *self);
 
-/* Called with the GIL by whoever leaves last once close() began: the engine
- * is shut down, so destroying it only frees memory. */
-static void eng_leave(EngineObject *self) {
-  if (--self->active > 0 || !self->closing || !self->eng)
+/* Called with the GIL once close() began, by whoever may be last to need
+ * the engine: a method leaving libferry, or the release of the last view of
+ * a received message. The engine is shut down, so destroying it only frees
+ * memory: the pools' memory too, which no view may outlive. */
+static void eng_destroy_if_unused(EngineObject *self) {
+  if (self->active > 0 || self->views > 0 || !self->closing || !self->eng)
     return;
   ferry_engine *eng = self->eng;
   self->eng = NULL;
   ferry_engine_destroy(eng);
   Py_CLEAR(self->held);
+}
+
+static void eng_leave(EngineObject *self) {
+  self->active--;
+  eng_destroy_if_unused(self);
 }
 
 /* CALL_WITHOUT_GIL on an engine the caller entered with eng_enter(), which
@@ -1569,7 +1581,7 @@ static PyObject *engine_close(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
 }
 
 static PyObject *engine_enter_ctx(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
-  if (!self->eng)
+  if (!self->eng || self->closing)
     return raise_closed();
   Py_INCREF(self);
   return (PyObject *)self;
@@ -1588,7 +1600,10 @@ static PyObject *engine_exit_ctx(EngineObject *self, PyObject *Py_UNUSED(args)) 
  * back to the pool on release() (or leaving its `with`) once no view of its
  * bytes remains (numpy/torch arrays made with frombuffer are views), so a
  * slot is never reused under a live array. A pool refuses close() while a
- * view of one of its messages lives. */
+ * view of one of its messages lives; Engine.close() does not refuse (it
+ * runs from __exit__ and finally blocks) but leaves the memory mapped
+ * until the last view goes (eng_destroy_if_unused), and no new view is
+ * made once the engine or the pool closed. */
 typedef struct {
   PyObject_HEAD EngineObject *engine;
   ferry_pool *pool;
@@ -1651,6 +1666,8 @@ static void pool_dealloc(PoolObject *self) {
 static PyObject *pool_fileno(PoolObject *self, PyObject *Py_UNUSED(noargs)) {
   if (!self->pool)
     return raise_status(FERRY_EINVAL, "the pool has been closed");
+  if (self->engine->closing) /* the fd goes with the engine */
+    return raise_closed();
   return PyLong_FromLong(ferry_pool_fd(self->pool));
 }
 
@@ -1697,15 +1714,27 @@ static PyTypeObject PoolType = {
     .tp_getset = pool_getset,
 };
 
-/* Gives the slot back now (views are gone). */
-static void message_release_now(MessageObject *self) {
+/* The message leaves this object now (no view of it remains): its slot
+ * goes back to the pool (release), or the message waits there again for
+ * the next receiver (requeue). Nothing to do once the pool or the engine
+ * closed: the message went with them. */
+static void message_give_back(MessageObject *self, int requeue, CallResult *r) {
   self->released = 1;
+  r->st = FERRY_OK;
   PoolObject *pool = self->pool;
   if (!pool->pool || !pool->engine->eng || pool->engine->closing)
     return;
+  ferry_engine *eng = pool->engine->eng;
+  uint64_t slot = self->m.slot;
   pool->engine->active++;
+  ENGINE_CALL(pool->engine, *r,
+              requeue ? ferry_pool_requeue(eng, pool->pool, slot)
+                      : ferry_pool_release(eng, pool->pool, slot));
+}
+
+static void message_release_now(MessageObject *self) {
   CallResult r;
-  ENGINE_CALL(pool->engine, r, ferry_pool_release(pool->engine->eng, pool->pool, self->m.slot));
+  message_give_back(self, 0, &r);
 }
 
 static PyObject *message_release(MessageObject *self, PyObject *Py_UNUSED(noargs)) {
@@ -1718,9 +1747,35 @@ static PyObject *message_release(MessageObject *self, PyObject *Py_UNUSED(noargs
   Py_RETURN_NONE;
 }
 
+/* _requeue(): for ferry's asyncio receive, whose task was cancelled after
+ * its wait took this message: puts it back in the pool for the next
+ * receiver (ferry_pool_requeue) and releases this object. */
+static PyObject *message_requeue(MessageObject *self, PyObject *Py_UNUSED(noargs)) {
+  if (self->released || self->release_pending || self->exports) {
+    PyErr_SetString(PyExc_BufferError, "only a message not released and with no view is requeued");
+    return NULL;
+  }
+  CallResult r;
+  message_give_back(self, 1, &r);
+  return none_or_raise(&r);
+}
+
+static const char *message_unreadable(MessageObject *self) {
+  if (self->released || self->release_pending)
+    return "the message was released";
+  if (!self->pool->pool)
+    return "the message's pool has been closed";
+  if (self->pool->engine->closing)
+    return "the message's engine has been closed";
+  return NULL;
+}
+
+/* A view counts in its pool (close() refuses while it lives) and in the
+ * engine (which is destroyed, and the pool memory freed, only after it). */
 static int message_getbuffer(MessageObject *self, Py_buffer *view, int flags) {
-  if (self->released || self->release_pending || !self->pool->pool) {
-    PyErr_SetString(PyExc_BufferError, "the message was released");
+  const char *why = message_unreadable(self);
+  if (why) {
+    PyErr_SetString(PyExc_BufferError, why);
     view->obj = NULL;
     return -1;
   }
@@ -1729,13 +1784,17 @@ static int message_getbuffer(MessageObject *self, Py_buffer *view, int flags) {
     return -1;
   self->exports++;
   self->pool->views++;
+  self->pool->engine->views++;
   return 0;
 }
 
 static void message_releasebuffer(MessageObject *self, Py_buffer *Py_UNUSED(view)) {
+  EngineObject *engine = self->pool->engine;
   self->pool->views--;
   if (--self->exports == 0 && self->release_pending)
     message_release_now(self);
+  engine->views--;
+  eng_destroy_if_unused(engine); /* the last view of a closed engine frees its memory */
 }
 
 static PyBufferProcs message_as_buffer = {(getbufferproc)message_getbuffer,
@@ -1774,6 +1833,8 @@ static PyObject *message_exit_ctx(MessageObject *self, PyObject *Py_UNUSED(args)
 static PyMethodDef message_methods[] = {
     {"release", (PyCFunction)message_release, METH_NOARGS,
      "release(): gives the slot back (once no view of the bytes remains)"},
+    {"_requeue", (PyCFunction)message_requeue, METH_NOARGS,
+     "_requeue(): puts the message back in its pool for the next receiver (no view may exist)"},
     {"__enter__", (PyCFunction)message_enter_ctx, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)message_exit_ctx, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},

@@ -154,12 +154,16 @@ ferry_status ferry_pools_init(ferry_engine *e) {
   return FERRY_OK;
 }
 
+static void set_ready(ferry_pool *p, int ready);
+
 void ferry_pools_wake(ferry_engine *e) {
   if (!e->pools)
     return;
   pthread_mutex_lock(&e->pools->lock);
-  for (ferry_pool *p = e->pools->list; p; p = p->next)
+  for (ferry_pool *p = e->pools->list; p; p = p->next) {
     pthread_cond_broadcast(&p->cond);
+    set_ready(p, 1); /* and its fd's pollers */
+  }
   pthread_mutex_unlock(&e->pools->lock);
 }
 
@@ -260,8 +264,15 @@ static void grant_of(ferry_engine *e, ferry_pool *p, const slot *s, ferry_pool_g
                           s->length};
 }
 
-/* The eventfd follows queued: one count while messages wait, none when not. */
+/* The eventfd is readable while messages wait, and each landing (or
+ * requeue) adds a count even when it already was: an edge-triggered
+ * poller (EPOLLET) sees every arrival, not only the first of a backlog of
+ * other tags. Shutdown and destroy add one too, and from then on it stays
+ * readable, so a poller wakes to FERRY_ECLOSED. Not ready: the count goes
+ * (no message waits). */
 static void set_ready(ferry_pool *p, int ready) {
+  if (!ready && (p->dead || ferry_engine_closing(p->engine)))
+    return;
   uint64_t v = 1;
   ssize_t n = ready ? write(p->efd, &v, sizeof v) : read(p->efd, &v, sizeof v);
   (void)n; /* nonblocking: a count already there, or none to take, is the state we want */
@@ -322,8 +333,8 @@ static void queue_slot(ferry_pools *ps, ferry_pool *p, slot *s) {
   s->seq = ps->next_seq++;
   ps->landed++;
   ps->inband += s->inband != 0;
-  if (p->queued++ == 0)
-    set_ready(p, 1);
+  p->queued++;
+  set_ready(p, 1);
   p->landed_unseen = 1; /* wake_receivers */
 }
 
@@ -618,6 +629,7 @@ static ferry_status pool_destroy(ferry_engine *e, ferry_pool *p) {
   pthread_mutex_lock(&e->pools->lock);
   p->dead = 1; /* from here every WRITE into it is refused and no grant is given */
   pthread_cond_broadcast(&p->cond);
+  set_ready(p, 1); /* a poller holding a dup of the fd learns it */
   while (p->users)
     pthread_cond_wait(&p->cond, &e->pools->lock);
   pthread_mutex_unlock(&e->pools->lock);
@@ -705,14 +717,24 @@ static ferry_status recv_message(ferry_engine *e, ferry_pool *p, const void *tag
   return st;
 }
 
-static ferry_status pool_release(ferry_engine *e, ferry_pool *p, uint64_t id) {
+/* A received slot leaves the receiver: released (its space can be granted
+ * again), or requeued (ferry_pool_requeue: it waits again under its
+ * landing order, seq kept, for receivers and the fd's pollers alike). */
+static ferry_status hand_back(ferry_engine *e, ferry_pool *p, uint64_t id, int requeue) {
+  const char *call = requeue ? "requeue" : "release";
   if (!e || !p)
-    return ferry_fail(FERRY_EINVAL, "pool release: null engine or pool");
+    return ferry_fail(FERRY_EINVAL, "pool %s: null engine or pool", call);
   pthread_mutex_lock(&e->pools->lock);
   slot *s = find_slot(p, id);
   int taken = s && s->state == SLOT_TAKEN;
-  if (taken)
+  if (taken && requeue) {
+    s->state = SLOT_QUEUED;
+    p->queued++;
+    set_ready(p, 1);
+    pthread_cond_broadcast(&p->cond);
+  } else if (taken) {
     drop_slot(p, s);
+  }
   pthread_mutex_unlock(&e->pools->lock);
   return taken ? FERRY_OK
                : ferry_fail(FERRY_ENOTFOUND, "pool '%s' of %s: slot %llu is not a received message",
@@ -1179,7 +1201,11 @@ ferry_status ferry_recv(ferry_engine *e, ferry_pool *pool, const void *tag, size
 }
 
 ferry_status ferry_pool_release(ferry_engine *e, ferry_pool *pool, uint64_t slot) {
-  FERRY_GATED(e, pool_release(e, pool, slot));
+  FERRY_GATED(e, hand_back(e, pool, slot, 0));
+}
+
+ferry_status ferry_pool_requeue(ferry_engine *e, ferry_pool *pool, uint64_t slot) {
+  FERRY_GATED(e, hand_back(e, pool, slot, 1));
 }
 
 int ferry_pool_fd(const ferry_pool *pool) { return pool ? pool->efd : -1; }

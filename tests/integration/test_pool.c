@@ -1,5 +1,6 @@
 /* test_pool.c - receive pools: ferry_send into a receiver's pool and
- * ferry_recv out of it, between two engines of this process over tcp
+ * ferry_recv out of it (and ferry_pool_requeue, and the pool's fd as an
+ * edge-triggered event loop polls it), between two engines of this process over tcp
  * loopback, with the fault cases driven by a raw wire client (a sender
  * that dies mid-send, one that writes outside its grant) and by the
  * receiver's own engine restarting. Every message is checked byte for
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -610,6 +612,83 @@ static void shutdown_wakes_recv(void **state) {
   pair_free(p);
 }
 
+/* An edge-triggered epoll on fd, as an event loop waiting for one tag uses. */
+static int edge_poller(int fd) {
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.fd = fd};
+  assert_int_equal(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
+  return ep;
+}
+
+/* Whether the poller has an edge now (and takes it). */
+static int edge(int ep) {
+  struct epoll_event ev;
+  return epoll_wait(ep, &ev, 1, 0) == 1;
+}
+
+/* Every landing signals the pool's fd, also while other messages wait, so
+ * an edge-triggered poller sees the message it waits for behind a backlog. */
+static void fd_signals_every_landing(void **state) {
+  pair *p = pair_new(1 * MiB);
+  test_fill_random(p->out, 8 * KiB, 11);
+  int ep = edge_poller(ferry_pool_fd(p->pool));
+  assert_false(edge(ep));
+  assert_int_equal(send_tag(p, "backlog", 0, 1000, -1, 0), FERRY_OK);
+  assert_true(edge(ep));
+  assert_false(edge(ep));
+  assert_int_equal(send_tag(p, "wanted", 1000, 2000, -1, 0), FERRY_OK);
+  assert_true(edge(ep)); /* red when only the first of a backlog signalled */
+  uint64_t wanted = expect(p, "wanted", 1000, 2000), backlog = expect(p, "backlog", 0, 1000);
+  assert_false(readable(ferry_pool_fd(p->pool)));
+  assert_int_equal(ferry_pool_release(p->rx, p->pool, wanted), FERRY_OK);
+  assert_int_equal(ferry_pool_release(p->rx, p->pool, backlog), FERRY_OK);
+  close(ep);
+  pair_free(p);
+}
+
+/* A requeued message waits again in its place: the next recv of its tag
+ * gets it before a later message of the same tag, and the fd signals it. */
+static void requeue_keeps_the_landing_order(void **state) {
+  pair *p = pair_new(1 * MiB);
+  test_fill_random(p->out, 8 * KiB, 12);
+  assert_int_equal(send_tag(p, "t", 0, 100, -1, 0), FERRY_OK);
+  assert_int_equal(send_tag(p, "t", 100, 200, -1, 0), FERRY_OK);
+  int ep = edge_poller(ferry_pool_fd(p->pool));
+  assert_true(edge(ep));
+  uint64_t first = expect(p, "t", 0, 100);
+  assert_int_equal(ferry_pool_requeue(p->rx, p->pool, first), FERRY_OK);
+  assert_true(edge(ep));
+  assert_int_equal(ferry_pool_requeue(p->rx, p->pool, first), FERRY_ENOTFOUND); /* queued */
+  assert_int_equal(expect(p, "t", 0, 100), first);
+  uint64_t second = expect(p, "t", 100, 200);
+  assert_false(readable(ferry_pool_fd(p->pool)));
+  assert_int_equal(ferry_pool_release(p->rx, p->pool, first), FERRY_OK);
+  assert_int_equal(ferry_pool_release(p->rx, p->pool, second), FERRY_OK);
+  assert_int_equal(ferry_pool_requeue(p->rx, p->pool, second), FERRY_ENOTFOUND); /* released */
+  close(ep);
+  pair_free(p);
+}
+
+/* Destroying a pool signals its fd (seen through a dup: the pool closes its
+ * own), and an engine's shutdown leaves its pools' fds readable, so a
+ * poller wakes to FERRY_ECLOSED rather than waiting on. */
+static void destroy_and_shutdown_signal_the_fd(void **state) {
+  pair *p = pair_new(1 * MiB);
+  int fd = dup(ferry_pool_fd(p->pool));
+  int ep = edge_poller(fd);
+  assert_int_equal(ferry_pool_destroy(p->rx, p->pool), FERRY_OK);
+  assert_true(edge(ep));
+  close(ep);
+  close(fd);
+  assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, 1 * MiB, &p->pool), FERRY_OK);
+  assert_false(readable(ferry_pool_fd(p->pool)));
+  ferry_engine_shutdown(p->rx);
+  assert_true(readable(ferry_pool_fd(p->pool)));
+  ferry_message m;
+  assert_int_equal(ferry_recv(p->rx, p->pool, NULL, 0, 0, &m), FERRY_ECLOSED);
+  pair_free(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(handoff_in_order),
@@ -630,6 +709,9 @@ int main(void) {
       cmocka_unit_test(sender_killed_mid_send),
       cmocka_unit_test(receiver_restarted),
       cmocka_unit_test(shutdown_wakes_recv),
+      cmocka_unit_test(fd_signals_every_landing),
+      cmocka_unit_test(requeue_keeps_the_landing_order),
+      cmocka_unit_test(destroy_and_shutdown_signal_the_fd),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
