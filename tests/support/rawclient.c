@@ -99,11 +99,18 @@ int raw_hello_named(int fd, uint64_t engine_id, const uint8_t nonce[FERRY_WIRE_N
   return hello_with(fd, &hello, NULL, 0);
 }
 
-int raw_cut(int fd, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]) {
+int raw_cut_begin(int fd, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]) {
   ferry_frame_header h = {.type = FERRY_FRAME_CUT, .id = 9, .body_len = FERRY_WIRE_NONCE_SIZE};
-  if (send_frame(fd, &h, nonce) < 0)
-    return 1;
-  int st = recv_reply(fd, &h, NULL, 0);
+  return send_frame(fd, &h, nonce);
+}
+
+int raw_cut(int fd, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]) {
+  return raw_cut_begin(fd, nonce) < 0 ? 1 : raw_cut_reply(fd, NULL, 0);
+}
+
+int raw_cut_reply(int fd, char *reason, size_t reason_size) {
+  ferry_frame_header h;
+  int st = recv_reply(fd, &h, reason, reason_size);
   return st ? st : h.type != FERRY_FRAME_CUT_REPLY || h.id != 9;
 }
 

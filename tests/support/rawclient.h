@@ -34,6 +34,10 @@ int raw_hello_named(int fd, uint64_t engine_id, const uint8_t nonce[FERRY_WIRE_N
 /* CUT of the connection named nonce; returns the reply status, or 1 if the
  * connection broke or the reply is not CUT_REPLY. */
 int raw_cut(int fd, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]);
+/* Sends CUT and returns without reading the reply: 0, or -1. */
+int raw_cut_begin(int fd, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]);
+/* The reply to a CUT, as raw_cut; a refusal's reason goes to reason. */
+int raw_cut_reply(int fd, char *reason, size_t reason_size);
 int raw_send(int fd, const void *data, size_t len);
 /* Exactly len bytes; -1 on EOF or error. */
 int raw_recv(int fd, void *buf, size_t len);
