@@ -223,6 +223,15 @@ static ferry_status admit_peer(server_conn *c, const ferry_hello *hello) {
   return refuse(c, FERRY_FRAME_HELLO_REPLY, FERRY_EBUSY, why);
 }
 
+/* The HELLO's name serves only logs and messages, and its sender has
+ * proved nothing yet: escaped as it comes in (a newline in it would forge
+ * a log line), cut to fit. */
+static void escape_name(ferry_hello *hello) {
+  char raw[sizeof hello->name];
+  memcpy(raw, hello->name, sizeof raw);
+  ferry_log_escape(hello->name, sizeof hello->name, raw, strnlen(raw, sizeof raw));
+}
+
 static ferry_status handshake(server_conn *c) {
   ferry_frame_header h;
   uint8_t body[FERRY_WIRE_HELLO_MAX];
@@ -240,6 +249,7 @@ static ferry_status handshake(server_conn *c) {
     st = ferry_wire_hello_decode(body, h.body_len, &hello);
   if (st)
     return st;
+  escape_name(&hello);
   if (hello.version_max < FERRY_WIRE_VERSION_MIN || hello.version_min > FERRY_WIRE_VERSION_MAX) {
     char why[FERRY_WIRE_MAX_REASON];
     snprintf(why, sizeof why,

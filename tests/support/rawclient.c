@@ -64,7 +64,8 @@ static int recv_reply(int fd, ferry_frame_header *h, char *reason, size_t size) 
 
 static int hello_with(int fd, const ferry_hello *with, char *reason, size_t reason_size) {
   ferry_hello hello = *with;
-  snprintf(hello.name, sizeof hello.name, "raw-test-client");
+  if (!*hello.name)
+    snprintf(hello.name, sizeof hello.name, "raw-test-client");
   uint8_t body[FERRY_WIRE_HELLO_MAX];
   ferry_frame_header h = {.type = FERRY_FRAME_HELLO};
   h.body_len = ferry_wire_hello_encode(body, &hello);
@@ -79,6 +80,13 @@ static int hello_with(int fd, const ferry_hello *with, char *reason, size_t reas
 
 int raw_hello(int fd, uint16_t vmin, uint16_t vmax, char *reason, size_t reason_size) {
   ferry_hello hello = {.version_min = vmin, .version_max = vmax, .conn_kind = FERRY_CONN_DATA};
+  return hello_with(fd, &hello, reason, reason_size);
+}
+
+int raw_hello_called(int fd, const char *name, uint16_t vmin, uint16_t vmax, char *reason,
+                     size_t reason_size) {
+  ferry_hello hello = {.version_min = vmin, .version_max = vmax, .conn_kind = FERRY_CONN_DATA};
+  snprintf(hello.name, sizeof hello.name, "%s", name);
   return hello_with(fd, &hello, reason, reason_size);
 }
 

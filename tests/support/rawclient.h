@@ -27,6 +27,9 @@ int raw_read_begin(int fd, uint64_t remote, size_t len);
 /* Receives one reply header; returns its status (reason copied), or 1 if
  * the connection broke first. */
 int raw_reply(int fd, char *reason, size_t reason_size);
+/* HELLO as raw_hello, with the name given (any bytes but NUL). */
+int raw_hello_called(int fd, const char *name, uint16_t vmin, uint16_t vmax, char *reason,
+                     size_t reason_size);
 /* HELLO as raw_hello, claiming to be the engine engine_id. */
 int raw_hello_as(int fd, uint64_t engine_id, char *reason, size_t reason_size);
 /* HELLO as raw_hello_as, with the nonce that names the connection (CUT). */
