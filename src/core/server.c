@@ -717,10 +717,10 @@ static void free_connection(server_conn *c) {
 }
 
 /* The end of a connection, by the worker that owns it: peer accounting,
- * then out of epoll and the list, and closed. */
+ * then out of epoll and the list, and closed. The peer sees it closed only
+ * then, so a connection it opens next finds the slot free. */
 static void end_connection(server_conn *c) {
   ferry_server *s = c->engine->server;
-  shutdown(c->fd, SHUT_RDWR);
   connection_ended(c);
   pthread_mutex_lock(&s->lock);
   epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
@@ -731,6 +731,7 @@ static void end_connection(server_conn *c) {
   s->count--;
   pthread_cond_broadcast(&s->quiet); /* a CUT may wait for it */
   pthread_mutex_unlock(&s->lock);
+  shutdown(c->fd, SHUT_RDWR);
   free_connection(c);
 }
 
