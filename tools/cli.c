@@ -182,6 +182,9 @@ static const struct {
     {"op", "write, read or send", 0},
     {"duration", "seconds, more than 0 and at most 1000000 (5, 0.5)", 0},
     {"remote-addr", "an address, decimal or 0x-prefixed hexadecimal", 0},
+    {"max-value", FERRY_CLI_SIZE_SYNTAX, 0},
+    {"max-bytes", FERRY_CLI_SIZE_SYNTAX, 0},
+    {"max-keys", "a whole number, 1 to 4294967295", 1},
 };
 
 int ferry_cli_bad_value(const char *prog, const char *option, const char *value) {

@@ -1,6 +1,9 @@
 /* log.c - process-wide log level (FERRY_LOG=debug|info|warn|error|off) and
  * one-line writes to stderr, so concurrent threads never interleave, or to
- * the host's handler. Nothing here costs anything on a path that emits no
+ * the host's handler. A record is always one line: control characters in
+ * a message are escaped, whatever text from outside a caller put in it
+ * (that text is escaped where it comes in, ferry_log_escape, so that error
+ * details handed to the host are safe too). Nothing here costs anything on a path that emits no
  * line: the thread's engine is one thread-local pointer, and the time, the
  * thread id and the format are taken only for a line that is emitted. */
 #include "log.h"
@@ -71,6 +74,38 @@ const char *ferry_log_set_engine(const char *name) {
   return prev;
 }
 
+/* strict: everything but printable ASCII and the backslash (text from
+ * outside); else control characters only (a whole message, in which text
+ * from outside is escaped already and the rest is ferry's or the host's). */
+static int needs_escape(unsigned char c, int strict) {
+  return c < 0x20 || c == 0x7f || (strict && (c > 0x7f || c == '\\'));
+}
+
+static char *escape(char *dst, size_t size, const char *src, size_t len, int strict) {
+  static const char hex[] = "0123456789abcdef";
+  size_t n = 0;
+  for (size_t i = 0; i < len && n + 1 < size; i++) {
+    unsigned char c = (unsigned char)src[i];
+    if (!needs_escape(c, strict)) {
+      dst[n++] = (char)c;
+      continue;
+    }
+    if (n + 5 > size)
+      break;
+    dst[n++] = '\\';
+    dst[n++] = 'x';
+    dst[n++] = hex[c >> 4];
+    dst[n++] = hex[c & 15];
+  }
+  if (size)
+    dst[n] = '\0';
+  return dst;
+}
+
+char *ferry_log_escape(char *dst, size_t size, const char *src, size_t len) {
+  return escape(dst, size, src, len, 1);
+}
+
 /* "2026-12-01T08:34:12.123Z INFO ferry[pid:tid] engine: " */
 static int format_prefix(char *buf, size_t size, const ferry_log_record *r) {
   time_t secs = (time_t)(r->time_ns / 1000000000ull);
@@ -86,11 +121,14 @@ static int format_prefix(char *buf, size_t size, const ferry_log_record *r) {
 void ferry_log(ferry_log_level level, const char *fmt, ...) {
   if (!ferry_log_enabled(level) || level >= FERRY_LOG_OFF)
     return;
-  char message[1024];
+  char raw[1024], message[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(message, sizeof message, fmt, ap);
+  vsnprintf(raw, sizeof raw, fmt, ap);
   va_end(ap);
+  /* One record is one line, whatever text from outside a caller put in
+   * it without escaping. */
+  escape(message, sizeof message, raw, strlen(raw), 0);
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   ferry_log_record r = {

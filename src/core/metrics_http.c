@@ -1,13 +1,17 @@
 /* metrics_http.c - GET /metrics for Prometheus, served by one thread of the
  * engine (config metrics_port, FERRY_METRICS_PORT).
  *
- * A scrape is one short request, so one thread answers one connection at a
- * time; a client that sends nothing, or stops reading, is dropped after
- * METRICS_CLIENT_MS, so it delays other scrapes by at most that, and
- * shutdown (the stop pipe) ends any wait at once. A port that cannot be
- * bound (taken by another process) leaves the engine running without it. Written here rather than
- * linking libmicrohttpd into libferry: 150 lines against a dependency every program that embeds
- * ferry would load. Bound to 127.0.0.1 unless told otherwise. */
+ * The thread multiplexes its clients with poll(): each one reads its
+ * request head, then is sent its answer, without blocking, so a client
+ * that sends nothing or stops reading delays nobody else. Each has
+ * METRICS_CLIENT_MS to be done, and at most METRICS_CLIENTS_MAX are open
+ * (past that the oldest is dropped for the newcomer), so a scrape is
+ * answered as soon as its request is in, whatever other clients do.
+ * Shutdown (the stop pipe) ends the thread at once. A port that cannot be
+ * bound (taken by another process) leaves the engine running without it.
+ * Written here rather than linking libmicrohttpd into libferry: 200 lines
+ * against a dependency every program that embeds ferry would load. Bound
+ * to 127.0.0.1 unless told otherwise. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -25,7 +29,18 @@
 #include "stats.h"
 
 #define METRICS_CLIENT_MS 2000
+#define METRICS_CLIENTS_MAX 32
 #define METRICS_REQUEST_MAX 4096
+
+/* One client: reading its request head until out is set, then sending out. */
+typedef struct metrics_client {
+  int fd;
+  uint64_t deadline_ns;
+  size_t len; /* of the request head read so far */
+  char request[METRICS_REQUEST_MAX];
+  char *out; /* the whole answer, once the request is in */
+  size_t out_len, sent;
+} metrics_client;
 
 struct ferry_metrics_http {
   ferry_engine *engine;
@@ -33,63 +48,9 @@ struct ferry_metrics_http {
   int stop[2]; /* a pipe: a byte in it ends the thread */
   uint16_t port;
   pthread_t thread;
+  metrics_client *clients[METRICS_CLIENTS_MAX];
+  unsigned count;
 };
-
-/* Polls fd for events and the stop pipe; 1 when fd is ready, 0 on stop or
- * timeout. */
-static int wait_ready(struct ferry_metrics_http *m, int fd, short events, int timeout_ms) {
-  struct pollfd p[2] = {{.fd = fd, .events = events}, {.fd = m->stop[0], .events = POLLIN}};
-  int n;
-  do
-    n = poll(p, 2, timeout_ms);
-  while (n < 0 && errno == EINTR);
-  return n > 0 && !p[1].revents && p[0].revents;
-}
-
-/* Reads the request head; 0 once it is complete, -1 otherwise. */
-static int read_request(struct ferry_metrics_http *m, int fd, char *buf, size_t size) {
-  uint64_t deadline = ferry_now_ns() + METRICS_CLIENT_MS * 1000000ull;
-  size_t len = 0;
-  while (len < size - 1) {
-    if (!wait_ready(m, fd, POLLIN, ferry_ms_left(deadline)))
-      return -1;
-    ssize_t n = recv(fd, buf + len, size - 1 - len, MSG_DONTWAIT);
-    if (n <= 0)
-      return -1;
-    len += (size_t)n;
-    buf[len] = 0;
-    if (strstr(buf, "\r\n\r\n") || strstr(buf, "\n\n"))
-      return 0;
-  }
-  return -1;
-}
-
-/* Sends until done, the deadline or stop: a client that stops reading
- * holds the thread no longer than one that sends nothing. */
-static void send_all(struct ferry_metrics_http *m, int fd, const char *data, size_t len,
-                     uint64_t deadline) {
-  while (len) {
-    ssize_t n = send(fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR) &&
-        wait_ready(m, fd, POLLOUT, ferry_ms_left(deadline)))
-      continue;
-    if (n <= 0)
-      return; /* the client went away, stopped reading, or we are stopping: its loss */
-    data += n;
-    len -= (size_t)n;
-  }
-}
-
-static void respond(struct ferry_metrics_http *m, int fd, const char *status, const char *body) {
-  uint64_t deadline = ferry_now_ns() + METRICS_CLIENT_MS * 1000000ull;
-  char head[256];
-  int n = snprintf(head, sizeof head,
-                   "HTTP/1.1 %s\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                   "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                   status, strlen(body));
-  send_all(m, fd, head, (size_t)n, deadline);
-  send_all(m, fd, body, strlen(body), deadline);
-}
 
 static int is_metrics_get(const char *req) {
   static const char prefix[] = "GET /metrics";
@@ -99,33 +60,140 @@ static int is_metrics_get(const char *req) {
   return next == ' ' || next == '?';
 }
 
-static void serve_client(struct ferry_metrics_http *m, int fd) {
-  char req[METRICS_REQUEST_MAX];
-  if (read_request(m, fd, req, sizeof req))
-    return;
-  if (!is_metrics_get(req)) {
-    respond(m, fd, "404 Not Found", "only GET /metrics is served here\n");
-    return;
-  }
+/* The whole HTTP answer, malloc'd; NULL when out of memory. */
+static char *answer(const char *status, const char *body, size_t *len) {
+  static const char head[] =
+      "HTTP/1.1 %s\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+      "Content-Length: %zu\r\nConnection: close\r\n\r\n%s";
+  size_t body_len = strlen(body);
+  size_t size = sizeof head + strlen(status) + 24 + body_len;
+  char *out = malloc(size);
+  int n = out ? snprintf(out, size, head, status, body_len, body) : -1;
+  *len = n > 0 ? (size_t)n : 0;
+  return out;
+}
+
+static char *answer_request(struct ferry_metrics_http *m, const char *req, size_t *len) {
+  if (!is_metrics_get(req))
+    return answer("404 Not Found", "only GET /metrics is served here\n", len);
   ferry_stats *s = NULL;
-  char *text = NULL;
+  char *text = NULL, *out;
   if (ferry_stats_snapshot(m->engine, &s) || ferry_stats_prometheus(s, &text))
-    respond(m, fd, "503 Service Unavailable", ferry_last_error());
+    out = answer("503 Service Unavailable", ferry_last_error(), len);
   else
-    respond(m, fd, "200 OK", text);
+    out = answer("200 OK", text, len);
   free(text);
   ferry_stats_free(s);
+  return out;
+}
+
+static void drop_client(struct ferry_metrics_http *m, unsigned i) {
+  metrics_client *c = m->clients[i];
+  close(c->fd);
+  free(c->out);
+  free(c);
+  m->clients[i] = m->clients[--m->count];
+}
+
+/* Reads what the client sent; once its head is in, its answer is ready to
+ * send. 0 to keep it, -1 to drop it (gone, or a head too long). */
+static int client_read(struct ferry_metrics_http *m, metrics_client *c) {
+  ssize_t n = recv(c->fd, c->request + c->len, sizeof c->request - 1 - c->len, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR))
+    return 0;
+  if (n <= 0)
+    return -1;
+  c->len += (size_t)n;
+  c->request[c->len] = 0;
+  if (strstr(c->request, "\r\n\r\n") || strstr(c->request, "\n\n")) {
+    c->out = answer_request(m, c->request, &c->out_len);
+    return c->out ? 0 : -1;
+  }
+  return c->len < sizeof c->request - 1 ? 0 : -1;
+}
+
+/* Sends what the socket takes; 1 once all is sent, 0 for more, -1 on error. */
+static int client_write(metrics_client *c) {
+  ssize_t n = send(c->fd, c->out + c->sent, c->out_len - c->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR))
+    return 0;
+  if (n <= 0)
+    return -1;
+  c->sent += (size_t)n;
+  return c->sent == c->out_len;
+}
+
+/* Takes every pending connection; when all slots are taken, the client
+ * that has been there longest makes room. */
+static void accept_clients(struct ferry_metrics_http *m) {
+  int fd;
+  while ((fd = accept4(m->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0) {
+    metrics_client *c = calloc(1, sizeof *c);
+    if (!c) {
+      close(fd);
+      continue;
+    }
+    if (m->count == METRICS_CLIENTS_MAX) {
+      unsigned oldest = 0;
+      for (unsigned i = 1; i < m->count; i++)
+        if (m->clients[i]->deadline_ns < m->clients[oldest]->deadline_ns)
+          oldest = i;
+      FERRY_DEBUG("metrics endpoint: %u clients open, the most; dropping the oldest", m->count);
+      drop_client(m, oldest);
+    }
+    c->fd = fd;
+    c->deadline_ns = ferry_now_ns() + METRICS_CLIENT_MS * 1000000ull;
+    m->clients[m->count++] = c;
+  }
+}
+
+/* Moves client i on by what poll saw (revents); drops it when done, gone,
+ * or past its time. */
+static void serve_client(struct ferry_metrics_http *m, unsigned i, short revents, uint64_t now) {
+  metrics_client *c = m->clients[i];
+  int rc = 0;
+  if (revents & (POLLERR | POLLHUP | POLLNVAL))
+    rc = -1;
+  else if (revents & POLLIN && !c->out)
+    rc = client_read(m, c);
+  if (!rc && c->out) /* at once: the socket takes a small answer whole */
+    rc = client_write(c);
+  if (rc || now >= c->deadline_ns)
+    drop_client(m, i);
+}
+
+/* Polls the stop pipe, the listening socket and every client; ms until
+ * the earliest client deadline, or -1 with none. */
+static int poll_timeout(const struct ferry_metrics_http *m) {
+  uint64_t first = 0;
+  for (unsigned i = 0; i < m->count; i++)
+    if (!first || m->clients[i]->deadline_ns < first)
+      first = m->clients[i]->deadline_ns;
+  return first ? ferry_ms_left(first) : -1;
 }
 
 static void *metrics_thread(void *arg) {
   struct ferry_metrics_http *m = arg;
-  while (wait_ready(m, m->fd, POLLIN, -1)) {
-    int fd = accept4(m->fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0)
-      continue; /* the client gave up before we took it, or fds ran out: next one */
-    serve_client(m, fd);
-    close(fd);
+  struct pollfd p[METRICS_CLIENTS_MAX + 2];
+  for (;;) {
+    p[0] = (struct pollfd){.fd = m->stop[0], .events = POLLIN};
+    p[1] = (struct pollfd){.fd = m->fd, .events = POLLIN};
+    unsigned n = m->count;
+    for (unsigned i = 0; i < n; i++)
+      p[i + 2] =
+          (struct pollfd){.fd = m->clients[i]->fd, .events = m->clients[i]->out ? POLLOUT : POLLIN};
+    if (poll(p, n + 2, poll_timeout(m)) < 0 && errno != EINTR)
+      break;
+    if (p[0].revents)
+      break;
+    uint64_t now = ferry_now_ns();
+    for (unsigned i = n; i-- > 0;) /* from the end: a drop moves the last into i */
+      serve_client(m, i, p[i + 2].revents, now);
+    if (p[1].revents & POLLIN)
+      accept_clients(m);
   }
+  while (m->count)
+    drop_client(m, m->count - 1);
   return NULL;
 }
 

@@ -690,12 +690,12 @@ ferry_status ferry_sock_read_refusal(ferry_sock *s, const ferry_frame_header *h,
   ferry_status st = ferry_sock_recv(s, reason, len, step);
   if (st)
     return st;
-  reason[len] = 0;
+  char text[FERRY_WIRE_MAX_REASON + 1]; /* the peer's words: escaped for logs */
+  ferry_log_escape(text, sizeof text, reason, len);
   ferry_status code = (ferry_status)h->status;
   if (!remote_status_ok(code))
     code = FERRY_EREMOTE;
-  return ferry_fail(code, "%s refused by %s: %s", step, s->peer,
-                    len ? reason : ferry_strerror(code));
+  return ferry_fail(code, "%s refused by %s: %s", step, s->peer, len ? text : ferry_strerror(code));
 }
 
 int ferry_net_idle_alive(int fd) {

@@ -97,6 +97,7 @@ typedef struct server_conn {
   char peer_name[FERRY_WIRE_MAX_NAME + 1];
   uint8_t id[FERRY_WIRE_NONCE_SIZE]; /* its HELLO's nonce, which a CUT names */
   int cut;                           /* its initiator cut it (CUT): it ends without serving more */
+  int cutting; /* (server lock) its worker waits in a CUT of its own: no CUT waits for it */
   struct server_conn *next;
   char peer[FERRY_HOST_MAX + 8];
   ferry_sock sock;
@@ -222,6 +223,15 @@ static ferry_status admit_peer(server_conn *c, const ferry_hello *hello) {
   return refuse(c, FERRY_FRAME_HELLO_REPLY, FERRY_EBUSY, why);
 }
 
+/* The HELLO's name serves only logs and messages, and its sender has
+ * proved nothing yet: escaped as it comes in (a newline in it would forge
+ * a log line), cut to fit. */
+static void escape_name(ferry_hello *hello) {
+  char raw[sizeof hello->name];
+  memcpy(raw, hello->name, sizeof raw);
+  ferry_log_escape(hello->name, sizeof hello->name, raw, strnlen(raw, sizeof raw));
+}
+
 static ferry_status handshake(server_conn *c) {
   ferry_frame_header h;
   uint8_t body[FERRY_WIRE_HELLO_MAX];
@@ -239,6 +249,7 @@ static ferry_status handshake(server_conn *c) {
     st = ferry_wire_hello_decode(body, h.body_len, &hello);
   if (st)
     return st;
+  escape_name(&hello);
   if (hello.version_max < FERRY_WIRE_VERSION_MIN || hello.version_min > FERRY_WIRE_VERSION_MAX) {
     char why[FERRY_WIRE_MAX_REASON];
     snprintf(why, sizeof why,
@@ -574,40 +585,92 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
   return reply(c, FERRY_FRAME_WRITE_ACK, h->id, verdict, verdict ? reason : NULL);
 }
 
-/* The requester's other connection named id, or NULL. Server lock held. */
-static server_conn *find_cut(ferry_server *s, const server_conn *by, const uint8_t *id) {
+/* o is one of by's requester's other connections, the one named id. */
+static int named_by(const server_conn *o, const server_conn *by, const uint8_t *id) {
+  return o != by && o->identified && o->peer_id == by->peer_id && !memcmp(o->id, id, sizeof o->id);
+}
+
+/* Cuts every connection of c's requester named id (a hostile one may give
+ * several the same nonce): each one's worker leaves the system call it is
+ * in and serves nothing more. Server lock held. Returns how many. */
+static unsigned cut_named(ferry_server *s, const server_conn *c, const uint8_t *id) {
+  unsigned cut = 0;
+  for (server_conn *o = s->conns; o; o = o->next) {
+    if (!named_by(o, c, id))
+      continue;
+    pthread_mutex_lock(&o->lock);
+    __atomic_store_n(&o->cut, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&o->cancelled, 1, __ATOMIC_RELEASE);
+    shutdown(o->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&o->lock);
+    cut++;
+  }
+  return cut;
+}
+
+/* A connection c's CUT of id still waits for: cut and inside a frame. One
+ * waiting in a CUT of its own is not waited for: it touches no memory and,
+ * cut, ends without serving more, so two CUTs never wait for each other.
+ * Server lock held. */
+static int cut_still_in_frame(ferry_server *s, const server_conn *c, const uint8_t *id) {
   for (server_conn *o = s->conns; o; o = o->next)
-    if (o != by && o->identified && o->peer_id == by->peer_id && !memcmp(o->id, id, sizeof o->id))
-      return o;
-  return NULL;
+    if (named_by(o, c, id) && __atomic_load_n(&o->cut, __ATOMIC_ACQUIRE) && o->state == CONN_BUSY &&
+        !o->cutting)
+      return 1;
+  return 0;
+}
+
+/* Why c's CUT stops waiting before the connections it cut left their
+ * frames: the server stops, c itself was cut, or timeout_ms passed. Server
+ * lock held. */
+static ferry_status cut_wait_over(ferry_server *s, server_conn *c, uint64_t deadline_ns) {
+  if (s->stopping)
+    return ferry_fail(FERRY_ECLOSED, "CUT from %s (%s): the server is stopping", c->peer,
+                      c->peer_name);
+  if (__atomic_load_n(&c->cut, __ATOMIC_ACQUIRE))
+    return ferry_fail(FERRY_ECLOSED, "connection from %s (%s) cut by its initiator during its CUT",
+                      c->peer, c->peer_name);
+  if (ferry_now_ns() >= deadline_ns)
+    return ferry_fail(FERRY_ETIMEDOUT,
+                      "CUT from %s (%s): the connection it names is still in a frame after %u ms "
+                      "(timeout_ms) at %s; its bytes may still land",
+                      c->peer, c->peer_name, c->engine->cfg.timeout_ms, c->engine->name);
+  return FERRY_OK;
 }
 
 /* CUT: the requester's data connection named by its HELLO nonce stops,
  * like one a fence cancelled: its worker leaves the system call it is in
  * and serves nothing more, so bytes still on their way over it never land.
- * Answered once it is out of its frame. Only the requester's own
- * connections can be named (peer_id: authenticated with a secret). */
+ * Answered once it is out of its frame; within timeout_ms, else refused
+ * with FERRY_ETIMEDOUT (the initiator then counts it unconfirmed), and
+ * never past the server's stop. Only the requester's own connections can
+ * be named (peer_id: authenticated with a secret). */
 static ferry_status serve_cut(server_conn *c, const ferry_frame_header *h) {
   uint8_t id[FERRY_WIRE_NONCE_SIZE];
   ferry_status st = ferry_sock_recv(&c->sock, id, sizeof id, "receive CUT");
   if (st)
     return st;
   ferry_server *s = c->engine->server;
+  uint64_t deadline_ns = ferry_engine_deadline(c->engine, 0);
+  struct timespec until = ferry_timespec(deadline_ns);
   pthread_mutex_lock(&s->lock);
-  server_conn *o = find_cut(s, c, id);
-  if (o) {
-    pthread_mutex_lock(&o->lock);
-    __atomic_store_n(&o->cut, 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&o->cancelled, 1, __ATOMIC_RELEASE);
-    shutdown(o->fd, SHUT_RDWR);
-    pthread_mutex_unlock(&o->lock);
-  }
-  FERRY_DEBUG("%s asked to cut one of its data connections: %s", c->peer_name,
-              o ? "cut" : "already closed");
-  while ((o = find_cut(s, c, id)) && o->state == CONN_BUSY)
-    pthread_cond_wait(&s->quiet, &s->lock);
+  unsigned cut = cut_named(s, c, id);
+  c->cutting = 1;
+  /* A CUT waiting for c waits no more; one just cut that waits in a CUT of
+   * its own ends. */
+  pthread_cond_broadcast(&s->quiet);
+  while (cut_still_in_frame(s, c, id) && !(st = cut_wait_over(s, c, deadline_ns)))
+    pthread_cond_timedwait(&s->quiet, &s->lock, &until);
+  c->cutting = 0;
   pthread_mutex_unlock(&s->lock);
-  return reply(c, FERRY_FRAME_CUT_REPLY, h->id, FERRY_OK, NULL);
+  FERRY_DEBUG("%s asked to cut one of its data connections: %s", c->peer_name,
+              cut ? "cut" : "already closed");
+  ferry_sock_set_deadline(&c->sock, ferry_engine_deadline(c->engine, 0)); /* the wait used it up */
+  if (st == FERRY_ETIMEDOUT) {
+    FERRY_WARN("%s", ferry_last_error());
+    return reply(c, FERRY_FRAME_CUT_REPLY, h->id, st, ferry_last_error());
+  }
+  return st ? st : reply(c, FERRY_FRAME_CUT_REPLY, h->id, FERRY_OK, NULL);
 }
 
 static ferry_status serve_frame(server_conn *c, const ferry_frame_header *h) {
@@ -628,6 +691,9 @@ static ferry_status serve_frame(server_conn *c, const ferry_frame_header *h) {
  * once in, the rest of the frame must follow by the deadline of a transfer
  * of its size, so a peer that stalls mid-frame is cut off. */
 static ferry_status next_request(server_conn *c, ferry_frame_header *h) {
+  if (__atomic_load_n(&c->cut, __ATOMIC_ACQUIRE)) /* not even a frame already read ahead */
+    return ferry_fail(FERRY_ECLOSED, "connection from %s (%s) cut by its initiator", c->peer,
+                      c->peer_name);
   ferry_sock_set_deadline(&c->sock, ferry_engine_deadline(c->engine, 0));
   ferry_status st = ferry_sock_recv_header(&c->sock, h, "receive request");
   if (st == FERRY_OK && h->status != 0)
@@ -651,10 +717,10 @@ static void free_connection(server_conn *c) {
 }
 
 /* The end of a connection, by the worker that owns it: peer accounting,
- * then out of epoll and the list, and closed. */
+ * then out of epoll and the list, and closed. The peer sees it closed only
+ * then, so a connection it opens next finds the slot free. */
 static void end_connection(server_conn *c) {
   ferry_server *s = c->engine->server;
-  shutdown(c->fd, SHUT_RDWR);
   connection_ended(c);
   pthread_mutex_lock(&s->lock);
   epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
@@ -665,6 +731,7 @@ static void end_connection(server_conn *c) {
   s->count--;
   pthread_cond_broadcast(&s->quiet); /* a CUT may wait for it */
   pthread_mutex_unlock(&s->lock);
+  shutdown(c->fd, SHUT_RDWR);
   free_connection(c);
 }
 
@@ -1051,6 +1118,7 @@ void ferry_server_stop(ferry_engine *e) {
   pthread_mutex_lock(&s->lock);
   s->stopping = 1;
   pthread_cond_signal(&s->tick);
+  pthread_cond_broadcast(&s->quiet); /* ends every CUT's wait */
   uint64_t one = 1;
   ssize_t unused = write(s->wake_fd, &one, sizeof one); /* wakes the workers in epoll */
   (void)unused;

@@ -24,6 +24,7 @@
 #include "ferry.h"
 #include "harness.h"
 #include "metadata/metadata.h"
+#include "pagestall.h"
 #include "rawclient.h"
 
 #define KiB 1024ull
@@ -257,6 +258,158 @@ static void cut_connection_serves_nothing_more(void **state) {
   free(payload);
 }
 
+/* ---- CUTs that meet each other ------------------------------------------- */
+
+enum { CUT_PAGE = 4096 };
+
+/* A connection of engine 77 named nonce_byte whose WRITE of one page at
+ * dst is stuck in the target, in the copy (a page that stalls): it stays
+ * inside its frame, cut or not, until the test releases the page. */
+static int stuck_writer(ferry_engine *e, page_stall *p, uint8_t *dst, uint8_t nonce_byte) {
+  static uint8_t payload[CUT_PAGE];
+  memset(payload, 0xee, sizeof payload);
+  int fd = named_peer(e, 77, nonce_byte);
+  assert_int_equal(raw_write_begin(fd, (uint64_t)(uintptr_t)dst, payload, CUT_PAGE, CUT_PAGE), 0);
+  assert_int_equal(page_stall_wait(p, 10000), 0);
+  return fd;
+}
+
+/* Sends a CUT of the connection named nonce_byte; its answer is not read. */
+static int cut_begin(int fd, uint8_t nonce_byte) {
+  uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
+  memset(nonce, nonce_byte, sizeof nonce);
+  return raw_cut_begin(fd, nonce);
+}
+
+/* The target answered on fd, or closed it, within timeout_ms. */
+static int answered_or_closed(int fd, int timeout_ms) {
+  struct pollfd p = {fd, POLLIN, 0};
+  return poll(&p, 1, timeout_ms) == 1;
+}
+
+static void *destroy_engine(void *e) {
+  ferry_engine_destroy(e);
+  return NULL;
+}
+
+/* Destroy, whatever peers still do, returns by its bound (RELIABILITY 9:
+ * 20 ms past the last woken call); bound_s is far above that and far
+ * below the deadlines nothing wakes, which these tests make long. */
+static void destroy_within(ferry_engine *e, double bound_s) {
+  pthread_t thread;
+  assert_int_equal(pthread_create(&thread, NULL, destroy_engine, e), 0);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += (time_t)bound_s;
+  int rc = pthread_timedjoin_np(thread, NULL, &until);
+  if (rc != 0)
+    fail_msg("ferry_engine_destroy did not return within %.0f s", bound_s);
+}
+
+static ferry_engine *cut_target(uint32_t timeout_ms, page_stall *p, size_t pages) {
+  if (page_stall_create(p, pages * CUT_PAGE, 0, 0) != 0) {
+    print_message("no userfaultfd here: cannot hold a WRITE inside its frame\n");
+    skip();
+  }
+  ferry_engine *e = target_engine(timeout_ms, 0);
+  assert_int_equal(ferry_memory_register(e, p->base, p->size), FERRY_OK);
+  return e;
+}
+
+/* An honest peer is still served: a WRITE lands and is acknowledged. */
+static void still_serves(ferry_engine *e) {
+  uint8_t *buf = test_buffer(e, CUT_PAGE), data[CUT_PAGE];
+  memset(data, 0x42, sizeof data);
+  int fd = raw_peer(e);
+  assert_int_equal(raw_write(fd, (uint64_t)(uintptr_t)buf, data, sizeof data, NULL, 0), 0);
+  assert_memory_equal(buf, data, sizeof data);
+  close(fd);
+  assert_int_equal(ferry_memory_unregister(e, buf), FERRY_OK);
+  free(buf);
+}
+
+/* A CUT never waits for a connection that is itself waiting in a CUT: A's
+ * CUT waits for S, whose WRITE is stuck in the target; B's CUT of A is
+ * answered at once, while S is still stuck (A touches no memory, and,
+ * cut, ends). Before, B's CUT waited for A's, which waited for S. */
+static void a_cut_never_waits_for_another_cut(void **state) {
+  page_stall p;
+  ferry_engine *e = cut_target(30000, &p, 1);
+  int a = named_peer(e, 77, 0x11), b = named_peer(e, 77, 0x22);
+  int s = stuck_writer(e, &p, p.base, 0x55);
+  assert_int_equal(cut_begin(a, 0x55), 0);
+  assert_true(raw_closed_by_peer(s, 10000)); /* A's CUT cut S: A now waits */
+  int answer = cut(b, 0x11);                 /* 10 s at most (the raw client's bound) */
+  print_message("B's CUT of A, while A's CUT waits for a stuck WRITE: %d\n", answer);
+  assert_int_equal(answer, 0);
+  assert_true(raw_closed_by_peer(a, 10000)); /* A, cut, ended */
+  assert_int_equal(page_stall_release(&p, 0), 0);
+  still_serves(e);
+  destroy_within(e, 10);
+  close(a);
+  close(b);
+  close(s);
+  page_stall_destroy(&p);
+}
+
+/* Two connections A and B of one engine, each CUTting the other, must not
+ * wait for each other for good. The interleaving is driven: decoys S1
+ * (named like B) and S2 (named like A) are stuck in WRITEs, so each CUT
+ * first finds its decoy and waits for it; once both decoys are released,
+ * A's CUT finds B inside its own CUT, and B's finds A. Before, both waited
+ * forever (no bound, no stop check): neither was answered, a fresh peer's
+ * HELLO went unanswered, and destroy never returned. Now each is answered
+ * or cut, the target serves others, and destroy returns at once. */
+static void connections_cutting_each_other_do_not_deadlock(void **state) {
+  page_stall p;
+  ferry_engine *e = cut_target(30000, &p, 2);
+  int a = named_peer(e, 77, 0x11), b = named_peer(e, 77, 0x22);
+  int s1 = stuck_writer(e, &p, p.base, 0x22);
+  int s2 = stuck_writer(e, &p, p.base + CUT_PAGE, 0x11);
+  assert_int_equal(cut_begin(a, 0x22), 0);
+  assert_true(raw_closed_by_peer(s1, 10000)); /* A's CUT is in: it cut S1 (and B) */
+  cut_begin(b, 0x11);                         /* may fail: B may be cut already */
+  struct pollfd either[2] = {{s2, POLLIN, 0}, {b, POLLIN, 0}};
+  assert_true(poll(either, 2, 10000) > 0); /* B's CUT is in, or B was cut first */
+  assert_int_equal(page_stall_release(&p, 0), 0);
+  int answered_a = answered_or_closed(a, 10000), answered_b = answered_or_closed(b, 10000);
+  print_message("A answered or closed: %d, B: %d\n", answered_a, answered_b);
+  assert_true(answered_a && answered_b);
+  still_serves(e);
+  destroy_within(e, 10);
+  close(a);
+  close(b);
+  close(s1);
+  close(s2);
+  page_stall_destroy(&p);
+}
+
+/* A CUT's wait is bounded by the target's timeout_ms: the connection it
+ * names is stuck inside its frame for good (a page that stalls), and the
+ * CUT is refused with FERRY_ETIMEDOUT after 300 ms, the asking connection
+ * still usable. Before, it waited as long as the stall. */
+static void a_cut_waits_at_most_timeout_ms(void **state) {
+  page_stall p;
+  ferry_engine *e = cut_target(300, &p, 1);
+  int a = named_peer(e, 77, 0x11);
+  int s = stuck_writer(e, &p, p.base, 0x55);
+  char reason[FERRY_WIRE_MAX_REASON + 1] = "";
+  double t0 = test_now_s();
+  assert_int_equal(cut_begin(a, 0x55), 0);
+  int answer = raw_cut_reply(a, reason, sizeof reason);
+  print_message("CUT of a stuck connection: %d after %.2f s: %s\n", answer, test_now_s() - t0,
+                reason);
+  assert_int_equal(answer, FERRY_ETIMEDOUT);
+  assert_non_null(strstr(reason, "timeout_ms"));
+  assert_int_equal(page_stall_release(&p, 0), 0);
+  assert_true(raw_closed_by_peer(s, 10000));
+  assert_int_equal(cut(a, 0x66), 0); /* A still serves (no such connection: answered at once) */
+  destroy_within(e, 10);
+  close(a);
+  close(s);
+  page_stall_destroy(&p);
+}
+
 /* Notifications count their real memory against a per-peer share: one-byte
  * notifications are refused long before their payload bytes reach the
  * limit, and a second peer is not refused because the first is. */
@@ -427,6 +580,9 @@ int main(void) {
       cmocka_unit_test(idle_connections_are_dropped_and_calls_reconnect),
       cmocka_unit_test(cut_stops_a_write_in_flight),
       cmocka_unit_test(cut_connection_serves_nothing_more),
+      cmocka_unit_test(a_cut_never_waits_for_another_cut),
+      cmocka_unit_test(connections_cutting_each_other_do_not_deadlock),
+      cmocka_unit_test(a_cut_waits_at_most_timeout_ms),
       cmocka_unit_test(notification_shares_count_real_memory_per_peer),
       cmocka_unit_test(connections_are_capped_per_peer_and_in_total),
       cmocka_unit_test_teardown(concurrent_registrations_publish_the_latest_table,

@@ -1,10 +1,13 @@
 /* test_log.c - log lines reach the host's handler with their level, thread
  * and engine, from the caller's thread and from the engine's own; without
  * a handler they go to stderr in the documented format. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,6 +23,7 @@
 #include "core/log.h"
 #include "ferry.h"
 #include "harness.h"
+#include "rawclient.h"
 
 #define MAX_RECORDS 64
 
@@ -173,12 +177,128 @@ static void test_level_and_removal(void **state) {
   assert_non_null(strstr(out, "] -: after removal\n"));
 }
 
+/* ---- text from the wire cannot forge a line ---------------------------- */
+
+/* What a hostile peer puts in a name or a reason: a newline, then a whole
+ * line of its own making. */
+#define FORGED_LINE "2026-01-01T00:00:00.000Z ERROR ferry[1:1] x: FORGED"
+#define FORGED "evil\n" FORGED_LINE
+
+static int has_control(const char *text) {
+  for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+    if (*p < 0x20 || *p == 0x7f)
+      return 1;
+  return 0;
+}
+
+/* Whatever a caller passes, a record is one line: control characters in a
+ * message reach neither the handler nor stderr. */
+static void test_a_message_is_one_line(void **state) {
+  (void)state;
+  FERRY_WARN("name %s\tend", FORGED);
+  const seen *s = find("name evil");
+  assert_non_null(s);
+  print_message("logged: %s\n", s->line);
+  assert_false(has_control(s->message));
+  assert_false(has_control(s->line));
+  assert_non_null(strstr(s->message, "evil\\x0a2026-01-01T"));
+  assert_non_null(strstr(s->message, "\\x09end"));
+}
+
+/* A peer's HELLO name is escaped as it comes in, before any proof: here a
+ * target with a secret refuses the HELLO (no common version) and says why,
+ * naming the peer; the reason the peer gets back, and the target's line on
+ * stderr, hold the name escaped, and no forged line. */
+static void test_a_hello_name_cannot_forge_a_line(void **state) {
+  (void)state;
+  ferry_log_set_handler(NULL, NULL); /* to stderr, as a target in a terminal or a journal */
+  int pipefd[2];
+  assert_int_equal(pipe(pipefd), 0);
+  int saved = dup(STDERR_FILENO);
+  dup2(pipefd[1], STDERR_FILENO);
+  ferry_engine *target = test_engine("s3cret");
+  assert_non_null(target);
+  int fd = raw_connect(ferry_engine_port(target));
+  char reason[FERRY_WIRE_MAX_REASON + 1] = "";
+  int st = raw_hello_called(fd, FORGED, 90, 91, reason, sizeof reason);
+  close(fd);
+  ferry_engine_destroy(target);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  close(pipefd[1]);
+  static char out[65536];
+  ssize_t n = read(pipefd[0], out, sizeof out - 1);
+  close(pipefd[0]);
+  out[n > 0 ? n : 0] = '\0';
+  print_message("refused with %d: %s\nthe target logged:\n%s", st, reason, out);
+  assert_int_equal(st, FERRY_EVERSION);
+  assert_non_null(strstr(reason, "peer evil\\x0a2026-01-01T"));
+  assert_false(has_control(reason));
+  assert_non_null(strstr(out, "peer evil\\x0a2026-01-01T"));
+  assert_null(strstr(out, "\n" FORGED_LINE));
+}
+
+/* A fake target that answers any HELLO with a refusal whose reason is
+ * text: the initiator's error detail must hold it escaped. */
+typedef struct fake_target {
+  int listen_fd;
+  uint16_t port;
+  const char *reason;
+} fake_target;
+
+static void *refuse_one(void *arg) {
+  fake_target *f = arg;
+  int fd = accept(f->listen_fd, NULL, NULL);
+  uint8_t raw[FERRY_WIRE_HEADER_SIZE], body[FERRY_WIRE_HELLO_MAX];
+  ferry_frame_header h;
+  if (fd >= 0 && raw_recv(fd, raw, sizeof raw) == 0 &&
+      ferry_wire_header_decode(raw, &h) == FERRY_OK && raw_recv(fd, body, h.body_len) == 0) {
+    ferry_frame_header r = {
+        .type = FERRY_FRAME_HELLO_REPLY, .status = FERRY_EVERSION, .body_len = strlen(f->reason)};
+    ferry_wire_header_encode(raw, &r);
+    raw_send(fd, raw, sizeof raw);
+    raw_send(fd, f->reason, strlen(f->reason));
+  }
+  if (fd >= 0)
+    close(fd);
+  return NULL;
+}
+
+static void test_a_refusal_reason_cannot_forge_a_line(void **state) {
+  (void)state;
+  fake_target f = {.reason = "no\n" FORGED_LINE};
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  f.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_int_equal(bind(f.listen_fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(f.listen_fd, 1), 0);
+  assert_int_equal(getsockname(f.listen_fd, (struct sockaddr *)&a, &len), 0);
+  pthread_t thread;
+  assert_int_equal(pthread_create(&thread, NULL, refuse_one, &f), 0);
+  ferry_engine *initiator = test_engine(NULL);
+  char target[64];
+  snprintf(target, sizeof target, "127.0.0.1:%u", ntohs(a.sin_port));
+  ferry_status st = ferry_probe(initiator, target);
+  char detail[1024];
+  snprintf(detail, sizeof detail, "%s", ferry_last_error());
+  print_message("probe: %d: %s\n", st, detail);
+  pthread_join(thread, NULL);
+  close(f.listen_fd);
+  ferry_engine_destroy(initiator);
+  assert_int_equal(st, FERRY_EVERSION);
+  assert_non_null(strstr(detail, "no\\x0a2026-01-01T"));
+  assert_false(has_control(detail));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_listening_line_to_handler, setup, teardown),
       cmocka_unit_test_setup_teardown(test_call_names_its_engine, setup, teardown),
       cmocka_unit_test_setup_teardown(test_server_thread_names_its_engine, setup, teardown),
       cmocka_unit_test_setup_teardown(test_level_and_removal, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_message_is_one_line, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_hello_name_cannot_forge_a_line, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_refusal_reason_cannot_forge_a_line, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

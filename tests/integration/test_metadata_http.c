@@ -5,6 +5,7 @@
  * ready line to learn the URL; the group teardown always stops it (SIGTERM,
  * then SIGKILL if it hangs) and checks it exited 0. Only 127.0.0.1 is used. */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -57,20 +59,30 @@ static int read_line(int fd, char *buf, size_t size, int timeout_ms) {
   return -1;
 }
 
-/* state: the --state FILE, or NULL. */
-static pid_t spawn_server(int out_fd, const char *state) {
+/* `$FERRY_TOOL metadata-server --host 127.0.0.1 --port 0 [args...]` (args
+ * NULL-terminated, or NULL), its stdout to out_fd; its stderr to err_fd
+ * when that is >= 0; with preload as LD_PRELOAD when given. */
+static pid_t spawn_server(int out_fd, int err_fd, const char *const *args, const char *preload) {
   const char *tool = getenv("FERRY_TOOL");
   if (!tool)
     tool = "ferry";
+  const char *argv[32] = {tool, "metadata-server", "--host", "127.0.0.1", "--port", "0"};
+  for (int i = 0; args && args[i] && i < 24; i++)
+    argv[6 + i] = args[i];
   pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a crashed test */
     dup2(out_fd, STDOUT_FILENO);
-    if (state)
-      execl(tool, tool, "metadata-server", "--host", "127.0.0.1", "--port", "0", "--state", state,
-            (char *)NULL);
-    else
-      execl(tool, tool, "metadata-server", "--host", "127.0.0.1", "--port", "0", (char *)NULL);
+    if (err_fd >= 0)
+      dup2(err_fd, STDERR_FILENO);
+    if (preload) {
+      setenv("LD_PRELOAD", preload, 1);
+      char asan[512]; /* an ASan build's runtime is loaded after the shim: let it */
+      const char *was = getenv("ASAN_OPTIONS");
+      snprintf(asan, sizeof asan, "%s%sverify_asan_link_order=0", was ? was : "", was ? ":" : "");
+      setenv("ASAN_OPTIONS", asan, 1);
+    }
+    execv(tool, (char *const *)argv);
     fprintf(stderr, "exec %s: %s\n", tool, strerror(errno));
     _exit(127);
   }
@@ -96,13 +108,14 @@ static int stop_server(void) {
   return status;
 }
 
-/* Starts a server and reads its URL from the ready line. 0, or -1 with
- * the child (if any) left in *pid for the caller to reap. */
-static int start_server(const char *state, pid_t *pid, char *url_out, size_t size) {
+/* Starts a server (as spawn_server) and reads its URL from the ready line.
+ * 0, or -1 with the child (if any) left in *pid for the caller to reap. */
+static int start_server_with(const char *const *args, int err_fd, const char *preload, pid_t *pid,
+                             char *url_out, size_t size) {
   int fds[2];
   if (pipe(fds) != 0)
     return -1;
-  *pid = spawn_server(fds[1], state);
+  *pid = spawn_server(fds[1], err_fd, args, preload);
   close(fds[1]);
   char line[512];
   int rc = *pid > 0 ? read_line(fds[0], line, sizeof line, 10000) : -1;
@@ -112,6 +125,12 @@ static int start_server(const char *state, pid_t *pid, char *url_out, size_t siz
     return -1;
   snprintf(url_out, size, "%s", url + 4);
   return 0;
+}
+
+/* state: the --state FILE, or NULL. */
+static int start_server(const char *state, pid_t *pid, char *url_out, size_t size) {
+  const char *args[] = {"--state", state, NULL};
+  return start_server_with(state ? args : NULL, -1, NULL, pid, url_out, size);
 }
 
 static int group_setup(void **state) {
@@ -404,13 +423,15 @@ static void test_unreachable(void **state) {
 
 /* ---- the server's own answers (raw HTTP) -------------------------------------- */
 
-static long raw_request(const char *method, const char *url, const char *body, size_t len) {
+/* The HTTP status of a request, or 0 when none came within timeout_ms. */
+static long request_within(const char *method, const char *url, const char *body, size_t len,
+                           long timeout_ms) {
   CURL *c = curl_easy_init();
   assert_non_null(c);
   curl_easy_setopt(c, CURLOPT_URL, url);
   curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 20000L);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, fwrite);
   FILE *sink = fopen("/dev/null", "w");
   curl_easy_setopt(c, CURLOPT_WRITEDATA, sink);
@@ -425,6 +446,10 @@ static long raw_request(const char *method, const char *url, const char *body, s
   curl_easy_cleanup(c);
   fclose(sink);
   return code;
+}
+
+static long raw_request(const char *method, const char *url, const char *body, size_t len) {
+  return request_within(method, url, body, len, 20000);
 }
 
 static void test_server_status_codes(void **state) {
@@ -523,6 +548,253 @@ static void test_state_file(void **state) {
   rmdir(dir);
 }
 
+/* ---- limits, the append log, and no lock across a disk sync ------------------- */
+
+/* A private server with its own arguments; its stderr in dir/log. */
+typedef struct private_server {
+  pid_t pid;
+  char url[256], log[300];
+} private_server;
+
+static void private_start(private_server *p, const char *dir, const char *const *args,
+                          const char *preload) {
+  snprintf(p->log, sizeof p->log, "%s/log", dir);
+  int err = open(p->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+  assert_true(err >= 0);
+  int rc = start_server_with(args, err, preload, &p->pid, p->url, sizeof p->url);
+  close(err);
+  assert_int_equal(rc, 0);
+}
+
+static void private_kill(private_server *p) {
+  kill(p->pid, SIGKILL);
+  waitpid(p->pid, NULL, 0);
+}
+
+/* The server's stderr so far (malloc'd). */
+static char *private_log(const private_server *p) {
+  FILE *f = fopen(p->log, "r");
+  assert_non_null(f);
+  static char text[1 << 16];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = '\0';
+  return strdup(text);
+}
+
+static long put(const private_server *p, const char *key, size_t len, char fill) {
+  char url[400];
+  snprintf(url, sizeof url, "%s?key=%s", p->url, key);
+  char *body = malloc(len ? len : 1);
+  memset(body, fill, len);
+  long code = raw_request("PUT", url, body, len);
+  free(body);
+  return code;
+}
+
+static long request(const private_server *p, const char *method, const char *key) {
+  char url[400];
+  snprintf(url, sizeof url, "%s?key=%s", p->url, key);
+  return raw_request(method, url, NULL, 0);
+}
+
+/* A value too large is refused with 413, a store out of room with 507
+ * (bytes, then keys), each logged; a smaller value, a replacement and a
+ * key freed by a DELETE are let in. */
+static void test_limits(void **state) {
+  char dir[] = "/tmp/ferry-limits-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const char *args[] = {"--max-value", "1K", "--max-bytes", "2K", "--max-keys", "3", NULL};
+  private_server p;
+  private_start(&p, dir, args, NULL);
+  assert_int_equal(put(&p, "a", 1025, 'a'), 413);
+  assert_int_equal(put(&p, "a", 1000, 'a'), 200);
+  assert_int_equal(put(&p, "b", 1000, 'b'), 507); /* 2 x (1000 + bookkeeping) > 2 KiB */
+  assert_int_equal(put(&p, "b", 10, 'b'), 200);
+  assert_int_equal(put(&p, "c", 10, 'c'), 200);
+  assert_int_equal(put(&p, "d", 10, 'd'), 507);   /* a fourth key */
+  assert_int_equal(put(&p, "a", 1000, 'A'), 200); /* a replacement of the same size */
+  assert_int_equal(request(&p, "DELETE", "c"), 200);
+  assert_int_equal(put(&p, "d", 10, 'd'), 200);
+  assert_int_equal(request(&p, "GET", "d"), 200);
+  char *log = private_log(&p);
+  print_message("%s", log);
+  assert_non_null(
+      strstr(log, "refused PUT a (1025 bytes): value larger than 1024 bytes (--max-value)"));
+  assert_non_null(
+      strstr(log, "refused PUT b (1000 bytes): the store is full: it holds 1058 bytes of 2048"));
+  assert_non_null(
+      strstr(log, "refused PUT d (10 bytes): the store holds 3 keys, the most (--max-keys)"));
+  free(log);
+  private_kill(&p);
+  unlink(p.log);
+  rmdir(dir);
+}
+
+static off_t file_size(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? st.st_size : -1;
+}
+
+static void append_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "a");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void expect_stored(const private_server *p, const char *key, size_t len, char fill) {
+  ferry_metadata *md = NULL;
+  assert_int_equal(ferry_metadata_open(p->url, &md), FERRY_OK);
+  char *v = NULL;
+  assert_int_equal(ferry_metadata_get(md, key, &v), FERRY_OK);
+  assert_int_equal(strlen(v), len);
+  for (size_t i = 0; i < len; i++)
+    assert_int_equal(v[i], fill);
+  free(v);
+  ferry_metadata_close(md);
+}
+
+/* Changes are appended, and the file is compacted in the background once
+ * it holds far more than the live keys (40 rewrites of one 64 KiB value:
+ * 2.5 MiB appended, the file ends up well below that); a SIGKILL and
+ * restart keeps every key. A record cut short or half written by a crash
+ * is dropped with a WARN, the server starts; a bad record followed by
+ * more is damage, and it refuses to start. A version 1 file is read. */
+static void test_state_file_log(void **state) {
+  char dir[] = "/tmp/ferry-state-XXXXXX", path[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/state", dir);
+  const char *args[] = {"--state", path, NULL};
+  private_server p;
+  private_start(&p, dir, args, NULL);
+  for (int i = 0; i < 40; i++)
+    assert_int_equal(put(&p, "big", 64 * 1024, (char)('a' + i % 26)), 200);
+  assert_int_equal(put(&p, "keep", 5, 'k'), 200);
+  assert_int_equal(put(&p, "gone", 5, 'g'), 200);
+  assert_int_equal(request(&p, "DELETE", "gone"), 200);
+  double until = now_s() + 10;
+  while (file_size(path) > 2 * 1024 * 1024 && now_s() < until)
+    usleep(10000); /* the compactor runs beside the writes: nothing to wait on */
+  print_message("state file: %lld bytes after 2.5 MiB of changes\n", (long long)file_size(path));
+  assert_true(file_size(path) <= 2 * 1024 * 1024);
+  private_kill(&p);
+
+  private_start(&p, dir, args, NULL);
+  expect_stored(&p, "big", 64 * 1024, (char)('a' + 39 % 26));
+  expect_stored(&p, "keep", 5, 'k');
+  assert_int_equal(request(&p, "GET", "gone"), 404);
+  private_kill(&p);
+
+  /* a crash in the middle of an append: the header and part of the key */
+  append_text(path, "+ 9 100 0 0abc1234\ntor");
+  private_start(&p, dir, args, NULL);
+  expect_stored(&p, "keep", 5, 'k');
+  assert_int_equal(put(&p, "after", 3, 'x'), 200);
+  private_kill(&p);
+  /* half written: whole, but its crc does not match */
+  append_text(path, "+ 4 1 0 00000000\nhalfx\n");
+  private_start(&p, dir, args, NULL);
+  expect_stored(&p, "after", 3, 'x');
+  assert_int_equal(request(&p, "GET", "half"), 404);
+  private_kill(&p);
+  char *log = private_log(&p);
+  print_message("%s", log);
+  assert_non_null(strstr(log, "dropped its last record (22 bytes at byte"));
+  assert_non_null(strstr(log, "cut short or half written by a crash"));
+  free(log);
+
+  /* the same bad record with another after it: damage, not a crash */
+  append_text(path, "+ 4 1 0 00000000\nhalfx\n+ 1 1 0 00000000\nkv\n");
+  int status = 0;
+  assert_int_equal(start_server_with(args, -1, NULL, &p.pid, p.url, sizeof p.url), -1);
+  waitpid(p.pid, &status, 0);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+
+  /* a version 1 file (a snapshot, as earlier servers wrote) */
+  FILE *f = fopen(path, "w");
+  fputs("ferry-metadata-state 1\n3 5 0\nold12345\n", f);
+  fclose(f);
+  private_start(&p, dir, args, NULL);
+  ferry_metadata *md = NULL;
+  char *v = NULL;
+  assert_int_equal(ferry_metadata_open(p.url, &md), FERRY_OK);
+  assert_int_equal(ferry_metadata_get(md, "old", &v), FERRY_OK);
+  assert_string_equal(v, "12345");
+  free(v);
+  ferry_metadata_close(md);
+  private_kill(&p);
+  unlink(path);
+  unlink(p.log);
+  rmdir(dir);
+}
+
+typedef struct big_put {
+  const private_server *p;
+  long code;
+} big_put;
+
+static void *put_big(void *arg) {
+  big_put *b = arg;
+  b->code = put(b->p, "big", 8 << 20, 'b');
+  return NULL;
+}
+
+/* No lock of the map is held across a disk sync: while the server is held
+ * inside the fsync of an 8 MiB PUT (an LD_PRELOAD shim blocks it until
+ * released), a GET and a lease refresh (a PUT that changes nothing but the
+ * expiry) are answered. The old server synced the whole store under the
+ * map's lock: both waited for the sync (here: forever). */
+static void test_no_lock_across_a_disk_sync(void **state) {
+  const char *shim = getenv("FERRY_SYNC_STALL");
+  if (!shim || access(shim, R_OK) != 0) {
+    print_message("FERRY_SYNC_STALL (the fsync shim) not given: cannot hold a sync\n");
+    skip();
+  }
+  char dir[] = "/tmp/ferry-sync-XXXXXX", path[64], armed[64], gate[64], entered[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/state", dir);
+  snprintf(armed, sizeof armed, "%s/armed", dir);
+  snprintf(gate, sizeof gate, "%s/gate", dir);
+  snprintf(entered, sizeof entered, "%s/entered", dir);
+  assert_int_equal(mkfifo(gate, 0600), 0);
+  setenv("FERRY_SYNC_STALL_DIR", dir, 1);
+  const char *args[] = {"--state", path, NULL};
+  private_server p;
+  private_start(&p, dir, args, shim);
+  char lease[400];
+  snprintf(lease, sizeof lease, "%s?key=lease&ttl=60000", p.url);
+  assert_int_equal(raw_request("PUT", lease, "v", 1), 200);
+  assert_int_equal(put(&p, "other", 3, 'o'), 200);
+
+  close(open(armed, O_WRONLY | O_CREAT, 0600)); /* the next sync stalls */
+  big_put b = {&p, 0};
+  pthread_t thread;
+  assert_int_equal(pthread_create(&thread, NULL, put_big, &b), 0);
+  double until = now_s() + 20;
+  while (access(entered, F_OK) != 0 && now_s() < until)
+    usleep(1000);
+  assert_int_equal(access(entered, F_OK), 0); /* the server is inside the sync */
+  unlink(armed);
+  long got = request_within("GET", lease, NULL, 0, 10000);
+  long refreshed = request_within("PUT", lease, "v", 1, 10000);
+  print_message("while the sync is held: GET %ld, lease refresh %ld\n", got, refreshed);
+  int gate_fd = open(gate, O_WRONLY); /* lets the sync go */
+  assert_int_equal(write(gate_fd, "x", 1), 1);
+  close(gate_fd);
+  pthread_join(thread, NULL);
+  assert_int_equal(got, 200);
+  assert_int_equal(refreshed, 200);
+  assert_int_equal(b.code, 200);
+  private_kill(&p);
+  unsetenv("FERRY_SYNC_STALL_DIR");
+  unlink(entered);
+  unlink(gate);
+  unlink(path);
+  unlink(p.log);
+  rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip),
@@ -538,6 +810,9 @@ int main(void) {
       cmocka_unit_test(test_server_status_codes),
       cmocka_unit_test(test_expiry),
       cmocka_unit_test(test_state_file),
+      cmocka_unit_test(test_limits),
+      cmocka_unit_test(test_state_file_log),
+      cmocka_unit_test(test_no_lock_across_a_disk_sync),
   };
   signal(SIGPIPE, SIG_IGN);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -64,7 +64,8 @@ static int recv_reply(int fd, ferry_frame_header *h, char *reason, size_t size) 
 
 static int hello_with(int fd, const ferry_hello *with, char *reason, size_t reason_size) {
   ferry_hello hello = *with;
-  snprintf(hello.name, sizeof hello.name, "raw-test-client");
+  if (!*hello.name)
+    snprintf(hello.name, sizeof hello.name, "raw-test-client");
   uint8_t body[FERRY_WIRE_HELLO_MAX];
   ferry_frame_header h = {.type = FERRY_FRAME_HELLO};
   h.body_len = ferry_wire_hello_encode(body, &hello);
@@ -79,6 +80,13 @@ static int hello_with(int fd, const ferry_hello *with, char *reason, size_t reas
 
 int raw_hello(int fd, uint16_t vmin, uint16_t vmax, char *reason, size_t reason_size) {
   ferry_hello hello = {.version_min = vmin, .version_max = vmax, .conn_kind = FERRY_CONN_DATA};
+  return hello_with(fd, &hello, reason, reason_size);
+}
+
+int raw_hello_called(int fd, const char *name, uint16_t vmin, uint16_t vmax, char *reason,
+                     size_t reason_size) {
+  ferry_hello hello = {.version_min = vmin, .version_max = vmax, .conn_kind = FERRY_CONN_DATA};
+  snprintf(hello.name, sizeof hello.name, "%s", name);
   return hello_with(fd, &hello, reason, reason_size);
 }
 
@@ -99,11 +107,18 @@ int raw_hello_named(int fd, uint64_t engine_id, const uint8_t nonce[FERRY_WIRE_N
   return hello_with(fd, &hello, NULL, 0);
 }
 
-int raw_cut(int fd, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]) {
+int raw_cut_begin(int fd, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]) {
   ferry_frame_header h = {.type = FERRY_FRAME_CUT, .id = 9, .body_len = FERRY_WIRE_NONCE_SIZE};
-  if (send_frame(fd, &h, nonce) < 0)
-    return 1;
-  int st = recv_reply(fd, &h, NULL, 0);
+  return send_frame(fd, &h, nonce);
+}
+
+int raw_cut(int fd, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]) {
+  return raw_cut_begin(fd, nonce) < 0 ? 1 : raw_cut_reply(fd, NULL, 0);
+}
+
+int raw_cut_reply(int fd, char *reason, size_t reason_size) {
+  ferry_frame_header h;
+  int st = recv_reply(fd, &h, reason, reason_size);
   return st ? st : h.type != FERRY_FRAME_CUT_REPLY || h.id != 9;
 }
 

@@ -27,6 +27,9 @@ int raw_read_begin(int fd, uint64_t remote, size_t len);
 /* Receives one reply header; returns its status (reason copied), or 1 if
  * the connection broke first. */
 int raw_reply(int fd, char *reason, size_t reason_size);
+/* HELLO as raw_hello, with the name given (any bytes but NUL). */
+int raw_hello_called(int fd, const char *name, uint16_t vmin, uint16_t vmax, char *reason,
+                     size_t reason_size);
 /* HELLO as raw_hello, claiming to be the engine engine_id. */
 int raw_hello_as(int fd, uint64_t engine_id, char *reason, size_t reason_size);
 /* HELLO as raw_hello_as, with the nonce that names the connection (CUT). */
@@ -34,6 +37,10 @@ int raw_hello_named(int fd, uint64_t engine_id, const uint8_t nonce[FERRY_WIRE_N
 /* CUT of the connection named nonce; returns the reply status, or 1 if the
  * connection broke or the reply is not CUT_REPLY. */
 int raw_cut(int fd, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]);
+/* Sends CUT and returns without reading the reply: 0, or -1. */
+int raw_cut_begin(int fd, const uint8_t nonce[FERRY_WIRE_NONCE_SIZE]);
+/* The reply to a CUT, as raw_cut; a refusal's reason goes to reason. */
+int raw_cut_reply(int fd, char *reason, size_t reason_size);
 int raw_send(int fd, const void *data, size_t len);
 /* Exactly len bytes; -1 on EOF or error. */
 int raw_recv(int fd, void *buf, size_t len);
