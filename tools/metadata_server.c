@@ -34,10 +34,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/log.h"
 #include "cli.h"
 #include "commands.h"
-#include "core/clock.h"
-#include "core/log.h"
 
 #define PROG "ferry metadata-server"
 #define MAX_VALUE ((size_t)64 << 20)

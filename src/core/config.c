@@ -24,11 +24,11 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "base/error.h"
+#include "base/log.h"
 #include "engine.h"
-#include "error.h"
-#include "log.h"
 #include "metadata/metadata.h"
-#include "rails.h"
+#include "net/rails.h"
 
 #define TIMEOUT_S_MAX (UINT32_MAX / 1000u) /* timeout_ms is 32 bits */
 #define COUNT_MAX 1024u                    /* connections or workers: more is a typo, not a plan */

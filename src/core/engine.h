@@ -8,12 +8,12 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "core/net.h"
-#include "core/rails.h"
-#include "core/registry.h"
 #include "core/stats.h"
 #include "ferry.h"
+#include "memory/registry.h"
 #include "metadata/metadata.h"
+#include "net/net.h"
+#include "net/rails.h"
 #include "wire/wire.h"
 
 /* Received notifications wait here until drained. Each sending peer may

@@ -10,8 +10,8 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
-#include "core/error.h"
-#include "core/rails.h"
+#include "base/error.h"
+#include "net/rails.h"
 
 static void entries_parse(void **state) {
   ferry_rail_spec s[FERRY_RAILS_MAX];

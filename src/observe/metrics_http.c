@@ -18,11 +18,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "engine.h"
-#include "error.h"
-#include "log.h"
-#include "stats.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "core/engine.h"
+#include "core/stats.h"
 
 #define METRICS_CLIENT_MS 2000
 #define METRICS_REQUEST_MAX 4096

@@ -12,15 +12,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "batch.h"
-#include "clock.h"
-#include "config.h"
-#include "error.h"
-#include "log.h"
-#include "peer.h"
-#include "pool.h"
-#include "sync.h"
-#include "transport/transport.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/sync.h"
+#include "core/batch.h"
+#include "core/config.h"
+#include "core/peer.h"
+#include "core/pool.h"
+#include "core/transport.h"
 
 uint64_t ferry_engine_deadline(const ferry_engine *e, uint64_t bytes) {
   uint64_t extra = (bytes >> 20) * (uint64_t)e->cfg.timeout_ns_per_mb;

@@ -3,7 +3,7 @@
  *
  * Counters are relaxed atomics: a snapshot taken during traffic is a set of
  * recent values, each exact, not one instant; that is all a rate needs. */
-#include "stats.h"
+#include "core/stats.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -11,13 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chunker.h"
-#include "clock.h"
-#include "engine.h"
-#include "error.h"
-#include "peer.h"
-#include "pool.h"
-#include "transport/transport.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "core/chunker.h"
+#include "core/engine.h"
+#include "core/peer.h"
+#include "core/pool.h"
+#include "core/transport.h"
 
 #define ADD(counter, n) __atomic_add_fetch(&(counter), (n), __ATOMIC_RELAXED)
 #define GET(counter) __atomic_load_n(&(counter), __ATOMIC_RELAXED)

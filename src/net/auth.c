@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "core/engine.h"
 
 /* Each side proves the secret with its own label, so a proof can never be
  * reflected back as the other side's. */
