@@ -463,42 +463,4 @@ ferry_status ferry_config_adopt(ferry_config *dst, const ferry_config *src) {
   return check_fields(dst);
 }
 
-/* ---- transport names --------------------------------------------------- */
-
-static const struct {
-  const char *name;
-  unsigned bit;
-} transport_names[] = {
-    {"tcp", FERRY_TRANSPORT_TCP}, {"shm", FERRY_TRANSPORT_SHM}, {"fabric", FERRY_TRANSPORT_FABRIC}};
-
-const char *ferry_transport_name(unsigned transport) {
-  for (size_t i = 0; i < sizeof transport_names / sizeof *transport_names; i++)
-    if (transport_names[i].bit == transport)
-      return transport_names[i].name;
-  return "none";
-}
-
-unsigned ferry_transport_parse(const char *names) {
-  unsigned bits = 0;
-  const char *p = names;
-  while (p && *p) {
-    size_t len = strcspn(p, ",");
-    int found = len == 3 && strncmp(p, "all", 3) == 0;
-    if (found)
-      bits |= FERRY_TRANSPORT_ALL;
-    for (size_t i = 0; !found && i < sizeof transport_names / sizeof *transport_names; i++) {
-      if (strlen(transport_names[i].name) == len && strncmp(p, transport_names[i].name, len) == 0) {
-        bits |= transport_names[i].bit;
-        found = 1;
-      }
-    }
-    if (!found)
-      return 0;
-    p += len;
-    if (*p == ',')
-      p++;
-  }
-  return bits;
-}
-
 const char *ferry_version(void) { return FERRY_VERSION_STRING; }

@@ -22,7 +22,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "core/engine.h"
-#include "core/stats.h"
+#include "observe.h"
 
 #define METRICS_CLIENT_MS 2000
 #define METRICS_REQUEST_MAX 4096

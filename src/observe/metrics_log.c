@@ -10,7 +10,7 @@
 #include "base/log.h"
 #include "base/sync.h"
 #include "core/engine.h"
-#include "core/stats.h"
+#include "observe.h"
 
 struct ferry_metrics_log {
   ferry_engine *engine;
