@@ -215,7 +215,7 @@ static ferry_status apply_metrics_port(const char *name, const char *value, ferr
   return FERRY_OK;
 }
 
-/* engine.c reads it (it is both addresses); here it is only checked. */
+/* engine/engine.c reads it (it is both addresses); here it is only checked. */
 static ferry_status check_bind(const char *name, const char *value, ferry_config *cfg) {
   if (strlen(value) >= FERRY_HOST_MAX || strpbrk(value, " \t\n/"))
     return bad_env(name, value, "a host name or IP address");
