@@ -10,8 +10,8 @@ CMAKE_FLAGS ?=
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all deps build install demo check test test-asan test-tsan test-python test-fuzz \
-	test-examples bench-smoke format clean
+.PHONY: all deps build install demo check check-layers test test-asan test-tsan test-python \
+	test-fuzz test-examples bench-smoke format clean
 
 all: build
 
@@ -81,7 +81,12 @@ bench-smoke: build
 test-examples: build
 	@./examples/run.sh $(BUILD)
 
-check: test test-asan test-tsan test-fuzz bench-smoke test-python test-examples
+# The layers of src/ (docs/architecture.md): every #include, and every call
+# between the library's objects, points down (seconds).
+check-layers: build
+	@./scripts/check-layers --objects $(BUILD)
+
+check: check-layers test test-asan test-tsan test-fuzz bench-smoke test-python test-examples
 
 format:
 	@clang-format -i include/*.h src/*/*.[ch] tools/*.[ch] tests/*/*.[ch] python/ferry/*.c bench/*.c \

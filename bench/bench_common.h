@@ -15,7 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../src/core/clock.h"
+#include "../src/base/clock.h"
 
 static inline size_t parse_size(const char *s) {
   char *end;

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
-#include "../src/core/clock.h"
+#include "../src/base/clock.h"
 #include "ferry.h"
 
 #define UNREGISTER_BUDGET_S 10

@@ -18,7 +18,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../src/core/clock.h"
+#include "../src/base/clock.h"
 #define BENCH_PROG "scale_batch"
 #include "bench_engine.h"
 #include "ferry.h"

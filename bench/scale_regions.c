@@ -15,7 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "../src/core/clock.h"
+#include "../src/base/clock.h"
 #define BENCH_PROG "scale_regions"
 #include "bench_engine.h"
 #include "ferry.h"

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "cli.h"
 #include "commands.h"
-#include "core/clock.h"
 
 #define PROG "ferry bench --op send"
 #define MAX_SAMPLES (1u << 20)

@@ -11,9 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "cli.h"
 #include "commands.h"
-#include "core/clock.h"
 #include "core/config.h"
 #include "ferry.h"
 #include "metadata/metadata.h"

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "cli.h"
 #include "commands.h"
-#include "core/clock.h"
 #include "metadata/metadata.h"
 
 #define PROG "ferry bench"

@@ -30,7 +30,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "wire/wire.h"
 
 #define PROG "ferry metadata-server"

@@ -43,10 +43,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/log.h"
 #include "cli.h"
 #include "commands.h"
-#include "core/clock.h"
-#include "core/log.h"
 #include "metadata_log.h"
 
 #define PROG "ferry metadata-server"

@@ -13,13 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/sync.h"
 #include "batch.h"
-#include "clock.h"
-#include "error.h"
-#include "log.h"
+#include "core/transport.h"
 #include "peer.h"
-#include "sync.h"
-#include "transport/transport.h"
 
 /* ---- creation ------------------------------------------------------------------ */
 

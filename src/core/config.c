@@ -24,11 +24,11 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "base/error.h"
+#include "base/log.h"
 #include "engine.h"
-#include "error.h"
-#include "log.h"
 #include "metadata/metadata.h"
-#include "rails.h"
+#include "net/rails.h"
 
 #define TIMEOUT_S_MAX (UINT32_MAX / 1000u) /* timeout_ms is 32 bits */
 #define COUNT_MAX 1024u                    /* connections or workers: more is a typo, not a plan */
@@ -215,7 +215,7 @@ static ferry_status apply_metrics_port(const char *name, const char *value, ferr
   return FERRY_OK;
 }
 
-/* engine.c reads it (it is both addresses); here it is only checked. */
+/* engine/engine.c reads it (it is both addresses); here it is only checked. */
 static ferry_status check_bind(const char *name, const char *value, ferry_config *cfg) {
   if (strlen(value) >= FERRY_HOST_MAX || strpbrk(value, " \t\n/"))
     return bad_env(name, value, "a host name or IP address");
@@ -461,44 +461,6 @@ ferry_status ferry_config_adopt(ferry_config *dst, const ferry_config *src) {
   memcpy(dst, src, src->size);
   dst->size = sizeof *dst;
   return check_fields(dst);
-}
-
-/* ---- transport names --------------------------------------------------- */
-
-static const struct {
-  const char *name;
-  unsigned bit;
-} transport_names[] = {
-    {"tcp", FERRY_TRANSPORT_TCP}, {"shm", FERRY_TRANSPORT_SHM}, {"fabric", FERRY_TRANSPORT_FABRIC}};
-
-const char *ferry_transport_name(unsigned transport) {
-  for (size_t i = 0; i < sizeof transport_names / sizeof *transport_names; i++)
-    if (transport_names[i].bit == transport)
-      return transport_names[i].name;
-  return "none";
-}
-
-unsigned ferry_transport_parse(const char *names) {
-  unsigned bits = 0;
-  const char *p = names;
-  while (p && *p) {
-    size_t len = strcspn(p, ",");
-    int found = len == 3 && strncmp(p, "all", 3) == 0;
-    if (found)
-      bits |= FERRY_TRANSPORT_ALL;
-    for (size_t i = 0; !found && i < sizeof transport_names / sizeof *transport_names; i++) {
-      if (strlen(transport_names[i].name) == len && strncmp(p, transport_names[i].name, len) == 0) {
-        bits |= transport_names[i].bit;
-        found = 1;
-      }
-    }
-    if (!found)
-      return 0;
-    p += len;
-    if (*p == ',')
-      p++;
-  }
-  return bits;
 }
 
 const char *ferry_version(void) { return FERRY_VERSION_STRING; }

@@ -1,19 +1,22 @@
 /* engine.h - the engine's private state, shared by the files of src/core
- * and the transports. One engine per process is typical: it serves its
+ * and the layers above. One engine per process is typical: it serves its
  * registered memory to peers (server.c) and initiates transfers to them
- * (peer.c, batch.c, workers.c, transports). */
+ * (peer.c, batch.c, workers.c, transports). engine/engine.c creates and
+ * destroys it; what its subsystems call on it while it runs is in core
+ * (gate.c, notify.c, transport_hooks.c), never in engine/engine.c. */
 #ifndef FERRY_ENGINE_H
 #define FERRY_ENGINE_H
 
 #include <pthread.h>
 #include <stdint.h>
 
-#include "core/net.h"
-#include "core/rails.h"
-#include "core/registry.h"
-#include "core/stats.h"
+#include "core/counters.h"
 #include "ferry.h"
+#include "memory/registry.h"
 #include "metadata/metadata.h"
+#include "net/auth.h"
+#include "net/net.h"
+#include "net/rails.h"
 #include "wire/wire.h"
 
 /* Received notifications wait here until drained. Each sending peer may
@@ -124,6 +127,11 @@ static inline int ferry_engine_closing(const ferry_engine *engine) {
   return __atomic_load_n(&engine->closing, __ATOMIC_SEQ_CST);
 }
 
+/* Shutdown's side of the gate: wakes every call blocked on a peer (sockets
+ * shut down, waits broadcast) and returns once no call is inside the
+ * engine. */
+void ferry_engine_drain_calls(ferry_engine *engine);
+
 /* Deadline for moving `bytes`: base timeout plus a per-MiB allowance. */
 uint64_t ferry_engine_deadline(const ferry_engine *engine, uint64_t bytes);
 
@@ -137,7 +145,7 @@ void ferry_server_stop(ferry_engine *engine);
  * until their workers have left that memory. */
 void ferry_server_fence(ferry_engine *engine, ferry_region *removed, size_t count);
 
-/* The unregister fence (engine.c), for every transport. Called once
+/* The unregister fence (transport_hooks.c), for every transport. Called once
  * `removed` has left the registry, so no new request can be checked against
  * it; on return no transport reads or writes a byte of it again, for any
  * peer. A request checked before the removal and still moving bytes of it
@@ -162,41 +170,10 @@ ferry_status ferry_engine_region_keys(ferry_engine *engine, const ferry_region *
  * the facts of a HELLO_REPLY or AUTH_REPLY. */
 void ferry_engine_describe(ferry_engine *engine, ferry_hello_reply *reply);
 
-/* notify queue (engine.c), fed by the server. peer is the sending engine's
+/* notify queue (notify.c), fed by the server. peer is the sending engine's
  * id (its share of the queue), peer_name its name for messages. */
 ferry_status ferry_engine_push_notification(ferry_engine *engine, uint64_t peer,
                                             const char *peer_name, const char *name,
                                             size_t name_len, const void *data, size_t len);
-
-/* auth.c: the shared-secret proofs. The shm service's: HMAC-SHA256 over
- * both nonces. */
-void ferry_auth_nonce(uint8_t nonce[FERRY_WIRE_NONCE_SIZE]);
-/* Which side proves: each uses its own label, so a proof cannot be
- * reflected back as the other side's. */
-typedef enum ferry_auth_role { FERRY_AUTH_INITIATOR, FERRY_AUTH_TARGET } ferry_auth_role;
-void ferry_auth_proof(const char *secret, ferry_auth_role role,
-                      const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
-                      const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
-                      uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
-int ferry_auth_check(const char *secret, ferry_auth_role role,
-                     const uint8_t client_nonce[FERRY_WIRE_NONCE_SIZE],
-                     const uint8_t server_nonce[FERRY_WIRE_NONCE_SIZE],
-                     const uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
-/* The TCP handshake's (wire version 2): th hashes the HELLO and HELLO_REPLY
- * bodies as sent; a proof is HMAC(secret, role label | th | facts), facts
- * being what the target reveals in AUTH_REPLY (none for the initiator). */
-void ferry_auth_transcript(const uint8_t *hello, size_t hello_len, const uint8_t *reply,
-                           size_t reply_len, uint8_t th[FERRY_WIRE_PROOF_SIZE]);
-void ferry_auth_bound_proof(const char *secret, ferry_auth_role role,
-                            const uint8_t th[FERRY_WIRE_PROOF_SIZE], const uint8_t *facts,
-                            size_t facts_len, uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
-int ferry_auth_bound_check(const char *secret, ferry_auth_role role,
-                           const uint8_t th[FERRY_WIRE_PROOF_SIZE], const uint8_t *facts,
-                           size_t facts_len, const uint8_t proof[FERRY_WIRE_PROOF_SIZE]);
-/* Keys for sealing the frames after the handshake, for side self. */
-void ferry_session_start(ferry_session *s, const char *secret, ferry_auth_role self,
-                         const uint8_t th[FERRY_WIRE_PROOF_SIZE]);
-uint64_t ferry_random_u64(void);
-void ferry_read_boot_id(uint8_t boot_id[FERRY_WIRE_BOOT_ID_SIZE]);
 
 #endif

@@ -21,14 +21,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/sync.h"
 #include "batch.h"
-#include "clock.h"
-#include "error.h"
-#include "log.h"
+#include "core/transport.h"
+#include "memory/region_cache.h"
 #include "peer.h"
-#include "region_cache.h"
-#include "sync.h"
-#include "transport/transport.h"
 
 /* ---- finding peers ------------------------------------------------------------ */
 

@@ -2,7 +2,9 @@
  * grants it gave, served from POOL frames (or the POOL body a WRITE frame
  * carries after its payload), and the sender's side of ferry_send. Built
  * on the engine's WRITE path and its control connection, so it works over
- * every transport. */
+ * every transport. Declared in core, implemented by pool/pool.c: the
+ * server and the transports call the hooks below when data lands, the
+ * composition root (engine/engine.c) creates and destroys the pools. */
 #ifndef FERRY_POOL_H
 #define FERRY_POOL_H
 

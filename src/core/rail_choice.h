@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 
-#include "core/rails.h"
+#include "net/rails.h"
 
 struct ferry_transport;
 

@@ -39,12 +39,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "clock.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/sync.h"
 #include "engine.h"
-#include "error.h"
-#include "log.h"
 #include "pool.h"
-#include "sync.h"
 
 #define SERVER_STUCK_MS 100     /* a worker this long in one frame counts as stuck */
 #define SERVER_THREADS_FACTOR 4 /* hard cap: this many times server_threads */

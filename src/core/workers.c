@@ -14,11 +14,11 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/sync.h"
 #include "batch.h"
-#include "clock.h"
-#include "error.h"
-#include "log.h"
-#include "sync.h"
 
 typedef struct ticket {
   ferry_batch *batch;

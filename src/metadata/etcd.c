@@ -21,7 +21,7 @@
 #include <strings.h>
 
 #include "backend.h"
-#include "core/error.h"
+#include "base/error.h"
 #include "httpc.h"
 
 #define MAX_ENDPOINTS 16

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
-#include "core/error.h"
+#include "base/error.h"
 #include "httpc.h"
 
 typedef struct http_store {

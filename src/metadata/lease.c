@@ -17,10 +17,10 @@
 #include <string.h>
 
 #include "backend.h"
-#include "core/clock.h"
-#include "core/error.h"
-#include "core/log.h"
-#include "core/sync.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/sync.h"
 
 typedef struct leased_key {
   struct leased_key *next;

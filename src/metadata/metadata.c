@@ -10,7 +10,7 @@
 #include <strings.h>
 
 #include "backend.h"
-#include "core/error.h"
+#include "base/error.h"
 
 #define DEFAULT_CONNECT_TIMEOUT_MS 2000
 

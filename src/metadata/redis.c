@@ -19,7 +19,7 @@
 #include <strings.h>
 
 #include "backend.h"
-#include "core/error.h"
+#include "base/error.h"
 
 #define DEFAULT_PORT 6379
 

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "backend.h"
-#include "core/error.h"
+#include "base/error.h"
 
 #define RPC_PREFIX "mooncake/rpc_meta/"
 #define RAM_PREFIX "mooncake/ram/"

@@ -73,11 +73,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/clock.h"
-#include "core/error.h"
-#include "core/log.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "core/transport.h"
 #include "transport/fabric.h"
-#include "transport/transport.h"
 
 /* Operations in flight per channel: enough to cover the per-operation
  * latency of the tcp and shm providers at 512 KiB (libfabric.md's baseline

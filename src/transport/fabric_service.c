@@ -55,10 +55,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/error.h"
-#include "core/log.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "core/transport.h"
 #include "transport/fabric.h"
-#include "transport/transport.h"
 
 #define FABRIC_SPIN_ROUNDS 4096   /* yields before the first sleep */
 #define FABRIC_SLEEP_MIN_US 50    /* then sleeps, doubling */

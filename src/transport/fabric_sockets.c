@@ -36,7 +36,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "transport/fabric.h"
 
 socklen_t ferry_fabric_ip_endpoint(const uint8_t *addr, size_t len, struct sockaddr_storage *out) {

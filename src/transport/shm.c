@@ -82,10 +82,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/clock.h"
-#include "core/error.h"
-#include "core/log.h"
-#include "core/sync.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/sync.h"
 #include "transport/shm.h"
 
 #if defined(__x86_64__) || defined(__i386__)

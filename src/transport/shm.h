@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "transport/transport.h"
+#include "core/transport.h"
 
 #define SHM_MAGIC 0x4d485346u /* "FSHM" */
 /* 2: refusals in GREETING, MAP names the region; 3: the post page; 4: its

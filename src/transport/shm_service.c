@@ -63,9 +63,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/clock.h"
-#include "core/error.h"
-#include "core/log.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
 #include "core/pool.h"
 #include "transport/shm.h"
 

@@ -28,10 +28,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/clock.h"
-#include "core/error.h"
-#include "core/log.h"
-#include "transport/transport.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "core/transport.h"
 
 /* Frames in flight per connection. One, with the engine's 4 connections
  * and 512 KiB frames, measured best on loopback (FERRY_DEFAULT_SLICE); the

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "base/error.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) &&                             \
     !defined(FERRY_CRC32C_SOFTWARE_ONLY)

@@ -19,7 +19,7 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
-#include "core/clock.h"
+#include "base/clock.h"
 #include "descriptor.h"
 #include "ferry.h"
 #include "harness.h"

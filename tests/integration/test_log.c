@@ -20,7 +20,7 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
-#include "core/log.h"
+#include "base/log.h"
 #include "ferry.h"
 #include "harness.h"
 #include "rawclient.h"

@@ -26,7 +26,7 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
-#include "core/clock.h"
+#include "base/clock.h"
 #include "core/engine.h"
 #include "core/peer.h"
 #include "ferry.h"

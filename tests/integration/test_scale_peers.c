@@ -28,10 +28,10 @@
 #include <cmocka.h>
 
 #include "core/engine.h"
-#include "core/net.h"
 #include "core/peer.h"
 #include "ferry.h"
 #include "harness.h"
+#include "net/net.h"
 #include "rawclient.h"
 
 #define KiB 1024ull

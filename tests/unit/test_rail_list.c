@@ -1,4 +1,4 @@
-/* test_rail_list.c - the rail list parser (core/rails.c): what a rail entry may
+/* test_rail_list.c - the rail list parser (net/rails.c): what a rail entry may
  * be, and that anything that would not pin a listener to one literal
  * address is refused naming the entry. */
 #include <setjmp.h>
@@ -10,8 +10,8 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
-#include "core/error.h"
-#include "core/rails.h"
+#include "base/error.h"
+#include "net/rails.h"
 
 static void entries_parse(void **state) {
   ferry_rail_spec s[FERRY_RAILS_MAX];

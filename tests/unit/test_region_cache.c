@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/region_cache.h"
+#include "memory/region_cache.h"
 
 /* A table of n regions whose 1-byte keys (transport shm) are key[i]. */
 static ferry_region_table table_of(const ferry_region *r, size_t n, const uint8_t *key) {

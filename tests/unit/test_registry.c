@@ -20,8 +20,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/registry.h"
 #include "ferry.h"
+#include "memory/registry.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SANITIZED 1

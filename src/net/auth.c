@@ -17,6 +17,8 @@
  *
  * The shm service still uses the older proof over two nonces: its socket is
  * local and checked with SO_PEERCRED, so there is no relay to bind against. */
+#include "auth.h"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -27,8 +29,6 @@
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
-
-#include "engine.h"
 
 /* Each side proves the secret with its own label, so a proof can never be
  * reflected back as the other side's. */

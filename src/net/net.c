@@ -31,9 +31,9 @@
 
 #include <linux/sockios.h>
 
-#include "clock.h"
-#include "error.h"
-#include "log.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
 
 #define FERRY_SOCKET_BUFFER (8 << 20)
 #define STALL_LOOKS 4 /* looks for progress per stall bound */

@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "core/net.h"
+#include "net/net.h"
 
 #define FERRY_RAILS_MAX 8
 /* "host:port" or "[v6]:port" of one rail, as advertised. */

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "error.h"
+#include "base/error.h"
 
 /* Nonzero when s is a literal, non-wildcard IPv4 or IPv6 address. */
 static int literal_address(const char *s) {

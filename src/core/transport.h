@@ -1,13 +1,16 @@
-/* transport.h - the one interface every data transport implements.
+/* transport.h - the one interface every data transport implements. Core
+ * owns it and calls transports only through it; the transports
+ * (src/transport/, a layer above core) implement it.
  *
  * The control plane (handshake, region tables, notifications, probes) always
  * runs over the engine's RPC connection; a transport only moves the bytes of
  * batches over its own channels. A channel belongs to one peer and is used
  * by one thread at a time (checked out of the peer's pool).
  *
- * Adding a transport: one file defining a ferry_transport, listed in
- * transports.c, with a FERRY_TRANSPORT_* bit in ferry.h. Core calls it only
- * through this table and never by name:
+ * Adding a transport: one file in src/transport/ defining a
+ * ferry_transport, listed in transport/transports.c, with a
+ * FERRY_TRANSPORT_* bit in ferry.h and its name in wire/names.c. Core
+ * calls it only through this table and never by name:
  *   target side:  service_start/stop (its listener or progress thread),
  *                 describe (what initiators need to reach it: a socket
  *                 path, a provider address; carried in the handshake facts

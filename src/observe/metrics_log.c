@@ -5,12 +5,12 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "clock.h"
-#include "engine.h"
-#include "error.h"
-#include "log.h"
-#include "stats.h"
-#include "sync.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/sync.h"
+#include "core/engine.h"
+#include "observe.h"
 
 struct ferry_metrics_log {
   ferry_engine *engine;

@@ -22,11 +22,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "engine.h"
-#include "error.h"
-#include "log.h"
-#include "stats.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "core/engine.h"
+#include "observe.h"
 
 #define METRICS_CLIENT_MS 2000
 #define METRICS_CLIENTS_MAX 32

@@ -13,9 +13,9 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "core/registry.h"
+#include "memory/registry.h"
 
-#include "core/sync.h"
+#include "base/sync.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "base/error.h"
 
 struct ferry_registry {
   pthread_rwlock_t lock;

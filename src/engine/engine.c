@@ -1,5 +1,11 @@
-/* engine.c - engine lifetime, memory registration and the notification
- * queue: the parts of the public API that are not about moving bytes. */
+/* engine.c - the composition root: ferry_engine_create starts the
+ * subsystems in order (pools, registry, the transports' services, server,
+ * workers, exporters, the metadata record), shutdown and destroy stop and
+ * free them in reverse; and the public memory calls (registration with the
+ * registry and every transport, allocations), which the layers below reach
+ * only through ferry.h. Nothing below calls into this file: what the
+ * subsystems need of a running engine is in core (gate.c, notify.c,
+ * transport_hooks.c). */
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -12,20 +18,16 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "batch.h"
-#include "clock.h"
-#include "config.h"
-#include "error.h"
-#include "log.h"
-#include "peer.h"
-#include "pool.h"
-#include "sync.h"
-#include "transport/transport.h"
-
-uint64_t ferry_engine_deadline(const ferry_engine *e, uint64_t bytes) {
-  uint64_t extra = (bytes >> 20) * (uint64_t)e->cfg.timeout_ns_per_mb;
-  return ferry_now_ns() + (uint64_t)e->cfg.timeout_ms * 1000000ull + extra;
-}
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "base/sync.h"
+#include "core/batch.h"
+#include "core/config.h"
+#include "core/peer.h"
+#include "core/pool.h"
+#include "core/transport.h"
+#include "observe/observe.h"
 
 /* ---- creation -------------------------------------------------------------- */
 
@@ -105,20 +107,6 @@ static void services_stop(ferry_engine *e) {
   for (size_t i = 0; ferry_transports[i]; i++)
     if (ferry_transports[i]->service_stop)
       ferry_transports[i]->service_stop(e);
-}
-
-void ferry_engine_describe(ferry_engine *e, ferry_hello_reply *r) {
-  r->descriptor_count = 0;
-  for (size_t i = 0; ferry_transports[i] && r->descriptor_count < FERRY_WIRE_MAX_DESCRIPTORS; i++) {
-    const ferry_transport *t = ferry_transports[i];
-    if (!(e->transports & t->id) || !t->describe)
-      continue;
-    ferry_wire_descriptor *d = &r->descriptors[r->descriptor_count];
-    d->len = (uint16_t)t->describe(e, d->data, sizeof d->data);
-    d->transport = t->id;
-    if (d->len)
-      r->descriptor_count++;
-  }
 }
 
 /* " tcp shm": the transports in use, for the log. */
@@ -238,64 +226,7 @@ static void free_allocations(ferry_engine *e) {
   }
 }
 
-/* ---- the call gate and shutdown ------------------------------------------------- */
-
-/* Calls nested in a call of the same thread (ferry_memory_free unregisters)
- * are never refused: the outer call already holds its place in the gate. */
-static __thread unsigned gate_depth;
-
-ferry_status ferry_engine_enter(ferry_engine *e) {
-  __atomic_add_fetch(&e->calls, 1, __ATOMIC_SEQ_CST);
-  if (gate_depth++ == 0)
-    ferry_log_set_engine(e->name); /* lines of this call name the engine */
-  if (gate_depth > 1 || !ferry_engine_closing(e))
-    return FERRY_OK;
-  ferry_engine_leave(e, FERRY_OK);
-  return ferry_fail(FERRY_ECLOSED, "engine %s is shutting down", e->name);
-}
-
-ferry_status ferry_engine_leave(ferry_engine *e, ferry_status st) {
-  if (--gate_depth == 0) {
-    ferry_log_set_engine(NULL);
-    if (st)
-      ferry_stats_error(e, st);
-  }
-  if (!ferry_engine_closing(e)) {
-    __atomic_sub_fetch(&e->calls, 1, __ATOMIC_SEQ_CST);
-    return st; /* a shutdown starting now sees the count drop at its next look */
-  }
-  if (st && st != FERRY_ECLOSED && st != FERRY_EINVAL) {
-    char detail[FERRY_ERROR_MAX];
-    snprintf(detail, sizeof detail, "%s", ferry_last_error());
-    st = ferry_fail(FERRY_ECLOSED, "engine %s shut down during the call (%s)", e->name, detail);
-  }
-  /* Under the lock, so shutdown cannot free the engine before we are out. */
-  pthread_mutex_lock(&e->gate_lock);
-  if (__atomic_sub_fetch(&e->calls, 1, __ATOMIC_SEQ_CST) == 0)
-    pthread_cond_broadcast(&e->gate_cond);
-  pthread_mutex_unlock(&e->gate_lock);
-  return st;
-}
-
-/* How often shutdown repeats its wake-up pass while calls remain: a call
- * may open a socket after a pass and block on it. */
-#define FERRY_DRAIN_PASS_NS (20 * 1000 * 1000ull)
-
-/* Wakes every call blocked on a peer (sockets shut down, waits broadcast)
- * and returns once no call is inside the engine. */
-static void drain_calls(ferry_engine *e) {
-  pthread_mutex_lock(&e->gate_lock);
-  while (__atomic_load_n(&e->calls, __ATOMIC_SEQ_CST)) {
-    pthread_mutex_unlock(&e->gate_lock);
-    ferry_peers_shutdown(e);
-    pthread_mutex_lock(&e->gate_lock);
-    if (__atomic_load_n(&e->calls, __ATOMIC_SEQ_CST)) {
-      struct timespec until = ferry_timespec(ferry_now_ns() + FERRY_DRAIN_PASS_NS);
-      pthread_cond_timedwait(&e->gate_cond, &e->gate_lock, &until);
-    }
-  }
-  pthread_mutex_unlock(&e->gate_lock);
-}
+/* ---- shutdown ------------------------------------------------------------------ */
 
 void ferry_engine_shutdown(ferry_engine *e) {
   if (!e)
@@ -305,7 +236,7 @@ void ferry_engine_shutdown(ferry_engine *e) {
   if (!e->shut_down) {
     __atomic_store_n(&e->closing, 1, __ATOMIC_SEQ_CST);
     ferry_pools_wake(e);
-    drain_calls(e);
+    ferry_engine_drain_calls(e);
     ferry_metrics_log_stop(e);
     ferry_metrics_http_stop(e);
     if (e->metadata) {
@@ -459,27 +390,6 @@ static ferry_status register_regions(ferry_engine *e, const ferry_region *region
   return st;
 }
 
-ferry_status ferry_engine_region_keys(ferry_engine *e, const ferry_region *regions, size_t count,
-                                      ferry_region_keys keys[FERRY_WIRE_MAX_DESCRIPTORS],
-                                      unsigned *sections) {
-  *sections = 0;
-  for (size_t i = 0; ferry_transports[i] && *sections < FERRY_WIRE_MAX_DESCRIPTORS; i++) {
-    const ferry_transport *t = ferry_transports[i];
-    size_t size = (e->transports & t->id) && t->region_key_size ? t->region_key_size(e) : 0;
-    if (!size || size > FERRY_WIRE_MAX_KEY || !t->region_keys)
-      continue;
-    ferry_region_keys *k = &keys[*sections];
-    k->data = calloc(count ? count : 1, size);
-    if (!k->data)
-      return ferry_fail(FERRY_ENOMEM, "no memory for %s keys of %zu regions", t->name, count);
-    k->transport = t->id;
-    k->size = (uint16_t)size;
-    t->region_keys(e, regions, count, k->data);
-    (*sections)++;
-  }
-  return FERRY_OK;
-}
-
 /* ---- registration -------------------------------------------------------------- */
 
 static ferry_status memory_register(ferry_engine *e, void *addr, size_t length) {
@@ -488,13 +398,6 @@ static ferry_status memory_register(ferry_engine *e, void *addr, size_t length) 
                       addr, length);
   ferry_region region = {(uint64_t)(uintptr_t)addr, length};
   return register_regions(e, &region, 1);
-}
-
-void ferry_engine_fence(ferry_engine *e, ferry_region *removed, size_t count) {
-  for (size_t i = 0; ferry_transports[i]; i++)
-    if ((e->transports & ferry_transports[i]->id) && ferry_transports[i]->fence)
-      ferry_transports[i]->fence(e, removed, count);
-  ferry_server_fence(e, removed, count);
 }
 
 /* Once unregister returns, no peer touches the regions any more; only then
@@ -630,135 +533,6 @@ static ferry_status memory_free(ferry_engine *e, void *addr) {
   return FERRY_OK;
 }
 
-/* ---- notifications ------------------------------------------------------------- */
-
-static char *copy_bytes(const void *data, size_t len) {
-  char *s = malloc(len + 1);
-  if (s) {
-    if (len)
-      memcpy(s, data, len);
-    s[len] = 0;
-  }
-  return s;
-}
-
-/* One sending peer's memory in the queue. */
-struct ferry_notify_share {
-  uint64_t peer;
-  size_t bytes;
-};
-
-/* What malloc really takes for n bytes (glibc: an 8-byte header, 16-byte
- * granularity, 32 bytes at least). */
-static size_t chunk_size(size_t n) {
-  size_t size = (n + 8 + 15) & ~(size_t)15;
-  return size < 32 ? 32 : size;
-}
-
-/* The memory a queued notification holds: both copies and its queue slot,
- * counted twice because the queue grows by doubling. */
-static size_t notification_cost(size_t name_len, size_t len) {
-  return chunk_size(name_len + 1) + chunk_size(len + 1) + 2 * sizeof(ferry_notification);
-}
-
-/* The peer's share of the queue, added if new. Caller holds notify_lock. */
-static struct ferry_notify_share *notify_share(ferry_engine *e, uint64_t peer) {
-  for (size_t i = 0; i < e->notify_share_count; i++)
-    if (e->notify_shares[i].peer == peer)
-      return &e->notify_shares[i];
-  if (e->notify_share_count == e->notify_share_cap) {
-    size_t cap = e->notify_share_cap ? e->notify_share_cap * 2 : 8;
-    struct ferry_notify_share *grown = realloc(e->notify_shares, cap * sizeof *grown);
-    if (!grown)
-      return NULL;
-    e->notify_shares = grown;
-    e->notify_share_cap = cap;
-  }
-  struct ferry_notify_share *share = &e->notify_shares[e->notify_share_count++];
-  *share = (struct ferry_notify_share){peer, 0};
-  return share;
-}
-
-/* Room for one more notification of `cost` from the peer; sets the error
- * naming the queue, the peer and the limit when there is none. Caller
- * holds notify_lock. */
-static ferry_status notify_room(ferry_engine *e, uint64_t peer, const char *peer_name, size_t cost,
-                                struct ferry_notify_share **share) {
-  size_t limit = e->cfg.notify_peer_bytes, total = limit * FERRY_NOTIFY_PEERS_FULL;
-  if (e->notify_count == e->notify_cap) {
-    size_t cap = e->notify_cap ? e->notify_cap * 2 : 64;
-    ferry_notification *grown = realloc(e->notifications, cap * sizeof *grown);
-    if (!grown)
-      return ferry_fail(FERRY_ENOMEM, "no memory for a notification");
-    e->notifications = grown;
-    e->notify_cap = cap;
-  }
-  *share = notify_share(e, peer);
-  if (!*share)
-    return ferry_fail(FERRY_ENOMEM, "no memory for a notification");
-  /* Nobody drains: refuse rather than let peers grow this process. */
-  if ((*share)->bytes + cost > limit)
-    return ferry_fail(FERRY_EBUSY,
-                      "notification queue of %s is full for peer %s: %zu bytes not drained, "
-                      "the limit per peer is %zu (notify_peer_bytes)",
-                      e->name, peer_name, (*share)->bytes, limit);
-  if (e->notify_bytes + cost > total)
-    return ferry_fail(FERRY_EBUSY,
-                      "notification queue of %s is full: %zu bytes not drained from all peers, "
-                      "the limit is %zu (%d x notify_peer_bytes); refused from peer %s",
-                      e->name, e->notify_bytes, total, FERRY_NOTIFY_PEERS_FULL, peer_name);
-  return FERRY_OK;
-}
-
-ferry_status ferry_engine_push_notification(ferry_engine *e, uint64_t peer, const char *peer_name,
-                                            const char *name, size_t name_len, const void *data,
-                                            size_t len) {
-  size_t cost = notification_cost(name_len, len);
-  struct ferry_notify_share *share = NULL;
-  pthread_mutex_lock(&e->notify_lock);
-  ferry_status st = notify_room(e, peer, peer_name, cost, &share);
-  ferry_notification n = {NULL, NULL, len};
-  if (!st) {
-    n.name = copy_bytes(name, name_len);
-    n.data = copy_bytes(data, len);
-    if (!n.name || !n.data)
-      st = ferry_fail(FERRY_ENOMEM, "no memory for a notification");
-  }
-  if (st) {
-    pthread_mutex_unlock(&e->notify_lock);
-    free(n.name);
-    free(n.data);
-    return st;
-  }
-  e->notifications[e->notify_count++] = n;
-  e->notify_bytes += cost;
-  share->bytes += cost;
-  pthread_mutex_unlock(&e->notify_lock);
-  return FERRY_OK;
-}
-
-static ferry_status notify_drain(ferry_engine *e, ferry_notification **out, size_t *count) {
-  if (!e || !out || !count)
-    return ferry_fail(FERRY_EINVAL, "notify drain: null argument");
-  pthread_mutex_lock(&e->notify_lock);
-  *out = e->notifications;
-  *count = e->notify_count;
-  e->notifications = NULL;
-  e->notify_count = e->notify_cap = 0;
-  e->notify_bytes = 0;
-  e->notify_share_count = 0;
-  pthread_mutex_unlock(&e->notify_lock);
-  return FERRY_OK;
-}
-
-void ferry_notify_free(ferry_notification *list, size_t count) {
-  for (size_t i = 0; i < count; i++) {
-    free(list[i].name);
-    free(list[i].data);
-  }
-  free(list);
-}
-
 /* ---- the public calls above, inside the gate ------------------------------------- */
 
 ferry_status ferry_memory_register(ferry_engine *e, void *addr, size_t length) {
@@ -784,8 +558,4 @@ ferry_status ferry_memory_alloc(ferry_engine *e, size_t length, void **out) {
 
 ferry_status ferry_memory_free(ferry_engine *e, void *addr) {
   FERRY_GATED(e, memory_free(e, addr));
-}
-
-ferry_status ferry_notify_drain(ferry_engine *e, ferry_notification **out, size_t *count) {
-  FERRY_GATED(e, notify_drain(e, out, count));
 }

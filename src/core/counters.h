@@ -1,13 +1,13 @@
-/* stats.h - the engine's counters and the latency histogram, behind
- * ferry_stats_snapshot and the /metrics endpoint.
+/* counters.h - the engine's counters and the latency histogram (counters.c),
+ * read out by ferry_stats_snapshot and the exporters (observe/).
  *
  * Every event is one relaxed atomic add on a counter the event's thread
  * finds without a lookup (its peer's, its engine's): the data path gains no
  * lock and no system call. Gauges that are cheap to read where they live
  * (registered memory, queued notifications) are read at snapshot time
  * instead of being kept in step. */
-#ifndef FERRY_STATS_H
-#define FERRY_STATS_H
+#ifndef FERRY_COUNTERS_H
+#define FERRY_COUNTERS_H
 
 #include <stdint.h>
 
@@ -42,6 +42,9 @@ typedef struct ferry_engine_stats {
   uint64_t served_bytes[2], served_requests[2];
 } ferry_engine_stats;
 
+/* Upper bounds of the latency buckets in seconds; the last is +Inf. */
+extern const double ferry_stats_latency_le[FERRY_STATS_LATENCY_BUCKETS];
+
 /* One call per event, from the thread that saw it. */
 void ferry_stats_error(ferry_engine *engine, ferry_status status);
 void ferry_stats_submitted(struct ferry_peer *peer, const struct ferry_transport *transport,
@@ -57,13 +60,5 @@ void ferry_stats_sync_latency(ferry_engine *engine, uint64_t ns);
 /* A WRITE request the server stored or a READ it starts answering;
  * counted unless failed. */
 void ferry_stats_served(ferry_engine *engine, ferry_op op, uint64_t bytes, int failed);
-
-/* The /metrics endpoint (metrics_http.c) and the periodic log line
- * (metrics_log.c): started by create when configured, stopped by shutdown
- * before the peers are freed. */
-ferry_status ferry_metrics_http_start(ferry_engine *engine);
-void ferry_metrics_http_stop(ferry_engine *engine);
-ferry_status ferry_metrics_log_start(ferry_engine *engine);
-void ferry_metrics_log_stop(ferry_engine *engine);
 
 #endif

@@ -1,12 +1,12 @@
 /* region_cache.c - see region_cache.h. Both steps are linear in the cache
  * and the reply (plus a sort of the misses when they come unsorted). */
-#include "core/region_cache.h"
+#include "memory/region_cache.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "core/registry.h"
+#include "base/error.h"
+#include "memory/registry.h"
 
 static uint64_t end_of(const ferry_region *r) { return r->addr + r->length; }
 

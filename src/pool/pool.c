@@ -47,12 +47,12 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/sync.h"
 #include "core/batch.h"
-#include "core/clock.h"
-#include "core/error.h"
 #include "core/peer.h"
-#include "core/sync.h"
-#include "transport/transport.h"
+#include "core/transport.h"
 
 #define SLOT_ALIGN 64
 #define PREGRANT_FRESH_NS (5000ull * 1000 * 1000)
