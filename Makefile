@@ -89,7 +89,7 @@ check-layers: build
 check: check-layers test test-asan test-tsan test-fuzz bench-smoke test-python test-examples
 
 format:
-	@clang-format -i include/*.h src/*/*.[ch] tools/*.[ch] tests/*/*.[ch] python/ferry/*.c bench/*.c \
+	@clang-format -i include/*.h src/*/*.[ch] tools/*.[ch] tests/*/*.[ch] python/ferry/*.[ch] bench/*.c \
 	  fuzz/*.[ch] examples/*.c
 
 clean:

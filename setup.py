@@ -4,8 +4,9 @@ ferry._ferry) and `mooncake` (Mooncake-compatible TransferEngine), and the
 ferry`, the `ferry` and `mooncake_http_metadata_server` commands and
 `python -m mooncake.http_metadata_server`).
 
-The extension compiles python/ferry/_ferry.c together with every libferry
-source (src/**/*.c), so it needs no separately installed libferry; it links
+The extension compiles the binding, python/ferry/*.c (one file per concept;
+python/ferry/_ferry.h lists them), together with every libferry source
+(src/**/*.c), so it needs no separately installed libferry; it links
 libcrypto, libcurl, jansson and hiredis. The tool links the same objects with
 tools/*.c and libmicrohttpd.
 
@@ -28,6 +29,8 @@ def _glob(pattern):
                                                               recursive=True))
 
 
+BINDING_SOURCES = _glob("python/ferry/*.c")
+BINDING_HEADERS = _glob("python/ferry/*.h")  # a change rebuilds the extension
 LIBFERRY_SOURCES = _glob("src/**/*.c")
 TOOL_SOURCES = _glob("tools/*.c")
 TOOL_NAME = "ferry-tool"  # inside the ferry package, next to the extension
@@ -65,7 +68,8 @@ class ParallelBuildExt(build_ext):
 
 ferry_ext = Extension(
     "ferry._ferry",
-    sources=["python/ferry/_ferry.c"] + LIBFERRY_SOURCES,
+    sources=BINDING_SOURCES + LIBFERRY_SOURCES,
+    depends=BINDING_HEADERS,
     include_dirs=["include", "src"],
     define_macros=[("_GNU_SOURCE", "1")],  # as the CMake build
     libraries=["crypto", "curl", "jansson", "hiredis", "fabric", "pthread"],
