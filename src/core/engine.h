@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "core/host_memory.h"
 #include "core/net.h"
 #include "core/rails.h"
 #include "core/registry.h"
@@ -54,6 +55,7 @@ struct ferry_engine {
   unsigned transports; /* allowed and available here */
 
   ferry_registry *registry;
+  ferry_host_memory *host_memory; /* what this process's CPU may touch (host_memory.h) */
   ferry_server *server;
   ferry_workers *workers;
   ferry_metadata *metadata;               /* NULL in peer-to-peer mode */
