@@ -47,6 +47,7 @@ typedef enum ferry_status {
   FERRY_ENOTFOUND = -19,   /* unknown segment, peer or handle */
   FERRY_EREMOTE = -20,     /* the target failed while serving the request */
   FERRY_EINPROGRESS = -21, /* batch still pending when the wait ended */
+  FERRY_EFAULT = -22,      /* memory this process cannot read and write (unmapped, PROT_NONE) */
 } ferry_status;
 
 /* Static description of a code and where docs/errors.md explains it (its
@@ -333,7 +334,11 @@ const char *ferry_engine_name(const ferry_engine *engine);
 
 /* ---- Memory ------------------------------------------------------------ */
 /* Registering an identical region twice is harmless; a region overlapping a
- * different one fails with FERRY_EOVERLAP. */
+ * different one fails with FERRY_EOVERLAP. Memory this process cannot read
+ * and write (not mapped, PROT_NONE such as a CUDA device pointer, read-only)
+ * fails with FERRY_EFAULT naming the range and the likely cause; the check
+ * looks at the covering mappings, never at the pages. Registered memory
+ * must stay mapped read-write until it is unregistered (RELIABILITY.md 4). */
 ferry_status ferry_memory_register(ferry_engine *engine, void *addr, size_t length);
 /* Unregistering is a fence: on return (also of _batch and ferry_memory_free)
  * no peer reads or writes the region again over any transport, and the

@@ -58,7 +58,7 @@ This package is a thin layer over libferry's C API (the extension module
 
 Module functions: ``strerror(code)``, ``to_mooncake(code)``, ``version()``,
 ``transport_name(bit)``, ``transport_parse(names)``, ``set_log_level(level)``,
-``get_log_level()``; constants ``OK``, ``EINVAL`` ... ``EINPROGRESS``,
+``get_log_level()``; constants ``OK``, ``EINVAL`` ... ``EINPROGRESS``, ``EFAULT``,
 ``OP_READ``, ``OP_WRITE``, ``TRANSPORT_*``, ``BATCH_*``, ``LOG_*``.
 
 Logging: libferry's lines (the ``listening`` line, refused connections,
@@ -89,6 +89,7 @@ from ferry._ferry import (  # noqa: F401
     ECHECKSUM,
     ECLOSED,
     EDNS,
+    EFAULT,
     EHANDSHAKE,
     EINPROGRESS,
     EINVAL,
@@ -231,6 +232,7 @@ __all__ = [
     "ENOTFOUND",
     "EREMOTE",
     "EINPROGRESS",
+    "EFAULT",
     "OP_READ",
     "OP_WRITE",
     "TRANSPORT_TCP",

@@ -34,6 +34,7 @@ const char *ferry_strerror(ferry_status status) {
   case FERRY_ENOTFOUND: return "not found" DOC("ferry_enotfound");
   case FERRY_EREMOTE: return "remote failure" DOC("ferry_eremote");
   case FERRY_EINPROGRESS: return "in progress" DOC("ferry_einprogress");
+  case FERRY_EFAULT: return "memory not accessible" DOC("ferry_efault");
   }
   return "unknown error" DOC("unknown-codes");
 }
@@ -41,7 +42,8 @@ const char *ferry_strerror(ferry_status status) {
 int ferry_status_to_mooncake(ferry_status status) {
   switch (status) {
   case FERRY_OK: return 0;
-  case FERRY_EINVAL: return -1;
+  case FERRY_EINVAL:
+  case FERRY_EFAULT: return -1;
   case FERRY_EBUSY: return -4;
   case FERRY_ENOTREG: return -3;
   case FERRY_EOVERLAP: return -7;

@@ -12,6 +12,7 @@
 
 #include "core/counters.h"
 #include "ferry.h"
+#include "memory/host_memory.h"
 #include "memory/registry.h"
 #include "metadata/metadata.h"
 #include "net/auth.h"
@@ -57,6 +58,7 @@ struct ferry_engine {
   unsigned transports; /* allowed and available here */
 
   ferry_registry *registry;
+  ferry_host_memory *host_memory; /* what this process's CPU may touch (host_memory.h) */
   ferry_server *server;
   ferry_workers *workers;
   ferry_metadata *metadata;               /* NULL in peer-to-peer mode */

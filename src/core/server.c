@@ -324,8 +324,44 @@ static uint32_t segments_crc(server_conn *c, uint32_t count) {
   return crc;
 }
 
-/* Receives a checked WRITE's payload into place; a crc mismatch is a
- * verdict for the ack, not a connection error. */
+/* Whether the request's memory is out of this process's reach (READ: to
+ * read, WRITE: to write): 1 with a reason naming the region, the range at
+ * fault and the likely cause. cheap_only: the one-ioctl-per-mapping check
+ * (-1, unknown, on kernels without PROCMAP_QUERY); else any, for errors. */
+static int memory_problem(server_conn *c, const ferry_frame_header *h, int cheap_only, char *reason,
+                          size_t size) {
+  ferry_host_problem p;
+  int write = h->type == FERRY_FRAME_WRITE;
+  if (ferry_host_memory_find(c->engine->host_memory, c->segs, h->count, write, cheap_only, &p) != 1)
+    return 0;
+  char what[160];
+  ferry_host_problem_describe(&p, what, sizeof what);
+  ferry_region r = {p.start, 0};
+  ferry_registry_find(c->engine->registry, p.start, &r);
+  snprintf(reason, size,
+           "region 0x%llx (+%llu bytes) at %s: %s; the process that registered it unmapped or "
+           "protected it since",
+           (unsigned long long)r.addr, (unsigned long long)r.length, c->engine->name, what);
+  return 1;
+}
+
+/* A WRITE whose payload met memory this process cannot write after
+ * `placed` bytes: the rest of the frame is dropped, so the connection
+ * stays in sync for the next request. */
+static ferry_status drop_after_fault(server_conn *c, const ferry_frame_header *h, uint64_t placed,
+                                     ferry_status *verdict, char *reason, size_t size) {
+  if (!memory_problem(c, h, 0, reason, size)) /* protected back meanwhile */
+    snprintf(reason, size, "part of the WRITE's memory at %s could not be written",
+             c->engine->name);
+  FERRY_WARN("refused WRITE from %s: %s", c->peer, reason);
+  *verdict = FERRY_EFAULT;
+  uint64_t frame = h->body_len - (uint64_t)h->count * FERRY_WIRE_SEGMENT_SIZE;
+  return ferry_sock_discard(&c->sock, frame - placed, "drop the rest of a refused WRITE");
+}
+
+/* Receives a checked WRITE's payload into place; a crc mismatch or memory
+ * this process cannot write is a verdict for the ack, not a connection
+ * error. */
 static ferry_status receive_payload(server_conn *c, const ferry_frame_header *h, uint64_t total,
                                     uint8_t *after, size_t after_len, ferry_status *verdict,
                                     char *reason, size_t size) {
@@ -338,7 +374,11 @@ static ferry_status receive_payload(server_conn *c, const ferry_frame_header *h,
     c->iov[n].iov_base = &sent_crc;
     c->iov[n++].iov_len = sizeof sent_crc;
   }
-  ferry_status st = ferry_sock_recvv(&c->sock, c->iov, n, "receive WRITE payload");
+  uint64_t placed;
+  ferry_status st =
+      ferry_sock_recvv_registered(&c->sock, c->iov, n, &placed, "receive WRITE payload");
+  if (st == FERRY_EFAULT)
+    return drop_after_fault(c, h, placed, verdict, reason, size);
   if (!st && checksum &&
       le32toh(sent_crc) != ferry_crc32c(segments_crc(c, h->count), after, after_len)) {
     snprintf(reason, size, "checksum mismatch on WRITE of %llu bytes at %s",
@@ -372,7 +412,12 @@ static ferry_status send_data(server_conn *c, const ferry_frame_header *h, uint6
     c->iov[n++].iov_len = sizeof crc;
   }
   ferry_sock_set_deadline(&c->sock, ferry_engine_deadline(c->engine, total));
-  return ferry_sock_sendv(&c->sock, c->iov, n, "send READ data");
+  ferry_status st = ferry_sock_sendv(&c->sock, c->iov, n, "send READ data");
+  char reason[FERRY_WIRE_MAX_REASON];
+  if (st == FERRY_EFAULT && memory_problem(c, h, 0, reason, sizeof reason))
+    st = ferry_fail(FERRY_EFAULT, "READ from %s cut short, closing the connection: %s", c->peer,
+                    reason);
+  return st;
 }
 
 /* A request whose segments are not all registered: answered, and a WRITE's
@@ -562,6 +607,11 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
   char reason[FERRY_WIRE_MAX_REASON];
   publish(c, h);
   ferry_status verdict = validate_segments(c, h, reason, sizeof reason);
+  /* A READ's data must be readable before its reply promises it: a send
+   * that faults after the header cannot be answered (send_data then ends
+   * the connection). Unchecked on kernels without PROCMAP_QUERY (6.11). */
+  if (!verdict && !write && memory_problem(c, h, 1, reason, sizeof reason))
+    verdict = FERRY_EFAULT;
   ferry_region fenced;
   if (verdict) {
     unpublish(c, &fenced); /* nothing was touched: a fence has nothing to wait for */
@@ -736,7 +786,7 @@ static void end_connection(server_conn *c) {
 }
 
 static void log_end(server_conn *c, ferry_status st) {
-  if (st == FERRY_EPROTO || st == FERRY_ETIMEDOUT)
+  if (st == FERRY_EPROTO || st == FERRY_ETIMEDOUT || st == FERRY_EFAULT)
     FERRY_WARN("closing connection: %s", ferry_last_error());
   else if (st != FERRY_ESOCKET || !strstr(ferry_last_error(), "closed by peer"))
     FERRY_DEBUG("connection from %s ended: %s", c->peer, ferry_last_error());

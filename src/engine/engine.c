@@ -149,7 +149,8 @@ static ferry_status engine_start(ferry_engine *e, const ferry_config *cfg) {
   e->instance_id = ferry_random_u64();
   ferry_read_boot_id(e->boot_id);
   e->registry = ferry_registry_create();
-  if (!e->registry)
+  e->host_memory = ferry_host_memory_open(ferry_host_memory_query);
+  if (!e->registry || !e->host_memory)
     return ferry_fail(FERRY_ENOMEM, "no memory for the region registry");
   int fd;
   st = ferry_net_listen(e->bind_host, cfg->port, &fd, &e->port);
@@ -263,6 +264,7 @@ void ferry_engine_destroy(ferry_engine *e) {
   free(e->notify_shares);
   free_allocations(e);
   ferry_registry_destroy(e->registry);
+  ferry_host_memory_close(e->host_memory);
   free(e->bind_host);
   free(e->rail_hosts);
   free(e->advertise_host);
@@ -382,9 +384,15 @@ static ferry_status register_with_transports(ferry_engine *e, const ferry_region
   return st;
 }
 
+/* Every region is host memory this process can read and write, or it is
+ * refused before a transport or a peer sees it. Memory kinds (the gpu
+ * issue) will decide here which regions are CUDA memory instead. */
 static ferry_status register_regions(ferry_engine *e, const ferry_region *regions, size_t count) {
-  ferry_status st = transports_register_regions(e) ? register_with_transports(e, regions, count)
-                                                   : registry_add(e, regions, count);
+  ferry_status st = ferry_host_memory_check(e->host_memory, regions, count);
+  if (st)
+    return st;
+  st = transports_register_regions(e) ? register_with_transports(e, regions, count)
+                                      : registry_add(e, regions, count);
   if (!st)
     republish_regions(e);
   return st;

@@ -330,7 +330,8 @@ static ferry_status io_error(ferry_sock *s, int err, int sending, const char *st
                       step, dir, s->peer, (unsigned long long)(s->stall_ns / 1000000ull));
   if (err == EAGAIN || err == EWOULDBLOCK)
     return ferry_fail(FERRY_ETIMEDOUT, "%s %s %s timed out", step, dir, s->peer);
-  return ferry_fail_errno(FERRY_ESOCKET, err, "%s %s %s failed", step, dir, s->peer);
+  return ferry_fail_errno(err == EFAULT ? FERRY_EFAULT : FERRY_ESOCKET, err, "%s %s %s failed",
+                          step, dir, s->peer);
 }
 
 static ferry_status closed_by_peer(ferry_sock *s, const char *step) {
@@ -400,9 +401,10 @@ static int retry_after(ferry_sock *s, int spin, int err) {
 
 /* Moves the whole iovec through sendmsg or recvmsg, resuming after partial
  * transfers, early timeouts and signals. The kernel takes at most IOV_MAX
- * entries per call; longer lists simply take more calls. */
+ * entries per call; longer lists simply take more calls. *moved (if not
+ * NULL) grows by every byte moved, so a failure says where it stopped. */
 static ferry_status transfer_iov(ferry_sock *s, struct iovec *iov, int iovcnt, int sending,
-                                 const char *step) {
+                                 const char *step, uint64_t *moved) {
   while (iovcnt > 0 && iov->iov_len == 0)
     iov++, iovcnt--;
   uint64_t spin_until = sending ? 0 : spin_deadline(s);
@@ -426,6 +428,8 @@ static ferry_status transfer_iov(ferry_sock *s, struct iovec *iov, int iovcnt, i
     if (n == 0 && !sending)
       return closed_by_peer(s, step);
     progressed(s, sending);
+    if (moved)
+      *moved += (uint64_t)n;
     iov = iov_advance(iov, &iovcnt, (size_t)n);
   }
   return FERRY_OK;
@@ -483,31 +487,23 @@ static ferry_status send_sealed(ferry_sock *s, struct iovec *iov, int iovcnt, co
   if (!ok)
     return ferry_fail(FERRY_ENOMEM, "%s to %s: cannot compute the frame tag", step, s->peer);
   ss->send_seq++;
-  return transfer_iov(s, out, n, 1, step);
+  return transfer_iov(s, out, n, 1, step, NULL);
 }
 
 ferry_status ferry_sock_sendv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
   if (s->session)
     return send_sealed(s, iov, iovcnt, step);
-  return transfer_iov(s, iov, iovcnt, 1, step);
+  return transfer_iov(s, iov, iovcnt, 1, step, NULL);
 }
 
-/* Moves read-ahead bytes into the iovec; returns its new start. */
-static struct iovec *drain_readahead(ferry_sock *s, struct iovec *iov, int *iovcnt) {
-  while (ferry_sock_buffered(s) && *iovcnt > 0) {
-    size_t n = s->rlen - s->rpos;
-    if (n > iov->iov_len)
-      n = iov->iov_len;
-    IGNORE_PAYLOAD_BEGIN(); /* iov may be registered memory, like recvmsg's */
-    memcpy(iov->iov_base, s->rbuf + s->rpos, n);
-    IGNORE_PAYLOAD_END();
-    s->rpos += n;
-    iov = iov_advance(iov, iovcnt, n);
-  }
-  if (s->rpos == s->rlen)
-    s->rpos = s->rlen = 0;
-  return iov;
-}
+/* Memory a peer chose (registered memory) is written only by the kernel:
+ * a page of it that this process can no longer write (unmapped or
+ * protected after it was registered) then fails the receive with EFAULT
+ * instead of faulting in user space. NULL for ferry's own buffers.
+ * placed: the bytes that reached it before such a failure. */
+typedef struct peer_memory {
+  uint64_t placed;
+} peer_memory;
 
 static size_t iov_total(const struct iovec *iov, int iovcnt) {
   size_t n = 0;
@@ -516,15 +512,101 @@ static size_t iov_total(const struct iovec *iov, int iovcnt) {
   return n;
 }
 
-static ferry_status recv_plain(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+/* Set once process_vm_writev on this process is refused (a seccomp
+ * filter): read-ahead bytes then go into registered memory by memcpy,
+ * guarded by the registration check alone. */
+static int self_write_refused;
+
+#define PLACE_IOV 64 /* iovec entries per process_vm_writev */
+
+/* Copies n bytes (at most iov's room) to the front of iov through the
+ * kernel (process_vm_writev on this process); returns how many landed.
+ * Fewer: errno says why (EFAULT: the next page cannot be written). */
+static size_t place_by_kernel(const struct iovec *iov, int iovcnt, const uint8_t *from, size_t n) {
+  size_t placed = 0;
+  while (placed < n) {
+    struct iovec to[PLACE_IOV];
+    int k = 0;
+    size_t want = 0;
+    for (; k < iovcnt && k < PLACE_IOV && placed + want < n; k++) {
+      size_t take = iov[k].iov_len < n - placed - want ? iov[k].iov_len : n - placed - want;
+      to[k] = (struct iovec){iov[k].iov_base, take};
+      want += take;
+    }
+    struct iovec local = {(void *)(from + placed), want};
+    ssize_t done;
+    do
+      done = process_vm_writev(getpid(), &local, 1, to, (unsigned long)k, 0);
+    while (done < 0 && errno == EINTR);
+    if (done > 0)
+      placed += (size_t)done;
+    if (done < 0 || (size_t)done < want) {
+      if (done >= 0)
+        errno = EFAULT;
+      return placed;
+    }
+    iov += k, iovcnt -= k;
+  }
+  return placed;
+}
+
+/* Copies n bytes (at most iov's room) to the front of iov: by the kernel
+ * into memory a peer chose, else by memcpy. Returns how many landed. */
+static size_t place(const struct iovec *iov, int iovcnt, const uint8_t *from, size_t n,
+                    int peer_memory) {
+  if (peer_memory && !__atomic_load_n(&self_write_refused, __ATOMIC_RELAXED)) {
+    size_t placed = place_by_kernel(iov, iovcnt, from, n);
+    if (placed == n || errno == EFAULT)
+      return placed;
+    FERRY_INFO("process_vm_writev on this process is refused (%s): bytes read ahead go into "
+               "registered memory by memcpy",
+               strerror(errno));
+    __atomic_store_n(&self_write_refused, 1, __ATOMIC_RELAXED);
+  }
+  size_t done = 0;
+  for (int k = 0; k < iovcnt && done < n; k++) {
+    size_t take = iov[k].iov_len < n - done ? iov[k].iov_len : n - done;
+    IGNORE_PAYLOAD_BEGIN(); /* iov may be registered memory, like recvmsg's */
+    memcpy(iov[k].iov_base, from + done, take);
+    IGNORE_PAYLOAD_END();
+    done += take;
+  }
+  return done;
+}
+
+/* Moves read-ahead bytes into the iovec, advancing it; FERRY_EFAULT when
+ * peer memory could not take them. */
+static ferry_status drain_readahead(ferry_sock *s, struct iovec **iov, int *iovcnt, peer_memory *pm,
+                                    const char *step) {
+  if (ferry_sock_buffered(s) && *iovcnt > 0) {
+    size_t n = s->rlen - s->rpos, room = iov_total(*iov, *iovcnt);
+    size_t want = n < room ? n : room;
+    size_t placed = place(*iov, *iovcnt, s->rbuf + s->rpos, want, pm != NULL);
+    s->rpos += placed;
+    if (pm)
+      pm->placed += placed;
+    *iov = iov_advance(*iov, iovcnt, placed);
+    if (placed < want)
+      return ferry_fail_errno(FERRY_EFAULT, EFAULT, "%s from %s failed", step, s->peer);
+  }
+  if (s->rpos == s->rlen)
+    s->rpos = s->rlen = 0;
+  return FERRY_OK;
+}
+
+static ferry_status recv_plain(ferry_sock *s, struct iovec *iov, int iovcnt, peer_memory *pm,
+                               const char *step) {
+  uint64_t *moved = pm ? &pm->placed : NULL;
   if (!s->rbuf)
-    return transfer_iov(s, iov, iovcnt, 0, step);
-  iov = drain_readahead(s, iov, &iovcnt);
+    return transfer_iov(s, iov, iovcnt, 0, step, moved);
+  ferry_status st = drain_readahead(s, &iov, &iovcnt, pm, step);
+  if (st)
+    return st;
   if (iov_total(iov, iovcnt) >= s->rcap)
-    return transfer_iov(s, iov, iovcnt, 0, step); /* large: straight into place */
+    return transfer_iov(s, iov, iovcnt, 0, step, moved); /* large: straight into place */
   uint64_t spin_until = spin_deadline(s);
   while (iov_total(iov, iovcnt) > 0) {
-    ferry_status st = arm_timeout(s, step);
+    st = arm_timeout(s, step);
     if (st)
       return st;
     int spin = still_spinning(spin_until);
@@ -540,7 +622,8 @@ static ferry_status recv_plain(ferry_sock *s, struct iovec *iov, int iovcnt, con
     progressed(s, 0);
     s->rpos = 0;
     s->rlen = (size_t)n;
-    iov = drain_readahead(s, iov, &iovcnt);
+    if ((st = drain_readahead(s, &iov, &iovcnt, pm, step)) != FERRY_OK)
+      return st;
   }
   return FERRY_OK;
 }
@@ -553,7 +636,7 @@ static ferry_status check_tag(ferry_sock *s, uint8_t part, const struct iovec *i
   ferry_session *ss = s->session;
   uint8_t got[FERRY_SESSION_TAG_SIZE], want[FERRY_SESSION_TAG_SIZE];
   struct iovec t = {got, sizeof got};
-  ferry_status st = recv_plain(s, &t, 1, step);
+  ferry_status st = recv_plain(s, &t, 1, NULL, step);
   if (st)
     return st;
   uint64_t seq = ss->recv_seq;
@@ -586,8 +669,10 @@ static ferry_status open_sealed(ferry_sock *s, const uint8_t raw[FERRY_WIRE_HEAD
 
 /* A receive within a sealed frame: all of its head (checked before the
  * caller sees it), all of its payload (checked), or a piece of a payload
- * that is being dropped. */
-static ferry_status recv_sealed(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+ * that is being dropped. A payload that peer memory could not take whole
+ * is a payload in pieces: the caller drops the rest. */
+static ferry_status recv_sealed(ferry_sock *s, struct iovec *iov, int iovcnt, peer_memory *pm,
+                                const char *step) {
   ferry_session *ss = s->session;
   int head = ss->head_left > 0;
   uint64_t left = head ? ss->head_left : ss->payload_left;
@@ -603,7 +688,11 @@ static ferry_status recv_sealed(ferry_sock *s, struct iovec *iov, int iovcnt, co
     copy[n++] = (struct iovec){ss->header, FERRY_WIRE_HEADER_SIZE};
   memcpy(copy + n, iov, (size_t)iovcnt * sizeof *iov);
   n += iovcnt;
-  ferry_status st = recv_plain(s, iov, iovcnt, step);
+  ferry_status st = recv_plain(s, iov, iovcnt, pm, step);
+  if (st == FERRY_EFAULT && pm && !head) {
+    ss->payload_left -= pm->placed;
+    ss->payload_split = 1;
+  }
   if (st)
     return st;
   if (head) {
@@ -620,8 +709,17 @@ static ferry_status recv_sealed(ferry_sock *s, struct iovec *iov, int iovcnt, co
 
 ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
   if (s->session)
-    return recv_sealed(s, iov, iovcnt, step);
-  return recv_plain(s, iov, iovcnt, step);
+    return recv_sealed(s, iov, iovcnt, NULL, step);
+  return recv_plain(s, iov, iovcnt, NULL, step);
+}
+
+ferry_status ferry_sock_recvv_registered(ferry_sock *s, struct iovec *iov, int iovcnt,
+                                         uint64_t *placed, const char *step) {
+  peer_memory pm = {0};
+  ferry_status st =
+      s->session ? recv_sealed(s, iov, iovcnt, &pm, step) : recv_plain(s, iov, iovcnt, &pm, step);
+  *placed = pm.placed;
+  return st;
 }
 
 ferry_status ferry_sock_recv(ferry_sock *s, void *buf, size_t len, const char *step) {
@@ -652,7 +750,7 @@ ferry_status ferry_sock_send_frame(ferry_sock *s, const ferry_frame_header *h, c
 ferry_status ferry_sock_recv_header(ferry_sock *s, ferry_frame_header *h, const char *step) {
   uint8_t raw[FERRY_WIRE_HEADER_SIZE];
   struct iovec iov = {raw, sizeof raw};
-  ferry_status st = recv_plain(s, &iov, 1, step);
+  ferry_status st = recv_plain(s, &iov, 1, NULL, step);
   if (st)
     return st;
   st = ferry_wire_header_decode(raw, h);
@@ -679,6 +777,7 @@ static int remote_status_ok(ferry_status code) {
   case FERRY_EBUSY:
   case FERRY_ECHECKSUM:
   case FERRY_ENOTFOUND: /* an unknown receive pool or slot */
+  case FERRY_EFAULT:    /* registered memory its process can no longer touch */
   case FERRY_EREMOTE: return 1;
   default: return 0;
   }

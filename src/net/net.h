@@ -107,6 +107,14 @@ void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns);
 ferry_status ferry_sock_sendv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step);
 ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step);
 ferry_status ferry_sock_recv(ferry_sock *s, void *buf, size_t len, const char *step);
+/* ferry_sock_recvv into memory a peer chose (registered memory): only the
+ * kernel writes it (recvmsg, and process_vm_writev on this process for
+ * bytes read ahead), so a page this process cannot write (unmapped or
+ * protected since it was registered) fails the receive with FERRY_EFAULT
+ * instead of a fault. *placed: the bytes of iov received before that; the
+ * frame's other bytes are still to be read (ferry_sock_discard them). */
+ferry_status ferry_sock_recvv_registered(ferry_sock *s, struct iovec *iov, int iovcnt,
+                                         uint64_t *placed, const char *step);
 /* Reads and throws away len bytes (payload of a refused request). */
 ferry_status ferry_sock_discard(ferry_sock *s, uint64_t len, const char *step);
 

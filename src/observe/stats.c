@@ -22,10 +22,10 @@
 static const char *const op_names[] = {"read", "write"}; /* by ferry_op */
 
 static const char *const code_names[] = {
-    "OK",        "EINVAL",     "ENOTREG",  "EOVERLAP",   "ENOMEM",    "ESOCKET",
-    "EDNS",      "EHANDSHAKE", "EVERSION", "EAUTH",      "ETIMEDOUT", "EPROTO",
-    "EMETADATA", "EJSON",      "ENOTIMPL", "EBUSY",      "ECHECKSUM", "ETRANSPORT",
-    "ECLOSED",   "ENOTFOUND",  "EREMOTE",  "EINPROGRESS"};
+    "OK",        "EINVAL",     "ENOTREG",  "EOVERLAP",    "ENOMEM",    "ESOCKET",
+    "EDNS",      "EHANDSHAKE", "EVERSION", "EAUTH",       "ETIMEDOUT", "EPROTO",
+    "EMETADATA", "EJSON",      "ENOTIMPL", "EBUSY",       "ECHECKSUM", "ETRANSPORT",
+    "ECLOSED",   "ENOTFOUND",  "EREMOTE",  "EINPROGRESS", "EFAULT"};
 
 /* Name of a code for labels: "ETIMEDOUT"; NULL for a number no code has. */
 static const char *code_name(int code) {

@@ -223,8 +223,37 @@ static ferry_status cma_error(const shm_link *l, int err, int write) {
                           (int)l->pid);
 }
 
+static int table_find(const shm_table *t, uint64_t addr, uint64_t length, shm_table_entry *out);
+
+/* A copy stopped by EFAULT at local / remote: this process's own buffer
+ * when the kernel says it cannot use it so, else the target's region,
+ * which its process unmapped or protected since it registered it. */
+static ferry_status cma_fault(ferry_engine *e, const shm_link *l, int write,
+                              const struct iovec *local, const struct iovec *remote) {
+  const char *op = write ? "WRITE to" : "READ from";
+  const char *call = write ? "process_vm_writev" : "process_vm_readv";
+  ferry_region mine = {(uint64_t)(uintptr_t)local->iov_base, local->iov_len};
+  ferry_host_problem p;
+  char what[160];
+  if (ferry_host_memory_find(e->host_memory, &mine, 1, !write, 0, &p) == 1) {
+    ferry_host_problem_describe(&p, what, sizeof what);
+    return ferry_fail(FERRY_EFAULT, "%s peer %s: this process's buffer %s (%s failed: Bad address)",
+                      op, l->address, what, call);
+  }
+  uint64_t addr = (uint64_t)(uintptr_t)remote->iov_base;
+  shm_table_entry en;
+  if (!table_find(l->table, addr, 1, &en)) /* for the message only: a torn read misnames it */
+    en = (shm_table_entry){addr, 0, 0};
+  return ferry_fail(FERRY_EFAULT,
+                    "%s peer %s: its region 0x%llx (+%llu bytes) cannot be %s at 0x%llx: its "
+                    "process unmapped or protected it since it registered it (%s failed: Bad "
+                    "address)",
+                    op, l->address, (unsigned long long)en.addr, (unsigned long long)en.length,
+                    write ? "written" : "read", (unsigned long long)addr, call);
+}
+
 /* Cross-memory attach for the segments that are not in a mapped buffer. */
-static ferry_status cma_move(const shm_link *l, int write, struct iovec *local,
+static ferry_status cma_move(ferry_engine *e, const shm_link *l, int write, struct iovec *local,
                              struct iovec *remote, int n) {
   while (n > 0) {
     ssize_t done =
@@ -232,6 +261,8 @@ static ferry_status cma_move(const shm_link *l, int write, struct iovec *local,
               : process_vm_readv(l->pid, local, (unsigned long)n, remote, (unsigned long)n, 0);
     if (done < 0 && errno == EINTR)
       continue;
+    if (done < 0 && errno == EFAULT) /* at local/remote: a short copy came first */
+      return cma_fault(e, l, write, local, remote);
     if (done <= 0)
       return cma_error(l, done < 0 ? errno : EFAULT, write);
     iov_advance(&local, &remote, &n, (size_t)done);
@@ -486,7 +517,8 @@ static ferry_status move(shm_channel *ch, const ferry_chunk *c) {
     ch->cma_local[n] = c->local[i];
     ch->cma_remote[n++] = (struct iovec){(void *)(uintptr_t)c->remote[i].addr, len};
   }
-  return n ? cma_move(ch->link, write, ch->cma_local, ch->cma_remote, n) : FERRY_OK;
+  return n ? cma_move(ch->base.peer->engine, ch->link, write, ch->cma_local, ch->cma_remote, n)
+           : FERRY_OK;
 }
 
 static ferry_status refuse(const shm_link *l, const ferry_chunk *c, uint32_t i) {

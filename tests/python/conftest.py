@@ -7,8 +7,10 @@ mooncake TransferEngine and a `ferry metadata-server` process, all cleaned up
 by finalizers. Only 127.0.0.1 is used.
 """
 
+import ctypes
 import faulthandler
 import json
+import mmap
 import os
 import queue
 import re
@@ -223,6 +225,22 @@ def shared_engine():
     te = make_engine()
     yield te
     te.close()
+
+
+@pytest.fixture
+def cpu_inaccessible():
+    """(address, size) of 1 MiB mapped PROT_NONE: what a CUDA device pointer
+    (SGLang registers tensor.data_ptr()) is to a CPU no driver maps it for."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    size = 1 << 20
+    addr = libc.mmap(None, size, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+    yield addr, size
+    libc.munmap(addr, size)
 
 
 def ferry_tool():

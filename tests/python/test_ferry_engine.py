@@ -191,6 +191,18 @@ def test_registered_buffer_is_held(pair):
     assert info.value.code < 0
 
 
+def test_register_refuses_memory_the_cpu_cannot_touch(pair, cpu_inaccessible):
+    a, _ = pair
+    addr, size = cpu_inaccessible
+    with pytest.raises(ferry.Error) as info:
+        a.register(addr, size)
+    e = info.value
+    assert (e.code, e.mooncake_code) == (ferry.EFAULT, -1)
+    assert "register [%#x, +%d)" % (addr, size) in e.detail
+    assert "not mapped for the CPU: GPU memory needs the CUDA support of the gpu issue" in e.detail
+    assert ferry.strerror(ferry.EFAULT).endswith("(docs/errors.md#ferry_efault)")
+
+
 def test_register_batch(pair):
     a, b = pair
     bufs = [bytearray(1024) for _ in range(3)]

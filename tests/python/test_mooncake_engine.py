@@ -148,6 +148,16 @@ def test_register_twice_unregister_unknown(engine):
     assert engine.free_managed_buffer(a, 4096) == 0
 
 
+def test_register_memory_refuses_a_pointer_the_cpu_cannot_touch(engine, cpu_inaccessible, caplog):
+    caplog.set_level(logging.WARNING, logger="mooncake.engine")
+    addr, size = cpu_inaccessible
+    assert engine.register_memory(addr, size, "cuda:0") == -1
+    assert engine.last_error_code() == -1
+    for text in (engine.last_error(), caplog.text):
+        assert "not mapped for the CPU: GPU memory needs the CUDA support of the gpu issue" in text
+        assert "ferry EFAULT" in text and "%#x" % addr in text
+
+
 def test_register_overlap_rejected(engine):
     buf = ctypes.create_string_buffer(1 << 16)
     addr = ctypes.addressof(buf)
