@@ -572,6 +572,11 @@ uint16_t ferry_engine_metrics_port(const ferry_engine *engine);
  *    message only once every byte of it was written under its grant (a
  *    notice for bytes never written is refused: the receiver never sees
  *    what an earlier message left in the slot);
+ *  - fabric: its one-sided WRITEs pass no such check, so a pool is
+ *    registered with it for remote READ only and takes no fabric WRITE
+ *    from anyone; a send's WRITEs go over tcp or shm instead, also where
+ *    fabric carries everything else (engines that share only fabric cannot
+ *    send: FERRY_ETRANSPORT);
  *  - shm: serves the same user only, who can write that memory anyway: the
  *    sender maps the pool and copies itself, unchecked, and its notices
  *    are taken without the check that every byte was written.
@@ -605,7 +610,8 @@ typedef struct ferry_message {
 
 /* Creates pool `name` (1..255 bytes, unique on this engine) over length
  * bytes at addr, which it registers (and unregisters at destroy); addr NULL:
- * ferry allocates the memory. */
+ * ferry allocates the memory. Memory already registered is refused with
+ * FERRY_EINVAL: a pool registers its memory itself (fabric: READ only). */
 ferry_status ferry_pool_create(ferry_engine *engine, const char *name, void *addr, size_t length,
                                ferry_pool **out);
 /* Wakes its waiting ferry_recv calls (FERRY_ECLOSED), voids every grant and
@@ -626,7 +632,8 @@ int ferry_pool_fd(const ferry_pool *pool);
 #define FERRY_SEND_NOWAIT 0x1 /* pool full: FERRY_EBUSY at once instead of waiting */
 
 /* Moves local[0..length) (registered here) into a slot of the target's
- * pool and delivers it under tag. A full pool, or one where this sender holds its
+ * pool and delivers it under tag, over tcp or shm (never fabric: see the
+ * pools' comment above). A full pool, or one where this sender holds its
  * share of grants already, is waited on for up to
  * timeout_ms (-1: the engine's timeout_ms) unless FERRY_SEND_NOWAIT: then
  * FERRY_EBUSY. A message larger than one sender may hold in the pool

@@ -402,11 +402,11 @@ static void transports_deregister(ferry_engine *e, const ferry_region *regions, 
   }
 }
 
-static ferry_status transports_register(ferry_engine *e, const ferry_region *regions,
-                                        size_t count) {
+static ferry_status transports_register(ferry_engine *e, const ferry_region *regions, size_t count,
+                                        unsigned flags) {
   for (size_t i = 0; ferry_transports[i]; i++) {
     const ferry_transport *t = registering(e, i);
-    ferry_status st = t ? t->region_register(e, regions, count) : FERRY_OK;
+    ferry_status st = t ? t->region_register(e, regions, count, flags) : FERRY_OK;
     if (st) {
       transports_deregister(e, regions, count, i);
       return st;
@@ -434,16 +434,27 @@ static ferry_status registry_add(ferry_engine *e, const ferry_region *regions, s
                     : ferry_registry_add_many(e->registry, regions, count);
 }
 
+static ferry_status registered_already(const ferry_region *pool) {
+  return ferry_fail(FERRY_EINVAL,
+                    "pool memory 0x%llx (+%llu bytes) is registered already: a pool registers "
+                    "its memory itself",
+                    (unsigned long long)pool->addr, (unsigned long long)pool->length);
+}
+
 /* Transports first, then the registry, so that a peer that sees a region
- * also gets its keys; undone from the transports if the registry refuses. */
+ * also gets its keys; undone from the transports if the registry refuses.
+ * A pool's region must be new: one registered before keeps what its
+ * transports gave it (fabric: remote WRITE). */
 static ferry_status register_with_transports(ferry_engine *e, const ferry_region *regions,
-                                             size_t count) {
+                                             size_t count, unsigned flags) {
   ferry_region *fresh = malloc((count ? count : 1) * sizeof *fresh);
   if (!fresh)
     return ferry_fail(FERRY_ENOMEM, "no memory to register %zu regions", count);
   pthread_mutex_lock(&e->register_lock);
   size_t n = fresh_regions(e, regions, count, fresh);
-  ferry_status st = transports_register(e, fresh, n);
+  ferry_status st = (flags & FERRY_REGISTER_POOL) && n != count
+                        ? registered_already(regions)
+                        : transports_register(e, fresh, n, flags);
   if (!st && (st = registry_add(e, regions, count)) != FERRY_OK)
     transports_deregister(e, fresh, n, SIZE_MAX);
   pthread_mutex_unlock(&e->register_lock);
@@ -451,9 +462,11 @@ static ferry_status register_with_transports(ferry_engine *e, const ferry_region
   return st;
 }
 
-static ferry_status register_regions(ferry_engine *e, const ferry_region *regions, size_t count) {
-  ferry_status st = transports_register_regions(e) ? register_with_transports(e, regions, count)
-                                                   : registry_add(e, regions, count);
+static ferry_status register_regions(ferry_engine *e, const ferry_region *regions, size_t count,
+                                     unsigned flags) {
+  ferry_status st = transports_register_regions(e) || (flags & FERRY_REGISTER_POOL)
+                        ? register_with_transports(e, regions, count, flags)
+                        : registry_add(e, regions, count);
   if (!st)
     republish_regions(e);
   return st;
@@ -482,12 +495,16 @@ ferry_status ferry_engine_region_keys(ferry_engine *e, const ferry_region *regio
 
 /* ---- registration -------------------------------------------------------------- */
 
-static ferry_status memory_register(ferry_engine *e, void *addr, size_t length) {
+static ferry_status register_one(ferry_engine *e, void *addr, size_t length, unsigned flags) {
   if (!e || !addr || !length)
     return ferry_fail(FERRY_EINVAL, "register %p (+%zu bytes): null engine, address or length",
                       addr, length);
   ferry_region region = {(uint64_t)(uintptr_t)addr, length};
-  return register_regions(e, &region, 1);
+  return register_regions(e, &region, 1, flags);
+}
+
+static ferry_status memory_register(ferry_engine *e, void *addr, size_t length) {
+  return register_one(e, addr, length, 0);
 }
 
 void ferry_engine_fence(ferry_engine *e, ferry_region *removed, size_t count) {
@@ -543,7 +560,7 @@ static ferry_status memory_register_batch(ferry_engine *e, void *const *addrs,
     regions[i].addr = (uint64_t)(uintptr_t)addrs[i];
     regions[i].length = lengths[i];
   }
-  ferry_status st = register_regions(e, regions, count);
+  ferry_status st = register_regions(e, regions, count, 0);
   free(regions);
   return st;
 }
@@ -570,7 +587,7 @@ static ferry_status memory_unregister_batch(ferry_engine *e, void *const *addrs,
   return st;
 }
 
-static ferry_status memory_alloc(ferry_engine *e, size_t length, void **out) {
+static ferry_status alloc_registered(ferry_engine *e, size_t length, unsigned flags, void **out) {
   if (!e || !length || !out)
     return ferry_fail(FERRY_EINVAL, "alloc of %zu bytes: null engine/out or zero length", length);
   ferry_allocation *a = calloc(1, sizeof *a);
@@ -595,7 +612,7 @@ static ferry_status memory_alloc(ferry_engine *e, size_t length, void **out) {
     return ferry_fail_errno(FERRY_ENOMEM, err, "mapping %zu bytes failed", length);
   }
   a->length = length;
-  ferry_status st = memory_register(e, a->addr, length);
+  ferry_status st = register_one(e, a->addr, length, flags);
   if (st) {
     munmap(a->addr, length);
     close(a->fd);
@@ -608,6 +625,15 @@ static ferry_status memory_alloc(ferry_engine *e, size_t length, void **out) {
   pthread_mutex_unlock(&e->alloc_lock);
   *out = a->addr;
   return FERRY_OK;
+}
+
+static ferry_status memory_alloc(ferry_engine *e, size_t length, void **out) {
+  return alloc_registered(e, length, 0, out);
+}
+
+ferry_status ferry_engine_pool_memory(ferry_engine *e, size_t length, void **addr) {
+  return *addr ? register_one(e, *addr, length, FERRY_REGISTER_POOL)
+               : alloc_registered(e, length, FERRY_REGISTER_POOL, addr);
 }
 
 static ferry_status memory_free(ferry_engine *e, void *addr) {

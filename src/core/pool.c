@@ -2,7 +2,8 @@
  * through slots it grants them, and the messages that land there.
  *
  * A send is a grant (a slot of the pool, reserved for one sender), then the
- * data WRITE into it (the engine's own path, any transport) with a LANDED
+ * data WRITE into it (the engine's own path, over a transport whose WRITEs
+ * into a pool are bounded by grants: see "Transports" below) with a LANDED
  * notice as the batch's after-landed message (batch.h): on tcp it rides on
  * the last WRITE frame, elsewhere it follows on the control connection
  * once every byte was acknowledged. The message is queued for ferry_recv
@@ -58,7 +59,15 @@
  * finds the first gap that fits, each sender's grants on a list of its
  * own, landed messages on a list in landing order and on their tag's
  * bucket; a slot's tag and sender name are allocated to their size at
- * LANDED. No operation walks every slot of a pool. */
+ * LANDED. No operation walks every slot of a pool.
+ *
+ * Transports: a WRITE into a pool must be checked against the writer's
+ * grants by the target, and only tcp's target sees each one (server.c
+ * calls ferry_pools_check_writes); shm serves the same user only. The
+ * fabric transport's one-sided WRITEs pass no such check, so a pool is
+ * registered with it for remote READ only (FERRY_REGISTER_POOL) and the
+ * WRITEs of a send go over tcp or shm (batch.c pins them to a transport
+ * with pool_writes_bounded). */
 #include "core/pool.h"
 
 #include <errno.h>
@@ -913,8 +922,7 @@ static ferry_status pool_create(ferry_engine *e, const char *name, void *addr, s
   if (!p)
     return ferry_fail_errno(FERRY_ENOMEM, errno, "no memory for pool '%s'", name);
   p->allocated = !addr;
-  ferry_status st =
-      addr ? ferry_memory_register(e, addr, length) : ferry_memory_alloc(e, length, &addr);
+  ferry_status st = ferry_engine_pool_memory(e, length, &addr);
   if (st) {
     free_pool(p);
     return st;
