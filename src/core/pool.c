@@ -300,9 +300,11 @@ static uint64_t grant_bound_ns(const ferry_engine *e) {
   return (uint64_t)e->cfg.pool_grant_timeout_ms * 1000000ull;
 }
 
-/* A grant nothing touched for pool_grant_timeout_ms: void from then on. */
+/* A grant nothing touched for pool_grant_timeout_ms: void from then on.
+ * now may be older than the last touch (read before the lock, or before
+ * it was let go meanwhile): such a grant is fresh. */
 static int expired(const ferry_engine *e, const slot *s, uint64_t now) {
-  return granted(s) && !s->writers && now - s->active_ns >= grant_bound_ns(e);
+  return granted(s) && !s->writers && now > s->active_ns && now - s->active_ns >= grant_bound_ns(e);
 }
 
 /* The bytes one sender may hold granted in p: pool_sender_bytes, or half
