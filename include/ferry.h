@@ -282,6 +282,24 @@ typedef struct ferry_config {
    * A peer with one rail and no standby waits for the deadline as before;
    * a bound at or above timeout_ms never trips. */
   uint32_t stall_ms;
+  /* Receive pools, as a receiver: what one sender (an engine id, as its
+   * handshake claims it) may hold in each pool in grants not landed yet,
+   * so a sender that takes its share and stalls leaves the rest to the
+   * others. pool_sender_bytes (FERRY_POOL_SENDER_BYTES; default 0: half of
+   * each pool): also the largest message a pool takes from one sender (a
+   * larger one fails with FERRY_EINVAL naming the limit); more than the
+   * pool counts as the pool. pool_sender_slots (FERRY_POOL_SENDER_SLOTS,
+   * 1 to 1048576; default 0: 1024). Past them a grant request waits like
+   * one for a full pool, then FERRY_EBUSY naming the limit.
+   * pool_grant_timeout_ms (FERRY_POOL_GRANT_TIMEOUT_MS, 1000 to 86400000;
+   * default 0: 30000): a grant that no WRITE or LANDED touched for this
+   * long expires; its slot goes back to the pool and a late WRITE or
+   * LANDED for it is refused (RELIABILITY.md, 15). Below 5000 a steady
+   * sender's pre-grants may expire between its messages (each then costs
+   * a fresh grant, one round trip). */
+  size_t pool_sender_bytes;
+  unsigned pool_sender_slots;
+  uint32_t pool_grant_timeout_ms;
 } ferry_config;
 #define FERRY_FABRIC_LANES_MAX 8
 
@@ -303,9 +321,11 @@ void ferry_config_init_size(ferry_config *cfg, size_t size);
  * (positive whole numbers), FERRY_METRICS_PORT (0 to 65535), FERRY_METRICS_HOST
  * (host), MC_TE_METRIC (boolean), MC_TE_METRIC_INTERVAL_SECONDS (1 to
  * 86400), FERRY_FABRIC_PROVIDER, FERRY_FABRIC_DEVICE (names) and
- * FERRY_FABRIC_MR_BASIC (boolean), FERRY_FABRIC_LANES (1 to 8), FERRY_STALL_MS (ms, positive). A
- * bad one fails with FERRY_EINVAL and a message naming the setting, the value and what is accepted.
- * A started engine logs "engine NAME listening on HOST:PORT (transports: ...)" at INFO. */
+ * FERRY_FABRIC_MR_BASIC (boolean), FERRY_FABRIC_LANES (1 to 8), FERRY_STALL_MS (ms, positive),
+ * FERRY_POOL_SENDER_BYTES and FERRY_POOL_SENDER_SLOTS (positive whole numbers),
+ * FERRY_POOL_GRANT_TIMEOUT_MS (1000 to 86400000). A bad one fails with FERRY_EINVAL and a message
+ * naming the setting, the value and what is accepted. A started engine logs "engine NAME listening
+ * on HOST:PORT (transports: ...)" at INFO. */
 ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out);
 /* Threads. Every call on an engine may be made from any thread, and calls
  * may run concurrently with each other, including ferry_engine_shutdown and
@@ -514,8 +534,9 @@ typedef struct ferry_stats {
   uint64_t pool_senders_waiting;
   /* Bytes of slots granted to senders whose message has not landed yet,
    * pre-grants included (gauge, all pools): a send in flight holds its
-   * slot here until it lands, or until its sender's connections are all
-   * gone and the slot goes back to the pool. */
+   * slot here until it lands, until its sender's connections are all
+   * gone and the slot goes back to the pool, or until a grant request
+   * takes it back after it expired (pool_grant_timeout_ms). */
   uint64_t pool_bytes_granted;
 } ferry_stats;
 
@@ -549,9 +570,27 @@ uint16_t ferry_engine_metrics_port(const ferry_engine *engine);
  * pre-grant for the next one of the same size), so a steady sender pays the
  * data WRITE and its ack: over tcp the "landed" notice rides on the
  * message's last WRITE frame (the receiver holds the message until its
- * other frames landed too); over shm it follows on the control connection. The receiver checks
- * every WRITE into the pool against the grants it gave that sender, and a landed slot takes no more
- * WRITEs (tcp; on shm, which only serves the same user, the sender maps the pool directly).
+ * other frames landed too); over shm it is posted in shared memory.
+ * What a sender can do to a pool, per transport (RELIABILITY.md, 15):
+ *  - tcp: the receiver checks every WRITE into the pool against the grants
+ *    it gave that sender (not expired, not landed yet), and delivers a
+ *    message only once every byte of it was written under its grant (a
+ *    notice for bytes never written is refused: the receiver never sees
+ *    what an earlier message left in the slot);
+ *  - fabric: its one-sided WRITEs pass no such check, so a pool is
+ *    registered with it for remote READ only and takes no fabric WRITE
+ *    from anyone; a send's WRITEs go over tcp or shm instead, also where
+ *    fabric carries everything else (engines that share only fabric cannot
+ *    send: FERRY_ETRANSPORT);
+ *  - shm: serves the same user only, who can write that memory anyway: the
+ *    sender maps the pool and copies itself, unchecked, and its notices
+ *    are taken without the check that every byte was written.
+ * One sender (an engine id as its handshake claims it; proven only with a
+ * shared secret) holds at most ferry_config.pool_sender_bytes and
+ * pool_sender_slots of a pool's grants not landed yet (default half the
+ * pool, and 1024), so one that takes its share and stalls leaves the rest
+ * to others; a grant nothing touched for pool_grant_timeout_ms (default
+ * 30 s) expires and its slot goes back.
  * ferry_stats counts landed messages (pool_messages_landed, pool_landed_inband) and waiting
  * senders. A message is delivered only after every byte of it was acknowledged, and a sender whose
  * every connection is gone loses the slots it was writing: they go back to the pool and nothing is
@@ -576,7 +615,8 @@ typedef struct ferry_message {
 
 /* Creates pool `name` (1..255 bytes, unique on this engine) over length
  * bytes at addr, which it registers (and unregisters at destroy); addr NULL:
- * ferry allocates the memory. */
+ * ferry allocates the memory. Memory already registered is refused with
+ * FERRY_EINVAL: a pool registers its memory itself (fabric: READ only). */
 ferry_status ferry_pool_create(ferry_engine *engine, const char *name, void *addr, size_t length,
                                ferry_pool **out);
 /* Wakes its waiting ferry_recv calls (FERRY_ECLOSED), voids every grant and
@@ -609,9 +649,12 @@ int ferry_pool_fd(const ferry_pool *pool);
 #define FERRY_SEND_NOWAIT 0x1 /* pool full: FERRY_EBUSY at once instead of waiting */
 
 /* Moves local[0..length) (registered here) into a slot of the target's
- * pool and delivers it under tag. A full pool is waited on for up to
+ * pool and delivers it under tag, over tcp or shm (never fabric: see the
+ * pools' comment above). A full pool, or one where this sender holds its
+ * share of grants already, is waited on for up to
  * timeout_ms (-1: the engine's timeout_ms) unless FERRY_SEND_NOWAIT: then
- * FERRY_EBUSY.
+ * FERRY_EBUSY. A message larger than one sender may hold in the pool
+ * (the receiver's pool_sender_bytes) fails with FERRY_EINVAL naming it.
  * A WRITE that meets a restarted receiver's dead connection is retried once
  * with a fresh slot (nothing was delivered). A message larger than the pool fails with
  * FERRY_EINVAL, an unknown pool with FERRY_ENOTFOUND. On FERRY_OK the

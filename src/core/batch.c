@@ -100,9 +100,12 @@ static ferry_batch *batch_alloc(ferry_engine *e, const ferry_entry *entries, siz
 }
 
 /* Everything that can be refused before a byte moves is refused here, with
- * the reason: arguments, local and remote registration, reachability. */
+ * the reason: arguments, local and remote registration, reachability.
+ * pool_writes: the batch carries a pool message (ferry_batch_run/start
+ * with an after-landed message), so only a transport that checks its
+ * WRITEs against the sender's grant may carry it. */
 static ferry_status batch_create(ferry_engine *e, const char *target, const ferry_entry *entries,
-                                 size_t count, const ferry_notification *notify,
+                                 size_t count, const ferry_notification *notify, int pool_writes,
                                  ferry_batch **out) {
   if (!e || !entries || !count || !out)
     return ferry_fail(FERRY_EINVAL, "submit to %s: null engine, entries or out, or zero entries",
@@ -124,9 +127,12 @@ static ferry_status batch_create(ferry_engine *e, const char *target, const ferr
   b->deadline_ns = ferry_engine_deadline(e, total);
   b->budget_ms = (uint32_t)((b->deadline_ns - now) / 1000000ull);
   st = copy_notification(b, notify);
+  b->pool_writes = pool_writes;
   if (!st)
     st = ferry_peer_ensure_for(peer, entries, count, b->deadline_ns, &b->transport,
                                &b->peer_instance);
+  if (!st && pool_writes)
+    st = ferry_peer_pool_transport(peer, &b->transport);
   if (!st)
     st = ferry_peer_check_remote(peer, entries, count, b->deadline_ns);
   if (st) {
@@ -328,7 +334,7 @@ void ferry_batch_complete(ferry_batch *b, ferry_status status) {
 static int retry_elsewhere(ferry_batch *b, ferry_channel *ch, const ferry_chunk *c) {
   if (ferry_batch_error(b))
     return 0; /* failed already: the chunk moves nowhere, nor does its end say its rail died */
-  ferry_rails_left left = ferry_peer_rail_failed(b->peer, ch); /* marks it down */
+  ferry_rails_left left = ferry_peer_rail_failed(b->peer, b, ch); /* marks it down */
   if (c->retried || left == FERRY_RAILS_NONE)
     return 0;
   ferry_retry *r = malloc(sizeof *r);
@@ -481,7 +487,7 @@ void ferry_batch_free(ferry_batch *b) {
 static ferry_status batch_submit(ferry_engine *e, const char *target, const ferry_entry *entries,
                                  size_t count, const ferry_notification *notify,
                                  ferry_batch **out) {
-  ferry_status st = batch_create(e, target, entries, count, notify, out);
+  ferry_status st = batch_create(e, target, entries, count, notify, 0, out);
   if (!st) {
     (*out)->async = 1;
     ferry_workers_post(e, *out, wanted_drivers(*out));
@@ -494,7 +500,7 @@ static ferry_status transfer_sync_batch(ferry_engine *e, const char *target,
                                         const ferry_notification *notify, ferry_after *after) {
   ferry_batch *b;
   uint64_t start = ferry_now_ns();
-  ferry_status st = batch_create(e, target, entries, count, notify, &b);
+  ferry_status st = batch_create(e, target, entries, count, notify, after != NULL, &b);
   if (st)
     return st;
   b->after = after;
@@ -523,7 +529,7 @@ ferry_status ferry_transfer_sync_batch(ferry_engine *e, const char *target,
 
 ferry_status ferry_batch_start(ferry_engine *e, const char *target, const ferry_entry *entries,
                                size_t count, ferry_after *after, ferry_batch **out) {
-  ferry_status st = batch_create(e, target, entries, count, NULL, out);
+  ferry_status st = batch_create(e, target, entries, count, NULL, 1, out);
   if (st)
     return st;
   after->carried = after->posted = 0;

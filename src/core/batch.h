@@ -57,7 +57,11 @@ struct ferry_batch {
   ferry_notification notify;
   int has_notify;
   ferry_after *after; /* ferry_batch_run only: NULL otherwise */
-  int async;          /* from ferry_batch_submit: a failure is counted when it ends */
+  /* A pool message (it has an after-landed message): its WRITEs go only
+   * over transports whose target checks them against the sender's grants
+   * (ferry_peer_pool_transport). */
+  int pool_writes;
+  int async; /* from ferry_batch_submit: a failure is counted when it ends */
 
   pthread_mutex_t lock;
   pthread_cond_t cond;

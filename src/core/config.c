@@ -3,8 +3,9 @@
  * MC_FORCE_TCP) plus ferry's own (FERRY_LOG, FERRY_TRANSPORTS,
  * FERRY_CHECKSUM, FERRY_SECRET, FERRY_SPIN_US, and the serving limits
  * FERRY_MAX_CONNECTIONS, FERRY_MAX_CONNECTIONS_PER_PEER, FERRY_IDLE_TIMEOUT_MS,
- * FERRY_NOTIFY_PEER_BYTES, FERRY_SERVER_THREADS, FERRY_METADATA_TTL_MS, the metrics endpoint's
- * FERRY_METRICS_PORT and FERRY_METRICS_HOST, Mooncake's MC_TE_METRIC and
+ * FERRY_NOTIFY_PEER_BYTES, FERRY_SERVER_THREADS, FERRY_METADATA_TTL_MS, the receive pools'
+ * FERRY_POOL_SENDER_BYTES, FERRY_POOL_SENDER_SLOTS and FERRY_POOL_GRANT_TIMEOUT_MS, the metrics
+ * endpoint's FERRY_METRICS_PORT and FERRY_METRICS_HOST, Mooncake's MC_TE_METRIC and
  * MC_TE_METRIC_INTERVAL_SECONDS, the rails' FERRY_RAIL_HOSTS), and their
  * validation.
  *
@@ -43,6 +44,10 @@
 #define LIMIT_MAX (1ul << 20) /* connections: more is a typo */
 #define METRICS_LOG_S 5u      /* MC_TE_METRIC=1 without an interval */
 #define METRICS_LOG_S_MAX 86400u
+#define POOL_SENDER_SLOTS 1024u
+#define POOL_GRANT_TIMEOUT_MS 30000u
+#define POOL_GRANT_TIMEOUT_MIN 1000u /* below it an honest sender's grant may expire in flight */
+#define POOL_GRANT_TIMEOUT_MAX 86400000u /* a day */
 
 /* The fields every caller has had since ferry_config carried its size. */
 #define CONFIG_MIN_SIZE (offsetof(ferry_config, spin_us) + sizeof(unsigned))
@@ -93,6 +98,8 @@ static void defaults(ferry_config *cfg) {
   cfg->metadata_ttl_ms = FERRY_METADATA_TTL_DEFAULT_MS;
   cfg->metrics_port = -1;
   cfg->stall_ms = STALL_MS;
+  cfg->pool_sender_slots = POOL_SENDER_SLOTS;
+  cfg->pool_grant_timeout_ms = POOL_GRANT_TIMEOUT_MS;
 }
 
 /* ---- environment ------------------------------------------------------- */
@@ -151,12 +158,12 @@ static ferry_status apply_log(const char *name, const char *value, ferry_config 
   return FERRY_OK;
 }
 
-/* A serving limit: a positive whole number up to max. */
-static ferry_status limit_env(const char *name, const char *value, unsigned long max,
-                              unsigned long *out) {
-  if (parse_ulong(value, 1, max, out)) {
+/* A serving limit: a whole number from min to max. */
+static ferry_status limit_env(const char *name, const char *value, unsigned long min,
+                              unsigned long max, unsigned long *out) {
+  if (parse_ulong(value, min, max, out)) {
     char accepted[64];
-    snprintf(accepted, sizeof accepted, "a whole number, 1 to %lu", max);
+    snprintf(accepted, sizeof accepted, "a whole number, %lu to %lu", min, max);
     return bad_env(name, value, accepted);
   }
   return FERRY_OK;
@@ -181,6 +188,10 @@ static const struct limit_var {
     {"FERRY_FABRIC_LANES", offsetof(ferry_config, fabric_lanes), sizeof(unsigned),
      FERRY_FABRIC_LANES_MAX},
     {"FERRY_STALL_MS", offsetof(ferry_config, stall_ms), sizeof(uint32_t), UINT32_MAX},
+    {"FERRY_POOL_SENDER_BYTES", offsetof(ferry_config, pool_sender_bytes), sizeof(size_t),
+     ULONG_MAX >> 2},
+    {"FERRY_POOL_SENDER_SLOTS", offsetof(ferry_config, pool_sender_slots), sizeof(unsigned),
+     LIMIT_MAX},
 };
 
 static ferry_status apply_limit(const char *name, const char *value, ferry_config *cfg) {
@@ -188,7 +199,7 @@ static ferry_status apply_limit(const char *name, const char *value, ferry_confi
   while (strcmp(v->name, name) != 0)
     v++; /* every caller is listed: env_vars names only these */
   unsigned long n;
-  ferry_status st = limit_env(name, value, v->max, &n);
+  ferry_status st = limit_env(name, value, 1, v->max, &n);
   if (st)
     return st;
   uint8_t *field = (uint8_t *)cfg + v->offset;
@@ -200,6 +211,14 @@ static ferry_status apply_limit(const char *name, const char *value, ferry_confi
     memcpy(field, &wide, sizeof wide);
   }
   return FERRY_OK;
+}
+
+static ferry_status apply_grant_timeout(const char *name, const char *value, ferry_config *cfg) {
+  unsigned long n = 0;
+  ferry_status st = limit_env(name, value, POOL_GRANT_TIMEOUT_MIN, POOL_GRANT_TIMEOUT_MAX, &n);
+  if (!st)
+    cfg->pool_grant_timeout_ms = (uint32_t)n;
+  return st;
 }
 
 static ferry_status apply_secret(const char *name, const char *value, ferry_config *cfg) {
@@ -256,7 +275,7 @@ static ferry_status apply_te_metric(const char *name, const char *value, ferry_c
 /* Mooncake's meaning: the interval of MC_TE_METRIC's lines, nothing alone. */
 static ferry_status apply_te_interval(const char *name, const char *value, ferry_config *cfg) {
   unsigned long n;
-  ferry_status st = limit_env(name, value, METRICS_LOG_S_MAX, &n);
+  ferry_status st = limit_env(name, value, 1, METRICS_LOG_S_MAX, &n);
   if (!st && cfg->metrics_log_s)
     cfg->metrics_log_s = (unsigned)n;
   return st;
@@ -311,6 +330,9 @@ static const struct env_var {
     {"FERRY_SERVER_THREADS", apply_limit},
     {"FERRY_FABRIC_LANES", apply_limit},
     {"FERRY_STALL_MS", apply_limit},
+    {"FERRY_POOL_SENDER_BYTES", apply_limit},
+    {"FERRY_POOL_SENDER_SLOTS", apply_limit},
+    {"FERRY_POOL_GRANT_TIMEOUT_MS", apply_grant_timeout},
     {"FERRY_METRICS_PORT", apply_metrics_port},
     {"FERRY_METRICS_HOST", apply_metrics_host},
     {"MC_TE_METRIC", apply_te_metric},
@@ -382,6 +404,21 @@ static unsigned default_server_threads(void) {
   return n < 2 ? 2 : n > (long)COUNT_MAX ? COUNT_MAX : (unsigned)n;
 }
 
+/* The receive pools' bounds (pool_sender_bytes 0 stays: half of each pool). */
+static ferry_status check_pool_fields(ferry_config *cfg) {
+  if (cfg->pool_sender_slots > LIMIT_MAX)
+    return bad_field("pool_sender_slots", cfg->pool_sender_slots, "1 to 1048576, or 0 for 1024");
+  if (cfg->pool_grant_timeout_ms && (cfg->pool_grant_timeout_ms < POOL_GRANT_TIMEOUT_MIN ||
+                                     cfg->pool_grant_timeout_ms > POOL_GRANT_TIMEOUT_MAX))
+    return bad_field("pool_grant_timeout_ms", cfg->pool_grant_timeout_ms,
+                     "1000 to 86400000 ms, or 0 for 30000");
+  if (!cfg->pool_sender_slots)
+    cfg->pool_sender_slots = POOL_SENDER_SLOTS;
+  if (!cfg->pool_grant_timeout_ms)
+    cfg->pool_grant_timeout_ms = POOL_GRANT_TIMEOUT_MS;
+  return FERRY_OK;
+}
+
 /* Range checks of the fields; zero timeouts and slice size mean "default"
  * (documented in ferry.h) and are resolved here. */
 static ferry_status check_fields(ferry_config *cfg) {
@@ -443,7 +480,7 @@ static ferry_status check_fields(ferry_config *cfg) {
     cfg->server_threads = default_server_threads();
   if (cfg->fabric_lanes > FERRY_FABRIC_LANES_MAX) /* 0: resolved by the fabric transport */
     return bad_field("fabric_lanes", cfg->fabric_lanes, "1 to 8, or 0 for the CPU count");
-  return FERRY_OK;
+  return check_pool_fields(cfg);
 }
 
 ferry_status ferry_config_adopt(ferry_config *dst, const ferry_config *src) {

@@ -160,6 +160,19 @@ void ferry_server_fence(ferry_engine *engine, ferry_region *removed, size_t coun
  * server (tcp). `removed` is reordered. */
 void ferry_engine_fence(ferry_engine *engine, ferry_region *removed, size_t count);
 
+/* region_register's flags (transport.h). FERRY_REGISTER_POOL: the regions
+ * are receive pools, whose WRITEs must be checked against the writer's
+ * grants (pool.c): a transport that cannot check them registers the
+ * regions for remote READ only. */
+#define FERRY_REGISTER_POOL 0x1u
+/* A receive pool's memory: *addr (length bytes) registered, or with *addr
+ * NULL new memory as from ferry_memory_alloc, both with
+ * FERRY_REGISTER_POOL. Memory already registered is refused (FERRY_EINVAL):
+ * a pool owns its registration. Undone with ferry_memory_unregister or
+ * ferry_memory_free. */
+ferry_status ferry_engine_pool_memory(ferry_engine *engine, size_t length, void **addr);
+/* registration.c: unmaps every allocation still held (destroy). */
+void ferry_memory_free_all(ferry_engine *engine);
 /* The key sections of a region table: one per transport in use that keys
  * its regions (region_keys hooks), keys[i].data malloc'd (free them).
  * *sections gets their number. */

@@ -720,22 +720,55 @@ static int rail_usable(const ferry_peer *p, unsigned r, uint64_t now) {
 
 /* The transport that carries data now (the preferred one unless all its
  * rails are out of use); with the lock. */
-static const ferry_transport *carrier_locked(const ferry_peer *p) {
+static const ferry_transport *carrier_locked(const ferry_peer *p, unsigned excluded) {
   const ferry_transport *t =
-      p->rail_count < 2 ? NULL : ferry_rails_carrier(p->rails, p->rail_count, ferry_now_ns());
+      p->rail_count < 2 ? NULL
+                        : ferry_rails_carrier(p->rails, p->rail_count, ferry_now_ns(), excluded);
   return t ? t : p->transport;
 }
 
-/* An idle channel on `rail` (-1: on any usable rail of the carrier);
- * closes the retired and dead ones it meets. */
-static ferry_channel *take_idle(ferry_peer *p, int rail) {
+/* The rails a batch may not use (rail_choice.h): for a pool message's
+ * (pool_writes), those of a transport whose target does not check WRITEs
+ * into a pool against the writer's grants. */
+static unsigned excluded_rails(const ferry_peer *p, int pool_writes) {
+  unsigned excluded = 0;
+  for (unsigned r = 0; pool_writes && r < p->rail_count; r++)
+    if (!p->rails[r].transport->pool_writes_bounded)
+      excluded |= 1u << r;
+  return excluded;
+}
+
+ferry_status ferry_peer_pool_transport(ferry_peer *p, const ferry_transport **out) {
+  pthread_mutex_lock(&p->lock);
+  unsigned excluded = excluded_rails(p, 1);
+  const ferry_transport *t =
+      p->rail_count < 2 ? *out
+                        : ferry_rails_carrier(p->rails, p->rail_count, ferry_now_ns(), excluded);
+  for (unsigned r = 0; !t && r < p->rail_count; r++) /* all out of use: checkout tries them */
+    t = excluded & 1u << r ? NULL : p->rails[r].transport;
+  pthread_mutex_unlock(&p->lock);
+  if (t && t->pool_writes_bounded) {
+    *out = t;
+    return FERRY_OK;
+  }
+  return ferry_fail(FERRY_ETRANSPORT,
+                    "send to a pool of %s: no transport between the two engines checks WRITEs "
+                    "into a pool against the sender's grants (%s does not: its WRITEs are "
+                    "one-sided); enable tcp or shm on both",
+                    p->address, t ? t->name : "none");
+}
+
+/* An idle channel on `rail` (-1: on any usable rail of the carrier, none
+ * of those excluded); closes the retired and dead ones it meets. */
+static ferry_channel *take_idle(ferry_peer *p, int rail, unsigned excluded) {
   uint64_t now = ferry_now_ns();
-  const ferry_transport *carrier = carrier_locked(p);
+  const ferry_transport *carrier = carrier_locked(p, excluded);
   for (ferry_channel **pp = &p->idle; *pp;) {
     ferry_channel *ch = *pp;
     int wanted = p->rail_count < 2 ||
                  (rail >= 0 ? ch->rail == (unsigned)rail
-                            : rail_usable(p, ch->rail, now) && ch->transport == carrier);
+                            : rail_usable(p, ch->rail, now) && !(excluded & 1u << ch->rail) &&
+                                  ch->transport == carrier);
     if (channel_current(p, ch) && !wanted) {
       pp = &ch->next_idle;
       continue;
@@ -751,10 +784,10 @@ static ferry_channel *take_idle(ferry_peer *p, int rail) {
 
 /* The rail of the next checkout (rail_choice.h); -1 when every rail is
  * out of use. */
-static int pick_rail_locked(ferry_peer *p) {
+static int pick_rail_locked(ferry_peer *p, unsigned excluded) {
   if (p->rail_count < 2)
     return 0;
-  return ferry_rails_pick(p->rails, p->rail_count, &p->next_rail, ferry_now_ns());
+  return ferry_rails_pick(p->rails, p->rail_count, &p->next_rail, ferry_now_ns(), excluded);
 }
 
 /* Takes rail r out of use with the error detail as its cause. */
@@ -770,7 +803,7 @@ static void rail_down_locked(ferry_peer *p, unsigned r) {
   unsigned up = 0;
   for (unsigned i = 0; i < p->rail_count; i++)
     up += p->rails[i].down_until_ns == 0;
-  const ferry_transport *carrier = ferry_rails_carrier(p->rails, p->rail_count, ferry_now_ns());
+  const ferry_transport *carrier = ferry_rails_carrier(p->rails, p->rail_count, ferry_now_ns(), 0);
   FERRY_WARN("peer %s: rail %u (%s) is down: %s; %u of %u rails left%s%s, it is tried again in "
              "%llu s",
              p->address, r, rail->label, rail->cause, up, p->rail_count,
@@ -791,15 +824,18 @@ static ferry_status rails_all_down(ferry_peer *p, ferry_status st) {
 
 static int link_failure(ferry_status st) { return st == FERRY_ESOCKET || st == FERRY_ETIMEDOUT; }
 
-ferry_rails_left ferry_peer_rail_failed(ferry_peer *p, ferry_channel *ch) {
+ferry_rails_left ferry_peer_rail_failed(ferry_peer *p, const ferry_batch *b, ferry_channel *ch) {
   pthread_mutex_lock(&p->lock);
   ferry_rails_left left = FERRY_RAILS_NONE;
+  unsigned excluded = excluded_rails(p, b->pool_writes);
   if (p->rail_count >= 2 && !ferry_engine_closing(p->engine)) {
     if (ch->rail_generation == p->rails[ch->rail].generation) /* first to see it */
       rail_down_locked(p, ch->rail);
-    left = ferry_rails_other_usable(p->rails, p->rail_count, ch->rail, ferry_now_ns())
-               ? FERRY_RAILS_OTHER
-               : FERRY_RAILS_ALL_DOWN;
+    /* A batch left one rail (the others excluded) is as on a peer with one. */
+    if (p->rail_count - (unsigned)__builtin_popcount(excluded) >= 2)
+      left = ferry_rails_other_usable(p->rails, p->rail_count, ch->rail, ferry_now_ns(), excluded)
+                 ? FERRY_RAILS_OTHER
+                 : FERRY_RAILS_ALL_DOWN;
     if (left == FERRY_RAILS_ALL_DOWN)
       rails_all_down(p, FERRY_ESOCKET); /* the detail the batch fails with */
   }
@@ -812,7 +848,7 @@ int ferry_peer_can_fail_over(ferry_peer *p, ferry_channel *ch) {
     return 0; /* the common peer: no lock taken per drive */
   pthread_mutex_lock(&p->lock);
   int other = p->rail_count >= 2 && !ferry_engine_closing(p->engine) &&
-              ferry_rails_other_usable(p->rails, p->rail_count, ch->rail, ferry_now_ns());
+              ferry_rails_other_usable(p->rails, p->rail_count, ch->rail, ferry_now_ns(), 0);
   pthread_mutex_unlock(&p->lock);
   return other;
 }
@@ -948,7 +984,8 @@ static void sweep_idle_connections(ferry_engine *e) {
 /* With every rail out of use, the first one this checkout has not tried:
  * a call after an outage of every rail (or transport) tries them again at
  * once instead of failing until a back-off ends (promise 3: the next call
- * works). -1 when it tried them all. */
+ * works). -1 when it tried them all (tried: those, and those the batch
+ * may not use). */
 static int untried_rail(const ferry_peer *p, unsigned tried) {
   for (unsigned r = 0; r < p->rail_count; r++)
     if (!(tried & 1u << r))
@@ -975,14 +1012,15 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
       st = FERRY_ENOTFOUND;
       break;
     }
-    int rail = pick_rail_locked(p);
+    unsigned excluded = excluded_rails(p, b->pool_writes);
+    int rail = pick_rail_locked(p, excluded);
     if (rail < 0)
-      rail = untried_rail(p, tried);
+      rail = untried_rail(p, tried | excluded);
     if (rail < 0) {
       st = rails_all_down(p, lost);
       break;
     }
-    if ((*out = take_idle(p, rail)) != NULL)
+    if ((*out = take_idle(p, rail, excluded)) != NULL)
       break;
     if (p->open_channels < p->engine->cfg.tcp_connections || make_room_locked(p, (unsigned)rail)) {
       st = open_on_rail(p, b, rail, out);
@@ -996,7 +1034,7 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
       }
       break;
     }
-    if ((*out = take_idle(p, -1)) != NULL)
+    if ((*out = take_idle(p, -1, excluded)) != NULL)
       break;
     struct timespec until = ferry_timespec(b->deadline_ns);
     if (pthread_cond_timedwait(&p->cond, &p->lock, &until) == ETIMEDOUT) {
@@ -1128,7 +1166,7 @@ static ferry_status peer_transport(ferry_engine *e, const char *target, unsigned
     st = ferry_peer_ensure(p, connect_deadline(e), &chosen, &instance);
   if (!st) {
     pthread_mutex_lock(&p->lock);
-    *transport = (p->transport ? carrier_locked(p) : chosen)->id;
+    *transport = (p->transport ? carrier_locked(p, 0) : chosen)->id;
     pthread_mutex_unlock(&p->lock);
   }
   return st;

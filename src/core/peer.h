@@ -110,11 +110,19 @@ typedef enum ferry_rails_left {
   FERRY_RAILS_OTHER,    /* another rail is up and can take it */
   FERRY_RAILS_ALL_DOWN, /* this was the last rail up: every one is out of use */
 } ferry_rails_left;
-/* A chunk on channel's rail failed because the link did (already in the
- * error detail): takes the rail out of use (one WARN) and says where the
- * chunk may go; with several rails and none left up, the error detail
- * becomes every rail's cause. */
-ferry_rails_left ferry_peer_rail_failed(ferry_peer *peer, struct ferry_channel *channel);
+/* A chunk of batch on channel's rail failed because the link did (already
+ * in the error detail): takes the rail out of use (one WARN) and says where
+ * the chunk may go (a rail the batch may use); with several rails and none
+ * left up, the error detail becomes every rail's cause. */
+ferry_rails_left ferry_peer_rail_failed(ferry_peer *peer, const ferry_batch *batch,
+                                        struct ferry_channel *channel);
+/* For a pool message's batch (pool_writes): *out (in: the transport
+ * ferry_peer_ensure_for chose) becomes the one to carry it, the first
+ * usable one toward the peer whose target checks WRITEs into a pool
+ * against the writer's grants (pool_writes_bounded, transport.h); checkout
+ * then uses only such rails. FERRY_ETRANSPORT naming the transport when
+ * none reaches the peer. */
+ferry_status ferry_peer_pool_transport(ferry_peer *peer, const struct ferry_transport **out);
 /* Nonzero when another rail (of this transport or a standby one) is usable
  * now, so chunks lost on channel's rail could move there: a transport then
  * gives up a silent link after the engine's stall bound (stall_ms) instead

@@ -38,14 +38,16 @@ void ferry_pools_landed_wake(ferry_engine *engine);
 /* The pools' part of a stats snapshot (ferry.h: pool_*). */
 void ferry_pools_stats(ferry_engine *engine, ferry_stats *out);
 /* A WRITE of segs by peer: FERRY_OK unless one touches a pool outside a
- * slot granted to that peer and not landed yet (then reason says why). On
- * FERRY_OK the slots count the WRITE as in flight, and hold back LANDED, until
- * ferry_pools_writes_done: a slot is writable by its sender only until it
- * landed. One atomic load when the engine has no pool. */
+ * slot granted to that peer, not expired and not landed yet (then reason
+ * says why). On FERRY_OK the slots count the WRITE as in flight, and hold
+ * back LANDED, until ferry_pools_writes_done: a slot is writable by its
+ * sender only until it landed. One atomic load when the engine has no pool. */
 ferry_status ferry_pools_check_writes(ferry_engine *engine, uint64_t peer, const ferry_region *segs,
                                       uint32_t count, char *reason, size_t size);
 /* The WRITE checked by ferry_pools_check_writes moves no more bytes;
- * landed: all of them arrived (and passed the checksum). */
+ * landed: all of them arrived (and passed the checksum), so they count as
+ * written under the grant (a message is delivered only once every byte of
+ * it was). */
 void ferry_pools_writes_done(ferry_engine *engine, uint64_t peer, const ferry_region *segs,
                              uint32_t count, int landed);
 /* A connection of peer began (the server's control connections, and a
@@ -55,5 +57,11 @@ void ferry_pools_writes_done(ferry_engine *engine, uint64_t peer, const ferry_re
  * the transports' peer_gone takes. */
 void ferry_pools_peer_joined(ferry_engine *engine, uint64_t peer);
 void ferry_pools_peer_left(ferry_engine *engine, uint64_t peer);
+/* peer, which just joined, writes into pools without WRITEs the target
+ * sees (shm: it maps them and copies itself): until all its connections
+ * ended, its LANDED notices are served without checking that its WRITEs
+ * covered the message. Only for a sender the kernel shows to be the same
+ * user (shm_service.c), who can write that memory anyway. */
+void ferry_pools_peer_copies(ferry_engine *engine, uint64_t peer);
 
 #endif

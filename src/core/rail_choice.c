@@ -12,19 +12,24 @@ int ferry_rail_usable(const ferry_peer_rail *rail, uint64_t now) {
   return rail->down_until_ns <= now;
 }
 
+static int usable_here(const ferry_peer_rail *rails, unsigned r, uint64_t now, unsigned excluded) {
+  return !(excluded & 1u << r) && ferry_rail_usable(&rails[r], now);
+}
+
 const struct ferry_transport *ferry_rails_carrier(const ferry_peer_rail *rails, unsigned count,
-                                                  uint64_t now) {
+                                                  uint64_t now, unsigned excluded) {
   for (unsigned r = 0; r < count; r++)
-    if (ferry_rail_usable(&rails[r], now))
+    if (usable_here(rails, r, now, excluded))
       return rails[r].transport;
   return NULL;
 }
 
-int ferry_rails_pick(const ferry_peer_rail *rails, unsigned count, unsigned *next, uint64_t now) {
-  const struct ferry_transport *carrier = ferry_rails_carrier(rails, count, now);
+int ferry_rails_pick(const ferry_peer_rail *rails, unsigned count, unsigned *next, uint64_t now,
+                     unsigned excluded) {
+  const struct ferry_transport *carrier = ferry_rails_carrier(rails, count, now, excluded);
   for (unsigned k = 0; carrier && k < count; k++) {
     unsigned r = (*next + k) % count;
-    if (rails[r].transport == carrier && ferry_rail_usable(&rails[r], now)) {
+    if (rails[r].transport == carrier && usable_here(rails, r, now, excluded)) {
       *next = r + 1;
       return (int)r;
     }
@@ -33,9 +38,9 @@ int ferry_rails_pick(const ferry_peer_rail *rails, unsigned count, unsigned *nex
 }
 
 int ferry_rails_other_usable(const ferry_peer_rail *rails, unsigned count, unsigned rail,
-                             uint64_t now) {
+                             uint64_t now, unsigned excluded) {
   for (unsigned r = 0; r < count; r++)
-    if (r != rail && ferry_rail_usable(&rails[r], now))
+    if (r != rail && usable_here(rails, r, now, excluded))
       return 1;
   return 0;
 }

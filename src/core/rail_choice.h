@@ -32,17 +32,21 @@ typedef struct ferry_peer_rail {
 
 /* A rail a channel may use at now: up, or down past its back-off. */
 int ferry_rail_usable(const ferry_peer_rail *rail, uint64_t now);
+/* In each call below, `excluded` has bit r set for a rail r the batch
+ * must not use (a pool message's WRITEs avoid transports whose target
+ * cannot check them, pool.c); those rails count as out of use. */
 /* The transport that carries data at now: that of the first usable rail;
  * NULL when every rail is out of use. */
 const struct ferry_transport *ferry_rails_carrier(const ferry_peer_rail *rails, unsigned count,
-                                                  uint64_t now);
+                                                  uint64_t now, unsigned excluded);
 /* The rail of the next checkout: the next usable rail of the carrier in
  * turn from *next (advanced past it); -1 when every rail is out of use. */
-int ferry_rails_pick(const ferry_peer_rail *rails, unsigned count, unsigned *next, uint64_t now);
+int ferry_rails_pick(const ferry_peer_rail *rails, unsigned count, unsigned *next, uint64_t now,
+                     unsigned excluded);
 /* Nonzero when a rail other than `rail` is usable at now (any transport's):
  * a chunk lost on `rail` has somewhere to go. */
 int ferry_rails_other_usable(const ferry_peer_rail *rails, unsigned count, unsigned rail,
-                             uint64_t now);
+                             uint64_t now, unsigned excluded);
 /* How many of the rails belong to transport. */
 unsigned ferry_rails_of(const ferry_peer_rail *rails, unsigned count,
                         const struct ferry_transport *transport);

@@ -145,6 +145,13 @@ struct ferry_transport {
    * transport (not a standby's, batch.c). Zero: the batch sends the message on the
    * control connection after the data (one more round trip). */
   int carries_after;
+  /* Nonzero when a WRITE over this transport into a receive pool reaches
+   * only the writer's own live grant: its target checks each one (tcp:
+   * ferry_pools_check_writes), or serves only the same user, who can write
+   * that memory anyway (shm). A pool message's WRITEs go only over such a
+   * transport (ferry_peer_pool_transport), and a transport without it
+   * registers pools for remote READ only (FERRY_REGISTER_POOL). */
+  int pool_writes_bounded;
   /* Optional (NULL: none). Posts a batch's after-landed message to the
    * target incarnation `instance` on the transport's own path, called by
    * the batch once every chunk completed (all bytes in the target's
@@ -202,8 +209,11 @@ struct ferry_transport {
    * registry shows them to peers, so a peer never sees a region without its
    * key. All or nothing: on failure none of `regions` stays registered with
    * this transport. Registrations are serialized by the engine. A range may
-   * come twice in one call: the second is a no-op. */
-  ferry_status (*region_register)(ferry_engine *engine, const ferry_region *regions, size_t count);
+   * come twice in one call: the second is a no-op. flags: FERRY_REGISTER_POOL
+   * (engine.h): receive pools, which a transport without
+   * pool_writes_bounded opens to remote READ only. */
+  ferry_status (*region_register)(ferry_engine *engine, const ferry_region *regions, size_t count,
+                                  unsigned flags);
   /* Runs after ferry_engine_fence for the regions removed: nothing touches
    * them any more (RDMA: close the memory registration only now). Ignores a
    * region it does not hold. */

@@ -2,16 +2,20 @@
  * through slots it grants them, and the messages that land there.
  *
  * A send is a grant (a slot of the pool, reserved for one sender), then the
- * data WRITE into it (the engine's own path, any transport) with a LANDED
+ * data WRITE into it (the engine's own path, over a transport whose WRITEs
+ * into a pool are bounded by grants: see "Transports" below) with a LANDED
  * notice as the batch's after-landed message (batch.h): on tcp it rides on
  * the last WRITE frame, elsewhere it follows on the control connection
  * once every byte was acknowledged. The message is queued for ferry_recv
- * only when its notice came and no byte of it is still moving: the target
- * counts every WRITE into a slot (tcp), holds an in-band notice whose other
- * frames are still on their way (PENDING), and refuses WRITEs into a slot
- * that landed. The reply to LANDED carries a pre-grant for the sender's
- * next message of the same size while the pool has room for it and one
- * more, so a steady sender pays the WRITE and its ack only.
+ * only when its notice came and every byte of it was written under the
+ * grant with none still moving: the target records the spans every WRITE
+ * into a slot landed (tcp), holds an in-band notice whose other frames are
+ * still on their way (PENDING), refuses a notice whose message has bytes
+ * no WRITE covered (they would deliver what an earlier message left there),
+ * and refuses WRITEs into a slot that landed. The reply to LANDED carries
+ * a pre-grant for the sender's next message of the same size while the
+ * pool has room for it and one more, so a steady sender pays the WRITE and
+ * its ack only.
  *
  * A transport may post the notice on its own path instead (post_after,
  * transport.h: shm's ring in shared memory) once every byte is in place;
@@ -26,7 +30,20 @@
  * holds none; once as many as it keeps are asked for, a sender holding
  * none sleeps until they come instead (credit_wait). The transport also names the epoch its credits
  * are valid in; cached ones of another epoch (the target took the sender's slots back, or the link
- * that carried them ended) are only given back.
+ * that carried them ended) are only given back. An shm sender copies into the pool itself, so its
+ * bytes are never seen landing: its messages (posted, or noticed on the control connection while
+ * it holds a link, ferry_pools_peer_copies) are delivered without the coverage check. shm serves
+ * only the same user, who can write that memory anyway.
+ *
+ * Bounds per sender (a sender is the engine id its handshake claims): in
+ * each pool it holds at most pool_sender_bytes (default half the pool) and
+ * pool_sender_slots grants not landed yet, so one sender that takes its
+ * share and stalls leaves the rest to the others; and a grant no WRITE
+ * or LANDED touched for pool_grant_timeout_ms expires. Expired grants go
+ * back lazily, when a grant request finds no room (or, waiting for room,
+ * when the oldest one is due): their senders' credits are voided first
+ * (the transports' peer_gone), then the slots are freed; a WRITE or LANDED
+ * into an expired grant is refused from the moment it expired.
  *
  * Slots are reclaimed when the receiver releases them, and, for slots not
  * landed yet, when every connection of their sender ended (the sender died
@@ -36,7 +53,21 @@
  * notices on its link while its control connections idle out, and its
  * slots must outlive those. A sender trusts a pre-grant for
  * PREGRANT_FRESH_NS only, far below a receiver's idle_timeout_ms, so it
- * never writes into a slot voided by its connections idling out. */
+ * never writes into a slot voided by its connections idling out.
+ *
+ * Lookups (slots.h): slots by id in a hash, by offset in a treap that also
+ * finds the first gap that fits, each sender's grants on a list of its
+ * own, landed messages on a list in landing order and on their tag's
+ * bucket; a slot's tag and sender name are allocated to their size at
+ * LANDED. No operation walks every slot of a pool.
+ *
+ * Transports: a WRITE into a pool must be checked against the writer's
+ * grants by the target, and only tcp's target sees each one (server.c
+ * calls ferry_pools_check_writes); shm serves the same user only. The
+ * fabric transport's one-sided WRITEs pass no such check, so a pool is
+ * registered with it for remote READ only (FERRY_REGISTER_POOL) and the
+ * WRITEs of a send go over tcp or shm (batch.c pins them to a transport
+ * with pool_writes_bounded). */
 #include "core/pool.h"
 
 #include <errno.h>
@@ -53,6 +84,7 @@
 #include "core/batch.h"
 #include "core/peer.h"
 #include "core/transport.h"
+#include "pool/slots.h"
 
 #define SLOT_ALIGN 64
 #define PREGRANT_FRESH_NS (5000ull * 1000 * 1000)
@@ -68,23 +100,42 @@
 #define CREDITS_MAX 32
 #define CREDIT_BYTES (4ull << 20)
 #define CREDITS_PER_TAKE CREDITS_MAX
+#define TAG_BUCKETS 64  /* landed messages by tag, per pool */
+#define EXPIRED_KEPT 64 /* ids of expired grants a pool remembers, to say so to a late LANDED */
+#define EXPIRE_PEERS 16 /* senders whose credits one sweep of expired grants voids */
+#define WRITTEN_SPANS                                                                              \
+  256 /* separate spans a slot's WRITEs may leave (an honest sender's are few) */
 
 /* PENDING: its LANDED notice came in-band with one of several WRITE frames
  * (tcp) while the others still moved; queued once all its bytes landed. */
 typedef enum slot_state { SLOT_GRANTED, SLOT_PENDING, SLOT_QUEUED, SLOT_TAKEN } slot_state;
 
 typedef struct slot {
-  uint64_t id, peer, offset, length;
+  ferry_extent where; /* offset and length in the pool */
+  ferry_hnode by_id;  /* key: the slot id */
+  uint64_t peer;
   slot_state state;
-  unsigned writers;          /* WRITEs into it still moving bytes (tcp) */
-  uint64_t inflight, filled; /* their bytes; bytes of WRITEs that landed whole */
-  int inband;                /* its LANDED notice came without a control round trip */
-  uint64_t landed, seq;      /* message length, order of landing */
-  uint8_t tag[FERRY_TAG_MAX];
+  unsigned writers;       /* WRITEs into it still moving bytes (tcp) */
+  int inband;             /* its LANDED notice came without a control round trip */
+  int spans_lost;         /* its WRITEs left more than WRITTEN_SPANS spans: it never completes */
+  uint64_t active_ns;     /* granted, or a WRITE or LANDED into it: its expiry counts from there */
+  uint64_t landed, seq;   /* message length, order of landing */
+  ferry_coverage written; /* granted: the spans its WRITEs landed (tcp) */
+  uint8_t *meta;          /* from LANDED: the tag, then the sender's name with its NUL */
   size_t tag_len;
-  char sender[FERRY_TAG_MAX + 1];
-  struct slot *next; /* sorted by offset */
+  /* Granted: by_age in the pool's idle grants (out while writers), by_owner
+   * in its sender's grants. Queued: by_age in the pool's messages, by_owner
+   * in its tag's bucket. */
+  ferry_link by_age, by_owner;
 } slot;
+
+/* A sender's grants in one pool (those not landed yet). */
+typedef struct pool_sender {
+  ferry_hnode by_peer; /* key: its engine id */
+  uint64_t bytes;
+  unsigned slots;
+  ferry_link grants;
+} pool_sender;
 
 struct ferry_pool {
   ferry_engine *engine;
@@ -92,7 +143,15 @@ struct ferry_pool {
   uint8_t *base;
   size_t length, used;
   int allocated; /* base came from ferry_memory_alloc */
-  slot *slots;
+  ferry_extents extents;
+  ferry_table ids, senders;
+  ferry_link idle;     /* granted slots no WRITE moves into, least recently active first */
+  ferry_link messages; /* queued, in landing order */
+  ferry_link tags[TAG_BUCKETS];
+  uint64_t tag_seed;
+  uint64_t granted; /* bytes of slots granted and not landed */
+  uint64_t expired[EXPIRED_KEPT];
+  unsigned expired_next;
   size_t queued; /* slots in SLOT_QUEUED */
   int efd;       /* readable while queued > 0 */
   int dead;      /* destroy began */
@@ -130,6 +189,7 @@ typedef struct route {
 typedef struct sender_conns {
   uint64_t peer;
   unsigned count;
+  int copies; /* one of them writes into pools unseen (ferry_pools_peer_copies) */
 } sender_conns;
 
 struct ferry_pools {
@@ -167,16 +227,26 @@ void ferry_pools_wake(ferry_engine *e) {
   pthread_mutex_unlock(&e->pools->lock);
 }
 
-static void free_slots(slot *s) {
-  while (s) {
-    slot *next = s->next;
-    free(s);
-    s = next;
-  }
+static void free_slot(ferry_hnode *n) {
+  slot *s = FERRY_CONTAINER(n, slot, by_id);
+  ferry_coverage_free(&s->written);
+  free(s->meta);
+  free(s);
+}
+
+static void free_sender(ferry_hnode *n) { free(FERRY_CONTAINER(n, pool_sender, by_peer)); }
+
+/* A sender's record in p goes with its last grant there. */
+static void sender_forget_if_idle(ferry_pool *p, pool_sender *ps) {
+  if (ps->slots)
+    return;
+  ferry_table_remove(&p->senders, &ps->by_peer);
+  free_sender(&ps->by_peer);
 }
 
 static void free_pool(ferry_pool *p) {
-  free_slots(p->slots);
+  ferry_table_clear(&p->ids, free_slot);
+  ferry_table_clear(&p->senders, free_sender);
   close(p->efd);
   pthread_cond_destroy(&p->cond);
   free(p);
@@ -213,46 +283,134 @@ static ferry_pool *find_pool(ferry_pools *ps, const char *name, size_t len) {
 }
 
 static slot *find_slot(ferry_pool *p, uint64_t id) {
-  for (slot *s = p->slots; s; s = s->next)
-    if (s->id == id)
-      return s;
-  return NULL;
+  ferry_hnode *n = ferry_table_find(&p->ids, id);
+  return n ? FERRY_CONTAINER(n, slot, by_id) : NULL;
 }
 
-/* First fit: a new slot of length bytes for peer, or NULL when no gap fits. */
-static slot *carve(ferry_pools *ps, ferry_pool *p, uint64_t peer, uint64_t length) {
-  uint64_t need = (length + SLOT_ALIGN - 1) & ~(uint64_t)(SLOT_ALIGN - 1), at = 0;
-  slot **pp = &p->slots;
-  for (; *pp; pp = &(*pp)->next) {
-    if ((*pp)->offset - at >= need)
-      break;
-    at = (*pp)->offset + (*pp)->length;
-  }
-  if (!*pp && p->length - at < need)
+/* The slot holding pool offset `at`, or NULL. */
+static slot *slot_at(ferry_pool *p, uint64_t at) {
+  ferry_extent *x = ferry_extents_at(&p->extents, at);
+  return x ? FERRY_CONTAINER(x, slot, where) : NULL;
+}
+
+static pool_sender *sender_in(ferry_pool *p, uint64_t peer) {
+  ferry_hnode *n = ferry_table_find(&p->senders, peer);
+  return n ? FERRY_CONTAINER(n, pool_sender, by_peer) : NULL;
+}
+
+static int granted(const slot *s) { return s->state == SLOT_GRANTED || s->state == SLOT_PENDING; }
+
+static uint64_t grant_bound_ns(const ferry_engine *e) {
+  return (uint64_t)e->cfg.pool_grant_timeout_ms * 1000000ull;
+}
+
+/* A grant nothing touched for pool_grant_timeout_ms: void from then on.
+ * now may be older than the last touch (read before the lock, or before
+ * it was let go meanwhile): such a grant is fresh. */
+static int expired(const ferry_engine *e, const slot *s, uint64_t now) {
+  return granted(s) && !s->writers && now > s->active_ns && now - s->active_ns >= grant_bound_ns(e);
+}
+
+/* The bytes one sender may hold granted in p: pool_sender_bytes, or half
+ * the pool (at least one slot). */
+static uint64_t sender_bytes_most(const ferry_engine *e, const ferry_pool *p) {
+  uint64_t most = e->cfg.pool_sender_bytes ? e->cfg.pool_sender_bytes : p->length / 2;
+  most = most < p->length ? most : p->length;
+  return most > SLOT_ALIGN ? most : SLOT_ALIGN;
+}
+
+static uint64_t slot_size(uint64_t length) {
+  return (length + SLOT_ALIGN - 1) & ~(uint64_t)(SLOT_ALIGN - 1);
+}
+
+/* The sender's record in p, made on its first grant; NULL: no memory. */
+static pool_sender *sender_add(ferry_pool *p, uint64_t peer) {
+  pool_sender *ps = calloc(1, sizeof *ps);
+  if (!ps)
     return NULL;
-  slot *s = calloc(1, sizeof *s);
+  ps->by_peer.key = peer;
+  ferry_link_init(&ps->grants);
+  if (ferry_table_add(&p->senders, &ps->by_peer)) {
+    free(ps);
+    return NULL;
+  }
+  return ps;
+}
+
+/* First fit: a new slot of length bytes for peer; NULL when no gap fits,
+ * or (*over_quota set) when peer holds its share of p already. */
+static slot *carve(ferry_engine *e, ferry_pool *p, uint64_t peer, uint64_t length,
+                   int *over_quota) {
+  uint64_t need = slot_size(length);
+  pool_sender *ps = sender_in(p, peer);
+  *over_quota = (ps ? ps->bytes : 0) + need > sender_bytes_most(e, p) ||
+                (ps && ps->slots >= e->cfg.pool_sender_slots);
+  uint64_t at = *over_quota ? FERRY_NO_FIT : ferry_extents_fit(&p->extents, need);
+  slot *s = at == FERRY_NO_FIT ? NULL : calloc(1, sizeof *s);
+  if (s && !ps && !(ps = sender_add(p, peer))) {
+    free(s);
+    return NULL;
+  }
   if (!s)
     return NULL;
-  *s = (slot){.id = ps->next_id++, .peer = peer, .offset = at, .length = need, .next = *pp};
-  *pp = s;
+  s->by_id.key = e->pools->next_id++;
+  if (ferry_table_add(&p->ids, &s->by_id)) {
+    sender_forget_if_idle(p, ps);
+    free(s);
+    return NULL;
+  }
+  s->where.offset = at;
+  s->where.length = need;
+  ferry_extents_insert(&p->extents, &s->where);
+  s->peer = peer;
+  s->state = SLOT_GRANTED;
+  s->active_ns = ferry_now_ns();
+  ferry_link_append(&p->idle, &s->by_age);
+  ferry_link_append(&ps->grants, &s->by_owner);
+  ps->bytes += need;
+  ps->slots++;
   p->used += need;
+  p->granted += need;
   return s;
 }
 
-static void drop_slot(ferry_pool *p, slot *gone) {
-  for (slot **pp = &p->slots; *pp; pp = &(*pp)->next) {
-    if (*pp == gone) {
-      *pp = gone->next;
-      p->used -= gone->length;
-      free(gone);
-      pthread_cond_broadcast(&p->cond);
-      return;
-    }
+/* s is no longer a grant (its message landed, or it goes back): its
+ * sender's share shrinks. */
+static void end_grant(ferry_pool *p, slot *s) {
+  pool_sender *ps = sender_in(p, s->peer);
+  ferry_link_remove(&s->by_age);
+  ferry_link_remove(&s->by_owner);
+  ferry_coverage_free(&s->written);
+  p->granted -= s->where.length;
+  if (ps) {
+    ps->bytes -= s->where.length;
+    ps->slots--;
+    sender_forget_if_idle(p, ps);
   }
 }
 
-/* A sender's name into a field of size bytes (cut to fit): once per
- * message each way, so no snprintf. */
+/* A granted or taken slot goes back to the pool's room. */
+static void drop_slot(ferry_pool *p, slot *gone) {
+  if (granted(gone))
+    end_grant(p, gone);
+  ferry_extents_remove(&p->extents, &gone->where);
+  ferry_table_remove(&p->ids, &gone->by_id);
+  p->used -= gone->where.length;
+  free_slot(&gone->by_id);
+  pthread_cond_broadcast(&p->cond);
+}
+
+/* Something happened in s (a WRITE began or ended, LANDED came): its
+ * expiry starts over, at the young end of the idle grants. */
+static void touch(ferry_pool *p, slot *s) {
+  s->active_ns = ferry_now_ns();
+  ferry_link_remove(&s->by_age);
+  if (!s->writers)
+    ferry_link_append(&p->idle, &s->by_age);
+}
+
+/* A name into a field of size bytes (cut to fit): once per message each
+ * way, so no snprintf. */
 static void copy_name(char *to, size_t size, const char *name) {
   size_t n = strnlen(name, size - 1);
   memcpy(to, name, n);
@@ -260,8 +418,8 @@ static void copy_name(char *to, size_t size, const char *name) {
 }
 
 static void grant_of(ferry_engine *e, ferry_pool *p, const slot *s, ferry_pool_grant *g) {
-  *g = (ferry_pool_grant){e->instance_id, s->id, (uint64_t)(uintptr_t)p->base + s->offset,
-                          s->length};
+  *g = (ferry_pool_grant){e->instance_id, s->by_id.key,
+                          (uint64_t)(uintptr_t)p->base + s->where.offset, s->where.length};
 }
 
 /* The eventfd is readable while messages wait, and each landing (or
@@ -278,29 +436,115 @@ static void set_ready(ferry_pool *p, int ready) {
   (void)n; /* nonblocking: a count already there, or none to take, is the state we want */
 }
 
+/* FNV-1a from a per-pool random basis: a peer cannot aim its tags at one bucket. */
+static ferry_link *tag_bucket(ferry_pool *p, const void *tag, size_t len) {
+  uint64_t h = p->tag_seed;
+  for (size_t i = 0; i < len; i++)
+    h = (h ^ ((const uint8_t *)tag)[i]) * 0x100000001b3ull;
+  return &p->tags[(h >> 32) % TAG_BUCKETS];
+}
+
+/* ---- expiry ------------------------------------------------------------------------- */
+
+static void void_credits(ferry_engine *e, uint64_t peer) {
+  for (size_t i = 0; ferry_transports[i]; i++)
+    if ((e->transports & ferry_transports[i]->id) && ferry_transports[i]->peer_gone)
+      ferry_transports[i]->peer_gone(e, peer);
+}
+
+static int listed(const uint64_t *peers, size_t n, uint64_t peer) {
+  for (size_t i = 0; i < n; i++)
+    if (peers[i] == peer)
+      return 1;
+  return 0;
+}
+
+static slot *oldest_idle(ferry_pool *p) {
+  return ferry_link_alone(&p->idle) ? NULL : FERRY_CONTAINER(p->idle.next, slot, by_age);
+}
+
+/* When p's oldest idle grant expires (UINT64_MAX: it has none). */
+static uint64_t next_expiry(const ferry_engine *e, ferry_pool *p) {
+  slot *s = oldest_idle(p);
+  return s ? s->active_ns + grant_bound_ns(e) : UINT64_MAX;
+}
+
+static int was_expired(const ferry_pool *p, uint64_t id) {
+  for (unsigned i = 0; i < EXPIRED_KEPT; i++)
+    if (p->expired[i] == id)
+      return 1;
+  return 0;
+}
+
+/* Takes p's expired grants back, oldest first: their senders' credits stop
+ * working first (peer_gone, without the lock, which is released meanwhile:
+ * the caller pins p with users), then the slots go. Nonzero when some did. */
+static int expire_grants(ferry_engine *e, ferry_pool *p) {
+  uint64_t peers[EXPIRE_PEERS], now = ferry_now_ns();
+  size_t n = 0;
+  for (ferry_link *l = p->idle.next; l != &p->idle && n < EXPIRE_PEERS; l = l->next) {
+    slot *s = FERRY_CONTAINER(l, slot, by_age);
+    if (!expired(e, s, now))
+      break;
+    if (!listed(peers, n, s->peer))
+      peers[n++] = s->peer;
+  }
+  if (!n)
+    return 0;
+  pthread_mutex_unlock(&e->pools->lock);
+  for (size_t i = 0; i < n; i++)
+    void_credits(e, peers[i]);
+  pthread_mutex_lock(&e->pools->lock);
+  int dropped = 0;
+  for (slot *s; (s = oldest_idle(p)) != NULL && expired(e, s, now) && listed(peers, n, s->peer);) {
+    p->expired[p->expired_next++ % EXPIRED_KEPT] = s->by_id.key;
+    drop_slot(p, s);
+    dropped = 1;
+  }
+  return dropped;
+}
+
 /* ---- serving POOL frames ------------------------------------------------------ */
 
+static ferry_status no_room(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r, uint64_t peer,
+                            const char *peer_name, int over_quota, uint32_t wait_ms) {
+  pool_sender *ps = sender_in(p, peer);
+  if (!over_quota || !ps)
+    return ferry_fail(FERRY_EBUSY,
+                      "pool '%s' of %s is full: %llu bytes asked, %zu of %zu in use, waited %u ms",
+                      p->name, e->name, (unsigned long long)r->length, p->used, p->length, wait_ms);
+  return ferry_fail(FERRY_EBUSY,
+                    "pool '%s' of %s: %s holds %llu bytes in %u grants not landed, and one sender "
+                    "may hold at most %llu bytes (pool_sender_bytes) and %u grants "
+                    "(pool_sender_slots) of it; %llu bytes asked, waited %u ms",
+                    p->name, e->name, peer_name, (unsigned long long)ps->bytes, ps->slots,
+                    (unsigned long long)sender_bytes_most(e, p), e->cfg.pool_sender_slots,
+                    (unsigned long long)r->length, wait_ms);
+}
+
 static ferry_status wait_room(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
-                              uint64_t peer, slot **out) {
+                              uint64_t peer, const char *peer_name, slot **out) {
   uint32_t wait_ms = r->wait_ms < e->cfg.timeout_ms ? r->wait_ms : e->cfg.timeout_ms;
   uint64_t deadline = ferry_now_ns() + wait_ms * 1000000ull;
   p->users++;
   e->pools->waiting++;
   ferry_status st = FERRY_OK;
-  while (!(*out = carve(e->pools, p, peer, r->length))) {
+  for (int over_quota = 0;;) {
     if (p->dead || ferry_engine_closing(e)) {
       st = ferry_fail(FERRY_ECLOSED, "pool '%s' of %s was destroyed while a sender waited for room",
                       p->name, e->name);
       break;
     }
+    if ((*out = carve(e, p, peer, r->length, &over_quota)) != NULL)
+      break;
+    if (expire_grants(e, p))
+      continue;
     if (ferry_now_ns() >= deadline) {
-      st = ferry_fail(FERRY_EBUSY,
-                      "pool '%s' of %s is full: %llu bytes asked, %zu of %zu in use, "
-                      "waited %u ms",
-                      p->name, e->name, (unsigned long long)r->length, p->used, p->length, wait_ms);
+      st = no_room(e, p, r, peer, peer_name, over_quota, wait_ms);
       break;
     }
-    struct timespec until = ferry_timespec(deadline);
+    uint64_t expiry = next_expiry(e, p);
+    struct timespec until = ferry_timespec(expiry < deadline ? expiry : deadline);
     pthread_cond_timedwait(&p->cond, &e->pools->lock, &until);
   }
   e->pools->waiting--;
@@ -310,18 +554,23 @@ static ferry_status wait_room(ferry_engine *e, ferry_pool *p, const ferry_pool_r
 }
 
 static ferry_status serve_grant(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
-                                uint64_t peer, ferry_pool_grant *g) {
+                                uint64_t peer, const char *peer_name, ferry_pool_grant *g) {
   /* Given back: only a slot no message of which landed or still moves. */
   slot *stale = r->grant ? find_slot(p, r->grant) : NULL;
-  if (stale && stale->peer == peer && !stale->writers &&
-      (stale->state == SLOT_GRANTED || stale->state == SLOT_PENDING))
+  if (stale && stale->peer == peer && !stale->writers && granted(stale))
     drop_slot(p, stale);
   if (!r->length || r->length > p->length)
     return ferry_fail(FERRY_EINVAL,
                       "a message of %llu bytes does not fit pool '%s' of %s (%zu bytes)",
                       (unsigned long long)r->length, p->name, e->name, p->length);
+  if (slot_size(r->length) > sender_bytes_most(e, p))
+    return ferry_fail(FERRY_EINVAL,
+                      "a message of %llu bytes is more than one sender may hold in pool '%s' of "
+                      "%s (%llu bytes: pool_sender_bytes, by default half the pool)",
+                      (unsigned long long)r->length, p->name, e->name,
+                      (unsigned long long)sender_bytes_most(e, p));
   slot *s;
-  ferry_status st = wait_room(e, p, r, peer, &s);
+  ferry_status st = wait_room(e, p, r, peer, peer_name, &s);
   if (!st)
     grant_of(e, p, s, g);
   return st;
@@ -329,8 +578,11 @@ static ferry_status serve_grant(ferry_engine *e, ferry_pool *p, const ferry_pool
 
 /* The message in s is final: queued for ferry_recv. */
 static void queue_slot(ferry_pools *ps, ferry_pool *p, slot *s) {
+  end_grant(p, s);
   s->state = SLOT_QUEUED;
   s->seq = ps->next_seq++;
+  ferry_link_append(&p->messages, &s->by_age);
+  ferry_link_append(tag_bucket(p, s->meta, s->tag_len), &s->by_owner);
   ps->landed++;
   ps->inband += s->inband != 0;
   p->queued++;
@@ -350,40 +602,103 @@ static void wake_receivers(ferry_pools *ps) {
     }
 }
 
-/* LANDED: the message is final once no WRITE into the slot still moves
- * bytes. On the control connection the sender had every WRITE acked
- * first, so one still in flight is refused; in-band, the other frames of
- * the message may still be moving: then the slot waits (PENDING) until
- * its bytes all landed, and takes no more bytes than the message has. */
+static int sender_copies(ferry_pools *ps, uint64_t peer);
+
+/* Every byte of s's first length bytes was written under its grant. */
+static int covered(const slot *s, uint64_t length) {
+  uint64_t end;
+  return !s->spans_lost && ferry_coverage_gap(&s->written, length, &end) == length;
+}
+
+static ferry_status not_granted(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
+                                const char *peer_name, int late) {
+  if (late)
+    return ferry_fail(FERRY_ENOTFOUND,
+                      "pool '%s' of %s: the grant of slot %llu to %s expired: no WRITE or LANDED "
+                      "into it for %u ms (pool_grant_timeout_ms)",
+                      p->name, e->name, (unsigned long long)r->grant, peer_name,
+                      e->cfg.pool_grant_timeout_ms);
+  return ferry_fail(FERRY_ENOTFOUND,
+                    "pool '%s' of %s: slot %llu is not granted to %s for %llu bytes "
+                    "(reclaimed, or never given)",
+                    p->name, e->name, (unsigned long long)r->grant, peer_name,
+                    (unsigned long long)r->length);
+}
+
+static ferry_status not_written(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
+                                const slot *s, const char *peer_name) {
+  uint64_t end, gap = ferry_coverage_gap(&s->written, r->length, &end);
+  if (s->spans_lost)
+    return ferry_fail(FERRY_EINVAL,
+                      "pool '%s' of %s: LANDED for slot %llu from %s refused: its WRITEs were "
+                      "scattered into more than %d separate spans",
+                      p->name, e->name, (unsigned long long)r->grant, peer_name, WRITTEN_SPANS);
+  return ferry_fail(FERRY_EINVAL,
+                    "pool '%s' of %s: LANDED for slot %llu from %s refused: bytes %llu to %llu "
+                    "of its %llu-byte message were never written under this grant",
+                    p->name, e->name, (unsigned long long)r->grant, peer_name,
+                    (unsigned long long)gap, (unsigned long long)end,
+                    (unsigned long long)r->length);
+}
+
+/* Tag and sender name, to their size. */
+static int keep_meta(slot *s, const ferry_pool_req *r, const char *peer_name) {
+  size_t name_len = strnlen(peer_name, FERRY_TAG_MAX);
+  uint8_t *meta = malloc(r->tag_len + name_len + 1);
+  if (!meta)
+    return -1;
+  memcpy(meta, r->tag, r->tag_len);
+  memcpy(meta + r->tag_len, peer_name, name_len);
+  meta[r->tag_len + name_len] = 0;
+  free(s->meta);
+  s->meta = meta;
+  s->tag_len = r->tag_len;
+  return 0;
+}
+
+/* LANDED: the message is final once every byte of it was written under
+ * the grant and no WRITE into the slot still moves bytes. On the control
+ * connection the sender had every WRITE acked first, so one still in
+ * flight is refused, and so is a message with bytes no WRITE covered
+ * (unless its sender copies unseen: shm); in-band, the other frames of the
+ * message may still be moving: then the slot waits (PENDING) until its
+ * bytes all landed, and takes no bytes past the message's end. */
 static ferry_status serve_landed(ferry_engine *e, ferry_pool *p, const ferry_pool_req *r,
                                  uint64_t peer, const char *peer_name, int inband,
                                  ferry_pool_grant *g) {
   slot *s = find_slot(p, r->grant);
-  if (!s || s->peer != peer || s->state != SLOT_GRANTED || !r->length || r->length > s->length)
-    return ferry_fail(FERRY_ENOTFOUND,
-                      "pool '%s' of %s: slot %llu is not granted to %s for %llu bytes "
-                      "(reclaimed, or never given)",
-                      p->name, e->name, (unsigned long long)r->grant, peer_name,
-                      (unsigned long long)r->length);
+  /* A sender that copies unseen (shm) may have copied into an expired
+   * grant that is still there: its credits are voided before it goes. */
+  int unseen = inband == FERRY_NOTICE_POSTED ||
+               (inband == FERRY_NOTICE_CONTROL && sender_copies(e->pools, peer));
+  int late = s && s->peer == peer && !unseen && expired(e, s, ferry_now_ns());
+  if (!s || s->peer != peer || s->state != SLOT_GRANTED || !r->length ||
+      r->length > s->where.length || late)
+    return not_granted(e, p, r, peer_name, s ? late : was_expired(p, r->grant));
   int held = inband == FERRY_NOTICE_INBAND; /* its other frames may still be moving */
-  int complete = !s->writers && (!held || s->filled >= r->length);
-  if (!complete && !held)
+  int complete = !s->writers && (unseen || covered(s, r->length));
+  if (!complete && !held && s->writers)
     return ferry_fail(FERRY_EBUSY,
                       "pool '%s' of %s: LANDED for slot %llu from %s while %u WRITE(s) into it "
                       "are still in flight",
                       p->name, e->name, (unsigned long long)r->grant, peer_name, s->writers);
+  if (!complete && !held)
+    return not_written(e, p, r, s, peer_name);
+  if (keep_meta(s, r, peer_name))
+    return ferry_fail(FERRY_ENOMEM, "pool '%s' of %s: no memory for the tag of slot %llu", p->name,
+                      e->name, (unsigned long long)r->grant);
   s->landed = r->length;
   s->inband = inband != FERRY_NOTICE_CONTROL;
-  memcpy(s->tag, r->tag, r->tag_len);
-  s->tag_len = r->tag_len;
-  copy_name(s->sender, sizeof s->sender, peer_name);
-  if (complete)
+  if (complete) {
     queue_slot(e->pools, p, s);
-  else
+  } else {
     s->state = SLOT_PENDING;
+    touch(p, s);
+  }
   /* Room for the next message and one more: a pre-grant never fills the pool. */
-  if ((r->flags & FERRY_POOL_NEXT) && p->length - p->used >= 2 * s->length) {
-    slot *next = carve(e->pools, p, peer, r->length);
+  int over_quota;
+  if ((r->flags & FERRY_POOL_NEXT) && p->length - p->used >= 2 * slot_size(r->length)) {
+    slot *next = carve(e, p, peer, r->length, &over_quota);
     if (next)
       grant_of(e, p, next, g);
   }
@@ -406,7 +721,7 @@ ferry_status ferry_pools_serve(ferry_engine *e, uint64_t peer, const char *peer_
     st = ferry_fail(FERRY_EPROTO, "pool '%s' of %s: %s posted a grant request", p->name, e->name,
                     peer_name);
   else if (r.op == FERRY_POOL_GRANT)
-    st = serve_grant(e, p, &r, peer, &g);
+    st = serve_grant(e, p, &r, peer, peer_name, &g);
   else
     st = serve_landed(e, p, &r, peer, peer_name, inband, &g);
   if (inband != FERRY_NOTICE_POSTED)
@@ -422,9 +737,7 @@ void ferry_pools_stats(ferry_engine *e, ferry_stats *out) {
   out->pool_landed_inband = e->pools->inband;
   out->pool_senders_waiting = e->pools->waiting;
   for (ferry_pool *p = e->pools->list; p; p = p->next)
-    for (slot *s = p->slots; s; s = s->next)
-      out->pool_bytes_granted +=
-          s->state == SLOT_GRANTED || s->state == SLOT_PENDING ? s->length : 0;
+    out->pool_bytes_granted += p->granted;
   pthread_mutex_unlock(&e->pools->lock);
 }
 
@@ -438,43 +751,40 @@ static ferry_pool *pool_touched(ferry_pools *ps, uint64_t addr, uint64_t len) {
   return NULL;
 }
 
-static int holds(const ferry_pool *p, const slot *s, uint64_t addr, uint64_t len) {
-  uint64_t base = (uint64_t)(uintptr_t)p->base + s->offset;
-  return addr >= base && addr + len <= base + s->length;
+/* The slot of p that holds all of [addr, addr+len) for peer, or NULL. */
+static slot *peer_slot(ferry_pool *p, uint64_t peer, uint64_t addr, uint64_t len) {
+  uint64_t at = addr - (uint64_t)(uintptr_t)p->base; /* wraps past any slot when addr < base */
+  slot *s = slot_at(p, at);
+  return s && s->peer == peer && at + len <= s->where.offset + s->where.length ? s : NULL;
 }
 
-/* The slot of p that peer may write [addr, addr+len) into: granted to it
- * and not landed, or PENDING with room left in its message, or NULL. */
-static slot *slot_for_write(ferry_pool *p, uint64_t peer, uint64_t addr, uint64_t len) {
-  for (slot *s = p->slots; s && !p->dead; s = s->next)
-    if (s->peer == peer && holds(p, s, addr, len) &&
-        (s->state == SLOT_GRANTED ||
-         (s->state == SLOT_PENDING && s->filled + s->inflight + len <= s->landed)))
-      return s;
-  return NULL;
+/* The slot of p that peer may write [addr, addr+len) into: granted to it,
+ * not expired and not landed, or PENDING and inside its message; or NULL. */
+static slot *slot_for_write(ferry_engine *e, ferry_pool *p, uint64_t peer, uint64_t addr,
+                            uint64_t len, uint64_t now) {
+  slot *s = p->dead ? NULL : peer_slot(p, peer, addr, len);
+  if (!s || expired(e, s, now))
+    return NULL;
+  uint64_t end = addr + len - ((uint64_t)(uintptr_t)p->base + s->where.offset);
+  return s->state == SLOT_GRANTED || (s->state == SLOT_PENDING && end <= s->landed) ? s : NULL;
 }
 
-/* The slot a WRITE checked by ferry_pools_check_writes counted in. */
-static slot *slot_written(ferry_pool *p, uint64_t peer, uint64_t addr, uint64_t len) {
-  for (slot *s = p->slots; s; s = s->next)
-    if (s->peer == peer && s->writers && holds(p, s, addr, len))
-      return s;
-  return NULL;
-}
-
-/* Counts a checked WRITE out of its slots; one that landed whole fills
- * them, which may complete a PENDING message. */
+/* Counts a checked WRITE out of its slots; one that landed whole covers
+ * its span of them, which may complete a PENDING message. */
 static void count_out(ferry_pools *ps, uint64_t peer, const ferry_region *segs, uint32_t n,
                       int landed) {
   for (uint32_t i = 0; i < n; i++) {
     uint64_t addr = segs[i].addr, len = segs[i].length;
     ferry_pool *p = pool_touched(ps, addr, len);
-    slot *s = p ? slot_written(p, peer, addr, len) : NULL;
-    if (!s)
+    slot *s = p ? peer_slot(p, peer, addr, len) : NULL;
+    if (!s || !s->writers)
       continue;
-    s->writers--, s->inflight -= len;
-    s->filled += landed ? len : 0;
-    if (s->state == SLOT_PENDING && !s->writers && s->filled >= s->landed)
+    uint64_t from = addr - ((uint64_t)(uintptr_t)p->base + s->where.offset);
+    s->writers--;
+    if (landed && ferry_coverage_add(&s->written, from, from + len, WRITTEN_SPANS))
+      s->spans_lost = 1;
+    touch(p, s);
+    if (s->state == SLOT_PENDING && !s->writers && covered(s, s->landed))
       queue_slot(ps, p, s);
   }
 }
@@ -486,20 +796,25 @@ ferry_status ferry_pools_check_writes(ferry_engine *e, uint64_t peer, const ferr
   if (!__atomic_load_n(&e->pools->count, __ATOMIC_ACQUIRE))
     return FERRY_OK;
   ferry_status st = FERRY_OK;
+  uint64_t now = ferry_now_ns();
   pthread_mutex_lock(&e->pools->lock);
   for (uint32_t i = 0; i < count && !st; i++) {
     uint64_t addr = segs[i].addr, len = segs[i].length;
     ferry_pool *p = pool_touched(e->pools, addr, len);
-    slot *s = p ? slot_for_write(p, peer, addr, len) : NULL;
-    if (s)
-      s->writers++, s->inflight += len;
+    slot *s = p ? slot_for_write(e, p, peer, addr, len, now) : NULL;
+    if (s) {
+      s->writers++;
+      touch(p, s);
+    }
     if (!p || s)
       continue;
     st = FERRY_ENOTREG;
     snprintf(reason, size,
              "remote address 0x%llx (+%llu bytes) is in pool '%s' of %s outside every slot "
-             "granted to this sender and not landed yet",
-             (unsigned long long)addr, (unsigned long long)len, p->name, e->name);
+             "granted to this sender and not landed yet (a grant expires after %u ms without a "
+             "WRITE or LANDED)",
+             (unsigned long long)addr, (unsigned long long)len, p->name, e->name,
+             e->cfg.pool_grant_timeout_ms);
     count_out(e->pools, peer, segs, i, 0);
     wake_receivers(e->pools); /* counting out may have completed a PENDING message */
   }
@@ -530,6 +845,11 @@ static sender_conns *sender_find(ferry_pools *ps, uint64_t peer) {
   return NULL;
 }
 
+static int sender_copies(ferry_pools *ps, uint64_t peer) {
+  sender_conns *s = sender_find(ps, peer);
+  return s && s->copies;
+}
+
 void ferry_pools_peer_joined(ferry_engine *e, uint64_t peer) {
   ferry_pools *ps = e->pools;
   pthread_mutex_lock(&ps->lock);
@@ -541,10 +861,18 @@ void ferry_pools_peer_joined(ferry_engine *e, uint64_t peer) {
       ps->senders = grown, ps->senders_cap = cap;
   }
   if (!s && ps->nsenders < ps->senders_cap) /* else uncounted: its first end reclaims */
-    s = &ps->senders[ps->nsenders++], *s = (sender_conns){peer, 0};
+    s = &ps->senders[ps->nsenders++], *s = (sender_conns){peer, 0, 0};
   if (s)
     s->count++;
   pthread_mutex_unlock(&ps->lock);
+}
+
+void ferry_pools_peer_copies(ferry_engine *e, uint64_t peer) {
+  pthread_mutex_lock(&e->pools->lock);
+  sender_conns *s = sender_find(e->pools, peer);
+  if (s)
+    s->copies = 1;
+  pthread_mutex_unlock(&e->pools->lock);
 }
 
 /* One connection of peer fewer; nonzero when it held none any more. */
@@ -561,25 +889,41 @@ static int sender_left(ferry_pools *ps, uint64_t peer) {
 void ferry_pools_peer_left(ferry_engine *e, uint64_t peer) {
   if (!sender_left(e->pools, peer))
     return;
-  for (size_t i = 0; ferry_transports[i]; i++) /* their credits stop working first */
-    if ((e->transports & ferry_transports[i]->id) && ferry_transports[i]->peer_gone)
-      ferry_transports[i]->peer_gone(e, peer);
+  void_credits(e, peer); /* their credits stop working first */
   pthread_mutex_lock(&e->pools->lock);
   /* A connection that came meanwhile may already hold fresh grants: they stay. */
   ferry_pool *first = sender_find(e->pools, peer) ? NULL : e->pools->list;
   for (ferry_pool *p = first; p; p = p->next) {
-    slot *s = p->slots;
-    while (s) {
-      slot *next = s->next;
-      if (s->peer == peer && (s->state == SLOT_GRANTED || s->state == SLOT_PENDING))
-        drop_slot(p, s);
-      s = next;
-    }
+    pool_sender *ps = sender_in(p, peer);
+    for (unsigned left = ps ? ps->slots : 0; left; left--) /* the last drop frees ps */
+      drop_slot(p, FERRY_CONTAINER(ps->grants.next, slot, by_owner));
   }
   pthread_mutex_unlock(&e->pools->lock);
 }
 
 /* ---- the receiver's calls ------------------------------------------------------ */
+
+static ferry_pool *pool_new(ferry_engine *e, const char *name, size_t length) {
+  ferry_pool *p = calloc(1, sizeof *p);
+  if (!p)
+    return NULL;
+  p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (p->efd < 0) {
+    free(p);
+    return NULL;
+  }
+  ferry_cond_init(&p->cond);
+  p->engine = e;
+  p->length = length;
+  snprintf(p->name, sizeof p->name, "%s", name);
+  ferry_extents_init(&p->extents, length, ferry_random_u64());
+  ferry_link_init(&p->idle);
+  ferry_link_init(&p->messages);
+  for (size_t i = 0; i < TAG_BUCKETS; i++)
+    ferry_link_init(&p->tags[i]);
+  p->tag_seed = ferry_random_u64();
+  return p;
+}
 
 static ferry_status pool_create(ferry_engine *e, const char *name, void *addr, size_t length,
                                 ferry_pool **out) {
@@ -587,22 +931,11 @@ static ferry_status pool_create(ferry_engine *e, const char *name, void *addr, s
   if (!e || !out || !name_len || name_len > FERRY_WIRE_MAX_NAME - 1 || !length)
     return ferry_fail(FERRY_EINVAL, "pool create: needs a name of 1..%d bytes, a length and out",
                       FERRY_WIRE_MAX_NAME - 1);
-  ferry_pool *p = calloc(1, sizeof *p);
+  ferry_pool *p = pool_new(e, name, length);
   if (!p)
-    return ferry_fail(FERRY_ENOMEM, "no memory for pool '%s'", name);
-  p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (p->efd < 0) {
-    int err = errno;
-    free(p);
-    return ferry_fail_errno(FERRY_ENOMEM, err, "pool '%s': eventfd", name);
-  }
-  ferry_cond_init(&p->cond);
-  p->engine = e;
-  p->length = length;
+    return ferry_fail_errno(FERRY_ENOMEM, errno, "no memory for pool '%s'", name);
   p->allocated = !addr;
-  snprintf(p->name, sizeof p->name, "%s", name);
-  ferry_status st =
-      addr ? ferry_memory_register(e, addr, length) : ferry_memory_alloc(e, length, &addr);
+  ferry_status st = ferry_engine_pool_memory(e, length, &addr);
   if (st) {
     free_pool(p);
     return st;
@@ -648,29 +981,31 @@ static ferry_status pool_destroy(ferry_engine *e, ferry_pool *p) {
   return FERRY_OK;
 }
 
-static int tag_matches(const slot *s, const void *tag, size_t tag_len) {
-  return !tag || (s->tag_len == tag_len && !memcmp(s->tag, tag, tag_len));
-}
-
-/* The earliest landed message with tag, or NULL. */
+/* The earliest landed message with tag (NULL: any), or NULL. */
 static slot *earliest(ferry_pool *p, const void *tag, size_t tag_len) {
-  slot *best = NULL;
-  for (slot *s = p->slots; s; s = s->next)
-    if (s->state == SLOT_QUEUED && tag_matches(s, tag, tag_len) && (!best || s->seq < best->seq))
-      best = s;
-  return best;
+  if (!tag)
+    return ferry_link_alone(&p->messages) ? NULL : FERRY_CONTAINER(p->messages.next, slot, by_age);
+  ferry_link *bucket = tag_bucket(p, tag, tag_len);
+  for (ferry_link *l = bucket->next; l != bucket; l = l->next) {
+    slot *s = FERRY_CONTAINER(l, slot, by_owner);
+    if (s->tag_len == tag_len && !memcmp(s->meta, tag, tag_len))
+      return s;
+  }
+  return NULL;
 }
 
 static void take(ferry_pool *p, slot *s, ferry_message *out) {
   s->state = SLOT_TAKEN;
+  ferry_link_remove(&s->by_age);
+  ferry_link_remove(&s->by_owner);
   if (--p->queued == 0)
     set_ready(p, 0);
-  out->slot = s->id;
-  out->addr = p->base + s->offset;
+  out->slot = s->by_id.key;
+  out->addr = p->base + s->where.offset;
   out->length = (size_t)s->landed;
-  memcpy(out->tag, s->tag, s->tag_len);
+  memcpy(out->tag, s->meta, s->tag_len);
   out->tag_len = s->tag_len;
-  copy_name(out->sender, sizeof out->sender, s->sender);
+  copy_name(out->sender, sizeof out->sender, (const char *)s->meta + s->tag_len);
 }
 
 static ferry_status no_message(ferry_engine *e, ferry_pool *p, const void *tag, size_t tag_len,
@@ -717,6 +1052,19 @@ static ferry_status recv_message(ferry_engine *e, ferry_pool *p, const void *tag
   return st;
 }
 
+/* l (a slot's by_age or by_owner link, off its list) back into head's
+ * list before the first message that landed after it: a requeued message
+ * is normally the earliest, so the walk is short. */
+static void relink_in_landing_order(ferry_link *head, ferry_link *l, size_t member, uint64_t seq) {
+  ferry_link *at = head->next;
+  while (at != head && ((const slot *)(void *)((char *)at - member))->seq < seq)
+    at = at->next;
+  l->prev = at->prev;
+  l->next = at;
+  at->prev->next = l;
+  at->prev = l;
+}
+
 /* A received slot leaves the receiver: released (its space can be granted
  * again), or requeued (ferry_pool_requeue: it waits again under its
  * landing order, seq kept, for receivers and the fd's pollers alike). */
@@ -729,6 +1077,9 @@ static ferry_status hand_back(ferry_engine *e, ferry_pool *p, uint64_t id, int r
   int taken = s && s->state == SLOT_TAKEN;
   if (taken && requeue) {
     s->state = SLOT_QUEUED;
+    relink_in_landing_order(&p->messages, &s->by_age, offsetof(slot, by_age), s->seq);
+    relink_in_landing_order(tag_bucket(p, s->meta, s->tag_len), &s->by_owner,
+                            offsetof(slot, by_owner), s->seq);
     p->queued++;
     set_ready(p, 1);
     pthread_cond_broadcast(&p->cond);

@@ -91,6 +91,7 @@ void ferry_fabric_nudge(uint32_t *word);
  * domain (mr[0] NULL: removed). */
 typedef struct ferry_fabric_mr {
   uint64_t addr, length;
+  int pool; /* a receive pool: open to remote READ only (FERRY_REGISTER_POOL) */
   struct fid_mr *mr[FERRY_FABRIC_DOMAINS_MAX];
 } ferry_fabric_mr;
 
@@ -160,7 +161,7 @@ int ferry_fabric_descriptor_decode(const uint8_t *in, size_t len, ferry_fabric_d
                                    char *why, size_t why_size);
 
 ferry_status ferry_fabric_region_register(ferry_engine *engine, const ferry_region *regions,
-                                          size_t count);
+                                          size_t count, unsigned flags);
 void ferry_fabric_region_deregister(ferry_engine *engine, const ferry_region *regions,
                                     size_t count);
 size_t ferry_fabric_region_key_size(ferry_engine *engine);

@@ -963,9 +963,16 @@ static void mr_close(const ferry_fabric *f, ferry_fabric_mr *m) {
     }
 }
 
+/* What peers may do to m: a receive pool takes no one-sided WRITE, which
+ * its target could not check against the writer's grants (pool.c sends
+ * its messages over tcp or shm); it stays readable. */
+static uint64_t mr_access(const ferry_fabric_mr *m) {
+  return FI_READ | FI_WRITE | FI_REMOTE_READ | (m->pool ? 0 : FI_REMOTE_WRITE);
+}
+
 /* m's registration in domain d (bound to its endpoint with FI_MR_ENDPOINT). */
 static int mr_open_in(ferry_fabric *f, unsigned d, ferry_fabric_mr *m, uint64_t key) {
-  uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+  uint64_t access = mr_access(m);
   struct fid_mr **mr = &m->mr[d];
   int rc = fi_mr_reg(f->domains[d].domain, (void *)(uintptr_t)m->addr, m->length, access, 0, key, 0,
                      mr, NULL);
@@ -1000,11 +1007,13 @@ static ferry_status mr_open(ferry_fabric *f, ferry_fabric_mr *m) {
 
 /* The regions of this call not registered yet, sorted, each once. */
 static size_t fresh_regions(const ferry_fabric *f, const ferry_region *regions, size_t count,
-                            ferry_fabric_mr *out) {
+                            unsigned flags, ferry_fabric_mr *out) {
   size_t n = 0;
+  int pool = (flags & FERRY_REGISTER_POOL) != 0;
   for (size_t i = 0; i < count; i++)
     if (mr_exact(f, &regions[i]) < 0)
-      out[n++] = (ferry_fabric_mr){.addr = regions[i].addr, .length = regions[i].length};
+      out[n++] =
+          (ferry_fabric_mr){.addr = regions[i].addr, .length = regions[i].length, .pool = pool};
   qsort(out, n, sizeof *out, mr_cmp);
   size_t kept = 0;
   for (size_t i = 0; i < n; i++)
@@ -1037,14 +1046,14 @@ static void merge_in(ferry_fabric *f, const ferry_fabric_mr *fresh, size_t n) {
 }
 
 ferry_status ferry_fabric_region_register(ferry_engine *e, const ferry_region *regions,
-                                          size_t count) {
+                                          size_t count, unsigned flags) {
   ferry_fabric *f = e->fabric;
   if (!f || !count)
     return FERRY_OK;
   ferry_fabric_mr *fresh = malloc(count * sizeof *fresh);
   if (!fresh)
     return ferry_fail(FERRY_ENOMEM, "no memory to register %zu regions with fabric", count);
-  size_t n = fresh_regions(f, regions, count, fresh), done = 0;
+  size_t n = fresh_regions(f, regions, count, flags, fresh), done = 0;
   ferry_status st = FERRY_OK;
   while (done < n && !(st = mr_open(f, &fresh[done])))
     done++;

@@ -1106,6 +1106,7 @@ const ferry_transport ferry_transport_shm = {
     .channel_open = chan_open,
     .channel_drive = chan_drive,
     .post_after = shm_post_after,
+    .pool_writes_bounded = 1, /* the same user only (shm_service.c) */
     .take_credits = shm_take_credits,
     .channel_alive = chan_alive,
     .channel_shutdown = chan_shutdown,

@@ -514,6 +514,7 @@ static int post_page(ferry_shm_service *s, svc_conn *c, const shm_msg *req, int 
   fd[1] = c->efd;
   fd[2] = c->cefd;
   ferry_pools_peer_joined(s->engine, c->sender);
+  ferry_pools_peer_copies(s->engine, c->sender); /* it maps the pools: its copies are unseen */
   return 1;
 }
 

@@ -406,6 +406,7 @@ const ferry_transport ferry_transport_tcp = {
     .channel_open = tcp_open,
     .channel_drive = tcp_drive,
     .carries_after = 1,
+    .pool_writes_bounded = 1, /* server.c checks every WRITE frame */
     .channel_alive = tcp_alive,
     .channel_shutdown = tcp_shutdown,
     .channel_close = tcp_close,

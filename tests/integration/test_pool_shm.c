@@ -39,7 +39,8 @@
 #define KiB 1024u
 #define MiB (1024u * 1024u)
 
-/* connect_timeout_ms 0: the default. */
+/* connect_timeout_ms 0: the default. As a receiver, one sender may take
+ * a whole pool (pool_sender_bytes): these cases are about room, not shares. */
 static ferry_engine *engine_with(uint16_t port, uint32_t connect_timeout_ms) {
   ferry_config cfg;
   ferry_config_init(&cfg);
@@ -48,6 +49,7 @@ static ferry_engine *engine_with(uint16_t port, uint32_t connect_timeout_ms) {
   if (connect_timeout_ms)
     cfg.connect_timeout_ms = connect_timeout_ms;
   cfg.transports = FERRY_TRANSPORT_TCP | FERRY_TRANSPORT_SHM;
+  cfg.pool_sender_bytes = SIZE_MAX;
   ferry_engine *e = NULL;
   if (ferry_engine_create(&cfg, &e))
     return NULL;
@@ -621,6 +623,7 @@ static pair *pair_idling_out(size_t pool_size, uint32_t idle_ms) {
   cfg.bind_host = cfg.advertise_host = "127.0.0.1";
   cfg.transports = FERRY_TRANSPORT_TCP | FERRY_TRANSPORT_SHM;
   cfg.idle_timeout_ms = idle_ms;
+  cfg.pool_sender_bytes = SIZE_MAX; /* whole_pool_send */
   assert_int_equal(ferry_engine_create(&cfg, &p->rx), FERRY_OK);
   assert_int_equal(ferry_pool_create(p->rx, "emb", NULL, pool_size, &p->pool), FERRY_OK);
   p->tx = engine_on(0);

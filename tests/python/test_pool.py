@@ -75,8 +75,9 @@ def test_user_memory_pool_and_any_tag(pair):
 def test_release_waits_for_views(pair):
     rx, tx = pair
     pool = rx.create_pool("small", 1 << 20)
-    data = os.urandom(700 << 10)
+    data = os.urandom(400 << 10)  # one sender's message: at most half the pool
     tx.send(rx.name, "small", "one", data)
+    tx.send(rx.name, "small", "other", data)  # room is left for neither a third
     msg = rx.recv(pool, "one", timeout=5)
     view = np.frombuffer(msg, dtype=np.uint8)
     msg.release()  # the slot stays while `view` lives

@@ -53,6 +53,9 @@ static void bad_environment_is_refused(void **state) {
       {"MC_FORCE_TCP", "maybe", FERRY_BOOL_SPELLINGS},
       {"FERRY_CHECKSUM", "2", FERRY_BOOL_SPELLINGS},
       {"MC_TCP_BIND_ADDRESS", "10.0.0.1 10.0.0.2", "host name or IP address"},
+      {"FERRY_POOL_GRANT_TIMEOUT_MS", "999", "1000 to 86400000"},
+      {"FERRY_POOL_SENDER_SLOTS", "0", "1 to 1048576"},
+      {"FERRY_POOL_SENDER_BYTES", "half", "a whole number"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     setenv(cases[i].name, cases[i].value, 1);
@@ -105,8 +108,14 @@ static void limits_from_environment_reach_their_fields(void **state) {
   setenv("FERRY_NOTIFY_PEER_BYTES", "99999999999", 1);
   setenv("FERRY_METADATA_TTL_MS", "7000", 1);
   setenv("FERRY_SERVER_THREADS", "3", 1);
+  setenv("FERRY_POOL_SENDER_BYTES", "99999999999", 1);
+  setenv("FERRY_POOL_SENDER_SLOTS", "9", 1);
+  setenv("FERRY_POOL_GRANT_TIMEOUT_MS", "1500", 1);
   ferry_config cfg;
   assert_int_equal(adopt_defaults(&cfg), FERRY_OK);
+  assert_true(cfg.pool_sender_bytes == 99999999999ull);
+  assert_int_equal(cfg.pool_sender_slots, 9);
+  assert_int_equal(cfg.pool_grant_timeout_ms, 1500);
   assert_int_equal(cfg.server_threads, 3);
   assert_int_equal(cfg.max_connections, 5);
   assert_int_equal(cfg.max_connections_per_peer, 7);
@@ -159,6 +168,9 @@ static void bad_fields_are_refused(void **state) {
       {FIELD(slice_size, 67108865, "4096 to 67108864")},
       {FIELD(spin_us, 10001, "0 to 10000")},
       {FIELD(transports, 256, "FERRY_TRANSPORT_")},
+      {FIELD(pool_sender_slots, 1048577, "1 to 1048576")},
+      {FIELD(pool_grant_timeout_ms, 999, "1000 to 86400000")},
+      {FIELD(pool_grant_timeout_ms, 86400001, "1000 to 86400000")},
 #undef FIELD
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -186,7 +198,7 @@ static void bad_fields_are_refused(void **state) {
   assert_refused(ferry_config_adopt(&out, &cfg), host_words);
 }
 
-/* Documented: zero timeouts and slice size mean the default. */
+/* Documented: zero timeouts, slice size and pool bounds mean the default. */
 static void zero_means_default(void **state) {
   ferry_config cfg, out;
   ferry_config_init(&cfg);
@@ -196,6 +208,12 @@ static void zero_means_default(void **state) {
   assert_int_equal(out.timeout_ms, 30000);
   assert_int_equal(out.connect_timeout_ms, 5000);
   assert_int_equal(out.slice_size, 512u << 10);
+  cfg.pool_sender_slots = cfg.pool_grant_timeout_ms = 0;
+  cfg.pool_sender_bytes = 0;
+  assert_int_equal(ferry_config_adopt(&out, &cfg), FERRY_OK);
+  assert_int_equal(out.pool_sender_slots, 1024);
+  assert_int_equal(out.pool_grant_timeout_ms, 30000);
+  assert_int_equal(out.pool_sender_bytes, 0); /* half of each pool, per pool */
 }
 
 static void size_is_checked(void **state) {

@@ -27,7 +27,7 @@ static void three_rails(ferry_peer_rail rails[3]) {
 }
 
 static int pick(const ferry_peer_rail *rails, unsigned *next, uint64_t now) {
-  return ferry_rails_pick(rails, 3, next, now);
+  return ferry_rails_pick(rails, 3, next, now, 0);
 }
 
 static void preferred_rails_take_turns(void **state) {
@@ -36,7 +36,7 @@ static void preferred_rails_take_turns(void **state) {
   unsigned next = 0;
   for (int i = 0; i < 6; i++) /* never the standby while FAST is up */
     assert_int_equal(pick(rails, &next, 100), i % 2);
-  assert_ptr_equal(ferry_rails_carrier(rails, 3, 100), FAST);
+  assert_ptr_equal(ferry_rails_carrier(rails, 3, 100, 0), FAST);
   assert_int_equal(ferry_rails_of(rails, 3, FAST), 2);
   assert_int_equal(ferry_rails_of(rails, 3, SLOW), 1);
 }
@@ -56,11 +56,11 @@ static void standby_carries_then_preferred_comes_back(void **state) {
   rails[0].down_until_ns = 500;
   rails[1].down_until_ns = 700;
   unsigned next = 0;
-  assert_ptr_equal(ferry_rails_carrier(rails, 3, 100), SLOW);
+  assert_ptr_equal(ferry_rails_carrier(rails, 3, 100, 0), SLOW);
   for (int i = 0; i < 3; i++)
     assert_int_equal(pick(rails, &next, 100), 2);
   /* rail 0's back-off ended: FAST is tried again, on that rail only */
-  assert_ptr_equal(ferry_rails_carrier(rails, 3, 600), FAST);
+  assert_ptr_equal(ferry_rails_carrier(rails, 3, 600, 0), FAST);
   for (int i = 0; i < 3; i++)
     assert_int_equal(pick(rails, &next, 600), 0);
   assert_int_equal(pick(rails, &next, 700), 1); /* both again, in turn */
@@ -73,7 +73,7 @@ static void every_rail_out_of_use(void **state) {
   for (int r = 0; r < 3; r++)
     rails[r].down_until_ns = 500;
   unsigned next = 1;
-  assert_null(ferry_rails_carrier(rails, 3, 100));
+  assert_null(ferry_rails_carrier(rails, 3, 100, 0));
   assert_int_equal(pick(rails, &next, 100), -1);
   assert_int_equal(next, 1);
   assert_int_equal(pick(rails, &next, 500), 1); /* down until 500: usable at 500 */
@@ -84,14 +84,31 @@ static void every_rail_out_of_use(void **state) {
 static void somewhere_else_to_go(void **state) {
   ferry_peer_rail rails[3];
   three_rails(rails);
-  assert_true(ferry_rails_other_usable(rails, 3, 0, 100));
+  assert_true(ferry_rails_other_usable(rails, 3, 0, 100, 0));
   rails[1].down_until_ns = 500;
-  assert_true(ferry_rails_other_usable(rails, 3, 0, 100)); /* the standby */
+  assert_true(ferry_rails_other_usable(rails, 3, 0, 100, 0)); /* the standby */
   rails[2].down_until_ns = 500;
-  assert_false(ferry_rails_other_usable(rails, 3, 0, 100));
-  assert_true(ferry_rails_other_usable(rails, 3, 1, 100));  /* rail 0 */
-  assert_true(ferry_rails_other_usable(rails, 3, 0, 500));  /* back-offs ended */
-  assert_false(ferry_rails_other_usable(rails, 1, 0, 100)); /* one rail: nowhere */
+  assert_false(ferry_rails_other_usable(rails, 3, 0, 100, 0));
+  assert_true(ferry_rails_other_usable(rails, 3, 1, 100, 0));  /* rail 0 */
+  assert_true(ferry_rails_other_usable(rails, 3, 0, 500, 0));  /* back-offs ended */
+  assert_false(ferry_rails_other_usable(rails, 1, 0, 100, 0)); /* one rail: nowhere */
+}
+
+/* A pool message's batch leaves out the rails of a transport whose target
+ * cannot check its WRITEs: the standby carries it while the preferred one
+ * is up, and a chunk it loses has nowhere else to go. */
+static void excluded_rails_count_as_out_of_use(void **state) {
+  ferry_peer_rail rails[3];
+  three_rails(rails);
+  unsigned next = 0, fast = 1u << 0 | 1u << 1;
+  assert_ptr_equal(ferry_rails_carrier(rails, 3, 100, fast), SLOW);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(ferry_rails_pick(rails, 3, &next, 100, fast), 2);
+  assert_false(ferry_rails_other_usable(rails, 3, 2, 100, fast));
+  assert_true(ferry_rails_other_usable(rails, 3, 2, 100, 0));
+  rails[2].down_until_ns = 500;
+  assert_null(ferry_rails_carrier(rails, 3, 100, fast));
+  assert_int_equal(ferry_rails_pick(rails, 3, &next, 100, fast), -1);
 }
 
 int main(void) {
@@ -101,6 +118,7 @@ int main(void) {
       cmocka_unit_test(standby_carries_then_preferred_comes_back),
       cmocka_unit_test(every_rail_out_of_use),
       cmocka_unit_test(somewhere_else_to_go),
+      cmocka_unit_test(excluded_rails_count_as_out_of_use),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
