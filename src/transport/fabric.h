@@ -3,8 +3,10 @@
  * engine-wide service every engine runs when the transport is on
  * (fabric_service.c: provider choice, a domain per device, the target's
  * endpoints and progress threads, memory registrations and their keys) and the
- * descriptor the target publishes in its handshake facts. The initiator's
- * channels are in fabric.c. */
+ * descriptor the target publishes in its handshake facts; the key checks
+ * libfabric fails, logged (fabric_log.c), and the receives that drop the
+ * messages peers send to the target's endpoints (fabric_sink.c). The
+ * initiator's channels are in fabric.c. */
 #ifndef FERRY_FABRIC_H
 #define FERRY_FABRIC_H
 
@@ -105,6 +107,26 @@ typedef struct ferry_fabric_domain {
   unsigned lane;     /* its first lane in ferry_fabric.lanes */
 } ferry_fabric_domain;
 
+/* What peers did that the target refused (fabric_log.c): remote
+ * operations with a key, access or range no registration has, as
+ * libfabric's log tells; messages its sinks dropped. Atomics. */
+typedef struct ferry_fabric_refusals {
+  uint64_t count;
+  uint64_t line_ns;       /* when the last WARN line was written; 0: never */
+  uint64_t count_at_line; /* count then */
+} ferry_fabric_refusals;
+
+/* A target endpoint's receives that drop messages (fabric_sink.c). */
+#define FERRY_FABRIC_SINK_RECVS 32 /* of each kind: messages, tagged */
+#define FERRY_FABRIC_SINK_BYTES 64 /* a message's bytes kept, the rest truncated */
+typedef struct ferry_fabric_sink {
+  struct ferry_fabric *fabric;
+  struct fid_ep *ep; /* NULL: no sink */
+  struct fid_mr *mr;
+  uint8_t posted[2 * FERRY_FABRIC_SINK_RECVS];
+  uint8_t buf[2 * FERRY_FABRIC_SINK_RECVS][FERRY_FABRIC_SINK_BYTES];
+} ferry_fabric_sink;
+
 /* A lane of the target: an endpoint with its own CQ and progress thread
  * (fabric_service.c's top comment). Lane 0 is the main endpoint. */
 typedef struct ferry_fabric_lane {
@@ -121,6 +143,7 @@ typedef struct ferry_fabric_lane {
   uint64_t rounds;       /* progress rounds (wake-ups) so far: a busy lane counts many */
   uint32_t *sleep_word;  /* shm: its wake word; NULL: sleeps are capped instead */
   uint64_t woken;        /* sleeps on the wake word that a flip of it ended */
+  ferry_fabric_sink sink;
 } ferry_fabric_lane;
 
 typedef struct ferry_fabric {
@@ -133,6 +156,7 @@ typedef struct ferry_fabric {
   unsigned lane_count;
   unsigned next_lane; /* initiator: the lane the next channel aims at (atomic) */
   struct fid_ep *rail_eps[FERRY_RAILS_MAX]; /* one per rail host, on lane 0's CQ */
+  ferry_fabric_sink rail_sinks[FERRY_RAILS_MAX];
   int stop;
   /* Deregistration waits until every progress thread began a new round: a
    * copy into a registration (software providers copy in the target's
@@ -148,9 +172,13 @@ typedef struct ferry_fabric {
   pthread_rwlock_t mr_lock; /* the table; writers are serialized by the engine too */
   ferry_fabric_mr *mrs;
   size_t mr_count, mr_cap;
-  uint64_t next_key; /* where the provider takes ours (no PROV_KEY) */
-  uint64_t aborts;   /* accepted connections aborted by deregistrations (fabric_sockets.c) */
-  uint64_t reposts;  /* initiator: operations moved again after a target's abort (fabric.c) */
+  /* Where the provider takes ferry's keys (no PROV_KEY): 64 random bits
+   * from the kernel (getrandom), 0 when it has none; tests put their own. */
+  uint64_t (*draw_key)(void);
+  ferry_fabric_refusals refusals; /* remote operations, by key, access or range */
+  ferry_fabric_refusals messages; /* messages the sinks dropped */
+  uint64_t aborts;  /* accepted connections aborted by deregistrations (fabric_sockets.c) */
+  uint64_t reposts; /* initiator: operations moved again after a target's abort (fabric.c) */
 } ferry_fabric;
 
 ferry_status ferry_fabric_service_start(ferry_engine *engine);
@@ -160,6 +188,11 @@ size_t ferry_fabric_describe(ferry_engine *engine, uint8_t *out, size_t size);
 int ferry_fabric_descriptor_decode(const uint8_t *in, size_t len, ferry_fabric_descriptor *d,
                                    char *why, size_t why_size);
 
+/* A fresh key for one registration in a domain that takes ferry's keys
+ * (f->prov_key 0): random, within the provider's mr_key_size, never 0, so
+ * a peer that was not given it cannot guess it (RELIABILITY.md 16). 0
+ * (errno set) when the kernel has no random bits for it. */
+uint64_t ferry_fabric_new_key(const ferry_fabric *f);
 ferry_status ferry_fabric_region_register(ferry_engine *engine, const ferry_region *regions,
                                           size_t count, unsigned flags);
 void ferry_fabric_region_deregister(ferry_engine *engine, const ferry_region *regions,
@@ -184,6 +217,29 @@ int ferry_fabric_each_socket(void (*fn)(int fd, void *arg), void *arg);
  * received bytes dropped); how many, or -1 when the sockets cannot be
  * listed. */
 int ferry_fabric_abort_accepted(ferry_fabric *f);
+
+/* libfabric's log while a fabric service runs (fabric_log.c): the key
+ * checks it fails become ferry WARN lines. Process-wide, counted: each
+ * service start holds it, each stop releases it. */
+void ferry_fabric_log_hold(void);
+void ferry_fabric_log_release(void);
+/* The calling thread makes f's target progress calls: the refusals it
+ * meets are f's (NULL: none). */
+void ferry_fabric_log_serving(struct ferry_fabric *f);
+/* Counts one refusal in r: 1 when the caller is to write its WARN line
+ * now (the first at once, then one per 10 s at most), with since saying
+ * how many the line stands for. */
+int ferry_fabric_refusal_count(ferry_fabric_refusals *r, char *since, size_t size);
+
+/* Receives that drop messages (fabric_sink.c): open on a target endpoint
+ * once enabled (none where the provider takes no receives there), refill
+ * each progress round, close after the endpoint. took: 1 when context was
+ * one of s's receives (the message counted, logged and dropped). */
+void ferry_fabric_sink_open(struct ferry_fabric *f, ferry_fabric_domain *dom, struct fid_ep *ep,
+                            ferry_fabric_sink *s);
+void ferry_fabric_sink_refill(ferry_fabric_sink *s);
+int ferry_fabric_sink_took(ferry_fabric_sink *s, void *context, int err);
+void ferry_fabric_sink_close(ferry_fabric_sink *s);
 
 /* A CQ that sleeps on an fd (*fd) where the provider has one, else a
  * polled one (*fd = -1). 0 or a negative libfabric error. */

@@ -36,7 +36,15 @@
  * (region_key_size = devices x 8; one device keeps the 8-byte table). A
  * deregistration closes each domain's MR after the same quiesce of every
  * lane. On IP providers a named device is an interface, and its endpoint
- * is pinned to that interface's address instead of the engine's host. */
+ * is pinned to that interface's address instead of the engine's host.
+ *
+ * Keys: the endpoints take connections from anyone, secret or not, so
+ * where the provider takes ferry's keys (tcp, net, shm) each registration
+ * gets 64 random bits (ferry_fabric_new_key) that only the region table,
+ * served after AUTH, reveals; the key checks that fail are logged
+ * (fabric_log.c), and messages, which ferry never sends, are dropped by
+ * receives each endpoint keeps posted (fabric_sink.c). RELIABILITY.md 16
+ * says what holds on each provider. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <linux/futex.h>
@@ -51,6 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -144,16 +153,19 @@ static int pick_device(const char *device, struct fi_info **info) {
 }
 
 /* fi_getinfo for provider on device (NULL: its first), with remote RMA
- * events (for polling without a wait fd) where the provider has them. An
- * IP provider is pinned to the engine's host, unless pin is 0: a named
- * device (an interface) is pinned to that interface's own address. */
+ * events (for polling without a wait fd) and receives (for the sinks,
+ * fabric_sink.c) where the provider has them. An IP provider is pinned to
+ * the engine's host, unless pin is 0: a named device (an interface) is
+ * pinned to that interface's own address. */
 static int provider_info(ferry_engine *e, const char *provider, const char *device, int pin,
                          struct fi_info **out, const char **node) {
+  static const uint64_t wanted[] = {FI_RMA_EVENT | FI_MSG | FI_TAGGED, FI_MSG | FI_TAGGED,
+                                    FI_RMA_EVENT, 0};
   const char *host = is_wildcard(e->bind_host) ? e->advertise_host : e->bind_host;
   int rc = -FI_ENODATA;
   *node = NULL;
-  for (int events = 1; events >= 0 && rc; events--) {
-    uint64_t caps = events ? FI_RMA_EVENT : 0;
+  for (size_t i = 0; i < sizeof wanted / sizeof *wanted && rc; i++) {
+    uint64_t caps = wanted[i];
     rc = query(&e->cfg, provider, device, caps, NULL, out);
     if (rc == 0 && pin && ferry_fabric_is_host_ip(*out)) {
       fi_freeinfo(*out);
@@ -321,6 +333,8 @@ static ferry_status open_lane(ferry_fabric *f, ferry_fabric_domain *dom, ferry_f
     st = open_counter(f, l);
   if (!st)
     st = step(f, "fi_enable", fi_enable(l->ep));
+  if (!st)
+    ferry_fabric_sink_open(f, dom, l->ep, &l->sink);
   if (!st && (l->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
     st = ferry_fail_errno(FERRY_ETRANSPORT, errno, "fabric: eventfd for a progress thread");
   return st;
@@ -336,6 +350,13 @@ static ferry_status open_domain(ferry_fabric *f, ferry_fabric_domain *dom) {
   return st;
 }
 
+/* 64 bits from the kernel's CSPRNG (whole, for 8 bytes, once it is
+ * seeded); 0 with errno set when it cannot give them. */
+static uint64_t random_bits(void) {
+  uint64_t bits;
+  return getrandom(&bits, sizeof bits, 0) == (ssize_t)sizeof bits ? bits : 0;
+}
+
 /* FI_MR_BASIC (API < 1.5) means VIRT_ADDR, ALLOCATED and PROV_KEY. */
 static void read_mr_mode(ferry_fabric *f) {
   int mode = f->info->domain_attr->mr_mode;
@@ -343,7 +364,7 @@ static void read_mr_mode(ferry_fabric *f) {
   f->virt_addr = basic || (mode & FI_MR_VIRT_ADDR);
   f->prov_key = basic || (mode & FI_MR_PROV_KEY);
   f->mr_endpoint = !basic && (mode & FI_MR_ENDPOINT);
-  f->next_key = 1;
+  f->draw_key = random_bits;
 }
 
 static void copy_name(char *out, const char *in) {
@@ -360,14 +381,33 @@ static ferry_status fill_self(ferry_fabric *f) {
   return step(f, "fi_getname", fi_getname(&f->lanes[0].ep->fid, d->addr, &d->addr_len));
 }
 
+/* A completion on the lane's CQ: the target posts only its sinks'
+ * receives (lane 0's CQ serves the rails' too). */
+static void sink_took(ferry_fabric_lane *l, void *context, int err) {
+  ferry_fabric *f = l->fabric;
+  int took = ferry_fabric_sink_took(&l->sink, context, err);
+  for (unsigned r = 0; l == &f->lanes[0] && r < FERRY_RAILS_MAX && !took; r++)
+    took = ferry_fabric_sink_took(&f->rail_sinks[r], context, err);
+  if (!took && err)
+    FERRY_DEBUG("fabric target CQ error: %s", fi_strerror(err));
+}
+
+/* One read takes every sink receive that completed: rxm brings in up to
+ * 32 messages per progress call, and each round reposts as many. */
 static void drain(ferry_fabric_lane *l) {
-  struct fi_cq_entry done[16];
-  ssize_t n = fi_cq_read(l->cq, done, 16);
-  if (n == -FI_EAVAIL) { /* the target posts nothing: only a provider's own failure */
+  ferry_fabric *f = l->fabric;
+  struct fi_cq_entry done[2 * FERRY_FABRIC_SINK_RECVS];
+  ssize_t n = fi_cq_read(l->cq, done, 2 * FERRY_FABRIC_SINK_RECVS);
+  for (ssize_t i = 0; i < n; i++)
+    sink_took(l, done[i].op_context, 0);
+  if (n == -FI_EAVAIL) {
     struct fi_cq_err_entry err = {0};
     if (fi_cq_readerr(l->cq, &err, 0) > 0)
-      FERRY_DEBUG("fabric target CQ error: %s", fi_strerror(err.err));
+      sink_took(l, err.op_context, err.err);
   }
+  ferry_fabric_sink_refill(&l->sink);
+  for (unsigned r = 0; l == &f->lanes[0] && r < FERRY_RAILS_MAX; r++)
+    ferry_fabric_sink_refill(&f->rail_sinks[r]);
 }
 
 /* The lane's previous round (and any copy it made) is over: answer the
@@ -442,6 +482,8 @@ static void quiesce(ferry_fabric *f) {
 static void *progress_main(void *arg) {
   ferry_fabric_lane *l = arg;
   ferry_fabric *f = l->fabric;
+  ferry_log_set_engine(f->engine->name); /* its lines (fabric_log.c) name the target */
+  ferry_fabric_log_serving(f);
   unsigned idle = 0;
   uint64_t seen = 0;
   struct fid *fids[] = {&l->cq->fid};
@@ -498,6 +540,7 @@ static void close_fids(struct fid *first, struct fid *second, struct fid *third)
 static void close_lane(ferry_fabric_lane *l) {
   close_fids(l->ep ? &l->ep->fid : NULL, l->cntr ? &l->cntr->fid : NULL,
              l->cq ? &l->cq->fid : NULL);
+  ferry_fabric_sink_close(&l->sink);
   if (l->wake_fd >= 0)
     close(l->wake_fd);
 }
@@ -517,8 +560,10 @@ static void fabric_free(ferry_fabric *f) {
     mr_close(f, &f->mrs[i]);
   free(f->mrs);
   for (unsigned r = 0; r < FERRY_RAILS_MAX; r++)
-    if (f->rail_eps[r])
+    if (f->rail_eps[r]) {
       fi_close(&f->rail_eps[r]->fid);
+      ferry_fabric_sink_close(&f->rail_sinks[r]);
+    }
   for (unsigned i = 0; i < sizeof f->lanes / sizeof *f->lanes; i++)
     close_lane(&f->lanes[i]);
   ferry_fabric_wake_unmap(f->wake_words);
@@ -530,6 +575,7 @@ static void fabric_free(ferry_fabric *f) {
   pthread_mutex_destroy(&f->quiesce_lock);
   pthread_cond_destroy(&f->quiesce_cond);
   free(f);
+  ferry_fabric_log_release();
 }
 
 /* f's entry with its source address moved to host (a literal address of
@@ -585,6 +631,8 @@ static ferry_status open_rail(ferry_fabric *f, unsigned r, const char *host) {
               fi_ep_bind(*ep, &f->lanes[0].cntr->fid, FI_REMOTE_WRITE | FI_REMOTE_READ));
   if (!st)
     st = step(f, "fi_enable(rail)", fi_enable(*ep));
+  if (!st)
+    ferry_fabric_sink_open(f, &f->domains[0], *ep, &f->rail_sinks[r]);
   f->self.rail_addr_len[r] = sizeof f->self.rail_addr[r];
   if (!st)
     st = step(f, "fi_getname(rail)",
@@ -753,11 +801,25 @@ static ferry_status transport_off(ferry_engine *e, const char *why) {
   return FERRY_OK;
 }
 
+/* The software providers number their own keys 1, 2, 3, ... (FI_MR_BASIC,
+ * fabric_mr_basic): with a secret, only the regions' addresses then stand
+ * between a peer that never proved it and the memory. */
+static void warn_counted_keys(const ferry_fabric *f) {
+  const char *prov = f->self.provider;
+  if (f->engine->secret && f->prov_key &&
+      (ferry_fabric_is_host_ip(f->info) || !strcmp(prov, "shm")))
+    FERRY_WARN("fabric: provider %s numbers its memory keys 1, 2, 3, ... (fabric_mr_basic): a "
+               "peer that never proved the shared secret can guess them; turn fabric_mr_basic off "
+               "for random keys",
+               prov);
+}
+
 ferry_status ferry_fabric_service_start(ferry_engine *e) {
   ferry_fabric *f = calloc(1, sizeof *f);
   if (!f)
     return ferry_fail(FERRY_ENOMEM, "no memory for the fabric transport");
   f->engine = e;
+  ferry_fabric_log_hold(); /* before any lane: their key checks are logged */
   for (unsigned i = 0; i < sizeof f->lanes / sizeof *f->lanes; i++) {
     f->lanes[i].fabric = f;
     f->lanes[i].cq_fd = f->lanes[i].wake_fd = -1;
@@ -779,13 +841,14 @@ ferry_status ferry_fabric_service_start(ferry_engine *e) {
   e->fabric = f;
   int several = f->domain_count > 1;
   FERRY_INFO("fabric transport on: provider %s, fabric %s, %s %s, %u lanes, %s progress "
-             "wait, MR mode 0x%x",
+             "wait, MR mode 0x%x, %s keys",
              f->self.provider, f->self.fabric, several ? "devices" : "domain",
              several ? e->cfg.fabric_device : f->self.domain, f->lane_count,
              f->lanes[0].cq_fd >= 0 ? "fd"
              : f->lanes[0].cntr     ? "polled (counter)"
                                     : "polled",
-             (unsigned)f->info->domain_attr->mr_mode);
+             (unsigned)f->info->domain_attr->mr_mode, f->prov_key ? "the provider's" : "random");
+  warn_counted_keys(f);
   return FERRY_OK;
 }
 
@@ -988,11 +1051,29 @@ static int mr_open_in(ferry_fabric *f, unsigned d, ferry_fabric_mr *m, uint64_t 
   return rc;
 }
 
+uint64_t ferry_fabric_new_key(const ferry_fabric *f) {
+  size_t size = f->info->domain_attr->mr_key_size;
+  uint64_t mask = size && size < sizeof(uint64_t) ? (1ull << (8 * size)) - 1 : UINT64_MAX;
+  for (int draw = 0; draw < 4; draw++) { /* 0 is never a key: draw again */
+    uint64_t key = f->draw_key() & mask;
+    if (key)
+      return key;
+  }
+  return 0;
+}
+
 /* m registered in every domain, or in none; a key of its own in each
- * (where the provider takes ours), as NICs' keys are. */
+ * (where the provider takes ours: RELIABILITY.md 16, who can reach
+ * registered memory), as NICs' keys are. */
 static ferry_status mr_open(ferry_fabric *f, ferry_fabric_mr *m) {
   for (unsigned d = 0; d < f->domain_count; d++) {
-    uint64_t key = f->prov_key ? 0 : __atomic_fetch_add(&f->next_key, 1, __ATOMIC_RELAXED);
+    uint64_t key = f->prov_key ? 0 : ferry_fabric_new_key(f);
+    if (!f->prov_key && !key) {
+      mr_close(f, m);
+      return ferry_fail_errno(FERRY_ETRANSPORT, errno,
+                              "fabric: registering 0x%llx (+%llu bytes): no random key (getrandom)",
+                              (unsigned long long)m->addr, (unsigned long long)m->length);
+    }
     int rc = mr_open_in(f, d, m, key);
     if (rc) {
       mr_close(f, m);

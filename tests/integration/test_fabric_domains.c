@@ -106,11 +106,15 @@ static void a_key_per_device(void **state) {
   free(memory);
 }
 
+/* Keys drawn in order from here on (the registrations' are random). */
+static uint64_t next_drawn_key;
+static uint64_t draw_in_order(void) { return next_drawn_key++; }
+
 /* A device that refuses a registration: the key it is about to be asked
- * for (the provider takes ferry's keys here) is taken in its domain
- * already. The call fails naming the device, the region is registered on
- * none (the other domain's MR closed, no keys), and once the key is free
- * the same call succeeds. */
+ * for (the provider takes ferry's keys here; the test draws them) is taken
+ * in its domain already. The call fails naming the device, the region is
+ * registered on none (the other domain's MR closed, no keys), and once the
+ * key is free the same call succeeds. */
 static void registration_is_all_or_nothing(void **state) {
   if (!in_namespace)
     skip();
@@ -118,7 +122,8 @@ static void registration_is_all_or_nothing(void **state) {
   ferry_fabric *f = e->fabric;
   uint8_t *memory = malloc(MiB), *other = malloc(4096);
   struct fid_mr *squatter = NULL, *probe = NULL;
-  uint64_t key = f->next_key; /* domain 0 gets key, fda1 key + 1: taken */
+  uint64_t key = next_drawn_key = 0x1000; /* domain 0 gets key, fda1 key + 1: taken */
+  f->draw_key = draw_in_order;
   assert_int_equal(
       fi_mr_reg(f->domains[1].domain, other, 4096, FI_REMOTE_WRITE, 0, key + 1, 0, &squatter, NULL),
       0);
@@ -135,6 +140,7 @@ static void registration_is_all_or_nothing(void **state) {
       fi_mr_reg(f->domains[0].domain, other, 4096, FI_REMOTE_WRITE, 0, key, 0, &probe, NULL), 0);
   fi_close(&probe->fid);
   fi_close(&squatter->fid);
+  next_drawn_key = key;
   assert_int_equal(ferry_memory_register(e, memory, MiB), FERRY_OK);
   assert_int_equal(f->mr_count, 1);
   assert_int_equal(ferry_memory_unregister(e, memory), FERRY_OK);
