@@ -23,6 +23,7 @@
 #include <cmocka.h>
 #include <curl/curl.h>
 
+#include "harness.h"
 #include "metadata/metadata.h"
 
 static pid_t server_pid = -1;
@@ -71,19 +72,21 @@ static pid_t spawn_server(int out_fd, const char *state) {
             (char *)NULL);
     else
       execl(tool, tool, "metadata-server", "--host", "127.0.0.1", "--port", "0", (char *)NULL);
-    fprintf(stderr, "exec %s: %s\n", tool, strerror(errno));
+    static const char failed[] = "test_metadata_http: cannot run $FERRY_TOOL\n";
+    ssize_t unused = write(STDERR_FILENO, failed, sizeof failed - 1); /* async-signal-safe */
+    (void)unused;
     _exit(127);
   }
   return pid;
 }
 
-/* SIGTERM, wait up to 5 s, then SIGKILL. Returns the exit status or -1. */
+/* SIGTERM, wait up to TEST_SETUP_MS, then SIGKILL. Returns the exit status or -1. */
 static int stop_server(void) {
   if (server_pid <= 0)
     return -1;
   kill(server_pid, SIGTERM);
   int status = 0;
-  double deadline = now_s() + 5;
+  double deadline = now_s() + TEST_SETUP_MS / 1000.0;
   pid_t r;
   while ((r = waitpid(server_pid, &status, WNOHANG)) == 0 && now_s() < deadline)
     usleep(10000);
@@ -105,7 +108,7 @@ static int start_server(const char *state, pid_t *pid, char *url_out, size_t siz
   *pid = spawn_server(fds[1], state);
   close(fds[1]);
   char line[512];
-  int rc = *pid > 0 ? read_line(fds[0], line, sizeof line, 10000) : -1;
+  int rc = *pid > 0 ? read_line(fds[0], line, sizeof line, TEST_SETUP_MS) : -1;
   close(fds[0]);
   const char *url = rc == 0 ? strstr(line, "url=") : NULL;
   if (!url || strncmp(line, "ready metadata-server ", 22) != 0)
@@ -141,7 +144,7 @@ static ferry_metadata *open_store(void) {
 
 /* ---- raw keys ------------------------------------------------------------- */
 
-static void test_round_trip(void **state) {
+static void test_put_get_round_trip(void **state) {
   ferry_metadata *md = open_store();
   char *v = NULL;
   assert_int_equal(ferry_metadata_put(md, "rt/key", "{\"a\":1}"), FERRY_OK);
@@ -525,7 +528,7 @@ static void test_state_file(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_put_get_round_trip),
       cmocka_unit_test(test_missing_key),
       cmocka_unit_test(test_escaped_keys),
       cmocka_unit_test(test_url_with_query),
