@@ -663,7 +663,7 @@ static int spawn_serve(fault_proc *p) {
   p->pid = pid;
   track_pid(pid);
   char line[512];
-  int rc = test_read_line(fds[0], line, sizeof line, 20000);
+  int rc = test_read_line(fds[0], line, sizeof line, TEST_SETUP_MS);
   close(fds[0]);
   unsigned long long addr, size;
   if (rc == 0 &&
@@ -729,7 +729,7 @@ int fault_proc_term(fault_proc *p) {
   kill(p->pid, SIGCONT);
   kill(p->pid, SIGTERM);
   int status = -1;
-  if (test_wait_exit(p->pid, 10000, &status) != 0) {
+  if (test_wait_exit(p->pid, TEST_SETUP_MS, &status) != 0) {
     kill(p->pid, SIGKILL);
     test_wait_exit(p->pid, 10000, &status);
     status = -1;

@@ -29,6 +29,7 @@
 #include <cmocka.h>
 
 #include "fault.h"
+#include "harness.h"
 
 #define BIG (1ull << 30)
 #define CHUNK (64ull << 20)
@@ -236,13 +237,15 @@ static void test_link_down_short_timeout(void **state) {
   skip_without_namespaces();
   fault_watchdog(120, "link down, short timeout");
   assert_int_equal(fault_net_enter(E.net, 0), 0);
-  ferry_engine *eng = fault_engine(fault_link_addr(E.net, E.cut_link, 0), 2000, 1000, 0);
+  ferry_engine *eng =
+      fault_engine(fault_link_addr(E.net, E.cut_link, 0), TEST_SETUP_MS, TEST_SETUP_MS, 0);
   assert_non_null(eng);
   uint8_t *local = fault_buffer(eng, BIG);
   uint8_t *scratch = fault_buffer(eng, CHUNK);
   assert_non_null(local);
   fault_pattern(local, BIG, 91);
   open_channels(eng, local);
+  test_engine_set_timeouts(eng, 2000, 1000); /* for the calls the outage must end */
 
   outcome o = big_transfer_with_outage(eng, 2000, FERRY_OP_WRITE, local, 64 << 10);
   print_outcome("1 GiB WRITE, 2 s timeout, link down 5 s", &o);
@@ -268,6 +271,7 @@ static void test_link_down_short_timeout(void **state) {
   assert_true(took <= 2.0 + 0.064 + SLACK_S);
 
   /* Link back: the next call works, and what it wrote is what stays. */
+  test_engine_set_timeouts(eng, TEST_SETUP_MS, TEST_SETUP_MS);
   fault_pattern(scratch, CHUNK, 92);
   uint32_t want = ferry_crc32c(0, scratch, CHUNK);
   st = ferry_transfer_sync(eng, E.big.target, FERRY_OP_WRITE, scratch, E.big.addr, CHUNK);
@@ -292,10 +296,12 @@ static void test_no_late_landing_after_timeout(void **state) {
   skip_without_namespaces();
   fault_watchdog(60, "late landing after a timeout");
   assert_int_equal(fault_net_enter(E.net, 0), 0);
-  /* Connecting may cost a lost SYN right after the link returns (1 s):
-   * over fabric the first call after it needs a new control connection
-   * (the one in use when the link went down timed out). */
-  ferry_engine *eng = fault_engine(fault_link_addr(E.net, E.cut_link, 0), 1500, 3000, 0);
+  /* Only the doomed WRITE has a short bound. Connecting may cost a lost
+   * SYN right after the link returns (1 s): over fabric the first call
+   * after it needs a new control connection (the one in use when the link
+   * went down timed out). */
+  ferry_engine *eng =
+      fault_engine(fault_link_addr(E.net, E.cut_link, 0), TEST_SETUP_MS, TEST_SETUP_MS, 0);
   assert_non_null(eng);
   size_t len = 512 << 10;
   uint8_t *old = fault_buffer(eng, len);
@@ -305,9 +311,11 @@ static void test_no_late_landing_after_timeout(void **state) {
   assert_int_equal(fault_roundtrip(eng, E.big.target, fresh, where, 4096, 1), FERRY_OK);
   assert_int_equal(fault_link_set_up(E.net, E.cut_link, 0), 0);
   fault_pattern(old, len, 21);
+  test_engine_set_timeouts(eng, 1500, 3000);
   ferry_status st = ferry_transfer_sync(eng, E.big.target, FERRY_OP_WRITE, old, where, len);
   printf("WRITE with the link down: %s (%s)\n", ferry_strerror(st), ferry_last_error());
   assert_int_not_equal(st, FERRY_OK);
+  test_engine_set_timeouts(eng, TEST_SETUP_MS, TEST_SETUP_MS);
   assert_int_equal(fault_link_set_up(E.net, E.cut_link, 1), 0);
   double t0 = fault_now();
   st = fault_roundtrip(eng, E.big.target, fresh, where, len, 22);

@@ -28,6 +28,7 @@
 #include <cmocka.h>
 
 #include "fault.h"
+#include "harness.h"
 
 #define TIMEOUT_MS 1500
 #define CONNECT_MS 1000
@@ -63,6 +64,12 @@ static int teardown(void **state) {
   fault_proc_term(&E.c);
   fault_net_destroy(E.net);
   return 0;
+}
+
+/* An engine on a's side of b's link whose first contacts get
+ * TEST_SETUP_MS; the cases shorten its bounds for the calls they time. */
+static ferry_engine *patient_engine(void) {
+  return fault_engine(fault_link_addr(E.net, E.link_b, 0), TEST_SETUP_MS, TEST_SETUP_MS, 0);
 }
 
 /* Round trips to the healthy target in a loop, until told to stop. */
@@ -107,12 +114,13 @@ static void expect_timeout(ferry_status st, double took, const char *what, doubl
 static void test_paused_target_times_out(void **state) {
   fault_watchdog(120, "paused target");
   assert_int_equal(fault_net_enter(E.net, 0), 0);
-  ferry_engine *eng = fault_engine(fault_link_addr(E.net, E.link_b, 0), TIMEOUT_MS, CONNECT_MS, 0);
+  ferry_engine *eng = patient_engine();
   assert_non_null(eng);
   uint8_t *local = fault_buffer(eng, 16 << 20);
   uint8_t *by_local = fault_buffer(eng, 1 << 20);
   assert_int_equal(fault_roundtrip(eng, E.b.target, local, E.b.addr, 1 << 20, 1), FERRY_OK);
   assert_int_equal(fault_roundtrip(eng, E.c.target, local, E.c.addr, 1 << 20, 2), FERRY_OK);
+  test_engine_set_timeouts(eng, TIMEOUT_MS, CONNECT_MS);
 
   bystander by = {.eng = eng, .local = by_local};
   pthread_create(&by.thread, NULL, bystander_loop, &by);
@@ -192,6 +200,7 @@ static void test_paused_target_times_out(void **state) {
          by.ops, by.failures, by.worst_s, by.failures ? ", first: " : "", by.first_error);
 
   fault_proc_resume(&E.b);
+  test_engine_set_timeouts(eng, TEST_SETUP_MS, TEST_SETUP_MS); /* draining first: not the point */
   /* A region the timed-out writes did not touch: their bytes may still be
    * landing (see RELIABILITY.md, "failed writes"). */
   assert_int_equal(fault_roundtrip(eng, E.b.target, local, E.b.addr + (32 << 20), 1 << 20, 5),
@@ -224,17 +233,19 @@ static void test_paused_target_times_out(void **state) {
 static void test_paused_write_lands_late(void **state) {
   fault_watchdog(60, "late landing of timed-out writes");
   assert_int_equal(fault_net_enter(E.net, 0), 0);
-  ferry_engine *eng = fault_engine(fault_link_addr(E.net, E.link_b, 0), TIMEOUT_MS, CONNECT_MS, 0);
+  ferry_engine *eng = patient_engine();
   assert_non_null(eng);
   size_t len = 16 << 20;
   uint8_t *old = fault_buffer(eng, len);
   uint8_t *fresh = fault_buffer(eng, 2 * len);
-  assert_int_equal(fault_roundtrip(eng, E.b.target, fresh, E.b.addr, 4096, 1), FERRY_OK);
+  assert_int_equal(fault_roundtrip(eng, E.b.target, fresh, E.b.addr, len, 1), FERRY_OK);
   fault_pattern(old, len, 11);
   assert_int_equal(fault_proc_pause(&E.b), 0);
+  test_engine_set_timeouts(eng, TIMEOUT_MS, CONNECT_MS);
   ferry_status st = ferry_transfer_sync(eng, E.b.target, FERRY_OP_WRITE, old, E.b.addr, len);
   assert_int_equal(st, FERRY_ETIMEDOUT);
   fault_proc_resume(&E.b);
+  test_engine_set_timeouts(eng, TEST_SETUP_MS, TEST_SETUP_MS);
   st = fault_roundtrip(eng, E.b.target, fresh, E.b.addr, len, 12);
   assert_int_equal(st, FERRY_OK);
   fault_sleep_ms(1000);

@@ -7,7 +7,8 @@
  * proof, and a fake target claiming another local engine's shm service.
  * Every interleaving is driven frame by frame, never by sleeps.
  * The warning for an engine reachable beyond loopback without a secret is
- * checked in a network namespace of its own (so nothing is exposed). */
+ * checked in a network namespace of its own (so nothing is exposed), by
+ * this program started again in a role (child.h). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -28,6 +29,7 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
+#include "child.h"
 #include "core/engine.h"
 #include "harness.h"
 #include "rawclient.h"
@@ -590,29 +592,30 @@ static int warns(const char *bind_host, const char *secret) {
   return st == FERRY_OK ? warned : -1;
 }
 
-/* 0.0.0.0 is bound only inside a network namespace this test makes (just a
- * loopback, down), so nothing is reachable from elsewhere. */
+/* Role "warnings-in-netns": in a network namespace of its own (just a
+ * loopback, down), engines on 0.0.0.0 without and with a secret; writes
+ * on stdout whether each warned ('1' or '0', '9': no engine), or "ss"
+ * where no namespace can be made. */
+static int warnings_in_netns(int argc, char **argv) {
+  char result[2] = {'s', 's'};
+  if (unshare(CLONE_NEWNET) == 0) {
+    int a = warns("0.0.0.0", NULL), b = warns("0.0.0.0", SECRET);
+    result[0] = (char)('0' + (a < 0 ? 9 : a));
+    result[1] = (char)('0' + (b < 0 ? 9 : b));
+  }
+  return argc != 0 || write(STDOUT_FILENO, result, 2) != 2;
+}
+
+/* 0.0.0.0 is bound only inside a network namespace made for it, so nothing
+ * is reachable from elsewhere. */
 static void warns_when_reachable_without_a_secret(void **state) {
   assert_int_equal(warns("127.0.0.1", NULL), 0);
-  int pipefd[2];
-  assert_int_equal(pipe(pipefd), 0);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    char result[2] = {'s', 's'}; /* s: skipped (no namespace) */
-    if (unshare(CLONE_NEWNET) == 0) {
-      int a = warns("0.0.0.0", NULL), b = warns("0.0.0.0", SECRET);
-      result[0] = (char)('0' + (a < 0 ? 9 : a));
-      result[1] = (char)('0' + (b < 0 ? 9 : b));
-    }
-    ssize_t unused = write(pipefd[1], result, 2);
-    (void)unused;
-    _exit(0);
-  }
-  close(pipefd[1]);
+  int from_child;
+  pid_t pid = test_child_start("warnings-in-netns", NULL, NULL, &from_child);
+  assert_true(pid > 0);
   char result[2] = {0};
-  assert_int_equal(read(pipefd[0], result, 2), 2);
-  close(pipefd[0]);
+  assert_int_equal(read(from_child, result, 2), 2);
+  close(from_child);
   int status;
   waitpid(pid, &status, 0);
   if (result[0] == 's')
@@ -621,8 +624,10 @@ static void warns_when_reachable_without_a_secret(void **state) {
   assert_int_equal(result[1], '0'); /* 0.0.0.0, with a secret: quiet */
 }
 
-int main(void) {
-  /* First, and before the target's threads exist: it forks. */
+int main(int argc, char **argv) {
+  const test_child_role roles[] = {{"warnings-in-netns", warnings_in_netns}};
+  test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
+  /* Without the sessions' target. */
   const struct CMUnitTest alone[] = {
       cmocka_unit_test(warns_when_reachable_without_a_secret),
   };

@@ -38,6 +38,7 @@ static ferry_engine *fabric_engine(const char *provider, const char *device, uns
   cfg.fabric_provider = provider;
   cfg.fabric_device = device;
   cfg.fabric_lanes = lanes;
+  cfg.timeout_ms = cfg.connect_timeout_ms = TEST_SETUP_MS; /* no case here is about time */
   ferry_engine *e = NULL;
   *st = ferry_engine_create(&cfg, &e);
   return e;

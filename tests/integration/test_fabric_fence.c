@@ -47,6 +47,9 @@ static void fabric_config(ferry_config *cfg, const char *provider) {
   cfg->bind_host = cfg->advertise_host = "127.0.0.1";
   cfg->transports = FERRY_TRANSPORT_FABRIC;
   cfg->fabric_provider = provider;
+  /* A WRITE through aborts reconnects more than once: seconds each under a
+   * sanitizer. Where a bound is the point, the case sets its own. */
+  cfg->timeout_ms = cfg->connect_timeout_ms = TEST_SETUP_MS;
 }
 
 static ferry_engine *create(const ferry_config *cfg) {

@@ -503,7 +503,7 @@ static pid_t start_metadata_server(char *url, size_t size) {
   }
   close(fds[1]);
   char line[512];
-  assert_int_equal(test_read_line(fds[0], line, sizeof line, 10000), 0);
+  assert_int_equal(test_read_line(fds[0], line, sizeof line, TEST_SETUP_MS), 0);
   close(fds[0]);
   const char *at = strstr(line, "url=");
   assert_non_null(at);

@@ -25,6 +25,7 @@
 #include <cmocka.h>
 #include <curl/curl.h>
 
+#include "harness.h"
 #include "metadata/metadata.h"
 
 static pid_t server_pid = -1;
@@ -59,43 +60,68 @@ static int read_line(int fd, char *buf, size_t size, int timeout_ms) {
   return -1;
 }
 
+/* The environment for a server with preload as LD_PRELOAD: built before
+ * the fork, so the child only calls async-signal-safe functions. An ASan
+ * build's runtime is loaded after the shim: verify_asan_link_order=0 lets
+ * it. */
+static char **preload_env(const char *preload, char *ld, size_t ld_size, char *asan,
+                          size_t asan_size) {
+  extern char **environ;
+  size_t n = 0;
+  while (environ[n])
+    n++;
+  char **env = calloc(n + 3, sizeof *env);
+  assert_non_null(env);
+  const char *was = getenv("ASAN_OPTIONS");
+  snprintf(ld, ld_size, "LD_PRELOAD=%s", preload);
+  snprintf(asan, asan_size, "ASAN_OPTIONS=%s%sverify_asan_link_order=0", was ? was : "",
+           was ? ":" : "");
+  size_t k = 0;
+  env[k++] = ld;
+  env[k++] = asan;
+  for (size_t i = 0; i < n; i++)
+    if (strncmp(environ[i], "LD_PRELOAD=", 11) && strncmp(environ[i], "ASAN_OPTIONS=", 13))
+      env[k++] = environ[i];
+  return env;
+}
+
 /* `$FERRY_TOOL metadata-server --host 127.0.0.1 --port 0 [args...]` (args
  * NULL-terminated, or NULL), its stdout to out_fd; its stderr to err_fd
  * when that is >= 0; with preload as LD_PRELOAD when given. */
 static pid_t spawn_server(int out_fd, int err_fd, const char *const *args, const char *preload) {
+  extern char **environ;
   const char *tool = getenv("FERRY_TOOL");
   if (!tool)
     tool = "ferry";
   const char *argv[32] = {tool, "metadata-server", "--host", "127.0.0.1", "--port", "0"};
   for (int i = 0; args && args[i] && i < 24; i++)
     argv[6 + i] = args[i];
+  char ld[512], asan[1024];
+  char **env = preload ? preload_env(preload, ld, sizeof ld, asan, sizeof asan) : environ;
   pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a crashed test */
     dup2(out_fd, STDOUT_FILENO);
     if (err_fd >= 0)
       dup2(err_fd, STDERR_FILENO);
-    if (preload) {
-      setenv("LD_PRELOAD", preload, 1);
-      char asan[512]; /* an ASan build's runtime is loaded after the shim: let it */
-      const char *was = getenv("ASAN_OPTIONS");
-      snprintf(asan, sizeof asan, "%s%sverify_asan_link_order=0", was ? was : "", was ? ":" : "");
-      setenv("ASAN_OPTIONS", asan, 1);
-    }
-    execv(tool, (char *const *)argv);
-    fprintf(stderr, "exec %s: %s\n", tool, strerror(errno));
+    execve(tool, (char *const *)argv, env);
+    static const char failed[] = "test_metadata_http: cannot run $FERRY_TOOL\n";
+    ssize_t unused = write(STDERR_FILENO, failed, sizeof failed - 1); /* async-signal-safe */
+    (void)unused;
     _exit(127);
   }
+  if (env != environ)
+    free(env);
   return pid;
 }
 
-/* SIGTERM, wait up to 5 s, then SIGKILL. Returns the exit status or -1. */
+/* SIGTERM, wait up to TEST_SETUP_MS, then SIGKILL. Returns the exit status or -1. */
 static int stop_server(void) {
   if (server_pid <= 0)
     return -1;
   kill(server_pid, SIGTERM);
   int status = 0;
-  double deadline = now_s() + 5;
+  double deadline = now_s() + TEST_SETUP_MS / 1000.0;
   pid_t r;
   while ((r = waitpid(server_pid, &status, WNOHANG)) == 0 && now_s() < deadline)
     usleep(10000);
@@ -118,7 +144,7 @@ static int start_server_with(const char *const *args, int err_fd, const char *pr
   *pid = spawn_server(fds[1], err_fd, args, preload);
   close(fds[1]);
   char line[512];
-  int rc = *pid > 0 ? read_line(fds[0], line, sizeof line, 10000) : -1;
+  int rc = *pid > 0 ? read_line(fds[0], line, sizeof line, TEST_SETUP_MS) : -1;
   close(fds[0]);
   const char *url = rc == 0 ? strstr(line, "url=") : NULL;
   if (!url || strncmp(line, "ready metadata-server ", 22) != 0)
@@ -160,7 +186,7 @@ static ferry_metadata *open_store(void) {
 
 /* ---- raw keys ------------------------------------------------------------- */
 
-static void test_round_trip(void **state) {
+static void test_put_get_round_trip(void **state) {
   ferry_metadata *md = open_store();
   char *v = NULL;
   assert_int_equal(ferry_metadata_put(md, "rt/key", "{\"a\":1}"), FERRY_OK);
@@ -797,7 +823,7 @@ static void test_no_lock_across_a_disk_sync(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_put_get_round_trip),
       cmocka_unit_test(test_missing_key),
       cmocka_unit_test(test_escaped_keys),
       cmocka_unit_test(test_url_with_query),

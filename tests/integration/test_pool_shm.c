@@ -1,10 +1,9 @@
 /* test_pool_shm.c - the message handoff over shm: LANDED notices posted
  * to the link's ring in shared memory and credits coming back the same
  * way (shm.c, shm_service.c), between engines of this process and a
- * forked sender. The hostile cases post forged entries by hand as a
- * same-host process could (a raw shm link that claims the sender's
- * identity, as the service verifies it: an engine id read back from the
- * caller's memory). */
+ * sender in another (this program started again: child.h). The hostile cases post forged entries by
+ * hand as a same-host process could (a raw shm link that claims the sender's identity, as the
+ * service verifies it: an engine id read back from the caller's memory). */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -27,6 +26,7 @@
 #include <cmocka.h>
 
 #include "base/clock.h"
+#include "child.h"
 #include "core/engine.h"
 #include "core/peer.h"
 #include "ferry.h"
@@ -472,68 +472,58 @@ static void forged_ring_entries_are_refused(void **state) {
 
 /* ---- a sender that dies after its data, before its notice ---------------------------- */
 
-/* The child: an engine that sends "done" into the pool once normally (so
- * it holds credits and a live link), then copies a message's data into
- * the slot of a credit and stops without posting; the parent kills it. */
-static void dying_sender(int go, int ready) {
-  char target[FERRY_HOST_MAX + 8] = "";
-  if (read(go, target, sizeof target - 1) <= 0)
-    _exit(1);
+/* Role "dying-sender" TARGET: an engine that sends "done" into the pool
+ * once normally (so it holds credits and a live link), then copies a
+ * message's data into the slot of a credit and stops without posting,
+ * saying 'w' on stdout; the parent kills it. */
+static int dying_sender(int argc, char **argv) {
+  if (argc != 1)
+    return 1;
+  const char *target = argv[0];
   ferry_engine *e = engine_on(0);
   void *buf;
   if (!e || ferry_memory_alloc(e, 1 * MiB, &buf))
-    _exit(2);
+    return 2;
   memset(buf, 0x5a, 1 * MiB);
   if (ferry_send(e, target, "emb", "done", 4, buf, 256 * KiB, -1, 0))
-    _exit(3);
+    return 3;
   /* A grant of its own, by hand, written into and never noticed. */
   uint64_t addr = grant_by_hand(e, target, 1 * MiB, 1);
   if (!addr)
-    _exit(4);
+    return 4;
   if (ferry_transfer_sync(e, target, FERRY_OP_WRITE, buf, addr, 1 * MiB))
-    _exit(5);
+    return 5;
   char c = 'w';
-  if (write(ready, &c, 1) != 1)
-    _exit(6);
+  if (write(STDOUT_FILENO, &c, 1) != 1)
+    return 6;
   pause();
-  _exit(0);
+  return 0;
 }
 
 static void sender_killed_before_its_notice(void **state) {
   (void)state;
-  int ready[2], go[2];
-  assert_int_equal(pipe(ready), 0);
-  assert_int_equal(pipe(go), 0);
-  pid_t child = fork(); /* before this process has threads */
-  assert_true(child >= 0);
-  if (child == 0) {
-    close(ready[0]);
-    close(go[1]);
-    dying_sender(go[0], ready[1]);
-  }
-  close(ready[1]);
-  close(go[0]);
   ferry_engine *rx = engine_on(0);
   assert_non_null(rx);
   ferry_pool *pool;
   /* Room for the killed one's message behind "done" and its credit, nothing more. */
   assert_int_equal(ferry_pool_create(rx, "emb", NULL, 1 * MiB + 512 * KiB, &pool), FERRY_OK);
-  const char *name = ferry_engine_name(rx);
-  assert_int_equal(write(go[1], name, strlen(name)), (ssize_t)strlen(name));
-  close(go[1]);
-  ferry_message m;
-  assert_int_equal(ferry_recv(rx, pool, "done", 4, 20000, &m), FERRY_OK);
+  const char *args[] = {ferry_engine_name(rx), NULL};
+  int ready;
+  pid_t child = test_child_start("dying-sender", args, NULL, &ready);
+  assert_true(child > 0);
+  ferry_message m; /* the sender's start and first contact: not the point */
+  assert_int_equal(ferry_recv(rx, pool, "done", 4, TEST_SETUP_MS, &m), FERRY_OK);
   int shm = landed_at(rx).inband == 1;
   assert_int_equal(ferry_pool_release(rx, pool, m.slot), FERRY_OK);
   char c = 0;
-  ssize_t got = read(ready[0], &c, 1);
+  ssize_t got = read(ready, &c, 1);
   kill(child, SIGKILL);
   int status;
   assert_int_equal(waitpid(child, &status, 0), child);
   if (got != 1)
     fail_msg("the child failed before it wrote: exit %d",
              WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-  close(ready[0]);
+  close(ready);
   if (!shm) {
     ferry_engine_destroy(rx);
     skip();
@@ -754,9 +744,11 @@ static void reclaimed_slots_void_credits(void **state) {
   pair_free(p);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  const test_child_role roles[] = {{"dying-sender", dying_sender}};
+  test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(sender_killed_before_its_notice), /* forks: first, before any thread */
+      cmocka_unit_test(sender_killed_before_its_notice),
       cmocka_unit_test(notices_ride_the_ring),
       cmocka_unit_test(steady_sends_cross_no_socket),
       cmocka_unit_test(a_sender_without_credits_sleeps_until_they_come),

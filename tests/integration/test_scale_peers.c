@@ -73,6 +73,7 @@ static ferry_engine *tcp_engine(unsigned server_threads, uint32_t timeout_ms) {
   cfg.transports = FERRY_TRANSPORT_TCP; /* same host: shm would bypass the server */
   cfg.server_threads = server_threads;
   cfg.timeout_ms = timeout_ms;
+  cfg.connect_timeout_ms = TEST_SETUP_MS; /* 64 handshakes at once on a busy machine */
   ferry_engine *e = NULL;
   if (ferry_engine_create(&cfg, &e) != FERRY_OK)
     fail_msg("engine create: %s", ferry_last_error());
@@ -93,7 +94,7 @@ static int initiator_child(int index, int go_fd, int report_fd) {
   go g;
   if (read(go_fd, &g, sizeof g) != sizeof g)
     return 2;
-  ferry_engine *e = tcp_engine(0, 30000);
+  ferry_engine *e = tcp_engine(0, TEST_SETUP_MS);
   uint8_t *out = test_buffer(e, PEER_BYTES), *in = test_buffer(e, PEER_BYTES);
   test_fill_random(out, PEER_BYTES, 1000 + (uint64_t)index);
   ferry_status st = FERRY_OK;
@@ -115,10 +116,12 @@ static int initiator_child(int index, int go_fd, int report_fd) {
 }
 
 /* Forked before the target engine exists, so each child starts from a
- * process with one thread and builds its own engine. */
+ * process with one thread and builds its own engine (checked: a fork after
+ * threads exist may copy a lock another thread held). */
 static pid_t fork_initiator(int index, int *go_fd, int report_fd) {
   int p[2];
   assert_int_equal(pipe(p), 0);
+  assert_int_equal(threads_now(), 1);
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {

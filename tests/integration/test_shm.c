@@ -22,6 +22,7 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
+#include "child.h"
 #include "ferry.h"
 #include "harness.h"
 #include "pagestall.h"
@@ -168,19 +169,24 @@ static void tcp_can_be_forced(void **state) {
 }
 
 /* A user that may not ptrace the target cannot use CMA: that peer falls
- * back to TCP. Runs as root only (a child drops to nobody). */
-static int child_uses_tcp(const test_target *t) {
+ * back to TCP. Runs as root only: role "nobody-initiator" TARGET ADDR (hex),
+ * this program started again (child.h), drops to nobody. */
+static int nobody_initiator(int argc, char **argv) {
+  if (argc != 2)
+    return 9;
+  const char *target = argv[0];
+  uint64_t addr = strtoull(argv[1], NULL, 16);
   if (setgid(65534) != 0 || setuid(65534) != 0)
     return 10;
   ferry_engine *e = test_engine(NULL);
   uint8_t *buf = e ? test_buffer(e, MiB) : NULL;
   unsigned transport = 0;
-  if (!buf || ferry_peer_transport(e, t->target, &transport) != FERRY_OK)
+  if (!buf || ferry_peer_transport(e, target, &transport) != FERRY_OK)
     return 11;
   if (transport != FERRY_TRANSPORT_TCP)
     return 12;
   test_fill_random(buf, MiB, 9);
-  if (ferry_transfer_sync(e, t->target, FERRY_OP_WRITE, buf, t->addr, MiB) != FERRY_OK)
+  if (ferry_transfer_sync(e, target, FERRY_OP_WRITE, buf, addr, MiB) != FERRY_OK)
     return 13;
   ferry_engine_destroy(e);
   return 0;
@@ -193,9 +199,11 @@ static void cma_refused_falls_back_to_tcp(void **state) {
   }
   test_target t;
   assert_int_equal(test_target_start(&t, 0, 4 * MiB, NULL), 0);
-  pid_t pid = fork();
-  if (pid == 0)
-    _exit(child_uses_tcp(&t));
+  char addr[32];
+  snprintf(addr, sizeof addr, "%llx", (unsigned long long)t.addr);
+  const char *args[] = {t.target, addr, NULL};
+  pid_t pid = test_child_start("nobody-initiator", args, NULL, NULL);
+  assert_true(pid > 0);
   int status = -1;
   assert_int_equal(waitpid(pid, &status, 0), pid);
   assert_true(WIFEXITED(status));
@@ -464,7 +472,9 @@ static void scattered_batch(void **state) {
   pair_close(&p);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  const test_child_role roles[] = {{"nobody-initiator", nobody_initiator}};
+  test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(shm_is_chosen_on_the_same_host),
       cmocka_unit_test(tcp_can_be_forced),

@@ -3,7 +3,9 @@
  * table or resizes a buffer it mapped, one that scribbles on its slots or
  * never says HELLO, and a flood of connections. Each test drives the
  * service with the raw client of tests/support/shmclient.c, as such a
- * process would, and checks that honest initiators keep working. */
+ * process would, and checks that honest initiators keep working. The
+ * other processes (another user's, an honest initiator) are this program
+ * started again in a role (child.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -24,6 +26,7 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
+#include "child.h"
 #include "ferry.h"
 #include "harness.h"
 #include "shmclient.h"
@@ -60,11 +63,15 @@ static int become_nobody(void) {
   return setresgid(NOBODY, NOBODY, NOBODY) == 0 && setresuid(NOBODY, NOBODY, NOBODY) == 0;
 }
 
-/* As nobody: the raw client is refused before it sees anything, 600 times
- * (each refusal costs the target nothing it keeps), and an engine falls
- * back to TCP with a log line saying why (its stderr, fd 2, is the pipe
- * the parent reads). Exit code: which check failed. */
-static int child_as_nobody(const test_target *t, const char *path) {
+/* Role "refused-nobody" TARGET SOCKET: as nobody, the raw client is
+ * refused before it sees anything, 600 times (each refusal costs the
+ * target nothing it keeps), and an engine falls back to TCP with a log
+ * line saying why (its stderr goes to stdout, the pipe the parent reads).
+ * Exit code: which check failed. */
+static int refused_nobody(int argc, char **argv) {
+  if (argc != 2 || dup2(STDOUT_FILENO, STDERR_FILENO) < 0)
+    return 9;
+  const char *target = argv[0], *path = argv[1];
   if (!become_nobody())
     return 10;
   for (int i = 0; i < 600; i++) {
@@ -82,10 +89,11 @@ static int child_as_nobody(const test_target *t, const char *path) {
   cfg.bind_host = cfg.advertise_host = "127.0.0.1";
   cfg.shm_allowed_uids = &root;
   cfg.shm_allowed_uid_count = 1;
+  cfg.connect_timeout_ms = TEST_SETUP_MS; /* a first contact */
   ferry_engine *e = NULL;
   unsigned transport = 0;
   if (ferry_engine_create(&cfg, &e) != FERRY_OK ||
-      ferry_peer_transport(e, t->target, &transport) != FERRY_OK)
+      ferry_peer_transport(e, target, &transport) != FERRY_OK)
     return 13;
   ferry_engine_destroy(e);
   return transport == FERRY_TRANSPORT_TCP ? 0 : 14;
@@ -100,21 +108,17 @@ static void other_user_is_refused(void **state) {
   assert_int_equal(test_target_start(&t, 0, 4 * MiB, NULL), 0);
   char path[128];
   assert_int_equal(shmc_find(t.pid, NULL, 0, path, sizeof path), 0);
-  int err[2];
-  assert_int_equal(pipe(err), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(err[1], 2);
-    _exit(child_as_nobody(&t, path));
-  }
-  close(err[1]);
+  int err;
+  const char *args[] = {t.target, path, NULL};
+  pid_t pid = test_child_start("refused-nobody", args, NULL, &err);
+  assert_true(pid > 0);
   char log[8192];
   size_t got = 0;
   ssize_t n;
-  while (got < sizeof log - 1 && (n = read(err[0], log + got, sizeof log - 1 - got)) > 0)
+  while (got < sizeof log - 1 && (n = read(err, log + got, sizeof log - 1 - got)) > 0)
     got += (size_t)n;
   log[got] = '\0';
-  close(err[0]);
+  close(err);
   int status = -1;
   assert_int_equal(waitpid(pid, &status, 0), pid);
   print_message("as uid %d:\n%s", NOBODY, log);
@@ -123,6 +127,16 @@ static void other_user_is_refused(void **state) {
   assert_non_null(strstr(log, "refused this process (uid 65534)"));
   assert_non_null(strstr(log, "using TCP"));
   test_target_stop(&t);
+}
+
+/* Role "attaching-nobody" SOCKET: attaches to the service as nobody. */
+static int attaching_nobody(int argc, char **argv) {
+  shmc c;
+  return argc != 1                   ? 9
+         : !become_nobody()          ? 10
+         : shmc_connect(&c, argv[0]) ? 11
+         : shmc_attach(&c)           ? 12
+                                     : 0;
 }
 
 /* A uid the target lists in shm_allowed_uids is served. */
@@ -142,16 +156,38 @@ static void allowed_user_is_served(void **state) {
   ferry_engine *target = NULL;
   assert_int_equal(ferry_engine_create(&cfg, &target), FERRY_OK);
   assert_int_equal(shmc_find(getpid(), before, n, path, sizeof path), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    shmc c;
-    _exit(!become_nobody() ? 10 : shmc_connect(&c, path) ? 11 : shmc_attach(&c) ? 12 : 0);
-  }
+  const char *args[] = {path, NULL};
+  pid_t pid = test_child_start("attaching-nobody", args, NULL, NULL);
+  assert_true(pid > 0);
   int status = -1;
   assert_int_equal(waitpid(pid, &status, 0), pid);
   assert_true(WIFEXITED(status));
   assert_int_equal(WEXITSTATUS(status), 0);
   ferry_engine_destroy(target);
+}
+
+/* Role "nobody-target": a target run by nobody. Writes "NAME ADDR" of a
+ * 1 MiB buffer on stdout, then serves until stdin ends or says so. */
+static int nobody_target(int argc, char **argv) {
+  char line[128], byte;
+  void *buf = NULL;
+  /* It would serve root: only the initiator's own rule can keep it off shm. */
+  const uint32_t root = 0;
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.shm_allowed_uids = &root;
+  cfg.shm_allowed_uid_count = 1;
+  ferry_engine *e = NULL;
+  if (argc != 0 || !become_nobody() || ferry_engine_create(&cfg, &e) != FERRY_OK ||
+      ferry_memory_alloc(e, MiB, &buf) != FERRY_OK)
+    return 10;
+  int n = snprintf(line, sizeof line, "%s %llx\n", ferry_engine_name(e),
+                   (unsigned long long)(uintptr_t)buf);
+  if (write(STDOUT_FILENO, line, (size_t)n) != n || read(STDIN_FILENO, &byte, 1) < 0)
+    return 11;
+  ferry_engine_destroy(e);
+  return 0;
 }
 
 /* The other way round: a root initiator does not hand its data over shm to
@@ -161,51 +197,25 @@ static void target_of_another_user_is_not_used(void **state) {
     print_message("not root: cannot act as another user\n");
     skip();
   }
-  int info[2], done[2];
-  assert_int_equal(pipe(info), 0);
-  assert_int_equal(pipe(done), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(info[0]); /* so the read below ends if the parent dies */
-    close(done[1]);
-    char line[128], byte;
-    void *buf = NULL;
-    /* It would serve root: only the initiator's own rule can keep it off shm. */
-    const uint32_t root = 0;
-    ferry_config cfg;
-    ferry_config_init(&cfg);
-    cfg.bind_host = cfg.advertise_host = "127.0.0.1";
-    cfg.shm_allowed_uids = &root;
-    cfg.shm_allowed_uid_count = 1;
-    ferry_engine *e = NULL;
-    if (!become_nobody() || ferry_engine_create(&cfg, &e) != FERRY_OK ||
-        ferry_memory_alloc(e, MiB, &buf) != FERRY_OK)
-      _exit(10);
-    int n = snprintf(line, sizeof line, "%s %llx\n", ferry_engine_name(e),
-                     (unsigned long long)(uintptr_t)buf);
-    if (write(info[1], line, (size_t)n) != n || read(done[0], &byte, 1) < 0)
-      _exit(11);
-    ferry_engine_destroy(e);
-    _exit(0);
-  }
-  close(info[1]);
-  close(done[0]);
+  int info, done;
+  pid_t pid = test_child_start("nobody-target", NULL, &done, &info);
+  assert_true(pid > 0);
   char line[128], target[80];
   unsigned long long addr = 0;
-  assert_int_equal(test_read_line(info[0], line, sizeof line, 10000), 0);
+  assert_int_equal(test_read_line(info, line, sizeof line, TEST_SETUP_MS), 0);
   assert_int_equal(sscanf(line, "%79s %llx", target, &addr), 2);
   ferry_engine *e = test_engine(NULL);
   uint8_t *buf = test_buffer(e, MiB), *back = test_buffer(e, MiB);
   assert_int_equal(transport_to(e, target), FERRY_TRANSPORT_TCP);
   test_round_trip(e, target, buf, back, addr, MiB, 5);
   ferry_engine_destroy(e);
-  assert_int_equal(write(done[1], "d", 1), 1);
+  assert_int_equal(write(done, "d", 1), 1);
   int status = -1;
   assert_int_equal(waitpid(pid, &status, 0), pid);
   assert_true(WIFEXITED(status));
   assert_int_equal(WEXITSTATUS(status), 0);
-  close(info[0]);
-  close(done[1]);
+  close(info);
+  close(done);
   free(buf);
   free(back);
 }
@@ -248,42 +258,50 @@ static void table_cannot_be_made_writable(void **state) {
   ferry_engine_destroy(target);
 }
 
+/* Role "honest-initiator" TARGET ADDR: maps the target's buffer with a
+ * WRITE over shm at ADDR (hex) + 3 MiB, says 'r' on stdout, and once stdin
+ * says go, transfers there again and checks the bytes. Exit code: which
+ * step failed. */
+static int honest_initiator(int argc, char **argv) {
+  if (argc != 2)
+    return 19;
+  const char *target = argv[0];
+  uint64_t at = strtoull(argv[1], NULL, 16) + 3 * MiB;
+  ferry_engine *e = test_engine(NULL);
+  uint8_t *buf = e ? test_buffer(e, MiB) : NULL, *back = e ? test_buffer(e, MiB) : NULL;
+  char byte = 0;
+  unsigned transport = 0;
+  if (!buf || !back || ferry_peer_transport(e, target, &transport) ||
+      transport != FERRY_TRANSPORT_SHM ||
+      ferry_transfer_sync(e, target, FERRY_OP_WRITE, buf, at, MiB))
+    return 20;
+  if (write(STDOUT_FILENO, "r", 1) != 1 || read(STDIN_FILENO, &byte, 1) != 1)
+    return 21;
+  test_fill_random(buf, MiB, 3);
+  if (ferry_transfer_sync(e, target, FERRY_OP_WRITE, buf, at, MiB) ||
+      ferry_transfer_sync(e, target, FERRY_OP_READ, back, at, MiB) || memcmp(buf, back, MiB) != 0)
+    return 22;
+  ferry_engine_destroy(e);
+  return 0;
+}
+
 /* The honest initiator maps the target's buffer, then a peer tries to
  * resize that memfd; the honest one then transfers again. It runs in a
- * child so that a SIGBUS shows as a failure, not a crash of the test. */
+ * process of its own so that a SIGBUS shows as a failure, not a crash of
+ * the test. */
 static void buffer_cannot_be_resized(void **state) {
   test_target t;
   assert_int_equal(test_target_start(&t, 0, 4 * MiB, NULL), 0);
   char path[128];
   assert_int_equal(shmc_find(t.pid, NULL, 0, path, sizeof path), 0);
-  int go[2], ready[2];
-  assert_int_equal(pipe(go), 0);
-  assert_int_equal(pipe(ready), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(go[1]); /* so the read below ends if the parent dies */
-    close(ready[0]);
-    ferry_engine *e = test_engine(NULL);
-    uint8_t *buf = test_buffer(e, MiB), *back = test_buffer(e, MiB);
-    char byte = 0;
-    unsigned transport = 0;
-    if (ferry_peer_transport(e, t.target, &transport) || transport != FERRY_TRANSPORT_SHM ||
-        ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr + 3 * MiB, MiB))
-      _exit(20);
-    if (write(ready[1], "r", 1) != 1 || read(go[0], &byte, 1) != 1)
-      _exit(21);
-    test_fill_random(buf, MiB, 3);
-    if (ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr + 3 * MiB, MiB) ||
-        ferry_transfer_sync(e, t.target, FERRY_OP_READ, back, t.addr + 3 * MiB, MiB) ||
-        memcmp(buf, back, MiB) != 0)
-      _exit(22);
-    ferry_engine_destroy(e);
-    _exit(0);
-  }
-  close(go[0]);
-  close(ready[1]);
+  char addr[32];
+  snprintf(addr, sizeof addr, "%llx", (unsigned long long)t.addr);
+  const char *args[] = {t.target, addr, NULL};
+  int go, ready;
+  pid_t pid = test_child_start("honest-initiator", args, &go, &ready);
+  assert_true(pid > 0);
   char byte = 0;
-  assert_int_equal(read(ready[0], &byte, 1), 1);
+  assert_int_equal(read(ready, &byte, 1), 1);
   shmc c;
   shm_table_entry en;
   int fd = -1;
@@ -297,7 +315,7 @@ static void buffer_cannot_be_resized(void **state) {
   print_message("peer on the buffer memfd: shrink %s, grow %s, new seal %s\n",
                 shrunk ? "DONE" : "refused", grown ? "DONE" : "refused",
                 resealed ? "ADDED" : "refused");
-  assert_int_equal(write(go[1], "g", 1), 1);
+  assert_int_equal(write(go, "g", 1), 1);
   int status = -1;
   assert_int_equal(waitpid(pid, &status, 0), pid);
   if (WIFSIGNALED(status))
@@ -309,8 +327,8 @@ static void buffer_cannot_be_resized(void **state) {
   assert_int_equal(WEXITSTATUS(status), 0);
   close(fd);
   shmc_close(&c);
-  close(go[1]);
-  close(ready[0]);
+  close(go);
+  close(ready);
   test_target_stop(&t);
 }
 
@@ -483,7 +501,12 @@ static void idle_connections_are_capped_and_dropped(void **state) {
   free(buf);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  const test_child_role roles[] = {{"refused-nobody", refused_nobody},
+                                   {"attaching-nobody", attaching_nobody},
+                                   {"nobody-target", nobody_target},
+                                   {"honest-initiator", honest_initiator}};
+  test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(other_user_is_refused),
       cmocka_unit_test(allowed_user_is_served),

@@ -310,7 +310,7 @@ def test_transfer_submit_write_check_status(engine, target):
     addr, data = local_buffer(engine, 1 << 20)
     bid = engine.transfer_submit_write(target.session, addr, target.addr, 1 << 20)
     assert bid
-    status = wait_for(lambda: engine.transfer_check_status(bid) or None, timeout=20)
+    status = wait_for(lambda: engine.transfer_check_status(bid) or None, timeout=60)
     assert status == 1
     assert target.sha256(0, 1 << 20) == sha(data)
     assert engine.transfer_check_status(bid) == -1  # finished and freed
@@ -323,7 +323,7 @@ def test_check_status_failed_batch(engine, target):
     if bid == 0:  # refused at submit: also acceptable
         assert engine.last_error_code() < 0
     else:
-        status = wait_for(lambda: engine.transfer_check_status(bid) or None, timeout=20)
+        status = wait_for(lambda: engine.transfer_check_status(bid) or None, timeout=60)
         assert status in (-1, -2)
     assert engine.transfer_sync_write(target.session, addr, target.addr, 64) == 0
 
@@ -438,7 +438,7 @@ def test_ten_threads_batches_of_10000(shared_engine, shared_target):
 
 # ---- restart on the same port ---------------------------------------------
 
-def start_on_port(start_target, port, timeout=20.0):
+def start_on_port(start_target, port, timeout=60.0):
     """Starts a target bound to `port`, retrying while the port is still held."""
     deadline = time.monotonic() + timeout
     while True:
@@ -466,7 +466,7 @@ def test_restart_target_same_port(engine, start_target):
 
     t2 = start_on_port(start_target, port)
     assert t2.session == session
-    assert wait_for(lambda: engine.send_probe(session) == 0, timeout=10)
+    assert wait_for(lambda: engine.send_probe(session) == 0, timeout=60)
     assert engine.transfer_sync_write(session, addr, t2.addr, 4096) == 0
     assert t2.dump(0, 4096) == data
     assert engine.get_first_buffer_address(session) == t2.addr
@@ -482,7 +482,7 @@ def test_restart_target_transfer_reconnects_without_probe(engine, start_target):
     t2 = start_on_port(start_target, port)
     # the cached connection is dead: at most one failure, then it must work
     ok = wait_for(lambda: engine.transfer_sync_write(session, addr, t2.addr, 4096) == 0,
-                  timeout=15, step=0.2)
+                  timeout=60, step=0.2)
     assert ok
     assert t2.dump(0, 4096) == data
 

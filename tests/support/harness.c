@@ -20,6 +20,8 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
+#include "core/engine.h"
+
 double test_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -89,7 +91,7 @@ int test_target_start(test_target *t, uint16_t port, uint64_t size, const char *
   memset(t, 0, sizeof *t);
   t->pid = pid;
   char line[512];
-  int rc = pid > 0 ? test_read_line(fds[0], line, sizeof line, 10000) : -1;
+  int rc = pid > 0 ? test_read_line(fds[0], line, sizeof line, TEST_SETUP_MS) : -1;
   close(fds[0]);
   if (rc == 0)
     rc = parse_ready(t, line);
@@ -134,7 +136,7 @@ int test_target_stop(test_target *t) {
     return -1;
   kill(t->pid, SIGTERM);
   int status;
-  int rc = test_wait_exit(t->pid, 5000, &status);
+  int rc = test_wait_exit(t->pid, TEST_SETUP_MS, &status);
   if (rc == -2) {
     kill(t->pid, SIGKILL);
     rc = test_wait_exit(t->pid, 5000, &status);
@@ -150,12 +152,20 @@ void test_target_kill(test_target *t) {
   t->pid = 0;
 }
 
+void test_engine_set_timeouts(ferry_engine *e, uint32_t timeout_ms, uint32_t connect_timeout_ms) {
+  if (timeout_ms)
+    e->cfg.timeout_ms = timeout_ms;
+  if (connect_timeout_ms)
+    e->cfg.connect_timeout_ms = connect_timeout_ms;
+}
+
 ferry_engine *test_engine(const char *secret) {
   ferry_config cfg;
   ferry_config_init(&cfg);
   cfg.bind_host = "127.0.0.1";
   cfg.advertise_host = "127.0.0.1";
   cfg.secret = secret;
+  cfg.timeout_ms = TEST_SETUP_MS; /* a test whose point is a timeout makes its own engine */
   ferry_engine *e = NULL;
   if (ferry_engine_create(&cfg, &e) != FERRY_OK) {
     fprintf(stderr, "engine create failed: %s\n", ferry_last_error());

@@ -18,13 +18,20 @@ typedef struct test_target {
   uint64_t size;
 } test_target;
 
+/* The bound of a step that is not a test's point: a process's start, a
+ * first contact (handshake, a fabric endpoint), a warm-up. Generous: on a
+ * busy machine a sanitizer build's fabric engine takes tens of seconds to
+ * start. Only what a test is about gets a short bound. */
+#define TEST_SETUP_MS 60000
+
 /* Starts `$FERRY_TOOL serve --host 127.0.0.1 --port PORT --size SIZE [extra...]`
- * and waits (10 s at most) for its ready line. extra is NULL-terminated. */
+ * and waits (TEST_SETUP_MS at most) for its ready line. extra is
+ * NULL-terminated. */
 int test_target_start(test_target *t, uint16_t port, uint64_t size, const char *const *extra);
 /* test_target_start on a port (with no extra arguments) that its previous
  * process may still hold for a moment: retries for about 5 s. */
 int test_target_restart(test_target *t, uint16_t port, uint64_t size);
-/* SIGTERM, then SIGKILL after 5 s; returns the exit status. */
+/* SIGTERM, then SIGKILL after TEST_SETUP_MS; returns the exit status. */
 int test_target_stop(test_target *t);
 void test_target_kill(test_target *t); /* SIGKILL, reaped */
 
@@ -44,7 +51,15 @@ void test_kill_and_reap(pid_t pid, int timeout_ms);
 /* Monotonic seconds. */
 double test_now_s(void);
 
-/* An engine on 127.0.0.1, port 0, with optional secret (NULL). */
+/* Sets an engine's config timeout_ms and connect_timeout_ms between its
+ * calls (none may run meanwhile; 0 keeps a value). A call reads them when it
+ * starts, so this is the per-call deadline ferry.h does not offer: a test
+ * gives a first contact TEST_SETUP_MS and the short bound only to the calls
+ * whose timing it is about. */
+void test_engine_set_timeouts(ferry_engine *e, uint32_t timeout_ms, uint32_t connect_timeout_ms);
+
+/* An engine on 127.0.0.1, port 0, with optional secret (NULL); its
+ * transfer timeout is TEST_SETUP_MS. */
 ferry_engine *test_engine(const char *secret);
 /* malloc'd buffer registered on the engine. */
 void *test_buffer(ferry_engine *e, size_t size);

@@ -18,7 +18,6 @@
 #include "metadata/metadata.h"
 #include "stores.h"
 
-#define READY_MS 15000
 #define MAX_CHILDREN 32
 
 static pid_t children[MAX_CHILDREN];
@@ -65,15 +64,16 @@ uint16_t test_free_port(void) {
 
 /* argv run with output to dir/log; the child dies with the test. */
 static pid_t spawn(const char *dir, char *const argv[]) {
+  char log[256];
+  snprintf(log, sizeof log, "%s/log", dir);
+  int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
+    /* Between fork and exec: async-signal-safe calls only. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
       _exit(1);
-    char log[256];
-    snprintf(log, sizeof log, "%s/log", dir);
-    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (fd >= 0) {
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);
@@ -81,6 +81,8 @@ static pid_t spawn(const char *dir, char *const argv[]) {
     execv(argv[0], argv);
     _exit(127);
   }
+  if (fd >= 0)
+    close(fd);
   if (pid > 0)
     remember(pid);
   return pid;
@@ -98,7 +100,7 @@ static void member_url(const test_store *s, int i, char *out, size_t size) {
 static int wait_ready(const test_store *s, int i) {
   char url[512];
   member_url(s, i, url, sizeof url);
-  double deadline = test_now_s() + READY_MS / 1000.0;
+  double deadline = test_now_s() + TEST_SETUP_MS / 1000.0;
   while (test_now_s() < deadline) {
     ferry_metadata *md = NULL;
     if (ferry_metadata_open(url, &md) == FERRY_OK) {
