@@ -189,6 +189,7 @@ static int nobody_initiator(int argc, char **argv) {
   if (ferry_transfer_sync(e, target, FERRY_OP_WRITE, buf, addr, MiB) != FERRY_OK)
     return 13;
   ferry_engine_destroy(e);
+  free(buf);
   return 0;
 }
 

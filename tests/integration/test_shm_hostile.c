@@ -282,6 +282,8 @@ static int honest_initiator(int argc, char **argv) {
       ferry_transfer_sync(e, target, FERRY_OP_READ, back, at, MiB) || memcmp(buf, back, MiB) != 0)
     return 22;
   ferry_engine_destroy(e);
+  free(buf);
+  free(back);
   return 0;
 }
 
