@@ -32,8 +32,7 @@
 static ferry_engine *fabric_engine(const char *provider, const char *device, unsigned lanes,
                                    ferry_status *st) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_FABRIC;
   cfg.fabric_provider = provider;
   cfg.fabric_device = device;
@@ -79,8 +78,7 @@ static void automatic_choice_falls_back_with_one_line(void **state) {
   struct captured c = {.lock = PTHREAD_MUTEX_INITIALIZER};
   ferry_log_set_handler(capture, &c);
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.fabric_provider = NULL;
   cfg.log_level = FERRY_LOG_INFO; /* the line is at INFO */
   cfg.log_level_set = 1;

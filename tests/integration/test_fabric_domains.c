@@ -53,8 +53,7 @@ static int make_namespace(void) {
  * need), else the provider takes ferry's keys. */
 static ferry_status basic_engine(const char *devices, int basic, ferry_engine **e) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_FABRIC;
   cfg.fabric_provider = "tcp;ofi_rxm";
   cfg.fabric_device = devices;

@@ -352,8 +352,7 @@ static void target_start(target *t, const char *provider) {
   memset(t, 0, sizeof *t);
   pthread_mutex_init(&t->lock, NULL);
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_FABRIC;
   cfg.fabric_provider = provider;
   cfg.secret = SECRET;

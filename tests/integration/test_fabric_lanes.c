@@ -26,16 +26,12 @@
 
 static ferry_engine *lane_engine(unsigned lanes) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_FABRIC;
   cfg.fabric_provider = "tcp;ofi_rxm";
   cfg.fabric_lanes = lanes;
   cfg.timeout_ms = 60000;
-  ferry_engine *e = NULL;
-  if (ferry_engine_create(&cfg, &e) != FERRY_OK)
-    fail_msg("fabric engine with %u lanes: %s", lanes, ferry_last_error());
-  return e;
+  return test_engine_create(&cfg);
 }
 
 static uint64_t lane_rounds(ferry_engine *e, unsigned lane) {

@@ -30,17 +30,13 @@
  * the rails list last. */
 static ferry_engine *fabric_engine(const char *rails) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_FABRIC;
   cfg.fabric_provider = "tcp;ofi_rxm";
   cfg.rail_hosts = rails;
   cfg.fabric_lanes = 1;
   cfg.timeout_ms = 60000;
-  ferry_engine *e = NULL;
-  if (ferry_engine_create(&cfg, &e) != FERRY_OK)
-    fail_msg("fabric engine on rails %s: %s", rails ? rails : "(none)", ferry_last_error());
-  return e;
+  return test_engine_create(&cfg);
 }
 
 /* The bytes moved on each rail toward the rig's target, in rail order, and

@@ -36,8 +36,7 @@
 
 static ferry_engine *target_engine(uint32_t timeout_ms, uint32_t idle_ms) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.timeout_ms = timeout_ms;
   cfg.idle_timeout_ms = idle_ms;
   ferry_engine *e = NULL;
@@ -416,8 +415,7 @@ static void a_cut_waits_at_most_timeout_ms(void **state) {
 static void notification_shares_count_real_memory_per_peer(void **state) {
   enum { SHARE = 256 * KiB };
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.notify_peer_bytes = SHARE;
   ferry_engine *t = NULL, *a = test_engine(NULL), *b = test_engine(NULL);
   assert_int_equal(ferry_engine_create(&cfg, &t), FERRY_OK);
@@ -450,8 +448,7 @@ static void notification_shares_count_real_memory_per_peer(void **state) {
  * max_connections a new connection is closed at once. */
 static void connections_are_capped_per_peer_and_in_total(void **state) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.max_connections_per_peer = 2;
   cfg.max_connections = 4;
   ferry_engine *t = NULL;
@@ -535,8 +532,7 @@ static void concurrent_registrations_publish_the_latest_table(void **state) {
   char url[256];
   metadata_server = start_metadata_server(url, sizeof url);
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.metadata_url = url;
   cfg.segment_name = "fence-publish";
   ferry_engine *e = NULL;

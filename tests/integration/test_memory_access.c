@@ -32,17 +32,13 @@
 
 static ferry_engine *engine_on(unsigned transports, const char *secret, int checksum) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = transports;
   cfg.fabric_provider = "tcp;ofi_rxm";
   cfg.secret = secret;
   cfg.checksum = checksum;
   cfg.tcp_connections = 1; /* one data connection: "the same connection" is that one */
-  ferry_engine *e = NULL;
-  if (ferry_engine_create(&cfg, &e) != FERRY_OK)
-    fail_msg("engine: %s", ferry_last_error());
-  return e;
+  return test_engine_create(&cfg);
 }
 
 static uint8_t *map(size_t size, int prot, int flags) {

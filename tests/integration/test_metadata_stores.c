@@ -77,8 +77,7 @@ static fixture *need_store(void **state) {
 
 static ferry_engine *store_engine(const char *url, const char *segment) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.metadata_url = url;
   cfg.segment_name = segment;
   cfg.metadata_ttl_ms = TTL_MS;
@@ -310,8 +309,7 @@ static void test_unreachable_at_create(void **state) {
   char url[64];
   snprintf(url, sizeof url, "%s127.0.0.1:%u", f->etcd ? "etcd://" : "redis://", test_free_port());
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.metadata_url = url;
   cfg.connect_timeout_ms = 1000;
   ferry_engine *e = NULL;

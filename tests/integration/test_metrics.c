@@ -31,8 +31,7 @@
 
 static ferry_engine *metrics_engine(unsigned transports) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = transports;
   cfg.metrics_port = 0;
   ferry_engine *e = NULL;
@@ -307,8 +306,7 @@ static void test_silent_clients_do_not_delay_a_scrape(void **state) {
 static void test_taken_port_leaves_the_engine_running(void **state) {
   ferry_engine *first = metrics_engine(FERRY_TRANSPORT_TCP);
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.metrics_port = ferry_engine_metrics_port(first);
   ferry_engine *second = NULL;
   assert_int_equal(ferry_engine_create(&cfg, &second), FERRY_OK);
@@ -371,8 +369,7 @@ static int wait_for_log(int fd, const char *want, char *line, size_t size) {
 
 static ferry_engine *logging_engine(unsigned seconds) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_TCP;
   cfg.metrics_log_s = seconds;
   ferry_engine *e = NULL;

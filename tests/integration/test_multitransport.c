@@ -40,10 +40,7 @@ static ferry_engine *two_transport_engine(unsigned connections) {
   cfg.transports = FERRY_TRANSPORT_FABRIC | FERRY_TRANSPORT_TCP; /* not shm: same host */
   cfg.fabric_provider = "tcp;ofi_rxm";
   cfg.timeout_ms = 60000;
-  ferry_engine *e = NULL;
-  if (ferry_engine_create(&cfg, &e) != FERRY_OK)
-    fail_msg("engine with fabric and tcp: %s", ferry_last_error());
-  return e;
+  return test_engine_create(&cfg);
 }
 
 /* Log lines seen (any thread), each also shown on stderr. */

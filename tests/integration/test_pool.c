@@ -327,8 +327,7 @@ static void landed_notice_rides_on_the_write(void **state) {
 
   p = pair_new(8 * MiB);
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_TCP;
   cfg.checksum = 1;
   ferry_engine_destroy(p->tx);
@@ -709,8 +708,7 @@ static void receiver_restarted(void **state) {
   p->rx = NULL;
   for (int i = 0; i < 100 && !p->rx; i++) { /* the port is free once the old listener closed */
     ferry_config cfg;
-    ferry_config_init(&cfg);
-    cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+    test_config(&cfg);
     cfg.port = port;
     cfg.transports = FERRY_TRANSPORT_TCP;
     if (ferry_engine_create(&cfg, &p->rx))

@@ -36,8 +36,7 @@
 
 static ferry_engine *engine_on(unsigned transports) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = transports;
   cfg.fabric_provider = PROVIDER;
   ferry_engine *e = NULL;

@@ -43,8 +43,7 @@
  * a whole pool (pool_sender_bytes): these cases are about room, not shares. */
 static ferry_engine *engine_with(uint16_t port, uint32_t connect_timeout_ms) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.port = port;
   if (connect_timeout_ms)
     cfg.connect_timeout_ms = connect_timeout_ms;
@@ -609,8 +608,7 @@ static ferry_status whole_pool_send(pair *p, ferry_engine *other, void *buf) {
 static pair *pair_idling_out(size_t pool_size, uint32_t idle_ms) {
   pair *p = calloc(1, sizeof *p);
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_TCP | FERRY_TRANSPORT_SHM;
   cfg.idle_timeout_ms = idle_ms;
   cfg.pool_sender_bytes = SIZE_MAX; /* whole_pool_send */

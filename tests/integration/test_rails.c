@@ -40,16 +40,12 @@
 /* stall_ms 0: the default bound. */
 static ferry_engine *engine_on_rails(const char *rails, uint32_t stall_ms) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_TCP; /* shm would take a same-host peer */
   cfg.rail_hosts = rails;
   cfg.timeout_ms = TIMEOUT_MS;
   cfg.stall_ms = stall_ms;
-  ferry_engine *e = NULL;
-  if (ferry_engine_create(&cfg, &e) != FERRY_OK)
-    fail_msg("engine on rails %s: %s", rails ? rails : "(none)", ferry_last_error());
-  return e;
+  return test_engine_create(&cfg);
 }
 
 static void rig_start_stall(test_rig *r, const char *rails, uint32_t stall_ms) {

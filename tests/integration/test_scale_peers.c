@@ -68,16 +68,12 @@ static int threads_now(void) { return count_entries("task", NULL); }
 
 static ferry_engine *tcp_engine(unsigned server_threads, uint32_t timeout_ms) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_TCP; /* same host: shm would bypass the server */
   cfg.server_threads = server_threads;
   cfg.timeout_ms = timeout_ms;
   cfg.connect_timeout_ms = TEST_SETUP_MS; /* 64 handshakes at once on a busy machine */
-  ferry_engine *e = NULL;
-  if (ferry_engine_create(&cfg, &e) != FERRY_OK)
-    fail_msg("engine create: %s", ferry_last_error());
-  return e;
+  return test_engine_create(&cfg);
 }
 
 /* ---- 64 initiator processes -------------------------------------------- */
@@ -266,8 +262,7 @@ static void idle_connections_to_a_quiet_target_are_closed(void **state) {
   (void)state;
   ferry_engine *a = tcp_engine(SERVER_THREADS, 30000), *b = tcp_engine(SERVER_THREADS, 30000);
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_TCP;
   cfg.idle_timeout_ms = 100;
   ferry_engine *i = NULL;

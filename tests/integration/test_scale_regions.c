@@ -29,8 +29,7 @@
  * fetched within connect_timeout_ms, seconds under a sanitizer. */
 static ferry_engine *tcp_engine(void) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_TCP;
   cfg.timeout_ms = cfg.connect_timeout_ms = TEST_SETUP_MS;
   ferry_engine *e = NULL;

@@ -33,8 +33,7 @@
 
 static ferry_engine *engine_with(unsigned transports, const char *secret) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.transports = transports;
   cfg.secret = secret;
   ferry_engine *e = NULL;

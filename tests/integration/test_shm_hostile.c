@@ -39,8 +39,7 @@
 static ferry_engine *target_with(uint32_t timeout_ms, uint32_t connect_timeout_ms, char *path,
                                  size_t size) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.timeout_ms = timeout_ms;
   cfg.connect_timeout_ms = connect_timeout_ms;
   char before[SHMC_NAMES_MAX][SHMC_NAME_MAX];
@@ -85,8 +84,7 @@ static int refused_nobody(int argc, char **argv) {
   /* This engine would use a root target (allowed here), but root's refuses it. */
   const uint32_t root = 0;
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.shm_allowed_uids = &root;
   cfg.shm_allowed_uid_count = 1;
   cfg.connect_timeout_ms = TEST_SETUP_MS; /* a first contact */
@@ -149,8 +147,7 @@ static void allowed_user_is_served(void **state) {
   int n = shmc_names(getpid(), before, SHMC_NAMES_MAX);
   const uint32_t allowed[] = {12345, NOBODY};
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.shm_allowed_uids = allowed;
   cfg.shm_allowed_uid_count = 2;
   ferry_engine *target = NULL;
@@ -174,8 +171,7 @@ static int nobody_target(int argc, char **argv) {
   /* It would serve root: only the initiator's own rule can keep it off shm. */
   const uint32_t root = 0;
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.shm_allowed_uids = &root;
   cfg.shm_allowed_uid_count = 1;
   ferry_engine *e = NULL;

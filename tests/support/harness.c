@@ -159,11 +159,21 @@ void test_engine_set_timeouts(ferry_engine *e, uint32_t timeout_ms, uint32_t con
     e->cfg.connect_timeout_ms = connect_timeout_ms;
 }
 
+void test_config(ferry_config *cfg) {
+  ferry_config_init(cfg);
+  cfg->bind_host = cfg->advertise_host = "127.0.0.1";
+}
+
+ferry_engine *test_engine_create(const ferry_config *cfg) {
+  ferry_engine *e = NULL;
+  if (ferry_engine_create(cfg, &e) != FERRY_OK)
+    fail_msg("engine create failed: %s", ferry_last_error());
+  return e;
+}
+
 ferry_engine *test_engine(const char *secret) {
   ferry_config cfg;
-  ferry_config_init(&cfg);
-  cfg.bind_host = "127.0.0.1";
-  cfg.advertise_host = "127.0.0.1";
+  test_config(&cfg);
   cfg.secret = secret;
   cfg.timeout_ms = TEST_SETUP_MS; /* a test whose point is a timeout makes its own engine */
   ferry_engine *e = NULL;

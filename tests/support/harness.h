@@ -58,6 +58,11 @@ double test_now_s(void);
  * whose timing it is about. */
 void test_engine_set_timeouts(ferry_engine *e, uint32_t timeout_ms, uint32_t connect_timeout_ms);
 
+/* ferry_config_init, then bind and advertise 127.0.0.1 (never the
+ * machine's own address). */
+void test_config(ferry_config *cfg);
+/* ferry_engine_create, or fails the running test (cmocka) with the cause. */
+ferry_engine *test_engine_create(const ferry_config *cfg);
 /* An engine on 127.0.0.1, port 0, with optional secret (NULL); its
  * transfer timeout is TEST_SETUP_MS. */
 ferry_engine *test_engine(const char *secret);
