@@ -64,12 +64,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "core/transport.h"
 #include "transport/fabric.h"
 
-#define FABRIC_SPIN_ROUNDS 4096   /* yields before the first sleep */
+#define FABRIC_SPIN_ROUNDS 4096 /* yields before the first sleep */
+/* A yield that gave the CPU away for longer than this: other work wants the
+ * CPU, so the yields end at once (under two CPU burners, 4096 yields were
+ * seconds of an "idle" engine's CPU). */
+#define FABRIC_YIELD_BUSY_NS 50000
 #define FABRIC_SLEEP_MIN_US 50    /* then sleeps, doubling */
 #define FABRIC_SLEEP_MAX_US 20000 /* up to this: 50 wake-ups a second when idle */
 /* With a wake word (shm): once the sleeps reached this many rounds, the
@@ -82,7 +87,10 @@
 void ferry_fabric_backoff(unsigned *idle, int wake_fd) {
   unsigned n = (*idle)++;
   if (n < FABRIC_SPIN_ROUNDS) {
+    uint64_t before = ferry_now_ns();
     sched_yield();
+    if (ferry_now_ns() - before > FABRIC_YIELD_BUSY_NS)
+      *idle = FABRIC_SPIN_ROUNDS;
     return;
   }
   unsigned shift = n - FABRIC_SPIN_ROUNDS;
