@@ -42,11 +42,15 @@
 
 static ferry_engine *engine_with(unsigned transports, uint32_t timeout_ms, uint32_t connect_ms) {
   ferry_config cfg;
-  test_config(&cfg);
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
   cfg.transports = transports;
   cfg.timeout_ms = timeout_ms;
   cfg.connect_timeout_ms = connect_ms;
-  return test_engine_create(&cfg);
+  ferry_engine *e = NULL;
+  if (ferry_engine_create(&cfg, &e) != FERRY_OK)
+    fail_msg("engine create: %s", ferry_last_error());
+  return e;
 }
 
 /* ---- a call on its own thread --------------------------------------------------------------- */
@@ -64,6 +68,7 @@ typedef struct call {
   pthread_t thread;
   ferry_status result;
   unsigned done; /* CALL_WRITE_LOOP: transfers completed (atomic) */
+  int finished;  /* atomic */
 } call;
 
 static ferry_status run_once(call *c) {
@@ -88,6 +93,7 @@ static void *call_main(void *arg) {
       __atomic_add_fetch(&c->done, 1, __ATOMIC_SEQ_CST);
   } while (c->kind == CALL_WRITE_LOOP && st == FERRY_OK);
   c->result = st;
+  __atomic_store_n(&c->finished, 1, __ATOMIC_SEQ_CST);
   return NULL;
 }
 
@@ -227,10 +233,7 @@ static void destroy_waits_for_a_call_it_cannot_wake(void **state) {
     else
       usleep(1000);
   ferry_engine_destroy(e);
-  /* The call's connect ended (its socket closed inside the call) before
-   * destroy returned; the call's thread may still be on its way out of
-   * ferry_probe, so its own "finished" flag would race. */
-  assert_false(syn_sent_to(port));
+  assert_true(__atomic_load_n(&c.finished, __ATOMIC_SEQ_CST)); /* before destroy returned */
   assert_int_equal(call_join(&c), FERRY_ECLOSED);
   close(fillers[0]);
   close(fillers[1]);
@@ -414,7 +417,8 @@ static void worker_pool_shrinks_when_idle(void **state) {
   const char *const extra[] = {"--protocol", "tcp", NULL};
   assert_int_equal(test_target_start(&t, 0, 16 * MiB, extra), 0);
   ferry_config cfg;
-  test_config(&cfg);
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
   cfg.transports = FERRY_TRANSPORT_TCP;
   cfg.workers = 1;
   cfg.tcp_connections = WRITERS;
