@@ -215,9 +215,11 @@ static size_t op_size(const ferry_engine *e) {
   return slice < max ? slice : max;
 }
 
-/* A chunk is FABRIC_DEPTH operations: one channel keeps a 16 MiB batch's
- * operations in flight on its own, where several channels (threads, CPUs,
- * connections) only competed on 2 vCPUs. */
+/* A slice is FABRIC_DEPTH operations: it sets how many channels drive a
+ * batch (one per slice, up to tcp_connections; batch.c), so one channel
+ * keeps an 8 MiB batch's operations in flight on its own, where several
+ * channels (threads, CPUs, connections) only competed on 2 vCPUs. A
+ * channel claims less (claim_slot): what it can post now. */
 static size_t fabric_slice(const ferry_batch *b) { return FABRIC_DEPTH * op_size(b->engine); }
 
 /* ---- channels ------------------------------------------------------------------------- */
@@ -892,12 +894,17 @@ static void plan(fabric_channel *ch, fabric_slot *s) {
     s->planned += (uint32_t)((s->chunk.local[i].iov_len + ch->op_max - 1) / ch->op_max);
 }
 
-static fabric_slot *claim_slot(fabric_channel *ch, size_t slice) {
+/* Claims as many bytes as the channel can post now (its free depth), not a
+ * whole slice: what it cannot post yet stays in the batch for its other
+ * channels, so they end together instead of one draining a chunk it
+ * claimed early while the rest sit idle. */
+static fabric_slot *claim_slot(fabric_channel *ch) {
+  size_t room = (size_t)(FABRIC_DEPTH - ch->inflight) * ch->op_max;
   for (size_t i = 0; i < FABRIC_SLOTS; i++) {
     fabric_slot *s = &ch->slots[i];
     if (s->active)
       continue;
-    if (!ferry_batch_claim_on(ch->batch, &ch->base, slice, &s->chunk, NULL))
+    if (!ferry_batch_claim_on(ch->batch, &ch->base, room, &s->chunk, NULL))
       return NULL;
     s->active = 1;
     plan(ch, s);
@@ -911,11 +918,11 @@ static fabric_slot *claim_slot(fabric_channel *ch, size_t slice) {
 }
 
 /* A slot with operations left to post: one moving again, else a new chunk. */
-static fabric_slot *next_slot(fabric_channel *ch, size_t slice) {
+static fabric_slot *next_slot(fabric_channel *ch) {
   for (size_t i = 0; i < FABRIC_SLOTS; i++)
     if (ch->slots[i].active && ch->slots[i].posted < ch->slots[i].planned)
       return &ch->slots[i];
-  return claim_slot(ch, slice);
+  return claim_slot(ch);
 }
 
 /* Once every operation of the broken endpoint came back: a fresh endpoint,
@@ -945,14 +952,14 @@ static ferry_status renew(fabric_channel *ch) {
 
 /* Posts until FABRIC_DEPTH operations are in flight or nothing is left;
  * an error that ends the channel's turn is returned. */
-static ferry_status post_more(fabric_channel *ch, size_t slice) {
+static ferry_status post_more(fabric_channel *ch) {
   if (ch->renew && ch->inflight)
     return FERRY_OK; /* the rest of the cut operations first */
   ferry_status st = ch->renew ? renew(ch) : FERRY_OK;
   if (st)
     return st;
   while (!ch->base.broken && !ch->renew && ch->inflight < FABRIC_DEPTH) {
-    fabric_slot *s = ch->posting ? ch->posting : (ch->posting = next_slot(ch, slice));
+    fabric_slot *s = ch->posting ? ch->posting : (ch->posting = next_slot(ch));
     if (!s)
       return FERRY_OK;
     st = post_one(ch, s);
@@ -975,7 +982,6 @@ static ferry_status post_more(fabric_channel *ch, size_t slice) {
 
 static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
   fabric_channel *ch = (fabric_channel *)base;
-  size_t slice = fabric_slice(b);
   ch->batch = b;
   ch->first = FERRY_OK;
   ch->progress_ns = ferry_now_ns();
@@ -985,7 +991,7 @@ static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
   ch->check_ns = 0;
   ch->idle = 0;
   for (;;) {
-    ferry_status st = post_more(ch, slice);
+    ferry_status st = post_more(ch);
     if (!st && !ch->active)
       break;
     if (!st && ch->inflight)
