@@ -502,7 +502,9 @@ ferry_status ferry_plan_transfer_sync(ferry_engine *engine, ferry_plan *plan, fe
 size_t ferry_plan_local_count(const ferry_plan *plan);
 size_t ferry_plan_remote_count(const ferry_plan *plan);
 /* Frees a plan; its batches in flight are not affected. Valid also after its
- * engine was shut down or destroyed (the plan is detached from it then). */
+ * engine was shut down or destroyed (the plan is detached from it then);
+ * not while another thread is inside a call on the plan. Plans may be used
+ * by several threads at once otherwise. */
 void ferry_plan_free(ferry_plan *plan);
 
 /* ---- Peers and notifications -------------------------------------------- */
