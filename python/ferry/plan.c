@@ -5,8 +5,8 @@
  * Index arrays are where the time goes for large transfers, so a 1-D buffer
  * of 8-byte integers (numpy int64, the default integer array; array('q'))
  * is handed to libferry in place, with no per-item work in Python; other
- * integer buffers are widened in one pass, and sequences of ints read item
- * by item. A Plan holds its Engine; libferry detaches a plan when its
+ * integer buffers are widened in one pass, and sequences of ints (and
+ * strided arrays) read item by item. A Plan holds its Engine; libferry detaches a plan when its
  * engine shuts down, so a Plan may outlive close(). */
 #include "_ferry.h"
 
@@ -111,12 +111,12 @@ static int index_from_sequence(PyObject *o, IndexArg *ix, const char *what) {
 static int index_get(PyObject *o, const char *what, IndexArg *ix) {
   memset(ix, 0, sizeof *ix);
   int rc;
-  if (PyObject_CheckBuffer(o) && !PyBytes_Check(o) && !PyByteArray_Check(o)) {
-    if (PyObject_GetBuffer(o, &ix->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-      return -1;
+  if (PyObject_CheckBuffer(o) && !PyBytes_Check(o) && !PyByteArray_Check(o) &&
+      PyObject_GetBuffer(o, &ix->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
     ix->has_view = 1;
     rc = index_from_buffer(ix, what);
   } else {
+    PyErr_Clear(); /* a strided array: read item by item */
     rc = index_from_sequence(o, ix, what);
   }
   if (rc < 0)

@@ -82,7 +82,7 @@ def test_scattered_round_trip(rig):
 
 
 @pytest.mark.parametrize("kind", ["int64", "int32", "uint32", "uint64", "list", "array_q",
-                                  "array_i"])
+                                  "array_i", "strided"])
 def test_index_kinds(rig, kind):
     li = list(range(8))
     ri = [7 - i for i in range(8)]
@@ -94,6 +94,7 @@ def test_index_kinds(rig, kind):
         "list": list,
         "array_q": lambda v: array.array("q", v),
         "array_i": lambda v: array.array("i", v),
+        "strided": lambda v: np.repeat(np.array(v, dtype=np.int64), 2)[::2],
     }[kind]
     rig.out[:8 * BLOCK] = np.arange(8 * BLOCK, dtype=np.uint32).astype(np.uint8)
     rig.plan.transfer(ferry.OP_WRITE, conv(li), conv(ri))
