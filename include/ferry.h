@@ -448,6 +448,65 @@ ferry_status ferry_transfer_sync_batch(ferry_engine *engine, const char *target,
                                        const ferry_entry *entries, size_t count,
                                        const ferry_notification *notify);
 
+/* ---- Plans: descriptor lists prepared once, transferred by index ---------
+ * A plan is a list of local descriptors (ranges of this engine's registered
+ * memory) and a list of remote descriptors (ranges a target registered),
+ * checked once when the plan is made: the local ones against the registry,
+ * the remote ones against the target's table, fetched as a batch fetches
+ * it. A transfer then names pairs by index, local_idx[i] <-> remote_idx[i],
+ * whose two descriptors must have the same length, and moves them with one
+ * op (and an optional notification, delivered after the data as a batch's
+ * is). Submitting costs per pair two bounds checks and a few compares: no
+ * range search, no allocation (one array for the whole transfer). Pairs
+ * adjacent in both memories, each side inside one region, are merged into
+ * one operation unless FERRY_PLAN_NO_MERGE (NIXL's skip_desc_merge): the
+ * links' ops counters (ferry_stats) count the operations after merging.
+ *
+ * A plan holds the local regions its descriptors lie in: once one of them
+ * is unregistered (ferry_memory_unregister, _batch, ferry_memory_free) every
+ * later transfer of the plan fails with FERRY_ENOTREG naming the region,
+ * even if the range is registered again (make a new plan then); a transfer
+ * already under way ends as a batch does. A target that unregisters a remote
+ * range refuses the transfers that touch it (FERRY_ENOTREG, its fence for
+ * those in flight: RELIABILITY.md 7). A target that restarted (a new
+ * instance) makes the plan's next transfer check its remote descriptors
+ * against the new incarnation's table first: it goes on if they are all
+ * registered there, else fails with FERRY_ENOTREG naming the first one
+ * that is not (the next transfer checks again). RELIABILITY.md 18. */
+typedef struct ferry_plan ferry_plan;
+
+#define FERRY_PLAN_NO_MERGE 0x1u /* one operation per pair, even for adjacent ones */
+
+/* Makes a plan toward target: local[0..local_count) inside regions
+ * registered here, remote[0..remote_count) inside regions the target
+ * registered (connects and fetches those regions if needed). Both lists
+ * are copied; neither may be empty, nor a descriptor of length 0.
+ * FERRY_ENOTREG names the first descriptor that is not registered. */
+ferry_status ferry_plan_create(ferry_engine *engine, const char *target, const ferry_region *local,
+                               size_t local_count, const ferry_region *remote, size_t remote_count,
+                               ferry_plan **out);
+/* Starts a transfer of count pairs (count > 0) as a batch (ferry_batch_*
+ * as for ferry_batch_submit): every index is checked first, and a bad one
+ * (out of range, or a pair of different lengths) fails with FERRY_EINVAL
+ * naming the pair, with nothing sent. The index arrays and notify are not
+ * kept; the memory the descriptors name must stay valid until done. */
+ferry_status ferry_plan_submit(ferry_engine *engine, ferry_plan *plan, ferry_op op,
+                               const int64_t *local_idx, const int64_t *remote_idx, size_t count,
+                               const ferry_notification *notify, unsigned flags, ferry_batch **out);
+/* The same, synchronous (as ferry_transfer_sync_batch). */
+ferry_status ferry_plan_transfer_sync(ferry_engine *engine, ferry_plan *plan, ferry_op op,
+                                      const int64_t *local_idx, const int64_t *remote_idx,
+                                      size_t count, const ferry_notification *notify,
+                                      unsigned flags);
+/* Descriptors in each list. */
+size_t ferry_plan_local_count(const ferry_plan *plan);
+size_t ferry_plan_remote_count(const ferry_plan *plan);
+/* Frees a plan; its batches in flight are not affected. Valid also after its
+ * engine was shut down or destroyed (the plan is detached from it then);
+ * not while another thread is inside a call on the plan. Plans may be used
+ * by several threads at once otherwise. */
+void ferry_plan_free(ferry_plan *plan);
+
 /* ---- Peers and notifications -------------------------------------------- */
 /* FERRY_OK if the peer answers a ping within the connect timeout. */
 ferry_status ferry_probe(ferry_engine *engine, const char *target);

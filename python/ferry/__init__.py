@@ -20,6 +20,15 @@ This package is a thin layer over libferry's C API (the extension module
       (``status()``, ``wait(timeout_ms=-1)``, ``free()``, context manager).
       ``transfer_arrays`` / ``submit_arrays`` take one op and three parallel
       integer sequences (the fast path for very large batches).
+    - ``plan(target, local, remote)`` -> ``Plan``: descriptor lists, each
+      ``(addr, length)`` pairs or an N x 2 integer array, checked once (local
+      against this engine's registrations, remote against the target's);
+      ``Plan.transfer(op, local_idx, remote_idx, notify=None, merge=True)``
+      moves pairs ``local_idx[i] <-> remote_idx[i]`` (numpy int64 index arrays
+      are read in place), ``Plan.submit(...)`` returns a ``Batch``; adjacent
+      pairs merge into one operation unless ``merge=False``. Unregistering a
+      local region a plan uses fails its later transfers (``ENOTREG``); a
+      restarted target's table is checked again by the next transfer.
     - Receive pools (message handoff): ``create_pool(name, buffer_or_size)``
       -> ``Pool`` (``.name``, ``.size``, ``fileno()``, ``close()``, context
       manager); ``send(target, pool, tag, data, timeout=None, nowait=False)``
@@ -114,6 +123,7 @@ from ferry._ferry import (  # noqa: F401
     OK,
     OP_READ,
     OP_WRITE,
+    PLAN_NO_MERGE,
     TRANSPORT_ALL,
     TRANSPORT_FABRIC,
     TRANSPORT_SHM,
@@ -123,6 +133,7 @@ from ferry._ferry import (  # noqa: F401
     Engine,
     Error,
     Message,
+    Plan,
     Pool,
     get_log_level,
     last_error,

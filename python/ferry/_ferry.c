@@ -86,7 +86,8 @@ static struct PyModuleDef ferry_module = {
 PyMODINIT_FUNC PyInit__ferry(void) {
   ErrorType.tp_base = (PyTypeObject *)PyExc_RuntimeError;
   if (PyType_Ready(&ErrorType) < 0 || PyType_Ready(&EngineType) < 0 ||
-      PyType_Ready(&BatchType) < 0 || PyType_Ready(&PoolType) < 0 || PyType_Ready(&MessageType) < 0)
+      PyType_Ready(&BatchType) < 0 || PyType_Ready(&PoolType) < 0 ||
+      PyType_Ready(&MessageType) < 0 || PyType_Ready(&PlanType) < 0)
     return NULL;
   PyObject *m = PyModule_Create(&ferry_module);
   if (!m)
@@ -96,11 +97,13 @@ PyMODINIT_FUNC PyInit__ferry(void) {
   Py_INCREF(&BatchType);
   Py_INCREF(&PoolType);
   Py_INCREF(&MessageType);
+  Py_INCREF(&PlanType);
   if (PyModule_AddObject(m, "Error", (PyObject *)&ErrorType) < 0 ||
       PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0 ||
       PyModule_AddObject(m, "Batch", (PyObject *)&BatchType) < 0 ||
       PyModule_AddObject(m, "Pool", (PyObject *)&PoolType) < 0 ||
-      PyModule_AddObject(m, "Message", (PyObject *)&MessageType) < 0) {
+      PyModule_AddObject(m, "Message", (PyObject *)&MessageType) < 0 ||
+      PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
     Py_DECREF(m);
     return NULL;
   }
@@ -133,6 +136,7 @@ PyMODINIT_FUNC PyInit__ferry(void) {
       {"EFAULT", FERRY_EFAULT},
       {"OP_READ", FERRY_OP_READ},
       {"OP_WRITE", FERRY_OP_WRITE},
+      {"PLAN_NO_MERGE", FERRY_PLAN_NO_MERGE},
       {"TRANSPORT_TCP", FERRY_TRANSPORT_TCP},
       {"TRANSPORT_SHM", FERRY_TRANSPORT_SHM},
       {"TRANSPORT_FABRIC", FERRY_TRANSPORT_FABRIC},

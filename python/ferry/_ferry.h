@@ -14,6 +14,7 @@
  *   batch.c    transfers (entries, arrays, a notification) and the Batch type
  *   stats.c    Engine.stats() and stats_text()
  *   pool.c     receive pools: the Pool and Message types, send and recv
+ *   plan.c     prepared transfer plans: Engine.plan() and the Plan type
  *
  * Every declaration below is hidden: what the files share stays inside the
  * module, which exports PyInit__ferry (and libferry's own API, compiled in). */
@@ -138,11 +139,37 @@ PyObject *engine_recv(EngineObject *self, PyObject *args, PyObject *kwds);
 PyObject *engine_send(EngineObject *self, PyObject *args, PyObject *kwds);
 PyObject *engine_send_batch(EngineObject *self, PyObject *args, PyObject *kwds);
 
-/* ---- batch.c, pool.c: the other types --------------------------------- */
+/* ---- batch.c: arguments and Batch objects that plan.c shares ---------- */
+
+int as_op(PyObject *o, ferry_op *out);
+
+/* A notification argument: None, (name, data) or an object with .name and
+ * .msg (or .data). name and data: str (UTF-8) or bytes-like. */
+typedef struct {
+  PyObject *name; /* bytes */
+  PyObject *data; /* bytes */
+  ferry_notification n;
+  int present;
+} NotifyArg;
+
+int notify_get(PyObject *obj, NotifyArg *na);
+void notify_release(NotifyArg *na);
+
+/* A new, empty Batch object; batch_object_attach then gives it a submitted
+ * batch (and takes na), so that nothing can fail once it was submitted. */
+PyObject *batch_object_new(void);
+void batch_object_attach(PyObject *batch, EngineObject *engine, ferry_batch *fb, NotifyArg *na);
+
+/* ---- plan.c: prepared transfer plans ----------------------------------- */
+
+PyObject *engine_plan(EngineObject *self, PyObject *args, PyObject *kwds);
+
+/* ---- batch.c, pool.c, plan.c: the other types -------------------------- */
 
 extern PyTypeObject BatchType;
 extern PyTypeObject PoolType;
 extern PyTypeObject MessageType;
+extern PyTypeObject PlanType;
 
 /* ---- log.c: log levels and the log bridge ----------------------------- */
 

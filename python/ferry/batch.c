@@ -11,7 +11,7 @@
 
 /* ---- arguments: op, notification, entries, arrays ---------------------- */
 
-static int as_op(PyObject *o, ferry_op *out) {
+int as_op(PyObject *o, ferry_op *out) {
   uint64_t v;
   if (as_u64(o, &v) < 0)
     return -1;
@@ -24,16 +24,7 @@ static int as_op(PyObject *o, ferry_op *out) {
   return 0;
 }
 
-/* A notification argument: None, (name, data) or an object with .name and
- * .msg (or .data). name and data: str (UTF-8) or bytes-like. */
-typedef struct {
-  PyObject *name; /* bytes */
-  PyObject *data; /* bytes */
-  ferry_notification n;
-  int present;
-} NotifyArg;
-
-static int notify_get(PyObject *obj, NotifyArg *na) {
+int notify_get(PyObject *obj, NotifyArg *na) {
   memset(na, 0, sizeof *na);
   if (obj == NULL || obj == Py_None)
     return 0;
@@ -81,7 +72,7 @@ static int notify_get(PyObject *obj, NotifyArg *na) {
   return 0;
 }
 
-static void notify_release(NotifyArg *na) {
+void notify_release(NotifyArg *na) {
   Py_CLEAR(na->name);
   Py_CLEAR(na->data);
   na->present = 0;
@@ -370,13 +361,10 @@ static PyObject *run_sync(EngineObject *self, const char *target, EntryList *l, 
   return none_or_raise(&r);
 }
 
-/* Submits a parsed entry list; the Batch takes l's views and na. */
-static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l, NotifyArg *na) {
+PyObject *batch_object_new(void) {
   BatchObject *b = PyObject_New(BatchObject, &BatchType);
-  if (!b) {
-    request_release(l, na);
+  if (!b)
     return NULL;
-  }
   b->engine = NULL;
   b->b = NULL;
   memset(&b->entries, 0, sizeof b->entries);
@@ -386,6 +374,25 @@ static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l
   b->state = FERRY_BATCH_PENDING;
   b->error = 0;
   b->detail = NULL;
+  return (PyObject *)b;
+}
+
+void batch_object_attach(PyObject *batch, EngineObject *engine, ferry_batch *fb, NotifyArg *na) {
+  BatchObject *b = (BatchObject *)batch;
+  b->b = fb;
+  b->notify = *na;
+  memset(na, 0, sizeof *na);
+  Py_INCREF(engine);
+  b->engine = engine;
+}
+
+/* Submits a parsed entry list; the Batch takes l's views and na. */
+static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l, NotifyArg *na) {
+  PyObject *b = batch_object_new();
+  if (!b) {
+    request_release(l, na);
+    return NULL;
+  }
   if (eng_enter(self) < 0) {
     request_release(l, na);
     Py_DECREF(b);
@@ -403,14 +410,10 @@ static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l
     Py_DECREF(b);
     return raise_result(&r);
   }
-  b->b = fb;
-  b->entries = *l;
+  ((BatchObject *)b)->entries = *l;
   memset(l, 0, sizeof *l);
-  b->notify = *na;
-  memset(na, 0, sizeof *na);
-  Py_INCREF(self);
-  b->engine = self;
-  return (PyObject *)b;
+  batch_object_attach(b, self, fb, na);
+  return b;
 }
 
 /* How transfer_batch(), submit() and their *_arrays forms take entries and

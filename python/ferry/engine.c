@@ -429,6 +429,9 @@ static PyMethodDef engine_methods[] = {
      "transfer_batch with one op and three parallel integer sequences (fast path)."},
     {"submit_arrays", KW(engine_submit_arrays),
      "submit_arrays(target, op, local_addrs, remote_addrs, lengths, notify=None) -> Batch"},
+    {"plan", KW(engine_plan),
+     "plan(target, local, remote) -> Plan: descriptor lists checked once, transferred by "
+     "index\n\nlocal, remote: (addr, length) pairs, or an N x 2 array of integers."},
     {"probe", KW(engine_probe), "probe(target): raises ferry.Error unless the peer answers"},
     {"notify", KW(engine_notify), "notify(target, name, data=b'')"},
     {"drain_notifications", (PyCFunction)engine_drain, METH_NOARGS,

@@ -80,23 +80,35 @@ static void batch_destroy(ferry_batch *b) {
   free(b);
 }
 
-static ferry_batch *batch_alloc(ferry_engine *e, const ferry_entry *entries, size_t count) {
+/* A batch over entries (malloc'd: the batch takes them, also on failure)
+ * to peer, with its deadline and a copy of the notification. */
+static ferry_status batch_new(ferry_engine *e, ferry_peer *peer, ferry_entry *entries, size_t count,
+                              uint64_t total, const ferry_notification *notify, ferry_batch **out) {
   ferry_batch *b = calloc(1, sizeof *b);
-  if (!b)
-    return NULL;
-  b->entries = malloc(count * sizeof *entries);
-  if (!b->entries) {
-    free(b);
-    return NULL;
+  if (!b) {
+    free(entries);
+    return ferry_fail(FERRY_ENOMEM, "no memory for a batch of %zu entries", count);
   }
-  memcpy(b->entries, entries, count * sizeof *entries);
+  b->entries = entries;
   b->engine = e;
   b->count = count;
   ferry_chunker_init(&b->cursor, b->entries, count);
   b->refs = 1;
   pthread_mutex_init(&b->lock, NULL);
   ferry_cond_init(&b->cond);
-  return b;
+  b->peer = peer;
+  snprintf(b->address, sizeof b->address, "%s", peer->address);
+  b->total_bytes = total;
+  uint64_t now = ferry_now_ns();
+  b->deadline_ns = ferry_engine_deadline(e, total);
+  b->budget_ms = (uint32_t)((b->deadline_ns - now) / 1000000ull);
+  ferry_status st = copy_notification(b, notify);
+  if (st) {
+    batch_destroy(b);
+    return st;
+  }
+  *out = b;
+  return FERRY_OK;
 }
 
 /* Everything that can be refused before a byte moves is refused here, with
@@ -117,20 +129,16 @@ static ferry_status batch_create(ferry_engine *e, const char *target, const ferr
     st = ferry_peer_get(e, target, &peer);
   if (st)
     return st;
-  ferry_batch *b = batch_alloc(e, entries, count);
-  if (!b)
+  ferry_entry *copy = malloc(count * sizeof *copy);
+  if (!copy)
     return ferry_fail(FERRY_ENOMEM, "no memory for a batch of %zu entries", count);
-  b->peer = peer;
-  snprintf(b->address, sizeof b->address, "%s", peer->address);
-  b->total_bytes = total;
-  uint64_t now = ferry_now_ns();
-  b->deadline_ns = ferry_engine_deadline(e, total);
-  b->budget_ms = (uint32_t)((b->deadline_ns - now) / 1000000ull);
-  st = copy_notification(b, notify);
+  memcpy(copy, entries, count * sizeof *copy);
+  ferry_batch *b;
+  if ((st = batch_new(e, peer, copy, count, total, notify, &b)) != FERRY_OK)
+    return st;
   b->pool_writes = pool_writes;
-  if (!st)
-    st = ferry_peer_ensure_for(peer, entries, count, b->deadline_ns, &b->transport,
-                               &b->peer_instance);
+  st =
+      ferry_peer_ensure_for(peer, entries, count, b->deadline_ns, &b->transport, &b->peer_instance);
   if (!st && pool_writes)
     st = ferry_peer_pool_transport(peer, &b->transport);
   if (!st)
@@ -140,6 +148,21 @@ static ferry_status batch_create(ferry_engine *e, const char *target, const ferr
     return st;
   }
   ferry_stats_submitted(peer, b->transport, entries, count);
+  *out = b;
+  return FERRY_OK;
+}
+
+ferry_status ferry_batch_checked(ferry_engine *e, ferry_peer *peer, ferry_entry *entries,
+                                 size_t count, uint64_t total, const ferry_notification *notify,
+                                 const ferry_transport *transport, uint64_t instance,
+                                 ferry_batch **out) {
+  ferry_batch *b;
+  ferry_status st = batch_new(e, peer, entries, count, total, notify, &b);
+  if (st)
+    return st;
+  b->transport = transport;
+  b->peer_instance = instance;
+  ferry_stats_submitted(peer, transport, entries, count);
   *out = b;
   return FERRY_OK;
 }
@@ -484,14 +507,31 @@ void ferry_batch_free(ferry_batch *b) {
 
 /* ---- public entry points ------------------------------------------------------------------ */
 
+void ferry_batch_post(ferry_batch *b) {
+  b->async = 1;
+  ferry_workers_post(b->engine, b, wanted_drivers(b));
+}
+
+ferry_status ferry_batch_run_here(ferry_batch *b, uint64_t start_ns) {
+  ferry_engine *e = b->engine;
+  /* The caller drives one channel itself: a small transfer then costs no
+   * thread hand-off at all. Workers take the other channels. */
+  unsigned drivers = wanted_drivers(b);
+  if (drivers > 1)
+    ferry_workers_post(e, b, drivers - 1);
+  ferry_batch_drive(b);
+  ferry_status st = ferry_batch_wait(b, -1);
+  ferry_batch_release(b);
+  ferry_stats_sync_latency(e, ferry_now_ns() - start_ns);
+  return st;
+}
+
 static ferry_status batch_submit(ferry_engine *e, const char *target, const ferry_entry *entries,
                                  size_t count, const ferry_notification *notify,
                                  ferry_batch **out) {
   ferry_status st = batch_create(e, target, entries, count, notify, 0, out);
-  if (!st) {
-    (*out)->async = 1;
-    ferry_workers_post(e, *out, wanted_drivers(*out));
-  }
+  if (!st)
+    ferry_batch_post(*out);
   return st;
 }
 
@@ -504,16 +544,7 @@ static ferry_status transfer_sync_batch(ferry_engine *e, const char *target,
   if (st)
     return st;
   b->after = after;
-  /* The caller drives one channel itself: a small transfer then costs no
-   * thread hand-off at all. Workers take the other channels. */
-  unsigned drivers = wanted_drivers(b);
-  if (drivers > 1)
-    ferry_workers_post(e, b, drivers - 1);
-  ferry_batch_drive(b);
-  st = ferry_batch_wait(b, -1);
-  ferry_batch_release(b);
-  ferry_stats_sync_latency(e, ferry_now_ns() - start);
-  return st;
+  return ferry_batch_run_here(b, start);
 }
 
 ferry_status ferry_batch_submit(ferry_engine *e, const char *target, const ferry_entry *entries,

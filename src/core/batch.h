@@ -115,6 +115,23 @@ ferry_status ferry_batch_run(ferry_engine *engine, const char *target, const fer
 ferry_status ferry_batch_start(ferry_engine *engine, const char *target, const ferry_entry *entries,
                                size_t count, ferry_after *after, ferry_batch **out);
 
+/* For a caller that checked the entries itself (plan.c): a batch over
+ * entries (malloc'd; taken, also on failure) whose local ranges it knows
+ * registered and whose remote ranges it checked against the table of the
+ * target incarnation `instance`, reached over transport (from
+ * ferry_peer_ensure). Not started yet: ferry_batch_post or _run_here. */
+ferry_status ferry_batch_checked(ferry_engine *engine, ferry_peer *peer, ferry_entry *entries,
+                                 size_t count, uint64_t total, const ferry_notification *notify,
+                                 const struct ferry_transport *transport, uint64_t instance,
+                                 ferry_batch **out);
+/* Hands a new batch to the workers (ferry_batch_submit's way); the caller
+ * owns the handle. */
+void ferry_batch_post(ferry_batch *batch);
+/* Drives a new batch from the calling thread with workers' help, waits for
+ * it and releases it (ferry_transfer_sync_batch's way); start_ns: when the
+ * call began, for the latency histogram. */
+ferry_status ferry_batch_run_here(ferry_batch *batch, uint64_t start_ns);
+
 /* workers.c: threads that drive batches handed to them. */
 ferry_status ferry_workers_start(ferry_engine *engine, unsigned count);
 void ferry_workers_stop(ferry_engine *engine);

@@ -77,6 +77,8 @@ struct ferry_engine {
   ferry_peer *peers;
   uint64_t peers_swept_ns; /* last sweep of idle connections (peer.c; atomic) */
 
+  struct ferry_plan *plans; /* this engine's plans (plan.c, under its lock) */
+
   pthread_mutex_t notify_lock;
   ferry_notification *notifications;
   size_t notify_count, notify_cap;

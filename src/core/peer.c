@@ -650,20 +650,27 @@ ferry_status ferry_peer_ensure(ferry_peer *p, uint64_t deadline_ns,
   return ferry_peer_ensure_for(p, NULL, 0, deadline_ns, transport, instance);
 }
 
-static long first_unknown_remote(ferry_peer *p, const ferry_entry *entries, size_t count) {
+/* The first entry whose remote range no cached region holds, or -1; with
+ * bases, each entry's region start goes there. */
+static long first_unknown_remote(ferry_peer *p, const ferry_entry *entries, size_t count,
+                                 uint64_t *bases) {
   long bad = -1;
   pthread_mutex_lock(&p->lock);
-  for (size_t i = 0; i < count && bad < 0; i++)
-    if (ferry_regions_search(p->table.regions, p->table.count, entries[i].remote,
-                             entries[i].length) < 0)
+  for (size_t i = 0; i < count && bad < 0; i++) {
+    long at = ferry_regions_search(p->table.regions, p->table.count, entries[i].remote,
+                                   entries[i].length);
+    if (at < 0)
       bad = (long)i;
+    else if (bases)
+      bases[i] = p->table.regions[at].addr;
+  }
   pthread_mutex_unlock(&p->lock);
   return bad;
 }
 
-ferry_status ferry_peer_check_remote(ferry_peer *p, const ferry_entry *entries, size_t count,
-                                     uint64_t deadline_ns) {
-  long bad = first_unknown_remote(p, entries, count);
+ferry_status ferry_peer_locate_remote(ferry_peer *p, const ferry_entry *entries, size_t count,
+                                      uint64_t deadline_ns, uint64_t *bases, const char *what) {
+  long bad = first_unknown_remote(p, entries, count, bases);
   if (bad < 0)
     return FERRY_OK;
   /* The target may have registered them since we fetched: ask once. */
@@ -671,12 +678,17 @@ ferry_status ferry_peer_check_remote(ferry_peer *p, const ferry_entry *entries, 
   ferry_status st = fetch_missing(p, entries, count, deadline_ns, &asked);
   if (st)
     return st;
-  bad = first_unknown_remote(p, entries, count);
+  bad = first_unknown_remote(p, entries, count, bases);
   if (bad < 0)
     return FERRY_OK;
-  return ferry_fail(FERRY_ENOTREG,
-                    "remote address 0x%llx (+%zu bytes) of entry %ld is not registered at %s",
-                    (unsigned long long)entries[bad].remote, entries[bad].length, bad, p->address);
+  return ferry_fail(
+      FERRY_ENOTREG, "remote address 0x%llx (+%zu bytes) of %s %ld is not registered at %s",
+      (unsigned long long)entries[bad].remote, entries[bad].length, what, bad, p->address);
+}
+
+ferry_status ferry_peer_check_remote(ferry_peer *p, const ferry_entry *entries, size_t count,
+                                     uint64_t deadline_ns) {
+  return ferry_peer_locate_remote(p, entries, count, deadline_ns, NULL, "entry");
 }
 
 size_t ferry_peer_region_key(ferry_peer *p, unsigned transport, uint64_t addr, uint64_t length,

@@ -84,6 +84,11 @@ ferry_status ferry_peer_ensure_for(ferry_peer *peer, const ferry_entry *entries,
  * the first bad range. */
 ferry_status ferry_peer_check_remote(ferry_peer *peer, const ferry_entry *entries, size_t count,
                                      uint64_t deadline_ns);
+/* ferry_peer_check_remote that also gives each entry's region start (as
+ * cached) in bases[i]: entries of one region may be merged (plan.c). The
+ * error names an entry as `what` ("entry", "remote descriptor") and index. */
+ferry_status ferry_peer_locate_remote(ferry_peer *peer, const ferry_entry *entries, size_t count,
+                                      uint64_t deadline_ns, uint64_t *bases, const char *what);
 /* For a transport's channel: copies the key `transport` published for the
  * cached remote region holding [addr, addr+length) into out (at most size
  * bytes) and sets *base to that region's start. Returns the key's length,

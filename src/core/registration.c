@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "base/sync.h"
 #include "core/engine.h"
+#include "core/plan.h"
 #include "core/transport.h"
 
 void ferry_memory_free_all(ferry_engine *e) {
@@ -170,9 +171,11 @@ static ferry_status memory_register(ferry_engine *e, void *addr, size_t length) 
   return register_one(e, addr, length, 0);
 }
 
-/* Once unregister returns, no peer touches the regions any more; only then
- * do the transports drop their registrations. */
+/* Once unregister returns, no peer touches the regions any more and the
+ * plans holding them are released; only then do the transports drop their
+ * registrations. */
 static void after_unregister(ferry_engine *e, ferry_region *removed, size_t count) {
+  ferry_plans_release(e, removed, count);
   ferry_engine_fence(e, removed, count);
   transports_deregister(e, removed, count, SIZE_MAX);
   republish_regions(e);

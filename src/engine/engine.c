@@ -23,6 +23,7 @@
 #include "core/batch.h"
 #include "core/config.h"
 #include "core/peer.h"
+#include "core/plan.h"
 #include "core/pool.h"
 #include "core/transport.h"
 #include "observe/observe.h"
@@ -236,6 +237,7 @@ void ferry_engine_shutdown(ferry_engine *e) {
     ferry_server_stop(e);
     services_stop(e);
     ferry_workers_stop(e); /* fails batches still queued */
+    ferry_plans_detach(e); /* before the peers they point to go */
     ferry_peers_destroy(e);
     e->shut_down = 1;
   }
