@@ -12,7 +12,8 @@
 #define PROG "ferry probe"
 
 static void probe_usage(FILE *out) {
-  fprintf(out, "usage: ferry probe [--secret S] [--protocol tcp|shm|all] [--host ADDR] TARGET\n"
+  fprintf(out, "usage: ferry probe [--secret S] [--protocol tcp|shm|fabric|all] [--host ADDR]\n"
+               "                   TARGET\n"
                "Exits 0 and prints \"TARGET answers (transport NAME)\" if the target answers.\n");
 }
 

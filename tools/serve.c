@@ -30,25 +30,28 @@ typedef struct serve_opts {
 } serve_opts;
 
 static void serve_usage(FILE *out) {
-  fprintf(out, "usage: ferry serve [--host ADDR] [--port N] [--size SIZE] [--secret S]\n"
-               "                   [--protocol tcp|shm|all] [--connections N] [--print-notifies]\n"
-               "                   [--malloc] [--metadata URL] [--segment NAME]\n"
-               "                   [--metadata-ttl MS] [--metrics-port N]\n"
-               "  --host ADDR        bind and advertise address (default 127.0.0.1)\n"
-               "  --port N           RPC port, 0 picks a free one (default 0)\n"
-               "  --size SIZE        registered buffer size, K/M/G suffixes (default 256M)\n"
-               "  --secret S         shared secret peers must prove\n"
-               "  --protocol P       transports to allow (default all)\n"
-               "  --connections N    TCP data connections per peer\n"
-               "  --print-notifies   print received notifications to stdout\n"
-               "  --malloc           register malloc'd memory instead of ferry_memory_alloc\n"
-               "  --metadata URL     publish in this store (http, redis, etcd URL or host:port)\n"
-               "  --segment NAME     segment name to publish (default HOST:PORT)\n"
-               "  --metadata-ttl MS  lease on the published keys (default 5000)\n"
-               "  --metrics-port N   serve Prometheus metrics on http://127.0.0.1:N/metrics\n"
-               "                     (0 picks a free port, shown as metrics=PORT)\n"
-               "Prints one line \"ready target=HOST:PORT addr=0xADDR size=BYTES protocol=...\"\n"
-               "and serves until SIGINT or SIGTERM, then prints a summary to stderr.\n");
+  fprintf(
+      out,
+      "usage: ferry serve [--host ADDR] [--port N] [--size SIZE] [--secret S]\n"
+      "                   [--protocol tcp|shm|fabric|all] [--connections N] [--print-notifies]\n"
+      "                   [--malloc] [--metadata URL] [--segment NAME]\n"
+      "                   [--metadata-ttl MS] [--metrics-port N]\n"
+      "  --host ADDR        bind and advertise address (default 127.0.0.1)\n"
+      "  --port N           RPC port, 0 picks a free one (default 0)\n"
+      "  --size SIZE        registered buffer size, K/M/G suffixes (default 256M)\n"
+      "  --secret S         shared secret peers must prove\n"
+      "  --protocol P       transports to allow: tcp, shm, fabric, all, or a list\n"
+      "                     (tcp,shm; default all)\n"
+      "  --connections N    TCP data connections per peer\n"
+      "  --print-notifies   print received notifications to stdout\n"
+      "  --malloc           register malloc'd memory instead of ferry_memory_alloc\n"
+      "  --metadata URL     publish in this store (http, redis, etcd URL or host:port)\n"
+      "  --segment NAME     segment name to publish (default HOST:PORT)\n"
+      "  --metadata-ttl MS  lease on the published keys (default 5000)\n"
+      "  --metrics-port N   serve Prometheus metrics on http://127.0.0.1:N/metrics\n"
+      "                     (0 picks a free port, shown as metrics=PORT)\n"
+      "Prints one line \"ready target=HOST:PORT addr=0xADDR size=BYTES protocol=...\"\n"
+      "and serves until SIGINT or SIGTERM, then prints a summary to stderr.\n");
 }
 
 /* Returns 0 to run, 1 for --help, 2 on a usage error. */
