@@ -192,6 +192,10 @@ static void show_target(const char *target) {
   opts.host = NULL; /* the default address: the one peers would really see */
   ferry_engine *e;
   char detail[700];
+  if (ferry_cli_sniff(target, detail, sizeof detail) == 0) {
+    line("FAIL", target, detail);
+    return;
+  }
   if (ferry_cli_engine_create(PROG, &opts, &e))
     return;
   ferry_status st = ferry_probe(e, target);

@@ -83,6 +83,73 @@ def test_errors_doc_commands_use_real_flags():
         assert out.returncode == 0, (span, out.stderr)
 
 
+class _Listener:
+    """A TCP service on 127.0.0.1 for `ferry probe` to find: answers every
+    connection with reply(first bytes received) (None: silence, b"": close)."""
+
+    def __init__(self, reply):
+        import socket
+        import threading
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.target = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.kept = []
+        self.reply = reply
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            answer = self.reply(conn.recv(4096))
+            if answer is None:
+                self.kept.append(conn)
+                continue
+            conn.sendall(answer)
+            conn.close()
+
+    def close(self):
+        self.sock.close()
+        for conn in self.kept:
+            conn.close()
+
+
+def _http_answer(first):
+    return b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n" if first.startswith(b"GET ") \
+        else None  # waits for a line end, as HTTP servers do
+
+
+def _tls_answer(first):
+    return b"\x15\x03\x03\x00\x02\x02\x28" if first[:1] == b"\x16" else b""  # handshake_failure
+
+
+@pytest.mark.parametrize("reply, said", [
+    (_http_answer, 'an HTTP server answered ("HTTP/1.1 404 Not Found"), not a ferry engine'),
+    (_tls_answer, "a TLS server answered (a TLS alert record), not a ferry engine"),
+    (lambda first: None, "it accepted the connection but answered nothing in 1 s, and neither "
+                         "HTTP nor TLS: not a ferry engine, which answers at once"),
+    (lambda first: b"", "it closed the connection on ferry's HELLO without an answer, and "
+                        "answered neither HTTP nor TLS: not a ferry engine"),
+    (lambda first: b"+PONG\r\n" * 2, 'something that is not a ferry engine answered '
+                                     '("+PONG")'),
+])
+def test_probe_says_what_answered_instead_of_a_ferry_engine(reply, said):
+    """Not a handshake timeout seconds later: what listens there."""
+    listener = _Listener(reply)
+    try:
+        probe = run_ferry("probe", listener.target)
+        doctor = run_ferry("doctor", "--target", listener.target, timeout=120)
+    finally:
+        listener.close()
+    assert probe.returncode == 1
+    assert probe.stderr == "ferry probe: %s: %s\n" % (listener.target, said), probe.stderr
+    assert re.search(r"^FAIL +%s +%s$" % (re.escape(listener.target), re.escape(said)),
+                     doctor.stdout, re.M), doctor.stdout
+
+
 def test_doctor_help_documents_its_options():
     out = run_ferry("doctor", "--help")
     assert out.returncode == 0
