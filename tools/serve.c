@@ -207,7 +207,9 @@ static void free_buffer(ferry_engine *engine, const serve_opts *o, void *buf) {
   free(buf);
 }
 
-/* One line on exit: what peers moved through this engine and what failed. */
+/* One line on exit: what peers moved through this engine over tcp, what
+ * it saw of the one-sided transports (their bytes are counted only by the
+ * initiators), and what failed. */
 static void print_summary(ferry_engine *engine) {
   ferry_stats *s;
   if (ferry_stats_snapshot(engine, &s) != FERRY_OK)
@@ -217,11 +219,14 @@ static void print_summary(ferry_engine *engine) {
     errors += s->errors[i];
   fprintf(stderr,
           PROG ": %s served %llu bytes written in %llu requests, %llu bytes read in %llu "
-               "requests (tcp); %llu errors\n",
+               "requests over tcp; accepted %llu tcp data connections, %llu shm links (shm and "
+               "fabric transfers are one-sided: only their initiators count them); %llu errors\n",
           ferry_engine_name(engine), (unsigned long long)s->served_bytes[FERRY_OP_WRITE],
           (unsigned long long)s->served_requests[FERRY_OP_WRITE],
           (unsigned long long)s->served_bytes[FERRY_OP_READ],
-          (unsigned long long)s->served_requests[FERRY_OP_READ], (unsigned long long)errors);
+          (unsigned long long)s->served_requests[FERRY_OP_READ],
+          (unsigned long long)s->connections_accepted[0],
+          (unsigned long long)s->connections_accepted[1], (unsigned long long)errors);
   ferry_stats_free(s);
 }
 
