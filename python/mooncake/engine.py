@@ -303,14 +303,15 @@ class TransferEngine:
             try:
                 engine = ferry.Engine(port=port, **kwargs)
             except ferry.Error as e:
-                if "fabric_provider" not in kwargs or not _no_rdma_device(e):
+                # The others FERRY_TRANSPORTS allows; without fabric, just found
+                # missing, so the engine need not look again (and log it again).
+                others = _allowed_transports() & ~ferry.TRANSPORT_FABRIC
+                if "fabric_provider" not in kwargs or not others or not _no_rdma_device(e):
                     raise
                 no_device = e.detail  # libfabric found no such device: fall back
                 kwargs.pop("fabric_provider")
                 kwargs.pop("fabric_device", None)
-                # Without fabric: it was just found missing, so the engine
-                # need not look again (and log it a second time).
-                kwargs["transports"] = _allowed_transports() & ~ferry.TRANSPORT_FABRIC
+                kwargs["transports"] = others
                 engine = ferry.Engine(port=port, **kwargs)
         except ferry.Error as e:
             return self._fail("initialize", e)
@@ -626,8 +627,9 @@ def _describe(obj):
 
 def _ascend_refusal(protocol, local_hostname):
     return ("Ascend NPUs are not supported by ferry (protocol %r, local_hostname %r): ferry "
-            "moves host (CPU) memory over tcp and shm, not NPU memory. Run without Ascend "
-            "(KV cache in host memory, protocol 'tcp', local_hostname 'host' or "
+            "moves host (CPU) memory (over tcp, shm or its fabric transport), not NPU "
+            "memory. Run without Ascend (KV cache in host memory, protocol 'tcp', "
+            "local_hostname 'host' or "
             "'host:port'), or use Mooncake's own transfer engine built with Ascend support"
             % (protocol, local_hostname))
 

@@ -116,6 +116,20 @@ def test_fallback_warns_once_naming_the_protocol(caplog, protocol, named):
     assert named in fallbacks[0] and "orders of magnitude" in fallbacks[0]
 
 
+def test_rdma_alone_without_a_device_fails(monkeypatch):
+    """FERRY_TRANSPORTS=fabric leaves nothing to fall back to: initialize
+    fails, naming libfabric's answer, instead of taking tcp or shm."""
+    if os.environ.get("FERRY_FABRIC_PROVIDER"):
+        pytest.skip("a forced fabric provider serves rdma: nothing falls back")
+    monkeypatch.setenv("FERRY_TRANSPORTS", "fabric")
+    te = TransferEngine()
+    try:
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == -201, te.last_error()
+        assert "fabric provider verbs;ofi_rxm cannot start" in te.last_error(), te.last_error()
+    finally:
+        te.close()
+
+
 def test_rdma_left_out_by_ferry_transports_says_so(caplog, monkeypatch):
     monkeypatch.setenv("FERRY_TRANSPORTS", "tcp,shm")
     te = TransferEngine()
