@@ -597,6 +597,13 @@ typedef struct ferry_stats {
    * gone and the slot goes back to the pool, or until a grant request
    * takes it back after it expired (pool_grant_timeout_ms). */
   uint64_t pool_bytes_granted;
+  /* As a target, what it sees of each transport, indexed by the bit's
+   * position (0 tcp, 1 shm, 2 fabric): peers' connections that passed
+   * their handshake, tcp data connections and shm links. shm and fabric
+   * transfers are one-sided (the initiator copies, or its NIC does): their
+   * bytes are counted only by the initiator, and a fabric initiator opens
+   * nothing the target sees, so [2] stays 0. */
+  uint64_t connections_accepted[8];
 } ferry_stats;
 
 /* A snapshot of the engine's statistics; release with ferry_stats_free.
@@ -612,7 +619,8 @@ void ferry_stats_free(ferry_stats *stats);
  * ferry_control_connections_opened_total, with rails ferry_rail_bytes_total{op,peer,rail},
  * ferry_rail_failures_total{peer,rail} and ferry_rail_up{peer,rail},
  * ferry_served_bytes_total{op,transport},
- * ferry_served_requests_total{op,transport}, ferry_errors_total{code},
+ * ferry_served_requests_total{op,transport},
+ * ferry_connections_accepted_total{transport}, ferry_errors_total{code},
  * ferry_batches_in_flight, ferry_registered_bytes, ferry_registered_regions,
  * ferry_notifications_queued, ferry_pool_senders_waiting,
  * ferry_pool_bytes_granted, ferry_pool_messages_landed_total{notice} and the histogram

@@ -56,6 +56,12 @@ ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_op
  * a ferry_peer_transport call reached it; "" when it has fewer than two. */
 void ferry_cli_rails(ferry_engine *engine, const char *target, char *out, size_t size);
 
+/* What listens on target ("HOST:PORT", tools/sniff.c), within about 4 s:
+ * 1 a ferry engine; 0 something else, described in what ("an HTTP server
+ * answered (...), not a ferry engine"); -1 nothing to tell (no such form,
+ * or no connection: the caller's own call reports that). */
+int ferry_cli_sniff(const char *target, char *what, size_t size);
+
 /* What ferry_cli_parse_size accepts, in words. */
 #define FERRY_CLI_SIZE_SYNTAX                                                                      \
   "a size in bytes, more than 0, with an optional binary K, M, G or T suffix (4096, 64K, 1M, 2G)"

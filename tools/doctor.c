@@ -2,13 +2,18 @@
  * operator, before anything is deployed, what ferry can do on this host:
  * which transports are built and actually move bytes here, which address an
  * engine would advertise, what the environment overrides, whether a given
- * peer answers, and whether a metadata store is reachable, accepts the
- * credentials and round-trips a key. Every line says OK, WARN or FAIL and
- * why. */
+ * peer answers, whether a metadata store is reachable, accepts the
+ * credentials and round-trips a key, and which mooncake.engine Python would
+ * import. Every line says OK, WARN or FAIL and why. */
 #include <dirent.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -21,6 +26,9 @@
 
 #define PROG "ferry doctor"
 #define SELFTEST_BYTES (4u << 20)
+#define PYTHON_WAIT_MS 30000 /* an import that takes longer is reported, not waited for */
+
+extern char **environ;
 
 static int failures;
 
@@ -184,6 +192,10 @@ static void show_target(const char *target) {
   opts.host = NULL; /* the default address: the one peers would really see */
   ferry_engine *e;
   char detail[700];
+  if (ferry_cli_sniff(target, detail, sizeof detail) == 0) {
+    line("FAIL", target, detail);
+    return;
+  }
   if (ferry_cli_engine_create(PROG, &opts, &e))
     return;
   ferry_status st = ferry_probe(e, target);
@@ -251,6 +263,96 @@ static void show_metadata(const char *url) {
   ferry_metadata_close(md);
 }
 
+/* Asks Python where it finds mooncake.engine, without importing it (the
+ * package's __init__ runs): "compiled PATH", "ferry PATH", "other PATH",
+ * "none" or "error TEXT". A compiled engine*.so left by Mooncake's wheel
+ * next to ferry's engine.py wins: extension modules are looked up first. */
+static const char mooncake_finder[] =
+    "import importlib.machinery as m, importlib.util as u\n"
+    "try:\n"
+    "    s = u.find_spec('mooncake.engine')\n"
+    "except ModuleNotFoundError:\n"
+    "    s = None\n"
+    "except Exception as e:\n"
+    "    print('error', type(e).__name__ + ':', e); raise SystemExit\n"
+    "if s is None or not s.origin:\n"
+    "    print('none')\n"
+    "elif s.origin.endswith(tuple(m.EXTENSION_SUFFIXES)):\n"
+    "    print('compiled', s.origin)\n"
+    "else:\n"
+    "    text = open(s.origin, errors='replace').read(4096)\n"
+    "    print('ferry' if 'implemented on ferry' in text else 'other', s.origin)\n";
+
+/* Runs python -c mooncake_finder; its first line of output in out ("" if
+ * none). Returns 0, or -1 when python could not be started. */
+static int run_python_finder(const char *python, char *out, size_t size) {
+  int fds[2];
+  if (pipe(fds) != 0)
+    return -1;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  char *argv[] = {(char *)python, "-c", (char *)mooncake_finder, NULL};
+  pid_t pid;
+  int err = posix_spawnp(&pid, python, &actions, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  size_t used = 0;
+  struct pollfd p = {fds[0], POLLIN, 0};
+  while (!err && used + 1 < size && poll(&p, 1, PYTHON_WAIT_MS) == 1) {
+    ssize_t n = read(fds[0], out + used, size - 1 - used);
+    if (n <= 0)
+      break;
+    used += (size_t)n;
+  }
+  out[used] = '\0';
+  out[strcspn(out, "\n")] = '\0';
+  close(fds[0]);
+  if (err)
+    return -1;
+  kill(pid, SIGKILL); /* done or too slow: the answer is in out either way */
+  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+  }
+  return 0;
+}
+
+/* Which mooncake.engine the Python that runs SGLang or vLLM would import:
+ * $FERRY_PYTHON (`python -m ferry` sets it to itself), else python3. */
+static void show_mooncake_engine(void) {
+  const char *python = getenv("FERRY_PYTHON");
+  if (!python || !*python)
+    python = "python3";
+  char answer[1200], detail[1400];
+  if (run_python_finder(python, answer, sizeof answer) != 0 || !*answer) {
+    snprintf(detail, sizeof detail,
+             "cannot ask %s (not found, or it printed nothing); "
+             "FERRY_PYTHON names the Python to check",
+             python);
+    line("INFO", "mooncake.engine", detail);
+  } else if (strncmp(answer, "compiled ", 9) == 0) {
+    snprintf(detail, sizeof detail,
+             "%s would import Mooncake's compiled %s, not ferry's drop-in: remove it (pip "
+             "uninstall mooncake-transfer-engine, or delete the file), then reinstall ferry",
+             python, answer + 9);
+    line("FAIL", "mooncake.engine", detail);
+  } else if (strncmp(answer, "ferry ", 6) == 0) {
+    snprintf(detail, sizeof detail, "%s imports ferry's drop-in %s", python, answer + 6);
+    line("OK", "mooncake.engine", detail);
+  } else if (strncmp(answer, "other ", 6) == 0) {
+    snprintf(detail, sizeof detail, "%s imports %s, which is not ferry's drop-in", python,
+             answer + 6);
+    line("WARN", "mooncake.engine", detail);
+  } else if (strcmp(answer, "none") == 0) {
+    snprintf(detail, sizeof detail, "%s finds none (ferry's Python package provides it)", python);
+    line("INFO", "mooncake.engine", detail);
+  } else {
+    snprintf(detail, sizeof detail, "%s cannot look for it: %s", python,
+             strncmp(answer, "error ", 6) == 0 ? answer + 6 : answer);
+    line("WARN", "mooncake.engine", detail);
+  }
+}
+
 /* --help (bad = 0) to stdout and exit 0, else to stderr and exit 2. */
 static int doctor_usage(int bad) {
   fprintf(bad ? stderr : stdout,
@@ -263,21 +365,37 @@ static int doctor_usage(int bad) {
           "Checked: the environment variables ferry reads (a bad value is a FAIL), the\n"
           "address an engine would advertise, RDMA devices, each fabric_device entry\n"
           "(FERRY_FABRIC_DEVICE) that names no device, and each transport by\n"
-          "writing and reading back 4 MiB. Exits 0 when nothing FAILed, 1 otherwise, 2 on\n"
-          "a usage error.\n",
+          "writing and reading back 4 MiB, and which mooncake.engine Python would import\n"
+          "($FERRY_PYTHON, else python3: Mooncake's compiled engine left installed is a\n"
+          "FAIL). Exits 0 when nothing FAILed, 1 otherwise, 2 on a usage error.\n",
           PROG);
   return bad ? 2 : 0;
+}
+
+/* What was wrong with arg, then the usage: exit 2. */
+static int doctor_bad_argument(const char *arg) {
+  if (strcmp(arg, "--target") == 0 || strcmp(arg, "--metadata") == 0)
+    fprintf(stderr, "%s: %s needs a value\n", PROG, arg);
+  else if (arg[0] == '-')
+    fprintf(stderr, "%s: unknown option '%s'\n", PROG, arg);
+  else
+    fprintf(stderr, "%s: unexpected argument '%s': a peer is checked with --target %s\n", PROG, arg,
+            arg);
+  return doctor_usage(1);
 }
 
 int ferry_cmd_doctor(int argc, char **argv) {
   const char *target = NULL, *metadata = NULL;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--target") == 0 && i + 1 < argc)
+    const char *arg = argv[i];
+    if (strcmp(arg, "--target") == 0 && i + 1 < argc)
       target = argv[++i];
-    else if (strcmp(argv[i], "--metadata") == 0 && i + 1 < argc)
+    else if (strcmp(arg, "--metadata") == 0 && i + 1 < argc)
       metadata = argv[++i];
+    else if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0)
+      return doctor_usage(0);
     else
-      return doctor_usage(strcmp(argv[i], "--help") && strcmp(argv[i], "-h"));
+      return doctor_bad_argument(arg);
   }
   ferry_log_set_level(FERRY_LOG_ERROR); /* the report is the output */
   printf("ferry %s doctor\n", ferry_version());
@@ -287,6 +405,7 @@ int ferry_cmd_doctor(int argc, char **argv) {
   show_fabric();
   show_fabric_devices();
   show_transports();
+  show_mooncake_engine();
   if (target)
     show_target(target);
   if (metadata)

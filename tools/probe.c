@@ -12,8 +12,11 @@
 #define PROG "ferry probe"
 
 static void probe_usage(FILE *out) {
-  fprintf(out, "usage: ferry probe [--secret S] [--protocol tcp|shm|all] [--host ADDR] TARGET\n"
-               "Exits 0 and prints \"TARGET answers (transport NAME)\" if the target answers.\n");
+  fprintf(out, "usage: ferry probe [--secret S] [--protocol tcp|shm|fabric|all] [--host ADDR]\n"
+               "                   TARGET\n"
+               "Exits 0 and prints \"TARGET answers (transport NAME)\" if the target answers;\n"
+               "else exits 1 saying what was wrong, or what answered instead (an HTTP or TLS\n"
+               "server, a service that closes or stays silent).\n");
 }
 
 /* Returns 0 to run, 1 for --help, 2 on a usage error. */
@@ -57,6 +60,12 @@ int ferry_cmd_probe(int argc, char **argv) {
   if (ferry_cli_engine_create(PROG, &o, &engine) != FERRY_OK)
     return 1;
   unsigned transport = 0;
+  char what[256];
+  if (ferry_cli_sniff(target, what, sizeof what) == 0) {
+    fprintf(stderr, "%s: %s: %s\n", PROG, target, what);
+    ferry_engine_destroy(engine);
+    return 1;
+  }
   ferry_status st = ferry_probe(engine, target);
   if (st == FERRY_OK)
     st = ferry_peer_transport(engine, target, &transport);

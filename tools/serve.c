@@ -30,25 +30,28 @@ typedef struct serve_opts {
 } serve_opts;
 
 static void serve_usage(FILE *out) {
-  fprintf(out, "usage: ferry serve [--host ADDR] [--port N] [--size SIZE] [--secret S]\n"
-               "                   [--protocol tcp|shm|all] [--connections N] [--print-notifies]\n"
-               "                   [--malloc] [--metadata URL] [--segment NAME]\n"
-               "                   [--metadata-ttl MS] [--metrics-port N]\n"
-               "  --host ADDR        bind and advertise address (default 127.0.0.1)\n"
-               "  --port N           RPC port, 0 picks a free one (default 0)\n"
-               "  --size SIZE        registered buffer size, K/M/G suffixes (default 256M)\n"
-               "  --secret S         shared secret peers must prove\n"
-               "  --protocol P       transports to allow (default all)\n"
-               "  --connections N    TCP data connections per peer\n"
-               "  --print-notifies   print received notifications to stdout\n"
-               "  --malloc           register malloc'd memory instead of ferry_memory_alloc\n"
-               "  --metadata URL     publish in this store (http, redis, etcd URL or host:port)\n"
-               "  --segment NAME     segment name to publish (default HOST:PORT)\n"
-               "  --metadata-ttl MS  lease on the published keys (default 5000)\n"
-               "  --metrics-port N   serve Prometheus metrics on http://127.0.0.1:N/metrics\n"
-               "                     (0 picks a free port, shown as metrics=PORT)\n"
-               "Prints one line \"ready target=HOST:PORT addr=0xADDR size=BYTES protocol=...\"\n"
-               "and serves until SIGINT or SIGTERM, then prints a summary to stderr.\n");
+  fprintf(
+      out,
+      "usage: ferry serve [--host ADDR] [--port N] [--size SIZE] [--secret S]\n"
+      "                   [--protocol tcp|shm|fabric|all] [--connections N] [--print-notifies]\n"
+      "                   [--malloc] [--metadata URL] [--segment NAME]\n"
+      "                   [--metadata-ttl MS] [--metrics-port N]\n"
+      "  --host ADDR        bind and advertise address (default 127.0.0.1)\n"
+      "  --port N           RPC port, 0 picks a free one (default 0)\n"
+      "  --size SIZE        registered buffer size, K/M/G suffixes (default 256M)\n"
+      "  --secret S         shared secret peers must prove\n"
+      "  --protocol P       transports to allow: tcp, shm, fabric, all, or a list\n"
+      "                     (tcp,shm; default all)\n"
+      "  --connections N    TCP data connections per peer\n"
+      "  --print-notifies   print received notifications to stdout\n"
+      "  --malloc           register malloc'd memory instead of ferry_memory_alloc\n"
+      "  --metadata URL     publish in this store (http, redis, etcd URL or host:port)\n"
+      "  --segment NAME     segment name to publish (default HOST:PORT)\n"
+      "  --metadata-ttl MS  lease on the published keys (default 5000)\n"
+      "  --metrics-port N   serve Prometheus metrics on http://127.0.0.1:N/metrics\n"
+      "                     (0 picks a free port, shown as metrics=PORT)\n"
+      "Prints one line \"ready target=HOST:PORT addr=0xADDR size=BYTES protocol=...\"\n"
+      "and serves until SIGINT or SIGTERM, then prints a summary to stderr.\n");
 }
 
 /* Returns 0 to run, 1 for --help, 2 on a usage error. */
@@ -204,7 +207,9 @@ static void free_buffer(ferry_engine *engine, const serve_opts *o, void *buf) {
   free(buf);
 }
 
-/* One line on exit: what peers moved through this engine and what failed. */
+/* One line on exit: what peers moved through this engine over tcp, what
+ * it saw of the one-sided transports (their bytes are counted only by the
+ * initiators), and what failed. */
 static void print_summary(ferry_engine *engine) {
   ferry_stats *s;
   if (ferry_stats_snapshot(engine, &s) != FERRY_OK)
@@ -214,11 +219,14 @@ static void print_summary(ferry_engine *engine) {
     errors += s->errors[i];
   fprintf(stderr,
           PROG ": %s served %llu bytes written in %llu requests, %llu bytes read in %llu "
-               "requests (tcp); %llu errors\n",
+               "requests over tcp; accepted %llu tcp data connections, %llu shm links (shm and "
+               "fabric transfers are one-sided: only their initiators count them); %llu errors\n",
           ferry_engine_name(engine), (unsigned long long)s->served_bytes[FERRY_OP_WRITE],
           (unsigned long long)s->served_requests[FERRY_OP_WRITE],
           (unsigned long long)s->served_bytes[FERRY_OP_READ],
-          (unsigned long long)s->served_requests[FERRY_OP_READ], (unsigned long long)errors);
+          (unsigned long long)s->served_requests[FERRY_OP_READ],
+          (unsigned long long)s->connections_accepted[0],
+          (unsigned long long)s->connections_accepted[1], (unsigned long long)errors);
   ferry_stats_free(s);
 }
 

@@ -25,6 +25,8 @@ def tool_path():
 def run(args):
     """Replaces this process with `ferry ARGS...`; returns only on failure."""
     path = tool_path()
+    # `ferry doctor` checks which mooncake.engine this Python would import.
+    os.environ.setdefault("FERRY_PYTHON", sys.executable)
     try:
         os.execv(path, ["ferry"] + list(args))
     except OSError as e:

@@ -79,6 +79,16 @@ static PyObject *latency_dict(const ferry_stats *s) {
                        "count", (unsigned long long)s->latency_count);
 }
 
+/* {"tcp": n, "shm": n, "fabric": n}: peers' connections accepted as target. */
+static PyObject *accepted_dict(const ferry_stats *s) {
+  PyObject *d = PyDict_New();
+  for (unsigned bit = 0; d && bit < 3; bit++)
+    if (put(d, ferry_transport_name(1u << bit),
+            PyLong_FromUnsignedLongLong(s->connections_accepted[bit])) < 0)
+      Py_CLEAR(d);
+  return d;
+}
+
 static PyObject *stats_dict(const ferry_stats *s) {
   uint64_t totals[4] = {0, 0, 0, 0};
   PyObject *d = PyDict_New();
@@ -86,6 +96,7 @@ static PyObject *stats_dict(const ferry_stats *s) {
       (put(d, "links", links_list(s, totals)) < 0 || put(d, "bytes", by_op(totals)) < 0 ||
        put(d, "ops", by_op(totals + 2)) < 0 || put(d, "served_bytes", by_op(s->served_bytes)) < 0 ||
        put(d, "served_requests", by_op(s->served_requests)) < 0 ||
+       put(d, "connections_accepted", accepted_dict(s)) < 0 ||
        put(d, "errors", errors_dict(s)) < 0 ||
        put(d, "batches_in_flight", PyLong_FromUnsignedLongLong(s->batches_in_flight)) < 0 ||
        put(d, "registered_bytes", PyLong_FromUnsignedLongLong(s->registered_bytes)) < 0 ||

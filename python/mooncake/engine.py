@@ -4,7 +4,9 @@ Every method keeps Mooncake's name, argument order, defaults and return
 convention: integers (0 or a negative Mooncake error number), never an
 exception for a transfer failure. The cause of a failure is logged at WARNING
 on the ``mooncake.engine`` logger and kept: ``last_error()`` returns the
-calling thread's last message, ``last_error_code()`` its Mooncake code.
+message of the calling thread's last call (None once a call succeeds),
+``last_error_code()`` its Mooncake code. A call after ``close()`` names the
+engine that was closed.
 
 ``initialize(local_hostname, metadata_server, protocol, device_name)``:
 
@@ -44,6 +46,8 @@ Timeouts follow libferry's defaults (30 s + time per byte;
 
 import ctypes
 import enum
+import functools
+import inspect
 import itertools
 import logging
 import json
@@ -67,6 +71,7 @@ SUPPORT_CUDA = False
 
 _P2PHANDSHAKE = "P2PHANDSHAKE"
 _ERRORS_DOC = "docs/errors.md"
+_START_FAILED = re.compile(r"^engine start failed: ")  # libferry's step, not the cause
 _RDMA_SYSFS = "/sys/class/infiniband"  # where RDMA devices are listed
 _STRERROR = re.compile(r" \(docs/errors\.md#[^)]*\)$")  # the pointer, given once below
 _CODE_NAMES = {getattr(ferry, n): n for n in ferry.__all__
@@ -185,6 +190,7 @@ class TransferEngine:
         self._batches = {}
         self._ids = itertools.count(1)
         self._tls = threading.local()
+        self._closed_name = None  # the session name of the engine close() stopped
 
     # ---- errors ---------------------------------------------------------
     def _fail(self, what, err, explained=None):
@@ -205,15 +211,20 @@ class TransferEngine:
         return code
 
     def last_error(self):
-        """The calling thread's last failure message (None if none). ferry extra."""
+        """The calling thread's failure message from its last call of this
+        engine (None if that call succeeded). ferry extra."""
         return getattr(self._tls, "error", None)
 
     def last_error_code(self):
-        """The calling thread's last failure as a Mooncake code (0 if none). ferry extra."""
+        """last_error() as a Mooncake code (0 if none). ferry extra."""
         return getattr(self._tls, "code", 0)
 
     def _eng(self):
         eng = self._engine
+        if eng is None and self._closed_name:
+            raise ferry.Error(ferry.ECLOSED, "engine closed",
+                              "TransferEngine %s is closed (close() was called); create and "
+                              "initialize a new one" % self._closed_name)
         if eng is None:
             raise ferry.Error(ferry.EINVAL,
                               "TransferEngine is not initialized; call initialize() first")
@@ -280,21 +291,27 @@ class TransferEngine:
             fallback = proto
         no_device = None
         if fallback in _FABRIC_PROTOCOLS and not _fabric_allowed():
-            _check_device_name(device_name)  # FERRY_TRANSPORTS leaves fabric out
+            _check_device_name(device_name, "FERRY_TRANSPORTS=%s leaves the fabric transport "
+                               "out" % os.environ.get("FERRY_TRANSPORTS"))
         elif fallback in _FABRIC_PROTOCOLS:
             _fabric_kwargs(fallback, device_name, kwargs)
         else:
-            _check_device_name(device_name)
+            _check_device_name(device_name, "it picks the fabric transport's NIC for protocol "
+                               "'rdma' or 'efa' only, not %r" % protocol)
 
         try:
             try:
                 engine = ferry.Engine(port=port, **kwargs)
             except ferry.Error as e:
-                if "fabric_provider" not in kwargs or not _no_rdma_device(e):
+                # The others FERRY_TRANSPORTS allows; without fabric, just found
+                # missing, so the engine need not look again (and log it again).
+                others = _allowed_transports() & ~ferry.TRANSPORT_FABRIC
+                if "fabric_provider" not in kwargs or not others or not _no_rdma_device(e):
                     raise
                 no_device = e.detail  # libfabric found no such device: fall back
                 kwargs.pop("fabric_provider")
                 kwargs.pop("fabric_device", None)
+                kwargs["transports"] = others
                 engine = ferry.Engine(port=port, **kwargs)
         except ferry.Error as e:
             return self._fail("initialize", e)
@@ -327,7 +344,7 @@ class TransferEngine:
         return eng.stats() if eng is not None else {}
 
     def get_local_topology(self, device_name=None):
-        """Mooncake's NIC topology as JSON; ferry has no RDMA NICs, so an empty object."""
+        """Mooncake's NIC topology as JSON; ferry does not report one: an empty object."""
         return "{}"
 
     def warmup_efa_segment(self, segment_name):
@@ -577,12 +594,29 @@ class TransferEngine:
         the engine's shutdown failed what it had not finished). ferry extra."""
         eng, self._engine = self._engine, None
         if eng is not None:
+            self._closed_name = eng.name
             eng.close()
         with self._lock:
             batches = list(self._batches.values())
             self._batches.clear()
         for batch in batches:
             batch.free()
+
+
+def _clears_last_error(method):
+    """method, starting with no error recorded for the calling thread, so
+    that last_error() describes the thread's last call, not an older one."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        self._tls.error, self._tls.code = None, 0
+        return method(self, *args, **kwargs)
+    return call
+
+
+for _name, _method in list(vars(TransferEngine).items()):
+    if inspect.isfunction(_method) and not _name.startswith("_") and \
+            _name not in ("last_error", "last_error_code"):
+        setattr(TransferEngine, _name, _clears_last_error(_method))
 
 
 def _describe(obj):
@@ -593,8 +627,9 @@ def _describe(obj):
 
 def _ascend_refusal(protocol, local_hostname):
     return ("Ascend NPUs are not supported by ferry (protocol %r, local_hostname %r): ferry "
-            "moves host (CPU) memory over tcp and shm, not NPU memory. Run without Ascend "
-            "(KV cache in host memory, protocol 'tcp', local_hostname 'host' or "
+            "moves host (CPU) memory (over tcp, shm or its fabric transport), not NPU "
+            "memory. Run without Ascend (KV cache in host memory, protocol 'tcp', "
+            "local_hostname 'host' or "
             "'host:port'), or use Mooncake's own transfer engine built with Ascend support"
             % (protocol, local_hostname))
 
@@ -604,12 +639,14 @@ def _warn_fallback(protocol):
     proto = (protocol or "").strip().lower()
     what = _FALLBACK_PROTOCOLS.get(proto, "protocol %r, which ferry does not know" % protocol)
     env = os.environ.get("FERRY_TRANSPORTS")
+    why = ("FERRY_TRANSPORTS leaves ferry's fabric transport out" if proto in _FABRIC_PROTOCOLS
+           else "which ferry does not provide (it has no such transport)")
     logger.warning(
-        "protocol %r asks for %s, which ferry does not provide (it has no such transport); "
+        "protocol %r asks for %s, %s; "
         "using ferry's own transports instead (%s; tcp between hosts, shm on one host). "
         "Between hosts this runs at TCP speed, which can be orders of magnitude below %s. "
         "Pass protocol 'tcp' (or set MC_FORCE_TCP=1) to choose this on purpose. See %s.",
-        protocol, what, "FERRY_TRANSPORTS=%s" % env if env else "all built in",
+        protocol, what, why, "FERRY_TRANSPORTS=%s" % env if env else "all built in",
         proto.upper() if proto in _FALLBACK_PROTOCOLS else "it", _ERRORS_DOC)
 
 
@@ -644,17 +681,20 @@ def _no_rdma_device(err):
                                             or "its devices: none" in err.detail)
 
 
-def _warn_no_device(protocol, reason):
-    """The WARNING of an "rdma"/"efa" engine that fell back: no such device."""
-    proto = (protocol or "").strip().lower()
+def _allowed_transports():
+    """The FERRY_TRANSPORT_* bits FERRY_TRANSPORTS allows (all when unset)."""
     env = os.environ.get("FERRY_TRANSPORTS")
-    logger.warning(
-        "protocol %r asks for %s through ferry's fabric transport, but this host has no such "
-        "device (%s); using ferry's own transports instead (%s; tcp between hosts, shm on one "
-        "host). Between hosts this runs at TCP speed, which can be orders of magnitude below "
-        "%s. Pass protocol 'tcp' (or set MC_FORCE_TCP=1) to choose this on purpose. See %s.",
-        protocol, _FALLBACK_PROTOCOLS[proto], reason,
-        "FERRY_TRANSPORTS=%s" % env if env else "all built in", proto.upper(), _ERRORS_DOC)
+    return ferry.transport_parse(env) if env else ferry.TRANSPORT_ALL
+
+
+def _warn_no_device(protocol, reason):
+    """The one WARNING of an "rdma"/"efa" engine that fell back: no such device."""
+    reason = _START_FAILED.sub("", reason)
+    names = [n for n in ("tcp", "shm") if _allowed_transports() & ferry.transport_parse(n)]
+    logger.warning("protocol %r: no %s device here (%s); using %s; pass protocol 'tcp' to "
+                   "choose this (see %s#warnings-that-are-not-errors)", protocol,
+                   "EFA" if protocol.strip().lower() == "efa" else "RDMA", reason,
+                   "/".join(names), _ERRORS_DOC)
 
 
 def _rdma_devices():
@@ -679,23 +719,24 @@ def _device_names(device_name):
     return [n for n in re.split(r"[,\s]+", text) if n]
 
 
-def _check_device_name(device_name):
+def _check_device_name(device_name, why):
+    """device_name where the fabric transport will not use it; why: the
+    reason, as the end of a sentence."""
     if not device_name:
         return
     try:
         asked = _device_names(str(device_name))
     except (OSError, ValueError) as e:
-        logger.warning("device_name %r cannot be read (%s); ferry uses no RDMA device, so it "
-                       "is ignored", device_name, e)
+        logger.warning("device_name %r cannot be read (%s); not used: %s", device_name, e, why)
         return
     have = _rdma_devices()
     missing = [n for n in asked if n not in have]
     if missing:
-        logger.warning("device_name %r: no device %s on this host (devices here: %s); ferry "
-                       "uses no RDMA device, so device_name is ignored", device_name,
-                       ", ".join(missing), ", ".join(have) or "none")
+        logger.warning("device_name %r: no device %s on this host (devices here: %s); not "
+                       "used: %s", device_name, ", ".join(missing), ", ".join(have) or "none",
+                       why)
     else:
-        logger.debug("device_name %r ignored: ferry uses no RDMA device", device_name)
+        logger.debug("device_name %r not used: %s", device_name, why)
 
 
 def _unknown_batch(batch_id):

@@ -66,6 +66,10 @@ void ferry_stats_sync_latency(ferry_engine *e, uint64_t ns) {
   ADD(e->stats.latency_count, 1);
 }
 
+void ferry_stats_accepted(ferry_engine *e, unsigned transport) {
+  ADD(e->stats.accepted[(unsigned)__builtin_ctz(transport) % FERRY_STATS_TRANSPORTS], 1);
+}
+
 void ferry_stats_served(ferry_engine *e, ferry_op op, uint64_t bytes, int failed) {
   if (failed)
     return;

@@ -43,6 +43,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/sync.h"
+#include "counters.h"
 #include "engine.h"
 #include "pool.h"
 
@@ -274,6 +275,8 @@ static ferry_status handshake(server_conn *c) {
     ferry_auth_transcript(body, h.body_len, out, rh.body_len, th);
     st = check_proof(c, th, &r);
   }
+  if (!st && hello.conn_kind == FERRY_CONN_DATA)
+    ferry_stats_accepted(c->engine, FERRY_TRANSPORT_TCP);
   if (!st)
     FERRY_DEBUG("accepted %s connection from %s (%s)",
                 hello.conn_kind == FERRY_CONN_DATA ? "data" : "control", c->peer, hello.name);

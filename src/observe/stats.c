@@ -129,6 +129,8 @@ static void read_engine_counters(ferry_engine *e, ferry_stats *s) {
     s->served_bytes[op] = GET(e->stats.served_bytes[op]);
     s->served_requests[op] = GET(e->stats.served_requests[op]);
   }
+  for (int slot = 0; slot < FERRY_STATS_TRANSPORTS; slot++)
+    s->connections_accepted[slot] = GET(e->stats.accepted[slot]);
 }
 
 static ferry_status stats_snapshot(ferry_engine *e, ferry_stats **out) {
@@ -226,8 +228,12 @@ static void put_histogram(FILE *f, const ferry_stats *s) {
           (unsigned long long)s->latency_count);
 }
 
+/* As a target: what it served over tcp, and what it can see of the
+ * one-sided transports, whose bytes only their initiators count. */
 static void put_served(FILE *f, const ferry_stats *s) {
-  put_head(f, "ferry_served_bytes_total", "counter", "Bytes served to peers over tcp, as target.");
+  put_head(f, "ferry_served_bytes_total", "counter",
+           "Bytes served to peers over tcp, as target; shm and fabric transfers are one-sided, "
+           "counted only by their initiators (ferry_bytes_total there).");
   for (int op = 0; op < 2; op++)
     fprintf(f, "ferry_served_bytes_total{op=\"%s\",transport=\"%s\"} %llu\n", op_names[op],
             ferry_transport_tcp.name, (unsigned long long)s->served_bytes[op]);
@@ -235,6 +241,14 @@ static void put_served(FILE *f, const ferry_stats *s) {
   for (int op = 0; op < 2; op++)
     fprintf(f, "ferry_served_requests_total{op=\"%s\",transport=\"%s\"} %llu\n", op_names[op],
             ferry_transport_tcp.name, (unsigned long long)s->served_requests[op]);
+  put_head(f, "ferry_connections_accepted_total", "counter",
+           "Peers' connections accepted as target, by transport: tcp data connections, shm "
+           "links; fabric initiators open nothing the target sees.");
+  for (size_t i = 0; ferry_transports[i]; i++) {
+    unsigned slot = (unsigned)__builtin_ctz(ferry_transports[i]->id) % FERRY_STATS_TRANSPORTS;
+    fprintf(f, "ferry_connections_accepted_total{transport=\"%s\"} %llu\n",
+            ferry_transports[i]->name, (unsigned long long)s->connections_accepted[slot]);
+  }
 }
 
 static void put_errors(FILE *f, const ferry_stats *s) {

@@ -66,6 +66,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "core/counters.h"
 #include "core/pool.h"
 #include "transport/shm.h"
 
@@ -543,6 +544,7 @@ static int serve_hello(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
   c->deadline_ns = 0;
   c->attached = 1; /* before the table is built: revocations now wait for it */
   pthread_mutex_unlock(&s->lock);
+  ferry_stats_accepted(s->engine, FERRY_TRANSPORT_SHM);
   m.seq = table_refresh(s, 0);
   int rc = shm_msg_send(c->fd, &m, fds, nfds, MSG_DONTWAIT);
   close(slots_fd); /* the mapping is all this side needs */

@@ -147,6 +147,9 @@ static void test_counters_move_by_bytes_moved(void **state) {
   assert_int_equal(series(s2, "ferry_sync_transfer_duration_seconds_count"), 3);
   assert_int_equal(series(s2, "ferry_sync_transfer_duration_seconds_bucket{le=\"+Inf\"}"), 3);
   assert_true(link_series(s2, "ferry_connections_opened_total", NULL, t, "tcp") >= 1);
+  /* The target sees each data connection the initiator opened. */
+  assert_int_equal(series(ts2, "ferry_connections_accepted_total{transport=\"tcp\"}"),
+                   link_series(s2, "ferry_connections_opened_total", NULL, t, "tcp"));
   assert_true(series(s2, "ferry_control_connections_opened_total") >= 1);
   assert_int_equal(series(s2, "ferry_errors_total{code=\"ENOTREG\"}"), 0);
 
@@ -220,10 +223,14 @@ static void test_shm_link_is_labelled_shm(void **state) {
   assert_int_equal(ferry_transfer_sync(p.initiator, t, FERRY_OP_WRITE, p.local,
                                        (uint64_t)(uintptr_t)p.remote, len),
                    FERRY_OK);
-  char *s = scrape(p.initiator);
+  char *s = scrape(p.initiator), *ts = scrape(p.target);
   assert_int_equal(link_series(s, "ferry_bytes_total", "write", t, "shm"), len);
   assert_int_equal(link_series(s, "ferry_bytes_total", "write", t, "tcp"), 0);
+  /* One-sided: the target served no byte, but saw the link. */
+  assert_int_equal(series(ts, "ferry_served_bytes_total{op=\"write\",transport=\"tcp\"}"), 0);
+  assert_int_equal(series(ts, "ferry_connections_accepted_total{transport=\"shm\"}"), 1);
   free(s);
+  free(ts);
   pair_stop(&p);
 }
 

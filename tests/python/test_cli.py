@@ -65,11 +65,137 @@ def test_bad_values_name_what_is_accepted(args, rc, message):
     assert message in out.stderr
 
 
+@pytest.mark.parametrize("command", ["serve", "bench", "probe"])
+def test_help_lists_every_transport(command):
+    out = run_ferry(command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"tcp.{0,3}shm.{0,3}fabric.{0,3}all", out.stdout), out.stdout
+
+
+def test_errors_doc_commands_use_real_flags():
+    """Every `ferry serve|bench|probe|doctor ...` in docs/errors.md parses:
+    with --help added, the tool accepts the rest of the line."""
+    with open(os.path.join(ROOT, "docs", "errors.md"), encoding="utf-8") as f:
+        spans = re.findall(r"`ferry ((?:serve|bench|probe|doctor)(?: [^`]*)?)`", f.read())
+    assert any(s.startswith("doctor") for s in spans), spans
+    for span in spans:
+        out = run_ferry(*(span.split() + ["--help"]))
+        assert out.returncode == 0, (span, out.stderr)
+
+
+class _Listener:
+    """A TCP service on 127.0.0.1 for `ferry probe` to find: answers every
+    connection with reply(first bytes received) (None: silence, b"": close)."""
+
+    def __init__(self, reply):
+        import socket
+        import threading
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.target = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.kept = []
+        self.reply = reply
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            answer = self.reply(conn.recv(4096))
+            if answer is None:
+                self.kept.append(conn)
+                continue
+            conn.sendall(answer)
+            conn.close()
+
+    def close(self):
+        self.sock.close()
+        for conn in self.kept:
+            conn.close()
+
+
+def _http_answer(first):
+    return b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n" if first.startswith(b"GET ") \
+        else None  # waits for a line end, as HTTP servers do
+
+
+def _tls_answer(first):
+    return b"\x15\x03\x03\x00\x02\x02\x28" if first[:1] == b"\x16" else b""  # handshake_failure
+
+
+@pytest.mark.parametrize("reply, said", [
+    (_http_answer, 'an HTTP server answered ("HTTP/1.1 404 Not Found"), not a ferry engine'),
+    (_tls_answer, "a TLS server answered (a TLS alert record), not a ferry engine"),
+    (lambda first: None, "it accepted the connection but answered nothing in 1 s, and neither "
+                         "HTTP nor TLS: not a ferry engine, which answers at once"),
+    (lambda first: b"", "it closed the connection on ferry's HELLO without an answer, and "
+                        "answered neither HTTP nor TLS: not a ferry engine"),
+    (lambda first: b"+PONG\r\n" * 2, 'something that is not a ferry engine answered '
+                                     '("+PONG")'),
+])
+def test_probe_says_what_answered_instead_of_a_ferry_engine(reply, said):
+    """Not a handshake timeout seconds later: what listens there."""
+    listener = _Listener(reply)
+    try:
+        probe = run_ferry("probe", listener.target)
+        doctor = run_ferry("doctor", "--target", listener.target, timeout=120)
+    finally:
+        listener.close()
+    assert probe.returncode == 1
+    assert probe.stderr == "ferry probe: %s: %s\n" % (listener.target, said), probe.stderr
+    assert re.search(r"^FAIL +%s +%s$" % (re.escape(listener.target), re.escape(said)),
+                     doctor.stdout, re.M), doctor.stdout
+
+
 def test_doctor_help_documents_its_options():
     out = run_ferry("doctor", "--help")
     assert out.returncode == 0
     assert "--target HOST:PORT" in out.stdout and "FAIL" in out.stdout
     assert run_ferry("doctor", "--frobnicate").returncode == 2
+
+
+@pytest.mark.parametrize("args, said", [
+    (["127.0.0.1:1"], "unexpected argument '127.0.0.1:1': a peer is checked with --target "
+                      "127.0.0.1:1"),
+    (["--frobnicate"], "unknown option '--frobnicate'"),
+    (["--target"], "--target needs a value"),
+])
+def test_doctor_says_what_was_wrong_with_its_arguments(args, said):
+    out = run_ferry("doctor", *args)
+    assert out.returncode == 2
+    assert out.stderr.startswith("ferry doctor: %s\n" % said), out.stderr
+    assert "usage: ferry doctor" in out.stderr
+
+
+@pytest.mark.parametrize("leftover", [False, True])
+def test_doctor_finds_which_mooncake_engine_python_imports(tmp_path, leftover):
+    """Mooncake's wheel installed into the same site-packages as ferry leaves
+    mooncake/engine.cpython-*.so beside ferry's engine.py: Python imports the
+    compiled one, and the doctor must say so."""
+    import importlib.machinery
+    import shutil
+    package = tmp_path / "mooncake"
+    shutil.copytree(os.path.join(PYTHON_DIR, "mooncake"), package)
+    compiled = package / ("engine" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    if leftover:
+        compiled.write_bytes(b"")
+    out = run_ferry("doctor", timeout=120,
+                    PYTHONPATH=os.pathsep.join([str(tmp_path), PYTHON_DIR]))
+    found = [l for l in out.stdout.splitlines() if l.split()[1:2] == ["mooncake.engine"]]
+    assert len(found) == 1, out.stdout
+    verdict, _, detail = found[0].split(None, 2)
+    if leftover:
+        assert out.returncode == 1, out.stdout
+        assert verdict == "FAIL", found[0]
+        assert detail.startswith("%s would import Mooncake's compiled %s, not ferry's drop-in: "
+                                 "remove it" % (sys.executable, compiled)), found[0]
+    else:
+        assert verdict == "OK", found[0]
+        assert detail == "%s imports ferry's drop-in %s" % (sys.executable,
+                                                            package / "engine.py"), found[0]
 
 
 def test_doctor_reports_bad_environment_as_failures():

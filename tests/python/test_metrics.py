@@ -57,6 +57,8 @@ def test_stats_and_endpoint_move_by_the_bytes_moved(pair):
     assert sum(n for _, n in s["sync_latency"]["buckets"]) == 2
     assert s["batches_in_flight"] == 0 and s["errors"] == {}
     assert b.stats()["served_bytes"] == {"read": 4099, "write": 300007}
+    accepted = b.stats()["connections_accepted"]
+    assert accepted["tcp"] >= 1 and accepted["shm"] == accepted["fabric"] == 0, accepted
     assert b.stats()["registered_bytes"] == 300007
 
     text = scrape(a)
@@ -106,7 +108,7 @@ def test_serve_metrics_port_and_exit_summary(tmp_path):
     if not tool:
         pytest.skip("ferry tool not found (set FERRY_TOOL or build build/ferry)")
     err = open(tmp_path / "stderr", "w+")
-    proc = subprocess.Popen([tool, "serve", "--size", "1M", "--protocol", "tcp",
+    proc = subprocess.Popen([tool, "serve", "--size", "1M", "--protocol", "tcp,shm",
                              "--metrics-port", "0"], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=err, text=True)
     try:
@@ -119,15 +121,26 @@ def test_serve_metrics_port_and_exit_summary(tmp_path):
             e.register(src)
             e.write(target, src, addr)
             e.read(target, src, addr, 513)
+        with ferry.Engine("127.0.0.1", transports="shm") as e:  # one-sided: not served
+            src = bytearray(4096)
+            e.register(src)
+            e.write(target, src, addr)
+            assert e.peer_transport(target) == ferry.TRANSPORT_SHM
         url = "http://127.0.0.1:%d/metrics" % port
         with urllib.request.urlopen(url, timeout=10) as r:
             text = r.read().decode()
         assert value(text, 'ferry_served_bytes_total{op="write",transport="tcp"}') == 70001
         assert value(text, 'ferry_served_bytes_total{op="read",transport="tcp"}') == 513
+        assert value(text, 'ferry_connections_accepted_total{transport="shm"}') == 1
+        assert value(text, 'ferry_connections_accepted_total{transport="tcp"}') >= 1
+        assert "counted only by their initiators" in text
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     err.seek(0)
     summary = err.read()
-    assert ("served 70001 bytes written in 1 requests, 513 bytes read in 1 requests (tcp); "
-            "0 errors") in summary, summary
+    m = re.search(r"served 70001 bytes written in 1 requests, 513 bytes read in 1 requests "
+                  r"over tcp; accepted ([1-9]\d*) tcp data connections, 1 shm links \(shm and "
+                  r"fabric transfers are one-sided: only their initiators count them\); 0 errors",
+                  summary)
+    assert m, summary

@@ -1,14 +1,19 @@
 """test_mooncake_messages.py - what the mooncake.engine drop-in tells its
 user: causes in the caller's terms (its buffer, its length, its batch id),
-the WARNING of a protocol fallback (once, naming what was asked for), the
+the WARNING of a protocol fallback (once, naming what was asked for; for
+rdma/efa one line saying what libfabric found), last_error() of the last
+call only, a closed engine named, the
 refusal of Ascend NPUs and of read-only buffers as regions, and a
 device_name that names no device."""
 
 import ctypes
 import logging
+import os
+import re
 
 import pytest
 
+import ferry
 from conftest import make_engine
 from mooncake import engine as mc
 from mooncake.engine import TransferEngine
@@ -77,23 +82,82 @@ def test_ascend_refused_by_name(caplog, protocol, hostname):
     assert not any("resolve" in m or "host name" in m for m in warnings_of(caplog))
 
 
-@pytest.mark.parametrize("protocol,named,other", [
-    ("rdma", "RDMA (InfiniBand/RoCE verbs)", "EFA"),
-    ("efa", "AWS EFA (Elastic Fabric Adapter, through libfabric; not RDMA verbs)", "RDMA ("),
-])
-def test_fallback_warns_once_naming_the_protocol(caplog, protocol, named, other):
-    caplog.set_level(logging.INFO, logger="mooncake.engine")
+@pytest.mark.parametrize("protocol,device", [("rdma", "RDMA"), ("efa", "EFA")])
+def test_fabric_fallback_is_one_clear_line(caplog, protocol, device):
+    if os.environ.get("FERRY_FABRIC_PROVIDER"):
+        pytest.skip("a forced fabric provider serves %s: nothing falls back" % protocol)
+    caplog.set_level(logging.INFO)
     te = TransferEngine()
     try:
         assert te.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == 0
         assert te.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == -1  # refused
     finally:
         te.close()
-    fallbacks = [m for m in warnings_of(caplog)
-                 if "which ferry does not provide" in m or "has no such device" in m]
+    ferry.flush_log()
+    about = [r for r in caplog.records
+             if re.search(r"device|fabric|fi_getinfo", r.getMessage(), re.I)]
+    assert len(about) == 1, [r.getMessage() for r in about]
+    line = about[0].getMessage()
+    assert about[0].levelno == logging.WARNING and about[0].name == "mooncake.engine", line
+    assert line.startswith("protocol %r: no %s device here (" % (protocol, device)), line
+    assert "); using tcp/shm; pass protocol 'tcp' to choose this" in line, line
+    assert "engine start failed" not in line, line
+
+
+@pytest.mark.parametrize("protocol,named", [("nvlink", "NVLink"), ("hip", "AMD HIP IPC")])
+def test_fallback_warns_once_naming_the_protocol(caplog, protocol, named):
+    te = TransferEngine()
+    try:
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == 0
+    finally:
+        te.close()
+    fallbacks = [m for m in warnings_of(caplog) if "which ferry does not provide" in m]
     assert len(fallbacks) == 1, fallbacks
-    assert named in fallbacks[0] and other not in fallbacks[0]
-    assert "orders of magnitude" in fallbacks[0]
+    assert named in fallbacks[0] and "orders of magnitude" in fallbacks[0]
+
+
+def test_rdma_alone_without_a_device_fails(monkeypatch):
+    """FERRY_TRANSPORTS=fabric leaves nothing to fall back to: initialize
+    fails, naming libfabric's answer, instead of taking tcp or shm."""
+    if os.environ.get("FERRY_FABRIC_PROVIDER"):
+        pytest.skip("a forced fabric provider serves rdma: nothing falls back")
+    monkeypatch.setenv("FERRY_TRANSPORTS", "fabric")
+    te = TransferEngine()
+    try:
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == -201, te.last_error()
+        assert "fabric provider verbs;ofi_rxm cannot start" in te.last_error(), te.last_error()
+    finally:
+        te.close()
+
+
+def test_rdma_left_out_by_ferry_transports_says_so(caplog, monkeypatch):
+    monkeypatch.setenv("FERRY_TRANSPORTS", "tcp,shm")
+    te = TransferEngine()
+    try:
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == 0
+    finally:
+        te.close()
+    lines = warnings_of(caplog)
+    assert any("FERRY_TRANSPORTS leaves ferry's fabric transport out" in m for m in lines), lines
+    assert any("not used: FERRY_TRANSPORTS=tcp,shm leaves the fabric transport out" in m
+               for m in lines), lines
+    assert not [m for m in lines if "does not provide" in m or "uses no RDMA" in m], lines
+
+
+def test_last_error_is_cleared_by_a_successful_call(pair):
+    a, _, target, peer = pair
+    assert a.transfer_sync_write(target, 0, peer, 16) < 0
+    assert a.last_error() and a.last_error_code() < 0
+    assert a.send_probe(target) == 0
+    assert a.last_error() is None and a.last_error_code() == 0
+
+
+def test_a_call_on_a_closed_engine_names_it():
+    te = make_engine()
+    name = te.get_engine().name
+    te.close()
+    assert te.send_probe("127.0.0.1:1") < 0
+    assert "TransferEngine %s is closed" % name in te.last_error(), te.last_error()
 
 
 def test_tcp_does_not_warn(caplog):
@@ -116,3 +180,5 @@ def test_bogus_device_name_warns_with_devices(caplog, tmp_path, monkeypatch):
         assert bool(msgs) == warned, (device_name, msgs)
         if warned:
             assert "devices here: mlx5_0, mlx5_1" in msgs[0]
+            assert "not used: it picks the fabric transport's NIC for protocol 'rdma' or " \
+                   "'efa' only, not 'tcp'" in msgs[0], msgs[0]
