@@ -60,6 +60,8 @@ test-tsan: deps
 	  FERRY_SOAK_SECONDS=30 ctest --output-on-failure -j1 -L 'unit|threaded|soak' -LE mr_variant; rc=$$?; \
 	  $(SHOW_SKIPS); exit $$rc; }
 
+# Python tests; test_wheel.py builds the wheel offline and runs the quick start
+# from a fresh venv it was installed into (seconds).
 test-python: build
 	@$(PYTHON) setup.py -q build_ext --inplace >/dev/null
 	@FERRY_TOOL=$(CURDIR)/$(BUILD)/ferry $(PYTHON) -m pytest -q -rs tests/python

@@ -12,6 +12,10 @@ tools/*.c and libmicrohttpd.
 
   /usr/bin/python3 setup.py build_ext --inplace        # in-place, for tests
   /usr/bin/python3 -m pip install --no-build-isolation --break-system-packages .
+  /usr/bin/python3 -m pip wheel --no-build-isolation --no-deps --no-index -w dist .
+
+The wheel links the system's libraries by soname and bundles none
+(ferry/_runtime.py lists them; README.md, "Runtime libraries").
 """
 
 import glob

@@ -14,7 +14,8 @@ packages=(
   libhiredis-dev                        # redis metadata client (redis://)
   libfabric-dev libfabric-bin           # RDMA-class transport (verbs, efa; tcp and shm here); fi_info
   redis-server etcd-server etcd-client  # real stores the metadata tests start and stop
-  python3 python3-dev python3-setuptools python3-pytest python3-numpy python3-pip python3-wheel
+  python3 python3-dev python3-setuptools python3-pytest python3-numpy
+  python3-pip python3-wheel python3-venv # the wheel, built offline and installed into a fresh venv
   python3-grpcio python3-zmq            # control planes of the examples/epd handoff tests
   iperf3 iproute2 procps                # baselines and network-namespace tests
 )
