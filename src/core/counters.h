@@ -40,6 +40,7 @@ typedef struct ferry_engine_stats {
   uint64_t latency_sum_ns;
   uint64_t latency_count;
   uint64_t served_bytes[2], served_requests[2];
+  uint64_t staged_bytes[2];
 } ferry_engine_stats;
 
 /* Upper bounds of the latency buckets in seconds; the last is +Inf. */
@@ -60,5 +61,7 @@ void ferry_stats_sync_latency(ferry_engine *engine, uint64_t ns);
 /* A WRITE request the server stored or a READ it starts answering;
  * counted unless failed. */
 void ferry_stats_served(ferry_engine *engine, ferry_op op, uint64_t bytes, int failed);
+/* Bytes of a transfer (op) moved through the staging pipeline. */
+void ferry_stats_staged(ferry_engine *engine, ferry_op op, uint64_t bytes);
 
 #endif
