@@ -300,7 +300,18 @@ typedef struct ferry_config {
   size_t pool_sender_bytes;
   unsigned pool_sender_slots;
   uint32_t pool_grant_timeout_ms;
+  /* Staging (FERRY_STAGING=auto|always|never; a FERRY_STAGING_* value):
+   * the tcp transport moves memory it cannot touch (CUDA device memory)
+   * through pinned host bounce buffers, the copy of one slice overlapping
+   * the network transfer of the one before. AUTO (the default) stages only
+   * such memory; ALWAYS stages host memory too (it tests the pipeline and
+   * costs a copy); NEVER stages nothing (device memory then fails with
+   * FERRY_EFAULT on tcp). */
+  int staging;
 } ferry_config;
+#define FERRY_STAGING_AUTO 0
+#define FERRY_STAGING_ALWAYS 1
+#define FERRY_STAGING_NEVER 2
 #define FERRY_FABRIC_LANES_MAX 8
 
 /* Fills cfg with defaults, including those taken from the environment
@@ -369,6 +380,25 @@ ferry_status ferry_memory_unregister(ferry_engine *engine, void *addr);
 ferry_status ferry_memory_register_batch(ferry_engine *engine, void *const *addrs,
                                          const size_t *lengths, size_t count);
 ferry_status ferry_memory_unregister_batch(ferry_engine *engine, void *const *addrs, size_t count);
+/* ferry_memory_register with the place the caller says the memory is, as
+ * Mooncake spells it: "cpu:0" (host memory; the number is not checked),
+ * "cuda:1" (memory of CUDA device 1: device, pinned or managed), "cuda"
+ * (any CUDA device), or "*", "" or NULL (wherever the drivers say). ferry
+ * always asks the CUDA driver (libcuda.so.1, loaded at run time) itself;
+ * the location is checked against its answer: a contradiction fails with
+ * FERRY_EINVAL naming both, "cuda..." where no CUDA driver or device was
+ * found with FERRY_ENOTIMPL saying how ferry looked, a malformed string
+ * with FERRY_EINVAL naming it. Device memory is moved by staging over tcp
+ * (ferry_config.staging); other transports refuse it for now. */
+ferry_status ferry_memory_register_at(ferry_engine *engine, void *addr, size_t length,
+                                      const char *location);
+/* The batch form: locations[i] for addrs[i] (locations NULL: all "*"). */
+ferry_status ferry_memory_register_batch_at(ferry_engine *engine, void *const *addrs,
+                                            const size_t *lengths, const char *const *locations,
+                                            size_t count);
+/* Nonzero when the CUDA driver loaded and found a device; else 0 and, when
+ * why is not NULL, how ferry looked ("dlopen(\"libcuda.so.1\") failed: ..."). */
+int ferry_memory_cuda_available(char *why, size_t size);
 /* Allocates a registered buffer from shareable memory, zero-filled. */
 ferry_status ferry_memory_alloc(ferry_engine *engine, size_t length, void **out);
 ferry_status ferry_memory_free(ferry_engine *engine, void *addr);
@@ -604,6 +634,11 @@ typedef struct ferry_stats {
    * bytes are counted only by the initiator, and a fabric initiator opens
    * nothing the target sees, so [2] stays 0. */
   uint64_t connections_accepted[8];
+  /* Bytes this engine moved through the staging pipeline's bounce buffers
+   * (ferry_config.staging), as initiator and as target, by ferry_op of
+   * the transfer: memory the transport could not touch, or any memory
+   * under FERRY_STAGING=always. */
+  uint64_t staged_bytes[2];
 } ferry_stats;
 
 /* A snapshot of the engine's statistics; release with ferry_stats_free.

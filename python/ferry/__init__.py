@@ -66,7 +66,7 @@ This package is a thin layer over libferry's C API (the extension module
     the step, the peer and the cause).
 
 Module functions: ``strerror(code)``, ``to_mooncake(code)``, ``version()``,
-``transport_name(bit)``, ``transport_parse(names)``, ``set_log_level(level)``,
+``transport_name(bit)``, ``transport_parse(names)``, ``cuda_available()``, ``set_log_level(level)``,
 ``get_log_level()``; constants ``OK``, ``EINVAL`` ... ``EINPROGRESS``, ``EFAULT``,
 ``OP_READ``, ``OP_WRITE``, ``TRANSPORT_*``, ``BATCH_*``, ``LOG_*``.
 
@@ -136,6 +136,7 @@ try:
         Message,
         Plan,
         Pool,
+        cuda_available,
         get_log_level,
         last_error,
         set_log_level,

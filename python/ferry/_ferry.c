@@ -52,7 +52,16 @@ static PyObject *mod_transport_parse(PyObject *Py_UNUSED(m), PyObject *arg) {
   return PyLong_FromUnsignedLong(ferry_transport_parse(s));
 }
 
+/* (available, why): whether libferry found a CUDA driver and a device. */
+static PyObject *mod_cuda_available(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(noargs)) {
+  char why[256] = "";
+  int on = ferry_memory_cuda_available(why, sizeof why);
+  return Py_BuildValue("(Os)", on ? Py_True : Py_False, why);
+}
+
 static PyMethodDef module_methods[] = {
+    {"cuda_available", mod_cuda_available, METH_NOARGS,
+     "cuda_available() -> (bool, why not): whether the CUDA driver loaded and found a device"},
     {"strerror", mod_strerror, METH_O, "strerror(code) -> str"},
     {"to_mooncake", mod_to_mooncake, METH_O, "to_mooncake(code) -> Mooncake's error number"},
     {"version", mod_version, METH_NOARGS, "version() -> libferry version string"},

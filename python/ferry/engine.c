@@ -406,13 +406,16 @@ static PyObject *engine_exit_ctx(EngineObject *self, PyObject *Py_UNUSED(args)) 
 
 static PyMethodDef engine_methods[] = {
     {"register", KW(engine_register),
-     "register(buf_or_addr, length=None) -> int\n\nRegisters memory (an int address with a "
-     "length, or a buffer object, held until unregistered) and returns its address. A read-only "
+     "register(buf_or_addr, length=None, location=None) -> int\n\nRegisters memory (an int "
+     "address with a length, or a buffer object, held until unregistered) and returns its "
+     "address. location, as Mooncake names it ('cpu:0', 'cuda:1', '*'), is checked against what "
+     "the CUDA driver says the memory is (ferry_memory_register_at). A read-only "
      "buffer (bytes) may be registered to serve as a WRITE source, but peers can write into any "
      "registered memory: register read-only objects only with trusted peers."},
     {"unregister", KW(engine_unregister), "unregister(addr)"},
     {"register_batch", KW(engine_register_batch),
-     "register_batch(items, lengths=None) -> list of addresses"},
+     "register_batch(items, lengths=None, locations=None) -> list of addresses\n\nlocations: "
+     "one location for all, or one per item."},
     {"unregister_batch", KW(engine_unregister_batch), "unregister_batch(addrs)"},
     {"alloc", KW(engine_alloc), "alloc(length) -> int: a new registered, zero-filled buffer"},
     {"free", KW(engine_free), "free(addr): frees a buffer from alloc()"},

@@ -61,9 +61,10 @@ static void unhold(EngineObject *self, void *addr) {
 }
 
 PyObject *engine_register(EngineObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"buf_or_addr", "length", NULL};
+  static char *kwlist[] = {"buf_or_addr", "length", "location", NULL};
   PyObject *obj, *length_o = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:register", kwlist, &obj, &length_o))
+  const char *location = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|Oz:register", kwlist, &obj, &length_o, &location))
     return NULL;
   LocalArg la;
   size_t len;
@@ -74,7 +75,7 @@ PyObject *engine_register(EngineObject *self, PyObject *args, PyObject *kwds) {
     return NULL;
   }
   CallResult r;
-  ENGINE_CALL(self, r, ferry_memory_register(self->eng, la.ptr, len));
+  ENGINE_CALL(self, r, ferry_memory_register_at(self->eng, la.ptr, len, location));
   if (r.st != FERRY_OK) {
     local_release(&la);
     return raise_result(&r);
@@ -113,10 +114,36 @@ PyObject *engine_unregister(EngineObject *self, PyObject *args, PyObject *kwds) 
   Py_RETURN_NONE;
 }
 
+/* register_batch's locations: None (all "*"), one str for every item, or a
+ * sequence of n str. *held keeps the sequence (and so its strings) alive. */
+static int locations_arg(PyObject *obj, Py_ssize_t n, const char **out, PyObject **held) {
+  if (obj == Py_None)
+    return 0;
+  if (PyUnicode_Check(obj)) {
+    const char *one = PyUnicode_AsUTF8(obj);
+    for (Py_ssize_t i = 0; one && i < n; i++)
+      out[i] = one;
+    return one ? 0 : -1;
+  }
+  *held = PySequence_Fast(obj, "locations must be a str or a sequence of str");
+  if (!*held)
+    return -1;
+  if (PySequence_Fast_GET_SIZE(*held) != n) {
+    PyErr_Format(PyExc_ValueError, "%zd items but %zd locations", n,
+                 PySequence_Fast_GET_SIZE(*held));
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++)
+    if (!(out[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(*held, i))))
+      return -1;
+  return 0;
+}
+
 PyObject *engine_register_batch(EngineObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"items", "lengths", NULL};
-  PyObject *items_o, *lengths_o = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:register_batch", kwlist, &items_o, &lengths_o))
+  static char *kwlist[] = {"items", "lengths", "locations", NULL};
+  PyObject *items_o, *lengths_o = Py_None, *locations_o = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OO:register_batch", kwlist, &items_o, &lengths_o,
+                                   &locations_o))
     return NULL;
   PyObject *items = PySequence_Fast(items_o, "items must be a sequence of addresses or buffers");
   if (!items)
@@ -141,12 +168,15 @@ PyObject *engine_register_batch(EngineObject *self, PyObject *args, PyObject *kw
   void **addrs = PyMem_Calloc(cap, sizeof *addrs);
   size_t *lengths = PyMem_Calloc(cap, sizeof *lengths);
   LocalArg *las = PyMem_Calloc(cap, sizeof *las);
-  PyObject *result = NULL;
+  const char **locations = PyMem_Calloc(cap, sizeof *locations);
+  PyObject *locs = NULL, *result = NULL;
   Py_ssize_t got = 0;
-  if (!addrs || !lengths || !las) {
+  if (!addrs || !lengths || !las || !locations) {
     PyErr_NoMemory();
     goto out;
   }
+  if (locations_arg(locations_o, n, locations, &locs) < 0)
+    goto out;
   for (; got < n; got++) {
     if (local_get_with_length(PySequence_Fast_GET_ITEM(items, got), REGION,
                               lens ? PySequence_Fast_GET_ITEM(lens, got) : Py_None, &las[got],
@@ -157,7 +187,9 @@ PyObject *engine_register_batch(EngineObject *self, PyObject *args, PyObject *kw
   if (eng_enter(self) < 0)
     goto out;
   CallResult r;
-  ENGINE_CALL(self, r, ferry_memory_register_batch(self->eng, addrs, lengths, (size_t)n));
+  ENGINE_CALL(self, r,
+              ferry_memory_register_batch_at(self->eng, addrs, lengths,
+                                             locations_o == Py_None ? NULL : locations, (size_t)n));
   if (r.st != FERRY_OK) {
     raise_result(&r);
     goto out;
@@ -183,8 +215,10 @@ out:
   PyMem_Free(addrs);
   PyMem_Free(lengths);
   PyMem_Free(las);
+  PyMem_Free(locations);
   Py_DECREF(items);
   Py_XDECREF(lens);
+  Py_XDECREF(locs);
   return result;
 }
 

@@ -62,12 +62,16 @@ logger = logging.getLogger("mooncake.engine")
 
 __all__ = ["TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write"]
 
-# Mooncake build features. ferry moves host memory over its own transports.
+# Mooncake build features. ferry moves host memory over its own transports, and
+# CUDA device memory over tcp (staged) when the driver loads.
 SUPPORT_EFA = False
 SUPPORT_HIP = False
 SUPPORT_MNNVL = False
 SUPPORT_INTRA_NVLINK = False
-SUPPORT_CUDA = False
+# True when libferry found the CUDA driver (libcuda.so.1) and a device:
+# register_memory then takes device memory ("cuda:N"), moved over tcp
+# through pinned bounce buffers.
+SUPPORT_CUDA = ferry.cuda_available()[0]
 
 _P2PHANDSHAKE = "P2PHANDSHAKE"
 _ERRORS_DOC = "docs/errors.md"
@@ -361,7 +365,7 @@ class TransferEngine:
         buffer object: a read-only one such as bytes is refused, since peers
         may write a registered region). 0 or negative."""
         try:
-            self._eng().register(buffer_addr, int(capacity))
+            self._eng().register(buffer_addr, int(capacity), location=location)
             return 0
         except (ferry.Error, TypeError, ValueError, OverflowError) as e:
             return self._fail("register_memory(%s, %s)" % (_describe(buffer_addr), capacity), e)
@@ -374,12 +378,14 @@ class TransferEngine:
             return self._fail("unregister_memory(%#x)" % buffer_addr, e)
 
     def batch_register_memory(self, buffer_addresses, capacities, location="*"):
+        """location: one for every buffer ("cpu:0", "cuda:1", "*"), or a list
+        of one per buffer. 0 or negative."""
         try:
             addrs = [int(a) for a in buffer_addresses]
             lens = [int(n) for n in capacities]
             if len(addrs) != len(lens):
                 raise ValueError("%d addresses but %d capacities" % (len(addrs), len(lens)))
-            self._eng().register_batch(addrs, lens)
+            self._eng().register_batch(addrs, lens, locations=location)
             return 0
         except (ferry.Error, ValueError) as e:
             return self._fail("batch_register_memory", e)

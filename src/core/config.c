@@ -135,6 +135,18 @@ static ferry_status apply_checksum(const char *name, const char *value, ferry_co
   return FERRY_OK;
 }
 
+/* The FERRY_STAGING_* modes by name, in their numeric order. */
+static const char *const staging_names[] = {"auto", "always", "never"};
+
+static ferry_status apply_staging(const char *name, const char *value, ferry_config *cfg) {
+  for (int i = 0; i < (int)(sizeof staging_names / sizeof *staging_names); i++)
+    if (strcasecmp(value, staging_names[i]) == 0) {
+      cfg->staging = i;
+      return FERRY_OK;
+    }
+  return bad_env(name, value, "auto, always or never");
+}
+
 static ferry_status apply_force_tcp(const char *name, const char *value, ferry_config *cfg) {
   int on;
   if (ferry_parse_bool(value, &on))
@@ -319,6 +331,7 @@ static const struct env_var {
     {"FERRY_TRANSPORTS", apply_transports},
     {"MC_FORCE_TCP", apply_force_tcp},
     {"FERRY_CHECKSUM", apply_checksum},
+    {"FERRY_STAGING", apply_staging},
     {"FERRY_SPIN_US", apply_spin},
     {"FERRY_LOG", apply_log},
     {"FERRY_SECRET", apply_secret},
@@ -447,6 +460,9 @@ static ferry_status check_fields(ferry_config *cfg) {
     return bad_field("workers", cfg->workers, "1 to 1024");
   if (cfg->slice_size && (cfg->slice_size < SLICE_MIN || cfg->slice_size > FERRY_WIRE_MAX_PAYLOAD))
     return bad_field("slice_size", cfg->slice_size, "4096 to 67108864 bytes, or 0 for 512 KiB");
+  if (cfg->staging < FERRY_STAGING_AUTO || cfg->staging > FERRY_STAGING_NEVER)
+    return bad_field("staging", (unsigned long long)cfg->staging,
+                     "FERRY_STAGING_AUTO, FERRY_STAGING_ALWAYS or FERRY_STAGING_NEVER");
   if (cfg->spin_us > FERRY_SPIN_US_MAX)
     return bad_field("spin_us", cfg->spin_us, "0 to 10000 microseconds");
   if (cfg->shm_allowed_uid_count && !cfg->shm_allowed_uids)

@@ -76,3 +76,7 @@ void ferry_stats_served(ferry_engine *e, ferry_op op, uint64_t bytes, int failed
   ADD(e->stats.served_bytes[op == FERRY_OP_WRITE], bytes);
   ADD(e->stats.served_requests[op == FERRY_OP_WRITE], 1);
 }
+
+void ferry_stats_staged(ferry_engine *e, ferry_op op, uint64_t bytes) {
+  ADD(e->stats.staged_bytes[op == FERRY_OP_WRITE], bytes);
+}

@@ -41,6 +41,7 @@ typedef struct ferry_engine_stats {
   uint64_t latency_count;
   uint64_t served_bytes[2], served_requests[2];
   uint64_t accepted[FERRY_STATS_TRANSPORTS]; /* as a target, by transport slot */
+  uint64_t staged_bytes[2];
 } ferry_engine_stats;
 
 /* Upper bounds of the latency buckets in seconds; the last is +Inf. */
@@ -64,5 +65,7 @@ void ferry_stats_served(ferry_engine *engine, ferry_op op, uint64_t bytes, int f
 /* As a target: a peer's connection over transport (a FERRY_TRANSPORT_*
  * bit) passed its handshake: a tcp data connection, an shm link. */
 void ferry_stats_accepted(ferry_engine *engine, unsigned transport);
+/* Bytes of a transfer (op) moved through the staging pipeline. */
+void ferry_stats_staged(ferry_engine *engine, ferry_op op, uint64_t bytes);
 
 #endif

@@ -95,22 +95,25 @@ static ferry_status transports_register(ferry_engine *e, const ferry_region *reg
 }
 
 /* Copies into fresh the regions not registered yet: an identical region
- * already registered stays as it is, with its transports' registrations. */
-static size_t fresh_regions(ferry_engine *e, const ferry_region *regions, size_t count,
-                            ferry_region *fresh) {
+ * already registered stays as it is, with its transports' registrations.
+ * Memory the CPU cannot touch is left to staging (tcp): no transport that
+ * registers regions (fabric) is given it, so none keys it for peers. */
+static size_t fresh_regions(ferry_engine *e, const ferry_region *regions, const ferry_where *wheres,
+                            size_t count, ferry_region *fresh) {
   size_t n = 0;
   for (size_t i = 0; i < count; i++) {
     ferry_region known;
-    if (!ferry_registry_find(e->registry, regions[i].addr, &known) ||
-        known.addr != regions[i].addr || known.length != regions[i].length)
+    if (wheres[i].cpu_access &&
+        (!ferry_registry_find(e->registry, regions[i].addr, &known) ||
+         known.addr != regions[i].addr || known.length != regions[i].length))
       fresh[n++] = regions[i];
   }
   return n;
 }
 
-static ferry_status registry_add(ferry_engine *e, const ferry_region *regions, size_t count) {
-  return count == 1 ? ferry_registry_add(e->registry, regions[0].addr, regions[0].length)
-                    : ferry_registry_add_many(e->registry, regions, count);
+static ferry_status registry_add(ferry_engine *e, const ferry_region *regions,
+                                 const ferry_where *wheres, size_t count) {
+  return ferry_registry_add_placed(e->registry, regions, wheres, count);
 }
 
 static ferry_status registered_already(const ferry_region *pool) {
@@ -125,33 +128,83 @@ static ferry_status registered_already(const ferry_region *pool) {
  * A pool's region must be new: one registered before keeps what its
  * transports gave it (fabric: remote WRITE). */
 static ferry_status register_with_transports(ferry_engine *e, const ferry_region *regions,
-                                             size_t count, unsigned flags) {
+                                             const ferry_where *wheres, size_t count,
+                                             unsigned flags) {
   ferry_region *fresh = malloc((count ? count : 1) * sizeof *fresh);
   if (!fresh)
     return ferry_fail(FERRY_ENOMEM, "no memory to register %zu regions", count);
   pthread_mutex_lock(&e->register_lock);
-  size_t n = fresh_regions(e, regions, count, fresh);
+  size_t n = fresh_regions(e, regions, wheres, count, fresh);
   ferry_status st = (flags & FERRY_REGISTER_POOL) && n != count
                         ? registered_already(regions)
                         : transports_register(e, fresh, n, flags);
-  if (!st && (st = registry_add(e, regions, count)) != FERRY_OK)
+  if (!st && (st = registry_add(e, regions, wheres, count)) != FERRY_OK)
     transports_deregister(e, fresh, n, SIZE_MAX);
   pthread_mutex_unlock(&e->register_lock);
   free(fresh);
   return st;
 }
 
-/* Every region is host memory this process can read and write, or it is
- * refused before a transport or a peer sees it. Memory kinds (the gpu
- * issue) will decide here which regions are CUDA memory instead. */
-static ferry_status register_regions(ferry_engine *e, const ferry_region *regions, size_t count,
-                                     unsigned flags) {
-  ferry_status st = ferry_host_memory_check(e->host_memory, regions, count);
-  if (st)
-    return st;
-  st = transports_register_regions(e) || (flags & FERRY_REGISTER_POOL)
-           ? register_with_transports(e, regions, count, flags)
-           : registry_add(e, regions, count);
+/* ---- memory kinds ---------------------------------------------------------------- */
+
+/* Asks the drivers what each region is (memory/kind.h) and checks the
+ * location the caller gave for it, if any: a malformed location fails
+ * before any driver is asked. */
+static ferry_status identify_regions(const ferry_region *regions, const char *const *locations,
+                                     size_t count, ferry_where *wheres) {
+  ferry_location *parsed = locations ? malloc(count * sizeof *parsed) : NULL;
+  if (locations && !parsed)
+    return ferry_fail(FERRY_ENOMEM, "no memory for the locations of %zu regions", count);
+  ferry_status st = FERRY_OK;
+  for (size_t i = 0; locations && i < count && !st; i++)
+    st = ferry_location_parse(locations[i], &parsed[i]);
+  for (size_t i = 0; i < count && !st; i++) {
+    st = ferry_kind_identify(regions[i].addr, regions[i].length, &wheres[i]);
+    if (!st && locations)
+      st = ferry_location_check(locations[i], &parsed[i], &wheres[i], regions[i].addr,
+                                regions[i].length);
+  }
+  free(parsed);
+  return st;
+}
+
+/* The regions the CPU may touch must be host memory this process can read
+ * and write (ferry_host_memory_check, which names the range at fault);
+ * device memory was vouched for by its driver. */
+static ferry_status check_cpu_memory(ferry_engine *e, const ferry_region *regions,
+                                     const ferry_where *wheres, size_t count) {
+  size_t cpu = 0;
+  for (size_t i = 0; i < count; i++)
+    cpu += wheres[i].cpu_access;
+  if (cpu == count)
+    return ferry_host_memory_check(e->host_memory, regions, count);
+  ferry_region *reachable = malloc((cpu ? cpu : 1) * sizeof *reachable);
+  if (!reachable)
+    return ferry_fail(FERRY_ENOMEM, "no memory to check %zu regions", count);
+  for (size_t i = 0, k = 0; i < count; i++)
+    if (wheres[i].cpu_access)
+      reachable[k++] = regions[i];
+  ferry_status st = ferry_host_memory_check(e->host_memory, reachable, cpu);
+  free(reachable);
+  return st;
+}
+
+/* Every region's kind is decided here, and memory the CPU may touch must
+ * be host memory this process can read and write: anything else is
+ * refused before a transport or a peer sees it. */
+static ferry_status register_regions(ferry_engine *e, const ferry_region *regions,
+                                     const char *const *locations, size_t count, unsigned flags) {
+  ferry_where *wheres = malloc((count ? count : 1) * sizeof *wheres);
+  if (!wheres)
+    return ferry_fail(FERRY_ENOMEM, "no memory to register %zu regions", count);
+  ferry_status st = identify_regions(regions, locations, count, wheres);
+  if (!st)
+    st = check_cpu_memory(e, regions, wheres, count);
+  if (!st)
+    st = transports_register_regions(e) || (flags & FERRY_REGISTER_POOL)
+             ? register_with_transports(e, regions, wheres, count, flags)
+             : registry_add(e, regions, wheres, count);
+  free(wheres);
   if (!st)
     republish_regions(e);
   return st;
@@ -159,16 +212,13 @@ static ferry_status register_regions(ferry_engine *e, const ferry_region *region
 
 /* ---- registration -------------------------------------------------------------- */
 
-static ferry_status register_one(ferry_engine *e, void *addr, size_t length, unsigned flags) {
+static ferry_status register_one(ferry_engine *e, void *addr, size_t length, const char *location,
+                                 unsigned flags) {
   if (!e || !addr || !length)
     return ferry_fail(FERRY_EINVAL, "register %p (+%zu bytes): null engine, address or length",
                       addr, length);
   ferry_region region = {(uint64_t)(uintptr_t)addr, length};
-  return register_regions(e, &region, 1, flags);
-}
-
-static ferry_status memory_register(ferry_engine *e, void *addr, size_t length) {
-  return register_one(e, addr, length, 0);
+  return register_regions(e, &region, location ? &location : NULL, 1, flags);
 }
 
 /* Once unregister returns, no peer touches the regions any more and the
@@ -209,7 +259,8 @@ static ferry_status memory_unregister(ferry_engine *e, void *addr) {
 }
 
 static ferry_status memory_register_batch(ferry_engine *e, void *const *addrs,
-                                          const size_t *lengths, size_t count) {
+                                          const size_t *lengths, const char *const *locations,
+                                          size_t count) {
   if (!e || (count && (!addrs || !lengths)))
     return ferry_fail(FERRY_EINVAL, "register batch: null engine or arrays");
   ferry_region *regions = malloc((count ? count : 1) * sizeof *regions);
@@ -219,7 +270,7 @@ static ferry_status memory_register_batch(ferry_engine *e, void *const *addrs,
     regions[i].addr = (uint64_t)(uintptr_t)addrs[i];
     regions[i].length = lengths[i];
   }
-  ferry_status st = register_regions(e, regions, count, 0);
+  ferry_status st = register_regions(e, regions, locations, count, 0);
   free(regions);
   return st;
 }
@@ -271,7 +322,7 @@ static ferry_status alloc_registered(ferry_engine *e, size_t length, unsigned fl
     return ferry_fail_errno(FERRY_ENOMEM, err, "mapping %zu bytes failed", length);
   }
   a->length = length;
-  ferry_status st = register_one(e, a->addr, length, flags);
+  ferry_status st = register_one(e, a->addr, length, NULL, flags);
   if (st) {
     munmap(a->addr, length);
     close(a->fd);
@@ -291,7 +342,7 @@ static ferry_status memory_alloc(ferry_engine *e, size_t length, void **out) {
 }
 
 ferry_status ferry_engine_pool_memory(ferry_engine *e, size_t length, void **addr) {
-  return *addr ? register_one(e, *addr, length, FERRY_REGISTER_POOL)
+  return *addr ? register_one(e, *addr, length, NULL, FERRY_REGISTER_POOL)
                : alloc_registered(e, length, FERRY_REGISTER_POOL, addr);
 }
 
@@ -318,7 +369,12 @@ static ferry_status memory_free(ferry_engine *e, void *addr) {
 /* ---- the public calls above, inside the gate ------------------------------------- */
 
 ferry_status ferry_memory_register(ferry_engine *e, void *addr, size_t length) {
-  FERRY_GATED(e, memory_register(e, addr, length));
+  FERRY_GATED(e, register_one(e, addr, length, NULL, 0));
+}
+
+ferry_status ferry_memory_register_at(ferry_engine *e, void *addr, size_t length,
+                                      const char *location) {
+  FERRY_GATED(e, register_one(e, addr, length, location, 0));
 }
 
 ferry_status ferry_memory_unregister(ferry_engine *e, void *addr) {
@@ -327,7 +383,17 @@ ferry_status ferry_memory_unregister(ferry_engine *e, void *addr) {
 
 ferry_status ferry_memory_register_batch(ferry_engine *e, void *const *addrs, const size_t *lengths,
                                          size_t count) {
-  FERRY_GATED(e, memory_register_batch(e, addrs, lengths, count));
+  FERRY_GATED(e, memory_register_batch(e, addrs, lengths, NULL, count));
+}
+
+ferry_status ferry_memory_register_batch_at(ferry_engine *e, void *const *addrs,
+                                            const size_t *lengths, const char *const *locations,
+                                            size_t count) {
+  FERRY_GATED(e, memory_register_batch(e, addrs, lengths, locations, count));
+}
+
+int ferry_memory_cuda_available(char *why, size_t size) {
+  return ferry_kind_cuda.available(why, size);
 }
 
 ferry_status ferry_memory_unregister_batch(ferry_engine *e, void *const *addrs, size_t count) {

@@ -45,6 +45,7 @@
 #include "base/sync.h"
 #include "counters.h"
 #include "engine.h"
+#include "memory/staging.h"
 #include "pool.h"
 
 #define SERVER_STUCK_MS 100     /* a worker this long in one frame counts as stuck */
@@ -64,6 +65,10 @@ typedef struct server_buffers {
   ferry_region segs[FERRY_WIRE_MAX_SEGMENTS];
   struct iovec iov[FERRY_WIRE_MAX_SEGMENTS + 2];
   uint8_t readahead[FERRY_READAHEAD];
+  /* Staging (memory/staging.h): where each segment lives, and the
+   * worker's bounce buffers, opened when a frame first needs them. */
+  ferry_stage_range ranges[FERRY_WIRE_MAX_SEGMENTS];
+  ferry_stager *stager;
 } server_buffers;
 
 typedef struct server_listener {
@@ -107,6 +112,7 @@ typedef struct server_conn {
   uint8_t *table;
   ferry_region *segs;
   struct iovec *iov;
+  server_buffers *buffers;
 } server_conn;
 
 #define SERVER_LISTENERS_MAX 8
@@ -362,12 +368,99 @@ static ferry_status drop_after_fault(server_conn *c, const ferry_frame_header *h
   return ferry_sock_discard(&c->sock, frame - placed, "drop the rest of a refused WRITE");
 }
 
+/* ---- staging (memory/staging.h) ------------------------------------------ */
+
+/* What a staged frame's bytes pass through: the socket, and the running
+ * crc32c of the payload when the frame carries one. */
+typedef struct staged_io {
+  server_conn *c;
+  int checksum;
+  uint32_t crc;
+} staged_io;
+
+static ferry_status staged_receive(void *arg, void *buf, size_t len) {
+  staged_io *io = arg;
+  ferry_status st = ferry_sock_recv(&io->c->sock, buf, len, "receive WRITE payload (staged)");
+  if (!st && io->checksum)
+    io->crc = ferry_crc32c(io->crc, buf, len);
+  return st;
+}
+
+static ferry_status staged_send(void *arg, void *buf, size_t len) {
+  staged_io *io = arg;
+  if (io->checksum)
+    io->crc = ferry_crc32c(io->crc, buf, len);
+  return ferry_sock_send_piece(&io->c->sock, buf, len, "send READ data (staged)");
+}
+
+/* Whether every range of a staged request is memory the CPU may touch. */
+static int cpu_reaches(const server_conn *c, const ferry_frame_header *h) {
+  for (uint32_t i = 0; i < h->count; i++)
+    if (!c->buffers->ranges[i].where.cpu_access)
+      return 0;
+  return 1;
+}
+
+/* Whether the request's memory moves through the staging pipeline (its
+ * ranges then in c->buffers->ranges, the worker's stager opened). */
+static int staged(server_conn *c, const ferry_frame_header *h) {
+  server_buffers *b = c->buffers;
+  segments_iov(c, h->count);
+  if (!ferry_stage_plan(c->engine->registry, c->iov, h->count, c->engine->cfg.staging, b->ranges))
+    return 0;
+  if (!b->stager && !(b->stager = ferry_stager_create()))
+    FERRY_WARN("no memory for a staging pipeline: %s's request from %s moves unstaged",
+               c->engine->name, c->peer);
+  return b->stager != NULL;
+}
+
+/* A staged WRITE's payload: into bounce buffers, copied into place, every
+ * copy ended before this returns. A failed copy is the ack's verdict. */
+static ferry_status receive_staged(server_conn *c, const ferry_frame_header *h, uint64_t total,
+                                   uint8_t *after, size_t after_len, ferry_status *verdict,
+                                   char *reason, size_t size) {
+  int checksum = h->flags & FERRY_FRAME_FLAG_CHECKSUM;
+  staged_io io = {c, checksum, 0};
+  ferry_status copied;
+  ferry_sock_recv_stream(&c->sock, 1);
+  ferry_status st = ferry_stage_in(c->buffers->stager, c->buffers->ranges, h->count, staged_receive,
+                                   &io, &copied);
+  uint32_t sent_crc = 0;
+  struct iovec tail[2];
+  int n = 0;
+  if (after_len)
+    tail[n++] = (struct iovec){after, after_len};
+  if (checksum)
+    tail[n++] = (struct iovec){&sent_crc, sizeof sent_crc};
+  if (!st && n)
+    st = ferry_sock_recvv(&c->sock, tail, n, "receive WRITE payload");
+  ferry_sock_recv_stream(&c->sock, 0);
+  if (st)
+    return st;
+  if (copied) {
+    snprintf(reason, size, "WRITE of %llu bytes at %s: %s", (unsigned long long)total,
+             c->engine->name, ferry_last_error());
+    FERRY_WARN("refused WRITE from %s: %s", c->peer, reason);
+    *verdict = copied;
+  } else if (checksum && le32toh(sent_crc) != ferry_crc32c(io.crc, after, after_len)) {
+    snprintf(reason, size, "checksum mismatch on WRITE of %llu bytes at %s",
+             (unsigned long long)total, c->engine->name);
+    FERRY_ERROR("%s (from %s)", reason, c->peer);
+    *verdict = FERRY_ECHECKSUM;
+  } else {
+    ferry_stats_staged(c->engine, FERRY_OP_WRITE, total);
+  }
+  return FERRY_OK;
+}
+
 /* Receives a checked WRITE's payload into place; a crc mismatch or memory
  * this process cannot write is a verdict for the ack, not a connection
  * error. */
-static ferry_status receive_payload(server_conn *c, const ferry_frame_header *h, uint64_t total,
-                                    uint8_t *after, size_t after_len, ferry_status *verdict,
-                                    char *reason, size_t size) {
+static ferry_status receive_payload(server_conn *c, const ferry_frame_header *h, int stage,
+                                    uint64_t total, uint8_t *after, size_t after_len,
+                                    ferry_status *verdict, char *reason, size_t size) {
+  if (stage)
+    return receive_staged(c, h, total, after, after_len, verdict, reason, size);
   int checksum = h->flags & FERRY_FRAME_FLAG_CHECKSUM;
   uint32_t sent_crc = 0;
   int n = segments_iov(c, h->count);
@@ -392,8 +485,41 @@ static ferry_status receive_payload(server_conn *c, const ferry_frame_header *h,
   return st;
 }
 
+/* A staged READ's data: copied out of the memory into bounce buffers and
+ * sent, the crc (if asked) running along. A failed copy cuts the reply
+ * short: the connection ends. */
+static ferry_status send_staged(server_conn *c, const ferry_frame_header *h, uint64_t total) {
+  int checksum = h->flags & FERRY_FRAME_FLAG_CHECKSUM;
+  uint8_t raw[FERRY_WIRE_HEADER_SIZE];
+  ferry_frame_header rh = {.type = FERRY_FRAME_READ_REPLY,
+                           .flags = (uint8_t)checksum,
+                           .id = h->id,
+                           .body_len = total + (checksum ? 4 : 0)};
+  ferry_wire_header_encode(raw, &rh);
+  /* Counted before the initiator can see the reply. */
+  ferry_stats_served(c->engine, FERRY_OP_READ, total, 0);
+  ferry_stats_staged(c->engine, FERRY_OP_READ, total);
+  ferry_sock_set_deadline(&c->sock, ferry_engine_deadline(c->engine, total));
+  struct iovec head = {raw, sizeof raw};
+  staged_io io = {c, checksum, 0};
+  ferry_status st = ferry_sock_send_open(&c->sock, &head, 1, "send READ data");
+  if (!st)
+    st = ferry_stage_out(c->buffers->stager, c->buffers->ranges, h->count, staged_send, &io);
+  uint32_t crc = htole32(io.crc);
+  if (!st && checksum)
+    st = ferry_sock_send_piece(&c->sock, &crc, sizeof crc, "send READ data");
+  st = ferry_sock_send_close(&c->sock, st, "send READ data");
+  if (st && st != FERRY_ESOCKET && st != FERRY_ETIMEDOUT && st != FERRY_ECLOSED)
+    st = ferry_fail(st, "READ from %s cut short, closing the connection: %s", c->peer,
+                    ferry_last_error());
+  return st;
+}
+
 /* Sends a checked READ's data straight from registered memory. */
-static ferry_status send_data(server_conn *c, const ferry_frame_header *h, uint64_t total) {
+static ferry_status send_data(server_conn *c, const ferry_frame_header *h, int stage,
+                              uint64_t total) {
+  if (stage)
+    return send_staged(c, h, total);
   int checksum = h->flags & FERRY_FRAME_FLAG_CHECKSUM;
   uint8_t raw[FERRY_WIRE_HEADER_SIZE];
   uint32_t crc = checksum ? htole32(segments_crc(c, h->count)) : 0;
@@ -613,16 +739,18 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
   /* A READ's data must be readable before its reply promises it: a send
    * that faults after the header cannot be answered (send_data then ends
    * the connection). Unchecked on kernels without PROCMAP_QUERY (6.11). */
-  if (!verdict && !write && memory_problem(c, h, 1, reason, sizeof reason))
+  int stage = !verdict && staged(c, h);
+  if (!verdict && !write && (!stage || cpu_reaches(c, h)) &&
+      memory_problem(c, h, 1, reason, sizeof reason))
     verdict = FERRY_EFAULT;
   ferry_region fenced;
   if (verdict) {
     unpublish(c, &fenced); /* nothing was touched: a fence has nothing to wait for */
     return refuse_request(c, h, total + after_len, verdict, reason);
   }
-  st = write
-           ? receive_payload(c, h, total, after, (size_t)after_len, &verdict, reason, sizeof reason)
-           : send_data(c, h, total);
+  st = write ? receive_payload(c, h, stage, total, after, (size_t)after_len, &verdict, reason,
+                               sizeof reason)
+             : send_data(c, h, stage, total);
   if (write)
     ferry_pools_writes_done(c->engine, c->peer_id, c->segs, h->count, !st && !verdict);
   if (unpublish(c, &fenced))
@@ -832,6 +960,7 @@ static void lend_buffers(server_conn *c, server_buffers *b) {
   c->table = b ? b->table : NULL;
   c->segs = b ? b->segs : NULL;
   c->iov = b ? b->iov : NULL;
+  c->buffers = b;
   ferry_sock_readahead(&c->sock, b ? b->readahead : NULL, b ? sizeof b->readahead : 0);
 }
 
@@ -1015,6 +1144,8 @@ static void *worker_main(void *arg) {
   server_buffers *b = malloc(sizeof *b);
   if (!b)
     FERRY_ERROR("no memory for a server worker's buffers; the worker exits");
+  else
+    b->stager = NULL;
   pthread_mutex_lock(&s->lock);
   while (b && !s->stopping) {
     /* Only a worker beyond the floor needs to notice it is idle: the
@@ -1031,6 +1162,8 @@ static void *worker_main(void *arg) {
     if (n == 1)
       dispatch(s, &ev, b);
   }
+  if (b)
+    ferry_stager_destroy(b->stager);
   free(b);
   leave_pool(s);
   return NULL;

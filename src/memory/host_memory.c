@@ -201,8 +201,8 @@ static ferry_status refuse(const ferry_region *r, const ferry_host_problem *p) {
   ferry_host_problem_describe(p, what, sizeof what);
   const char *cause = !p->perms[0] ? "; check the address and length, or it was freed"
                       : p->perms[0] != 'r'
-                          ? ": not mapped for the CPU: GPU memory needs the CUDA support of the "
-                            "gpu issue; register host memory (pinned or not) instead"
+                          ? ": not mapped for the CPU: GPU memory, and the CUDA driver (if "
+                            "found) did not claim it; register host memory instead"
                           : ": peers write registered memory, so it must be writable";
   return ferry_fail(FERRY_EFAULT, "register [0x%" PRIx64 ", +%" PRIu64 "): %s%s", r->addr,
                     r->length, what, cause);

@@ -3,9 +3,9 @@
  * memory. Registration refuses memory that fails it; a READ checks its
  * ranges again before its reply goes out (server.c).
  *
- * Memory kinds (the gpu issue): registration is where a region's kind is
- * decided. Host memory is the only kind today, and ferry_host_memory_check
- * is its test; a CUDA kind will claim device pointers before they reach it. */
+ * Memory kinds (kind.h): registration decides a region's kind first; the
+ * regions the CPU may touch (host memory, CUDA pinned or managed memory)
+ * then pass ferry_host_memory_check, device memory does not reach it. */
 #ifndef FERRY_HOST_MEMORY_H
 #define FERRY_HOST_MEMORY_H
 

@@ -25,6 +25,11 @@
 
 #include "base/error.h"
 
+typedef struct registry_where {
+  uint64_t addr; /* the region's start */
+  ferry_where where;
+} registry_where;
+
 struct ferry_registry {
   pthread_rwlock_t lock;
   /* Sorted by addr, addrs unique. An entry of length 0 is a hole: a removed
@@ -37,6 +42,11 @@ struct ferry_registry {
   size_t count; /* live regions */
   size_t capacity;
   uint64_t generation; /* starts at 1 so a cache zeroed at 0 is always stale */
+  /* Where the regions that are not plain host memory live (kind.h),
+   * sorted by their start; a region absent here is host memory. Few in
+   * practice (a KV cache: one per tensor), so an insert's memmove is cheap. */
+  registry_where *wheres;
+  size_t where_count, where_capacity;
 };
 
 /* Holes are squeezed out once they outnumber the live regions (and are
@@ -126,6 +136,7 @@ void ferry_registry_destroy(ferry_registry *registry) {
     return;
   pthread_rwlock_destroy(&registry->lock);
   free(registry->regions);
+  free(registry->wheres);
   free(registry);
 }
 
@@ -146,6 +157,66 @@ static ferry_status reserve(ferry_registry *registry, size_t need) {
 }
 
 static int is_hole(const ferry_region *r) { return r->length == 0; }
+
+/* ---- where the regions live ---------------------------------------------------- */
+
+static int is_host(const ferry_where *w) { return w->kind == FERRY_KIND_HOST && w->device < 0; }
+
+/* Index of the first entry starting at or after addr. */
+static size_t where_bound(const ferry_registry *registry, uint64_t addr) {
+  size_t lo = 0, hi = registry->where_count;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (registry->wheres[mid].addr < addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* Room for `more` entries, before the table changes: the add stays all
+ * or nothing. Caller holds the write lock. */
+static ferry_status reserve_wheres(ferry_registry *registry, const ferry_where *wheres,
+                                   size_t count) {
+  size_t more = 0;
+  for (size_t i = 0; wheres && i < count; i++)
+    more += !is_host(&wheres[i]);
+  size_t need = registry->where_count + more;
+  if (need <= registry->where_capacity)
+    return FERRY_OK;
+  size_t capacity = registry->where_capacity ? 2 * registry->where_capacity : 16;
+  while (capacity < need)
+    capacity *= 2;
+  registry_where *grown = realloc(registry->wheres, capacity * sizeof *grown);
+  if (grown == NULL)
+    return ferry_fail(FERRY_ENOMEM, "register: no memory for the kinds of %zu regions", need);
+  registry->wheres = grown;
+  registry->where_capacity = capacity;
+  return FERRY_OK;
+}
+
+/* Records where the region starting at addr lives (room reserved). */
+static void note_where_locked(ferry_registry *registry, uint64_t addr, const ferry_where *where) {
+  if (is_host(where))
+    return;
+  size_t at = where_bound(registry, addr);
+  registry_where *w = registry->wheres;
+  if (at == registry->where_count || w[at].addr != addr) {
+    memmove(&w[at + 1], &w[at], (registry->where_count - at) * sizeof *w);
+    registry->where_count++;
+  }
+  w[at] = (registry_where){addr, *where};
+}
+
+static void forget_where_locked(ferry_registry *registry, uint64_t addr) {
+  size_t at = where_bound(registry, addr);
+  registry_where *w = registry->wheres;
+  if (at == registry->where_count || w[at].addr != addr)
+    return;
+  memmove(&w[at], &w[at + 1], (registry->where_count - at - 1) * sizeof *w);
+  registry->where_count--;
+}
 
 /* Inserts one validated region; caller holds the write lock. Holes inside
  * the new region go (the search rule needs it); the first of them is
@@ -182,16 +253,8 @@ static ferry_status insert_locked(ferry_registry *registry, const ferry_region *
 }
 
 ferry_status ferry_registry_add(ferry_registry *registry, uint64_t addr, uint64_t length) {
-  if (registry == NULL)
-    return ferry_fail(FERRY_EINVAL, "register: no registry");
-  ferry_status st = check_region(addr, length);
-  if (st != FERRY_OK)
-    return st;
   ferry_region region = {addr, length};
-  pthread_rwlock_wrlock(&registry->lock);
-  st = insert_locked(registry, &region);
-  pthread_rwlock_unlock(&registry->lock);
-  return st;
+  return ferry_registry_add_placed(registry, &region, NULL, 1);
 }
 
 static int compare_regions(const void *a, const void *b) {
@@ -286,17 +349,33 @@ static ferry_status merge_locked(ferry_registry *registry, const ferry_region *b
 
 ferry_status ferry_registry_add_many(ferry_registry *registry, const ferry_region *regions,
                                      size_t count) {
+  return ferry_registry_add_placed(registry, regions, NULL, count);
+}
+
+/* One region: inserted in place; a batch: merged into a new table. */
+static ferry_status add_locked(ferry_registry *registry, const ferry_region *regions,
+                               const ferry_region *batch, size_t n) {
+  return batch ? merge_locked(registry, batch, n) : insert_locked(registry, regions);
+}
+
+ferry_status ferry_registry_add_placed(ferry_registry *registry, const ferry_region *regions,
+                                       const ferry_where *wheres, size_t count) {
   if (registry == NULL || (regions == NULL && count > 0))
-    return ferry_fail(FERRY_EINVAL, "register batch: no registry or no regions");
+    return ferry_fail(FERRY_EINVAL, "register: no registry or no regions");
   if (count == 0)
     return FERRY_OK;
   ferry_region *batch = NULL;
   size_t n = 0;
-  ferry_status st = prepare_batch(regions, count, &batch, &n);
+  ferry_status st = count == 1 ? check_region(regions[0].addr, regions[0].length)
+                               : prepare_batch(regions, count, &batch, &n);
   if (st != FERRY_OK)
     return st;
   pthread_rwlock_wrlock(&registry->lock);
-  st = merge_locked(registry, batch, n);
+  st = reserve_wheres(registry, wheres, count);
+  if (st == FERRY_OK)
+    st = add_locked(registry, regions, batch, n);
+  for (size_t i = 0; st == FERRY_OK && wheres && i < count; i++)
+    note_where_locked(registry, regions[i].addr, &wheres[i]);
   pthread_rwlock_unlock(&registry->lock);
   free(batch);
   return st;
@@ -324,6 +403,7 @@ static ferry_status take_locked(ferry_registry *registry, uint64_t addr, ferry_r
                       "unregister 0x%" PRIx64 ": not the start of a registered region", addr);
   if (out != NULL)
     *out = r[at];
+  forget_where_locked(registry, addr);
   r[at].length = 0;
   registry->count--;
   registry->generation++;
@@ -385,6 +465,24 @@ int ferry_registry_find(ferry_registry *registry, uint64_t addr, ferry_region *o
   long at = ferry_regions_search(registry->regions, registry->used, addr, 1);
   if (at >= 0 && out != NULL)
     *out = registry->regions[at];
+  pthread_rwlock_unlock(&registry->lock);
+  return at >= 0;
+}
+
+int ferry_registry_where(ferry_registry *registry, uint64_t addr, uint64_t length,
+                         ferry_where *out) {
+  if (registry == NULL)
+    return 0;
+  pthread_rwlock_rdlock(&registry->lock);
+  long at = ferry_regions_search(registry->regions, registry->used, addr, length);
+  if (at >= 0) {
+    uint64_t start = registry->regions[at].addr;
+    size_t w = where_bound(registry, start);
+    if (w < registry->where_count && registry->wheres[w].addr == start)
+      *out = registry->wheres[w].where;
+    else
+      *out = (ferry_where){.kind = FERRY_KIND_HOST, .cpu_access = 1, .device = -1};
+  }
   pthread_rwlock_unlock(&registry->lock);
   return at >= 0;
 }

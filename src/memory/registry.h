@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "ferry.h"
+#include "memory/kind.h"
 
 typedef struct ferry_registry ferry_registry;
 
@@ -25,6 +26,15 @@ ferry_status ferry_registry_add(ferry_registry *registry, uint64_t addr, uint64_
 /* All or nothing: on any failure no region of the batch stays added. */
 ferry_status ferry_registry_add_many(ferry_registry *registry, const ferry_region *regions,
                                      size_t count);
+/* ferry_registry_add (count 1) or _add_many that also records where each
+ * region lives (wheres[i] for regions[i]; NULL: all host memory), under
+ * the same lock: no request sees a region before its kind. */
+ferry_status ferry_registry_add_placed(ferry_registry *registry, const ferry_region *regions,
+                                       const ferry_where *wheres, size_t count);
+/* Nonzero when [addr, addr+length) lies inside one registered region;
+ * *out then says where that region lives. */
+int ferry_registry_where(ferry_registry *registry, uint64_t addr, uint64_t length,
+                         ferry_where *out);
 /* Removes the region starting at addr; FERRY_ENOTREG if there is none. */
 ferry_status ferry_registry_remove(ferry_registry *registry, uint64_t addr);
 /* ferry_registry_remove that also hands back the region removed (out may be

@@ -200,18 +200,65 @@ static EVP_CIPHER_CTX *keyed_ctx(const uint8_t key[FERRY_SESSION_KEY_SIZE], cons
   return c->ctx[i];
 }
 
-int ferry_session_tag(const uint8_t key[FERRY_SESSION_KEY_SIZE], uint64_t seq, uint8_t part,
-                      const struct iovec *iov, int iovcnt, uint8_t tag[FERRY_SESSION_TAG_SIZE]) {
-  uint8_t nonce[12] = {part};
+static void tag_nonce(uint64_t seq, uint8_t part, uint8_t nonce[12]) {
+  memset(nonce, 0, 12);
+  nonce[0] = part;
   for (int i = 0; i < 8; i++)
     nonce[4 + i] = (uint8_t)(seq >> (8 * i));
+}
+
+static int tag_add(EVP_CIPHER_CTX *ctx, const void *buf, size_t len) {
+  int out;
+  return len == 0 || EVP_EncryptUpdate(ctx, NULL, &out, buf, (int)len);
+}
+
+static int tag_final(EVP_CIPHER_CTX *ctx, uint8_t tag[FERRY_SESSION_TAG_SIZE]) {
+  int len;
+  return EVP_EncryptFinal_ex(ctx, NULL, &len) &&
+         EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, FERRY_SESSION_TAG_SIZE, tag);
+}
+
+int ferry_session_tag(const uint8_t key[FERRY_SESSION_KEY_SIZE], uint64_t seq, uint8_t part,
+                      const struct iovec *iov, int iovcnt, uint8_t tag[FERRY_SESSION_TAG_SIZE]) {
+  uint8_t nonce[12];
+  tag_nonce(seq, part, nonce);
   EVP_CIPHER_CTX *ctx = keyed_ctx(key, nonce);
-  int len, ok = ctx != NULL;
+  int ok = ctx != NULL;
   for (int i = 0; ok && i < iovcnt; i++)
-    ok = iov[i].iov_len == 0 ||
-         EVP_EncryptUpdate(ctx, NULL, &len, iov[i].iov_base, (int)iov[i].iov_len);
-  ok = ok && EVP_EncryptFinal_ex(ctx, NULL, &len) &&
-       EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, FERRY_SESSION_TAG_SIZE, tag);
+    ok = tag_add(ctx, iov[i].iov_base, iov[i].iov_len);
+  return ok && tag_final(ctx, tag);
+}
+
+/* A tag over bytes that come a piece at a time: a context of its own, so
+ * that other frames tagged meanwhile on this thread do not disturb it. */
+struct ferry_tag_stream {
+  EVP_CIPHER_CTX *ctx;
+};
+
+ferry_tag_stream *ferry_tag_stream_open(const uint8_t key[FERRY_SESSION_KEY_SIZE], uint64_t seq,
+                                        uint8_t part) {
+  uint8_t nonce[12];
+  tag_nonce(seq, part, nonce);
+  ferry_tag_stream *t = malloc(sizeof *t);
+  if (t && (t->ctx = EVP_CIPHER_CTX_new()) != NULL &&
+      EVP_EncryptInit_ex(t->ctx, EVP_aes_256_gcm(), NULL, key, nonce))
+    return t;
+  if (t)
+    EVP_CIPHER_CTX_free(t->ctx);
+  free(t);
+  return NULL;
+}
+
+int ferry_tag_stream_add(ferry_tag_stream *t, const void *buf, size_t len) {
+  return tag_add(t->ctx, buf, len);
+}
+
+int ferry_tag_stream_close(ferry_tag_stream *t, uint8_t tag[FERRY_SESSION_TAG_SIZE]) {
+  if (!t)
+    return 0;
+  int ok = tag && tag_final(t->ctx, tag);
+  EVP_CIPHER_CTX_free(t->ctx);
+  free(t);
   return ok;
 }
 

@@ -496,6 +496,79 @@ ferry_status ferry_sock_sendv(ferry_sock *s, struct iovec *iov, int iovcnt, cons
   return transfer_iov(s, iov, iovcnt, 1, step, NULL);
 }
 
+static size_t iov_total(const struct iovec *iov, int iovcnt);
+
+ferry_status ferry_sock_send_open(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {
+  ferry_frame_header h;
+  uint64_t head, payload;
+  if (iovcnt < 1 || iov[0].iov_len != FERRY_WIRE_HEADER_SIZE ||
+      ferry_wire_header_decode(iov[0].iov_base, &h) != FERRY_OK)
+    return ferry_fail(FERRY_EINVAL, "%s to %s: not a frame's header", step, s->peer);
+  ferry_wire_split(&h, &head, &payload);
+  if (iov_total(iov + 1, iovcnt - 1) != head)
+    return ferry_fail(FERRY_EINVAL, "%s to %s: a frame sent in pieces opens with its whole head",
+                      step, s->peer);
+  s->send_left = payload;
+  ferry_session *ss = s->session;
+  if (!ss)
+    return transfer_iov(s, iov, iovcnt, 1, step, NULL);
+  struct iovec out[SEALED_IOV_MAX];
+  uint8_t head_tag[FERRY_SESSION_TAG_SIZE];
+  if (iovcnt + 1 > SEALED_IOV_MAX)
+    return ferry_fail(FERRY_EINVAL, "%s to %s: too many pieces in a head", step, s->peer);
+  memcpy(out, iov, (size_t)iovcnt * sizeof *iov);
+  if (!ferry_session_tag(ss->send_key, ss->send_seq, 0, out, iovcnt, head_tag) ||
+      (payload && !(ss->send_tag = ferry_tag_stream_open(ss->send_key, ss->send_seq, 1))))
+    return ferry_fail(FERRY_ENOMEM, "%s to %s: cannot compute the frame tag", step, s->peer);
+  out[iovcnt] = (struct iovec){head_tag, sizeof head_tag};
+  return transfer_iov(s, out, iovcnt + 1, 1, step, NULL);
+}
+
+ferry_status ferry_sock_send_piece(ferry_sock *s, void *buf, size_t len, const char *step) {
+  if (len > s->send_left)
+    return ferry_fail(FERRY_EINVAL, "%s to %s: %zu bytes past the frame's payload", step, s->peer,
+                      len);
+  ferry_session *ss = s->session;
+  if (ss && !ferry_tag_stream_add(ss->send_tag, buf, len))
+    return ferry_fail(FERRY_ENOMEM, "%s to %s: cannot compute the frame tag", step, s->peer);
+  s->send_left -= len;
+  struct iovec iov = {buf, len};
+  return transfer_iov(s, &iov, 1, 1, step, NULL);
+}
+
+ferry_status ferry_sock_send_close(ferry_sock *s, ferry_status so_far, const char *step) {
+  ferry_session *ss = s->session;
+  ferry_tag_stream *tag = ss ? ss->send_tag : NULL;
+  if (ss)
+    ss->send_tag = NULL;
+  if (so_far || s->send_left) {
+    ferry_tag_stream_close(tag, NULL);
+    return so_far ? so_far
+                  : ferry_fail(FERRY_EINVAL, "%s to %s: frame closed %llu bytes short", step,
+                               s->peer, (unsigned long long)s->send_left);
+  }
+  if (!ss)
+    return FERRY_OK;
+  uint8_t payload_tag[FERRY_SESSION_TAG_SIZE];
+  int sealed = !tag || ferry_tag_stream_close(tag, payload_tag);
+  if (!sealed)
+    return ferry_fail(FERRY_ENOMEM, "%s to %s: cannot compute the frame tag", step, s->peer);
+  ss->send_seq++;
+  if (!tag)
+    return FERRY_OK; /* no payload: the head's tag ended the frame */
+  struct iovec iov = {payload_tag, sizeof payload_tag};
+  return transfer_iov(s, &iov, 1, 1, step, NULL);
+}
+
+void ferry_sock_recv_stream(ferry_sock *s, int on) {
+  ferry_session *ss = s->session;
+  if (!ss)
+    return;
+  ss->recv_streaming = on;
+  ferry_tag_stream_close(ss->recv_tag, NULL);
+  ss->recv_tag = NULL;
+}
+
 /* Memory a peer chose (registered memory) is written only by the kernel:
  * a page of it that this process can no longer write (unmapped or
  * protected after it was registered) then fails the receive with EFAULT
@@ -629,23 +702,29 @@ static ferry_status recv_plain(ferry_sock *s, struct iovec *iov, int iovcnt, pee
 }
 
 /* Receives the tag of part (0: header and head, 1: payload) of the frame
- * being received and compares it with the one computed over iov (NULL:
+ * being received and compares it with the one computed over iov, or with
+ * the streamed tag (ss->recv_tag) when iov is NULL and one is open (else
  * the payload came in pieces and was dropped; its tag is only consumed). */
 static ferry_status check_tag(ferry_sock *s, uint8_t part, const struct iovec *iov, int iovcnt,
                               const char *step) {
   ferry_session *ss = s->session;
   uint8_t got[FERRY_SESSION_TAG_SIZE], want[FERRY_SESSION_TAG_SIZE];
   struct iovec t = {got, sizeof got};
+  ferry_tag_stream *streamed = iov ? NULL : ss->recv_tag;
+  ss->recv_tag = iov ? ss->recv_tag : NULL;
   ferry_status st = recv_plain(s, &t, 1, NULL, step);
-  if (st)
+  if (st) {
+    ferry_tag_stream_close(streamed, NULL);
     return st;
+  }
   uint64_t seq = ss->recv_seq;
   if (part == 1 || ss->payload_left == 0)
     ss->recv_seq++; /* the frame is complete */
-  if (!iov)
+  if (!iov && !streamed)
     return FERRY_OK;
-  if (!ferry_session_tag(ss->recv_key, seq, part, iov, iovcnt, want) ||
-      !ferry_session_tag_equal(got, want))
+  int computed = streamed ? ferry_tag_stream_close(streamed, want)
+                          : ferry_session_tag(ss->recv_key, seq, part, iov, iovcnt, want);
+  if (!computed || !ferry_session_tag_equal(got, want))
     return ferry_fail(FERRY_EPROTO,
                       "%s from %s: frame %llu fails authentication (forged, altered, replayed or "
                       "out of order)",
@@ -688,8 +767,16 @@ static ferry_status recv_sealed(ferry_sock *s, struct iovec *iov, int iovcnt, pe
     copy[n++] = (struct iovec){ss->header, FERRY_WIRE_HEADER_SIZE};
   memcpy(copy + n, iov, (size_t)iovcnt * sizeof *iov);
   n += iovcnt;
+  int stream = !head && ss->recv_streaming && !ss->payload_split;
+  if (stream && !ss->recv_tag &&
+      !(ss->recv_tag = ferry_tag_stream_open(ss->recv_key, ss->recv_seq, 1)))
+    return ferry_fail(FERRY_ENOMEM, "%s from %s: cannot compute the frame tag", step, s->peer);
   ferry_status st = recv_plain(s, iov, iovcnt, pm, step);
+  for (int i = 0; !st && stream && i < iovcnt; i++)
+    if (!ferry_tag_stream_add(ss->recv_tag, iov[i].iov_base, iov[i].iov_len))
+      return ferry_fail(FERRY_ENOMEM, "%s from %s: cannot compute the frame tag", step, s->peer);
   if (st == FERRY_EFAULT && pm && !head) {
+    ferry_sock_recv_stream(s, 0); /* the rest is dropped: unchecked */
     ss->payload_left -= pm->placed;
     ss->payload_split = 1;
   }
@@ -700,11 +787,11 @@ static ferry_status recv_sealed(ferry_sock *s, struct iovec *iov, int iovcnt, pe
     return check_tag(s, 0, copy, n, step);
   }
   ss->payload_left -= total;
-  if (total < left)
+  if (total < left && !stream)
     ss->payload_split = 1;
   if (ss->payload_left)
     return FERRY_OK;
-  return check_tag(s, 1, ss->payload_split ? NULL : copy, n, step);
+  return check_tag(s, 1, ss->payload_split || stream ? NULL : copy, n, step);
 }
 
 ferry_status ferry_sock_recvv(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step) {

@@ -36,6 +36,7 @@ void ferry_net_tune(int fd);
  * as long as its connection; the connection's ferry_sock points to it. */
 #define FERRY_SESSION_KEY_SIZE 32
 #define FERRY_SESSION_TAG_SIZE 16
+typedef struct ferry_tag_stream ferry_tag_stream; /* auth.c, below */
 typedef struct ferry_session {
   int on;
   uint8_t send_key[FERRY_SESSION_KEY_SIZE], recv_key[FERRY_SESSION_KEY_SIZE];
@@ -45,6 +46,10 @@ typedef struct ferry_session {
   uint8_t header[FERRY_WIRE_HEADER_SIZE];
   uint64_t head_left, payload_left;
   int payload_split; /* payload taken in pieces (dropped): its tag is not checked */
+  /* A payload streamed in pieces (ferry_sock_send_open, _recv_stream):
+   * its tag so far, in each direction. */
+  ferry_tag_stream *send_tag, *recv_tag;
+  int recv_streaming;
   /* Initiator side: the nonce of this connection's HELLO, which names it to
    * its target (a CUT request, peer.h); set with or without a secret. */
   uint8_t id[FERRY_WIRE_NONCE_SIZE];
@@ -55,6 +60,13 @@ typedef struct ferry_session {
 int ferry_session_tag(const uint8_t key[FERRY_SESSION_KEY_SIZE], uint64_t seq, uint8_t part,
                       const struct iovec *iov, int iovcnt, uint8_t tag[FERRY_SESSION_TAG_SIZE]);
 int ferry_session_tag_equal(const uint8_t *a, const uint8_t *b); /* constant time */
+/* The same tag over bytes given a piece at a time (a payload streamed
+ * through bounce buffers). open: NULL if OpenSSL failed. close frees it
+ * and, with tag not NULL, sets the tag (zero if OpenSSL failed). */
+ferry_tag_stream *ferry_tag_stream_open(const uint8_t key[FERRY_SESSION_KEY_SIZE], uint64_t seq,
+                                        uint8_t part);
+int ferry_tag_stream_add(ferry_tag_stream *t, const void *buf, size_t len);
+int ferry_tag_stream_close(ferry_tag_stream *t, uint8_t tag[FERRY_SESSION_TAG_SIZE]);
 
 /* A socket with the peer's name for messages and the deadline-driven timeout
  * currently set on it, so each call sets SO_*TIMEO only when it shrinks. */
@@ -87,6 +99,7 @@ typedef struct ferry_sock {
   int unacked;          /* bytes in the send queue at the last look; -1: none since a send */
   uint64_t progress_ns; /* the last progress seen */
   int stalled;          /* the last failure was the stall bound */
+  uint64_t send_left;   /* payload bytes a frame sent in pieces still owes */
 } ferry_sock;
 
 void ferry_sock_init(ferry_sock *s, int fd, const char *peer);
@@ -115,6 +128,20 @@ ferry_status ferry_sock_recv(ferry_sock *s, void *buf, size_t len, const char *s
  * frame's other bytes are still to be read (ferry_sock_discard them). */
 ferry_status ferry_sock_recvv_registered(ferry_sock *s, struct iovec *iov, int iovcnt,
                                          uint64_t *placed, const char *step);
+/* One frame sent in pieces, its payload streamed (from bounce buffers)
+ * instead of gathered in one iovec: open sends the header (iov[0]) and all
+ * of the head (as ferry_sock_sendv takes them, no payload byte), each piece
+ * is payload, and close ends it (sealed: the payload's tag). Call close
+ * once after open whatever happened, with the status so far: it returns it
+ * when it is not FERRY_OK (only freeing), and fails a payload not sent
+ * whole. The bytes on the wire are those of one ferry_sock_sendv. */
+ferry_status ferry_sock_send_open(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step);
+ferry_status ferry_sock_send_piece(ferry_sock *s, void *buf, size_t len, const char *step);
+ferry_status ferry_sock_send_close(ferry_sock *s, ferry_status so_far, const char *step);
+/* Receiving a payload in pieces that must all be checked (sealed: one
+ * tag over every piece, compared when the last arrives): on 1 before the
+ * first piece, 0 after the last or on failure (frees what is left). */
+void ferry_sock_recv_stream(ferry_sock *s, int on);
 /* Reads and throws away len bytes (payload of a refused request). */
 ferry_status ferry_sock_discard(ferry_sock *s, uint64_t len, const char *step);
 

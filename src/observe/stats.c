@@ -128,6 +128,7 @@ static void read_engine_counters(ferry_engine *e, ferry_stats *s) {
   for (int op = 0; op < 2; op++) {
     s->served_bytes[op] = GET(e->stats.served_bytes[op]);
     s->served_requests[op] = GET(e->stats.served_requests[op]);
+    s->staged_bytes[op] = GET(e->stats.staged_bytes[op]);
   }
   for (int slot = 0; slot < FERRY_STATS_TRANSPORTS; slot++)
     s->connections_accepted[slot] = GET(e->stats.accepted[slot]);
@@ -249,6 +250,11 @@ static void put_served(FILE *f, const ferry_stats *s) {
     fprintf(f, "ferry_connections_accepted_total{transport=\"%s\"} %llu\n",
             ferry_transports[i]->name, (unsigned long long)s->connections_accepted[slot]);
   }
+  put_head(f, "ferry_staged_bytes_total", "counter",
+           "Bytes moved through the staging pipeline's bounce buffers.");
+  for (int op = 0; op < 2; op++)
+    fprintf(f, "ferry_staged_bytes_total{op=\"%s\"} %llu\n", op_names[op],
+            (unsigned long long)s->staged_bytes[op]);
 }
 
 static void put_errors(FILE *f, const ferry_stats *s) {

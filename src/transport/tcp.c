@@ -32,6 +32,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "core/transport.h"
+#include "memory/staging.h"
 
 /* Frames in flight per connection. One, with the engine's 4 connections
  * and 512 KiB frames, measured best on loopback (FERRY_DEFAULT_SLICE); the
@@ -55,6 +56,10 @@ typedef struct tcp_channel {
   struct iovec iov[FERRY_WIRE_MAX_SEGMENTS + 4];
   tcp_slot slots[TCP_WINDOW];
   uint8_t readahead[FERRY_READAHEAD];
+  /* Staging: where the local memory of the chunk at hand lives, and the
+   * bounce buffers, opened when a chunk first needs them. */
+  ferry_stage_range ranges[FERRY_CHUNK_MAX_SEGMENTS];
+  ferry_stager *stager;
 } tcp_channel;
 
 static int tcp_usable(ferry_engine *e, const ferry_hello_reply *info, char *why, size_t size) {
@@ -189,6 +194,64 @@ static uint32_t chunk_crc(const ferry_chunk *c) {
   return crc;
 }
 
+/* ---- staging (memory/staging.h) ------------------------------------------ */
+
+/* The socket a staged chunk's bytes pass through, and their running crc32c
+ * when the frame carries one. */
+typedef struct staged_io {
+  tcp_channel *ch;
+  int checksum;
+  uint32_t crc;
+} staged_io;
+
+static ferry_status staged_send(void *arg, void *buf, size_t len) {
+  staged_io *io = arg;
+  if (io->checksum)
+    io->crc = ferry_crc32c(io->crc, buf, len);
+  return ferry_sock_send_piece(&io->ch->sock, buf, len, "send WRITE (staged)");
+}
+
+static ferry_status staged_receive(void *arg, void *buf, size_t len) {
+  staged_io *io = arg;
+  ferry_status st = ferry_sock_recv(&io->ch->sock, buf, len, "receive READ data (staged)");
+  if (!st && io->checksum)
+    io->crc = ferry_crc32c(io->crc, buf, len);
+  return st;
+}
+
+/* Whether the chunk's local memory moves through the staging pipeline
+ * (ch->ranges then says where it lives). */
+static int staged(tcp_channel *ch, const ferry_chunk *c) {
+  ferry_engine *e = ch->base.peer->engine;
+  if (!ferry_stage_plan(e->registry, c->local, c->count, e->cfg.staging, ch->ranges))
+    return 0;
+  if (!ch->stager && !(ch->stager = ferry_stager_create()))
+    FERRY_WARN("no memory for a staging pipeline: a chunk to %s moves unstaged", ch->address);
+  return ch->stager != NULL;
+}
+
+/* A staged WRITE: header and table, the payload through bounce buffers,
+ * then the after-landed message and the crc. */
+static ferry_status send_staged(tcp_channel *ch, tcp_slot *s, int n, int checksum) {
+  ferry_chunk *c = &s->chunk;
+  staged_io io = {ch, checksum, 0};
+  ferry_status st = ferry_sock_send_open(&ch->sock, ch->iov, n, "send WRITE");
+  if (!st)
+    st = ferry_stage_out(ch->stager, ch->ranges, c->count, staged_send, &io);
+  if (!st && s->after)
+    st = ferry_sock_send_piece(&ch->sock, s->after->body, s->after->len, "send WRITE");
+  if (!st && checksum) {
+    s->crc = htole32(s->after ? ferry_crc32c(io.crc, s->after->body, s->after->len) : io.crc);
+    st = ferry_sock_send_piece(&ch->sock, &s->crc, sizeof s->crc, "send WRITE");
+  }
+  st = ferry_sock_send_close(&ch->sock, st, "send WRITE");
+  if (!st)
+    ferry_stats_staged(ch->base.peer->engine, FERRY_OP_WRITE, c->bytes);
+  if (st && st != FERRY_ESOCKET && st != FERRY_ETIMEDOUT && st != FERRY_ECLOSED)
+    st = ferry_fail(st, "WRITE to %s cut short: %s", ch->address, ferry_last_error());
+  return st;
+}
+
 static ferry_status send_request(tcp_channel *ch, tcp_slot *s, uint64_t id, int checksum) {
   ferry_chunk *c = &s->chunk;
   int write = c->op == FERRY_OP_WRITE;
@@ -206,6 +269,8 @@ static ferry_status send_request(tcp_channel *ch, tcp_slot *s, uint64_t id, int 
   int n = 0;
   iov[n++] = (struct iovec){s->header, sizeof s->header};
   iov[n++] = (struct iovec){s->table, (size_t)table_len};
+  if (write && staged(ch, c))
+    return send_staged(ch, s, n, checksum);
   if (write) {
     memcpy(&iov[n], c->local, c->count * sizeof *iov);
     n += (int)c->count;
@@ -220,6 +285,26 @@ static ferry_status send_request(tcp_channel *ch, tcp_slot *s, uint64_t id, int 
   return ferry_sock_sendv(&ch->sock, iov, n, write ? "send WRITE" : "send READ");
 }
 
+/* A staged READ reply's data: into bounce buffers, copied into the local
+ * memory, every copy ended before this returns (done means landed). */
+static ferry_status receive_staged(tcp_channel *ch, ferry_chunk *c, int checksum) {
+  staged_io io = {ch, checksum, 0};
+  ferry_status copied;
+  ferry_sock_recv_stream(&ch->sock, 1);
+  ferry_status st = ferry_stage_in(ch->stager, ch->ranges, c->count, staged_receive, &io, &copied);
+  uint32_t crc = 0;
+  if (!st && checksum)
+    st = ferry_sock_recv(&ch->sock, &crc, sizeof crc, "receive READ data");
+  ferry_sock_recv_stream(&ch->sock, 0);
+  if (st || copied)
+    return st ? st : copied;
+  if (checksum && le32toh(crc) != io.crc)
+    return ferry_fail(FERRY_ECHECKSUM, "checksum mismatch on READ of %llu bytes from %s",
+                      (unsigned long long)c->bytes, ch->address);
+  ferry_stats_staged(ch->base.peer->engine, FERRY_OP_READ, c->bytes);
+  return FERRY_OK;
+}
+
 static ferry_status receive_read_data(tcp_channel *ch, tcp_slot *s, const ferry_frame_header *h,
                                       int checksum) {
   ferry_chunk *c = &s->chunk;
@@ -227,6 +312,8 @@ static ferry_status receive_read_data(tcp_channel *ch, tcp_slot *s, const ferry_
   if (h->body_len != expected || (checksum && !(h->flags & FERRY_FRAME_FLAG_CHECKSUM)))
     return ferry_fail(FERRY_EPROTO, "READ reply from %s carries %llu bytes, expected %llu",
                       ch->address, (unsigned long long)h->body_len, (unsigned long long)expected);
+  if (staged(ch, c))
+    return receive_staged(ch, c, checksum);
   memcpy(ch->iov, c->local, c->count * sizeof *ch->iov);
   int n = (int)c->count;
   uint32_t crc = 0;
@@ -395,6 +482,7 @@ static void tcp_close(ferry_channel *base) {
     setsockopt(ch->sock.fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
   }
   close(ch->sock.fd);
+  ferry_stager_destroy(ch->stager);
   free(ch);
 }
 

@@ -74,7 +74,8 @@ static void registration_refuses_memory_the_cpu_cannot_touch(void **state) {
 
   assert_int_equal(ferry_memory_register(e, none, 16 * MiB), FERRY_EFAULT);
   assert_detail_has(region);
-  assert_detail_has("not mapped for the CPU: GPU memory needs the CUDA support of the gpu issue");
+  assert_detail_has(
+      "not mapped for the CPU: GPU memory, and the CUDA driver (if found) did not claim it");
   assert_detail_has("---p");
 
   void *addrs[2] = {good, none};
@@ -99,6 +100,38 @@ static void registration_refuses_memory_the_cpu_cannot_touch(void **state) {
 
 /* A range running over a hole (a freed buffer, a wrong length): pages 1
  * and 3 of four are unmapped. */
+/* ferry_memory_register_at: host memory at "cpu:0", "*", "" or NULL
+ * registers as before; "cuda:0" is refused (no driver here, or the driver
+ * says host memory), naming the location; a malformed one is FERRY_EINVAL
+ * naming it; a batch is all or nothing. */
+static void registration_checks_the_location(void **state) {
+  ferry_engine *e = engine_on(FERRY_TRANSPORT_TCP, NULL, 0);
+  uint8_t *buf = map(4 * 4096, PROT_READ | PROT_WRITE, 0);
+  const char *host[] = {"cpu:0", "*", "", NULL};
+  for (size_t i = 0; i < sizeof host / sizeof *host; i++) {
+    assert_int_equal(ferry_memory_register_at(e, buf, 4096, host[i]), FERRY_OK);
+    assert_int_equal(ferry_memory_unregister(e, buf), FERRY_OK);
+  }
+  ferry_status st = ferry_memory_register_at(e, buf, 4096, "cuda:0");
+  assert_true(st == FERRY_ENOTIMPL || st == FERRY_EINVAL);
+  assert_detail_has("at location \"cuda:0\"");
+  if (st == FERRY_ENOTIMPL)
+    assert_detail_has("no CUDA driver was found (");
+  assert_int_equal(ferry_memory_register_at(e, buf, 4096, "gpu0"), FERRY_EINVAL);
+  assert_detail_has("location \"gpu0\" is not valid");
+  void *addrs[] = {buf, buf + 4096, buf + 2 * 4096};
+  size_t lengths[] = {4096, 4096, 4096};
+  const char *mixed[] = {"cpu:0", "*", "cuda:0"};
+  assert_int_not_equal(ferry_memory_register_batch_at(e, addrs, lengths, mixed, 3), FERRY_OK);
+  assert_int_equal(registered_regions(e), 0);
+  const char *fine[] = {"cpu:0", "*", NULL};
+  assert_int_equal(ferry_memory_register_batch_at(e, addrs, lengths, fine, 3), FERRY_OK);
+  assert_int_equal(registered_regions(e), 3);
+  assert_int_equal(ferry_memory_unregister_batch(e, addrs, 3), FERRY_OK);
+  ferry_engine_destroy(e);
+  munmap(buf, 4 * 4096);
+}
+
 static void registration_refuses_a_range_with_a_hole(void **state) {
   (void)state;
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -312,6 +345,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(registration_refuses_memory_the_cpu_cannot_touch),
       cmocka_unit_test(registration_refuses_a_range_with_a_hole),
+      cmocka_unit_test(registration_checks_the_location),
       cmocka_unit_test(large_reservation_registers_without_touching_it),
       cmocka_unit_test(protected_since_registration_tcp),
       cmocka_unit_test(protected_since_registration_tcp_sealed_checksum),

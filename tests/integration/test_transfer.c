@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -742,6 +743,41 @@ static void ipv6_loopback_target(void **state) {
   free(src);
 }
 
+static void assert_staged(ferry_engine *e, uint64_t write, uint64_t read) {
+  ferry_stats *st;
+  assert_int_equal(ferry_stats_snapshot(e, &st), FERRY_OK);
+  assert_int_equal(st->staged_bytes[FERRY_OP_WRITE], write);
+  assert_int_equal(st->staged_bytes[FERRY_OP_READ], read);
+  ferry_stats_free(st);
+}
+
+/* The staging pipeline's mode for host memory: under FERRY_STAGING=always
+ * (ctest: test_transfer_tcp_staged, where every case of this suite runs
+ * staged) each byte of a WRITE and a READ crosses the bounce buffers on
+ * both sides; under auto (the default) host memory never does. Both
+ * engines are in this process, so both sides' counters are seen. */
+static void staging_moves_host_memory_only_when_asked(void **state) {
+  const char *mode = getenv("FERRY_STAGING");
+  int always = mode && !strcasecmp(mode, "always");
+  if (!(suite_transports & FERRY_TRANSPORT_TCP))
+    skip(); /* staging is the tcp transport's */
+  ferry_engine *target = test_engine(NULL), *initiator = test_engine(NULL);
+  size_t size = 3 * MiB + 5; /* slices of the pipeline, and a ragged end */
+  uint8_t *remote = test_buffer(target, size + 64), *out = test_buffer(initiator, size),
+          *in = test_buffer(initiator, size);
+  test_round_trip(initiator, ferry_engine_name(target), out, in, (uint64_t)(uintptr_t)remote + 7,
+                  size, 41);
+  assert_memory_equal(remote + 7, out, size);
+  uint64_t staged = always ? size : 0;
+  assert_staged(initiator, staged, staged);
+  assert_staged(target, staged, staged);
+  ferry_engine_destroy(initiator);
+  ferry_engine_destroy(target);
+  free(remote);
+  free(out);
+  free(in);
+}
+
 int main(int argc, char **argv) {
   const test_child_role roles[] = {{"notifying-initiator", notifying_initiator}};
   test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
@@ -786,6 +822,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(registration_rules),
       cmocka_unit_test(ipv6_loopback_target),
       cmocka_unit_test(spinning_receives_then_idle),
+      cmocka_unit_test(staging_moves_host_memory_only_when_asked),
   };
   size_t shared = test_keep_cases(shared_target, sizeof shared_target / sizeof *shared_target);
   size_t own = test_keep_cases(own_targets, sizeof own_targets / sizeof *own_targets);

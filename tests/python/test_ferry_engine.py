@@ -199,7 +199,7 @@ def test_register_refuses_memory_the_cpu_cannot_touch(pair, cpu_inaccessible):
     e = info.value
     assert (e.code, e.mooncake_code) == (ferry.EFAULT, -1)
     assert "register [%#x, +%d)" % (addr, size) in e.detail
-    assert "not mapped for the CPU: GPU memory needs the CUDA support of the gpu issue" in e.detail
+    assert "not mapped for the CPU: GPU memory, and the CUDA driver (if found) did not claim it" in e.detail
     assert ferry.strerror(ferry.EFAULT).endswith("(docs/errors.md#ferry_efault)")
 
 

@@ -154,7 +154,7 @@ def test_register_memory_refuses_a_pointer_the_cpu_cannot_touch(engine, cpu_inac
     assert engine.register_memory(addr, size, "cuda:0") == -1
     assert engine.last_error_code() == -1
     for text in (engine.last_error(), caplog.text):
-        assert "not mapped for the CPU: GPU memory needs the CUDA support of the gpu issue" in text
+        assert "not mapped for the CPU: GPU memory, and the CUDA driver (if found) did not claim it" in text
         assert "ferry EFAULT" in text and "%#x" % addr in text
 
 

@@ -1,0 +1,315 @@
+/* kind_cuda.c - CUDA memory as a memory kind, through the CUDA driver
+ * loaded at run time (dlopen("libcuda.so.1")), so one build runs with and
+ * without a GPU and needs no CUDA toolkit. Without the driver (or with no
+ * device) this kind claims nothing and every region is host memory.
+ *
+ * Contexts: ferry works in the primary context of the device the memory
+ * belongs to (as the driver reports it), never another device's: each call
+ * pushes it and pops it again, so no thread of ferry's is left with a
+ * context current, and an application thread's own stays as it was. A
+ * primary context, once retained, stays retained for the process: releasing
+ * it could destroy it under the application. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "memory/cuda_driver.h"
+#include "memory/kind.h"
+
+#define CUDA_LIBRARY "libcuda.so.1"
+#define CUDA_MAX_DEVICES 64
+
+static ferry_cuda_api cu;
+static int cuda_loaded;
+static char cuda_missing[256]; /* why not, when not loaded */
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext contexts[CUDA_MAX_DEVICES]; /* retained primary contexts */
+
+typedef struct cuda_symbol {
+  const char *name;
+  size_t offset; /* in ferry_cuda_api */
+} cuda_symbol;
+
+#define SYMBOL(field, name)                                                                        \
+  { name, offsetof(ferry_cuda_api, field) }
+static const cuda_symbol symbols[] = {
+    SYMBOL(Init, "cuInit"),
+    SYMBOL(DeviceGetCount, "cuDeviceGetCount"),
+    SYMBOL(DeviceGet, "cuDeviceGet"),
+    SYMBOL(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
+    SYMBOL(CtxPushCurrent, "cuCtxPushCurrent_v2"),
+    SYMBOL(CtxPopCurrent, "cuCtxPopCurrent_v2"),
+    SYMBOL(PointerGetAttributes, "cuPointerGetAttributes"),
+    SYMBOL(MemGetAddressRange, "cuMemGetAddressRange_v2"),
+    SYMBOL(MemHostAlloc, "cuMemHostAlloc"),
+    SYMBOL(MemFreeHost, "cuMemFreeHost"),
+    SYMBOL(StreamCreate, "cuStreamCreate"),
+    SYMBOL(StreamDestroy, "cuStreamDestroy_v2"),
+    SYMBOL(EventCreate, "cuEventCreate"),
+    SYMBOL(EventRecord, "cuEventRecord"),
+    SYMBOL(EventSynchronize, "cuEventSynchronize"),
+    SYMBOL(EventDestroy, "cuEventDestroy_v2"),
+    SYMBOL(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
+    SYMBOL(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
+    SYMBOL(IpcGetMemHandle, "cuIpcGetMemHandle"),
+    SYMBOL(GetErrorName, "cuGetErrorName"),
+    SYMBOL(GetErrorString, "cuGetErrorString"),
+};
+
+/* "CUDA_ERROR_INVALID_VALUE (invalid argument)" */
+static const char *cuda_error(CUresult r, char *out, size_t size) {
+  const char *name = NULL, *text = NULL;
+  if (cu.GetErrorName)
+    cu.GetErrorName(r, &name);
+  if (cu.GetErrorString)
+    cu.GetErrorString(r, &text);
+  snprintf(out, size, "%s (%s)", name ? name : "CUDA error", text ? text : "no description");
+  return out;
+}
+
+static ferry_status cuda_fail(CUresult r, const char *call, int device) {
+  char text[160];
+  cuda_error(r, text, sizeof text);
+  if (device >= 0)
+    return ferry_fail(FERRY_EFAULT, "%s on cuda:%d failed: %s", call, device, text);
+  return ferry_fail(FERRY_EFAULT, "%s failed: %s", call, text);
+}
+
+static void cuda_load(void) {
+  void *lib = dlopen(CUDA_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    snprintf(cuda_missing, sizeof cuda_missing, "dlopen(\"%s\") failed: %s", CUDA_LIBRARY,
+             dlerror());
+    return;
+  }
+  for (size_t i = 0; i < sizeof symbols / sizeof *symbols; i++) {
+    void *fn = dlsym(lib, symbols[i].name);
+    if (!fn) {
+      snprintf(cuda_missing, sizeof cuda_missing, "%s has no %s: a driver too old", CUDA_LIBRARY,
+               symbols[i].name);
+      return;
+    }
+    memcpy((char *)&cu + symbols[i].offset, &fn, sizeof fn);
+  }
+  int count = 0;
+  CUresult r = cu.Init(0);
+  if (r == CUDA_SUCCESS)
+    r = cu.DeviceGetCount(&count);
+  if (r != CUDA_SUCCESS || count == 0) {
+    char text[160];
+    snprintf(cuda_missing, sizeof cuda_missing, "%s loaded, but cuInit found no CUDA device: %s",
+             CUDA_LIBRARY, r ? cuda_error(r, text, sizeof text) : "0 devices");
+    return;
+  }
+  FERRY_INFO("CUDA driver loaded (%s): %d device%s", CUDA_LIBRARY, count, count == 1 ? "" : "s");
+  cuda_loaded = 1; /* the library stays loaded for the process */
+}
+
+static int cuda_available(char *why, size_t size) {
+  pthread_once(&cuda_once, cuda_load);
+  if (!cuda_loaded && why)
+    snprintf(why, size, "%s", cuda_missing);
+  return cuda_loaded;
+}
+
+/* Makes device's primary context current on this thread (retained once
+ * per process); cuda_leave restores the thread's own. */
+static ferry_status cuda_enter(int device) {
+  if (device < 0 || device >= CUDA_MAX_DEVICES)
+    return ferry_fail(FERRY_EINVAL, "cuda:%d is beyond the %d devices ferry handles", device,
+                      CUDA_MAX_DEVICES);
+  pthread_mutex_lock(&contexts_lock);
+  CUresult r = CUDA_SUCCESS;
+  CUdevice dev;
+  if (!contexts[device] && (r = cu.DeviceGet(&dev, device)) == CUDA_SUCCESS)
+    r = cu.DevicePrimaryCtxRetain(&contexts[device], dev);
+  CUcontext ctx = contexts[device];
+  pthread_mutex_unlock(&contexts_lock);
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(r, "cuDevicePrimaryCtxRetain", device);
+  r = cu.CtxPushCurrent(ctx);
+  return r == CUDA_SUCCESS ? FERRY_OK : cuda_fail(r, "cuCtxPushCurrent", device);
+}
+
+static void cuda_leave(void) {
+  CUcontext popped;
+  cu.CtxPopCurrent(&popped);
+}
+
+/* ---- identification ---------------------------------------------------------- */
+
+/* Device memory (not managed) must lie inside one allocation: its range
+ * and IPC handle are per allocation. */
+static ferry_status allocation_of(uint64_t addr, uint64_t length, ferry_where *where) {
+  ferry_status st = cuda_enter(where->device);
+  if (st)
+    return st;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUresult r = cu.MemGetAddressRange(&base, &size, (CUdeviceptr)addr);
+  cuda_leave();
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(r, "cuMemGetAddressRange", where->device);
+  if (addr + length > base + size)
+    return ferry_fail(FERRY_EINVAL,
+                      "register 0x%llx (+%llu bytes) on cuda:%d: it runs past the end of its CUDA "
+                      "allocation [0x%llx, +%zu)",
+                      (unsigned long long)addr, (unsigned long long)length, where->device,
+                      (unsigned long long)base, size);
+  where->base = base;
+  where->size = size;
+  return FERRY_OK;
+}
+
+static ferry_status cuda_identify(uint64_t addr, uint64_t length, ferry_where *where) {
+  unsigned memory_type = 0, managed = 0; /* the driver writes a bool into managed */
+  int ordinal = -1;
+  int attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                      CU_POINTER_ATTRIBUTE_IS_MANAGED};
+  void *data[] = {&memory_type, &ordinal, &managed};
+  CUresult r = cu.PointerGetAttributes(3, attributes, data, (CUdeviceptr)addr);
+  /* Memory the driver never saw (null attributes; or no UVA context
+   * knows it): host memory, whose own check still refuses what the CPU
+   * cannot touch. */
+  if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_CONTEXT ||
+      (r == CUDA_SUCCESS && memory_type == 0))
+    return FERRY_ENOTFOUND;
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(r, "cuPointerGetAttributes", -1);
+  *where = (ferry_where){.kind = FERRY_KIND_CUDA,
+                         .cpu_access = memory_type == CU_MEMORYTYPE_HOST || managed,
+                         .device = (int16_t)ordinal};
+  if (where->cpu_access)
+    return FERRY_OK; /* pinned or managed: the CPU reaches it like host memory */
+  return allocation_of(addr, length, where);
+}
+
+/* ---- copies ---------------------------------------------------------------------- */
+
+typedef struct cuda_copier {
+  ferry_copier head;
+  CUstream stream;
+  CUevent done[FERRY_COPIER_MAX_SLOTS];
+} cuda_copier;
+
+static void cuda_copier_close(ferry_copier *c) {
+  cuda_copier *cc = (cuda_copier *)c;
+  if (cuda_enter(c->device) == FERRY_OK) {
+    if (cc->stream)
+      cu.StreamDestroy(cc->stream);
+    for (unsigned i = 0; i < FERRY_COPIER_MAX_SLOTS; i++) {
+      if (cc->done[i])
+        cu.EventDestroy(cc->done[i]);
+      if (c->bounce[i])
+        cu.MemFreeHost(c->bounce[i]);
+    }
+    cuda_leave();
+  }
+  free(cc);
+}
+
+static CUresult copier_resources(cuda_copier *cc, unsigned slots, size_t slot_size,
+                                 const char **call) {
+  CUresult r;
+  *call = "cuStreamCreate";
+  if ((r = cu.StreamCreate(&cc->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
+    return r;
+  for (; cc->head.slots < slots; cc->head.slots++) {
+    void *bounce = NULL;
+    *call = "cuMemHostAlloc";
+    if ((r = cu.MemHostAlloc(&bounce, slot_size, CU_MEMHOSTALLOC_PORTABLE)) != CUDA_SUCCESS)
+      return r;
+    cc->head.bounce[cc->head.slots] = bounce;
+    *call = "cuEventCreate";
+    if ((r = cu.EventCreate(&cc->done[cc->head.slots], CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
+      return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+static ferry_status cuda_copier_open(int device, unsigned slots, size_t slot_size,
+                                     ferry_copier **out) {
+  cuda_copier *cc = calloc(1, sizeof *cc);
+  if (!cc)
+    return ferry_fail(FERRY_ENOMEM, "no memory for a CUDA copier");
+  cc->head = (ferry_copier){.kind = &ferry_kind_cuda, .device = device, .slot_size = slot_size};
+  ferry_status st = cuda_enter(device);
+  if (st) {
+    free(cc);
+    return st;
+  }
+  const char *call;
+  CUresult r = copier_resources(cc, slots, slot_size, &call);
+  cuda_leave();
+  if (r != CUDA_SUCCESS) {
+    st = cuda_fail(r, call, device);
+    cuda_copier_close(&cc->head);
+    return st;
+  }
+  *out = &cc->head;
+  return FERRY_OK;
+}
+
+static ferry_status cuda_copy_start(ferry_copier *c, unsigned slot, uint64_t addr, size_t len,
+                                    int to_host) {
+  cuda_copier *cc = (cuda_copier *)c;
+  ferry_status st = cuda_enter(c->device);
+  if (st)
+    return st;
+  CUresult r = to_host ? cu.MemcpyDtoHAsync(c->bounce[slot], (CUdeviceptr)addr, len, cc->stream)
+                       : cu.MemcpyHtoDAsync((CUdeviceptr)addr, c->bounce[slot], len, cc->stream);
+  const char *call = to_host ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync";
+  if (r == CUDA_SUCCESS) {
+    call = "cuEventRecord";
+    r = cu.EventRecord(cc->done[slot], cc->stream);
+  }
+  cuda_leave();
+  return r == CUDA_SUCCESS ? FERRY_OK : cuda_fail(r, call, c->device);
+}
+
+/* Done means the copy completed (its event), not that it was queued. */
+static ferry_status cuda_copy_wait(ferry_copier *c, unsigned slot) {
+  ferry_status st = cuda_enter(c->device);
+  if (st)
+    return st;
+  CUresult r = cu.EventSynchronize(((cuda_copier *)c)->done[slot]);
+  cuda_leave();
+  return r == CUDA_SUCCESS ? FERRY_OK : cuda_fail(r, "cuEventSynchronize", c->device);
+}
+
+/* A CUDA IPC handle of the region's allocation (device memory only). */
+static ferry_status cuda_export(const ferry_where *where, void *out, size_t *len) {
+  if (where->cpu_access || !where->base)
+    return ferry_fail(FERRY_ENOTIMPL, "cuda:%d: only device memory has an IPC handle",
+                      where->device);
+  if (*len < sizeof(CUipcMemHandle))
+    return ferry_fail(FERRY_EINVAL, "an IPC handle needs %zu bytes", sizeof(CUipcMemHandle));
+  ferry_status st = cuda_enter(where->device);
+  if (st)
+    return st;
+  CUipcMemHandle handle;
+  CUresult r = cu.IpcGetMemHandle(&handle, (CUdeviceptr)where->base);
+  cuda_leave();
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(r, "cuIpcGetMemHandle", where->device);
+  memcpy(out, &handle, sizeof handle);
+  *len = sizeof handle;
+  return FERRY_OK;
+}
+
+const ferry_memory_kind ferry_kind_cuda = {
+    .name = "cuda",
+    .id = FERRY_KIND_CUDA,
+    .available = cuda_available,
+    .identify = cuda_identify,
+    .copier_open = cuda_copier_open,
+    .copy_start = cuda_copy_start,
+    .copy_wait = cuda_copy_wait,
+    .copier_close = cuda_copier_close,
+    .export_handle = cuda_export,
+};
