@@ -64,7 +64,7 @@ static void layouts(ferry_host_memory *hm) {
   ferry_region over_none = range(m + page, 2);
   assert_problem(problem(hm, &over_none, 1, 0), m + 2 * page, m + 3 * page, "---p");
   assert_int_equal(ferry_host_memory_check(hm, &over_none, 1), FERRY_EFAULT);
-  assert_non_null(strstr(ferry_last_error(), "not mapped for the CPU: GPU memory needs the CUDA"));
+  assert_non_null(strstr(ferry_last_error(), "not mapped for the CPU: GPU memory, and the CUDA driver"));
 
   ferry_region over_hole = range(m + 3 * page, 1);
   assert_problem(problem(hm, &over_hole, 1, 0), m + 3 * page, m + 4 * page, "");
