@@ -370,29 +370,6 @@ static ferry_status drop_after_fault(server_conn *c, const ferry_frame_header *h
 
 /* ---- staging (memory/staging.h) ------------------------------------------ */
 
-/* What a staged frame's bytes pass through: the socket, and the running
- * crc32c of the payload when the frame carries one. */
-typedef struct staged_io {
-  server_conn *c;
-  int checksum;
-  uint32_t crc;
-} staged_io;
-
-static ferry_status staged_receive(void *arg, void *buf, size_t len) {
-  staged_io *io = arg;
-  ferry_status st = ferry_sock_recv(&io->c->sock, buf, len, "receive WRITE payload (staged)");
-  if (!st && io->checksum)
-    io->crc = ferry_crc32c(io->crc, buf, len);
-  return st;
-}
-
-static ferry_status staged_send(void *arg, void *buf, size_t len) {
-  staged_io *io = arg;
-  if (io->checksum)
-    io->crc = ferry_crc32c(io->crc, buf, len);
-  return ferry_sock_send_piece(&io->c->sock, buf, len, "send READ data (staged)");
-}
-
 /* Whether every range of a staged request is memory the CPU may touch. */
 static int cpu_reaches(const server_conn *c, const ferry_frame_header *h) {
   for (uint32_t i = 0; i < h->count; i++)
@@ -420,11 +397,11 @@ static ferry_status receive_staged(server_conn *c, const ferry_frame_header *h, 
                                    uint8_t *after, size_t after_len, ferry_status *verdict,
                                    char *reason, size_t size) {
   int checksum = h->flags & FERRY_FRAME_FLAG_CHECKSUM;
-  staged_io io = {c, checksum, 0};
+  ferry_sock_crc io = {&c->sock, checksum, 0, "receive WRITE payload (staged)"};
   ferry_status copied;
   ferry_sock_recv_stream(&c->sock, 1);
-  ferry_status st = ferry_stage_in(c->buffers->stager, c->buffers->ranges, h->count, staged_receive,
-                                   &io, &copied);
+  ferry_status st = ferry_stage_in(c->buffers->stager, c->buffers->ranges, h->count,
+                                   ferry_sock_crc_recv, &io, &copied);
   uint32_t sent_crc = 0;
   struct iovec tail[2];
   int n = 0;
@@ -501,10 +478,11 @@ static ferry_status send_staged(server_conn *c, const ferry_frame_header *h, uin
   ferry_stats_staged(c->engine, FERRY_OP_READ, total);
   ferry_sock_set_deadline(&c->sock, ferry_engine_deadline(c->engine, total));
   struct iovec head = {raw, sizeof raw};
-  staged_io io = {c, checksum, 0};
+  ferry_sock_crc io = {&c->sock, checksum, 0, "send READ data (staged)"};
   ferry_status st = ferry_sock_send_open(&c->sock, &head, 1, "send READ data");
   if (!st)
-    st = ferry_stage_out(c->buffers->stager, c->buffers->ranges, h->count, staged_send, &io);
+    st =
+        ferry_stage_out(c->buffers->stager, c->buffers->ranges, h->count, ferry_sock_crc_send, &io);
   uint32_t crc = htole32(io.crc);
   if (!st && checksum)
     st = ferry_sock_send_piece(&c->sock, &crc, sizeof crc, "send READ data");

@@ -888,3 +888,20 @@ int ferry_net_idle_alive(int fd) {
   struct pollfd p = {fd, POLLIN | POLLRDHUP, 0};
   return poll(&p, 1, 0) == 0;
 }
+
+/* ---- streamed payloads with their crc ---------------------------------------- */
+
+ferry_status ferry_sock_crc_send(void *arg, void *buf, size_t len) {
+  ferry_sock_crc *io = arg;
+  if (io->checksum)
+    io->crc = ferry_crc32c(io->crc, buf, len);
+  return ferry_sock_send_piece(io->sock, buf, len, io->step);
+}
+
+ferry_status ferry_sock_crc_recv(void *arg, void *buf, size_t len) {
+  ferry_sock_crc *io = arg;
+  ferry_status st = ferry_sock_recv(io->sock, buf, len, io->step);
+  if (!st && io->checksum)
+    io->crc = ferry_crc32c(io->crc, buf, len);
+  return st;
+}

@@ -138,6 +138,18 @@ ferry_status ferry_sock_recvv_registered(ferry_sock *s, struct iovec *iov, int i
 ferry_status ferry_sock_send_open(ferry_sock *s, struct iovec *iov, int iovcnt, const char *step);
 ferry_status ferry_sock_send_piece(ferry_sock *s, void *buf, size_t len, const char *step);
 ferry_status ferry_sock_send_close(ferry_sock *s, ferry_status so_far, const char *step);
+
+/* A streamed payload's pieces (ferry_sock_send_piece, ferry_sock_recv)
+ * with their running crc32c kept when checksum is set: the movers staging
+ * (memory/staging.h) hands bounce buffers to, arg a ferry_sock_crc. */
+typedef struct ferry_sock_crc {
+  ferry_sock *sock;
+  int checksum;
+  uint32_t crc;
+  const char *step;
+} ferry_sock_crc;
+ferry_status ferry_sock_crc_send(void *arg, void *buf, size_t len);
+ferry_status ferry_sock_crc_recv(void *arg, void *buf, size_t len);
 /* Receiving a payload in pieces that must all be checked (sealed: one
  * tag over every piece, compared when the last arrives): on 1 before the
  * first piece, 0 after the last or on failure (frees what is left). */

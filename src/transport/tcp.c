@@ -196,29 +196,6 @@ static uint32_t chunk_crc(const ferry_chunk *c) {
 
 /* ---- staging (memory/staging.h) ------------------------------------------ */
 
-/* The socket a staged chunk's bytes pass through, and their running crc32c
- * when the frame carries one. */
-typedef struct staged_io {
-  tcp_channel *ch;
-  int checksum;
-  uint32_t crc;
-} staged_io;
-
-static ferry_status staged_send(void *arg, void *buf, size_t len) {
-  staged_io *io = arg;
-  if (io->checksum)
-    io->crc = ferry_crc32c(io->crc, buf, len);
-  return ferry_sock_send_piece(&io->ch->sock, buf, len, "send WRITE (staged)");
-}
-
-static ferry_status staged_receive(void *arg, void *buf, size_t len) {
-  staged_io *io = arg;
-  ferry_status st = ferry_sock_recv(&io->ch->sock, buf, len, "receive READ data (staged)");
-  if (!st && io->checksum)
-    io->crc = ferry_crc32c(io->crc, buf, len);
-  return st;
-}
-
 /* Whether the chunk's local memory moves through the staging pipeline
  * (ch->ranges then says where it lives). */
 static int staged(tcp_channel *ch, const ferry_chunk *c) {
@@ -234,10 +211,10 @@ static int staged(tcp_channel *ch, const ferry_chunk *c) {
  * then the after-landed message and the crc. */
 static ferry_status send_staged(tcp_channel *ch, tcp_slot *s, int n, int checksum) {
   ferry_chunk *c = &s->chunk;
-  staged_io io = {ch, checksum, 0};
+  ferry_sock_crc io = {&ch->sock, checksum, 0, "send WRITE (staged)"};
   ferry_status st = ferry_sock_send_open(&ch->sock, ch->iov, n, "send WRITE");
   if (!st)
-    st = ferry_stage_out(ch->stager, ch->ranges, c->count, staged_send, &io);
+    st = ferry_stage_out(ch->stager, ch->ranges, c->count, ferry_sock_crc_send, &io);
   if (!st && s->after)
     st = ferry_sock_send_piece(&ch->sock, s->after->body, s->after->len, "send WRITE");
   if (!st && checksum) {
@@ -288,10 +265,11 @@ static ferry_status send_request(tcp_channel *ch, tcp_slot *s, uint64_t id, int 
 /* A staged READ reply's data: into bounce buffers, copied into the local
  * memory, every copy ended before this returns (done means landed). */
 static ferry_status receive_staged(tcp_channel *ch, ferry_chunk *c, int checksum) {
-  staged_io io = {ch, checksum, 0};
+  ferry_sock_crc io = {&ch->sock, checksum, 0, "receive READ data (staged)"};
   ferry_status copied;
   ferry_sock_recv_stream(&ch->sock, 1);
-  ferry_status st = ferry_stage_in(ch->stager, ch->ranges, c->count, staged_receive, &io, &copied);
+  ferry_status st =
+      ferry_stage_in(ch->stager, ch->ranges, c->count, ferry_sock_crc_recv, &io, &copied);
   uint32_t crc = 0;
   if (!st && checksum)
     st = ferry_sock_recv(&ch->sock, &crc, sizeof crc, "receive READ data");
