@@ -113,27 +113,33 @@ static PyObject *stats_dict(const ferry_stats *s) {
   return d;
 }
 
-PyObject *engine_stats(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
+/* The engine's counters now, or NULL with the exception set. */
+static ferry_stats *snapshot(EngineObject *self) {
   if (eng_enter(self) < 0)
     return NULL;
   ferry_stats *s = NULL;
   CallResult r;
   ENGINE_CALL(self, r, ferry_stats_snapshot(self->eng, &s));
-  if (r.st != FERRY_OK)
-    return raise_result(&r);
+  if (r.st != FERRY_OK) {
+    raise_result(&r);
+    return NULL;
+  }
+  return s;
+}
+
+PyObject *engine_stats(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
+  ferry_stats *s = snapshot(self);
+  if (!s)
+    return NULL;
   PyObject *d = stats_dict(s);
   ferry_stats_free(s);
   return d;
 }
 
 PyObject *engine_stats_text(EngineObject *self, PyObject *Py_UNUSED(noargs)) {
-  if (eng_enter(self) < 0)
+  ferry_stats *s = snapshot(self);
+  if (!s)
     return NULL;
-  ferry_stats *s = NULL;
-  CallResult r;
-  ENGINE_CALL(self, r, ferry_stats_snapshot(self->eng, &s));
-  if (r.st != FERRY_OK)
-    return raise_result(&r);
   char *text = NULL;
   ferry_status st = ferry_stats_prometheus(s, &text);
   ferry_stats_free(s);
