@@ -30,7 +30,10 @@
 #include "harness.h"
 
 #define TARGET_PORT 15100
-#define TIMEOUT_MS 2000
+/* The deadline of the calls the kill must end. Only a call that waited it
+ * out takes that long; noticing the kill took up to 2 s over fabric beside
+ * builds (load 7), so the deadline is well past that. */
+#define TIMEOUT_MS 5000
 #define BATCHES 3 /* submitted to the running target; one more to the stopped one */
 #define ENTRIES 8
 #define ENTRY_SIZE (256 * 1024)
@@ -142,8 +145,8 @@ static void kill_restart_rounds(env *e, int fixed_layout, int count, stats *s) {
         /* The kill resets the target's connections at once: a call in
          * flight ends then, not at its deadline, which comes at least
          * TIMEOUT_MS less the few ms before the kill (tcp takes
-         * milliseconds; a reset seen 1.004 s late happened beside
-         * other builds and tests, so 85% of the deadline is the bound). */
+         * milliseconds, fabric up to 2 s on a busy machine; 85% of the
+         * deadline is the bound). */
         if (took >= TIMEOUT_MS * 0.85 / 1000.0)
           fail_msg("round %d: a call in flight failed %.3f s after the kill (%s): it waited for "
                    "its deadline instead of noticing the dead target",
