@@ -69,6 +69,8 @@ def decode_metadata(data):
         body = json.loads(bytes(data[len(METADATA_TAG):]))
         agent, engine = body["agent"], body["engine"]
         regions = [(int(a), int(n), int(d), str(m)) for a, n, d, m in body["regions"]]
+        if any(not 0 <= v < 1 << 64 for r in regions for v in r[:3]):
+            raise ValueError("a region field outside 0 .. 2^64-1")
     except (ValueError, KeyError, TypeError) as e:
         raise nixlInvalidParamError(f"add_remote_agent: malformed metadata ({e})") from None
     if not isinstance(agent, str) or not agent or not (engine is None or isinstance(engine, str)):

@@ -13,6 +13,7 @@ reading "ERR" with its cause.
 """
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -69,7 +70,7 @@ class Peer:
         return np.frombuffer(base64.b64decode(self.cmd(cmd="dump", region=region,
                                                        block=block)["data"]), dtype=np.uint8)
 
-    def stop(self):
+    def close(self):
         if self.proc.poll() is None:
             self.proc.stdin.close()
             try:
@@ -88,30 +89,17 @@ def loopback(monkeypatch):
 
 @pytest.fixture
 def agents(loopback):
-    made = []
-
-    def make(name="decode", **conf):
-        a = nixl_agent(name, nixl_agent_config(**conf))
-        made.append(a)
-        return a
-
-    yield make
-    for a in made:
-        a.close()
+    """agents(name="decode", **config) -> an agent on loopback, closed at the end."""
+    with contextlib.ExitStack() as stack:
+        yield lambda name="decode", **conf: stack.enter_context(
+            contextlib.closing(nixl_agent(name, nixl_agent_config(**conf))))
 
 
 @pytest.fixture
 def peers():
-    started = []
-
-    def start(*args):
-        p = Peer(*args)
-        started.append(p)
-        return p
-
-    yield start
-    for p in started:
-        p.stop()
+    """peers(*args) -> a started Peer, stopped at the end of the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda *args: stack.enter_context(contextlib.closing(Peer(*args)))
 
 
 def wait_state(agent, handle, bound_s=60):
@@ -402,3 +390,17 @@ def test_peer_killed_mid_transfer_is_err(agents, peers):
     err = a.get_xfer_error(h)
     assert err is not None and "prefill" in str(err) and err.cause[0] < 0
     a.release_xfer_handle(h)
+
+
+def test_readme_nixl_example_runs(loopback, tmp_path):
+    from test_readme import python_blocks
+
+    (block,) = python_blocks("NIXL API")
+    calls = [ln for ln in block.splitlines() if ln and not ln.startswith(("import", "from"))]
+    assert len(calls) <= 16, calls  # the call shape stays short
+    script = tmp_path / "nixl_example.py"
+    script.write_text(block)
+    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "..", "python"))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
