@@ -1,5 +1,6 @@
 """setup.py - builds the Python packages `ferry` (with its C extension
-ferry._ferry) and `mooncake` (Mooncake-compatible TransferEngine), and the
+ferry._ferry), `mooncake` (Mooncake-compatible TransferEngine) and `nixl`
+(NIXL's Python API, on ferry; needs numpy), and the
 `ferry` command-line tool they carry (ferry/ferry-tool, run by `python -m
 ferry`, the `ferry` and `mooncake_http_metadata_server` commands and
 `python -m mooncake.http_metadata_server`).
@@ -82,7 +83,7 @@ ferry_ext = Extension(
 
 setup(
     package_dir={"": "python"},
-    packages=["ferry", "mooncake"],
+    packages=["ferry", "mooncake", "nixl"],
     ext_modules=[ferry_ext],
     cmdclass={"build_ext": ParallelBuildExt},
     # Intermediate files under python/build (gitignored), away from CMake's build/.

@@ -1,7 +1,8 @@
 """test_wheel.py - the wheel README.md's "Install" builds: built once without
 network (`pip wheel --no-build-isolation --no-index`), installed with `pip
 install --no-index` into a fresh venv without system site-packages, and the
-quick start's examples (ferry and the mooncake drop-in) run from there. Its
+quick start's examples (ferry and the mooncake drop-in) run from there; it
+holds the nixl package too (which needs numpy, absent from that venv). Its
 binaries need exactly the runtime libraries README.md lists, and an import on
 a host without one of them says which, and which package brings it."""
 
@@ -58,6 +59,12 @@ def test_venv_sees_only_the_wheel(venv, tmp_path):
     assert all(path.startswith(site) for path in lines[:2]), lines
     assert not [p for p in lines[2:] if "site-packages" in p and not p.startswith(site)
                 or "dist-packages" in p], lines
+
+
+def test_wheel_holds_nixl(venv):
+    _, site = venv
+    for module in ("__init__", "_api", "_bindings", "_utils", "logging"):
+        assert os.path.isfile(os.path.join(site, "nixl", module + ".py")), module
 
 
 @pytest.mark.parametrize("index", [0, 1])

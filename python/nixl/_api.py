@@ -1,0 +1,648 @@
+"""nixl._api - NIXL's agent API (nixl_agent, nixl_agent_config) on ferry.
+
+An agent owns one ferry.Engine, created with its first backend. NIXL's
+network backend names (UCX, LIBFABRIC, Mooncake) all map onto that engine,
+which picks shm, the fabric transport or tcp per peer; the memory each
+reports is what ferry moves (DRAM, and VRAM only where ferry found CUDA).
+
+- Metadata is bytes the caller carries (get_agent_metadata /
+  add_remote_agent): the engine's address and the registered regions.
+  Loading it opens no connection; the first transfer connects.
+- prep_xfer_dlist checks descriptors once (local: against this agent's
+  registrations; remote: against the peer's metadata). make_prepped_xfer
+  keeps the index arrays as int64 numpy arrays; transfer() runs them on a
+  ferry.Plan made once per (local, remote) list pair, as a ferry batch
+  whose notification (name: this agent, data: notif_msg) reaches the peer
+  only after the data.
+- A failed batch (peer died, reset, ferry's deadline) reads "ERR", never
+  "PROC" forever; get_xfer_error(handle) (ferry's addition) says why.
+"""
+
+import itertools
+import threading
+import time
+
+import numpy as np
+
+import ferry
+from nixl import _bindings as nb
+from nixl._utils import Regions, decode_metadata, encode_metadata, is_tensor, tensor_desc
+from nixl.logging import get_logger
+
+log = get_logger("nixl")
+
+DEFAULT_COMM_PORT = nb.DEFAULT_COMM_PORT
+nixl_backend_handle = int
+nixl_prepped_dlist_handle = int
+nixl_xfer_handle = int
+
+# NIXL backend names ferry serves, and those NIXL ships that it does not.
+_FERRY_PLUGINS = ("UCX", "LIBFABRIC", "Mooncake")
+_OTHER_PLUGINS = {"GDS": "files", "GDS_MT": "files", "POSIX": "files", "HF3FS": "files",
+                  "OBJ": "object stores", "GUSLI": "block devices", "UCCL": "UCCL's engine",
+                  "GPUNETIO": "GPU-initiated networking"}
+_PLUGIN_PARAMS = {"ferry_host": "", "ferry_port": "0", "ferry_transports": "all"}
+_MEM_NAMES = {"DRAM": nb.DRAM_SEG, "VRAM": nb.VRAM_SEG, "FILE": nb.FILE_SEG,
+              "BLOCK": nb.BLK_SEG, "OBJ": nb.OBJ_SEG, "cpu": nb.DRAM_SEG, "cuda": nb.VRAM_SEG}
+_OPS = {"READ": ferry.OP_READ, "WRITE": ferry.OP_WRITE}
+
+
+class nixl_thread_sync_t:
+    """NIXL's thread-safety modes. Every mode is served as STRICT: an agent
+    may be called from any thread."""
+
+    NIXL_THREAD_SYNC_NONE = nb.NIXL_THREAD_SYNC_NONE
+    NIXL_THREAD_SYNC_STRICT = nb.NIXL_THREAD_SYNC_STRICT
+    NIXL_THREAD_SYNC_RW = nb.NIXL_THREAD_SYNC_RW
+    NIXL_THREAD_SYNC_DEFAULT = nb.NIXL_THREAD_SYNC_DEFAULT
+
+
+class nixl_agent_config:
+    """Agent options as NIXL names them. enable_prog_thread: ferry always
+    progresses transfers on its own threads. enable_listen_thread: NIXL's
+    metadata listener, not provided yet (an error). capture_telemetry: keep
+    what get_xfer_telemetry reports."""
+
+    def __init__(self, enable_prog_thread=True, enable_listen_thread=False, listen_port=0,
+                 capture_telemetry=False, num_threads=0, backends=None, sync_mode=None):
+        self.enable_pthread = enable_prog_thread
+        self.enable_listen = enable_listen_thread
+        self.port = listen_port
+        self.capture_telemetry = capture_telemetry
+        self.num_threads = num_threads
+        self.backends = ["UCX"] if backends is None else list(backends)
+        self.sync_mode = sync_mode
+
+
+def _cuda():
+    ok, why = ferry.cuda_available()
+    return ok, why
+
+
+def _mem_types():
+    return ["DRAM", "VRAM"] if _cuda()[0] else ["DRAM"]
+
+
+class _DList:
+    """A prepared descriptor list: local (target None) or toward a peer."""
+
+    def __init__(self, descs, mem_type, agent, target):
+        self.descs = descs  # N x 3 uint64
+        self.mem_type = mem_type
+        self.agent = agent
+        self.target = target
+        self.pairs = np.ascontiguousarray(descs[:, :2])
+        self.lengths = descs[:, 1]
+
+
+class _Xfer:
+    def __init__(self, op, local, remote, li, ri, notif, merge, owned=()):
+        self.op, self.local, self.remote = op, local, remote
+        self.li, self.ri = li, ri
+        self.notif, self.merge = notif, merge
+        self.owned = owned  # dlist handles made by initialize_xfer for this transfer
+        self.batch = None
+        self.error = None
+        self.posted = False
+        self.telemetry = None
+        self.started_ns = 0
+        self.t0 = 0
+        self.post_ns = 0
+
+
+class nixl_agent:
+    """NIXL's agent on one ferry engine. Names, arguments and results follow
+    NIXL's nixl._api; see the module's comment for how they map."""
+
+    def __init__(self, agent_name, nixl_conf=None, instantiate_all=False):
+        if not isinstance(agent_name, str) or not agent_name:
+            raise nb.nixlInvalidParamError("nixl_agent: the agent name must be a non-empty str")
+        conf = nixl_conf or nixl_agent_config()
+        if conf.enable_listen:
+            raise nb.nixlNotSupportedError(
+                "nixl_agent: enable_listen_thread (NIXL's metadata listener, "
+                "fetch_remote_metadata/send_local_metadata) is not provided by ferry's nixl yet; "
+                "carry get_agent_metadata() to the peer and call add_remote_agent there")
+        self.name = agent_name
+        self.conf = conf
+        self.notifs = {}
+        self.backends = {}
+        self.backend_mems = {}
+        self.backend_options = {}
+        self.plugin_list = list(_FERRY_PLUGINS)
+        self._engine = None
+        self._engine_params = None
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self._regs = {}  # addr -> (len, dev_id, memory name, meta)
+        self._remotes = {}  # agent -> (engine name or None, Regions, [region rows])
+        self._dlists = {}
+        self._xfers = {}
+        self._plans = {}  # (local handle, remote handle) -> ferry.Plan
+        for name in (self.plugin_list if instantiate_all and nixl_conf is None else conf.backends):
+            self.create_backend(name)
+        log.info("nixl agent %s on ferry %s", agent_name,
+                 self._engine.name if self._engine else "(no backend)")
+
+    # ---- plugins and backends ------------------------------------------------
+
+    def get_plugin_list(self):
+        return list(self.plugin_list)
+
+    def _known_plugin(self, name):
+        if name in _FERRY_PLUGINS:
+            return
+        if name in _OTHER_PLUGINS:
+            raise nb.nixlNotSupportedError(
+                f"backend {name!r}: NIXL's {name} moves data to {_OTHER_PLUGINS[name]}, which "
+                f"ferry does not do; ferry serves {', '.join(_FERRY_PLUGINS)}")
+        raise nb.nixlNotFoundError(f"backend {name!r}: no such plugin (available: "
+                                   f"{', '.join(_FERRY_PLUGINS)})")
+
+    def get_plugin_mem_types(self, backend):
+        self._known_plugin(backend)
+        return _mem_types()
+
+    def get_plugin_params(self, backend):
+        self._known_plugin(backend)
+        return dict(_PLUGIN_PARAMS)
+
+    def get_backend_mem_types(self, backend):
+        self._backend(backend)
+        return list(self.backend_mems[backend])
+
+    def get_backend_params(self, backend):
+        self._backend(backend)
+        return dict(self.backend_options[backend])
+
+    def _backend(self, name):
+        if name not in self.backends:
+            raise nb.nixlNotFoundError(f"backend {name!r} was not created on agent {self.name} "
+                                       f"(created: {sorted(self.backends) or 'none'})")
+        return self.backends[name]
+
+    def create_backend(self, backend, initParams=None):
+        """Makes the agent's ferry engine with the first backend (initParams:
+        ferry_host, ferry_port, ferry_transports); later backends share it."""
+        self._known_plugin(backend)
+        params = dict(_PLUGIN_PARAMS)
+        unknown = set(initParams or {}) - set(params)
+        if unknown:
+            raise nb.nixlInvalidParamError(f"backend {backend!r}: unknown parameters "
+                                           f"{sorted(unknown)} (known: {sorted(params)})")
+        params.update({k: str(v) for k, v in (initParams or {}).items()})
+        with self._lock:
+            if backend in self.backends:
+                raise nb.nixlNotAllowedError(f"backend {backend!r} already created on agent "
+                                             f"{self.name}")
+            if self._engine is None:
+                self._engine = self._start_engine(backend, params)
+                self._engine_params = params
+            elif initParams and params != self._engine_params:
+                raise nb.nixlNotAllowedError(
+                    f"backend {backend!r}: the backends of agent {self.name} share one ferry "
+                    f"engine, made with {self._engine_params}; got {params}")
+            self.backends[backend] = next(self._ids)
+            self.backend_mems[backend] = _mem_types()
+            self.backend_options[backend] = dict(self._engine_params, ferry_engine=self._engine.name)
+        return self.backends[backend]
+
+    def _start_engine(self, backend, params):
+        try:
+            return ferry.Engine(params["ferry_host"] or None, port=int(params["ferry_port"]),
+                                transports=params["ferry_transports"])
+        except (ferry.Error, ValueError) as e:
+            raise nb.nixlBackendError(f"backend {backend!r}: ferry engine did not start: {e}",
+                                      e) from e
+
+    def _eng(self, what):
+        if self._engine is None:
+            raise nb.nixlNotFoundError(f"{what}: agent {self.name} has no backend "
+                                       f"(nixl_agent_config(backends=[...]) or create_backend)")
+        return self._engine
+
+    # ---- descriptors ---------------------------------------------------------
+
+    def _mem_code(self, mem_type, what):
+        if mem_type not in _MEM_NAMES:
+            raise nb.nixlInvalidParamError(f"{what}: unknown memory type {mem_type!r} "
+                                           f"(known: {', '.join(_MEM_NAMES)})")
+        return _MEM_NAMES[mem_type]
+
+    def _descs(self, data, mem_type, cls, what):
+        if isinstance(data, cls):
+            return data
+        if isinstance(data, (nb.nixlRegDList, nb.nixlXferDList)):
+            raise nb.nixlInvalidParamError(f"{what}: got a {type(data).__name__}, "
+                                           f"need a {cls.__name__}")
+        if is_tensor(data):
+            data = [data]
+        if isinstance(data, (list, tuple)) and data and is_tensor(data[0]):
+            rows, mems = zip(*(tensor_desc(t, f"{what}[{i}]") for i, t in enumerate(data)))
+            if len(set(mems)) > 1:
+                raise nb.nixlInvalidParamError(f"{what}: tensors on different devices ({mems})")
+            return cls(_MEM_NAMES[mems[0]], list(rows))
+        if mem_type is None:
+            raise nb.nixlInvalidParamError(f"{what}: descriptors other than tensors need "
+                                           f"mem_type (\"DRAM\", \"VRAM\", ...)")
+        return cls(self._mem_code(mem_type, what), data)
+
+    def get_reg_descs(self, descs, mem_type=None):
+        return self._descs(descs, mem_type, nb.nixlRegDList, "get_reg_descs")
+
+    def get_xfer_descs(self, descs, mem_type=None):
+        return self._descs(descs, mem_type, nb.nixlXferDList, "get_xfer_descs")
+
+    # ---- registration --------------------------------------------------------
+
+    def _location(self, mem_type, dev_id):
+        if mem_type == nb.DRAM_SEG:
+            return "cpu:0"
+        name = nb.MEM_TYPE_NAMES[mem_type]
+        if mem_type == nb.VRAM_SEG:
+            ok, why = _cuda()
+            if ok:
+                return f"cuda:{dev_id}"
+            raise nb.nixlNotSupportedError(
+                f"register_memory: VRAM needs the CUDA driver and a device, and ferry found "
+                f"none ({why}); register host memory (DRAM), e.g. vLLM's kv_buffer_device=\"cpu\"")
+        raise nb.nixlNotSupportedError(f"register_memory: ferry does not move {name} memory "
+                                       f"(it moves DRAM and, with CUDA, VRAM)")
+
+    def register_memory(self, reg_list, mem_type=None, backends=None):
+        """Registers every descriptor with the agent's engine (all or none)."""
+        for b in backends or ():
+            self._backend(b)
+        descs = self.get_reg_descs(reg_list, mem_type)
+        eng = self._eng("register_memory")
+        done = []
+        try:
+            for i, (addr, length, dev_id, meta) in enumerate(descs):
+                location = self._location(descs.mem_type, dev_id)
+                try:
+                    eng.register(addr, length, location)
+                except ferry.Error as e:
+                    raise nb.nixlBackendError(f"register_memory: descriptor {i} (addr {addr:#x}, "
+                                              f"len {length}): {e}", e) from e
+                done.append(addr)
+                with self._lock:
+                    self._regs[addr] = (length, dev_id, nb.MEM_TYPE_NAMES[descs.mem_type], meta)
+        except BaseException:
+            self._unregister(done)
+            raise
+        return descs
+
+    def _unregister(self, addrs):
+        for addr in addrs:
+            with self._lock:
+                self._regs.pop(addr, None)
+            self._engine.unregister(addr)
+
+    def deregister_memory(self, dereg_list, backends=None):
+        for b in backends or ():
+            self._backend(b)
+        descs = self.get_reg_descs(dereg_list)
+        with self._lock:
+            missing = [d for d in descs if d[0] not in self._regs]
+        if missing:
+            raise nb.nixlNotFoundError(f"deregister_memory: not registered: {missing[0][:3]}")
+        self._unregister([d[0] for d in descs])
+
+    # ---- metadata ------------------------------------------------------------
+
+    def _region_rows(self, only=None):
+        with self._lock:
+            rows = [(a, n, d, m) for a, (n, d, m, _) in self._regs.items()]
+        return [r for r in rows if only is None or r[0] in only]
+
+    def get_agent_metadata(self):
+        return encode_metadata(self.name, self._eng("get_agent_metadata").name,
+                               self._region_rows())
+
+    def get_partial_agent_metadata(self, descs, inc_conn_info=False, backends=None):
+        only = {d[0] for d in self.get_reg_descs(descs)} if descs is not None else set()
+        engine = self._eng("get_partial_agent_metadata").name if inc_conn_info else None
+        return encode_metadata(self.name, engine, self._region_rows(only))
+
+    def add_remote_agent(self, metadata):
+        """Loads a peer's metadata (full or partial; partial adds to what is
+        known) and returns its agent name. Opens no connection."""
+        agent, engine, rows = decode_metadata(metadata)
+        if agent == self.name:
+            raise nb.nixlInvalidParamError(f"add_remote_agent: the metadata is this agent's own "
+                                           f"({agent}); loopback transfers name it directly")
+        with self._lock:
+            old = self._remotes.get(agent)
+            if old and engine is None:
+                engine, rows = old[0], old[2] + rows
+            elif old and old[0] != engine:
+                self._drop_plans(agent)  # a new incarnation: plans made toward the old one go
+            self._remotes[agent] = (engine, Regions([(a, n) for a, n, _, _ in rows]), rows)
+        return agent
+
+    def check_remote_metadata(self, agent, descs=None):
+        with self._lock:
+            known = self._remotes.get(agent)
+        if not known or not known[0]:
+            return False
+        if descs is None:
+            return True
+        return known[1].first_outside(self.get_xfer_descs(descs).descs) < 0
+
+    def remove_remote_agent(self, agent):
+        with self._lock:
+            if agent not in self._remotes:
+                raise nb.nixlNotFoundError(f"remove_remote_agent: unknown agent {agent!r}")
+            del self._remotes[agent]
+            self._drop_plans(agent)
+
+    def _drop_plans(self, agent):
+        for key in [k for k in self._plans if self._dlists[k[1]].agent == agent]:
+            self._plans.pop(key).free()
+
+    # ---- prepared lists and transfers ----------------------------------------
+
+    def _peer(self, agent_name, what):
+        """(target engine name, Regions) of a remote agent or of this one."""
+        if agent_name == self.name:
+            with self._lock:
+                return self._eng(what).name, Regions([(a, r[0]) for a, r in self._regs.items()])
+        with self._lock:
+            known = self._remotes.get(agent_name)
+        if not known:
+            raise nb.nixlNotFoundError(f"{what}: unknown agent {agent_name!r} (add_remote_agent "
+                                       f"with its metadata first)")
+        if not known[0]:
+            raise nb.nixlNotFoundError(f"{what}: agent {agent_name!r}'s metadata had no "
+                                       f"connection info (partial metadata without it)")
+        return known
+
+    def _prep(self, agent_name, xfer_list, mem_type, what):
+        descs = self.get_xfer_descs(xfer_list, mem_type)
+        if len(descs) == 0:
+            raise nb.nixlInvalidParamError(f"{what}: empty descriptor list")
+        local = agent_name in (nb.NIXL_INIT_AGENT, "")
+        if local:
+            target, agent = None, None
+            with self._lock:
+                regions = Regions([(a, r[0]) for a, r in self._regs.items()])
+        else:
+            target, regions = self._peer(agent_name, what)[:2]
+            agent = agent_name
+        bad = regions.first_outside(descs.descs)
+        if bad >= 0:
+            side = "this agent's registered memory" if local else f"agent {agent_name}'s metadata"
+            raise nb.nixlNotFoundError(f"{what}: descriptor {bad} {descs[bad]} is not inside "
+                                       f"{side}")
+        handle = next(self._ids)
+        with self._lock:
+            self._dlists[handle] = _DList(descs.descs, descs.mem_type, agent, target)
+        return handle
+
+    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, backends=None):
+        """A handle to descriptors checked once: agent_name "NIXL_INIT_AGENT"
+        (or "") for this agent's side, a remote agent's name, or this agent's
+        own name for loopback."""
+        return self._prep(agent_name, xfer_list, mem_type, "prep_xfer_dlist")
+
+    def release_dlist_handle(self, handle):
+        with self._lock:
+            if handle not in self._dlists:
+                raise nb.nixlNotFoundError(f"release_dlist_handle: unknown handle {handle!r}")
+            for key in [k for k in self._plans if handle in k]:
+                self._plans.pop(key).free()
+            del self._dlists[handle]
+
+    def _dlist(self, handle, local, what):
+        with self._lock:
+            d = self._dlists.get(handle)
+        if d is None:
+            raise nb.nixlNotFoundError(f"{what}: unknown descriptor list handle {handle!r}")
+        if (d.target is None) != local:
+            raise nb.nixlInvalidParamError(
+                f"{what}: handle {handle} is a {'local' if d.target is None else 'remote'} list "
+                f"where a {'local' if local else 'remote'} one belongs")
+        return d
+
+    @staticmethod
+    def _indices(values, count, what):
+        idx = np.array(values, dtype=np.int64, copy=True).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= count):
+            bad = int(np.flatnonzero((idx < 0) | (idx >= count))[0])
+            raise nb.nixlInvalidParamError(f"make_prepped_xfer: {what}[{bad}] = {idx[bad]} is "
+                                           f"outside the list's {count} descriptors")
+        return idx
+
+    def make_prepped_xfer(self, operation, local_xfer_side, local_indices, remote_xfer_side,
+                          remote_indices, notif_msg=b"", backends=None, skip_desc_merge=False):
+        what = "make_prepped_xfer"
+        op = self._op(operation, what)
+        local = self._dlist(local_xfer_side, True, what)
+        remote = self._dlist(remote_xfer_side, False, what)
+        li = self._indices(local_indices, len(local.descs), "local_indices")
+        ri = self._indices(remote_indices, len(remote.descs), "remote_indices")
+        if li.size != ri.size or li.size == 0:
+            raise nb.nixlInvalidParamError(f"{what}: {li.size} local and {ri.size} remote "
+                                           f"indices (need as many, at least one)")
+        differ = np.flatnonzero(local.lengths[li] != remote.lengths[ri])
+        if differ.size:
+            i = int(differ[0])
+            raise nb.nixlInvalidParamError(
+                f"{what}: pair {i} has lengths {local.lengths[li[i]]} (local {li[i]}) and "
+                f"{remote.lengths[ri[i]]} (remote {ri[i]}); a pair moves equal lengths")
+        return self._new_xfer(_Xfer(op, local_xfer_side, remote_xfer_side, li, ri,
+                                    _msg(notif_msg), not skip_desc_merge))
+
+    def initialize_xfer(self, operation, local_descs, remote_descs, remote_agent, notif_msg=b"",
+                        backends=None):
+        """A transfer of local_descs[i] <-> remote_descs[i] at remote_agent."""
+        what = "initialize_xfer"
+        self._op(operation, what)
+        lh = self._prep(nb.NIXL_INIT_AGENT, local_descs, None, what)
+        try:
+            rh = self._prep(remote_agent, remote_descs, None, what)
+        except BaseException:
+            self.release_dlist_handle(lh)
+            raise
+        try:
+            handle = self.make_prepped_xfer(operation, lh, np.arange(len(self._dlists[lh].descs)),
+                                            rh, np.arange(len(self._dlists[rh].descs)), notif_msg)
+        except BaseException:
+            self.release_dlist_handle(lh)
+            self.release_dlist_handle(rh)
+            raise
+        self._xfers[handle].owned = (lh, rh)
+        return handle
+
+    @staticmethod
+    def _op(operation, what):
+        if operation not in _OPS:
+            raise nb.nixlInvalidParamError(f"{what}: operation must be \"READ\" or \"WRITE\", "
+                                           f"got {operation!r}")
+        return _OPS[operation]
+
+    def _new_xfer(self, xfer):
+        handle = next(self._ids)
+        with self._lock:
+            self._xfers[handle] = xfer
+        return handle
+
+    def _xfer(self, handle, what):
+        with self._lock:
+            x = self._xfers.get(handle)
+        if x is None:
+            raise nb.nixlNotFoundError(f"{what}: unknown transfer handle {handle!r}")
+        return x
+
+    def _plan(self, x):
+        key = (x.local, x.remote)
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                local, remote = self._dlists[x.local], self._dlists[x.remote]
+                plan = self._eng("transfer").plan(remote.target, local.pairs, remote.pairs)
+                self._plans[key] = plan
+        return plan
+
+    def transfer(self, handle, notif_msg=b""):
+        """Posts the transfer: "DONE", "PROC" or "ERR" (get_xfer_error says
+        why). A handle may be posted again once it is no longer "PROC"."""
+        x = self._xfer(handle, "transfer")
+        if x.batch is not None and self._state(handle, x) == "PROC":
+            raise nb.nixlRepostActiveError(f"transfer: handle {handle} is still in progress")
+        if x.batch is not None:
+            x.batch.free()
+            x.batch = None
+        msg = _msg(notif_msg) or x.notif
+        x.error, x.posted, x.telemetry = None, True, None
+        x.started_ns = time.time_ns()
+        t0 = time.perf_counter_ns()
+        try:
+            notify = (self.name, msg) if msg else None
+            x.batch = self._plan(x).submit(x.op, x.li, x.ri, notify=notify, merge=x.merge)
+        except ferry.Error as e:
+            self._failed(handle, x, e.code, e.detail or str(e))
+            return "ERR"
+        x.post_ns = time.perf_counter_ns() - t0
+        x.t0 = t0
+        return self._state(handle, x)
+
+    def _failed(self, handle, x, code, detail):
+        remote = self._dlists[x.remote]
+        x.error = nb.nixlBackendError(
+            f"transfer {handle} to agent {remote.agent or self.name} ({remote.target}) failed: "
+            f"{ferry.strerror(code)}: {detail}", (code, detail))
+        log.error("%s", x.error)
+
+    def _state(self, handle, x):
+        if x.error is not None:
+            return "ERR"
+        if x.batch is None:
+            raise nb.nixlInvalidParamError(f"check_xfer_state: handle {handle} was never posted "
+                                           f"(call transfer first)")
+        state = x.batch.status()
+        if state == ferry.BATCH_PENDING:
+            return "PROC"
+        if state == ferry.BATCH_DONE:
+            if x.telemetry is None and self.conf.capture_telemetry:
+                x.telemetry = self._telemetry(x)
+            return "DONE"
+        self._failed(handle, x, x.batch.error, x.batch.detail or "")
+        return "ERR"
+
+    def _telemetry(self, x):
+        lengths = self._dlists[x.local].lengths
+        return nb.nixlXferTelemetry(
+            startTime=x.started_ns // 1000, postDuration=x.post_ns // 1000,
+            xferDuration=(time.perf_counter_ns() - x.t0) // 1000,
+            totalBytes=int(lengths[x.li].sum()), descCount=int(x.li.size))
+
+    def check_xfer_state(self, handle):
+        return self._state(handle, self._xfer(handle, "check_xfer_state"))
+
+    def get_xfer_error(self, handle):
+        """ferry's addition: the nixlBackendError that made handle "ERR"
+        (its .cause is ferry's (status, detail)), or None."""
+        return self._xfer(handle, "get_xfer_error").error
+
+    def get_xfer_telemetry(self, handle):
+        x = self._xfer(handle, "get_xfer_telemetry")
+        if not self.conf.capture_telemetry:
+            raise nb.nixlNoTelemetryError(f"get_xfer_telemetry: agent {self.name} was made "
+                                          f"without nixl_agent_config(capture_telemetry=True)")
+        if x.telemetry is None:
+            raise nb.nixlNoTelemetryError(f"get_xfer_telemetry: handle {handle} is not DONE")
+        return x.telemetry
+
+    def query_xfer_backend(self, handle):
+        self._xfer(handle, "query_xfer_backend")
+        return next(iter(self.backends))
+
+    def release_xfer_handle(self, handle):
+        """Releases a transfer; one still in progress is waited for first,
+        bounded by ferry's transfer deadline (ferry cannot cancel one yet)."""
+        with self._lock:
+            x = self._xfers.pop(handle, None)
+        if x is None:
+            raise nb.nixlNotFoundError(f"release_xfer_handle: unknown handle {handle!r}")
+        if x.batch is not None:
+            x.batch.free()
+        for h in x.owned:
+            self.release_dlist_handle(h)
+
+    # ---- notifications -------------------------------------------------------
+
+    def send_notif(self, remote_agent_name, notif_msg, backend=None):
+        target = self._peer(remote_agent_name, "send_notif")[0]
+        try:
+            self._eng("send_notif").notify(target, self.name, _msg(notif_msg))
+        except ferry.Error as e:
+            raise nb.nixlBackendError(f"send_notif to agent {remote_agent_name} ({target}): {e}",
+                                      e) from e
+
+    def _drain(self):
+        out = {}
+        if self._engine is not None:
+            for agent, msg in self._engine.drain_notifications():
+                out.setdefault(agent, []).append(bytes(msg))
+        return out
+
+    def get_new_notifs(self, backends=None):
+        """{agent name: [bytes, ...]} received since the last call."""
+        return self._drain()
+
+    def update_notifs(self, backends=None):
+        for agent, msgs in self._drain().items():
+            self.notifs.setdefault(agent, []).extend(msgs)
+        return self.notifs
+
+    def check_remote_xfer_done(self, remote_agent_name, lookup_tag, backends=None,
+                               tag_is_prefix=True):
+        """True (and the message removed) once a notification from the agent
+        starts with (tag_is_prefix) or contains lookup_tag."""
+        self.update_notifs()
+        tag = _msg(lookup_tag)
+        msgs = self.notifs.get(remote_agent_name, [])
+        for i, m in enumerate(msgs):
+            if m.startswith(tag) if tag_is_prefix else tag in m:
+                del msgs[i]
+                return True
+        return False
+
+    # ---- lifetime ------------------------------------------------------------
+
+    def close(self):
+        """ferry's addition: frees the plans and stops the engine (NIXL's
+        agents end with the process)."""
+        with self._lock:
+            plans, self._plans = list(self._plans.values()), {}
+        for p in plans:
+            p.free()
+        if self._engine is not None:
+            self._engine.close()
+
+
+def _msg(m):
+    if m is None:
+        return b""
+    return m.encode() if isinstance(m, str) else bytes(m)

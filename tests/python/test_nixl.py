@@ -1,0 +1,406 @@
+"""test_nixl.py - the nixl package (NIXL's Python API on ferry).
+
+The agent under test runs in this process; its peer is tests/python/
+nixl_peer.py in another process (the prefill side of vLLM's NixlConnector
+with host KV buffers). Every byte moved is compared. Covered: config,
+plugins and memory types; registration forms; metadata that opens no
+connection; WRITE/READ by initialize_xfer and by prepared lists with numpy
+indices; notifications after the data; a faithful replay of vLLM's
+NixlConnector flow (per-region block lists, READ by index with
+b"<request>:<tp>", the prefill freeing blocks on the notification,
+heterogeneous block counts, blocks reused); a peer killed mid-transfer
+reading "ERR" with its cause.
+"""
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import ferry
+from conftest import LineReader
+from nixl import nixl_agent, nixl_agent_config
+from nixl import _bindings as nb
+from nixl_peer import kv_block
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEER = os.path.join(HERE, "nixl_peer.py")
+
+
+class Peer:
+    """A nixl_peer.py process; .info is its first line."""
+
+    def __init__(self, *args):
+        env = dict(os.environ, MC_TCP_BIND_ADDRESS="127.0.0.1")
+        env.setdefault("FERRY_LOG", "warn")
+        self.proc = subprocess.Popen([sys.executable, PEER] + [str(a) for a in args],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
+        self.out = LineReader(self.proc.stdout)
+        self.err = LineReader(self.proc.stderr)
+        line = self.out.get(60)
+        if line is None:
+            raise RuntimeError("nixl peer did not start: %s" % self._stderr())
+        self.info = json.loads(line)
+        self.name = self.info["agent"]
+        self.metadata = base64.b64decode(self.info["metadata"])
+
+    def _stderr(self):
+        lines = []
+        while (line := self.err.get(0.2)):
+            lines.append(line)
+        return "".join(lines)
+
+    def cmd(self, **kw):
+        self.proc.stdin.write(json.dumps(kw) + "\n")
+        self.proc.stdin.flush()
+        line = self.out.get(60)
+        if line is None:
+            raise RuntimeError("nixl peer gave no answer to %r: %s" % (kw, self._stderr()))
+        return json.loads(line)
+
+    def block(self, region, block):
+        return np.frombuffer(base64.b64decode(self.cmd(cmd="dump", region=region,
+                                                       block=block)["data"]), dtype=np.uint8)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        for s in (self.proc.stdout, self.proc.stderr):
+            s.close()
+
+
+@pytest.fixture
+def loopback(monkeypatch):
+    monkeypatch.setenv("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+
+
+@pytest.fixture
+def agents(loopback):
+    """agents(name="decode", **config) -> an agent on loopback, closed at the end."""
+    with contextlib.ExitStack() as stack:
+        yield lambda name="decode", **conf: stack.enter_context(
+            contextlib.closing(nixl_agent(name, nixl_agent_config(**conf))))
+
+
+@pytest.fixture
+def peers():
+    """peers(*args) -> a started Peer, stopped at the end of the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda *args: stack.enter_context(contextlib.closing(Peer(*args)))
+
+
+def wait_state(agent, handle, bound_s=60):
+    """The state once it is no longer PROC (or PROC at the bound)."""
+    deadline = time.monotonic() + bound_s
+    state = agent.check_xfer_state(handle)
+    while state == "PROC" and time.monotonic() < deadline:
+        time.sleep(0.002)
+        state = agent.check_xfer_state(handle)
+    return state
+
+
+def poll_until_freed(peer, reqs, bound_s=30):
+    freed, deadline = set(), time.monotonic() + bound_s
+    while not reqs <= freed and time.monotonic() < deadline:
+        freed |= set(peer.cmd(cmd="poll")["freed"])
+    return freed
+
+
+# ---- agent, plugins, memory types -------------------------------------------
+
+def test_config_plugins_and_memory_types(agents):
+    with pytest.raises(nb.nixlInvalidParamError, match="non-empty"):
+        nixl_agent("")
+    with pytest.raises(nb.nixlNotFoundError, match="no such plugin"):
+        agents("x", backends=["NOPE"])
+    with pytest.raises(nb.nixlNotSupportedError, match="files"):
+        agents("y", backends=["POSIX"])
+    with pytest.raises(nb.nixlNotSupportedError, match="metadata listener"):
+        agents("z", enable_listen_thread=True)
+    bare = agents("bare", backends=[])
+    assert bare.backends == {}
+    buf = np.zeros(64, dtype=np.uint8)
+    with pytest.raises(nb.nixlNotFoundError, match="no backend"):
+        bare.register_memory([(buf.ctypes.data, 64, 0, "")], "DRAM")
+    a = agents("decode")
+    assert a.get_plugin_list() == ["UCX", "LIBFABRIC", "Mooncake"]
+    cuda, _ = ferry.cuda_available()
+    assert a.get_plugin_mem_types("UCX") == (["DRAM", "VRAM"] if cuda else ["DRAM"])
+    assert a.get_backend_mem_types("UCX") == a.get_plugin_mem_types("UCX")
+    assert a.get_backend_params("UCX")["ferry_engine"].startswith("127.0.0.1:")
+    with pytest.raises(nb.nixlNotFoundError, match="was not created"):
+        a.get_backend_params("LIBFABRIC")
+    a.create_backend("LIBFABRIC")  # shares the agent's engine
+    assert a.get_backend_params("LIBFABRIC")["ferry_engine"] == a.get_backend_params("UCX")[
+        "ferry_engine"]
+
+
+def test_vram_refused_with_the_reason(agents):
+    cuda, why = ferry.cuda_available()
+    if cuda:
+        pytest.skip("a CUDA device is present: VRAM registers (staged over tcp)")
+    a = agents()
+    buf = np.zeros(4096, dtype=np.uint8)
+    with pytest.raises(nb.nixlNotSupportedError) as e:
+        a.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "VRAM")
+    assert "ferry found none" in str(e.value) and why in str(e.value)
+    with pytest.raises(nb.nixlNotSupportedError, match="does not move FILE"):
+        a.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "FILE")
+
+
+def test_registration_forms(agents):
+    a = agents()
+    bufs = [np.zeros(8192, dtype=np.uint8) for _ in range(4)]
+    rows = [(b.ctypes.data, b.nbytes, 0, f"r{i}") for i, b in enumerate(bufs)]
+    reg = a.register_memory(rows[:2], "DRAM")
+    assert isinstance(reg, nb.nixlRegDList) and len(reg) == 2 and reg[1] == rows[1]
+    arr = np.array([r[:3] for r in rows[2:]], dtype=np.uint64)
+    reg2 = a.register_memory(arr, "cpu")
+    meta = a.get_agent_metadata()
+    for b in bufs:
+        assert str(b.ctypes.data).encode() in meta
+    a.deregister_memory(reg)
+    a.deregister_memory(reg2)
+    with pytest.raises(nb.nixlNotFoundError, match="not registered"):
+        a.deregister_memory(reg)
+    with pytest.raises(nb.nixlInvalidParamError, match="need mem_type"):
+        a.get_reg_descs(rows)
+    with pytest.raises(nb.nixlInvalidParamError, match="N x 3"):
+        a.get_xfer_descs(np.zeros((2, 2), dtype=np.uint64), "DRAM")
+    with pytest.raises(nb.nixlInvalidParamError, match="tuple of 3"):
+        a.get_xfer_descs(rows, "DRAM")
+    # a failure part way registers nothing: the second range overlaps the first
+    with pytest.raises(nb.nixlBackendError, match="descriptor 1"):
+        a.register_memory([rows[0], (rows[0][0] + 4096, 8192, 0, "")], "DRAM")
+    assert str(rows[0][0]).encode() not in a.get_agent_metadata()
+
+
+def test_torch_tensors(agents):
+    torch = pytest.importorskip("torch")
+    a = agents()
+    t = torch.zeros(16, 256, dtype=torch.float16)
+    reg = a.register_memory(t)
+    assert reg[0][:3] == (t.data_ptr(), t.numel() * 2, 0)
+    with pytest.raises(nb.nixlInvalidParamError, match="not contiguous"):
+        a.get_reg_descs(t.t())
+    xfer = a.get_xfer_descs([t[0], t[1]])
+    assert xfer.descCount() == 2 and xfer.getType() == nb.DRAM_SEG
+
+
+# ---- metadata and errors ---------------------------------------------------
+
+def test_metadata_opens_no_connection_and_a_dead_peer_is_err(agents):
+    gone = agents("gone")
+    buf = np.zeros(4096, dtype=np.uint8)
+    gone.register_memory([(buf.ctypes.data, 4096, 0, "")], "DRAM")
+    md = gone.get_agent_metadata()
+    gone.close()  # its port refuses from now on
+    a = agents()
+    assert a.add_remote_agent(md) == "gone"  # loads without connecting
+    mine = np.zeros(4096, dtype=np.uint8)
+    a.register_memory([(mine.ctypes.data, 4096, 0, "")], "DRAM")
+    h = a.initialize_xfer("READ", a.get_xfer_descs([(mine.ctypes.data, 4096, 0)], "DRAM"),
+                          a.get_xfer_descs([(buf.ctypes.data, 4096, 0)], "DRAM"), "gone")
+    assert a.transfer(h) == "ERR"
+    err = a.get_xfer_error(h)
+    assert err.cause[0] in (ferry.ESOCKET, ferry.ECLOSED, ferry.EHANDSHAKE), err
+    assert "gone" in str(err)
+    a.release_xfer_handle(h)
+    a.remove_remote_agent("gone")
+    with pytest.raises(nb.nixlNotFoundError, match="unknown agent"):
+        a.prep_xfer_dlist("gone", [(buf.ctypes.data, 4096, 0)], "DRAM")
+    with pytest.raises(nb.nixlInvalidParamError, match="not an agent's metadata"):
+        a.add_remote_agent(b"garbage")
+
+
+# ---- two processes ---------------------------------------------------------
+
+def test_write_read_initialize_xfer(agents, peers):
+    peer = peers("--layers", 1, "--blocks", 8, "--block-bytes", 65536)
+    a = agents()
+    assert a.add_remote_agent(peer.metadata) == peer.name
+    base = peer.info["regions"][0]
+    src = np.random.default_rng(3).integers(0, 256, 8 * 65536, dtype=np.uint8)
+    back = np.zeros_like(src)
+    a.register_memory([(src.ctypes.data, src.nbytes, 0, ""),
+                       (back.ctypes.data, back.nbytes, 0, "")], "DRAM")
+    peer.cmd(cmd="prefill", req=1, blocks=8)  # the prefill holds every block for request 1
+    # WRITE the whole region in 8 descriptors, notifying "1:1": the prefill frees request 1
+    local = [(src.ctypes.data + i * 65536, 65536, 0) for i in range(8)]
+    remote = [(base + i * 65536, 65536, 0) for i in range(8)]
+    h = a.initialize_xfer("WRITE", a.get_xfer_descs(local, "DRAM"),
+                          a.get_xfer_descs(remote, "DRAM"), peer.name, b"1:1")
+    assert a.transfer(h) in ("PROC", "DONE")
+    assert wait_state(a, h) == "DONE"
+    a.release_xfer_handle(h)
+    for i in range(8):
+        assert np.array_equal(peer.block(0, i), src[i * 65536:(i + 1) * 65536])
+    h = a.initialize_xfer("READ", a.get_xfer_descs([(back.ctypes.data, back.nbytes, 0)], "DRAM"),
+                          a.get_xfer_descs([(base, back.nbytes, 0)], "DRAM"), peer.name)
+    assert a.transfer(h) in ("PROC", "DONE") and wait_state(a, h) == "DONE"
+    assert np.array_equal(back, src)
+    assert poll_until_freed(peer, {1}) == {1}  # the WRITE's notification, after its data
+
+
+def test_prepped_lists_numpy_indices_and_notifs(agents, peers):
+    peer = peers("--layers", 1, "--blocks", 32, "--block-bytes", 4096)
+    a = agents(capture_telemetry=True)
+    a.add_remote_agent(peer.metadata)
+    ids = peer.cmd(cmd="prefill", req=5, blocks=32)["block_ids"]
+    base = peer.info["regions"][0]
+    dst = np.zeros(32 * 4096, dtype=np.uint8)
+    a.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+    lh = a.prep_xfer_dlist("NIXL_INIT_AGENT",
+                           [(dst.ctypes.data + i * 4096, 4096, 0) for i in range(32)], "DRAM")
+    rh = a.prep_xfer_dlist(peer.name, np.array([(base + i * 4096, 4096, 0) for i in range(32)],
+                                               dtype=np.uint64), "DRAM")
+    # request 5's j-th block sits in prefill block ids[j]: read it into local block 31 - j
+    for li, ri in [(np.arange(16)[::-1] + 16, np.array(ids[:16], dtype=np.int32)),
+                   (list(range(15, -1, -1)), ids[16:])]:
+        h = a.make_prepped_xfer("READ", lh, li, rh, ri, b"")
+        assert a.transfer(h) in ("PROC", "DONE") and wait_state(a, h) == "DONE"
+        t = a.get_xfer_telemetry(h)
+        assert (t.totalBytes, t.descCount) == (16 * 4096, 16)
+        a.release_xfer_handle(h)
+    for j in range(32):
+        got = dst[(31 - j) * 4096:(32 - j) * 4096]
+        assert np.array_equal(got, kv_block(5, 0, j, 4096)), j
+    # a handle posts again once DONE; the notification arrives after the data
+    h = a.make_prepped_xfer("READ", lh, [0], rh, [ids[0]], b"5:2")
+    for _ in range(2):
+        assert a.transfer(h) in ("PROC", "DONE") and wait_state(a, h) == "DONE"
+    assert poll_until_freed(peer, {5}) == {5}
+    with pytest.raises(nb.nixlInvalidParamError, match=r"remote_indices\[0\] = 32"):
+        a.make_prepped_xfer("READ", lh, [0], rh, [32])
+    with pytest.raises(nb.nixlInvalidParamError, match="local list where a remote"):
+        a.make_prepped_xfer("READ", lh, [0], lh, [0])
+    with pytest.raises(nb.nixlInvalidParamError, match="READ"):
+        a.make_prepped_xfer("COPY", lh, [0], rh, [0])
+    with pytest.raises(nb.nixlNotFoundError, match="not inside agent prefill"):
+        a.prep_xfer_dlist(peer.name, [(base + 32 * 4096, 4096, 0)], "DRAM")
+    with pytest.raises(nb.nixlNotFoundError, match="registered memory"):
+        a.prep_xfer_dlist("", [(base, 4096, 0)], "DRAM")
+    # standalone notifications both ways
+    peer.cmd(cmd="add_remote", metadata=base64.b64encode(a.get_agent_metadata()).decode())
+    peer.cmd(cmd="send_notif", agent="decode", msg="hello")
+    deadline, got = time.monotonic() + 30, {}
+    while not got and time.monotonic() < deadline:
+        got = a.get_new_notifs()
+    assert got == {"prefill": [b"hello"]}
+    peer.cmd(cmd="send_notif", agent="decode", msg="req-9 done")
+    deadline = time.monotonic() + 30
+    while not a.check_remote_xfer_done("prefill", b"req-9") and time.monotonic() < deadline:
+        pass
+    assert a.notifs.get("prefill") == []
+    a.release_dlist_handle(lh)
+    a.release_dlist_handle(rh)
+
+
+def test_vllm_nixl_connector_replay(agents, peers):
+    """vLLM's NixlConnector, kv_buffer_device="cpu": both sides register one
+    descriptor per KV region; the decode prepares one descriptor per (region,
+    block) on each side (index region * num_blocks + block, each side with its
+    own num_blocks), READs each request's blocks by index with notif
+    b"<req>:<tp>", and the prefill frees (and overwrites) the blocks when the
+    notification arrives; freed blocks serve later requests."""
+    layers, bb, p_blocks, d_blocks, tp = 4, 2048, 48, 112, 1
+    peer = peers("--layers", layers, "--blocks", p_blocks, "--block-bytes", bb)
+    regions = 2 * layers
+    decode = agents("decode")
+    kv = [np.zeros(d_blocks * bb, dtype=np.uint8) for _ in range(regions)]
+    decode.register_memory(decode.get_reg_descs([(t.ctypes.data, t.nbytes, 0, "") for t in kv],
+                                                "DRAM"))
+    remote_name = decode.add_remote_agent(peer.metadata)  # from vLLM's side channel
+    local_descs = [(t.ctypes.data + b * bb, bb, 0) for t in kv for b in range(d_blocks)]
+    remote_descs = [(base + b * bb, bb, 0) for base in peer.info["regions"]
+                    for b in range(p_blocks)]
+    src_h = decode.prep_xfer_dlist("NIXL_INIT_AGENT", decode.get_xfer_descs(local_descs, "DRAM"))
+    dst_h = decode.prep_xfer_dlist(remote_name, decode.get_xfer_descs(remote_descs, "DRAM"))
+
+    def desc_ids(block_ids, num_blocks):
+        ids = np.asarray(block_ids, dtype=np.int64)
+        return (np.arange(regions, dtype=np.int64)[:, None] * num_blocks + ids[None, :]).ravel()
+
+    d_free = list(np.random.default_rng(11).permutation(d_blocks))
+    expected = {}  # decode block -> (req, j)
+    # 99 blocks in all: the decode (112) keeps each request's; the prefill (48) serves
+    # each round from blocks the previous rounds' notifications freed
+    rounds = [[(10, 5), (11, 17), (12, 1)], [(13, 20), (14, 9)], [(15, 24), (16, 23)]]
+    for reqs in rounds:
+        handles = {}
+        for req, n in reqs:
+            remote_ids = peer.cmd(cmd="prefill", req=req, blocks=n)["block_ids"]
+            local_ids, d_free[:] = d_free[:n], d_free[n:]
+            h = decode.make_prepped_xfer("READ", src_h, desc_ids(local_ids, d_blocks), dst_h,
+                                         desc_ids(remote_ids, p_blocks),
+                                         notif_msg=f"{req}:{tp}".encode())
+            assert decode.transfer(h) in ("PROC", "DONE")
+            handles[req] = (h, local_ids)
+        for req, (h, local_ids) in handles.items():
+            assert wait_state(decode, h) == "DONE", decode.get_xfer_error(h)
+            decode.release_xfer_handle(h)
+            for j, b in enumerate(local_ids):
+                expected[int(b)] = (req, j)
+        assert poll_until_freed(peer, set(handles)) == set(handles)
+        for r in range(regions):  # every byte of every block, received or not
+            for b in range(d_blocks):
+                got = kv[r][b * bb:(b + 1) * bb]
+                if b in expected:
+                    req, j = expected[b]
+                    assert np.array_equal(got, kv_block(req, r, j, bb))
+                else:
+                    assert not got.any()
+    assert peer.cmd(cmd="free_count")["free"] == p_blocks  # every prefill block came back
+    decode.release_dlist_handle(src_h)
+    decode.release_dlist_handle(dst_h)
+
+
+def test_peer_killed_mid_transfer_is_err(agents, peers):
+    """The prefill is stopped (SIGSTOP) so a READ is surely in progress, then
+    killed: the handle reads ERR within ferry's bound, with the cause."""
+    peer = peers("--layers", 1, "--blocks", 64, "--block-bytes", 1 << 20, "--transports", "tcp")
+    a = agents()
+    a.add_remote_agent(peer.metadata)
+    dst = np.zeros(64 << 20, dtype=np.uint8)
+    a.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+    base = peer.info["regions"][0]
+    lh = a.prep_xfer_dlist("", [(dst.ctypes.data, dst.nbytes, 0)], "DRAM")
+    rh = a.prep_xfer_dlist(peer.name, [(base, dst.nbytes, 0)], "DRAM")
+    h = a.make_prepped_xfer("READ", lh, [0], rh, [0])
+    assert a.transfer(h) in ("PROC", "DONE") and wait_state(a, h) == "DONE"  # connected
+    os.kill(peer.info["pid"], signal.SIGSTOP)
+    assert a.transfer(h) == "PROC"  # a stopped target cannot answer
+    assert a.check_xfer_state(h) == "PROC"
+    os.kill(peer.info["pid"], signal.SIGKILL)
+    peer.proc.wait(timeout=30)
+    assert wait_state(a, h, bound_s=90) == "ERR"
+    err = a.get_xfer_error(h)
+    assert err is not None and "prefill" in str(err) and err.cause[0] < 0
+    a.release_xfer_handle(h)
+
+
+def test_readme_nixl_example_runs(loopback, tmp_path):
+    from test_readme import python_blocks
+
+    (block,) = python_blocks("NIXL API")
+    calls = [ln for ln in block.splitlines() if ln and not ln.startswith(("import", "from"))]
+    assert len(calls) <= 16, calls  # the call shape stays short
+    script = tmp_path / "nixl_example.py"
+    script.write_text(block)
+    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "..", "python"))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
