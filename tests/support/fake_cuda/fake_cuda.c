@@ -469,21 +469,17 @@ static const struct {
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
 };
 
-static int error_index(CUresult error) {
+/* The error's name (text 0) or description (text 1). */
+static CUresult describe(CUresult error, const char **out, int text) {
   for (unsigned i = 0; i < sizeof errors / sizeof *errors; i++)
-    if (errors[i].code == error)
-      return (int)i;
-  return -1;
+    if (errors[i].code == error) {
+      *out = text ? errors[i].text : errors[i].name;
+      return CUDA_SUCCESS;
+    }
+  *out = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
 }
 
-CUresult cuGetErrorName(CUresult error, const char **name) {
-  int i = error_index(error);
-  *name = i < 0 ? NULL : errors[i].name;
-  return i < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
-}
+CUresult cuGetErrorName(CUresult error, const char **name) { return describe(error, name, 0); }
 
-CUresult cuGetErrorString(CUresult error, const char **text) {
-  int i = error_index(error);
-  *text = i < 0 ? NULL : errors[i].text;
-  return i < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
-}
+CUresult cuGetErrorString(CUresult error, const char **text) { return describe(error, text, 1); }
