@@ -405,21 +405,22 @@ CUresult cuEventRecord(CUevent event, CUstream stream) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuEventSynchronize(CUevent event) {
-  need_context("cuEventSynchronize");
+/* Waits for the event's last mark: runs its stream's queue up to it. */
+static void event_wait(const char *call, CUevent event) {
+  need_context(call);
   if (!event)
-    misuse("cuEventSynchronize", "no event");
+    misuse(call, "no event");
   if (event->stream)
     run_stream(event->stream, event);
+}
+
+CUresult cuEventSynchronize(CUevent event) {
+  event_wait("cuEventSynchronize", event);
   return CUDA_SUCCESS;
 }
 
 CUresult cuEventDestroy_v2(CUevent event) {
-  need_context("cuEventDestroy_v2");
-  if (!event)
-    misuse("cuEventDestroy_v2", "no event");
-  if (event->stream)
-    run_stream(event->stream, event);
+  event_wait("cuEventDestroy_v2", event);
   free(event);
   return CUDA_SUCCESS;
 }
