@@ -111,6 +111,47 @@ static ferry_status batch_new(ferry_engine *e, ferry_peer *peer, ferry_entry *en
   return FERRY_OK;
 }
 
+/* The first entry whose local memory the CPU cannot touch (device memory,
+ * memory/kind.h), *where saying where it lives; -1 when none. One relaxed
+ * load when no such memory is registered. */
+static long device_entry(ferry_engine *e, const ferry_entry *entries, size_t count,
+                         ferry_where *where) {
+  if (!ferry_registry_device_regions(e->registry))
+    return -1;
+  for (size_t i = 0; i < count; i++)
+    if (ferry_registry_where(e->registry, (uint64_t)(uintptr_t)entries[i].local, entries[i].length,
+                             where) &&
+        !where->cpu_access)
+      return (long)i;
+  return -1;
+}
+
+/* A batch with local device memory goes only over a transport that can
+ * carry it (carries_device_memory: tcp, staged): the peer's, or another
+ * usable toward it; else it is refused here, before any transport could
+ * touch the memory with the CPU. */
+static ferry_status place_device_memory(ferry_batch *b) {
+  ferry_where where;
+  long i = device_entry(b->engine, b->entries, b->count, &where);
+  if (i < 0)
+    return FERRY_OK;
+  const ferry_entry *en = &b->entries[i];
+  char place[64];
+  ferry_where_format(&where, place, sizeof place);
+  if (b->engine->cfg.staging == FERRY_STAGING_NEVER)
+    return ferry_fail(FERRY_EFAULT,
+                      "local buffer %p (+%zu bytes) is %s memory, which no transport can carry "
+                      "under FERRY_STAGING=never (tcp stages it under auto or always)",
+                      en->local, en->length, place);
+  b->needs |= FERRY_NEEDS_DEVICE_MEMORY;
+  if (ferry_peer_transport_for(b->peer, b->needs, &b->transport))
+    return FERRY_OK;
+  return ferry_fail(FERRY_EFAULT,
+                    "local buffer %p (+%zu bytes) is %s memory, which the %s transport cannot "
+                    "carry yet (tcp stages it; enable tcp toward %s)",
+                    en->local, en->length, place, b->transport->name, b->address);
+}
+
 /* Everything that can be refused before a byte moves is refused here, with
  * the reason: arguments, local and remote registration, reachability.
  * pool_writes: the batch carries a pool message (ferry_batch_run/start
@@ -136,11 +177,13 @@ static ferry_status batch_create(ferry_engine *e, const char *target, const ferr
   ferry_batch *b;
   if ((st = batch_new(e, peer, copy, count, total, notify, &b)) != FERRY_OK)
     return st;
-  b->pool_writes = pool_writes;
+  b->needs = pool_writes ? FERRY_NEEDS_POOL_WRITES : 0;
   st =
       ferry_peer_ensure_for(peer, entries, count, b->deadline_ns, &b->transport, &b->peer_instance);
   if (!st && pool_writes)
     st = ferry_peer_pool_transport(peer, &b->transport);
+  if (!st)
+    st = place_device_memory(b);
   if (!st)
     st = ferry_peer_check_remote(peer, entries, count, b->deadline_ns);
   if (st) {
@@ -162,7 +205,11 @@ ferry_status ferry_batch_checked(ferry_engine *e, ferry_peer *peer, ferry_entry 
     return st;
   b->transport = transport;
   b->peer_instance = instance;
-  ferry_stats_submitted(peer, transport, entries, count);
+  if ((st = place_device_memory(b)) != FERRY_OK) {
+    batch_destroy(b);
+    return st;
+  }
+  ferry_stats_submitted(peer, b->transport, entries, count);
   *out = b;
   return FERRY_OK;
 }

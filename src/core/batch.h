@@ -43,6 +43,10 @@ typedef struct ferry_retry {
 
 struct ferry_channel;
 
+/* ferry_batch.needs */
+#define FERRY_NEEDS_POOL_WRITES 1u   /* pool_writes_bounded (transport.h) */
+#define FERRY_NEEDS_DEVICE_MEMORY 2u /* carries_device_memory (transport.h) */
+
 struct ferry_batch {
   ferry_engine *engine;
   ferry_peer *peer;
@@ -57,10 +61,12 @@ struct ferry_batch {
   ferry_notification notify;
   int has_notify;
   ferry_after *after; /* ferry_batch_run only: NULL otherwise */
-  /* A pool message (it has an after-landed message): its WRITEs go only
-   * over transports whose target checks them against the sender's grants
-   * (ferry_peer_pool_transport). */
-  int pool_writes;
+  /* What the transports carrying it must be able to do (FERRY_NEEDS_*):
+   * a pool message (it has an after-landed message) goes only over those
+   * whose target checks WRITEs against the sender's grants, a batch with
+   * local device memory only over those that carry it; checkout and a
+   * chunk moved again keep to their rails (ferry_peer_transport_for). */
+  unsigned needs;
   int async; /* from ferry_batch_submit: a failure is counted when it ends */
 
   pthread_mutex_t lock;

@@ -739,35 +739,45 @@ static const ferry_transport *carrier_locked(const ferry_peer *p, unsigned exclu
   return t ? t : p->transport;
 }
 
-/* The rails a batch may not use (rail_choice.h): for a pool message's
- * (pool_writes), those of a transport whose target does not check WRITEs
- * into a pool against the writer's grants. */
-static unsigned excluded_rails(const ferry_peer *p, int pool_writes) {
+int ferry_transport_meets(const ferry_transport *t, unsigned needs) {
+  return (!(needs & FERRY_NEEDS_POOL_WRITES) || t->pool_writes_bounded) &&
+         (!(needs & FERRY_NEEDS_DEVICE_MEMORY) || t->carries_device_memory);
+}
+
+/* The rails a batch with these needs (batch.h) may not use (rail_choice.h):
+ * those of a transport that cannot do what it needs. */
+static unsigned excluded_rails(const ferry_peer *p, unsigned needs) {
   unsigned excluded = 0;
-  for (unsigned r = 0; pool_writes && r < p->rail_count; r++)
-    if (!p->rails[r].transport->pool_writes_bounded)
+  for (unsigned r = 0; needs && r < p->rail_count; r++)
+    if (!ferry_transport_meets(p->rails[r].transport, needs))
       excluded |= 1u << r;
   return excluded;
 }
 
-ferry_status ferry_peer_pool_transport(ferry_peer *p, const ferry_transport **out) {
+int ferry_peer_transport_for(ferry_peer *p, unsigned needs, const ferry_transport **out) {
   pthread_mutex_lock(&p->lock);
-  unsigned excluded = excluded_rails(p, 1);
+  unsigned excluded = excluded_rails(p, needs);
   const ferry_transport *t =
       p->rail_count < 2 ? *out
                         : ferry_rails_carrier(p->rails, p->rail_count, ferry_now_ns(), excluded);
   for (unsigned r = 0; !t && r < p->rail_count; r++) /* all out of use: checkout tries them */
     t = excluded & 1u << r ? NULL : p->rails[r].transport;
   pthread_mutex_unlock(&p->lock);
-  if (t && t->pool_writes_bounded) {
+  if (t && ferry_transport_meets(t, needs)) {
     *out = t;
-    return FERRY_OK;
+    return 1;
   }
+  return 0;
+}
+
+ferry_status ferry_peer_pool_transport(ferry_peer *p, const ferry_transport **out) {
+  if (ferry_peer_transport_for(p, FERRY_NEEDS_POOL_WRITES, out))
+    return FERRY_OK;
   return ferry_fail(FERRY_ETRANSPORT,
                     "send to a pool of %s: no transport between the two engines checks WRITEs "
                     "into a pool against the sender's grants (%s does not: its WRITEs are "
                     "one-sided); enable tcp or shm on both",
-                    p->address, t ? t->name : "none");
+                    p->address, (*out)->name);
 }
 
 /* An idle channel on `rail` (-1: on any usable rail of the carrier, none
@@ -839,7 +849,7 @@ static int link_failure(ferry_status st) { return st == FERRY_ESOCKET || st == F
 ferry_rails_left ferry_peer_rail_failed(ferry_peer *p, const ferry_batch *b, ferry_channel *ch) {
   pthread_mutex_lock(&p->lock);
   ferry_rails_left left = FERRY_RAILS_NONE;
-  unsigned excluded = excluded_rails(p, b->pool_writes);
+  unsigned excluded = excluded_rails(p, b->needs);
   if (p->rail_count >= 2 && !ferry_engine_closing(p->engine)) {
     if (ch->rail_generation == p->rails[ch->rail].generation) /* first to see it */
       rail_down_locked(p, ch->rail);
@@ -1024,7 +1034,7 @@ ferry_status ferry_peer_checkout(ferry_peer *p, ferry_batch *b, ferry_channel **
       st = FERRY_ENOTFOUND;
       break;
     }
-    unsigned excluded = excluded_rails(p, b->pool_writes);
+    unsigned excluded = excluded_rails(p, b->needs);
     int rail = pick_rail_locked(p, excluded);
     if (rail < 0)
       rail = untried_rail(p, tried | excluded);

@@ -121,12 +121,16 @@ typedef enum ferry_rails_left {
  * left up, the error detail becomes every rail's cause. */
 ferry_rails_left ferry_peer_rail_failed(ferry_peer *peer, const ferry_batch *batch,
                                         struct ferry_channel *channel);
-/* For a pool message's batch (pool_writes): *out (in: the transport
- * ferry_peer_ensure_for chose) becomes the one to carry it, the first
- * usable one toward the peer whose target checks WRITEs into a pool
- * against the writer's grants (pool_writes_bounded, transport.h); checkout
- * then uses only such rails. FERRY_ETRANSPORT naming the transport when
- * none reaches the peer. */
+/* Whether transport t can do what a batch needs (FERRY_NEEDS_*, batch.h). */
+int ferry_transport_meets(const struct ferry_transport *t, unsigned needs);
+/* For a batch with needs (FERRY_NEEDS_*, batch.h): nonzero when *out (in:
+ * the transport ferry_peer_ensure_for chose) became the one to carry it,
+ * the first usable one toward the peer that meets them; checkout then uses
+ * only such rails. Zero when none does (*out unchanged, for the message). */
+int ferry_peer_transport_for(ferry_peer *peer, unsigned needs, const struct ferry_transport **out);
+/* ferry_peer_transport_for a pool message's batch: FERRY_ETRANSPORT naming
+ * the transport when none that reaches the peer checks WRITEs into a pool
+ * against the writer's grants (pool_writes_bounded, transport.h). */
 ferry_status ferry_peer_pool_transport(ferry_peer *peer, const struct ferry_transport **out);
 /* Nonzero when another rail (of this transport or a standby one) is usable
  * now, so chunks lost on channel's rail could move there: a transport then

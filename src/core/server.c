@@ -370,11 +370,30 @@ static ferry_status drop_after_fault(server_conn *c, const ferry_frame_header *h
 
 /* ---- staging (memory/staging.h) ------------------------------------------ */
 
-/* Whether every range of a staged request is memory the CPU may touch. */
-static int cpu_reaches(const server_conn *c, const ferry_frame_header *h) {
+/* The first range of a planned request (ferry_stage_plan) that the CPU
+ * cannot touch, or -1. */
+static long device_range(const server_conn *c, const ferry_frame_header *h) {
   for (uint32_t i = 0; i < h->count; i++)
     if (!c->buffers->ranges[i].where.cpu_access)
-      return 0;
+      return (long)i;
+  return -1;
+}
+
+/* A request for device memory that will not be staged (FERRY_STAGING=never
+ * here) is refused before the memory is touched: a socket call given it
+ * fails, and a checksum would read it with the CPU. */
+static int unstaged_device(const server_conn *c, const ferry_frame_header *h, char *reason,
+                           size_t size) {
+  long i = device_range(c, h);
+  if (i < 0)
+    return 0;
+  char place[64];
+  ferry_where_format(&c->buffers->ranges[i].where, place, sizeof place);
+  snprintf(reason, size,
+           "0x%llx (+%llu bytes) at %s is %s memory, which it moves only through staging "
+           "(FERRY_STAGING=never there)",
+           (unsigned long long)c->segs[i].addr, (unsigned long long)c->segs[i].length,
+           c->engine->name, place);
   return 1;
 }
 
@@ -718,7 +737,9 @@ static ferry_status serve_memory(server_conn *c, const ferry_frame_header *h) {
    * that faults after the header cannot be answered (send_data then ends
    * the connection). Unchecked on kernels without PROCMAP_QUERY (6.11). */
   int stage = !verdict && staged(c, h);
-  if (!verdict && !write && (!stage || cpu_reaches(c, h)) &&
+  if (!verdict && !stage && unstaged_device(c, h, reason, sizeof reason))
+    verdict = FERRY_EFAULT;
+  if (!verdict && !write && (!stage || device_range(c, h) < 0) &&
       memory_problem(c, h, 1, reason, sizeof reason))
     verdict = FERRY_EFAULT;
   ferry_region fenced;

@@ -152,6 +152,13 @@ struct ferry_transport {
    * transport (ferry_peer_pool_transport), and a transport without it
    * registers pools for remote READ only (FERRY_REGISTER_POOL). */
   int pool_writes_bounded;
+  /* Nonzero when a batch's local buffers may be memory the CPU cannot
+   * touch (device memory, memory/kind.h): tcp moves it through the staging
+   * pipeline (staging.h), so not under FERRY_STAGING=never. Zero (shm,
+   * fabric for now): core never hands it such a batch, nor a chunk of one
+   * to move again on its rails (batch.c), since its copies or its
+   * provider's would touch the memory with the CPU. */
+  int carries_device_memory;
   /* Optional (NULL: none). Posts a batch's after-landed message to the
    * target incarnation `instance` on the transport's own path, called by
    * the batch once every chunk completed (all bytes in the target's

@@ -47,6 +47,9 @@ struct ferry_registry {
    * practice (a KV cache: one per tensor), so an insert's memmove is cheap. */
   registry_where *wheres;
   size_t where_count, where_capacity;
+  /* Of those, regions the CPU cannot touch (device memory): read without
+   * the lock, so that a batch pays nothing for them when there are none. */
+  size_t device_regions;
 };
 
 /* Holes are squeezed out once they outnumber the live regions (and are
@@ -196,6 +199,13 @@ static ferry_status reserve_wheres(ferry_registry *registry, const ferry_where *
   return FERRY_OK;
 }
 
+/* Counts a device region in (+1) or out (-1); others count nothing. */
+static void count_device_locked(ferry_registry *registry, const ferry_where *where, int sign) {
+  if (!where->cpu_access)
+    __atomic_store_n(&registry->device_regions, registry->device_regions + (size_t)(long)sign,
+                     __ATOMIC_RELAXED);
+}
+
 /* Records where the region starting at addr lives (room reserved). */
 static void note_where_locked(ferry_registry *registry, uint64_t addr, const ferry_where *where) {
   if (is_host(where))
@@ -205,8 +215,11 @@ static void note_where_locked(ferry_registry *registry, uint64_t addr, const fer
   if (at == registry->where_count || w[at].addr != addr) {
     memmove(&w[at + 1], &w[at], (registry->where_count - at) * sizeof *w);
     registry->where_count++;
+  } else {
+    count_device_locked(registry, &w[at].where, -1); /* the same region again */
   }
   w[at] = (registry_where){addr, *where};
+  count_device_locked(registry, where, 1);
 }
 
 static void forget_where_locked(ferry_registry *registry, uint64_t addr) {
@@ -214,6 +227,7 @@ static void forget_where_locked(ferry_registry *registry, uint64_t addr) {
   registry_where *w = registry->wheres;
   if (at == registry->where_count || w[at].addr != addr)
     return;
+  count_device_locked(registry, &w[at].where, -1);
   memmove(&w[at], &w[at + 1], (registry->where_count - at - 1) * sizeof *w);
   registry->where_count--;
 }
@@ -485,6 +499,10 @@ int ferry_registry_where(ferry_registry *registry, uint64_t addr, uint64_t lengt
   }
   pthread_rwlock_unlock(&registry->lock);
   return at >= 0;
+}
+
+size_t ferry_registry_device_regions(ferry_registry *registry) {
+  return registry ? __atomic_load_n(&registry->device_regions, __ATOMIC_RELAXED) : 0;
 }
 
 /* Appends r to a growing copy; 0 when out of memory. */

@@ -35,6 +35,11 @@ ferry_status ferry_registry_add_placed(ferry_registry *registry, const ferry_reg
  * *out then says where that region lives. */
 int ferry_registry_where(ferry_registry *registry, uint64_t addr, uint64_t length,
                          ferry_where *out);
+/* How many registered regions the CPU cannot touch (device memory; not
+ * pinned or managed memory). One relaxed load, no lock: 0 lets a caller
+ * skip looking for device memory; a region registered meanwhile is seen
+ * by the next call. */
+size_t ferry_registry_device_regions(ferry_registry *registry);
 /* Removes the region starting at addr; FERRY_ENOTREG if there is none. */
 ferry_status ferry_registry_remove(ferry_registry *registry, uint64_t addr);
 /* ferry_registry_remove that also hands back the region removed (out may be

@@ -633,7 +633,20 @@ static void op_failed(fabric_channel *ch, const struct fi_cq_err_entry *err) {
   op_done(ch, s);
 }
 
-/* Reads completions: how many, 0 for none, -1 when the CQ itself failed. */
+/* An error completion that names no operation (libfabric 1.17's shm
+ * provider reports an RMA its target refused so): which chunk failed is
+ * unknown, so the channel ends with every one in flight (-1 to reap). */
+static int unnamed_failure(fabric_channel *ch, const struct fi_cq_err_entry *err) {
+  int code = err->err < 0 ? -err->err : err->err;
+  ferry_fail(FERRY_ETRANSPORT,
+             "fabric transfer to %s: provider %s failed an operation without saying which "
+             "(%s, provider error %d): the channel's operations in flight are abandoned",
+             ch->address, ch->fabric->self.provider, fi_strerror(code), err->prov_errno);
+  return -1;
+}
+
+/* Reads completions: how many, 0 for none, -1 when the CQ itself failed
+ * or the channel cannot go on. */
 static int reap(fabric_channel *ch) {
   struct fi_cq_entry done[FABRIC_DEPTH];
   if (ch->sleep_word) /* the target lane serves only when awake */
@@ -650,6 +663,8 @@ static int reap(fabric_channel *ch) {
     return n > 0 ? (int)n : 0;
   struct fi_cq_err_entry err = {0};
   if (n == -FI_EAVAIL && fi_cq_readerr(ch->cq, &err, 0) == 1) {
+    if (!err.op_context)
+      return unnamed_failure(ch, &err);
     op_failed(ch, &err);
     return 1;
   }

@@ -134,12 +134,37 @@ static void registry_keeps_where_regions_live(void **state) {
   ferry_registry_destroy(r);
 }
 
+/* The count a batch reads to skip looking for device memory: device
+ * regions only (not pinned), each once however often registered. */
+static void registry_counts_device_regions(void **state) {
+  ferry_registry *r = ferry_registry_create();
+  assert_int_equal(ferry_registry_device_regions(r), 0);
+  ferry_region regions[] = {{0x10000, 0x1000}, {0x20000, 0x1000}, {0x30000, 0x1000}};
+  ferry_where wheres[] = {host, device1, pinned0};
+  assert_int_equal(ferry_registry_add_placed(r, regions, wheres, 3), FERRY_OK);
+  assert_int_equal(ferry_registry_device_regions(r), 1);
+  assert_int_equal(ferry_registry_add_placed(r, &regions[1], &device1, 1), FERRY_OK); /* again */
+  assert_int_equal(ferry_registry_device_regions(r), 1);
+  ferry_region clash[] = {{0x40000, 0x1000}, {0x30800, 0x1000}};
+  ferry_where two[] = {device1, device1};
+  assert_int_equal(ferry_registry_add_placed(r, clash, two, 2), FERRY_EOVERLAP);
+  assert_int_equal(ferry_registry_device_regions(r), 1);
+  assert_int_equal(ferry_registry_add_placed(r, clash, two, 1), FERRY_OK);
+  assert_int_equal(ferry_registry_device_regions(r), 2);
+  ferry_region gone[] = {{0x20000, 0}, {0x30000, 0}, {0x40000, 0}};
+  size_t taken;
+  assert_int_equal(ferry_registry_take_many(r, gone, 3, &taken), FERRY_OK);
+  assert_int_equal(ferry_registry_device_regions(r), 0);
+  ferry_registry_destroy(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(locations_parse),
       cmocka_unit_test(locations_are_checked_against_the_driver),
       cmocka_unit_test(unclaimed_memory_is_host_memory),
       cmocka_unit_test(registry_keeps_where_regions_live),
+      cmocka_unit_test(registry_counts_device_regions),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
