@@ -231,11 +231,26 @@ typedef struct peer {
   uint64_t host_addr, dev_addr;
 } peer;
 
+/* How this program starts itself as a target: /proc/self/exe, or, where
+ * run through a loader of its own (FERRY_GPU_LOADER: an ld.so, with
+ * FERRY_GPU_LIBRARY_PATH, as run-on-device.sh does on an older glibc),
+ * through that loader again; argv0 is then this program's path. */
+static const char *argv0;
+
 static void peer_start(peer *p, size_t len) {
   int to[2], from[2];
   char size[32], self[4096];
+  const char *loader = getenv("FERRY_GPU_LOADER");
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  char *argv[] = {self, "--target", size, NULL};
+  char *direct[] = {self, "--target", size, NULL};
+  char *loaded[] = {(char *)loader,
+                    "--library-path",
+                    getenv("FERRY_GPU_LIBRARY_PATH"),
+                    (char *)argv0,
+                    "--target",
+                    size,
+                    NULL};
+  char **argv = loader && *loader ? loaded : direct;
   posix_spawn_file_actions_t fa;
   char line[512];
   void *h, *d;
@@ -248,8 +263,8 @@ static void peer_start(peer *p, size_t len) {
   posix_spawn_file_actions_adddup2(&fa, from[1], 1);
   posix_spawn_file_actions_addclose(&fa, to[1]);
   posix_spawn_file_actions_addclose(&fa, from[0]);
-  if (posix_spawn(&p->pid, self, &fa, NULL, argv, environ))
-    die("posix_spawn %s failed", self);
+  if (posix_spawn(&p->pid, argv[0], &fa, NULL, argv, environ))
+    die("posix_spawn %s failed", argv[0]);
   posix_spawn_file_actions_destroy(&fa);
   close(to[0]);
   close(from[1]);
@@ -445,7 +460,7 @@ static void bench_rows(rig *r) {
       qsort(g[0], REPS, sizeof g[0][0], by_value);
       qsort(g[1], REPS, sizeof g[1][0], by_value);
       double ratio = g[1][REPS / 2] / g[0][REPS / 2];
-      printf("BENCH staged tcp %s %3zu MiB: cuda:0<->cuda:0 %.2f GB/s, host<->host %.2f GB/s, "
+      printf("BENCH tcp %s %3zu MiB: cuda:0->cuda:0 (staged) %.2f GB/s, host->host %.2f GB/s, "
              "ratio %.2fx (issue 30 asks >= 0.8x: %s)\n",
              op ? "WRITE" : "READ ", sizes[i] / MIB, g[1][REPS / 2], g[0][REPS / 2], ratio,
              ratio >= 0.8 ? "met" : "missed");
@@ -457,6 +472,7 @@ static void bench_rows(rig *r) {
 int main(int argc, char **argv) {
   char why[256];
   int bench = argc > 1 && !strcmp(argv[1], "--bench");
+  argv0 = argv[0];
   if (argc > 2 && !strcmp(argv[1], "--target"))
     return target_main(strtoull(argv[2], NULL, 10));
   /* Asked through ferry, as an application would; nothing of CUDA's is
