@@ -50,7 +50,6 @@ def pattern(n, seed):
 
 def first_bad(tensor, seed):
     """-1 when tensor (uint8, any device) holds pattern(seed), else the first wrong index."""
-    import torch
     diff = (tensor.to("cuda:0") != pattern(tensor.numel(), seed)).nonzero()
     return -1 if diff.numel() == 0 else int(diff[0])
 
@@ -63,11 +62,13 @@ def target_main():
     te = TransferEngine()
     if te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
         raise SystemExit("initialize failed: %s" % te.last_error())
-    # The caching allocator carves small tensors out of one larger block:
-    # before, the tensor, after, all in it. The tensor alone is registered.
-    before = torch.full((4099,), 0xAB, dtype=torch.uint8, device="cuda:0")
+    # The caching allocator carves tensors under 10 MiB out of 20 MiB
+    # segments: before, the tensor, after, one after the other in one
+    # segment, so the tensor starts 3 MiB into its cuMemAlloc block. The
+    # tensor alone is registered.
+    before = torch.full((3 * MIB + 5,), 0xAB, dtype=torch.uint8, device="cuda:0")
     inner = torch.zeros(MIB + 5, dtype=torch.uint8, device="cuda:0")
-    after = torch.full((4099,), 0xCD, dtype=torch.uint8, device="cuda:0")
+    after = torch.full((MIB + 5,), 0xCD, dtype=torch.uint8, device="cuda:0")
     # A prefill's buffer for an encoder's embedding.
     dst = torch.zeros(8 * MIB, dtype=torch.uint8, device="cuda:0")
     for t in (inner, dst):
@@ -76,6 +77,7 @@ def target_main():
     torch.cuda.synchronize()
     tensors = {"inner": inner, "dst": dst}
     print(json.dumps({"name": "127.0.0.1:%d" % te.get_rpc_port(),
+                      "inner_after_before": inner.data_ptr() - before.data_ptr(),
                       "inner": inner.data_ptr(), "inner_len": inner.numel(),
                       "dst": dst.data_ptr(), "dst_len": dst.numel()}), flush=True)
     for line in sys.stdin:
@@ -130,7 +132,8 @@ def case_offset_in_block(target, report):
     eng.write(target.info["name"], src.data_ptr(), target.info["inner"], n)
     report(target.ask("check", "inner", 11) == "ok",
            "WRITE from a view at offset 4099 of a cuda:0 block into a tensor inside a caching "
-           "allocator block, %d B (%.2f s)" % (n, time.monotonic() - t0))
+           "allocator block (%d B after the tensor before it), %d B (%.2f s)" % (
+               target.info["inner_after_before"], n, time.monotonic() - t0))
     target.ask("fill", "inner", 12)
     eng.read(target.info["name"], src.data_ptr(), target.info["inner"], n)
     torch.cuda.synchronize()
