@@ -11,7 +11,7 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 
 .PHONY: all deps build install demo check check-layers test test-asan test-tsan test-python \
-	test-fuzz test-examples bench-smoke format clean
+	test-fuzz test-examples bench-smoke python-ext format clean
 
 all: build
 
@@ -66,8 +66,11 @@ test-tsan: deps
 
 # Python tests; test_wheel.py builds the wheel offline and runs the quick start
 # from a fresh venv it was installed into (seconds).
-test-python: build
+# The CPython extension, built in place (python/ferry/_ferry*.so).
+python-ext: build
 	@$(PYTHON) setup.py -q build_ext --inplace >/dev/null
+
+test-python: python-ext
 	@FERRY_TOOL=$(CURDIR)/$(BUILD)/ferry $(PYTHON) -m pytest -q -rs tests/python
 	@# the drop-in's protocol="rdma" forced onto the fabric transport's tcp provider
 	@FERRY_TOOL=$(CURDIR)/$(BUILD)/ferry FERRY_TEST_PROTOCOL=rdma FERRY_TRANSPORTS=fabric,tcp \
@@ -79,7 +82,7 @@ test-fuzz: deps
 
 # bench/run end to end in its short form, so the benchmark keeps working;
 # figures come from a full `bench/run` (BENCHMARKS.md), never from here.
-bench-smoke: build
+bench-smoke: build python-ext
 	@./bench/run --quick >/dev/null
 
 # The examples, built with pkg-config and find_package against a temporary
