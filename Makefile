@@ -44,11 +44,13 @@ SHOW_SKIPS = grep -h '^ferry_run_test: skipped ' Testing/Temporary/LastTest.log 
 test: build
 	@cd $(BUILD) && { ctest --output-on-failure -j1; rc=$$?; $(SHOW_SKIPS); exit $$rc; }
 
-# AddressSanitizer + UBSan build of the whole C suite.
+# AddressSanitizer + UBSan build of the whole C suite (rxm's bounce buffers
+# as in test-tsan below: 2 KiB).
 test-asan: deps
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=address >/dev/null
 	@cmake --build $(BUILD)-asan -j$(JOBS)
 	@cd $(BUILD)-asan && { ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 FERRY_SOAK_SECONDS=30 \
+	  FI_OFI_RXM_BUFFER_SIZE=2048 \
 	  ctest --output-on-failure -j1 -L 'unit|threaded|soak|fuzz'; rc=$$?; $(SHOW_SKIPS); exit $$rc; }
 
 # ThreadSanitizer build of the threaded tests and the soak (not the
