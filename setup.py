@@ -8,7 +8,8 @@ ferry`, the `ferry` and `mooncake_http_metadata_server` commands and
 The extension compiles the binding, python/ferry/*.c (one file per concept;
 python/ferry/_ferry.h lists them), together with every libferry source
 (src/**/*.c), so it needs no separately installed libferry; it links
-libcrypto, libcurl, jansson and hiredis. The tool links the same objects with
+libcrypto and jansson, and loads libcurl, hiredis and libfabric when their
+feature is first used (src/base/library.h). The tool links the same objects with
 tools/*.c and libmicrohttpd.
 
   /usr/bin/python3 setup.py build_ext --inplace        # in-place, for tests
@@ -77,7 +78,7 @@ ferry_ext = Extension(
     depends=BINDING_HEADERS,
     include_dirs=["include", "src"],
     define_macros=[("_GNU_SOURCE", "1")],  # as the CMake build
-    libraries=["crypto", "curl", "jansson", "hiredis", "fabric", "pthread"],
+    libraries=["crypto", "jansson", "pthread", "dl"],
     extra_compile_args=["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
 )
 

@@ -92,6 +92,11 @@ static void show_rdma(void) {
 /* Each libfabric provider ferry drives: whether it offers RMA here, on
  * which domains. One that is missing is no failure: ferry falls back. */
 static void show_fabric(void) {
+  char why[512];
+  if (!ferry_fabric_library_load(why, sizeof why)) {
+    line("INFO", "fabric", why);
+    return;
+  }
   for (size_t i = 0; ferry_fabric_providers[i]; i++) {
     char what[64], detail[512];
     snprintf(what, sizeof what, "fabric %s", ferry_fabric_providers[i]);
@@ -169,6 +174,8 @@ static void show_transports(void) {
     ferry_status st = selftest(all[i], detail, sizeof detail);
     if (st == FERRY_ETRANSPORT && strstr(detail, "built in"))
       line("INFO", what, "not built into this library");
+    else if (st == FERRY_ETRANSPORT && strstr(detail, "cannot be loaded on this host"))
+      line("INFO", what, "would not be used: libfabric cannot be loaded (see \"fabric\" above)");
     else if (st == FERRY_ETRANSPORT && strstr(detail, "fabric transport unavailable"))
       line("INFO", what, /* automatic choice found no RDMA device: engines fall back */
            "would not be used: no RDMA device (fi_getinfo finds no verbs or efa); engines use "

@@ -1,24 +1,32 @@
 """ferry._runtime - the shared libraries a built ferry (wheel or install)
 needs at run time, and the message of an import that failed for want of one.
 
-The extension links each library by its soname (the wheel bundles none of
-them), so a host without one cannot load ``ferry._ferry`` at all: the
-loader's "libX.so.N: cannot open shared object file" becomes an ImportError
-that names the Debian package to install and the feature the library serves.
-README.md's "Runtime libraries" table lists the same (a test compares both
-with the wheel's binaries).
+The extension links the libraries every engine needs by soname (the wheel
+bundles none of them), so a host without one cannot load ``ferry._ferry``
+at all: the loader's "libX.so.N: cannot open shared object file" becomes an
+ImportError that names the Debian package to install and the feature the
+library serves. The libraries of one feature each are loaded when that
+feature is first used (libferry's src/base/library.h): without one, ferry
+imports and everything else works, and using the feature fails (or, for
+the fabric transport, falls back) with the same kind of message.
+README.md's "Runtime libraries" table lists both (a test compares it with
+the wheel's binaries).
 """
 
 import re
 
-# soname -> (Debian 12 package, what ferry uses it for)
+# Linked: soname -> (Debian 12 package, what ferry uses it for)
 RUNTIME_LIBRARIES = {
     "libcrypto.so.3": ("libssl3", "the shared-secret handshake and frame sealing"),
-    "libcurl.so.4": ("libcurl4", "the http and etcd metadata stores"),
     "libjansson.so.4": ("libjansson4", "segment descriptors of every metadata store"),
+    "libmicrohttpd.so.12": ("libmicrohttpd12", "the ferry tool's metadata-server (tool only)"),
+}
+
+# Loaded when their feature is first used: soname -> (package, feature)
+FEATURE_LIBRARIES = {
+    "libcurl.so.4": ("libcurl4", "the http and etcd metadata stores"),
     "libhiredis.so.0.14": ("libhiredis0.14", "the redis metadata store"),
     "libfabric.so.1": ("libfabric1", "the fabric transport (protocol rdma, efa)"),
-    "libmicrohttpd.so.12": ("libmicrohttpd12", "the ferry tool's metadata-server (tool only)"),
 }
 
 _MISSING = re.compile(r"(\S+\.so[.\d]*): cannot open shared object file")
@@ -38,7 +46,7 @@ def missing_library_error(err):
     install = ("apt-get install %s" % package if package else
                "install the package that provides %s" % soname)
     return ImportError(
-        "ferry cannot load its C extension: %s is missing on this host (used for %s; this "
-        "build links it, so every feature needs it). Fix: %s, or build the wheel on a host "
+        "ferry cannot load its C extension: %s is missing on this host (used for %s; "
+        "ferry links it, so nothing runs without it). Fix: %s, or build the wheel on a host "
         "like this one. README.md, 'Runtime libraries', lists each library ferry needs."
         % (soname, feature, install), name=err.name, path=err.path)

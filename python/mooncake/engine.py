@@ -77,6 +77,7 @@ _P2PHANDSHAKE = "P2PHANDSHAKE"
 _ERRORS_DOC = "docs/errors.md"
 _START_FAILED = re.compile(r"^engine start failed: ")  # libferry's step, not the cause
 _RDMA_SYSFS = "/sys/class/infiniband"  # where RDMA devices are listed
+_NO_LIBRARY = "which cannot be loaded on this host"  # libferry: libfabric is missing
 _STRERROR = re.compile(r" \(docs/errors\.md#[^)]*\)$")  # the pointer, given once below
 _CODE_NAMES = {getattr(ferry, n): n for n in ferry.__all__
                if n.startswith("E") and isinstance(getattr(ferry, n), int)}
@@ -684,7 +685,8 @@ def _fabric_kwargs(proto, device_name, kwargs):
 def _no_rdma_device(err):
     """libferry's refusal of a fabric provider that has no device here."""
     return err.code == ferry.ETRANSPORT and ("no such provider or device here" in err.detail
-                                            or "its devices: none" in err.detail)
+                                            or "its devices: none" in err.detail
+                                            or _NO_LIBRARY in err.detail)
 
 
 def _allowed_transports():
@@ -697,10 +699,11 @@ def _warn_no_device(protocol, reason):
     """The one WARNING of an "rdma"/"efa" engine that fell back: no such device."""
     reason = _START_FAILED.sub("", reason)
     names = [n for n in ("tcp", "shm") if _allowed_transports() & ferry.transport_parse(n)]
-    logger.warning("protocol %r: no %s device here (%s); using %s; pass protocol 'tcp' to "
-                   "choose this (see %s#warnings-that-are-not-errors)", protocol,
-                   "EFA" if protocol.strip().lower() == "efa" else "RDMA", reason,
-                   "/".join(names), _ERRORS_DOC)
+    what = ("ferry's fabric transport is not available" if _NO_LIBRARY in reason else
+            "no %s device here" % ("EFA" if protocol.strip().lower() == "efa" else "RDMA"))
+    logger.warning("protocol %r: %s (%s); using %s; pass protocol 'tcp' to choose this (see "
+                   "%s#warnings-that-are-not-errors)", protocol, what, reason, "/".join(names),
+                   _ERRORS_DOC)
 
 
 def _rdma_devices():

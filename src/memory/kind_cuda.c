@@ -9,13 +9,13 @@
  * context current, and an application thread's own stays as it was. A
  * primary context, once retained, stays retained for the process: releasing
  * it could destroy it under the application. */
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
+#include "base/library.h"
 #include "base/log.h"
 #include "memory/cuda_driver.h"
 #include "memory/kind.h"
@@ -25,19 +25,13 @@
 
 static ferry_cuda_api cu;
 static int cuda_loaded;
-static char cuda_missing[256]; /* why not, when not loaded */
+static char cuda_missing[448]; /* why not, when not loaded */
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext contexts[CUDA_MAX_DEVICES]; /* retained primary contexts */
 
-typedef struct cuda_symbol {
-  const char *name;
-  size_t offset; /* in ferry_cuda_api */
-} cuda_symbol;
-
-#define SYMBOL(field, name)                                                                        \
-  { name, offsetof(ferry_cuda_api, field) }
-static const cuda_symbol symbols[] = {
+#define SYMBOL(field, name) FERRY_LIBRARY_SYMBOL(ferry_cuda_api, field, name, NULL)
+static const ferry_library_symbol symbols[] = {
     SYMBOL(Init, "cuInit"),
     SYMBOL(DeviceGetCount, "cuDeviceGetCount"),
     SYMBOL(DeviceGet, "cuDeviceGet"),
@@ -80,21 +74,12 @@ static ferry_status cuda_fail(CUresult r, const char *call, int device) {
   return ferry_fail(FERRY_EFAULT, "%s failed: %s", call, text);
 }
 
+static ferry_library cuda_library = FERRY_LIBRARY(CUDA_LIBRARY, NULL, "GPU memory", symbols, cu);
+
 static void cuda_load(void) {
-  void *lib = dlopen(CUDA_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    snprintf(cuda_missing, sizeof cuda_missing, "dlopen(\"%s\") failed: %s", CUDA_LIBRARY,
-             dlerror());
+  if (ferry_library_load(&cuda_library) != FERRY_OK) {
+    snprintf(cuda_missing, sizeof cuda_missing, "%s: %s", CUDA_LIBRARY, cuda_library.missing);
     return;
-  }
-  for (size_t i = 0; i < sizeof symbols / sizeof *symbols; i++) {
-    void *fn = dlsym(lib, symbols[i].name);
-    if (!fn) {
-      snprintf(cuda_missing, sizeof cuda_missing, "%s has no %s: a driver too old", CUDA_LIBRARY,
-               symbols[i].name);
-      return;
-    }
-    memcpy((char *)&cu + symbols[i].offset, &fn, sizeof fn);
   }
   int count = 0;
   CUresult r = cu.Init(0);
@@ -107,7 +92,7 @@ static void cuda_load(void) {
     return;
   }
   FERRY_INFO("CUDA driver loaded (%s): %d device%s", CUDA_LIBRARY, count, count == 1 ? "" : "s");
-  cuda_loaded = 1; /* the library stays loaded for the process */
+  cuda_loaded = 1;
 }
 
 static int cuda_available(char *why, size_t size) {

@@ -87,7 +87,7 @@ static ferry_status call_member(etcd_store *s, int i, const char *path, const ch
   *retry = 0;
   if (rc != CURLE_OK) {
     *retry = 1;
-    st = ferry_fail(FERRY_EMETADATA, "metadata %s (%s): %s", s->url, url, curl_easy_strerror(rc));
+    st = ferry_fail(FERRY_EMETADATA, "metadata %s (%s): %s", s->url, url, ferry_httpc_strerror(rc));
   } else if (r.code >= 500) {
     *retry = 1;
     st = ferry_fail(FERRY_EMETADATA, "metadata %s (%s): HTTP %ld %s", s->url, url, r.code,

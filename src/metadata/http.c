@@ -21,7 +21,7 @@ typedef struct http_store {
 
 /* "<url>?key=<escaped>[&ttl=MS]", '&' first when url already has a query. */
 static char *request_url(http_store *s, const char *key, uint32_t ttl_ms) {
-  char *escaped = curl_easy_escape(NULL, key, 0);
+  char *escaped = ferry_httpc_escape(key);
   if (!escaped)
     return NULL;
   char sep = strchr(s->url, '?') ? '&' : '?';
@@ -31,7 +31,7 @@ static char *request_url(http_store *s, const char *key, uint32_t ttl_ms) {
     snprintf(full, n, "%s%ckey=%s&ttl=%u", s->url, sep, escaped, ttl_ms);
   else if (full)
     snprintf(full, n, "%s%ckey=%s", s->url, sep, escaped);
-  curl_free(escaped);
+  free(escaped);
   return full;
 }
 
@@ -43,7 +43,7 @@ static ferry_status outcome(const char *method, const char *url, const char *key
       return ferry_fail(FERRY_EMETADATA, "metadata %s %s failed: reply larger than %u MiB", method,
                         url, ferry_httpc_max_reply_mib());
     return ferry_fail(FERRY_EMETADATA, "metadata %s %s failed: %s", method, url,
-                      curl_easy_strerror(rc));
+                      ferry_httpc_strerror(rc));
   }
   if (r->code >= 200 && r->code < 300)
     return FERRY_OK;

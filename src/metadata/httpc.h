@@ -18,7 +18,8 @@ typedef struct ferry_http_reply {
   long code; /* HTTP status, 0 when no answer came */
 } ferry_http_reply;
 
-/* Runs curl_global_init once; FERRY_OK or FERRY_EMETADATA naming url. */
+/* Loads libcurl and runs curl_global_init, once; FERRY_OK, FERRY_ENOTIMPL
+ * (no libcurl here) or FERRY_EMETADATA naming url. Before any call below. */
 ferry_status ferry_httpc_global_init(const char *url);
 /* connect_ms bounds connecting, total_ms the whole request. NULL: no memory. */
 ferry_httpc *ferry_httpc_create(long connect_ms, long total_ms);
@@ -27,6 +28,10 @@ void ferry_httpc_destroy(ferry_httpc *h);
  * filled even on failure; the caller frees r->data. */
 CURLcode ferry_httpc_perform(ferry_httpc *h, const char *method, const char *url, const char *body,
                              const char *content_type, ferry_http_reply *r);
+/* curl_easy_strerror. */
+const char *ferry_httpc_strerror(CURLcode rc);
+/* text URL-escaped, malloc'd; NULL: no memory. */
+char *ferry_httpc_escape(const char *text);
 /* The largest reply body accepted, in MiB (for messages). */
 unsigned ferry_httpc_max_reply_mib(void);
 

@@ -10,7 +10,10 @@
  * One connection under a mutex: metadata calls are few and on the control
  * path. A broken connection (the server restarted) is dropped and the call
  * retried once on a fresh one, so a store that comes back is used again
- * without restarting the engine. */
+ * without restarting the engine.
+ *
+ * hiredis is loaded when the first redis store opens (base/library.h), so
+ * a host without it keeps every other feature. */
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -20,8 +23,35 @@
 
 #include "backend.h"
 #include "base/error.h"
+#include "base/library.h"
 
 #define DEFAULT_PORT 6379
+#define STRINGIFY(x) #x
+#define TEXT(x) STRINGIFY(x)
+
+/* The hiredis calls ferry makes, typed by hiredis's own header. */
+static struct {
+  __typeof__(redisConnectWithTimeout) *ConnectWithTimeout;
+  __typeof__(redisSetTimeout) *SetTimeout;
+  __typeof__(redisCommandArgv) *CommandArgv;
+  __typeof__(freeReplyObject) *FreeReplyObject;
+  __typeof__(redisFree) *Free;
+} hiredis;
+
+#define SYMBOL(field, name) FERRY_LIBRARY_SYMBOL(__typeof__(hiredis), field, name, NULL)
+static const ferry_library_symbol hiredis_symbols[] = {
+    SYMBOL(ConnectWithTimeout, "redisConnectWithTimeout"),
+    SYMBOL(SetTimeout, "redisSetTimeout"),
+    SYMBOL(CommandArgv, "redisCommandArgv"),
+    SYMBOL(FreeReplyObject, "freeReplyObject"),
+    SYMBOL(Free, "redisFree"),
+};
+
+/* The soname and Debian package follow the headers built against:
+ * libhiredis.so.0.14 in libhiredis0.14 on Debian 12. */
+static ferry_library hiredis_library =
+    FERRY_LIBRARY("libhiredis.so." TEXT(HIREDIS_SONAME), "libhiredis" TEXT(HIREDIS_SONAME),
+                  "the redis metadata store (redis:// URLs)", hiredis_symbols, hiredis);
 
 typedef struct redis_store {
   char url[512]; /* redacted, for messages */
@@ -135,13 +165,13 @@ static ferry_status command(redis_store *s, const char *step, int argc, const ch
   size_t lens[6];
   for (int i = 0; i < argc; i++)
     lens[i] = strlen(argv[i]);
-  redisReply *r = redisCommandArgv(s->ctx, argc, argv, lens);
+  redisReply *r = hiredis.CommandArgv(s->ctx, argc, argv, lens);
   if (!r)
     return ferry_fail(FERRY_EMETADATA, "metadata %s %s failed: %s", step, s->url,
                       s->ctx->errstr[0] ? s->ctx->errstr : "connection lost");
   if (r->type == REDIS_REPLY_ERROR) {
     ferry_status st = reply_error(s, step, r);
-    freeReplyObject(r);
+    hiredis.FreeReplyObject(r);
     return st;
   }
   *out = r;
@@ -151,20 +181,20 @@ static ferry_status command(redis_store *s, const char *step, int argc, const ch
 static ferry_status simple(redis_store *s, const char *step, int argc, const char **argv) {
   redisReply *r = NULL;
   ferry_status st = command(s, step, argc, argv, &r);
-  freeReplyObject(r);
+  hiredis.FreeReplyObject(r);
   return st;
 }
 
 /* Connects, authenticates and selects the db; called with the lock. */
 static ferry_status connect_store(redis_store *s) {
-  s->ctx = redisConnectWithTimeout(s->host, s->port, s->connect_tv);
+  s->ctx = hiredis.ConnectWithTimeout(s->host, s->port, s->connect_tv);
   ferry_status st = FERRY_OK;
   if (!s->ctx)
     st = ferry_fail(FERRY_ENOMEM, "metadata store %s: out of memory", s->url);
   else if (s->ctx->err)
     st = ferry_fail(FERRY_EMETADATA, "metadata store %s: cannot connect: %s", s->url,
                     s->ctx->errstr);
-  else if (redisSetTimeout(s->ctx, s->command_tv) != REDIS_OK)
+  else if (hiredis.SetTimeout(s->ctx, s->command_tv) != REDIS_OK)
     st = ferry_fail(FERRY_EMETADATA, "metadata store %s: cannot set a timeout", s->url);
   if (st == FERRY_OK && s->password) {
     const char *auth[] = {"AUTH", s->user ? s->user : s->password, s->password};
@@ -177,7 +207,7 @@ static ferry_status connect_store(redis_store *s) {
     st = simple(s, "SELECT", 2, select);
   }
   if (st != FERRY_OK && s->ctx) {
-    redisFree(s->ctx);
+    hiredis.Free(s->ctx);
     s->ctx = NULL;
   }
   return st;
@@ -196,7 +226,7 @@ static ferry_status run(redis_store *s, const char *step, int argc, const char *
     st = command(s, step, argc, argv, out);
     if (st == FERRY_OK || !s->ctx->err)
       break; /* done, or an answer that was an error: the link is fine */
-    redisFree(s->ctx);
+    hiredis.Free(s->ctx);
     s->ctx = NULL;
     if (fresh)
       break;
@@ -211,7 +241,7 @@ static ferry_status redis_put(void *state, const char *key, const char *value, u
   const char *argv[] = {"SET", key, value, "PX", ttl};
   redisReply *r = NULL;
   ferry_status st = run(state, "SET", ttl_ms ? 5 : 3, argv, &r);
-  freeReplyObject(r);
+  hiredis.FreeReplyObject(r);
   return st;
 }
 
@@ -228,7 +258,7 @@ static ferry_status redis_get(void *state, const char *key, char **value) {
     st = ferry_fail(FERRY_EJSON, "metadata key \"%s\" at %s: not a string value", key, s->url);
   else if (!(*value = strndup(r->str, r->len)))
     st = ferry_fail(FERRY_ENOMEM, "metadata GET %s: out of memory", key);
-  freeReplyObject(r);
+  hiredis.FreeReplyObject(r);
   return st;
 }
 
@@ -239,14 +269,14 @@ static ferry_status redis_del(void *state, const char *key) {
   ferry_status st = run(s, "DEL", 2, argv, &r);
   if (st == FERRY_OK && r->type == REDIS_REPLY_INTEGER && r->integer == 0)
     st = ferry_fail(FERRY_ENOTFOUND, "metadata key \"%s\" not found (DEL %s)", key, s->url);
-  freeReplyObject(r);
+  hiredis.FreeReplyObject(r);
   return st;
 }
 
 static void redis_close(void *state) {
   redis_store *s = state;
   if (s->ctx)
-    redisFree(s->ctx);
+    hiredis.Free(s->ctx);
   pthread_mutex_destroy(&s->lock);
   free(s->user);
   free(s->password);
@@ -263,6 +293,9 @@ static const ferry_metadata_ops redis_ops = {
 
 ferry_status ferry_metadata_redis_open(const char *url, const ferry_metadata_options *opt,
                                        const ferry_metadata_ops **ops, void **state) {
+  ferry_status st = ferry_library_load(&hiredis_library);
+  if (st != FERRY_OK)
+    return st;
   redis_store *s = calloc(1, sizeof *s);
   if (!s)
     return ferry_fail(FERRY_ENOMEM, "metadata store: out of memory");
@@ -270,7 +303,7 @@ ferry_status ferry_metadata_redis_open(const char *url, const ferry_metadata_opt
   ferry_metadata_redact(url, s->url, sizeof s->url);
   s->connect_tv = tv_of_ms(opt->connect_timeout_ms);
   s->command_tv = tv_of_ms(opt->connect_timeout_ms + FERRY_METADATA_ANSWER_MS);
-  ferry_status st = parse_url(s, url);
+  st = parse_url(s, url);
   if (st == FERRY_OK) {
     pthread_mutex_lock(&s->lock);
     st = connect_store(s);

@@ -176,7 +176,7 @@ static int probe_address(ferry_fabric *f, const ferry_fabric_descriptor *d, char
   fi_addr_t probe;
   int rc = fi_av_open(f->domains[0].domain, &attr, &av, NULL);
   if (rc)
-    return snprintf(why, size, "fi_av_open for its address: %s", fi_strerror(-rc)), 0;
+    return snprintf(why, size, "fi_av_open for its address: %s", ferry_fi.strerror(-rc)), 0;
   int ok = fi_av_insert(av, d->addr, 1, &probe, 0, NULL) == 1;
   fi_close(&av->fid);
   if (!ok)
@@ -228,7 +228,7 @@ static ferry_status channel_step(fabric_channel *ch, const char *what, int rc) {
   if (rc == 0)
     return FERRY_OK;
   return ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: %s failed: %s", ch->address, what,
-                    fi_strerror(rc < 0 ? -rc : rc));
+                    ferry_fi.strerror(rc < 0 ? -rc : rc));
 }
 
 /* Makes the provider's close of an abandoned channel a reset. Its WRITEs
@@ -612,7 +612,7 @@ static void op_failed(fabric_channel *ch, const struct fi_cq_err_entry *err) {
   ferry_status st = cq_status(err);
   ferry_fail(st, "fabric %s of %llu bytes to %s failed: %s%s (provider %s: %s)",
              s->chunk.op == FERRY_OP_WRITE ? "WRITE" : "READ", (unsigned long long)s->chunk.bytes,
-             ch->address, fi_strerror(err->err),
+             ch->address, ferry_fi.strerror(err->err),
              st == FERRY_ENOTREG ? ": remote address not registered" : "",
              ch->fabric->self.provider, text ? text : "no detail");
   ch->base.broken = 1; /* the provider may have dropped the link: a fresh one next time */
@@ -641,7 +641,7 @@ static int unnamed_failure(fabric_channel *ch, const struct fi_cq_err_entry *err
   ferry_fail(FERRY_ETRANSPORT,
              "fabric transfer to %s: provider %s failed an operation without saying which "
              "(%s, provider error %d): the channel's operations in flight are abandoned",
-             ch->address, ch->fabric->self.provider, fi_strerror(code), err->prov_errno);
+             ch->address, ch->fabric->self.provider, ferry_fi.strerror(code), err->prov_errno);
   return -1;
 }
 
@@ -669,7 +669,7 @@ static int reap(fabric_channel *ch) {
     return 1;
   }
   ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: fi_cq_read: %s", ch->address,
-             fi_strerror((int)-n));
+             ferry_fi.strerror((int)-n));
   return -1;
 }
 
@@ -885,7 +885,8 @@ static ferry_status post_one(fabric_channel *ch, fabric_slot *s) {
     if (rc != -FI_EAGAIN) {
       ch->base.broken = 1;
       return ferry_fail(FERRY_ETRANSPORT, "fabric %s to %s: %s: %s", write ? "WRITE" : "READ",
-                        ch->address, write ? "fi_writemsg" : "fi_readmsg", fi_strerror((int)-rc));
+                        ch->address, write ? "fi_writemsg" : "fi_readmsg",
+                        ferry_fi.strerror((int)-rc));
     }
     if (reap(ch) < 0) {
       ch->base.broken = 1;

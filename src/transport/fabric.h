@@ -5,8 +5,9 @@
  * endpoints and progress threads, memory registrations and their keys) and the
  * descriptor the target publishes in its handshake facts; the key checks
  * libfabric fails, logged (fabric_log.c), and the receives that drop the
- * messages peers send to the target's endpoints (fabric_sink.c). The
- * initiator's channels are in fabric.c. */
+ * messages peers send to the target's endpoints (fabric_sink.c); libfabric
+ * itself, loaded at first use (fabric_library.c). The initiator's channels
+ * are in fabric.c. */
 #ifndef FERRY_FABRIC_H
 #define FERRY_FABRIC_H
 
@@ -17,6 +18,22 @@
 #include <sys/socket.h>
 
 #include "core/engine.h"
+
+/* The libfabric entry points ferry calls (fabric_library.c fills them). */
+typedef struct ferry_fabric_api {
+  __typeof__(fi_getinfo) *getinfo;
+  __typeof__(fi_dupinfo) *dupinfo;
+  __typeof__(fi_freeinfo) *freeinfo;
+  __typeof__(fi_fabric) *fabric;
+  __typeof__(fi_open) *open;
+  __typeof__(fi_strerror) *strerror;
+} ferry_fabric_api;
+extern ferry_fabric_api ferry_fi;
+
+/* Loads libfabric once; 1 when ferry_fi is filled, else 0 with why (the
+ * library, the feature and the package to install). Before any other call
+ * of this header, except from a path that already loaded it. */
+int ferry_fabric_library_load(char *why, size_t size);
 
 /* The providers ferry drives, RDMA hardware first: InfiniBand/RoCE, AWS
  * EFA, then the tcp and shm providers that run the same RMA path without
@@ -38,7 +55,8 @@ int ferry_fabric_missing_devices(const char *provider, const char *list, char *m
 
 /* fi_getinfo hints for RMA on an RDM endpoint of provider, with delivery
  * completion, every MR mode ferry honours (basic: FI_MR_BASIC, which needs
- * API 1.4, the strict verbs/efa set) and thread safety; NULL: no memory. */
+ * API 1.4, the strict verbs/efa set) and thread safety; NULL: no memory or
+ * no libfabric (loads it). */
 struct fi_info *ferry_fabric_hints(const char *provider, int basic);
 #define FERRY_FABRIC_API(basic) ((basic) ? FI_VERSION(1, 4) : FI_VERSION(1, 17))
 /* A provider over the host's IP stack (tcp, net): pinned to the engine's

@@ -92,7 +92,7 @@ static void log_line(const struct fi_provider *prov, enum fi_log_level level,
  * and puts ours in their place. 0 or a libfabric error. */
 static int import_log(void) {
   struct fid *opened;
-  int rc = fi_open(FERRY_FABRIC_API(0), "logging", NULL, 0, 0, &opened, NULL);
+  int rc = ferry_fi.open(FERRY_FABRIC_API(0), "logging", NULL, 0, 0, &opened, NULL);
   if (rc)
     return rc;
   if (!original.log)
@@ -112,7 +112,7 @@ void ferry_fabric_log_hold(void) {
     if (rc)
       FERRY_INFO("fabric: libfabric's log is not ferry's (%s): remote operations it refuses for "
                  "their key are not logged by ferry",
-                 fi_strerror(-rc));
+                 ferry_fi.strerror(-rc));
   }
   pthread_mutex_unlock(&hold_lock);
 }

@@ -20,7 +20,10 @@ const char *const ferry_fabric_providers[] = {"verbs;ofi_rxm", "efa", "tcp;ofi_r
   (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT)
 
 struct fi_info *ferry_fabric_hints(const char *provider, int basic) {
-  struct fi_info *hints = fi_allocinfo();
+  char why[8];
+  if (!ferry_fabric_library_load(why, sizeof why))
+    return NULL;
+  struct fi_info *hints = ferry_fi.dupinfo(NULL);
   if (!hints)
     return NULL;
   hints->caps = FI_RMA;
@@ -30,7 +33,7 @@ struct fi_info *ferry_fabric_hints(const char *provider, int basic) {
   hints->domain_attr->threading = FI_THREAD_SAFE;
   hints->fabric_attr->prov_name = strdup(provider);
   if (!hints->fabric_attr->prov_name) {
-    fi_freeinfo(hints);
+    ferry_fi.freeinfo(hints);
     return NULL;
   }
   return hints;
@@ -51,13 +54,15 @@ void ferry_fabric_domains(const struct fi_info *info, char *out, size_t size) {
 }
 
 int ferry_fabric_probe(const char *provider, char *out, size_t size) {
+  if (!ferry_fabric_library_load(out, size))
+    return 0;
   struct fi_info *hints = ferry_fabric_hints(provider, 0), *info = NULL;
   if (!hints)
     return snprintf(out, size, "no memory for fi_getinfo hints"), 0;
-  int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
-  fi_freeinfo(hints);
+  int rc = ferry_fi.getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
+  ferry_fi.freeinfo(hints);
   if (rc != 0)
-    return snprintf(out, size, "fi_getinfo(%s): %s%s", provider, fi_strerror(-rc),
+    return snprintf(out, size, "fi_getinfo(%s): %s%s", provider, ferry_fi.strerror(-rc),
                     rc == -FI_ENODATA ? " (no such device or provider here)" : ""),
            0;
   char domains[256];
@@ -65,22 +70,25 @@ int ferry_fabric_probe(const char *provider, char *out, size_t size) {
   snprintf(out, size, "RMA on %s; %s progress; MR modes 0x%x", domains,
            info->domain_attr->data_progress == FI_PROGRESS_AUTO ? "automatic" : "manual",
            (unsigned)info->domain_attr->mr_mode);
-  fi_freeinfo(info);
+  ferry_fi.freeinfo(info);
   return 1;
 }
 
 /* Appends the domain names provider offers (none when it has none). */
 static void add_domains(const char *provider, char *have, size_t size) {
+  char why[8];
+  if (!ferry_fabric_library_load(why, sizeof why))
+    return;
   struct fi_info *hints = ferry_fabric_hints(provider, 0), *info = NULL;
-  if (hints && fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info) == 0) {
+  if (hints && ferry_fi.getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info) == 0) {
     size_t used = strlen(have);
     if (used && used + 2 < size)
       strcat(have, ", ");
     used = strlen(have);
     ferry_fabric_domains(info, have + used, size - used);
   }
-  fi_freeinfo(hints);
-  fi_freeinfo(info);
+  ferry_fi.freeinfo(hints);
+  ferry_fi.freeinfo(info);
 }
 
 /* Whether name is one of the ", "-separated names in list. */

@@ -133,12 +133,12 @@ static int query(const ferry_config *cfg, const char *provider, const char *devi
     return -FI_ENOMEM;
   hints->caps |= extra_caps;
   if (device && !(hints->domain_attr->name = strdup(device))) {
-    fi_freeinfo(hints);
+    ferry_fi.freeinfo(hints);
     return -FI_ENOMEM;
   }
-  int rc = fi_getinfo(FERRY_FABRIC_API(cfg->fabric_mr_basic), node, NULL, node ? FI_SOURCE : 0,
-                      hints, out);
-  fi_freeinfo(hints);
+  int rc = ferry_fi.getinfo(FERRY_FABRIC_API(cfg->fabric_mr_basic), node, NULL,
+                            node ? FI_SOURCE : 0, hints, out);
+  ferry_fi.freeinfo(hints);
   return rc;
 }
 
@@ -154,8 +154,8 @@ static int pick_device(const char *device, struct fi_info **info) {
     if (i->domain_attr->name && !strcmp(i->domain_attr->name, device) &&
         (!hit || (hit->addr_format != FI_SOCKADDR_IN && i->addr_format == FI_SOCKADDR_IN)))
       hit = i;
-  struct fi_info *one = hit ? fi_dupinfo(hit) : NULL;
-  fi_freeinfo(*info);
+  struct fi_info *one = hit ? ferry_fi.dupinfo(hit) : NULL;
+  ferry_fi.freeinfo(*info);
   *info = one;
   return one ? 0 : hit ? -FI_ENOMEM : -FI_ENODATA;
 }
@@ -176,7 +176,7 @@ static int provider_info(ferry_engine *e, const char *provider, const char *devi
     uint64_t caps = wanted[i];
     rc = query(&e->cfg, provider, device, caps, NULL, out);
     if (rc == 0 && pin && ferry_fabric_is_host_ip(*out)) {
-      fi_freeinfo(*out);
+      ferry_fi.freeinfo(*out);
       *out = NULL;
       *node = host;
       rc = query(&e->cfg, provider, device, caps, host, out);
@@ -195,13 +195,13 @@ static ferry_status provider_failed(ferry_engine *e, const char *provider, const
     char names[256] = "none";
     if (query(&e->cfg, provider, NULL, 0, node, &all) == 0)
       ferry_fabric_domains(all, names, sizeof names);
-    fi_freeinfo(all);
+    ferry_fi.freeinfo(all);
     return ferry_fail(FERRY_ETRANSPORT,
                       "fabric device \"%s\" not found for provider %s; its devices: %s", device,
                       provider, names);
   }
   return ferry_fail(FERRY_ETRANSPORT, "fabric provider %s cannot start: fi_getinfo(%s%s): %s%s",
-                    provider, node ? "node " : "no node", node ? node : "", fi_strerror(-rc),
+                    provider, node ? "node " : "no node", node ? node : "", ferry_fi.strerror(-rc),
                     rc == -FI_ENODATA ? " (no such provider or device here)" : "");
 }
 
@@ -285,7 +285,7 @@ static int choose_provider(ferry_engine *e, ferry_fabric *f, const device_list *
       return provider_failed(e, rdma[i], failed, node, rc), -1;
     if (used < size)
       used += (size_t)snprintf(why + used, size - used, "%s fi_getinfo(%s) found none (%s)",
-                               i ? "," : "", rdma[i], fi_strerror(-rc));
+                               i ? "," : "", rdma[i], ferry_fi.strerror(-rc));
   }
   return 0;
 }
@@ -296,7 +296,7 @@ static ferry_status step(const ferry_fabric *f, const char *what, int rc) {
   if (rc == 0)
     return FERRY_OK;
   return ferry_fail(FERRY_ETRANSPORT, "fabric provider %s: %s failed: %s",
-                    f->info->fabric_attr->prov_name, what, fi_strerror(rc < 0 ? -rc : rc));
+                    f->info->fabric_attr->prov_name, what, ferry_fi.strerror(rc < 0 ? -rc : rc));
 }
 
 /* A CQ that sleeps on an fd where the provider has one, else a polled one
@@ -350,7 +350,8 @@ static ferry_status open_lane(ferry_fabric *f, ferry_fabric_domain *dom, ferry_f
 
 static ferry_status open_domain(ferry_fabric *f, ferry_fabric_domain *dom) {
   struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
-  ferry_status st = step(f, "fi_fabric", fi_fabric(dom->info->fabric_attr, &dom->fabric, NULL));
+  ferry_status st =
+      step(f, "fi_fabric", ferry_fi.fabric(dom->info->fabric_attr, &dom->fabric, NULL));
   if (!st)
     st = step(f, "fi_domain", fi_domain(dom->fabric, dom->info, &dom->domain, NULL));
   if (!st)
@@ -397,7 +398,7 @@ static void sink_took(ferry_fabric_lane *l, void *context, int err) {
   for (unsigned r = 0; l == &f->lanes[0] && r < FERRY_RAILS_MAX && !took; r++)
     took = ferry_fabric_sink_took(&f->rail_sinks[r], context, err);
   if (!took && err)
-    FERRY_DEBUG("fabric target CQ error: %s", fi_strerror(err));
+    FERRY_DEBUG("fabric target CQ error: %s", ferry_fi.strerror(err));
 }
 
 /* One read takes every sink receive that completed: rxm brings in up to
@@ -557,7 +558,7 @@ static void close_domain(ferry_fabric_domain *dom) {
   close_fids(dom->av ? &dom->av->fid : NULL, dom->domain ? &dom->domain->fid : NULL,
              dom->fabric ? &dom->fabric->fid : NULL);
   if (dom->info)
-    fi_freeinfo(dom->info);
+    ferry_fi.freeinfo(dom->info);
 }
 
 static void mr_close(const ferry_fabric *f, ferry_fabric_mr *m);
@@ -603,10 +604,10 @@ static struct fi_info *rail_info(const ferry_fabric *f, const char *host) {
     in6->sin6_family = AF_INET6;
     len = sizeof *in6;
   }
-  struct fi_info *one = len ? fi_dupinfo(f->info) : NULL;
+  struct fi_info *one = len ? ferry_fi.dupinfo(f->info) : NULL;
   void *addr = one ? malloc(len) : NULL;
   if (!addr) {
-    fi_freeinfo(one);
+    ferry_fi.freeinfo(one);
     return NULL;
   }
   memcpy(addr, &ss, len);
@@ -628,7 +629,7 @@ static ferry_status open_rail(ferry_fabric *f, unsigned r, const char *host) {
                       r, host, f->self.provider);
   struct fid_ep **ep = &f->rail_eps[r];
   ferry_status st = step(f, "fi_endpoint(rail)", fi_endpoint(f->domains[0].domain, info, ep, NULL));
-  fi_freeinfo(info);
+  ferry_fi.freeinfo(info);
   if (!st)
     st = step(f, "fi_ep_bind(rail av)", fi_ep_bind(*ep, &f->domains[0].av->fid, 0));
   if (!st)
@@ -823,6 +824,12 @@ static void warn_counted_keys(const ferry_fabric *f) {
 }
 
 ferry_status ferry_fabric_service_start(ferry_engine *e) {
+  char why[512];
+  if (!ferry_fabric_library_load(why, sizeof why))
+    return e->cfg.fabric_provider
+               ? ferry_fail(FERRY_ETRANSPORT, "fabric provider %s cannot start: %s",
+                            e->cfg.fabric_provider, why)
+               : transport_off(e, why);
   ferry_fabric *f = calloc(1, sizeof *f);
   if (!f)
     return ferry_fail(FERRY_ENOMEM, "no memory for the fabric transport");
@@ -835,7 +842,6 @@ ferry_status ferry_fabric_service_start(ferry_engine *e) {
   pthread_rwlock_init(&f->mr_lock, NULL);
   pthread_mutex_init(&f->quiesce_lock, NULL);
   pthread_cond_init(&f->quiesce_cond, NULL);
-  char why[512];
   device_list devs;
   ferry_status st = parse_devices(e->cfg.fabric_device, &devs);
   int chosen = st ? 0 : choose_provider(e, f, &devs, why, sizeof why);
@@ -1085,10 +1091,10 @@ static ferry_status mr_open(ferry_fabric *f, ferry_fabric_mr *m) {
     int rc = mr_open_in(f, d, m, key);
     if (rc) {
       mr_close(f, m);
-      return ferry_fail(FERRY_ETRANSPORT,
-                        "fabric: registering 0x%llx (+%llu bytes) with %s on device %s: %s",
-                        (unsigned long long)m->addr, (unsigned long long)m->length,
-                        f->self.provider, f->domains[d].info->domain_attr->name, fi_strerror(-rc));
+      return ferry_fail(
+          FERRY_ETRANSPORT, "fabric: registering 0x%llx (+%llu bytes) with %s on device %s: %s",
+          (unsigned long long)m->addr, (unsigned long long)m->length, f->self.provider,
+          f->domains[d].info->domain_attr->name, ferry_fi.strerror(-rc));
     }
   }
   return FERRY_OK;

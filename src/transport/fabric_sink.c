@@ -70,7 +70,7 @@ void ferry_fabric_sink_open(ferry_fabric *f, ferry_fabric_domain *dom, struct fi
   if (rc) {
     FERRY_WARN("fabric: no receive buffers for the target's endpoint (%s): messages peers send "
                "there queue in the provider",
-               fi_strerror(-rc));
+               ferry_fi.strerror(-rc));
     ferry_fabric_sink_close(s);
     return;
   }
@@ -89,7 +89,7 @@ int ferry_fabric_sink_took(ferry_fabric_sink *s, void *context, int err) {
   if (ferry_fabric_refusal_count(&s->fabric->messages, since, sizeof since))
     FERRY_WARN("fabric: a peer sent a %smessage to this target's endpoint (%s), where ferry's "
                "peers send none (it moves bytes with RMA): dropped; %s",
-               is_tagged(slot) ? "tagged " : "", err ? fi_strerror(err) : "received", since);
+               is_tagged(slot) ? "tagged " : "", err ? ferry_fi.strerror(err) : "received", since);
   return 1;
 }
 

@@ -55,11 +55,17 @@ find "$OUT/python" \( -name '*.c' -o -name '*.h' -o -name '*.so' -o -name __pyca
   -o -name ferry-tool \) -prune -exec rm -rf {} +
 gcc -shared -fPIC -O2 -g -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter \
   -Iinclude -Isrc -I"$PYINC" python/ferry/*.c "$BUILD/libferry.a" \
-  -lcrypto -lcurl -ljansson -lhiredis -lfabric -lpthread -o "$OUT/python/ferry/_ferry$SUFFIX" \
+  -lcrypto -ljansson -lpthread -ldl -o "$OUT/python/ferry/_ferry$SUFFIX" \
   -Wl,--disable-new-dtags,-rpath,'$ORIGIN/../../lib' # DT_RPATH: also for libcurl's own libraries
 cp "$BUILD/ferry" "$OUT/python/ferry/ferry-tool"
 
 ELVES=("$OUT/bin/ferry" "$OUT/bin/gpu_transfer" "$OUT/python/ferry/_ferry$SUFFIX")
+# What libferry loads when a feature is first used (src/base/library.h): no
+# NEEDED entry names them, so their own libraries are listed from them.
+FEATURE_LIBS=(libcurl.so.4 libhiredis.so.0.14 libfabric.so.1)
+for name in "${FEATURE_LIBS[@]}"; do ELVES+=("/usr/lib/x86_64-linux-gnu/$name"); done
+mkdir -p "$OUT/lib"
+for name in "${FEATURE_LIBS[@]}"; do cp -L "/usr/lib/x86_64-linux-gnu/$name" "$OUT/lib/$name"; done
 GLIBC_RE='^(ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\.6|libpthread\.so\.0|libdl\.so\.2|librt\.so\.1|libresolv\.so\.2|libutil\.so\.1|libanl\.so\.1|libmvec\.so\.1)$'
 # Every library the programs load, glibc's apart.
 ldd "${ELVES[@]}" | awk '/=> \//{print $1, $3} /^\t\/.*ld-linux/{print "ld-linux-x86-64.so.2", $1}' |
