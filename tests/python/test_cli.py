@@ -289,11 +289,14 @@ def test_bench_interrupted_prints_the_partial_result():
              "--duration", "600", "--json"], env=tool_env(), stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         err = LineReader(bench.stderr)
-        # The timed run has started once it says so: interrupt it then.
+        # Interrupt once a progress line shows bytes moved (every 5 s): on a
+        # busy machine the first transfers may not have finished when the
+        # timed run says it started.
         while True:
-            line = err.get(30)
-            assert line is not None, "bench never started its timed run"
-            if "running for 600 s" in line:
+            line = err.get(60)
+            assert line is not None, "bench printed no progress with bytes moved"
+            moved = re.search(r": \d+ s: (\d+) MB", line)
+            if moved and int(moved.group(1)) > 0:
                 break
         bench.send_signal(signal.SIGINT)
         assert bench.wait(timeout=30) == 130
