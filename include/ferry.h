@@ -48,6 +48,7 @@ typedef enum ferry_status {
   FERRY_EREMOTE = -20,     /* the target failed while serving the request */
   FERRY_EINPROGRESS = -21, /* batch still pending when the wait ended */
   FERRY_EFAULT = -22,      /* memory this process cannot read and write (unmapped, PROT_NONE) */
+  FERRY_ECANCELED = -23,   /* the caller cancelled the batch (ferry_batch_cancel) */
 } ferry_status;
 
 /* Static description of a code and where docs/errors.md explains it (its
@@ -468,6 +469,15 @@ ferry_batch_state ferry_batch_status(ferry_batch *batch, ferry_status *error);
  * bounded by connect_timeout_ms), and is DONE once the target acknowledged
  * it: a batch never reads TIMEDOUT after its notification was delivered. */
 ferry_status ferry_batch_wait(ferry_batch *batch, int64_t timeout_ms);
+/* Cancels a pending batch: no part of it that has not started will start,
+ * and its notification is not sent. Parts already in flight end as they
+ * would have (by the batch's deadline); the batch then reads FAILED with
+ * FERRY_ECANCELED. What they wrote may have landed: the target's ranges
+ * are undefined, as after any failed WRITE. Returns at once: FERRY_OK, or
+ * FERRY_EBUSY for a batch that already ended or whose data all landed (its
+ * notification being sent), which ends as it would have. Wait or free then
+ * waits for the parts in flight. Safe beside status and wait calls. */
+ferry_status ferry_batch_cancel(ferry_batch *batch);
 /* Frees a batch; a pending one is waited for first (bounded by its deadline). */
 void ferry_batch_free(ferry_batch *batch);
 

@@ -67,7 +67,7 @@ This package is a thin layer over libferry's C API (the extension module
 
 Module functions: ``strerror(code)``, ``to_mooncake(code)``, ``version()``,
 ``transport_name(bit)``, ``transport_parse(names)``, ``cuda_available()``, ``set_log_level(level)``,
-``get_log_level()``; constants ``OK``, ``EINVAL`` ... ``EINPROGRESS``, ``EFAULT``,
+``get_log_level()``; constants ``OK``, ``EINVAL`` ... ``EINPROGRESS``, ``EFAULT``, ``ECANCELED``,
 ``OP_READ``, ``OP_WRITE``, ``TRANSPORT_*``, ``BATCH_*``, ``LOG_*``.
 
 Logging: libferry's lines (the ``listening`` line, refused connections,
@@ -96,6 +96,7 @@ try:
         BATCH_TIMEDOUT,
         EAUTH,
         EBUSY,
+        ECANCELED,
         ECHECKSUM,
         ECLOSED,
         EDNS,
@@ -250,6 +251,7 @@ __all__ = [
     "EREMOTE",
     "EINPROGRESS",
     "EFAULT",
+    "ECANCELED",
     "OP_READ",
     "OP_WRITE",
     "TRANSPORT_TCP",

@@ -585,6 +585,16 @@ static void batch_free_impl(BatchObject *self) {
     batch_free_now(self);
 }
 
+static PyObject *batch_cancel(BatchObject *self, PyObject *Py_UNUSED(noargs)) {
+  if (self->state != FERRY_BATCH_PENDING)
+    Py_RETURN_FALSE; /* seen final already */
+  if (batch_enter(self) < 0)
+    return NULL;
+  ferry_status st = ferry_batch_cancel(self->b); /* returns at once: no GIL to drop */
+  batch_leave(self);
+  return PyBool_FromLong(st == FERRY_OK);
+}
+
 static PyObject *batch_free(BatchObject *self, PyObject *Py_UNUSED(noargs)) {
   batch_free_impl(self);
   Py_RETURN_NONE;
@@ -640,6 +650,10 @@ static PyMethodDef batch_methods[] = {
     {"wait", KW(batch_wait),
      "wait(timeout_ms=-1) -> bool\n\nTrue when done, False if still pending after timeout_ms; "
      "raises ferry.Error if the batch failed. -1 waits up to the batch's own deadline."},
+    {"cancel", (PyCFunction)batch_cancel, METH_NOARGS,
+     "cancel() -> bool\n\nStops a pending batch: what has not started does not start, and the "
+     "batch then fails with ECANCELED once the parts in flight end (wait() raises it). False "
+     "when it had already ended, or all its data landed (it ends as it would have)."},
     {"free", (PyCFunction)batch_free, METH_NOARGS,
      "free(): releases the batch (a pending one is waited for, bounded by its deadline)"},
     {"__enter__", (PyCFunction)batch_enter_ctx, METH_NOARGS, NULL},

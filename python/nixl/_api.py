@@ -579,13 +579,16 @@ class nixl_agent:
         return next(iter(self.backends))
 
     def release_xfer_handle(self, handle):
-        """Releases a transfer; one still in progress is waited for first,
-        bounded by ferry's transfer deadline (ferry cannot cancel one yet)."""
+        """Releases a transfer; one still in progress is aborted: what has
+        not started does not start, and this returns once the parts in
+        flight ended (bounded by ferry's transfer deadline), so the buffers
+        are free to reuse. What an aborted WRITE had moved may have landed."""
         with self._lock:
             x = self._xfers.pop(handle, None)
         if x is None:
             raise nb.nixlNotFoundError(f"release_xfer_handle: unknown handle {handle!r}")
         if x.batch is not None:
+            x.batch.cancel()
             x.batch.free()
         for h in x.owned:
             self.release_dlist_handle(h)

@@ -35,6 +35,7 @@ const char *ferry_strerror(ferry_status status) {
   case FERRY_EREMOTE: return "remote failure" DOC("ferry_eremote");
   case FERRY_EINPROGRESS: return "in progress" DOC("ferry_einprogress");
   case FERRY_EFAULT: return "memory not accessible" DOC("ferry_efault");
+  case FERRY_ECANCELED: return "cancelled" DOC("ferry_ecanceled");
   }
   return "unknown error" DOC("unknown-codes");
 }
@@ -54,7 +55,8 @@ int ferry_status_to_mooncake(ferry_status status) {
   case FERRY_ETIMEDOUT:
   case FERRY_ECHECKSUM:
   case FERRY_EREMOTE:
-  case FERRY_ECLOSED: return -102;
+  case FERRY_ECLOSED:
+  case FERRY_ECANCELED: return -102;
   case FERRY_EJSON: return -103;
   case FERRY_EHANDSHAKE:
   case FERRY_EVERSION:

@@ -546,6 +546,28 @@ ferry_status ferry_batch_wait(ferry_batch *b, int64_t timeout_ms) {
   return st;
 }
 
+ferry_status ferry_batch_cancel(ferry_batch *b) {
+  if (!b)
+    return ferry_fail(FERRY_EINVAL, "cancel: null batch");
+  pthread_mutex_lock(&b->lock);
+  int pending = b->state == FERRY_BATCH_PENDING, finishing = b->finishing;
+  int cancel = pending && !finishing && !b->error;
+  if (cancel) {
+    ferry_fail(FERRY_ECANCELED, "batch of %zu entries (%llu bytes) to %s cancelled by the caller",
+               b->count, (unsigned long long)b->total_bytes, b->address);
+    record_error(b, FERRY_ECANCELED); /* stops the cursor: nothing more is claimed */
+    finish_locked(b);                 /* final now if nothing was in flight */
+  }
+  pthread_mutex_unlock(&b->lock);
+  if (!cancel)
+    return ferry_fail(FERRY_EBUSY, "cancel: the batch to %s %s", b->address,
+                      !pending    ? "has already ended"
+                      : finishing ? "has landed all its data (its notification is being sent)"
+                                  : "is already failing");
+  ferry_peer_wake(b->peer); /* drivers waiting for a channel see there is nothing left */
+  return FERRY_OK;
+}
+
 void ferry_batch_free(ferry_batch *b) {
   if (!b)
     return;

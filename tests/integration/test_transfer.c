@@ -502,6 +502,48 @@ static void target_restart_on_same_port(void **state) {
   test_target_stop(&t);
 }
 
+/* A batch cancelled while its target is stopped: what had not started
+ * never starts (the range of its last entry, far beyond what any
+ * transport keeps in flight, holds what it held before), the batch fails
+ * with FERRY_ECANCELED once the target resumes and the parts in flight
+ * end, and a second cancel finds nothing to cancel. */
+static void cancelled_batch_starts_nothing_more(void **state) {
+  enum { ENTRIES = 256 };
+  const size_t size = ENTRIES * MiB;
+  test_target t;
+  assert_int_equal(test_target_start(&t, 0, size, NULL), 0);
+  ferry_engine *e = patient_engine();
+  uint8_t *buf = test_buffer(e, size), *before = test_buffer(e, MiB), *after = test_buffer(e, MiB);
+  const uint64_t last = t.addr + (uint64_t)(ENTRIES - 1) * MiB;
+  /* First contact: the channels the batch uses open before the target stops. */
+  assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_WRITE, buf, t.addr, 64 * MiB),
+                   FERRY_OK);
+  assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_READ, before, last, MiB), FERRY_OK);
+  memset(buf, 0x5c, size);
+  ferry_entry entries[ENTRIES];
+  for (int i = 0; i < ENTRIES; i++)
+    entries[i] =
+        (ferry_entry){FERRY_OP_WRITE, buf + (size_t)i * MiB, t.addr + (uint64_t)i * MiB, MiB};
+  kill(t.pid, SIGSTOP);
+  ferry_batch *b;
+  assert_int_equal(ferry_batch_submit(e, t.target, entries, ENTRIES, NULL, &b), FERRY_OK);
+  assert_int_equal(ferry_batch_cancel(b), FERRY_OK);
+  kill(t.pid, SIGCONT);
+  assert_int_equal(ferry_batch_wait(b, -1), FERRY_ECANCELED);
+  assert_non_null(strstr(ferry_last_error(), "cancelled by the caller"));
+  assert_int_equal(ferry_batch_status(b, NULL), FERRY_BATCH_FAILED);
+  assert_int_equal(ferry_batch_cancel(b), FERRY_EBUSY);
+  assert_non_null(strstr(ferry_last_error(), "has already ended"));
+  ferry_batch_free(b);
+  assert_int_equal(ferry_transfer_sync(e, t.target, FERRY_OP_READ, after, last, MiB), FERRY_OK);
+  assert_memory_equal(after, before, MiB);
+  ferry_engine_destroy(e);
+  free(buf);
+  free(before);
+  free(after);
+  test_target_stop(&t);
+}
+
 /* The initiator of notification_arrives_after_data (child.h): writes the
  * pattern to TARGET at ADDR (hex) with a batch carrying a notification,
  * then sends a plain notification. */
@@ -819,6 +861,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(wrong_secret_is_refused),
       cmocka_unit_test(stopped_target_times_out),
       cmocka_unit_test(target_restart_on_same_port),
+      cmocka_unit_test(cancelled_batch_starts_nothing_more),
       cmocka_unit_test(notification_arrives_after_data),
       cmocka_unit_test(region_registered_after_connect_is_reachable),
       cmocka_unit_test(undrained_notifications_are_bounded),

@@ -9,6 +9,7 @@ after data, context managers and close() while other threads are in calls.
 import ctypes
 import os
 import pickle
+import signal
 import threading
 import time
 
@@ -418,6 +419,35 @@ def test_context_manager_and_closed_engine():
     with pytest.raises(ferry.Error):
         e.port
     e.close()  # twice is fine
+
+
+def test_cancelled_batch(start_target):
+    """A batch cancelled while its target is stopped fails with ECANCELED
+    once the target resumes; a second cancel finds nothing to cancel."""
+    size, mib = 256 << 20, 1 << 20
+    t = start_target("--size", size, "--protocol", "tcp")
+    a = ferry.Engine("127.0.0.1", transports="tcp")
+    src = bytearray(size)
+    try:
+        a.register(src)
+        base = ctypes.addressof((ctypes.c_char * size).from_buffer(src))
+        a.write(t.session, memoryview(src)[:mib], t.addr)  # first contact
+        os.kill(t.info["pid"], signal.SIGSTOP)
+        try:
+            batch = a.submit(t.session, [(ferry.OP_WRITE, base + off, t.addr + off, mib)
+                                         for off in range(0, size, mib)])
+            assert batch.cancel() is True
+        finally:
+            os.kill(t.info["pid"], signal.SIGCONT)
+        with pytest.raises(ferry.Error) as info:
+            batch.wait(-1)
+        assert info.value.code == ferry.ECANCELED, info.value
+        assert "cancelled by the caller" in info.value.detail
+        assert batch.status() == ferry.BATCH_FAILED and batch.error == ferry.ECANCELED
+        assert batch.cancel() is False
+        batch.free()
+    finally:
+        a.close()
 
 
 def test_close_with_outstanding_batch(pair):
