@@ -793,6 +793,105 @@ ferry_status ferry_send_batch(ferry_engine *engine, const char *target, const ch
                               ferry_send_item *items, size_t count, int64_t timeout_ms,
                               unsigned flags);
 
+/* ---- Store: a key-value pool over engines (docs/store.md) ----------------
+ * Mooncake Store's model: clients contribute segments of registered memory,
+ * a master (`ferry store-master`, `mooncake_master`) knows which key lives
+ * where and allocates space for new values, and the bytes move by WRITE
+ * and READ directly between a caller's buffer and the segment holding a
+ * replica, never through the master. The client speaks to its master over
+ * ferry's wire (the engine's handshake; with a secret, proven both ways and
+ * every frame sealed). What is promised, with its tests: RELIABILITY.md 22.
+ *  - A put is visible (to get, exists, size) only once every byte of every
+ *    replica was written and the master committed it; a put that failed, or
+ *    whose client died before its end, never becomes visible.
+ *  - A get holds a lease on the object (the master's default_kv_lease_ttl,
+ *    5 s by default): remove refuses a leased object with FERRY_EBUSY.
+ *  - A client whose connection to the master ends, or that sent nothing for
+ *    the master's client_ttl (10 s by default; clients PING every third of
+ *    it), is dropped: its segment, every replica in it and its puts in
+ *    progress. An object left with no replica is gone: a get of it fails
+ *    with FERRY_ENOTFOUND. A get whose READ fails tries the next replica.
+ *  - No segment with room: the put fails with FERRY_ENOMEM naming the key
+ *    and the size (there is no eviction yet).
+ * A put of a key stored already succeeds and keeps the first value (keys
+ * of KV caches name their content). Keys are 1 to 1024 bytes. Calls may be
+ * made from several threads; requests to the master take turns on its one
+ * connection, transfers run in parallel. */
+typedef struct ferry_store ferry_store;
+
+typedef struct ferry_store_config {
+  size_t size;              /* sizeof, set by ferry_store_config_init */
+  const char *master;       /* the master's "host:port" (required) */
+  size_t segment_size;      /* bytes this client contributes to the pool (0: none) */
+  size_t local_buffer_size; /* registered staging for put/get of memory that is not
+                               registered (0: 16 MiB); a larger value takes a
+                               temporary buffer */
+  const char *secret;       /* shared secret of the master (NULL: FERRY_SECRET) */
+  uint32_t timeout_ms;      /* bound of each request to the master (0: 10000) */
+} ferry_store_config;
+void ferry_store_config_init_size(ferry_store_config *cfg, size_t size);
+#define ferry_store_config_init(cfg) ferry_store_config_init_size((cfg), sizeof *(cfg))
+
+/* Connects to the master, allocates and registers the segment on engine
+ * (ferry_memory_alloc) and mounts it under the engine's name. The engine
+ * must outlive the store. FERRY_ESOCKET / FERRY_ETIMEDOUT naming the master
+ * when it does not answer, FERRY_EAUTH on a secret mismatch, FERRY_EVERSION
+ * for a master of another store protocol. */
+ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cfg,
+                              ferry_store **out);
+/* Closes the connection (the master drops the segment and the objects that
+ * lived only there) and frees the segment and staging. NULL is ignored. */
+void ferry_store_close(ferry_store *store);
+/* The name other clients reach this one's segment by: its engine's name. */
+const char *ferry_store_segment(const ferry_store *store);
+
+/* Where a put's replicas go. NULL: one replica, anywhere. */
+typedef struct ferry_store_replicate {
+  unsigned replicas;             /* 1 to 8, each in a different segment (0: 1) */
+  const char *preferred_segment; /* the first replica's segment, if it has room; NULL: any */
+} ferry_store_replicate;
+
+/* Copies data[0..length) (any memory) into the store under key. */
+ferry_status ferry_store_put(ferry_store *store, const char *key, const void *data, size_t length,
+                             const ferry_store_replicate *replicate);
+/* The value of key in *data (malloc'd: free() it) and *length.
+ * FERRY_ENOTFOUND when the store has no such key (or it is not committed). */
+ferry_status ferry_store_get(ferry_store *store, const char *key, void **data, size_t *length);
+/* Zero-copy forms: buf must be registered on the store's engine; the value
+ * moves between it and the replicas with no copy on either side. */
+ferry_status ferry_store_put_from(ferry_store *store, const char *key, void *buf, size_t length,
+                                  const ferry_store_replicate *replicate);
+/* Reads key's value into buf (capacity bytes; a larger value fails with
+ * FERRY_EINVAL naming both sizes); *length gets its size. */
+ferry_status ferry_store_get_into(ferry_store *store, const char *key, void *buf, size_t capacity,
+                                  size_t *length);
+/* FERRY_OK when key is stored (committed), FERRY_ENOTFOUND when it is not. */
+ferry_status ferry_store_exists(ferry_store *store, const char *key);
+ferry_status ferry_store_size(ferry_store *store, const char *key, uint64_t *size);
+/* FERRY_ENOTFOUND when absent, FERRY_EBUSY while a get's lease holds it. */
+ferry_status ferry_store_remove(ferry_store *store, const char *key);
+/* Removes every committed object no lease holds; *removed (may be NULL). */
+ferry_status ferry_store_remove_all(ferry_store *store, uint64_t *removed);
+
+/* One key of a batch; buf registered on the store's engine. */
+typedef struct ferry_store_item {
+  const char *key;
+  void *buf;
+  size_t length;       /* put: bytes; get: capacity in, the value's size out;
+                          exists: the value's size out */
+  ferry_status status; /* filled in per item */
+} ferry_store_item;
+/* The batch forms: one request to the master for all keys (larger batches
+ * are cut into requests of 4096), every transfer in flight together. Each
+ * item gets its status; the call returns the first failure in item order
+ * (FERRY_OK when every item succeeded), with its detail. exists_batch
+ * fails only when the master cannot answer: FERRY_ENOTFOUND per item is
+ * its answer, not a failure. */
+ferry_status ferry_store_put_from_batch(ferry_store *store, ferry_store_item *items, size_t count,
+                                        const ferry_store_replicate *replicate);
+ferry_status ferry_store_get_into_batch(ferry_store *store, ferry_store_item *items, size_t count);
+ferry_status ferry_store_exists_batch(ferry_store *store, ferry_store_item *items, size_t count);
+
 #ifdef __cplusplus
 }
 #endif

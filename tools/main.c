@@ -28,6 +28,7 @@ static const command commands[] = {
     {"probe", ferry_cmd_probe, "check that a target answers"},
     {"metadata-server", ferry_cmd_metadata_server, "run an HTTP metadata service"},
     {"doctor", ferry_cmd_doctor, "check what ferry can do on this host (and reach a target)"},
+    {"store-master", ferry_cmd_store_master, "run a store master (also as mooncake_master)"},
     {"version", cmd_version, "print the library version"},
     {"help", cmd_help, "show this help"},
 };
@@ -59,6 +60,12 @@ static const command *find_command(const char *name) {
 }
 
 int main(int argc, char **argv) {
+  /* Installed or linked as mooncake_master, it is the store's master. */
+  const char *self = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
+  if (strcmp(self, "mooncake_master") == 0) {
+    signal(SIGPIPE, SIG_IGN);
+    return ferry_cmd_store_master(argc, argv);
+  }
   if (argc < 2) {
     usage(stderr);
     return 2;

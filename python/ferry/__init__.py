@@ -86,6 +86,17 @@ Python API on top of this package.
 ``python -m ferry COMMAND ...`` (or the ``ferry`` command) runs the ferry
 command-line tool built with this package: ``metadata-server``, ``doctor``,
 ``bench``, ``serve``, ``probe``.
+
+``Store(engine, master, segment_size=0, local_buffer_size=0, secret=None, timeout_ms=0)``
+    A client of a store master (``ferry store-master``; docs/store.md): it
+    contributes ``segment_size`` bytes of the engine's memory to the pool.
+    ``put(key, data, replicas=1, preferred_segment=None)``, ``get(key)``,
+    ``remove(key)``, ``remove_all()`` raise ``Error``; ``batch_put_from(keys,
+    addrs, sizes, ...)``, ``batch_get_into(keys, addrs, sizes)`` (addresses
+    registered on the engine) and ``batch_exists(keys)`` answer per key and
+    return ``(list, first failure's detail or None)``. ``segment``,
+    ``close()`` (before the engine's). ``mooncake.store`` builds
+    ``MooncakeDistributedStore`` on it.
 """
 
 try:
@@ -137,6 +148,7 @@ try:
         Message,
         Plan,
         Pool,
+        Store,
         cuda_available,
         get_log_level,
         last_error,

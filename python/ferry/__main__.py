@@ -1,7 +1,7 @@
 """python -m ferry COMMAND [ARGS] - the `ferry` command-line tool for
 Python-only installs: `metadata-server`, `doctor`, `bench`, `serve`,
 `probe`, `version` (`python -m ferry help` lists them). Also the `ferry`
-console command that `pip install .` creates.
+and `mooncake_master` console commands that `pip install .` creates.
 
 It runs the tool built with this package (ferry/ferry-tool, the same program
 CMake builds as build/ferry), replacing this process, so signals, output
@@ -37,6 +37,11 @@ def run(args):
 
 def main():
     return run(sys.argv[1:])
+
+
+def mooncake_master():
+    """The `mooncake_master` console command: the store's master (docs/store.md)."""
+    return run(["store-master"] + sys.argv[1:])
 
 
 if __name__ == "__main__":

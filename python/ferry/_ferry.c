@@ -96,7 +96,7 @@ PyMODINIT_FUNC PyInit__ferry(void) {
   ErrorType.tp_base = (PyTypeObject *)PyExc_RuntimeError;
   if (PyType_Ready(&ErrorType) < 0 || PyType_Ready(&EngineType) < 0 ||
       PyType_Ready(&BatchType) < 0 || PyType_Ready(&PoolType) < 0 ||
-      PyType_Ready(&MessageType) < 0 || PyType_Ready(&PlanType) < 0)
+      PyType_Ready(&MessageType) < 0 || PyType_Ready(&PlanType) < 0 || PyType_Ready(&StoreType) < 0)
     return NULL;
   PyObject *m = PyModule_Create(&ferry_module);
   if (!m)
@@ -107,12 +107,14 @@ PyMODINIT_FUNC PyInit__ferry(void) {
   Py_INCREF(&PoolType);
   Py_INCREF(&MessageType);
   Py_INCREF(&PlanType);
+  Py_INCREF(&StoreType);
   if (PyModule_AddObject(m, "Error", (PyObject *)&ErrorType) < 0 ||
       PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0 ||
       PyModule_AddObject(m, "Batch", (PyObject *)&BatchType) < 0 ||
       PyModule_AddObject(m, "Pool", (PyObject *)&PoolType) < 0 ||
       PyModule_AddObject(m, "Message", (PyObject *)&MessageType) < 0 ||
-      PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
+      PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0 ||
+      PyModule_AddObject(m, "Store", (PyObject *)&StoreType) < 0) {
     Py_DECREF(m);
     return NULL;
   }

@@ -15,6 +15,7 @@
  *   stats.c    Engine.stats() and stats_text()
  *   pool.c     receive pools: the Pool and Message types, send and recv
  *   plan.c     prepared transfer plans: Engine.plan() and the Plan type
+ *   store.c    the Store type: a client of a store master (ferry_store_*)
  *
  * Every declaration below is hidden: what the files share stays inside the
  * module, which exports PyInit__ferry (and libferry's own API, compiled in). */
@@ -170,6 +171,7 @@ extern PyTypeObject BatchType;
 extern PyTypeObject PoolType;
 extern PyTypeObject MessageType;
 extern PyTypeObject PlanType;
+extern PyTypeObject StoreType;
 
 /* ---- log.c: log levels and the log bridge ----------------------------- */
 

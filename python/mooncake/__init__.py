@@ -2,8 +2,9 @@
 
 Inference servers (SGLang, vLLM) do ``from mooncake.engine import
 TransferEngine``; this package provides that class (see ``mooncake.engine``)
-implemented over ferry's own binding, so their code runs unchanged. Only the
-transfer engine is provided, not Mooncake's store.
+implemented over ferry's own binding, so their code runs unchanged; and
+``from mooncake.store import MooncakeDistributedStore``, Mooncake's store
+client, on ferry's store (``mooncake.store``, docs/store.md).
 """
 
-__all__ = ["engine"]
+__all__ = ["engine", "store"]

@@ -116,7 +116,8 @@ static int is_reply(uint8_t type) {
   case FERRY_FRAME_NOTIFY_ACK:
   case FERRY_FRAME_PONG:
   case FERRY_FRAME_POOL_REPLY:
-  case FERRY_FRAME_CUT_REPLY: return 1;
+  case FERRY_FRAME_CUT_REPLY:
+  case FERRY_FRAME_STORE_REPLY: return 1;
   default: return 0;
   }
 }
@@ -241,6 +242,8 @@ static ferry_status check_type_limits(const ferry_frame_header *h) {
   case FERRY_FRAME_POOL: return check_body_range(h, FERRY_WIRE_POOL_FIXED, FERRY_WIRE_POOL_MAX);
   case FERRY_FRAME_POOL_REPLY:
     return check_body_range(h, FERRY_WIRE_POOL_REPLY_SIZE, FERRY_WIRE_POOL_REPLY_SIZE);
+  case FERRY_FRAME_STORE: return check_body_range(h, 1, FERRY_WIRE_MAX_CONTROL_BODY);
+  case FERRY_FRAME_STORE_REPLY: return check_body_range(h, 0, FERRY_WIRE_MAX_CONTROL_BODY);
   }
   return bad_frame(h, "unknown frame type"); /* unreachable: type checked first */
 }

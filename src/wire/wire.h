@@ -17,6 +17,8 @@
  *   NOTIFY -> NOTIFY_ACK, PING -> PONG, POOL -> POOL_REPLY (bodies in pool.c;
  *   a target older than pools closes the connection on POOL, which the
  *   sender reports as a target without pools).
+ * A store master (src/store) speaks the same handshake on its own port,
+ * then STORE -> STORE_REPLY (bodies in store/protocol.h).
  * A reply with status != 0 carries the target's reason as its body (text).
  *
  * With a shared secret the target's facts (engine id, transports, boot id,
@@ -78,8 +80,12 @@ typedef enum ferry_frame_type {
   /* v5: an initiator asks the target to stop serving one of its data
    * connections (named by its HELLO nonce) before its WRITEs move elsewhere */
   FERRY_FRAME_CUT = 17,
-  FERRY_FRAME_CUT_REPLY = 18,               /* once that connection touches no memory */
-  FERRY_FRAME_LAST = FERRY_FRAME_CUT_REPLY, /* a new type goes above and moves this */
+  FERRY_FRAME_CUT_REPLY = 18, /* once that connection touches no memory */
+  /* The store's requests and replies, on a store master's own port only
+   * (src/store/protocol.h holds their bodies); an engine refuses them. */
+  FERRY_FRAME_STORE = 19,
+  FERRY_FRAME_STORE_REPLY = 20,
+  FERRY_FRAME_LAST = FERRY_FRAME_STORE_REPLY, /* a new type goes above and moves this */
 } ferry_frame_type;
 
 /* flags */

@@ -65,19 +65,10 @@ static int parse_ready(test_target *t, const char *line) {
   return 0;
 }
 
-int test_target_start(test_target *t, uint16_t port, uint64_t size, const char *const *extra) {
+pid_t test_tool_start(const char *const *argv, char *line, size_t size) {
   int fds[2];
   if (pipe(fds) < 0)
     return -1;
-  char port_s[16], size_s[32];
-  snprintf(port_s, sizeof port_s, "%u", port);
-  snprintf(size_s, sizeof size_s, "%llu", (unsigned long long)size);
-  const char *argv[32] = {test_tool_path(), "serve", "--host", "127.0.0.1",
-                          "--port",         port_s,  "--size", size_s};
-  int argc = 8;
-  for (int i = 0; extra && extra[i] && argc < 31; i++)
-    argv[argc++] = extra[i];
-  argv[argc] = NULL;
   pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a crashed test */
@@ -88,14 +79,30 @@ int test_target_start(test_target *t, uint16_t port, uint64_t size, const char *
     _exit(127);
   }
   close(fds[1]);
-  memset(t, 0, sizeof *t);
-  t->pid = pid;
-  char line[512];
-  int rc = pid > 0 ? test_read_line(fds[0], line, sizeof line, TEST_SETUP_MS) : -1;
+  int rc = pid > 0 ? test_read_line(fds[0], line, size, TEST_SETUP_MS) : -1;
   close(fds[0]);
-  if (rc == 0)
-    rc = parse_ready(t, line);
   if (rc != 0 && pid > 0)
+    test_kill_and_reap(pid, TEST_SETUP_MS);
+  return rc == 0 ? pid : -1;
+}
+
+int test_target_start(test_target *t, uint16_t port, uint64_t size, const char *const *extra) {
+  char port_s[16], size_s[32];
+  snprintf(port_s, sizeof port_s, "%u", port);
+  snprintf(size_s, sizeof size_s, "%llu", (unsigned long long)size);
+  const char *argv[32] = {test_tool_path(), "serve", "--host", "127.0.0.1",
+                          "--port",         port_s,  "--size", size_s};
+  int argc = 8;
+  for (int i = 0; extra && extra[i] && argc < 31; i++)
+    argv[argc++] = extra[i];
+  argv[argc] = NULL;
+  memset(t, 0, sizeof *t);
+  char line[512];
+  t->pid = test_tool_start(argv, line, sizeof line);
+  if (t->pid <= 0)
+    return -1;
+  int rc = parse_ready(t, line);
+  if (rc != 0)
     test_target_kill(t);
   return rc;
 }

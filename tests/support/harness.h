@@ -37,6 +37,11 @@ void test_target_kill(test_target *t); /* SIGKILL, reaped */
 
 /* ---- process plumbing, shared with the fault tests ---- */
 
+/* Starts argv (argv[0] a path; NULL-terminated) with its stdout on a pipe
+ * and reads its first line into line, waiting TEST_SETUP_MS at most. The
+ * child is killed if this process dies. Its pid, or -1 (killed and reaped
+ * when it printed no line). */
+pid_t test_tool_start(const char *const *argv, char *line, size_t size);
 /* The ferry tool to run: $FERRY_TOOL, or ./ferry when that is unset or empty. */
 const char *test_tool_path(void);
 /* Reads one line from fd into line (without the newline), waiting at most

@@ -1,0 +1,316 @@
+/* store.c - the Store type: a client of a store master (ferry_store_*,
+ * docs/store.md) over an Engine it holds. Single-key calls raise
+ * ferry.Error; the batch calls answer per key (a status, or a size) and
+ * never raise for one key's failure, returning the first failure's detail
+ * beside the list, as Mooncake's batch calls answer per key. Blocking calls
+ * release the GIL. Close the Store before its Engine: the store frees its
+ * segment through the engine. */
+#include "_ferry.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+  PyObject ob_base;
+  EngineObject *engine; /* held */
+  ferry_store *store;
+} StoreObject;
+
+static int store_init(StoreObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"engine",     "master", "segment_size", "local_buffer_size", "secret",
+                           "timeout_ms", NULL};
+  PyObject *engine, *segment_o = NULL, *staging_o = NULL;
+  const char *master, *secret = NULL;
+  unsigned int timeout_ms = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!s|OOzI:Store", kwlist, &EngineType, &engine,
+                                   &master, &segment_o, &staging_o, &secret, &timeout_ms))
+    return -1;
+  ferry_store_config cfg;
+  ferry_store_config_init(&cfg);
+  cfg.master = master;
+  cfg.secret = secret;
+  cfg.timeout_ms = timeout_ms;
+  if ((segment_o && as_size(segment_o, &cfg.segment_size) < 0) ||
+      (staging_o && as_size(staging_o, &cfg.local_buffer_size) < 0))
+    return -1;
+  if (self->store) {
+    PyErr_SetString(PyExc_RuntimeError, "Store is open already");
+    return -1;
+  }
+  EngineObject *eng = (EngineObject *)engine;
+  if (eng_enter(eng) < 0)
+    return -1;
+  CallResult r;
+  ENGINE_CALL(eng, r, ferry_store_open(eng->eng, &cfg, &self->store));
+  if (r.st != FERRY_OK) {
+    raise_result(&r);
+    return -1;
+  }
+  Py_INCREF(engine);
+  self->engine = eng;
+  return 0;
+}
+
+/* Enters the engine of an open store; -1 with an exception otherwise. */
+static int store_enter(StoreObject *self) {
+  if (!self->store) {
+    raise_status(FERRY_ECLOSED, "the store was closed");
+    return -1;
+  }
+  return eng_enter(self->engine);
+}
+
+#define STORE_CALL(self, res, call) ENGINE_CALL((self)->engine, res, call)
+
+static void store_close_now(StoreObject *self) {
+  if (!self->store)
+    return;
+  ferry_store *s = self->store;
+  self->store = NULL;
+  if (eng_enter(self->engine) < 0) {
+    PyErr_Clear(); /* the engine is gone with the segment it freed */
+    return;
+  }
+  CallResult r;
+  ENGINE_CALL(self->engine, r, (ferry_store_close(s), FERRY_OK));
+}
+
+static PyObject *store_close(StoreObject *self, PyObject *Py_UNUSED(noargs)) {
+  store_close_now(self);
+  Py_RETURN_NONE;
+}
+
+static void store_dealloc(StoreObject *self) {
+  store_close_now(self);
+  Py_XDECREF(self->engine);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* ---- arguments ------------------------------------------------------------------------------ */
+
+/* replicas and preferred_segment as a put takes them. */
+static int replicate_get(PyObject *replicas, const char *preferred, ferry_store_replicate *out) {
+  unsigned long n = replicas ? PyLong_AsUnsignedLong(replicas) : 1;
+  if (n == (unsigned long)-1 && PyErr_Occurred())
+    return -1;
+  out->replicas = (unsigned)(n > 0xffff ? 0xffff : n);
+  out->preferred_segment = preferred && *preferred ? preferred : NULL;
+  return 0;
+}
+
+/* keys (a sequence of str), and for the buffer forms addrs and sizes of the
+ * same length: items[i] (keys point into the list's str objects). */
+static Py_ssize_t items_get(PyObject *keys_o, PyObject *addrs_o, PyObject *sizes_o, PyObject **keys,
+                            ferry_store_item **items) {
+  *keys = PySequence_Fast(keys_o, "keys must be a sequence of str");
+  if (!*keys)
+    return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(*keys);
+  PyObject *addrs = addrs_o ? PySequence_Fast(addrs_o, "addresses must be a sequence") : NULL;
+  PyObject *sizes = sizes_o ? PySequence_Fast(sizes_o, "sizes must be a sequence") : NULL;
+  *items = PyMem_Calloc(n ? (size_t)n : 1, sizeof **items);
+  int ok = *items && (!addrs_o || (addrs && sizes));
+  if (ok && addrs_o &&
+      (PySequence_Fast_GET_SIZE(addrs) != n || PySequence_Fast_GET_SIZE(sizes) != n)) {
+    PyErr_Format(PyExc_ValueError, "%zd keys, %zd addresses, %zd sizes: one of each per key", n,
+                 PySequence_Fast_GET_SIZE(addrs), PySequence_Fast_GET_SIZE(sizes));
+    ok = 0;
+  }
+  for (Py_ssize_t i = 0; ok && i < n; i++) {
+    uint64_t addr = 0;
+    (*items)[i].key = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(*keys, i));
+    ok = (*items)[i].key != NULL;
+    if (ok && addrs_o)
+      ok = as_u64(PySequence_Fast_GET_ITEM(addrs, i), &addr) == 0 &&
+           as_size(PySequence_Fast_GET_ITEM(sizes, i), &(*items)[i].length) == 0;
+    (*items)[i].buf = (void *)(uintptr_t)addr;
+  }
+  Py_XDECREF(addrs);
+  Py_XDECREF(sizes);
+  if (!ok) {
+    if (!PyErr_Occurred())
+      PyErr_NoMemory();
+    Py_CLEAR(*keys);
+    PyMem_Free(*items);
+    return -1;
+  }
+  return n;
+}
+
+/* Whether the call failed as a whole (arguments) rather than per item. */
+static int failed_whole(const ferry_store_item *items, Py_ssize_t n, const CallResult *r) {
+  for (Py_ssize_t i = 0; r->st != FERRY_OK && i < n; i++)
+    if (items[i].status != FERRY_OK)
+      return 0;
+  return r->st != FERRY_OK;
+}
+
+/* [per item: size_or_zero when OK, else its negative status], detail or None. */
+static PyObject *items_result(const ferry_store_item *items, Py_ssize_t n, int sizes,
+                              const CallResult *r) {
+  PyObject *list = PyList_New(n);
+  for (Py_ssize_t i = 0; list && i < n; i++) {
+    long long v = items[i].status ? items[i].status : (sizes ? (long long)items[i].length : 0);
+    PyObject *x = PyLong_FromLongLong(v);
+    if (!x) {
+      Py_CLEAR(list);
+      break;
+    }
+    PyList_SET_ITEM(list, i, x);
+  }
+  if (!list)
+    return NULL;
+  if (r->st == FERRY_OK)
+    return Py_BuildValue("(NO)", list, Py_None);
+  return Py_BuildValue("(Ns)", list, r->err);
+}
+
+/* ---- methods -------------------------------------------------------------------------------- */
+
+static PyObject *store_put(StoreObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"key", "data", "replicas", "preferred_segment", NULL};
+  const char *key, *preferred = NULL;
+  Py_buffer data;
+  PyObject *replicas = NULL;
+  ferry_store_replicate rep;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sy*|Oz:put", kwlist, &key, &data, &replicas,
+                                   &preferred))
+    return NULL;
+  if (replicate_get(replicas, preferred, &rep) < 0 || store_enter(self) < 0) {
+    PyBuffer_Release(&data);
+    return NULL;
+  }
+  CallResult r;
+  STORE_CALL(self, r, ferry_store_put(self->store, key, data.buf, (size_t)data.len, &rep));
+  PyBuffer_Release(&data);
+  return none_or_raise(&r);
+}
+
+static PyObject *store_get(StoreObject *self, PyObject *args) {
+  const char *key;
+  if (!PyArg_ParseTuple(args, "s:get", &key) || store_enter(self) < 0)
+    return NULL;
+  void *data = NULL;
+  size_t len = 0;
+  CallResult r;
+  STORE_CALL(self, r, ferry_store_get(self->store, key, &data, &len));
+  if (r.st != FERRY_OK)
+    return raise_result(&r);
+  PyObject *out = PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
+  free(data);
+  return out;
+}
+
+static PyObject *store_batch_put_from(StoreObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"keys", "addrs", "sizes", "replicas", "preferred_segment", NULL};
+  PyObject *keys_o, *addrs_o, *sizes_o, *replicas = NULL, *keys;
+  const char *preferred = NULL;
+  ferry_store_replicate rep;
+  ferry_store_item *items;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|Oz:batch_put_from", kwlist, &keys_o, &addrs_o,
+                                   &sizes_o, &replicas, &preferred) ||
+      replicate_get(replicas, preferred, &rep) < 0)
+    return NULL;
+  Py_ssize_t n = items_get(keys_o, addrs_o, sizes_o, &keys, &items);
+  if (n < 0)
+    return NULL;
+  PyObject *out = NULL;
+  if (store_enter(self) == 0) {
+    CallResult r;
+    STORE_CALL(self, r, ferry_store_put_from_batch(self->store, items, (size_t)n, &rep));
+    out = failed_whole(items, n, &r) ? raise_result(&r) : items_result(items, n, 0, &r);
+  }
+  PyMem_Free(items);
+  Py_DECREF(keys);
+  return out;
+}
+
+/* batch_get_into (buffers) and batch_exists (keys only). */
+static PyObject *keys_call(StoreObject *self, PyObject *keys_o, PyObject *addrs_o,
+                           PyObject *sizes_o) {
+  PyObject *keys, *out = NULL;
+  ferry_store_item *items;
+  Py_ssize_t n = items_get(keys_o, addrs_o, sizes_o, &keys, &items);
+  if (n < 0)
+    return NULL;
+  if (store_enter(self) == 0) {
+    CallResult r;
+    STORE_CALL(self, r,
+               addrs_o ? ferry_store_get_into_batch(self->store, items, (size_t)n)
+                       : ferry_store_exists_batch(self->store, items, (size_t)n));
+    out = failed_whole(items, n, &r) ? raise_result(&r) : items_result(items, n, 1, &r);
+  }
+  PyMem_Free(items);
+  Py_DECREF(keys);
+  return out;
+}
+
+static PyObject *store_batch_get_into(StoreObject *self, PyObject *args) {
+  PyObject *keys, *addrs, *sizes;
+  if (!PyArg_ParseTuple(args, "OOO:batch_get_into", &keys, &addrs, &sizes))
+    return NULL;
+  return keys_call(self, keys, addrs, sizes);
+}
+
+static PyObject *store_batch_exists(StoreObject *self, PyObject *keys) {
+  return keys_call(self, keys, NULL, NULL);
+}
+
+static PyObject *store_remove(StoreObject *self, PyObject *args) {
+  const char *key;
+  if (!PyArg_ParseTuple(args, "s:remove", &key) || store_enter(self) < 0)
+    return NULL;
+  CallResult r;
+  STORE_CALL(self, r, ferry_store_remove(self->store, key));
+  return none_or_raise(&r);
+}
+
+static PyObject *store_remove_all(StoreObject *self, PyObject *Py_UNUSED(noargs)) {
+  if (store_enter(self) < 0)
+    return NULL;
+  uint64_t removed = 0;
+  CallResult r;
+  STORE_CALL(self, r, ferry_store_remove_all(self->store, &removed));
+  return r.st ? raise_result(&r) : PyLong_FromUnsignedLongLong(removed);
+}
+
+static PyObject *store_segment(StoreObject *self, void *Py_UNUSED(closure)) {
+  if (!self->store)
+    return raise_status(FERRY_ECLOSED, "the store was closed");
+  return PyUnicode_FromString(ferry_store_segment(self->store));
+}
+
+static PyMethodDef store_methods[] = {
+    {"put", KW(store_put), "put(key, data, replicas=1, preferred_segment=None)"},
+    {"get", (PyCFunction)store_get, METH_VARARGS, "get(key) -> bytes"},
+    {"batch_put_from", KW(store_batch_put_from),
+     "batch_put_from(keys, addrs, sizes, replicas=1, preferred_segment=None) -> "
+     "([0 or -status per key], first failure's detail or None); addrs registered on the engine"},
+    {"batch_get_into", (PyCFunction)store_batch_get_into, METH_VARARGS,
+     "batch_get_into(keys, addrs, sizes) -> ([bytes read or -status per key], detail or None)"},
+    {"batch_exists", (PyCFunction)store_batch_exists, METH_O,
+     "batch_exists(keys) -> ([size, or -status (ENOTFOUND: absent) per key], detail or None)"},
+    {"remove", (PyCFunction)store_remove, METH_VARARGS, "remove(key)"},
+    {"remove_all", (PyCFunction)store_remove_all, METH_NOARGS, "remove_all() -> count removed"},
+    {"close", (PyCFunction)store_close, METH_NOARGS,
+     "close(): leave the store (before the engine)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef store_getset[] = {
+    {"segment", (getter)store_segment, NULL, "the name of this client's segment", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject StoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.Store",
+    .tp_basicsize = sizeof(StoreObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Store(engine, master, segment_size=0, local_buffer_size=0, secret=None, "
+              "timeout_ms=0): a client of a store master (docs/store.md)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)store_init,
+    .tp_dealloc = (destructor)store_dealloc,
+    .tp_methods = store_methods,
+    .tp_getset = store_getset,
+};

@@ -1,0 +1,274 @@
+"""mooncake.store - Mooncake's ``MooncakeDistributedStore`` on ferry's store.
+
+A client of a store master (``mooncake_master`` / ``ferry store-master``;
+docs/store.md): it contributes ``global_segment_size`` bytes of registered
+memory to the pool and moves values with ferry WRITE/READ directly between
+its buffers and the segment holding a replica. Methods keep Mooncake's names,
+argument order and return convention: 0 or a count on success, a negative
+Mooncake store error number on failure (never an exception), whose cause is
+logged at WARNING on the ``mooncake.store`` logger.
+
+``setup`` takes Mooncake's seven arguments positionally or by keyword
+(``local_hostname, metadata_server, global_segment_size, local_buffer_size,
+protocol, rdma_devices, master_server_addr``), or one dict of them; sizes may
+be ints or strings such as ``"16MB"``. ``engine=`` shares an initialized
+``mooncake.engine.TransferEngine`` instead of making one.
+
+Not implemented yet (issue 33): ``upsert``, the ``_multi_buffers`` forms,
+``get_into_ranges``, ``batch_get_buffer``, tensor helpers, soft and hard pins
+(a ``ReplicateConfig`` asking for one is refused with -600).
+"""
+
+import logging
+import re
+
+import ferry
+from ferry import _ferry
+
+from mooncake.engine import TransferEngine
+
+__all__ = ["MooncakeDistributedStore", "ReplicateConfig"]
+
+logger = logging.getLogger(__name__)
+
+# Mooncake's store error numbers (mooncake-store's ErrorCode).
+INTERNAL_ERROR = -1
+NO_AVAILABLE_HANDLE = -200
+INVALID_PARAMS = -600
+OBJECT_NOT_FOUND = -704
+OBJECT_ALREADY_EXISTS = -705
+OBJECT_HAS_LEASE = -706
+TRANSFER_FAIL = -800
+RPC_FAIL = -900
+
+_SETUP_ARGS = ("local_hostname", "metadata_server", "global_segment_size", "local_buffer_size",
+               "protocol", "rdma_devices", "master_server_addr")
+_SETUP_DEFAULTS = {"global_segment_size": 3355443200, "local_buffer_size": 1073741824,
+                   "protocol": "tcp", "rdma_devices": "", "master_server_addr": "127.0.0.1:50051"}
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30,
+          "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
+
+
+class ReplicateConfig:
+    """Where a put's replicas go: ``replica_num`` (1 to 8, each in its own
+    segment) and ``preferred_segment`` (the first replica's segment, a client's
+    ``get_hostname()`` as other clients see it; "" for any)."""
+
+    def __init__(self, replica_num=1, preferred_segment="", with_soft_pin=False,
+                 with_hard_pin=False):
+        self.replica_num = replica_num
+        self.preferred_segment = preferred_segment
+        self.with_soft_pin = with_soft_pin
+        self.with_hard_pin = with_hard_pin
+
+    def __repr__(self):
+        return "ReplicateConfig(replica_num=%r, preferred_segment=%r)" % (
+            self.replica_num, self.preferred_segment)
+
+
+def _size(value, name):
+    if isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", str(value))
+    if not m or m.group(2).upper() not in _UNITS:
+        raise ValueError("%s: %r is not a size (bytes, or a number with KB, MB, GB, TB)"
+                         % (name, value))
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def _code(status, detail, busy=OBJECT_HAS_LEASE):
+    """The Mooncake store error number of a ferry status."""
+    if status == ferry.ENOTFOUND:
+        return OBJECT_NOT_FOUND
+    if status == ferry.ENOMEM:
+        return NO_AVAILABLE_HANDLE
+    if status in (ferry.EINVAL, ferry.ENOTREG):
+        return INVALID_PARAMS
+    if status == ferry.EBUSY:
+        return busy
+    if detail and "store master" in detail:
+        return RPC_FAIL
+    return TRANSFER_FAIL
+
+
+class MooncakeDistributedStore:
+    """``mooncake.store.MooncakeDistributedStore`` (module docstring)."""
+
+    def __init__(self):
+        self._engine = None
+        self._own_engine = False
+        self._store = None
+        self._hostname = None
+
+    # ---- lifetime -------------------------------------------------------------------------
+
+    def setup(self, *args, engine=None, **kwargs):
+        if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
+            kwargs, args = dict(args[0]), ()
+        if len(args) > len(_SETUP_ARGS):
+            return self._fail("setup", INVALID_PARAMS, "takes at most %d positional arguments"
+                              % len(_SETUP_ARGS))
+        conf = dict(_SETUP_DEFAULTS)
+        conf.update(zip(_SETUP_ARGS, args))
+        unknown = set(kwargs) - set(_SETUP_ARGS) - {"device_name"}
+        if unknown:
+            return self._fail("setup", INVALID_PARAMS, "unknown argument(s) %s"
+                              % ", ".join(sorted(unknown)))
+        conf.update(kwargs)
+        if "device_name" in kwargs:
+            conf["rdma_devices"] = kwargs["device_name"]
+        if self._store is not None:
+            return self._fail("setup", INVALID_PARAMS, "this store is set up already")
+        try:
+            segment = _size(conf["global_segment_size"], "global_segment_size")
+            staging = _size(conf["local_buffer_size"], "local_buffer_size")
+            for name in ("local_hostname", "metadata_server"):
+                if name not in conf:
+                    raise ValueError("%s is required" % name)
+        except ValueError as e:
+            return self._fail("setup", INVALID_PARAMS, str(e))
+        if engine is None:
+            engine = TransferEngine()
+            rc = engine.initialize(conf["local_hostname"], conf["metadata_server"],
+                                   conf["protocol"], conf["rdma_devices"] or "")
+            if rc != 0:
+                return self._fail("setup", rc, "its transfer engine: %s" % engine.last_error())
+            self._own_engine = True
+        try:
+            self._store = _ferry.Store(engine._engine, conf["master_server_addr"], segment,
+                                       staging)
+        except ferry.Error as e:
+            if self._own_engine:
+                engine.close()
+            self._own_engine = False
+            return self._fail("setup", _code(e.code, e.detail), e.detail)
+        self._engine = engine
+        self._hostname = self._store.segment
+        return 0
+
+    def init_all(self, protocol, device_name, mount_segment_size=16 * 1024 * 1024):
+        return self._fail("init_all", INVALID_PARAMS, "not implemented; use setup()")
+
+    def close(self):
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        if self._own_engine and self._engine is not None:
+            self._engine.close()
+        self._engine = None
+        return 0
+
+    def health_check(self):
+        return 0 if self._store is not None else INTERNAL_ERROR
+
+    def get_hostname(self):
+        """The name other clients reach this one's segment by."""
+        return self._hostname or ""
+
+    # ---- registered memory ----------------------------------------------------------------
+
+    def register_buffer(self, buffer_ptr, size):
+        if self._engine is None:
+            return self._fail("register_buffer", INVALID_PARAMS, "setup() first")
+        rc = self._engine.register_memory(buffer_ptr, size)
+        return rc if rc == 0 else self._fail("register_buffer", INVALID_PARAMS,
+                                             self._engine.last_error())
+
+    def unregister_buffer(self, buffer_ptr):
+        if self._engine is None:
+            return self._fail("unregister_buffer", INVALID_PARAMS, "setup() first")
+        rc = self._engine.unregister_memory(buffer_ptr)
+        return rc if rc == 0 else self._fail("unregister_buffer", INVALID_PARAMS,
+                                             self._engine.last_error())
+
+    # ---- objects --------------------------------------------------------------------------
+
+    def put(self, key, value, config=None):
+        rep = self._replicate("put", config)
+        if isinstance(rep, int):
+            return rep
+        return self._call("put", lambda: self._store.put(key, bytes(value), *rep),
+                          busy=OBJECT_ALREADY_EXISTS)
+
+    def get(self, key):
+        result = self._call("get", lambda: self._store.get(key), quiet_missing=True)
+        return result if isinstance(result, bytes) else b""
+
+    def remove(self, key):
+        return self._call("remove", lambda: self._store.remove(key))
+
+    def remove_all(self):
+        return self._call("remove_all", self._store.remove_all if self._store else None)
+
+    def is_exist(self, key):
+        return self.batch_is_exist([key])[0]
+
+    def batch_is_exist(self, keys):
+        answers = self._batch("batch_is_exist", lambda: self._store.batch_exists(list(keys)),
+                              len(keys))
+        return [1 if a >= 0 else 0 if a == OBJECT_NOT_FOUND else a for a in answers]
+
+    def get_size(self, key):
+        return self._batch("get_size", lambda: self._store.batch_exists([key]), 1)[0]
+
+    def put_from(self, key, buffer_ptr, size, config=None):
+        return self.batch_put_from([key], [buffer_ptr], [size], config)[0]
+
+    def get_into(self, key, buffer_ptr, size):
+        return self.batch_get_into([key], [buffer_ptr], [size])[0]
+
+    def batch_put_from(self, keys, buffer_ptrs, sizes, config=None):
+        rep = self._replicate("batch_put_from", config)
+        if isinstance(rep, int):
+            return [rep] * len(keys)
+        return self._batch("batch_put_from",
+                           lambda: self._store.batch_put_from(list(keys), list(buffer_ptrs),
+                                                              list(sizes), *rep),
+                           len(keys), busy=OBJECT_ALREADY_EXISTS)
+
+    def batch_get_into(self, keys, buffer_ptrs, sizes):
+        return self._batch("batch_get_into",
+                           lambda: self._store.batch_get_into(list(keys), list(buffer_ptrs),
+                                                              list(sizes)),
+                           len(keys))
+
+    # ---- plumbing -------------------------------------------------------------------------
+
+    def _fail(self, call, code, detail):
+        logger.warning("%s failed (%d): %s", call, code, detail)
+        return code
+
+    def _replicate(self, call, config):
+        if config is None:
+            return (1, None)
+        if getattr(config, "with_soft_pin", False) or getattr(config, "with_hard_pin", False):
+            return self._fail(call, INVALID_PARAMS, "soft and hard pins are not implemented yet")
+        return (int(getattr(config, "replica_num", 1) or 1),
+                getattr(config, "preferred_segment", "") or None)
+
+    def _call(self, call, fn, busy=OBJECT_HAS_LEASE, quiet_missing=False):
+        if self._store is None or fn is None:
+            return self._fail(call, INVALID_PARAMS, "setup() first, or the store was closed")
+        try:
+            result = fn()
+        except ferry.Error as e:
+            code = _code(e.code, e.detail, busy)
+            if quiet_missing and code == OBJECT_NOT_FOUND:
+                return code
+            return self._fail(call, code, e.detail)
+        except (TypeError, ValueError, OverflowError) as e:
+            return self._fail(call, INVALID_PARAMS, str(e))
+        return 0 if result is None else result
+
+    def _batch(self, call, fn, count, busy=OBJECT_HAS_LEASE):
+        result = self._call(call, fn, busy)
+        if isinstance(result, int):
+            return [result] * count
+        answers, detail = result
+        if detail is not None:
+            codes = [a for a in answers if a < 0]
+            code = _code(codes[0], detail, busy) if codes else INTERNAL_ERROR
+            if code != OBJECT_NOT_FOUND or call != "batch_is_exist":
+                self._fail(call, code, detail)
+        return [a if a >= 0 else _code(a, detail, busy) for a in answers]

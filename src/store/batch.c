@@ -1,0 +1,407 @@
+/* batch.c - the store's batch calls (ferry.h): one request to the master
+ * for the keys of a slice (at most STORE_BATCH_MAX), then every transfer
+ * of the slice in flight together, one ferry batch per segment. A replica
+ * in this client's own segment is copied in memory (after checking that
+ * the master's address lies inside the segment). A put ends with PUT_END
+ * (commit, or free on failure); a get moves to an object's next replica
+ * when a READ fails. Each item gets its status; the first failure in item
+ * order is the call's, with its detail. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "store/client.h"
+
+/* The outcome of a batch call: the first failing item and its detail. */
+typedef struct outcome {
+  size_t first; /* index of the first failed item; SIZE_MAX: none */
+  ferry_status status;
+  char detail[FERRY_ERROR_MAX];
+} outcome;
+
+static void item_failed(outcome *o, ferry_store_item *items, size_t i, ferry_status st) {
+  items[i].status = st;
+  if (i < o->first) {
+    o->first = i;
+    o->status = st;
+    snprintf(o->detail, sizeof o->detail, "%s", ferry_last_error());
+  }
+}
+
+/* A slice the master never answered: every item of it fails with st. */
+static void slice_failed(outcome *o, ferry_store_item *items, size_t at, size_t n,
+                         ferry_status st) {
+  for (size_t i = at; i < at + n; i++)
+    if (items[i].status == FERRY_OK)
+      item_failed(o, items, i, st);
+}
+
+static ferry_status finish(const outcome *o) {
+  return o->first == SIZE_MAX ? FERRY_OK : ferry_fail(o->status, "%s", o->detail);
+}
+
+static ferry_status check_items(ferry_store_item *items, size_t count, int need_buf,
+                                const char *call) {
+  for (size_t i = 0; i < count; i++) {
+    ferry_status st = store_check_key(items[i].key, call);
+    if (!st && need_buf && (!items[i].buf || !items[i].length))
+      st = ferry_fail(FERRY_EINVAL, "%s: item %zu (\"%s\") has no buffer or length 0", call, i,
+                      items[i].key);
+    if (st)
+      return st;
+    items[i].status = FERRY_OK;
+  }
+  return FERRY_OK;
+}
+
+/* ---- transfers ------------------------------------------------------------------------------ */
+
+/* One transfer between an item's buffer and a replica. */
+typedef struct move {
+  size_t item;
+  const char *segment; /* points into a reply body */
+  size_t segment_len;
+  uint64_t remote;
+  ferry_status status;
+  int group; /* its ferry batch, for the failure's detail */
+} move;
+
+/* In memory when the replica lies in this client's segment. */
+static ferry_status move_locally(ferry_store *s, ferry_op op, void *buf, size_t len, uint64_t at) {
+  uint64_t base = (uint64_t)(uintptr_t)s->segment;
+  if (at < base || at - base > s->segment_size || len > s->segment_size - (at - base))
+    return ferry_fail(FERRY_EPROTO,
+                      "store master %s placed %zu bytes at 0x%llx, outside this client's segment",
+                      s->master, len, (unsigned long long)at);
+  void *mem = (void *)(uintptr_t)at;
+  memcpy(op == FERRY_OP_WRITE ? mem : buf, op == FERRY_OP_WRITE ? buf : mem, len);
+  return FERRY_OK;
+}
+
+static int same_segment(const move *a, const move *b) {
+  return a->segment_len == b->segment_len && !memcmp(a->segment, b->segment, a->segment_len);
+}
+
+/* Submits the moves of mv[first]'s segment not yet grouped as one batch. */
+static ferry_status submit_group(ferry_store *s, ferry_op op, ferry_store_item *items, move *mv,
+                                 size_t n, size_t first, int group, ferry_batch **batch) {
+  size_t members = 0;
+  for (size_t i = first; i < n; i++)
+    members += mv[i].group < 0 && same_segment(&mv[i], &mv[first]);
+  ferry_entry *entries = malloc(members * sizeof *entries);
+  char target[STORE_NAME_MAX + 1];
+  snprintf(target, sizeof target, "%.*s", (int)mv[first].segment_len, mv[first].segment);
+  size_t k = 0;
+  for (size_t i = first; entries && i < n; i++)
+    if (mv[i].group < 0 && same_segment(&mv[i], &mv[first])) {
+      mv[i].group = group;
+      entries[k++] =
+          (ferry_entry){op, items[mv[i].item].buf, mv[i].remote, items[mv[i].item].length};
+    }
+  ferry_status st = entries ? ferry_batch_submit(s->engine, target, entries, k, NULL, batch)
+                            : ferry_fail(FERRY_ENOMEM, "store: no memory for a batch");
+  free(entries);
+  return st;
+}
+
+/* Runs every move; each gets its status. details[g] keeps group g's error. */
+static void run_moves(ferry_store *s, ferry_op op, ferry_store_item *items, move *mv, size_t n,
+                      char (*details)[FERRY_ERROR_MAX]) {
+  const char *own = ferry_store_segment(s);
+  ferry_batch **batches = calloc(n ? n : 1, sizeof *batches);
+  int groups = 0;
+  for (size_t i = 0; i < n; i++) {
+    mv[i].group = -1;
+    mv[i].status = FERRY_OK;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (mv[i].group >= 0)
+      continue;
+    ferry_status st;
+    if (s->segment && strlen(own) == mv[i].segment_len &&
+        !memcmp(own, mv[i].segment, mv[i].segment_len)) {
+      mv[i].group = groups;
+      st = move_locally(s, op, items[mv[i].item].buf, items[mv[i].item].length, mv[i].remote);
+      batches[groups] = NULL;
+    } else {
+      st = batches ? submit_group(s, op, items, mv, n, i, groups, &batches[groups])
+                   : ferry_fail(FERRY_ENOMEM, "store: no memory for batches");
+    }
+    if (st || !batches)
+      snprintf(details[groups], FERRY_ERROR_MAX, "%s", ferry_last_error());
+    for (size_t j = i; j < n; j++)
+      if (mv[j].group == groups || (!batches && mv[j].group < 0))
+        mv[j].status = st;
+    groups++;
+  }
+  for (int g = 0; batches && g < groups; g++) {
+    if (!batches[g])
+      continue;
+    ferry_status st = ferry_batch_wait(batches[g], -1);
+    if (st)
+      snprintf(details[g], FERRY_ERROR_MAX, "%s", ferry_last_error());
+    ferry_batch_free(batches[g]);
+    for (size_t j = 0; j < n; j++)
+      if (mv[j].group == g && mv[j].status == FERRY_OK)
+        mv[j].status = st;
+  }
+  free(batches);
+}
+
+/* ---- put ------------------------------------------------------------------------------------ */
+
+static void put_start_request(store_writer *w, const ferry_store_item *items, size_t count,
+                              const ferry_store_replicate *rep) {
+  const char *pref = rep && rep->preferred_segment ? rep->preferred_segment : "";
+  store_put_u8(w, STORE_PUT_START);
+  store_put_u8(w, (uint8_t)(rep && rep->replicas ? rep->replicas : 1));
+  store_put_str(w, pref, strnlen(pref, STORE_NAME_MAX));
+  for (size_t i = 0; i < count; i++) {
+    store_put_str(w, items[i].key, strlen(items[i].key));
+    store_put_u64(w, items[i].length);
+  }
+}
+
+/* Reads PUT_START's reply into moves (*n of them); items the master
+ * refused fail here. started[i]: item i has replicas to commit. */
+static ferry_status read_placements(ferry_store *s, store_reader *r, ferry_store_item *items,
+                                    size_t count, move *mv, size_t *n, char *started, outcome *o) {
+  *n = 0;
+  for (size_t i = 0; i < count; i++) {
+    ferry_status st = (ferry_status)(int32_t)store_get_u32(r);
+    store_replica_ref reps[STORE_REPLICAS_MAX];
+    unsigned k;
+    ferry_status bad = store_get_replicas(r, reps, &k, s->master);
+    if (bad)
+      return bad;
+    started[i] = st == FERRY_OK && k > 0;
+    if (st)
+      item_failed(o, items, i, store_entry_fail(s, st, items[i].key, items[i].length, "put"));
+    for (unsigned j = 0; started[i] && j < k; j++)
+      mv[(*n)++] = (move){i, reps[j].segment, reps[j].segment_len, reps[j].addr, FERRY_OK, -1};
+  }
+  return r->left ? ferry_fail(FERRY_EPROTO, "store master %s: PUT_START reply too long", s->master)
+                 : FERRY_OK;
+}
+
+/* PUT_END for the started items: each commits unless one of its moves failed. */
+static ferry_status put_end(ferry_store *s, ferry_store_item *items, size_t count,
+                            const char *started, outcome *o) {
+  store_writer w = {0};
+  uint32_t entries = 0;
+  store_put_u8(&w, STORE_PUT_END);
+  for (size_t i = 0; i < count; i++)
+    if (started[i]) {
+      store_put_str(&w, items[i].key, strlen(items[i].key));
+      store_put_u32(&w, (uint32_t)items[i].status);
+      entries++;
+    }
+  if (!entries) {
+    store_writer_free(&w);
+    return FERRY_OK;
+  }
+  ferry_frame_header h;
+  uint8_t *body;
+  ferry_status st = store_request(s, &w, entries, &h, &body, "store PUT_END");
+  if (st)
+    return st;
+  store_reader r = {body, (size_t)h.body_len, 0};
+  for (size_t i = 0; i < count; i++) {
+    if (!started[i])
+      continue;
+    ferry_status end = (ferry_status)(int32_t)store_get_u32(&r);
+    if (end && items[i].status == FERRY_OK) /* revoked meanwhile: a replica's segment left */
+      item_failed(o, items, i,
+                  ferry_fail(end,
+                             "put \"%s\": revoked by store master %s before its end (a "
+                             "segment holding a replica left the store)",
+                             items[i].key, s->master));
+  }
+  free(body);
+  return r.bad || r.left
+             ? ferry_fail(FERRY_EPROTO, "store master %s: malformed PUT_END reply", s->master)
+             : FERRY_OK;
+}
+
+static ferry_status put_slice(ferry_store *s, ferry_store_item *items, size_t count,
+                              const ferry_store_replicate *rep, outcome *o) {
+  store_writer w = {0};
+  put_start_request(&w, items, count, rep);
+  ferry_frame_header h;
+  uint8_t *body;
+  ferry_status st = store_request(s, &w, (uint32_t)count, &h, &body, "store PUT_START");
+  if (st)
+    return st;
+  unsigned per = rep && rep->replicas ? rep->replicas : 1;
+  move *mv = malloc(count * per * sizeof *mv);
+  char *started = calloc(count, 1);
+  char(*details)[FERRY_ERROR_MAX] = malloc(count * per * sizeof *details);
+  size_t n = 0;
+  store_reader r = {body, (size_t)h.body_len, 0};
+  st = mv && started && details ? read_placements(s, &r, items, count, mv, &n, started, o)
+                                : ferry_fail(FERRY_ENOMEM, "store put: out of memory");
+  if (!st) {
+    run_moves(s, FERRY_OP_WRITE, items, mv, n, details);
+    for (size_t j = 0; j < n; j++)
+      if (mv[j].status && items[mv[j].item].status == FERRY_OK) {
+        ferry_fail(mv[j].status, "put \"%s\": %s", items[mv[j].item].key, details[mv[j].group]);
+        item_failed(o, items, mv[j].item, mv[j].status);
+      }
+    st = put_end(s, items, count, started, o);
+  }
+  free(details);
+  free(started);
+  free(mv);
+  free(body);
+  return st;
+}
+
+ferry_status ferry_store_put_from_batch(ferry_store *s, ferry_store_item *items, size_t count,
+                                        const ferry_store_replicate *rep) {
+  ferry_status st = check_items(items, count, 1, "ferry_store_put_from");
+  if (!st && rep && rep->replicas > STORE_REPLICAS_MAX)
+    st = ferry_fail(FERRY_EINVAL, "ferry_store_put_from: %u replicas asked, at most %d",
+                    rep->replicas, STORE_REPLICAS_MAX);
+  if (st)
+    return st;
+  outcome o = {SIZE_MAX, FERRY_OK, ""};
+  for (size_t at = 0; at < count; at += STORE_BATCH_MAX) {
+    size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
+    st = put_slice(s, items + at, n, rep, &o);
+    if (st)
+      slice_failed(&o, items, at, n, st);
+  }
+  return finish(&o);
+}
+
+/* ---- get ------------------------------------------------------------------------------------ */
+
+/* A request whose entries are the items' keys alone (GET, QUERY). */
+static ferry_status keys_request(ferry_store *s, uint8_t op, const ferry_store_item *items,
+                                 size_t count, ferry_frame_header *h, uint8_t **body,
+                                 const char *step) {
+  store_writer w = {0};
+  store_put_u8(&w, op);
+  for (size_t i = 0; i < count; i++)
+    store_put_str(&w, items[i].key, strlen(items[i].key));
+  return store_request(s, &w, (uint32_t)count, h, body, step);
+}
+
+/* What the master said of one key of a GET. */
+typedef struct placement {
+  uint64_t size;
+  unsigned count, next; /* replicas, and the next one to try */
+  store_replica_ref reps[STORE_REPLICAS_MAX];
+} placement;
+
+static ferry_status read_gets(ferry_store *s, store_reader *r, ferry_store_item *items,
+                              size_t count, placement *pl, outcome *o) {
+  for (size_t i = 0; i < count; i++) {
+    ferry_status st = (ferry_status)(int32_t)store_get_u32(r);
+    pl[i].size = store_get_u64(r);
+    pl[i].next = 0;
+    ferry_status bad = store_get_replicas(r, pl[i].reps, &pl[i].count, s->master);
+    if (bad)
+      return bad;
+    if (!st && pl[i].size > items[i].length)
+      st = ferry_fail(FERRY_EINVAL, "get \"%s\": the value is %llu bytes, the buffer holds %zu",
+                      items[i].key, (unsigned long long)pl[i].size, items[i].length);
+    else if (st)
+      st = store_entry_fail(s, st, items[i].key, 0, "get");
+    if (st)
+      item_failed(o, items, i, st);
+    else
+      items[i].length = (size_t)pl[i].size;
+  }
+  return r->left ? ferry_fail(FERRY_EPROTO, "store master %s: GET reply too long", s->master)
+                 : FERRY_OK;
+}
+
+/* Rounds of READs: each item from its next replica, until it succeeded or
+ * has none left. */
+static void read_replicas(ferry_store *s, ferry_store_item *items, size_t count, placement *pl,
+                          move *mv, char (*details)[FERRY_ERROR_MAX], outcome *o) {
+  for (;;) {
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++)
+      if (items[i].status == FERRY_OK && pl[i].next < pl[i].count) {
+        store_replica_ref *rp = &pl[i].reps[pl[i].next++];
+        mv[n++] = (move){i, rp->segment, rp->segment_len, rp->addr, FERRY_OK, -1};
+      }
+    if (!n)
+      return;
+    run_moves(s, FERRY_OP_READ, items, mv, n, details);
+    for (size_t j = 0; j < n; j++) {
+      placement *p = &pl[mv[j].item];
+      if (mv[j].status == FERRY_OK)
+        p->next = p->count; /* done */
+      else if (p->next == p->count) {
+        ferry_fail(mv[j].status, "get \"%s\": every replica failed; the last: %s",
+                   items[mv[j].item].key, details[mv[j].group]);
+        item_failed(o, items, mv[j].item, mv[j].status);
+      }
+    }
+  }
+}
+
+static ferry_status get_slice(ferry_store *s, ferry_store_item *items, size_t count, outcome *o) {
+  ferry_frame_header h;
+  uint8_t *body;
+  ferry_status st = keys_request(s, STORE_GET, items, count, &h, &body, "store GET");
+  if (st)
+    return st;
+  placement *pl = malloc(count * sizeof *pl);
+  move *mv = malloc(count * sizeof *mv);
+  char(*details)[FERRY_ERROR_MAX] = malloc(count * sizeof *details);
+  store_reader r = {body, (size_t)h.body_len, 0};
+  st = pl && mv && details ? read_gets(s, &r, items, count, pl, o)
+                           : ferry_fail(FERRY_ENOMEM, "store get: out of memory");
+  if (!st)
+    read_replicas(s, items, count, pl, mv, details, o);
+  free(details);
+  free(mv);
+  free(pl);
+  free(body);
+  return st;
+}
+
+ferry_status ferry_store_get_into_batch(ferry_store *s, ferry_store_item *items, size_t count) {
+  ferry_status st = check_items(items, count, 1, "ferry_store_get_into");
+  if (st)
+    return st;
+  outcome o = {SIZE_MAX, FERRY_OK, ""};
+  for (size_t at = 0; at < count; at += STORE_BATCH_MAX) {
+    size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
+    st = get_slice(s, items + at, n, &o);
+    if (st)
+      slice_failed(&o, items, at, n, st);
+  }
+  return finish(&o);
+}
+
+/* ---- exists --------------------------------------------------------------------------------- */
+
+static ferry_status query_slice(ferry_store *s, ferry_store_item *items, size_t count) {
+  ferry_frame_header h;
+  uint8_t *body;
+  ferry_status st = keys_request(s, STORE_QUERY, items, count, &h, &body, "store QUERY");
+  if (st)
+    return st;
+  store_reader r = {body, (size_t)h.body_len, 0};
+  for (size_t i = 0; i < count; i++) {
+    items[i].status = (ferry_status)(int32_t)store_get_u32(&r);
+    items[i].length = (size_t)store_get_u64(&r);
+  }
+  free(body);
+  return r.bad || r.left
+             ? ferry_fail(FERRY_EPROTO, "store master %s: malformed QUERY reply", s->master)
+             : FERRY_OK;
+}
+
+ferry_status ferry_store_exists_batch(ferry_store *s, ferry_store_item *items, size_t count) {
+  ferry_status st = check_items(items, count, 0, "ferry_store_exists");
+  for (size_t at = 0; !st && at < count; at += STORE_BATCH_MAX)
+    st = query_slice(s, items + at, count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX);
+  return st;
+}

@@ -1,0 +1,370 @@
+/* client.c - a store client (ferry_store_*, ferry.h): its connection to the
+ * master (handshake, REGISTER of its segment, a PING thread that keeps it
+ * alive), the requests on it, and the single-key calls, which are batches
+ * of one (batch.c) or go through the registered staging buffer when the
+ * caller's memory is not registered. */
+#include "store/client.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "net/auth.h"
+#include "store/handshake.h"
+
+#define DEFAULT_STAGING (16u << 20)
+
+void ferry_store_config_init_size(ferry_store_config *cfg, size_t size) {
+  memset(cfg, 0, size);
+  cfg->size = size;
+}
+
+const char *ferry_store_segment(const ferry_store *store) {
+  return ferry_engine_name(store->engine);
+}
+
+/* ---- the master connection ------------------------------------------------------------------ */
+
+static void lose_connection(ferry_store *s) {
+  snprintf(s->lost, sizeof s->lost, "%s", ferry_last_error());
+  close(s->fd);
+  s->fd = -1;
+}
+
+ferry_status store_request(ferry_store *s, store_writer *w, uint32_t count, ferry_frame_header *h,
+                           uint8_t **body, const char *step) {
+  *body = NULL;
+  pthread_mutex_lock(&s->lock);
+  ferry_status st;
+  if (s->fd < 0) {
+    store_writer_free(w);
+    st = ferry_fail(FERRY_ESOCKET, "%s: the connection to store master %s was lost earlier (%s)",
+                    step, s->master, s->lost);
+  } else {
+    ferry_sock_set_deadline(&s->sock, ferry_now_ns() + s->timeout_ms * 1000000ull);
+    st = store_send(&s->sock, FERRY_FRAME_STORE, count, 0, w, step);
+    if (!st)
+      st = store_recv(&s->sock, h, body, step);
+    if (!st && (h->type != FERRY_FRAME_STORE_REPLY || (!h->status && h->count != count)))
+      st = ferry_fail(FERRY_EPROTO, "%s: store master %s answered %u entries for %u", step,
+                      s->master, h->count, count);
+    if (st)
+      lose_connection(s);
+  }
+  pthread_mutex_unlock(&s->lock);
+  if (!st && h->status) {
+    st = ferry_fail((ferry_status)h->status, "%s refused by store master %s: %.*s", step, s->master,
+                    (int)h->body_len, (const char *)*body);
+    free(*body);
+    *body = NULL;
+  }
+  return st;
+}
+
+static ferry_status simple_request(ferry_store *s, uint8_t op, const char *step) {
+  store_writer w = {0};
+  store_put_u8(&w, op);
+  ferry_frame_header h;
+  uint8_t *body;
+  ferry_status st = store_request(s, &w, 0, &h, &body, step);
+  free(body);
+  return st;
+}
+
+static void *pinger_main(void *arg) {
+  ferry_store *s = arg;
+  pthread_mutex_lock(&s->ping_lock);
+  while (!s->closing) {
+    struct timespec at = ferry_timespec(ferry_now_ns() + s->ping_ms * 1000000ull);
+    pthread_cond_timedwait(&s->ping_cond, &s->ping_lock, &at);
+    if (s->closing)
+      break;
+    pthread_mutex_unlock(&s->ping_lock);
+    if (simple_request(s, STORE_PING, "store PING") != FERRY_OK)
+      FERRY_WARN("%s", ferry_last_error());
+    pthread_mutex_lock(&s->ping_lock);
+  }
+  pthread_mutex_unlock(&s->ping_lock);
+  return NULL;
+}
+
+static ferry_status connect_master(ferry_store *s, const char *secret) {
+  char host[FERRY_HOST_MAX];
+  uint16_t port;
+  ferry_status st = ferry_net_parse_target(s->master, host, &port);
+  if (st)
+    return st;
+  uint64_t deadline = ferry_now_ns() + s->timeout_ms * 1000000ull;
+  st = ferry_net_connect(host, port, deadline, &s->fd);
+  if (st)
+    return st;
+  ferry_sock_init(&s->sock, s->fd, s->master);
+  ferry_sock_set_deadline(&s->sock, deadline);
+  store_identity self = {ferry_random_u64(), ferry_engine_name(s->engine), secret};
+  return store_handshake_connect(&s->sock, &s->session, &self);
+}
+
+static ferry_status register_segment(ferry_store *s) {
+  store_writer w = {0};
+  const char *name = ferry_engine_name(s->engine);
+  store_put_u8(&w, STORE_REGISTER);
+  store_put_u16(&w, STORE_PROTOCOL_VERSION);
+  store_put_u64(&w, (uint64_t)(uintptr_t)s->segment);
+  store_put_u64(&w, s->segment_size);
+  store_put_str(&w, name, strnlen(name, STORE_NAME_MAX));
+  ferry_frame_header h;
+  uint8_t *body;
+  ferry_status st = store_request(s, &w, 0, &h, &body, "store REGISTER");
+  if (st)
+    return st;
+  store_reader r = {body, (size_t)h.body_len, 0};
+  s->lease_ms = store_get_u32(&r);
+  s->ping_ms = store_get_u32(&r);
+  free(body);
+  if (r.bad || r.left || s->ping_ms == 0)
+    return ferry_fail(FERRY_EPROTO, "store master %s sent a malformed REGISTER reply", s->master);
+  return FERRY_OK;
+}
+
+static ferry_status check_config(const ferry_store_config *cfg) {
+  if (!cfg || cfg->size < sizeof(ferry_store_config) || !cfg->master || !*cfg->master)
+    return ferry_fail(FERRY_EINVAL, "ferry_store_open: %s",
+                      !cfg || cfg->size < sizeof(ferry_store_config)
+                          ? "config not filled by ferry_store_config_init"
+                          : "no master address (host:port)");
+  if (strlen(cfg->master) >= FERRY_HOST_MAX)
+    return ferry_fail(FERRY_EINVAL, "ferry_store_open: master address of %zu bytes is too long",
+                      strlen(cfg->master));
+  return FERRY_OK;
+}
+
+ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cfg,
+                              ferry_store **out) {
+  ferry_status st = check_config(cfg);
+  if (st || !engine || !out)
+    return st ? st : ferry_fail(FERRY_EINVAL, "ferry_store_open: engine and out are required");
+  ferry_store *s = calloc(1, sizeof *s);
+  if (!s)
+    return ferry_fail(FERRY_ENOMEM, "ferry_store_open: out of memory");
+  s->engine = engine;
+  s->fd = -1;
+  snprintf(s->master, sizeof s->master, "%s", cfg->master);
+  s->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 10000;
+  s->segment_size = cfg->segment_size;
+  s->staging_size = cfg->local_buffer_size ? cfg->local_buffer_size : DEFAULT_STAGING;
+  pthread_mutex_init(&s->lock, NULL);
+  pthread_mutex_init(&s->staging_lock, NULL);
+  pthread_mutex_init(&s->ping_lock, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->ping_cond, &attr);
+  pthread_condattr_destroy(&attr);
+  const char *secret = cfg->secret ? cfg->secret : getenv("FERRY_SECRET");
+  if (secret && !*secret)
+    secret = NULL;
+  if (s->segment_size)
+    st = ferry_memory_alloc(engine, s->segment_size, &s->segment);
+  if (!st)
+    st = ferry_memory_alloc(engine, s->staging_size, &s->staging);
+  if (!st)
+    st = connect_master(s, secret);
+  if (!st)
+    st = register_segment(s);
+  if (!st)
+    s->pinger_started = pthread_create(&s->pinger, NULL, pinger_main, s) == 0;
+  if (!st && !s->pinger_started)
+    st = ferry_fail(FERRY_ENOMEM, "ferry_store_open: cannot start the PING thread");
+  if (st) {
+    char detail[FERRY_ERROR_MAX];
+    snprintf(detail, sizeof detail, "%s", ferry_last_error());
+    ferry_store_close(s);
+    return ferry_fail(st, "%s", detail);
+  }
+  FERRY_INFO("store: %s joined master %s with a segment of %zu bytes", ferry_engine_name(engine),
+             s->master, s->segment_size);
+  *out = s;
+  return FERRY_OK;
+}
+
+void ferry_store_close(ferry_store *s) {
+  if (!s)
+    return;
+  pthread_mutex_lock(&s->ping_lock);
+  s->closing = 1;
+  pthread_cond_signal(&s->ping_cond);
+  pthread_mutex_unlock(&s->ping_lock);
+  if (s->pinger_started)
+    pthread_join(s->pinger, NULL);
+  if (s->fd >= 0)
+    close(s->fd); /* the master drops the segment before anyone is told to use it again */
+  if (s->segment)
+    ferry_memory_free(s->engine, s->segment);
+  if (s->staging)
+    ferry_memory_free(s->engine, s->staging);
+  pthread_cond_destroy(&s->ping_cond);
+  pthread_mutex_destroy(&s->ping_lock);
+  pthread_mutex_destroy(&s->staging_lock);
+  pthread_mutex_destroy(&s->lock);
+  free(s);
+}
+
+/* ---- messages ------------------------------------------------------------------------------- */
+
+ferry_status store_check_key(const char *key, const char *call) {
+  size_t len = key ? strnlen(key, STORE_KEY_MAX + 1) : 0;
+  if (len == 0 || len > STORE_KEY_MAX)
+    return ferry_fail(FERRY_EINVAL, "%s: a key is 1 to %d bytes, not %s", call, STORE_KEY_MAX,
+                      key ? (len ? "longer" : "empty") : "NULL");
+  return FERRY_OK;
+}
+
+ferry_status store_entry_fail(ferry_store *s, ferry_status st, const char *key, uint64_t size,
+                              const char *what) {
+  switch (st) {
+  case FERRY_ENOTFOUND:
+    return ferry_fail(st, "%s \"%s\": the key is not in the store (master %s)", what, key,
+                      s->master);
+  case FERRY_ENOMEM:
+    return ferry_fail(
+        st,
+        "%s \"%s\" (%llu bytes): the store is full: no segment has a free extent "
+        "that large, or fewer segments have room than replicas were asked (master %s)",
+        what, key, (unsigned long long)size, s->master);
+  case FERRY_EBUSY:
+    return ferry_fail(st,
+                      "%s \"%s\": busy at master %s (a put of it in progress, or a get's lease "
+                      "holds it)",
+                      what, key, s->master);
+  default:
+    return ferry_fail(st, "%s \"%s\": refused by store master %s (%s)", what, key, s->master,
+                      ferry_strerror(st));
+  }
+}
+
+/* ---- single keys ---------------------------------------------------------------------------- */
+
+ferry_status ferry_store_put_from(ferry_store *s, const char *key, void *buf, size_t length,
+                                  const ferry_store_replicate *replicate) {
+  ferry_store_item item = {key, buf, length, FERRY_OK};
+  return ferry_store_put_from_batch(s, &item, 1, replicate);
+}
+
+ferry_status ferry_store_get_into(ferry_store *s, const char *key, void *buf, size_t capacity,
+                                  size_t *length) {
+  ferry_store_item item = {key, buf, capacity, FERRY_OK};
+  ferry_status st = ferry_store_get_into_batch(s, &item, 1);
+  if (!st && length)
+    *length = item.length;
+  return st;
+}
+
+ferry_status ferry_store_size(ferry_store *s, const char *key, uint64_t *size) {
+  ferry_store_item item = {key, NULL, 0, FERRY_OK};
+  ferry_status st = ferry_store_exists_batch(s, &item, 1);
+  if (!st && item.status)
+    st = store_entry_fail(s, item.status, key, 0, "size of");
+  if (!st && size)
+    *size = item.length;
+  return st;
+}
+
+ferry_status ferry_store_exists(ferry_store *s, const char *key) {
+  return ferry_store_size(s, key, NULL);
+}
+
+/* Memory the engine may not have registered goes through the staging
+ * buffer, or a registered buffer of its own when larger. */
+static ferry_status take_staging(ferry_store *s, size_t length, void **buf) {
+  if (length <= s->staging_size) {
+    pthread_mutex_lock(&s->staging_lock);
+    *buf = s->staging;
+    return FERRY_OK;
+  }
+  return ferry_memory_alloc(s->engine, length, buf);
+}
+
+static void give_staging(ferry_store *s, void *buf) {
+  if (buf == s->staging)
+    pthread_mutex_unlock(&s->staging_lock);
+  else
+    ferry_memory_free(s->engine, buf);
+}
+
+ferry_status ferry_store_put(ferry_store *s, const char *key, const void *data, size_t length,
+                             const ferry_store_replicate *replicate) {
+  void *buf;
+  if (!data || !length)
+    return ferry_fail(FERRY_EINVAL, "ferry_store_put: no bytes to store under \"%s\"",
+                      key ? key : "(NULL)");
+  ferry_status st = take_staging(s, length, &buf);
+  if (st)
+    return st;
+  memcpy(buf, data, length);
+  st = ferry_store_put_from(s, key, buf, length, replicate);
+  give_staging(s, buf);
+  return st;
+}
+
+ferry_status ferry_store_get(ferry_store *s, const char *key, void **data, size_t *length) {
+  uint64_t size;
+  ferry_status st = ferry_store_size(s, key, &size);
+  void *buf = NULL, *copy = NULL;
+  if (!st)
+    st = take_staging(s, size, &buf);
+  if (st)
+    return st;
+  size_t got = 0;
+  st = ferry_store_get_into(s, key, buf, size, &got);
+  if (!st && !(copy = malloc(got ? got : 1)))
+    st = ferry_fail(FERRY_ENOMEM, "ferry_store_get \"%s\": no memory for %zu bytes", key, got);
+  if (!st) {
+    memcpy(copy, buf, got);
+    *data = copy;
+    *length = got;
+  }
+  give_staging(s, buf);
+  return st;
+}
+
+ferry_status ferry_store_remove(ferry_store *s, const char *key) {
+  ferry_status st = store_check_key(key, "ferry_store_remove");
+  if (st)
+    return st;
+  store_writer w = {0};
+  store_put_u8(&w, STORE_REMOVE);
+  store_put_str(&w, key, strlen(key));
+  ferry_frame_header h;
+  uint8_t *body;
+  st = store_request(s, &w, 1, &h, &body, "store REMOVE");
+  if (st)
+    return st;
+  store_reader r = {body, (size_t)h.body_len, 0};
+  ferry_status entry = (ferry_status)(int32_t)store_get_u32(&r);
+  free(body);
+  if (r.bad || r.left)
+    return ferry_fail(FERRY_EPROTO, "store master %s sent a malformed REMOVE reply", s->master);
+  return entry ? store_entry_fail(s, entry, key, 0, "remove") : FERRY_OK;
+}
+
+ferry_status ferry_store_remove_all(ferry_store *s, uint64_t *removed) {
+  store_writer w = {0};
+  store_put_u8(&w, STORE_REMOVE_ALL);
+  ferry_frame_header h;
+  uint8_t *body;
+  ferry_status st = store_request(s, &w, 0, &h, &body, "store REMOVE_ALL");
+  if (st)
+    return st;
+  store_reader r = {body, (size_t)h.body_len, 0};
+  uint64_t count = store_get_u64(&r);
+  free(body);
+  if (r.bad || r.left)
+    return ferry_fail(FERRY_EPROTO, "store master %s sent a malformed REMOVE_ALL reply", s->master);
+  if (removed)
+    *removed = count;
+  return FERRY_OK;
+}

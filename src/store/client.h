@@ -1,0 +1,52 @@
+/* client.h - what the store client's two files share (client.c: the
+ * connection to the master, open, close, the single-key calls; batch.c:
+ * the batch calls and the transfers between buffers and replicas). */
+#ifndef FERRY_STORE_CLIENT_H
+#define FERRY_STORE_CLIENT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+#include "net/net.h"
+#include "store/protocol.h"
+
+struct ferry_store {
+  ferry_engine *engine;
+  char master[FERRY_HOST_MAX + 8];
+  uint32_t timeout_ms;
+  /* The master connection: one request at a time. */
+  pthread_mutex_t lock;
+  int fd; /* -1 once lost: every later request fails */
+  ferry_sock sock;
+  ferry_session session;
+  char lost[256]; /* why the connection was lost */
+  uint32_t lease_ms, ping_ms;
+  /* This client's segment, registered on engine (NULL when none). */
+  void *segment;
+  size_t segment_size;
+  /* Staging for put/get of memory that is not registered. */
+  pthread_mutex_t staging_lock;
+  void *staging;
+  size_t staging_size;
+  /* The PING thread. */
+  pthread_t pinger;
+  int pinger_started;
+  pthread_mutex_t ping_lock;
+  pthread_cond_t ping_cond;
+  int closing;
+};
+
+/* One request (body w, starting with its op; count entries) and its reply
+ * (*body malloc'd, *h its header). A refusal of the whole request returns
+ * its status with the master's reason as the detail. */
+ferry_status store_request(ferry_store *s, store_writer *w, uint32_t count, ferry_frame_header *h,
+                           uint8_t **body, const char *step);
+/* A key the API takes: 1..STORE_KEY_MAX bytes; FERRY_EINVAL naming it. */
+ferry_status store_check_key(const char *key, const char *call);
+/* The message of an entry's status (the key given), for the detail. */
+ferry_status store_entry_fail(ferry_store *s, ferry_status st, const char *key, uint64_t size,
+                              const char *what);
+
+#endif

@@ -1,0 +1,271 @@
+/* master.c - the store master's server (master.h): a listener thread that
+ * accepts clients and drops the silent ones, and a thread per client that
+ * runs its handshake and answers its requests in order from the map
+ * (map.c). A client is alive while its connection is: when the connection
+ * ends, or nothing arrived on it for client_ttl, its thread ends and the
+ * map drops its segment, the replicas there and its pending puts. */
+#include "store/master.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "net/auth.h"
+#include "net/net.h"
+#include "store/handshake.h"
+#include "store/map.h"
+#include "store/protocol.h"
+
+#define HANDSHAKE_MS 5000
+
+typedef struct client {
+  struct client *next;
+  store_master *master;
+  uint64_t id;
+  int fd;
+  ferry_sock sock;
+  ferry_session session;
+  char peer[FERRY_HOST_MAX + 8];
+  char name[FERRY_WIRE_MAX_NAME + 1];
+  pthread_t thread;
+  uint64_t last_seen_ns; /* atomic */
+  int finished;          /* atomic: its thread is done, join it */
+  int expired;           /* atomic: cut off for silence */
+} client;
+
+struct store_master {
+  int listen_fd;
+  uint16_t port;
+  int wake[2]; /* the listener's stop pipe */
+  pthread_t listener;
+  pthread_mutex_t lock; /* clients */
+  client *clients;
+  uint64_t next_id;
+  store_map *map;
+  uint64_t client_ttl_ns;
+  uint64_t instance_id;
+  char *secret;
+};
+
+/* ---- one client ----------------------------------------------------------------------------- */
+
+static ferry_status refusal(client *c, ferry_status st, const char *why) {
+  store_writer w = {0};
+  store_put_raw(&w, why, strnlen(why, FERRY_WIRE_MAX_REASON));
+  return store_send(&c->sock, FERRY_FRAME_STORE_REPLY, 0, st, &w, "send a store refusal");
+}
+
+/* One request: FERRY_OK to go on; anything else ends the connection. */
+static ferry_status serve_request(client *c, int *registered) {
+  ferry_frame_header h;
+  uint8_t *body;
+  ferry_sock_set_deadline(&c->sock, 0);
+  ferry_status st = store_recv(&c->sock, &h, &body, "receive a store request");
+  if (st != FERRY_OK)
+    return st;
+  __atomic_store_n(&c->last_seen_ns, ferry_now_ns(), __ATOMIC_RELAXED);
+  store_reader r = {body, (size_t)h.body_len, 0};
+  uint8_t op = store_get_u8(&r);
+  store_writer reply = {0};
+  char why[FERRY_WIRE_MAX_REASON] = "";
+  if (h.type != FERRY_FRAME_STORE || (op == STORE_REGISTER) == *registered) {
+    st = FERRY_EPROTO;
+    snprintf(why, sizeof why, "%s",
+             *registered ? "second REGISTER" : "first request is not REGISTER");
+  } else {
+    st = store_map_serve(c->master->map, c->id, op, &r, h.count, &reply, why, sizeof why);
+  }
+  free(body);
+  /* A reply never waits longer on a client than its silence may last. */
+  ferry_sock_set_deadline(&c->sock, ferry_now_ns() + c->master->client_ttl_ns);
+  if (st != FERRY_OK) {
+    store_writer_free(&reply);
+    FERRY_WARN("store client %s (%s): %s refused: %s", c->name, c->peer,
+               op == STORE_REGISTER ? "REGISTER" : "request", why);
+    ferry_status sent = refusal(c, st, why);
+    return st == FERRY_EPROTO || sent != FERRY_OK ? ferry_fail(st, "%s", why) : FERRY_OK;
+  }
+  if (op == STORE_REGISTER)
+    *registered = 1;
+  return store_send(&c->sock, FERRY_FRAME_STORE_REPLY, h.count, 0, &reply, "send a store reply");
+}
+
+static void *client_main(void *arg) {
+  client *c = arg;
+  store_master *m = c->master;
+  store_identity self = {m->instance_id, "store-master", m->secret};
+  ferry_sock_set_deadline(&c->sock, ferry_now_ns() + HANDSHAKE_MS * 1000000ull);
+  ferry_status st = store_handshake_accept(&c->sock, &c->session, &self, c->name, sizeof c->name);
+  int registered = 0;
+  while (st == FERRY_OK)
+    st = serve_request(c, &registered);
+  size_t dropped = store_map_drop_client(m->map, c->id);
+  if (__atomic_load_n(&c->expired, __ATOMIC_ACQUIRE))
+    FERRY_WARN("store client %s (%s) sent nothing for %llu ms (client_ttl): dropped it and %zu "
+               "objects with replicas in its segment",
+               c->name, c->peer, (unsigned long long)(m->client_ttl_ns / 1000000), dropped);
+  else if (registered)
+    FERRY_INFO("store client %s (%s) left (%s): dropped %zu objects with replicas in its segment",
+               c->name, c->peer, ferry_last_error(), dropped);
+  shutdown(c->fd, SHUT_RDWR);
+  __atomic_store_n(&c->finished, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* ---- the listener --------------------------------------------------------------------------- */
+
+static void accept_client(store_master *m) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  int fd = accept4(m->listen_fd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC);
+  if (fd < 0)
+    return;
+  client *c = calloc(1, sizeof *c);
+  if (!c) {
+    close(fd);
+    return;
+  }
+  ferry_net_tune(fd);
+  char host[FERRY_HOST_MAX] = "?";
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET) {
+    struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    port = ntohs(in->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    port = ntohs(in6->sin6_port);
+  }
+  ferry_net_format_target(c->peer, sizeof c->peer, host, port);
+  snprintf(c->name, sizeof c->name, "(before HELLO)");
+  c->master = m;
+  c->fd = fd;
+  ferry_sock_init(&c->sock, fd, c->peer);
+  c->last_seen_ns = ferry_now_ns();
+  pthread_mutex_lock(&m->lock);
+  c->id = ++m->next_id;
+  if (pthread_create(&c->thread, NULL, client_main, c) != 0) {
+    pthread_mutex_unlock(&m->lock);
+    close(fd);
+    free(c);
+    return;
+  }
+  c->next = m->clients;
+  m->clients = c;
+  pthread_mutex_unlock(&m->lock);
+}
+
+/* Joins the finished clients' threads and cuts off the silent ones (their
+ * threads then end as for a lost connection). */
+static void sweep_clients(store_master *m) {
+  uint64_t now = ferry_now_ns();
+  pthread_mutex_lock(&m->lock);
+  for (client **at = &m->clients; *at;) {
+    client *c = *at;
+    if (__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE)) {
+      *at = c->next;
+      pthread_join(c->thread, NULL);
+      close(c->fd);
+      free(c);
+      continue;
+    }
+    uint64_t seen = __atomic_load_n(&c->last_seen_ns, __ATOMIC_RELAXED);
+    if (now > seen + m->client_ttl_ns && !__atomic_exchange_n(&c->expired, 1, __ATOMIC_ACQ_REL))
+      shutdown(c->fd, SHUT_RDWR);
+    at = &c->next;
+  }
+  pthread_mutex_unlock(&m->lock);
+}
+
+static void *listener_main(void *arg) {
+  store_master *m = arg;
+  int tick_ms = (int)(m->client_ttl_ns / 4000000);
+  for (;;) {
+    struct pollfd fds[2] = {{m->listen_fd, POLLIN, 0}, {m->wake[0], POLLIN, 0}};
+    int n = poll(fds, 2, tick_ms > 0 ? tick_ms : 1);
+    if (n < 0 && errno != EINTR)
+      break;
+    if (fds[1].revents)
+      break;
+    if (fds[0].revents & POLLIN)
+      accept_client(m);
+    sweep_clients(m);
+  }
+  return NULL;
+}
+
+/* ---- start and stop ------------------------------------------------------------------------- */
+
+ferry_status store_master_start(const store_master_config *cfg, store_master **out) {
+  store_master *m = calloc(1, sizeof *m);
+  if (!m)
+    return ferry_fail(FERRY_ENOMEM, "store master: out of memory");
+  const char *host = cfg->host ? cfg->host : "127.0.0.1";
+  uint32_t client_ttl_ms = cfg->client_ttl_ms ? cfg->client_ttl_ms : 10000;
+  m->client_ttl_ns = client_ttl_ms * 1000000ull;
+  m->instance_id = ferry_random_u64();
+  m->listen_fd = m->wake[0] = m->wake[1] = -1;
+  m->map = store_map_create(cfg->lease_ttl_ms ? cfg->lease_ttl_ms : 5000, client_ttl_ms);
+  m->secret = cfg->secret && *cfg->secret ? strdup(cfg->secret) : NULL;
+  ferry_status st = FERRY_OK;
+  if (!m->map || (cfg->secret && *cfg->secret && !m->secret) || pipe2(m->wake, O_CLOEXEC) != 0)
+    st = ferry_fail(FERRY_ENOMEM, "store master: out of memory or descriptors");
+  if (!st)
+    st = ferry_net_listen(host, cfg->port, &m->listen_fd, &m->port);
+  pthread_mutex_init(&m->lock, NULL);
+  if (!st && pthread_create(&m->listener, NULL, listener_main, m) != 0)
+    st = ferry_fail(FERRY_ENOMEM, "store master: cannot start its thread");
+  if (st) {
+    if (m->listen_fd >= 0)
+      close(m->listen_fd);
+    m->listen_fd = -1;
+    store_master_stop(m);
+    return st;
+  }
+  *out = m;
+  return FERRY_OK;
+}
+
+uint16_t store_master_port(const store_master *m) { return m->port; }
+
+void store_master_stop(store_master *m) {
+  if (!m)
+    return;
+  if (m->listen_fd >= 0) {
+    ssize_t woken = write(m->wake[1], "x", 1); /* an empty pipe of ours takes it */
+    (void)woken;
+    pthread_join(m->listener, NULL);
+    close(m->listen_fd);
+  }
+  pthread_mutex_lock(&m->lock);
+  for (client *c = m->clients; c; c = c->next)
+    shutdown(c->fd, SHUT_RDWR);
+  pthread_mutex_unlock(&m->lock);
+  for (client *c = m->clients, *next; c; c = next) {
+    next = c->next;
+    pthread_join(c->thread, NULL);
+    close(c->fd);
+    free(c);
+  }
+  if (m->wake[0] >= 0) {
+    close(m->wake[0]);
+    close(m->wake[1]);
+  }
+  if (m->map)
+    store_map_destroy(m->map);
+  pthread_mutex_destroy(&m->lock);
+  free(m->secret);
+  free(m);
+}

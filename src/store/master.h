@@ -1,0 +1,30 @@
+/* master.h - the store master (docs/store.md): key -> object, segments and
+ * their free space, leases and the liveness of its clients, served on its
+ * own port over ferry's wire (protocol.h). It moves no data. Run by
+ * `ferry store-master` / `mooncake_master` (tools/store_master.c) and by
+ * the tests in their own process. */
+#ifndef FERRY_STORE_MASTER_H
+#define FERRY_STORE_MASTER_H
+
+#include <stdint.h>
+
+#include "ferry.h"
+
+typedef struct store_master_config {
+  const char *host;       /* NULL: 127.0.0.1 */
+  uint16_t port;          /* 0: any free port */
+  uint32_t lease_ttl_ms;  /* a GET's lease (0: 5000, Mooncake's default_kv_lease_ttl) */
+  uint32_t client_ttl_ms; /* silence that drops a client (0: 10000) */
+  const char *secret;     /* shared secret clients must prove (NULL: none) */
+} store_master_config;
+
+typedef struct store_master store_master;
+
+/* Listens and serves on threads of its own until stopped. FERRY_ESOCKET
+ * naming the address when it cannot listen. */
+ferry_status store_master_start(const store_master_config *cfg, store_master **out);
+uint16_t store_master_port(const store_master *m);
+/* Closes every connection, joins every thread, frees everything. */
+void store_master_stop(store_master *m);
+
+#endif

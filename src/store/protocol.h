@@ -1,0 +1,98 @@
+/* protocol.h - the bodies of STORE and STORE_REPLY frames (wire.h) between a
+ * store client and its master, and the checked codec both sides build them
+ * with. All integers little-endian; a string is u16 length | bytes.
+ *
+ * STORE body:  u8 op | op's fields | header.count entries
+ * REPLY body:  header.count entries (header.status != 0: the reason text)
+ *
+ *   op          fields                          entry                reply entry
+ *   REGISTER    u16 version, u64 base, u64 size,
+ *               str segment name                (none)               u32 lease ms | u32 ping ms
+ *   PING        -                               (none)               (none)
+ *   PUT_START   u8 replicas, str preferred      str key | u64 size   i32 status | replicas
+ *   PUT_END     -                               str key | i32 outcome i32 status
+ *   GET         -                               str key              i32 status | u64 size |
+ *                                                                    replicas
+ *   QUERY       -                               str key              i32 status | u64 size
+ *   REMOVE      -                               str key              i32 status
+ *   REMOVE_ALL  -                               (none)               u64 removed
+ *   replicas:   u8 n | n * (str segment | u64 addr)
+ *
+ * A PUT_START entry with status 0 and no replicas: the key is stored
+ * already, nothing to write. Everything decoded comes from the network:
+ * the reader fails (and stays failed) on any field past the body's end. */
+#ifndef FERRY_STORE_PROTOCOL_H
+#define FERRY_STORE_PROTOCOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ferry.h"
+#include "wire/wire.h"
+
+#define STORE_PROTOCOL_VERSION 1
+#define STORE_KEY_MAX 1024   /* bytes of a key */
+#define STORE_BATCH_MAX 4096 /* entries of one frame; a client cuts larger batches */
+#define STORE_REPLICAS_MAX 8 /* replicas of one object */
+#define STORE_NAME_MAX FERRY_WIRE_MAX_NAME
+
+typedef enum store_op {
+  STORE_REGISTER = 1,
+  STORE_PING = 2,
+  STORE_PUT_START = 3,
+  STORE_PUT_END = 4,
+  STORE_GET = 5,
+  STORE_QUERY = 6,
+  STORE_REMOVE = 7,
+  STORE_REMOVE_ALL = 8,
+} store_op;
+
+/* A growing body (malloc'd); `failed` once an allocation failed. */
+typedef struct store_writer {
+  uint8_t *buf;
+  size_t len, cap;
+  int failed;
+} store_writer;
+
+void store_put_u8(store_writer *w, uint8_t v);
+void store_put_u16(store_writer *w, uint16_t v);
+void store_put_u32(store_writer *w, uint32_t v);
+void store_put_u64(store_writer *w, uint64_t v);
+void store_put_str(store_writer *w, const char *s, size_t len);
+void store_put_raw(store_writer *w, const void *data, size_t len); /* no length before it */
+void store_writer_free(store_writer *w);
+
+/* A body being decoded; `bad` once a field ran past its end. */
+typedef struct store_reader {
+  const uint8_t *p;
+  size_t left;
+  int bad;
+} store_reader;
+
+uint8_t store_get_u8(store_reader *r);
+uint16_t store_get_u16(store_reader *r);
+uint32_t store_get_u32(store_reader *r);
+uint64_t store_get_u64(store_reader *r);
+/* A string of at most max bytes (longer: bad); *s points into the body. */
+void store_get_str(store_reader *r, const char **s, size_t *len, size_t max);
+
+/* One replica as a reply lists it (segment points into the body). */
+typedef struct store_replica_ref {
+  const char *segment;
+  size_t segment_len;
+  uint64_t addr;
+} store_replica_ref;
+/* Replicas of a reply entry: FERRY_EPROTO naming `peer` when malformed. */
+ferry_status store_get_replicas(store_reader *r, store_replica_ref *out, unsigned *count,
+                                const char *peer);
+
+/* Sends one frame of `type` (the header's count and status as given) with
+ * w's body; w is consumed. */
+struct ferry_sock;
+ferry_status store_send(struct ferry_sock *s, uint8_t type, uint32_t count, int32_t status,
+                        store_writer *w, const char *step);
+/* Receives one frame's header and body (malloc'd into *body). */
+ferry_status store_recv(struct ferry_sock *s, ferry_frame_header *h, uint8_t **body,
+                        const char *step);
+
+#endif

@@ -1,0 +1,744 @@
+/* test_store.c - the store (docs/store.md, RELIABILITY.md 22) end to end: a
+ * master process (`ferry store-master`), a client in this process and one
+ * in a child process of its own (started afresh with exec: it is killed
+ * or stopped by some cases), every byte of every value checked.
+ *
+ * What happens between a put's start and its end is driven with a raw
+ * client speaking the store protocol by hand (protocol.h), which stops
+ * where the case needs it: no sleeps. Where the master must notice
+ * something (a client's death), the case waits for it with a generous
+ * bound, asserting what it then sees. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* cmocka needs the headers above first. */
+#include <cmocka.h>
+
+#include "base/clock.h"
+#include "base/error.h"
+#include "child.h"
+#include "ferry.h"
+#include "harness.h"
+#include "net/auth.h"
+#include "store/handshake.h"
+#include "store/protocol.h"
+
+#define KiB 1024ull
+#define MiB (1024ull * 1024ull)
+#define SEGMENT (8 * MiB)
+
+/* ---- processes and clients ------------------------------------------------------------------ */
+
+typedef struct master_proc {
+  pid_t pid;
+  char addr[64];
+} master_proc;
+
+/* `ferry store-master --port=0 [flags...]`, its address from its ready line. */
+static void master_start(master_proc *m, const char *flag1, const char *flag2) {
+  const char *argv[] = {test_tool_path(), "store-master", "--port=0", flag1, flag2, NULL};
+  char line[256];
+  m->pid = test_tool_start(argv, line, sizeof line);
+  if (m->pid <= 0 || sscanf(line, "ready master=%63s", m->addr) != 1)
+    fail_msg("store-master did not start (line \"%s\")", m->pid > 0 ? line : "");
+}
+
+/* SIGTERM: the master stops cleanly (under ASan, with its leak check) and
+ * exits 0. */
+static void master_stop(master_proc *m) {
+  int status = -1;
+  kill(m->pid, SIGTERM);
+  assert_int_equal(test_wait_exit(m->pid, TEST_SETUP_MS, &status), 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    fail_msg("store-master exited with status 0x%x", status);
+}
+
+static ferry_engine *engine_over(unsigned transports) {
+  ferry_config cfg;
+  ferry_config_init(&cfg);
+  cfg.bind_host = cfg.advertise_host = "127.0.0.1";
+  cfg.transports = transports;
+  ferry_engine *e = NULL;
+  return ferry_engine_create(&cfg, &e) == FERRY_OK ? e : NULL;
+}
+
+static ferry_engine *engine_on_loopback(void) { return engine_over(0); }
+
+static ferry_status store_on(ferry_engine *e, const char *master, size_t segment,
+                             const char *secret, ferry_store **out) {
+  ferry_store_config cfg;
+  ferry_store_config_init(&cfg);
+  cfg.master = master;
+  cfg.segment_size = segment;
+  cfg.local_buffer_size = 1 * MiB;
+  cfg.secret = secret;
+  return ferry_store_open(e, &cfg, out);
+}
+
+/* A client of our own: an engine and its store. */
+typedef struct local_client {
+  ferry_engine *engine;
+  ferry_store *store;
+} local_client;
+
+static void local_open_over(local_client *c, const char *master, size_t segment,
+                            unsigned transports) {
+  c->engine = engine_over(transports);
+  assert_non_null(c->engine);
+  if (store_on(c->engine, master, segment, NULL, &c->store) != FERRY_OK)
+    fail_msg("ferry_store_open: %s", ferry_last_error());
+}
+
+static void local_open(local_client *c, const char *master, size_t segment) {
+  local_open_over(c, master, segment, 0);
+}
+
+static void local_close(local_client *c) {
+  ferry_store_close(c->store);
+  ferry_engine_destroy(c->engine);
+}
+
+/* Most cases: a master process and a client of our own. */
+typedef struct rig {
+  master_proc m;
+  local_client a;
+} rig;
+
+static void rig_open(rig *r, const char *flag, size_t segment) {
+  master_start(&r->m, flag, NULL);
+  local_open(&r->a, r->m.addr, segment);
+}
+
+static void rig_close(rig *r) {
+  local_close(&r->a);
+  master_stop(&r->m);
+}
+
+/* Puts key until the master no longer answers EBUSY (it must first see a
+ * writer's put revoked), TEST_SETUP_MS at most; returns the last status. */
+static ferry_status put_once_free(ferry_store *s, const char *key, void *buf, size_t len) {
+  ferry_status st;
+  double until = test_now_s() + TEST_SETUP_MS / 1000.0;
+  while ((st = ferry_store_put_from(s, key, buf, len, NULL)) == FERRY_EBUSY && test_now_s() < until)
+    usleep(10000);
+  return st;
+}
+
+/* The bytes of a value: a function of its seed and position. */
+static uint8_t pattern(unsigned seed, size_t i) {
+  return (uint8_t)(seed * 131u + i * 7u + (i >> 9) * 13u + 1u);
+}
+
+static void fill(uint8_t *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++)
+    p[i] = pattern(seed, i);
+}
+
+/* The first byte that differs, or -1. */
+static long mismatch(const uint8_t *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != pattern(seed, i))
+      return (long)i;
+  return -1;
+}
+
+/* Reads key into buf (len bytes, cleared first) and checks every byte. */
+static void expect_bytes(ferry_store *s, const char *key, uint8_t *buf, size_t len, unsigned seed) {
+  memset(buf, 0, len);
+  if (ferry_store_get_into(s, key, buf, len, NULL) != FERRY_OK)
+    fail_msg("get %s: %s", key, ferry_last_error());
+  assert_int_equal(mismatch(buf, len, seed), -1);
+}
+
+/* ---- the child client ----------------------------------------------------------------------- */
+
+/* Role "client" MASTER: a client with a segment that prints "ready
+ * SEGMENT", then serves lines from stdin until it ends:
+ *   put KEY SIZE SEED PREFERRED   (PREFERRED "-": any segment)
+ *   get KEY SIZE SEED             (every byte checked)
+ * answering "ok" or "err STATUS DETAIL" per line. */
+static int answer(ferry_status st, const char *what) {
+  if (st == FERRY_OK)
+    printf("ok\n");
+  else
+    printf("err %d %s: %s\n", st, what, ferry_last_error());
+  return fflush(stdout);
+}
+
+static int client_role(int argc, char **argv) {
+  ferry_engine *e = argc == 1 ? engine_on_loopback() : NULL;
+  ferry_store *s;
+  uint8_t *buf;
+  if (!e || store_on(e, argv[0], SEGMENT, NULL, &s) != FERRY_OK ||
+      ferry_memory_alloc(e, 4 * MiB, (void **)&buf) != FERRY_OK)
+    return 2;
+  printf("ready %s\n", ferry_store_segment(s));
+  fflush(stdout);
+  char line[512], key[256], pref[256];
+  size_t size;
+  unsigned seed;
+  while (fgets(line, sizeof line, stdin)) {
+    if (sscanf(line, "put %255s %zu %u %255s", key, &size, &seed, pref) == 4) {
+      ferry_store_replicate rep = {1, strcmp(pref, "-") ? pref : NULL};
+      fill(buf, size, seed);
+      answer(ferry_store_put_from(s, key, buf, size, &rep), "put");
+    } else if (sscanf(line, "get %255s %zu %u", key, &size, &seed) == 3) {
+      size_t got = 0;
+      memset(buf, 0, size);
+      ferry_status st = ferry_store_get_into(s, key, buf, 4 * MiB, &got);
+      if (!st && (got != size || mismatch(buf, size, seed) >= 0))
+        st = ferry_fail(FERRY_ECHECKSUM, "%s: the bytes read differ", key);
+      answer(st, "get");
+    }
+  }
+  ferry_store_close(s);
+  ferry_engine_destroy(e);
+  return 0;
+}
+
+typedef struct child_client {
+  pid_t pid;
+  int to, from;
+  char segment[128];
+} child_client;
+
+static void child_open(child_client *c, const char *master) {
+  const char *args[] = {master, NULL};
+  c->pid = test_child_start("client", args, &c->to, &c->from);
+  assert_true(c->pid > 0);
+  char line[256];
+  if (test_read_line(c->from, line, sizeof line, TEST_SETUP_MS) != 0 ||
+      sscanf(line, "ready %127s", c->segment) != 1)
+    fail_msg("the child client did not start");
+}
+
+/* Sends one command line and returns its answer line. */
+static void child_say(child_client *c, char *answer_line, size_t size, const char *fmt, ...) {
+  char cmd[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  assert_int_equal(write(c->to, cmd, (size_t)n), n);
+  if (test_read_line(c->from, answer_line, size, TEST_SETUP_MS) != 0)
+    fail_msg("the child client did not answer \"%s\"", cmd);
+}
+
+static void child_expect_ok(child_client *c, const char *fmt, ...) {
+  char cmd[512], line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  child_say(c, line, sizeof line, "%s", cmd);
+  if (strcmp(line, "ok") != 0)
+    fail_msg("child: %s-> %s", cmd, line);
+}
+
+static void child_close(child_client *c) {
+  close(c->to);
+  int status = -1;
+  assert_int_equal(test_wait_exit(c->pid, TEST_SETUP_MS, &status), 0);
+  close(c->from);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void child_kill(child_client *c) {
+  test_kill_and_reap(c->pid, TEST_SETUP_MS);
+  close(c->to);
+  close(c->from);
+}
+
+/* ---- a raw client, by hand ------------------------------------------------------------------ */
+
+typedef struct raw_client {
+  int fd;
+  ferry_sock sock;
+  ferry_session session;
+} raw_client;
+
+static store_reader raw_request(raw_client *r, store_writer *w, uint32_t count, uint8_t **body) {
+  ferry_frame_header h;
+  assert_int_equal(store_send(&r->sock, FERRY_FRAME_STORE, count, 0, w, "raw request"), FERRY_OK);
+  assert_int_equal(store_recv(&r->sock, &h, body, "raw reply"), FERRY_OK);
+  if (h.status)
+    fail_msg("raw request refused: %.*s", (int)h.body_len, (const char *)*body);
+  return (store_reader){*body, (size_t)h.body_len, 0};
+}
+
+/* Connects and registers without a segment. */
+static void raw_open(raw_client *r, const char *master) {
+  char host[FERRY_HOST_MAX];
+  uint16_t port;
+  assert_int_equal(ferry_net_parse_target(master, host, &port), FERRY_OK);
+  assert_int_equal(
+      ferry_net_connect(host, port, ferry_now_ns() + TEST_SETUP_MS * 1000000ull, &r->fd), FERRY_OK);
+  ferry_sock_init(&r->sock, r->fd, master);
+  store_identity self = {ferry_random_u64(), "raw", NULL};
+  assert_int_equal(store_handshake_connect(&r->sock, &r->session, &self), FERRY_OK);
+  store_writer w = {0};
+  store_put_u8(&w, STORE_REGISTER);
+  store_put_u16(&w, STORE_PROTOCOL_VERSION);
+  store_put_u64(&w, 0);
+  store_put_u64(&w, 0);
+  store_put_str(&w, "", 0);
+  uint8_t *body;
+  raw_request(r, &w, 0, &body);
+  free(body);
+}
+
+/* PUT_START of one key in segment `where`; returns the replica's address. */
+static uint64_t raw_put_start(raw_client *r, const char *key, uint64_t size, const char *where) {
+  store_writer w = {0};
+  store_put_u8(&w, STORE_PUT_START);
+  store_put_u8(&w, 1);
+  store_put_str(&w, where, strlen(where));
+  store_put_str(&w, key, strlen(key));
+  store_put_u64(&w, size);
+  uint8_t *body;
+  store_reader rd = raw_request(r, &w, 1, &body);
+  assert_int_equal((int32_t)store_get_u32(&rd), FERRY_OK);
+  store_replica_ref reps[STORE_REPLICAS_MAX];
+  unsigned n;
+  assert_int_equal(store_get_replicas(&rd, reps, &n, "master"), FERRY_OK);
+  assert_int_equal(n, 1);
+  assert_int_equal(reps[0].segment_len, strlen(where));
+  free(body);
+  return reps[0].addr;
+}
+
+static void raw_put_end(raw_client *r, const char *key) {
+  store_writer w = {0};
+  store_put_u8(&w, STORE_PUT_END);
+  store_put_str(&w, key, strlen(key));
+  store_put_u32(&w, 0);
+  uint8_t *body;
+  store_reader rd = raw_request(r, &w, 1, &body);
+  assert_int_equal((int32_t)store_get_u32(&rd), FERRY_OK);
+  free(body);
+}
+
+/* ---- cases ---------------------------------------------------------------------------------- */
+
+/* Keys as SGLang HiCache names them, sizes of KV pages and more. */
+static const size_t sizes[] = {4 * KiB, 64 * KiB, 1 * MiB + 3, 100, 256 * KiB};
+#define VALUES (sizeof sizes / sizeof *sizes)
+
+static void key_of(char *key, size_t size, const char *prefix, size_t i) {
+  snprintf(key, size, "%s_%016llx_0_%s", prefix, (unsigned long long)i * 0x9e3779b97f4a7c15ull,
+           i % 2 ? "v" : "k");
+}
+
+static void values_move_between_two_clients(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, SEGMENT);
+  local_client a = t.a;
+  child_client b;
+  child_open(&b, t.m.addr);
+
+  /* a -> b's segment, as one batch; b reads each back. */
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(a.engine, 4 * MiB, (void **)&buf), FERRY_OK);
+  ferry_store_item items[VALUES];
+  char keys[VALUES][96];
+  size_t at = 0;
+  for (size_t i = 0; i < VALUES; i++) {
+    key_of(keys[i], sizeof keys[i], "ab", i);
+    fill(buf + at, sizes[i], (unsigned)i);
+    items[i] = (ferry_store_item){keys[i], buf + at, sizes[i], FERRY_EINVAL};
+    at += sizes[i];
+  }
+  ferry_store_replicate in_b = {1, b.segment};
+  if (ferry_store_put_from_batch(a.store, items, VALUES, &in_b) != FERRY_OK)
+    fail_msg("batch put: %s", ferry_last_error());
+  for (size_t i = 0; i < VALUES; i++) {
+    assert_int_equal(items[i].status, FERRY_OK);
+    child_expect_ok(&b, "get %s %zu %zu\n", keys[i], sizes[i], i);
+  }
+
+  /* b -> a's segment; a reads them as a batch, and one by one. */
+  for (size_t i = 0; i < VALUES; i++) {
+    key_of(keys[i], sizeof keys[i], "ba", i);
+    child_expect_ok(&b, "put %s %zu %zu %s\n", keys[i], sizes[i], i + 100,
+                    ferry_store_segment(a.store));
+  }
+  memset(buf, 0, 4 * MiB);
+  at = 0;
+  for (size_t i = 0; i < VALUES; i++) {
+    items[i] = (ferry_store_item){keys[i], buf + at, sizes[i], FERRY_EINVAL};
+    at += sizes[i];
+  }
+  if (ferry_store_get_into_batch(a.store, items, VALUES) != FERRY_OK)
+    fail_msg("batch get: %s", ferry_last_error());
+  at = 0;
+  for (size_t i = 0; i < VALUES; i++) {
+    assert_int_equal(items[i].status, FERRY_OK);
+    assert_int_equal(items[i].length, sizes[i]);
+    assert_int_equal(mismatch(buf + at, sizes[i], (unsigned)(i + 100)), -1);
+    at += sizes[i];
+    void *copy;
+    size_t len;
+    uint64_t size;
+    assert_int_equal(ferry_store_get(a.store, keys[i], &copy, &len), FERRY_OK);
+    assert_int_equal(len, sizes[i]);
+    assert_int_equal(mismatch(copy, len, (unsigned)(i + 100)), -1);
+    free(copy);
+    assert_int_equal(ferry_store_exists(a.store, keys[i]), FERRY_OK);
+    assert_int_equal(ferry_store_size(a.store, keys[i], &size), FERRY_OK);
+    assert_int_equal(size, sizes[i]);
+  }
+  /* A put of a stored key keeps the first value. */
+  fill(buf, 100, 77);
+  assert_int_equal(ferry_store_put_from(a.store, keys[3], buf, 100, NULL), FERRY_OK);
+  child_expect_ok(&b, "get %s %zu %u\n", keys[3], (size_t)100, 103u);
+  assert_int_equal(ferry_store_exists(a.store, "never_put"), FERRY_ENOTFOUND);
+
+  child_close(&b);
+  ferry_memory_free(a.engine, buf);
+  rig_close(&t);
+}
+
+/* Between PUT_START and PUT_END the key is invisible; after the writer's
+ * connection ends without PUT_END it never appears, and its space and key
+ * are free again. */
+static void a_put_is_invisible_until_committed(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, SEGMENT);
+  local_client a = t.a;
+  const char *seg = ferry_store_segment(a.store);
+
+  raw_client r;
+  raw_open(&r, t.m.addr);
+  raw_put_start(&r, "pending_k", 64 * KiB, seg);
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(a.engine, 64 * KiB, (void **)&buf), FERRY_OK);
+  assert_int_equal(ferry_store_exists(a.store, "pending_k"), FERRY_ENOTFOUND);
+  assert_int_equal(ferry_store_get_into(a.store, "pending_k", buf, 64 * KiB, NULL),
+                   FERRY_ENOTFOUND);
+  /* Nobody else may put it meanwhile. */
+  assert_int_equal(ferry_store_put_from(a.store, "pending_k", buf, 64 * KiB, NULL), FERRY_EBUSY);
+  raw_put_end(&r, "pending_k");
+  assert_int_equal(ferry_store_exists(a.store, "pending_k"), FERRY_OK);
+
+  /* A writer that dies between start and end: never visible; the key
+   * becomes free once the master saw the connection end. */
+  raw_put_start(&r, "orphan_k", 64 * KiB, seg);
+  close(r.fd);
+  assert_int_equal(ferry_store_exists(a.store, "orphan_k"), FERRY_ENOTFOUND);
+  fill(buf, 64 * KiB, 9);
+  assert_int_equal(put_once_free(a.store, "orphan_k", buf, 64 * KiB), FERRY_OK);
+  expect_bytes(a.store, "orphan_k", buf, 64 * KiB, 9);
+
+  ferry_memory_free(a.engine, buf);
+  rig_close(&t);
+}
+
+/* A killed client's segment leaves the store with the objects that lived
+ * only there: a get of them fails, saying the key is not in the store. */
+static void a_dead_clients_replicas_are_gone(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, SEGMENT);
+  local_client a = t.a;
+  child_client b;
+  child_open(&b, t.m.addr);
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(a.engine, 1 * MiB, (void **)&buf), FERRY_OK);
+  fill(buf, 1 * MiB, 5);
+  ferry_store_replicate in_b = {1, b.segment}, in_a = {1, ferry_store_segment(a.store)};
+  assert_int_equal(ferry_store_put_from(a.store, "in_b", buf, 1 * MiB, &in_b), FERRY_OK);
+  assert_int_equal(ferry_store_put_from(a.store, "in_a", buf, 1 * MiB, &in_a), FERRY_OK);
+  child_expect_ok(&b, "get in_b %zu 5\n", (size_t)(1 * MiB));
+
+  child_kill(&b);
+  ferry_status st = FERRY_OK;
+  double until = test_now_s() + TEST_SETUP_MS / 1000.0;
+  while ((st = ferry_store_get_into(a.store, "in_b", buf, 1 * MiB, NULL)) != FERRY_ENOTFOUND &&
+         test_now_s() < until)
+    usleep(10000); /* before the master saw it go, the READ from b fails */
+  assert_int_equal(st, FERRY_ENOTFOUND);
+  assert_non_null(strstr(ferry_last_error(), "not in the store"));
+  assert_int_equal(ferry_store_exists(a.store, "in_b"), FERRY_ENOTFOUND);
+  expect_bytes(a.store, "in_a", buf, 1 * MiB, 5);
+
+  ferry_memory_free(a.engine, buf);
+  rig_close(&t);
+}
+
+static uint64_t timeouts_of(ferry_engine *e) {
+  ferry_stats *stats;
+  assert_int_equal(ferry_stats_snapshot(e, &stats), FERRY_OK);
+  uint64_t n = stats->errors[-FERRY_ETIMEDOUT];
+  ferry_stats_free(stats);
+  return n;
+}
+
+/* Two replicas, one in a stopped client: the get's READ there fails (by
+ * its timeout: over tcp, which a stopped process does not serve, unlike
+ * shm's copies) and the other replica serves. */
+static void a_get_moves_to_the_next_replica(void **state) {
+  (void)state;
+  master_proc m;
+  master_start(&m, NULL, NULL);
+  local_client a;
+  local_open_over(&a, m.addr, SEGMENT, FERRY_TRANSPORT_TCP);
+  child_client b;
+  child_open(&b, m.addr);
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(a.engine, 256 * KiB, (void **)&buf), FERRY_OK);
+  fill(buf, 256 * KiB, 11);
+  ferry_store_replicate two = {2, b.segment}; /* b's first, then a's */
+  assert_int_equal(ferry_store_put_from(a.store, "twice", buf, 256 * KiB, &two), FERRY_OK);
+  child_expect_ok(&b, "get twice %zu 11\n", (size_t)(256 * KiB));
+  memset(buf, 0, 256 * KiB);
+  assert_int_equal(ferry_store_get_into(a.store, "twice", buf, 256 * KiB, NULL), FERRY_OK);
+
+  kill(b.pid, SIGSTOP);
+  int status; /* stopped for sure, not just signalled */
+  assert_int_equal(waitpid(b.pid, &status, WUNTRACED), b.pid);
+  assert_true(WIFSTOPPED(status));
+  test_engine_set_timeouts(a.engine, 1000, 1000);
+  memset(buf, 0, 256 * KiB);
+  uint64_t timeouts = timeouts_of(a.engine);
+  if (ferry_store_get_into(a.store, "twice", buf, 256 * KiB, NULL) != FERRY_OK)
+    fail_msg("get with one replica stopped: %s", ferry_last_error());
+  assert_int_equal(timeouts_of(a.engine), timeouts + 1); /* b's replica was tried first */
+  assert_int_equal(mismatch(buf, 256 * KiB, 11), -1);
+  test_engine_set_timeouts(a.engine, TEST_SETUP_MS, TEST_SETUP_MS);
+
+  kill(b.pid, SIGCONT);
+  child_close(&b);
+  ferry_memory_free(a.engine, buf);
+  local_close(&a);
+  master_stop(&m);
+}
+
+static void remove_and_leases(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, "--default_kv_lease_ttl=600000", SEGMENT);
+  local_client a = t.a;
+  uint8_t data[1000];
+  fill(data, sizeof data, 3);
+  assert_int_equal(ferry_store_put(a.store, "unread", data, sizeof data, NULL), FERRY_OK);
+  assert_int_equal(ferry_store_put(a.store, "read", data, sizeof data, NULL), FERRY_OK);
+  void *copy;
+  size_t len;
+  assert_int_equal(ferry_store_get(a.store, "read", &copy, &len), FERRY_OK);
+  free(copy);
+  /* The get's lease holds "read"; nothing holds "unread". */
+  assert_int_equal(ferry_store_remove(a.store, "read"), FERRY_EBUSY);
+  assert_non_null(strstr(ferry_last_error(), "lease"));
+  assert_int_equal(ferry_store_remove(a.store, "unread"), FERRY_OK);
+  assert_int_equal(ferry_store_exists(a.store, "unread"), FERRY_ENOTFOUND);
+  assert_int_equal(ferry_store_remove(a.store, "unread"), FERRY_ENOTFOUND);
+  uint64_t removed = 99;
+  assert_int_equal(ferry_store_remove_all(a.store, &removed), FERRY_OK);
+  assert_int_equal(removed, 0); /* "read" is leased */
+  assert_int_equal(ferry_store_exists(a.store, "read"), FERRY_OK);
+  rig_close(&t);
+}
+
+static void a_full_pool_refuses_puts(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, 1 * MiB);
+  local_client a = t.a;
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(a.engine, 2 * MiB, (void **)&buf), FERRY_OK);
+  assert_int_equal(ferry_store_put_from(a.store, "too_big", buf, 1 * MiB + 1, NULL), FERRY_ENOMEM);
+  assert_non_null(strstr(ferry_last_error(), "too_big"));
+  assert_non_null(strstr(ferry_last_error(), "store is full"));
+  char key[32];
+  for (int i = 0; i < 4; i++) {
+    snprintf(key, sizeof key, "quarter_%d", i);
+    assert_int_equal(ferry_store_put_from(a.store, key, buf, 256 * KiB, NULL), FERRY_OK);
+  }
+  assert_int_equal(ferry_store_put_from(a.store, "one_more", buf, 1, NULL), FERRY_ENOMEM);
+  /* Two freed neighbours make one extent again: half a MiB fits. */
+  assert_int_equal(ferry_store_remove(a.store, "quarter_1"), FERRY_OK);
+  assert_int_equal(ferry_store_remove(a.store, "quarter_2"), FERRY_OK);
+  fill(buf, 512 * KiB, 21);
+  assert_int_equal(ferry_store_put_from(a.store, "half", buf, 512 * KiB, NULL), FERRY_OK);
+  expect_bytes(a.store, "half", buf, 512 * KiB, 21);
+  ferry_memory_free(a.engine, buf);
+  rig_close(&t);
+}
+
+/* A client that stops talking (its connection still open) is dropped after
+ * client_ttl with its pending put; a client that PINGs stays. */
+static void a_silent_client_is_dropped(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, "--client_ttl_ms=2000", SEGMENT);
+  local_client a = t.a;
+  raw_client r;
+  raw_open(&r, t.m.addr);
+  raw_put_start(&r, "held", 4 * KiB, ferry_store_segment(a.store));
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(a.engine, 4 * KiB, (void **)&buf), FERRY_OK);
+  assert_int_equal(ferry_store_put_from(a.store, "held", buf, 4 * KiB, NULL), FERRY_EBUSY);
+  double start = test_now_s();
+  assert_int_equal(put_once_free(a.store, "held", buf, 4 * KiB), FERRY_OK);
+  assert_true(test_now_s() - start >= 1.0); /* not before its silence could have lasted the ttl */
+  /* a kept PINGing through it: still a member, its segment still used. */
+  assert_int_equal(ferry_store_exists(a.store, "held"), FERRY_OK);
+  close(r.fd);
+  ferry_memory_free(a.engine, buf);
+  rig_close(&t);
+}
+
+static void the_masters_secret_is_required(void **state) {
+  (void)state;
+  setenv("FERRY_SECRET", "store-secret", 1);
+  master_proc m;
+  master_start(&m, NULL, NULL);
+  unsetenv("FERRY_SECRET");
+  ferry_engine *e = engine_on_loopback();
+  assert_non_null(e);
+  ferry_store *s = NULL;
+  assert_int_equal(store_on(e, m.addr, 0, NULL, &s), FERRY_EAUTH);
+  assert_non_null(strstr(ferry_last_error(), "requires a shared secret"));
+  assert_int_equal(store_on(e, m.addr, 0, "wrong", &s), FERRY_EAUTH);
+  assert_int_equal(store_on(e, m.addr, 1 * MiB, "store-secret", &s), FERRY_OK);
+  uint8_t data[64] = {1, 2, 3};
+  assert_int_equal(ferry_store_put(s, "sealed", data, sizeof data, NULL), FERRY_OK);
+  assert_int_equal(ferry_store_exists(s, "sealed"), FERRY_OK);
+  ferry_store_close(s);
+  ferry_engine_destroy(e);
+  master_stop(&m);
+}
+
+/* Sends one STORE frame of raw body bytes and says whether the master
+ * still answers on the connection afterwards (a PING). */
+static int raw_survives(raw_client *r, uint32_t count, const void *body, size_t len) {
+  store_writer w = {0};
+  store_put_raw(&w, body, len);
+  if (store_send(&r->sock, FERRY_FRAME_STORE, count, 0, &w, "hostile frame") != FERRY_OK)
+    return 0;
+  ferry_frame_header h;
+  uint8_t *reply = NULL;
+  ferry_status st = store_recv(&r->sock, &h, &reply, "hostile reply");
+  free(reply);
+  if (st != FERRY_OK)
+    return 0;
+  uint8_t ping = STORE_PING;
+  w = (store_writer){0};
+  store_put_raw(&w, &ping, 1);
+  st = store_send(&r->sock, FERRY_FRAME_STORE, 0, 0, &w, "ping");
+  if (st == FERRY_OK)
+    st = store_recv(&r->sock, &h, &reply, "pong");
+  free(reply);
+  return st == FERRY_OK;
+}
+
+/* Malformed requests end the sender's connection (its reason sent first)
+ * and nothing else: another client's object and segment stay; a client
+ * cannot end another's put or mount a segment under a name in use. */
+static void a_hostile_client_hurts_only_itself(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, SEGMENT);
+  local_client a = t.a;
+  uint8_t data[512];
+  fill(data, sizeof data, 4);
+  assert_int_equal(ferry_store_put(a.store, "kept", data, sizeof data, NULL), FERRY_OK);
+  raw_client r;
+  const uint8_t unknown_op[] = {99};
+  const uint8_t truncated_put[] = {STORE_PUT_START, 1, 0, 0, 5, 0, 'a', 'b'};
+  const uint8_t lying_length[] = {STORE_GET, 0xff, 0xff, 'k'};
+  const uint8_t trailing[] = {STORE_PING, 0};
+  const struct {
+    const uint8_t *body;
+    size_t len;
+    uint32_t count;
+  } frames[] = {{unknown_op, 1, 0},
+                {truncated_put, sizeof truncated_put, 1},
+                {lying_length, 4, 1},
+                {trailing, 2, 0},
+                {lying_length, 1, 1 << 20}};
+  for (size_t i = 0; i < sizeof frames / sizeof *frames; i++) {
+    raw_open(&r, t.m.addr);
+    assert_false(raw_survives(&r, frames[i].count, frames[i].body, frames[i].len));
+    close(r.fd);
+  }
+  /* A put of a's is not the raw client's to end; a's segment name is taken. */
+  raw_open(&r, t.m.addr);
+  raw_put_start(&r, "theirs", 64, ferry_store_segment(a.store));
+  store_writer w = {0};
+  store_put_u8(&w, STORE_PUT_END);
+  store_put_str(&w, "kept", 4);
+  store_put_u32(&w, 1); /* "failed": would free it */
+  uint8_t *body;
+  store_reader rd = raw_request(&r, &w, 1, &body);
+  assert_int_equal((int32_t)store_get_u32(&rd), FERRY_ENOTFOUND);
+  free(body);
+  close(r.fd);
+  assert_int_equal(ferry_store_exists(a.store, "kept"), FERRY_OK);
+  /* A second store on a's engine (its name): refused, a keeps its segment. */
+  ferry_store *twin;
+  assert_int_equal(store_on(a.engine, t.m.addr, 1 * MiB, NULL, &twin), FERRY_EBUSY);
+  assert_non_null(strstr(ferry_last_error(), "mounted already"));
+  void *copy;
+  size_t len;
+  assert_int_equal(ferry_store_get(a.store, "kept", &copy, &len), FERRY_OK);
+  assert_int_equal(len, sizeof data);
+  assert_int_equal(mismatch(copy, len, 4), -1);
+  free(copy);
+  rig_close(&t);
+}
+
+static void bad_arguments_are_refused(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, 1 * MiB);
+  local_client a = t.a;
+  uint8_t unregistered[16];
+  char long_key[STORE_KEY_MAX + 2];
+  memset(long_key, 'k', sizeof long_key - 1);
+  long_key[sizeof long_key - 1] = 0;
+  assert_int_equal(ferry_store_put(a.store, long_key, unregistered, 16, NULL), FERRY_EINVAL);
+  assert_int_equal(ferry_store_put(a.store, "", unregistered, 16, NULL), FERRY_EINVAL);
+  ferry_store_replicate nine = {9, NULL};
+  assert_int_equal(ferry_store_put(a.store, "nine", unregistered, 16, &nine), FERRY_EINVAL);
+  ferry_store_replicate two = {2, NULL}; /* one segment only */
+  assert_int_equal(ferry_store_put(a.store, "two", unregistered, 16, &two), FERRY_ENOMEM);
+  rig_close(&t);
+  /* Nothing listens there any more. */
+  ferry_engine *e = engine_on_loopback();
+  ferry_store *s;
+  assert_int_equal(store_on(e, t.m.addr, 0, NULL, &s), FERRY_ESOCKET);
+  ferry_engine_destroy(e);
+}
+
+int main(int argc, char **argv) {
+  const test_child_role roles[] = {{"client", client_role}};
+  test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(values_move_between_two_clients),
+      cmocka_unit_test(a_put_is_invisible_until_committed),
+      cmocka_unit_test(a_dead_clients_replicas_are_gone),
+      cmocka_unit_test(a_get_moves_to_the_next_replica),
+      cmocka_unit_test(remove_and_leases),
+      cmocka_unit_test(a_full_pool_refuses_puts),
+      cmocka_unit_test(a_silent_client_is_dropped),
+      cmocka_unit_test(the_masters_secret_is_required),
+      cmocka_unit_test(a_hostile_client_hurts_only_itself),
+      cmocka_unit_test(bad_arguments_are_refused),
+  };
+  const char *only = getenv("FERRY_TEST_FILTER"); /* e.g. "*lease*" */
+  if (only && *only)
+    cmocka_set_test_filter(only);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,127 @@
+"""test_mooncake_store.py - mooncake.store.MooncakeDistributedStore on ferry's
+store (docs/store.md): a `ferry store-master` process and two clients, driven
+the way SGLang's HiCache L3 backend drives Mooncake's store (setup with seven
+positional arguments, register_buffer on a host KV pool, warm-up
+put/is_exist/get, then batch_is_exist, batch_put_from and batch_get_into with
+keys "{prefix}_{hash}_{rank}_k|v"), every byte checked."""
+
+import ctypes
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ferry_tool
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+from mooncake.store import MooncakeDistributedStore, ReplicateConfig  # noqa: E402
+
+MiB = 1 << 20
+PAGE = 64 * 1024  # one K or V page of the host pool
+
+
+@pytest.fixture
+def master():
+    tool = ferry_tool()
+    if not tool:
+        pytest.skip("ferry tool not found (set FERRY_TOOL or build build/ferry)")
+    proc = subprocess.Popen([tool, "store-master", "--port=0", "--default_kv_lease_ttl=500"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    m = re.match(r"ready master=(\S+)", line)
+    if not m:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise RuntimeError("store-master did not start: %r" % line)
+    yield m.group(1)
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def client(master_addr, positional=True):
+    store = MooncakeDistributedStore()
+    if positional:
+        rc = store.setup("127.0.0.1", "P2PHANDSHAKE", 32 * MiB, 16 * MiB, "tcp", "", master_addr)
+    else:
+        rc = store.setup({"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+                          "global_segment_size": "32MB", "local_buffer_size": "16MB",
+                          "protocol": "tcp", "master_server_addr": master_addr})
+    assert rc == 0
+    return store
+
+
+def page_bytes(seed):
+    return bytes((seed * 131 + i * 7 + (i >> 9) * 13 + 1) & 0xFF for i in range(PAGE))
+
+
+def test_hicache_call_pattern(master):
+    writer, reader = client(master), client(master, positional=False)
+    try:
+        # The host KV pool, registered once by each rank.
+        pages = 24
+        pool_w = ctypes.create_string_buffer(pages * PAGE)
+        pool_r = ctypes.create_string_buffer(pages * PAGE)
+        base_w, base_r = ctypes.addressof(pool_w), ctypes.addressof(pool_r)
+        assert writer.register_buffer(base_w, pages * PAGE) == 0
+        assert reader.register_buffer(base_r, pages * PAGE) == 0
+
+        # Warm-up, as HiCache's backend does at start.
+        assert writer.put("warmup_key", b"warmup_value") == 0
+        assert reader.is_exist("warmup_key") == 1
+        assert reader.get("warmup_key") == b"warmup_value"
+
+        keys = ["sglang_%016x_0_%s" % (h * 0x9E3779B97F4A7C15 & (2**64 - 1), kv)
+                for h in range(pages // 2) for kv in ("k", "v")]
+        ptrs_w = [base_w + i * PAGE for i in range(pages)]
+        ptrs_r = [base_r + i * PAGE for i in range(pages)]
+        sizes = [PAGE] * pages
+        for i in range(pages):
+            ctypes.memmove(ptrs_w[i], page_bytes(i), PAGE)
+
+        assert reader.batch_is_exist(keys) == [0] * pages  # dedup: none stored yet
+        assert writer.batch_put_from(keys, ptrs_w, sizes) == [0] * pages
+        assert reader.batch_is_exist(keys) == [1] * pages
+        assert reader.get_size(keys[3]) == PAGE
+
+        assert reader.batch_get_into(keys, ptrs_r, sizes) == [PAGE] * pages
+        for i in range(pages):
+            assert ctypes.string_at(ptrs_r[i], PAGE) == page_bytes(i), keys[i]
+
+        # The writer reads its own back too; an absent key answers -704.
+        ctypes.memset(base_w, 0, pages * PAGE)
+        assert writer.batch_get_into(keys[:4] + ["absent_0_k"], ptrs_w[:5], sizes[:5]) == \
+            [PAGE] * 4 + [-704]
+        assert ctypes.string_at(ptrs_w[2], PAGE) == page_bytes(2)
+        assert reader.get("absent_0_k") == b""
+        assert reader.is_exist("absent_0_k") == 0
+
+        # One replica in each client's segment, the first in the reader's.
+        config = ReplicateConfig(replica_num=2, preferred_segment=reader.get_hostname())
+        assert writer.put_from("both", ptrs_w[2], PAGE, config) == 0
+        assert reader.get_into("both", ptrs_r[0], PAGE) == PAGE
+        assert ctypes.string_at(ptrs_r[0], PAGE) == page_bytes(2)
+
+        # A buffer too small for the value, and a full pool, fail by number.
+        assert reader.get_into(keys[0], ptrs_r[0], PAGE - 1) == -600
+        big = ctypes.create_string_buffer(48 * MiB)
+        assert writer.put("too_big", bytes(big)) == -200
+        assert writer.remove("absent_0_k") == -704
+        assert writer.put("pinned", b"x", ReplicateConfig(with_soft_pin=True)) == -600
+        assert writer.unregister_buffer(base_w) == 0
+        assert reader.unregister_buffer(base_r) == 0
+    finally:
+        assert writer.close() == 0
+        assert reader.close() == 0
+
+
+def test_setup_failures_are_numbers(master):
+    store = MooncakeDistributedStore()
+    assert store.setup("127.0.0.1", "P2PHANDSHAKE", "lots", 16 * MiB, "tcp", "", master) == -600
+    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 1 * MiB, 1 * MiB, "tcp", "",
+                       "127.0.0.1:1") < 0  # nothing listens there
+    assert store.put("k", b"v") == -600  # not set up
+    assert store.close() == 0
