@@ -44,6 +44,7 @@ static void usage(FILE *out) {
           "  --default_kv_lease_ttl=MS  lease a get holds on an object (default 5000)\n"
           "  --client_ttl=S           seconds of silence that drop a client (default 10)\n"
           "  --client_ttl_ms=MS       the same in milliseconds\n"
+          "  --max_clients=N          connections open at once, each with a thread (default 1024)\n"
           "The shared secret clients must prove comes from FERRY_SECRET.\n"
           "Prints \"ready master=HOST:PORT\" once it listens. Not implemented yet, and refused\n"
           "by name: HA (--enable_ha ...), the SSD tier (--root_fs_dir), eviction\n"
@@ -66,7 +67,7 @@ static int split_flag(int argc, char **argv, int *i, char *name, size_t size, co
   return 0;
 }
 
-static int parse_ms(const char *flag, const char *value, unsigned long scale, uint32_t *out) {
+static int parse_positive(const char *flag, const char *value, unsigned long scale, uint32_t *out) {
   unsigned long v;
   if (!value || ferry_cli_parse_count(value, 1, 0xffffffffu / scale, &v) != 0) {
     fprintf(stderr, "store-master: --%s needs a positive whole number, not \"%s\"\n", flag,
@@ -93,11 +94,13 @@ static int parse_flag(store_master_config *cfg, const char *name, const char *va
     return value && *value ? 0 : -1;
   }
   if (!strcmp(name, "default_kv_lease_ttl"))
-    return parse_ms(name, value, 1, &cfg->lease_ttl_ms);
+    return parse_positive(name, value, 1, &cfg->lease_ttl_ms);
   if (!strcmp(name, "client_ttl"))
-    return parse_ms(name, value, 1000, &cfg->client_ttl_ms);
+    return parse_positive(name, value, 1000, &cfg->client_ttl_ms);
   if (!strcmp(name, "client_ttl_ms"))
-    return parse_ms(name, value, 1, &cfg->client_ttl_ms);
+    return parse_positive(name, value, 1, &cfg->client_ttl_ms);
+  if (!strcmp(name, "max_clients"))
+    return parse_positive(name, value, 1, &cfg->max_clients);
   for (size_t i = 0; i < sizeof not_yet / sizeof *not_yet; i++)
     if (!strcmp(name, not_yet[i])) {
       fprintf(stderr,

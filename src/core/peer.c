@@ -173,32 +173,9 @@ static ferry_status prove_secret(ferry_peer *p, ferry_sock *s, const handshake_b
   if (!secret)
     return ferry_fail(FERRY_EAUTH, "peer %s requires a shared secret and none is configured",
                       s->peer);
-  uint8_t th[FERRY_WIRE_PROOF_SIZE], body[FERRY_WIRE_AUTH_REPLY_MAX];
+  uint8_t th[FERRY_WIRE_PROOF_SIZE];
   ferry_auth_transcript(hb->hello, hb->hello_len, hb->reply, hb->reply_len, th);
-  ferry_auth_bound_proof(secret, FERRY_AUTH_INITIATOR, th, NULL, 0, body);
-  ferry_frame_header h = {.type = FERRY_FRAME_AUTH, .body_len = FERRY_WIRE_PROOF_SIZE};
-  ferry_status st = ferry_sock_send_frame(s, &h, body, "send AUTH");
-  if (!st)
-    st = ferry_sock_recv_header(s, &h, "authenticate");
-  if (st)
-    return st;
-  if (h.type != FERRY_FRAME_AUTH_REPLY)
-    return ferry_fail(FERRY_EHANDSHAKE, "authenticate with %s: answered with frame type %u",
-                      s->peer, h.type);
-  if (h.status)
-    return ferry_sock_read_refusal(s, &h, "authenticate");
-  size_t facts = (size_t)h.body_len - FERRY_WIRE_PROOF_SIZE; /* decode checked the range */
-  st = ferry_sock_recv(s, body, (size_t)h.body_len, "authenticate");
-  if (st)
-    return st;
-  if (!ferry_auth_bound_check(secret, FERRY_AUTH_TARGET, th, body + FERRY_WIRE_PROOF_SIZE, facts,
-                              body))
-    return ferry_fail(FERRY_EAUTH, "peer %s could not prove it knows the shared secret", s->peer);
-  st = ferry_wire_facts_decode(body + FERRY_WIRE_PROOF_SIZE, facts, reply);
-  if (st)
-    return ferry_fail(FERRY_EHANDSHAKE, "authenticate with %s: %s", s->peer, ferry_last_error());
-  ferry_session_start(session, secret, FERRY_AUTH_INITIATOR, th);
-  return FERRY_OK;
+  return ferry_auth_prove(s, secret, th, "peer", reply, session);
 }
 
 static void unlink_channel(ferry_peer *p, struct ferry_channel *ch);

@@ -177,29 +177,11 @@ static void fill_hello_reply(ferry_engine *e, ferry_hello_reply *r, uint16_t ver
  * over th and the facts it carries; then the session seals every frame. */
 static ferry_status check_proof(server_conn *c, const uint8_t th[FERRY_WIRE_PROOF_SIZE],
                                 const ferry_hello_reply *r) {
-  const char *secret = c->engine->secret;
-  ferry_frame_header h;
-  uint8_t body[FERRY_WIRE_AUTH_REPLY_MAX];
-  ferry_status st = ferry_sock_recv_header(&c->sock, &h, "receive AUTH");
-  if (st)
-    return st;
-  if (h.type != FERRY_FRAME_AUTH)
-    return refuse(c, FERRY_FRAME_AUTH_REPLY, FERRY_EAUTH, "shared secret required, no proof sent");
-  st = ferry_sock_recv(&c->sock, body, FERRY_WIRE_PROOF_SIZE, "receive AUTH");
-  if (st)
-    return st;
-  if (!ferry_auth_bound_check(secret, FERRY_AUTH_INITIATOR, th, NULL, 0, body))
-    return refuse(c, FERRY_FRAME_AUTH_REPLY, FERRY_EAUTH,
-                  "wrong shared secret, or the handshake was altered on the way");
-  size_t facts = ferry_wire_facts_encode(body + FERRY_WIRE_PROOF_SIZE, r);
-  ferry_auth_bound_proof(secret, FERRY_AUTH_TARGET, th, body + FERRY_WIRE_PROOF_SIZE, facts, body);
-  ferry_frame_header ok = {.type = FERRY_FRAME_AUTH_REPLY,
-                           .body_len = FERRY_WIRE_PROOF_SIZE + facts};
-  st = ferry_sock_send_frame(&c->sock, &ok, body, "send AUTH_REPLY");
-  if (!st) {
-    ferry_session_start(&c->session, secret, FERRY_AUTH_TARGET, th);
+  ferry_status st = ferry_auth_accept(&c->sock, c->engine->secret, th, r, &c->session);
+  if (st == FERRY_EAUTH)
+    FERRY_WARN("refused connection from %s: %s", c->peer, ferry_last_error());
+  if (!st)
     ferry_sock_auth(&c->sock, &c->session);
-  }
   return st;
 }
 

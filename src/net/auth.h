@@ -38,6 +38,21 @@ int ferry_auth_bound_check(const char *secret, ferry_auth_role role,
 /* Keys for sealing the frames after the handshake, for side self. */
 void ferry_session_start(ferry_session *s, const char *secret, ferry_auth_role self,
                          const uint8_t th[FERRY_WIRE_PROOF_SIZE]);
+/* The AUTH step on s, after HELLO and HELLO_REPLY hashed into th
+ * (auth_step.c). On success session holds the keys; the caller seals s
+ * with them (ferry_sock_auth) when its next frame is due.
+ * Target: reads AUTH and answers with its proof over th and the facts.
+ * A missing or wrong proof is refused with an AUTH_REPLY carrying
+ * FERRY_EAUTH and returns FERRY_EAUTH, the reason as the last error. */
+ferry_status ferry_auth_accept(ferry_sock *s, const char *secret,
+                               const uint8_t th[FERRY_WIRE_PROOF_SIZE],
+                               const ferry_hello_reply *facts, ferry_session *session);
+/* Initiator: sends its proof, checks the target's over th and the facts
+ * AUTH_REPLY carries, and decodes them into facts (NULL: not wanted). who
+ * names the target in messages ("peer", "store master"). */
+ferry_status ferry_auth_prove(ferry_sock *s, const char *secret,
+                              const uint8_t th[FERRY_WIRE_PROOF_SIZE], const char *who,
+                              ferry_hello_reply *facts, ferry_session *session);
 uint64_t ferry_random_u64(void);
 void ferry_read_boot_id(uint8_t boot_id[FERRY_WIRE_BOOT_ID_SIZE]);
 

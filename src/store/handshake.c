@@ -76,30 +76,14 @@ static ferry_status answer_hello(ferry_sock *s, transcript *t, const ferry_hello
 
 static ferry_status check_client_proof(ferry_sock *s, const transcript *t, const char *secret,
                                        const ferry_hello_reply *r, ferry_session *session) {
-  uint8_t th[FERRY_WIRE_PROOF_SIZE], body[FERRY_WIRE_AUTH_REPLY_MAX];
-  ferry_frame_header h;
-  ferry_status st = ferry_sock_recv_header(s, &h, "receive AUTH");
-  if (st)
-    return st;
-  if (h.type != FERRY_FRAME_AUTH)
-    return refuse(s, FERRY_FRAME_AUTH_REPLY, FERRY_EAUTH, "shared secret required, no proof sent");
-  st = ferry_sock_recv(s, body, FERRY_WIRE_PROOF_SIZE, "receive AUTH");
-  if (st)
-    return st;
+  uint8_t th[FERRY_WIRE_PROOF_SIZE];
   transcript_hash(t, th);
-  if (!ferry_auth_bound_check(secret, FERRY_AUTH_INITIATOR, th, NULL, 0, body))
-    return refuse(s, FERRY_FRAME_AUTH_REPLY, FERRY_EAUTH,
-                  "wrong shared secret, or the handshake was altered on the way");
-  size_t facts = ferry_wire_facts_encode(body + FERRY_WIRE_PROOF_SIZE, r);
-  ferry_auth_bound_proof(secret, FERRY_AUTH_TARGET, th, body + FERRY_WIRE_PROOF_SIZE, facts, body);
-  ferry_frame_header ok = {.type = FERRY_FRAME_AUTH_REPLY,
-                           .body_len = FERRY_WIRE_PROOF_SIZE + facts};
-  st = ferry_sock_send_frame(s, &ok, body, "send AUTH_REPLY");
-  if (st)
-    return st;
-  ferry_session_start(session, secret, FERRY_AUTH_TARGET, th);
-  ferry_sock_auth(s, session);
-  return FERRY_OK;
+  ferry_status st = ferry_auth_accept(s, secret, th, r, session);
+  if (st == FERRY_EAUTH)
+    return ferry_fail(st, "refused store client %s: %s", s->peer, ferry_last_error());
+  if (!st)
+    ferry_sock_auth(s, session);
+  return st;
 }
 
 ferry_status store_handshake_accept(ferry_sock *s, ferry_session *session,
@@ -158,31 +142,12 @@ static ferry_status receive_reply(ferry_sock *s, transcript *t, ferry_hello_repl
 
 static ferry_status prove_to_master(ferry_sock *s, const transcript *t, const char *secret,
                                     ferry_session *session) {
-  uint8_t th[FERRY_WIRE_PROOF_SIZE], body[FERRY_WIRE_AUTH_REPLY_MAX];
+  uint8_t th[FERRY_WIRE_PROOF_SIZE];
   transcript_hash(t, th);
-  ferry_auth_bound_proof(secret, FERRY_AUTH_INITIATOR, th, NULL, 0, body);
-  ferry_frame_header h = {.type = FERRY_FRAME_AUTH, .body_len = FERRY_WIRE_PROOF_SIZE};
-  ferry_status st = ferry_sock_send_frame(s, &h, body, "send AUTH");
+  ferry_status st = ferry_auth_prove(s, secret, th, "store master", NULL, session);
   if (!st)
-    st = ferry_sock_recv_header(s, &h, "store authentication");
-  if (st)
-    return st;
-  if (h.type != FERRY_FRAME_AUTH_REPLY)
-    return ferry_fail(FERRY_EHANDSHAKE, "store master %s answered AUTH with frame type %u", s->peer,
-                      h.type);
-  if (h.status)
-    return ferry_sock_read_refusal(s, &h, "store authentication");
-  st = ferry_sock_recv(s, body, (size_t)h.body_len, "store authentication");
-  if (st)
-    return st;
-  size_t facts = (size_t)h.body_len - FERRY_WIRE_PROOF_SIZE; /* the codec checked the range */
-  if (!ferry_auth_bound_check(secret, FERRY_AUTH_TARGET, th, body + FERRY_WIRE_PROOF_SIZE, facts,
-                              body))
-    return ferry_fail(FERRY_EAUTH, "store master %s could not prove it knows the shared secret",
-                      s->peer);
-  ferry_session_start(session, secret, FERRY_AUTH_INITIATOR, th);
-  ferry_sock_auth(s, session);
-  return FERRY_OK;
+    ferry_sock_auth(s, session);
+  return st;
 }
 
 ferry_status store_handshake_connect(ferry_sock *s, ferry_session *session,

@@ -1,5 +1,6 @@
 /* master.c - the store master's server (master.h): a listener thread that
- * accepts clients and drops the silent ones, and a thread per client that
+ * accepts clients (max_clients at once: each costs a thread) and drops the
+ * silent ones, and a thread per client that
  * runs its handshake and answers its requests in order from the map
  * (map.c). A client is alive while its connection is: when the connection
  * ends, or nothing arrived on it for client_ttl, its thread ends and the
@@ -28,6 +29,8 @@
 #include "store/protocol.h"
 
 #define HANDSHAKE_MS 5000
+#define MAX_CLIENTS 1024
+#define REFUSAL_MS 100 /* a refusal fits any fresh socket's send buffer: never waits long */
 
 typedef struct client {
   struct client *next;
@@ -51,6 +54,8 @@ struct store_master {
   pthread_t listener;
   pthread_mutex_t lock; /* clients */
   client *clients;
+  uint32_t client_count; /* in clients, finished or not */
+  uint32_t max_clients;
   uint64_t next_id;
   store_map *map;
   uint64_t client_ttl_ns;
@@ -125,30 +130,62 @@ static void *client_main(void *arg) {
 
 /* ---- the listener --------------------------------------------------------------------------- */
 
+/* Past max_clients, the connection gets a HELLO_REPLY refusing it with
+ * FERRY_EBUSY and the reason, from the listener (no thread for it), and is
+ * closed: its client reads why. */
+static void refuse_client(store_master *m, int fd, const char *peer) {
+  char why[FERRY_WIRE_MAX_REASON];
+  snprintf(why, sizeof why, "%u clients connected, the limit (--max_clients)", m->max_clients);
+  FERRY_WARN("store master: refused client %s: %s", peer, why);
+  ferry_sock sock;
+  ferry_sock_init(&sock, fd, peer);
+  ferry_sock_set_deadline(&sock, ferry_now_ns() + REFUSAL_MS * 1000000ull);
+  ferry_frame_header h = {.type = FERRY_FRAME_HELLO_REPLY, .status = FERRY_EBUSY};
+  h.body_len = strlen(why);
+  ferry_sock_send_frame(&sock, &h, why, "send a store refusal");
+  close(fd);
+}
+
+static void describe_client(const struct sockaddr_storage *ss, char *peer, size_t size) {
+  char host[FERRY_HOST_MAX] = "?";
+  uint16_t port = 0;
+  if (ss->ss_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    port = ntohs(in->sin_port);
+  } else if (ss->ss_family == AF_INET6) {
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    port = ntohs(in6->sin6_port);
+  }
+  ferry_net_format_target(peer, size, host, port);
+}
+
 static void accept_client(store_master *m) {
   struct sockaddr_storage ss;
   socklen_t len = sizeof ss;
   int fd = accept4(m->listen_fd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC);
-  if (fd < 0)
+  if (fd < 0) {
+    if (errno == EMFILE || errno == ENFILE)
+      poll(NULL, 0, 100); /* out of descriptors: back off instead of spinning */
     return;
+  }
+  ferry_net_tune(fd);
+  char peer[FERRY_HOST_MAX + 8];
+  describe_client(&ss, peer, sizeof peer);
+  pthread_mutex_lock(&m->lock);
+  int full = m->client_count >= m->max_clients;
+  pthread_mutex_unlock(&m->lock);
+  if (full) {
+    refuse_client(m, fd, peer);
+    return;
+  }
   client *c = calloc(1, sizeof *c);
   if (!c) {
     close(fd);
     return;
   }
-  ferry_net_tune(fd);
-  char host[FERRY_HOST_MAX] = "?";
-  uint16_t port = 0;
-  if (ss.ss_family == AF_INET) {
-    struct sockaddr_in *in = (struct sockaddr_in *)&ss;
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    port = ntohs(in->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-    port = ntohs(in6->sin6_port);
-  }
-  ferry_net_format_target(c->peer, sizeof c->peer, host, port);
+  snprintf(c->peer, sizeof c->peer, "%s", peer);
   snprintf(c->name, sizeof c->name, "(before HELLO)");
   c->master = m;
   c->fd = fd;
@@ -164,6 +201,7 @@ static void accept_client(store_master *m) {
   }
   c->next = m->clients;
   m->clients = c;
+  m->client_count++;
   pthread_mutex_unlock(&m->lock);
 }
 
@@ -176,6 +214,7 @@ static void sweep_clients(store_master *m) {
     client *c = *at;
     if (__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE)) {
       *at = c->next;
+      m->client_count--;
       pthread_join(c->thread, NULL);
       close(c->fd);
       free(c);
@@ -199,9 +238,9 @@ static void *listener_main(void *arg) {
       break;
     if (fds[1].revents)
       break;
+    sweep_clients(m); /* first: a client that just left frees its place */
     if (fds[0].revents & POLLIN)
       accept_client(m);
-    sweep_clients(m);
   }
   return NULL;
 }
@@ -215,6 +254,7 @@ ferry_status store_master_start(const store_master_config *cfg, store_master **o
   const char *host = cfg->host ? cfg->host : "127.0.0.1";
   uint32_t client_ttl_ms = cfg->client_ttl_ms ? cfg->client_ttl_ms : 10000;
   m->client_ttl_ns = client_ttl_ms * 1000000ull;
+  m->max_clients = cfg->max_clients ? cfg->max_clients : MAX_CLIENTS;
   m->instance_id = ferry_random_u64();
   m->listen_fd = m->wake[0] = m->wake[1] = -1;
   m->map = store_map_create(cfg->lease_ttl_ms ? cfg->lease_ttl_ms : 5000, client_ttl_ms);

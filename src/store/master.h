@@ -16,6 +16,7 @@ typedef struct store_master_config {
   uint32_t lease_ttl_ms;  /* a GET's lease (0: 5000, Mooncake's default_kv_lease_ttl) */
   uint32_t client_ttl_ms; /* silence that drops a client (0: 10000) */
   const char *secret;     /* shared secret clients must prove (NULL: none) */
+  uint32_t max_clients;   /* connections open at once, each with its thread (0: 1024) */
 } store_master_config;
 
 typedef struct store_master store_master;

@@ -699,6 +699,51 @@ static void a_hostile_client_hurts_only_itself(void **state) {
   rig_close(&t);
 }
 
+/* Opens a store on e once the master has a place for it (a client that
+ * left must first be seen gone), TEST_SETUP_MS at most. */
+static ferry_status open_once_free(ferry_engine *e, const char *master, ferry_store **out) {
+  ferry_status st;
+  double until = test_now_s() + TEST_SETUP_MS / 1000.0;
+  while ((st = store_on(e, master, 0, NULL, out)) == FERRY_EBUSY && test_now_s() < until)
+    usleep(10000);
+  return st;
+}
+
+/* Each connection costs the master a thread: past --max_clients it refuses
+ * the next with EBUSY and the reason, counting connections that never said
+ * HELLO; the clients it has keep working, and a place freed is taken. */
+static void the_master_caps_its_clients(void **state) {
+  (void)state;
+  master_proc m;
+  master_start(&m, "--max_clients=3", NULL);
+  local_client a;
+  local_open(&a, m.addr, 1 * MiB);
+  char host[FERRY_HOST_MAX];
+  uint16_t port;
+  assert_int_equal(ferry_net_parse_target(m.addr, host, &port), FERRY_OK);
+  int silent[2];
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(
+        ferry_net_connect(host, port, ferry_now_ns() + TEST_SETUP_MS * 1000000ull, &silent[i]),
+        FERRY_OK);
+  ferry_engine *e = engine_on_loopback();
+  assert_non_null(e);
+  ferry_store *s;
+  assert_int_equal(store_on(e, m.addr, 0, NULL, &s), FERRY_EBUSY);
+  assert_non_null(strstr(ferry_last_error(), "the limit (--max_clients)"));
+  uint8_t data[256];
+  fill(data, sizeof data, 7);
+  assert_int_equal(ferry_store_put(a.store, "capped", data, sizeof data, NULL), FERRY_OK);
+  close(silent[0]);
+  assert_int_equal(open_once_free(e, m.addr, &s), FERRY_OK);
+  assert_int_equal(ferry_store_exists(s, "capped"), FERRY_OK);
+  ferry_store_close(s);
+  ferry_engine_destroy(e);
+  close(silent[1]);
+  local_close(&a);
+  master_stop(&m);
+}
+
 static void bad_arguments_are_refused(void **state) {
   (void)state;
   rig t;
@@ -735,6 +780,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_silent_client_is_dropped),
       cmocka_unit_test(the_masters_secret_is_required),
       cmocka_unit_test(a_hostile_client_hurts_only_itself),
+      cmocka_unit_test(the_master_caps_its_clients),
       cmocka_unit_test(bad_arguments_are_refused),
   };
   const char *only = getenv("FERRY_TEST_FILTER"); /* e.g. "*lease*" */
