@@ -8,6 +8,13 @@ reports is what ferry moves (DRAM, and VRAM only where ferry found CUDA).
 - Metadata is bytes the caller carries (get_agent_metadata /
   add_remote_agent): the engine's address and the registered regions.
   Loading it opens no connection; the first transfer connects.
+- The listener (enable_listen_thread): the agent's engine listens on
+  listen_port, and a receive pool on it takes the metadata peers send
+  (send_local_metadata), their requests for ours (fetch_remote_metadata)
+  and their invalidations, over ferry's own connections (so with a secret,
+  only from peers that proved it). A thread answers them as they land.
+  Metadata is taken only from the engine it names, an invalidation only
+  from the engine the agent was known at.
 - prep_xfer_dlist checks descriptors once (local: against this agent's
   registrations; remote: against the peer's metadata). make_prepped_xfer
   keeps the index arrays as int64 numpy arrays; transfer() runs them on a
@@ -19,6 +26,7 @@ reports is what ferry moves (DRAM, and VRAM only where ferry found CUDA).
 """
 
 import itertools
+import os
 import threading
 import time
 
@@ -45,6 +53,11 @@ _PLUGIN_PARAMS = {"ferry_host": "", "ferry_port": "0", "ferry_transports": "all"
 _MEM_NAMES = {"DRAM": nb.DRAM_SEG, "VRAM": nb.VRAM_SEG, "FILE": nb.FILE_SEG,
               "BLOCK": nb.BLK_SEG, "OBJ": nb.OBJ_SEG, "cpu": nb.DRAM_SEG, "cuda": nb.VRAM_SEG}
 _OPS = {"READ": ferry.OP_READ, "WRITE": ferry.OP_WRITE}
+# The listener's receive pool on the agent's engine, and its message tags.
+_LISTENER_POOL = "nixl.listener"
+_LISTENER_POOL_BYTES = 16 << 20
+_LISTENER_SEND_S = 5  # a listener answer waits no longer on a peer's full pool
+_MD, _FETCH, _INVALIDATE = b"metadata", b"fetch", b"invalidate"
 
 
 class nixl_thread_sync_t:
@@ -60,8 +73,9 @@ class nixl_thread_sync_t:
 class nixl_agent_config:
     """Agent options as NIXL names them. enable_prog_thread: ferry always
     progresses transfers on its own threads. enable_listen_thread: NIXL's
-    metadata listener, not provided yet (an error). capture_telemetry: keep
-    what get_xfer_telemetry reports."""
+    metadata listener, on the agent's engine at listen_port (0: NIXL's
+    DEFAULT_COMM_PORT). capture_telemetry: keep what get_xfer_telemetry
+    reports."""
 
     def __init__(self, enable_prog_thread=True, enable_listen_thread=False, listen_port=0,
                  capture_telemetry=False, num_threads=0, backends=None, sync_mode=None):
@@ -118,11 +132,6 @@ class nixl_agent:
         if not isinstance(agent_name, str) or not agent_name:
             raise nb.nixlInvalidParamError("nixl_agent: the agent name must be a non-empty str")
         conf = nixl_conf or nixl_agent_config()
-        if conf.enable_listen:
-            raise nb.nixlNotSupportedError(
-                "nixl_agent: enable_listen_thread (NIXL's metadata listener, "
-                "fetch_remote_metadata/send_local_metadata) is not provided by ferry's nixl yet; "
-                "carry get_agent_metadata() to the peer and call add_remote_agent there")
         self.name = agent_name
         self.conf = conf
         self.notifs = {}
@@ -132,6 +141,7 @@ class nixl_agent:
         self.plugin_list = list(_FERRY_PLUGINS)
         self._engine = None
         self._engine_params = None
+        self._listener = None  # (pool, thread) with enable_listen_thread
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._regs = {}  # addr -> (len, dev_id, memory name, meta)
@@ -208,12 +218,23 @@ class nixl_agent:
         return self.backends[backend]
 
     def _start_engine(self, backend, params):
+        port = int(params["ferry_port"]) if params["ferry_port"].isdigit() else -1
+        if self.conf.enable_listen:
+            listen = self.conf.port or DEFAULT_COMM_PORT
+            if port not in (0, listen):
+                raise nb.nixlInvalidParamError(
+                    f"backend {backend!r}: ferry_port {port} and listen_port {listen} differ; "
+                    f"the listener is the engine's port")
+            port = listen
         try:
-            return ferry.Engine(params["ferry_host"] or None, port=int(params["ferry_port"]),
-                                transports=params["ferry_transports"])
-        except (ferry.Error, ValueError) as e:
+            engine = ferry.Engine(params["ferry_host"] or None, port=port,
+                                  transports=params["ferry_transports"])
+        except (ferry.Error, ValueError, OverflowError) as e:
             raise nb.nixlBackendError(f"backend {backend!r}: ferry engine did not start: {e}",
                                       e) from e
+        if self.conf.enable_listen:
+            self._start_listener(engine)
+        return engine
 
     def _eng(self, what):
         if self._engine is None:
@@ -348,6 +369,101 @@ class nixl_agent:
         if descs is None:
             return True
         return known[1].first_outside(self.get_xfer_descs(descs).descs) < 0
+
+    # ---- the listener ----------------------------------------------------------
+
+    def _start_listener(self, engine):
+        try:
+            pool = engine.create_pool(_LISTENER_POOL, _LISTENER_POOL_BYTES)
+        except ferry.Error as e:
+            engine.close()
+            raise nb.nixlBackendError(f"agent {self.name}: the metadata listener did not start: "
+                                      f"{e}", e) from e
+        thread = threading.Thread(target=self._listen, args=(engine, pool), daemon=True,
+                                  name=f"nixl-listener-{self.name}")
+        self._listener = (pool, thread)
+        thread.start()
+
+    def _listen(self, engine, pool):
+        """The listener thread: one message at a time until the engine closes."""
+        while True:
+            try:
+                msg = engine.recv(pool)
+            except ferry.Error as e:
+                if e.code != ferry.ECLOSED:
+                    log.error("nixl listener of agent %s stopped: %s", self.name, e)
+                return
+            try:
+                self._on_listener_message(engine, msg.tag, bytes(msg), msg.sender)
+            except Exception as e:  # a bad message costs only itself
+                log.warning("nixl listener of agent %s: dropped a %r message from %s: %s",
+                            self.name, msg.tag, msg.sender, e)
+            finally:
+                msg.release()
+
+    def _on_listener_message(self, engine, tag, data, sender):
+        if tag == _MD:
+            agent, conn, _ = decode_metadata(data)
+            with self._lock:
+                known = self._remotes.get(agent)
+            at = conn if conn is not None else (known[0] if known else None)
+            if at != sender:
+                raise ValueError(f"metadata of agent {agent!r} for engine {at} came from "
+                                 f"another engine")
+            self.add_remote_agent(data)
+        elif tag == _FETCH:
+            asked = data.decode("utf-8", "replace")
+            if asked != self.name:
+                raise ValueError(f"asked for agent {asked!r}; this is agent {self.name!r}")
+            engine.send(sender, _LISTENER_POOL, _MD, self.get_agent_metadata(),
+                        timeout=_LISTENER_SEND_S)
+        elif tag == _INVALIDATE:
+            agent = data.decode("utf-8", "replace")
+            with self._lock:
+                known = self._remotes.get(agent)
+            if not known or known[0] != sender:
+                raise ValueError(f"invalidation of agent {agent!r}, not known at that engine")
+            self.remove_remote_agent(agent)
+        else:
+            raise ValueError("unknown tag")
+
+    def _to_listener(self, what, ip_addr, port, tag, data):
+        """Sends one message to the listener at ip_addr:port."""
+        if not ip_addr:
+            where = ("NIXL_ETCD_ENDPOINTS is set, and ferry's nixl does not publish to etcd yet"
+                     if os.environ.get("NIXL_ETCD_ENDPOINTS") else "no etcd either")
+            raise nb.nixlInvalidParamError(f"{what}: no ip_addr given ({where}); name the peer's "
+                                           f"listener as ip_addr and port")
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise nb.nixlInvalidParamError(f"{what}: port must be 1..65535, not {port!r}")
+        target = f"[{ip_addr}]:{port}" if ":" in ip_addr else f"{ip_addr}:{port}"
+        try:
+            self._eng(what).send(target, _LISTENER_POOL, tag, data)
+        except ferry.Error as e:
+            raise nb.nixlBackendError(f"{what}: the listener at {target}: {e}", e) from e
+
+    def fetch_remote_metadata(self, remote_name, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
+        """Asks the listener at ip_addr:port for agent remote_name's metadata;
+        its answer lands on this agent's listener (check_remote_metadata says
+        when). Needs enable_listen_thread here, and there."""
+        if self._listener is None:
+            raise nb.nixlNotAllowedError("fetch_remote_metadata: the answer comes to this "
+                                         "agent's listener: nixl_agent_config("
+                                         "enable_listen_thread=True)")
+        self._to_listener("fetch_remote_metadata", ip_addr, port, _FETCH, remote_name.encode())
+
+    def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
+        self._to_listener("send_local_metadata", ip_addr, port, _MD, self.get_agent_metadata())
+
+    def send_partial_agent_metadata(self, descs, inc_conn_info=False, backends=None, ip_addr="",
+                                    port=DEFAULT_COMM_PORT, label=""):
+        data = self.get_partial_agent_metadata(descs, inc_conn_info, backends)
+        self._to_listener("send_partial_agent_metadata", ip_addr, port, _MD, data)
+
+    def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
+        """The listener at ip_addr:port forgets this agent (as remove_remote_agent)."""
+        self._to_listener("invalidate_local_metadata", ip_addr, port, _INVALIDATE,
+                          self.name.encode())
 
     def remove_remote_agent(self, agent):
         with self._lock:
@@ -642,7 +758,9 @@ class nixl_agent:
         for p in plans:
             p.free()
         if self._engine is not None:
-            self._engine.close()
+            self._engine.close()  # the listener's recv ends with ECLOSED
+        if self._listener is not None:
+            self._listener[1].join(timeout=10)
 
 
 def _msg(m):

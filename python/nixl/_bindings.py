@@ -19,7 +19,7 @@ MEM_TYPE_NAMES = {DRAM_SEG: "DRAM", VRAM_SEG: "VRAM", BLK_SEG: "BLOCK", OBJ_SEG:
                   FILE_SEG: "FILE"}
 
 NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
-DEFAULT_COMM_PORT = 8888  # the listener's port in NIXL; ferry has no listener yet
+DEFAULT_COMM_PORT = 8888  # the listener's port (enable_listen_thread), as in NIXL
 
 NIXL_READ = 0
 NIXL_WRITE = 1

@@ -18,6 +18,8 @@ command until stdin closes:
     {"cmd": "free_count"}                         -> {"free": N}
     {"cmd": "dump", "region": r, "block": b}      -> {"data": b64 of that block}
     {"cmd": "send_notif", "agent": A, "msg": m}   -> {"ok": true}
+    {"cmd": "known", "agent": A}                  -> {"known": bool}: whether the
+        agent's metadata is loaded (its listener's doing, with --listen PORT)
 """
 
 import argparse
@@ -105,6 +107,8 @@ def serve(agent, prefill):
         elif op == "send_notif":
             agent.send_notif(cmd["agent"], cmd["msg"].encode())
             reply({"ok": True})
+        elif op == "known":
+            reply({"known": agent.check_remote_metadata(cmd["agent"])})
         else:
             reply({"error": f"unknown command {op!r}"})
 
@@ -116,11 +120,13 @@ def main():
     ap.add_argument("--blocks", type=int, default=48)
     ap.add_argument("--block-bytes", type=int, default=4096)
     ap.add_argument("--transports", default="all")
+    ap.add_argument("--listen", type=int, default=0, help="the metadata listener's port")
     args = ap.parse_args()
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
     from nixl._api import nixl_agent, nixl_agent_config
 
-    agent = nixl_agent(args.name, nixl_agent_config(backends=[]))
+    agent = nixl_agent(args.name, nixl_agent_config(backends=[], enable_listen_thread=bool(args.listen),
+                                                    listen_port=args.listen))
     agent.create_backend("UCX", {"ferry_transports": args.transports})
     prefill = Prefill(agent, args.layers, args.blocks, args.block_bytes)
     reply({"agent": args.name, "pid": os.getpid(),

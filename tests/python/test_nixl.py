@@ -9,7 +9,8 @@ indices; notifications after the data; a faithful replay of vLLM's
 NixlConnector flow (per-region block lists, READ by index with
 b"<request>:<tp>", the prefill freeing blocks on the notification,
 heterogeneous block counts, blocks reused); a peer killed mid-transfer
-reading "ERR" with its cause.
+reading "ERR" with its cause; the metadata listener (fetch, send,
+invalidate, and what it refuses).
 """
 
 import base64
@@ -25,9 +26,10 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import LineReader
+from conftest import LineReader, free_port
 from nixl import nixl_agent, nixl_agent_config
 from nixl import _bindings as nb
+from nixl._utils import encode_metadata
 from nixl_peer import kv_block
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -128,8 +130,6 @@ def test_config_plugins_and_memory_types(agents):
         agents("x", backends=["NOPE"])
     with pytest.raises(nb.nixlNotSupportedError, match="files"):
         agents("y", backends=["POSIX"])
-    with pytest.raises(nb.nixlNotSupportedError, match="metadata listener"):
-        agents("z", enable_listen_thread=True)
     bare = agents("bare", backends=[])
     assert bare.backends == {}
     buf = np.zeros(64, dtype=np.uint8)
@@ -404,3 +404,84 @@ def test_readme_nixl_example_runs(loopback, tmp_path):
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# ---- the metadata listener ---------------------------------------------------
+
+def wait_until(check, bound_s=30):
+    deadline = time.monotonic() + bound_s
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return check()
+
+
+def test_listener_fetch_send_and_invalidate(agents, peers):
+    """Metadata moves between listeners with no side channel: the peer's
+    listener thread answers a fetch while its process waits on stdin, the
+    fetched metadata carries a READ, and send/invalidate load and drop
+    this agent's at the peer."""
+    peer_port = free_port()
+    peer = peers("--layers", 1, "--blocks", 4, "--block-bytes", 4096, "--listen", peer_port)
+    a = agents(enable_listen_thread=True, listen_port=free_port())
+    assert not a.check_remote_metadata(peer.name)
+    a.fetch_remote_metadata(peer.name, "127.0.0.1", peer_port)
+    assert wait_until(lambda: a.check_remote_metadata(peer.name))
+    peer.cmd(cmd="prefill", req=5, blocks=4)
+    base = peer.info["regions"][0]
+    back = np.zeros(4 * 4096, dtype=np.uint8)
+    a.register_memory([(back.ctypes.data, back.nbytes, 0, "")], "DRAM")
+    h = a.initialize_xfer("READ", a.get_xfer_descs([(back.ctypes.data, back.nbytes, 0)], "DRAM"),
+                          a.get_xfer_descs([(base, back.nbytes, 0)], "DRAM"), peer.name)
+    assert a.transfer(h) in ("PROC", "DONE") and wait_state(a, h) == "DONE"
+    a.release_xfer_handle(h)
+    assert np.array_equal(back, np.concatenate([peer.block(0, i) for i in range(4)]))
+
+    assert peer.cmd(cmd="known", agent="decode") == {"known": False}
+    a.send_local_metadata("127.0.0.1", peer_port)
+    assert wait_until(lambda: peer.cmd(cmd="known", agent="decode")["known"])
+    a.send_notif(peer.name, b"5:1")  # the peer's own add: its notification path works
+    assert poll_until_freed(peer, {5}) == {5}
+    a.invalidate_local_metadata("127.0.0.1", peer_port)
+    assert wait_until(lambda: not peer.cmd(cmd="known", agent="decode")["known"])
+
+
+def test_listener_refuses_what_it_must(agents, peers):
+    """A listener takes metadata only from the engine it names and an
+    invalidation only from the engine the agent is known at; a fetch of
+    another name gets no answer; calls without a place to send name it."""
+    port = free_port()
+    a = agents("decode", enable_listen_thread=True, listen_port=port)
+    b = agents("b", enable_listen_thread=True, listen_port=free_port())
+    mallory = agents("mallory")  # no listener of its own
+    buf = np.zeros(4096, dtype=np.uint8)
+    b.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM")
+    b.send_local_metadata("127.0.0.1", port)
+    assert wait_until(lambda: a.check_remote_metadata("b"))
+    real = a.get_xfer_descs([(buf.ctypes.data, 4096, 0)], "DRAM")
+    fake = a.get_xfer_descs([(0x10000, 4096, 0)], "DRAM")
+    assert a.check_remote_metadata("b", real) and not a.check_remote_metadata("b", fake)
+    # metadata of b at b's engine with other regions, sent by mallory's engine: dropped
+    eng = mallory._eng("test")
+    forged = encode_metadata("b", b._eng("test").name, [(0x10000, 4096, 0, "")])
+    eng.send(f"127.0.0.1:{port}", "nixl.listener", b"metadata", forged)
+    # an invalidation of b from mallory's engine: dropped
+    eng.send(f"127.0.0.1:{port}", "nixl.listener", b"invalidate", b"b")
+    eng.send(f"127.0.0.1:{port}", "nixl.listener", b"fetch", b"somebody-else")
+    eng.send(f"127.0.0.1:{port}", "nixl.listener", b"bogus", b"\xff" * 100)
+    # mallory's own metadata is taken (it names mallory's engine); a marker
+    # that the listener got past the messages above
+    mallory.send_local_metadata("127.0.0.1", port)
+    assert wait_until(lambda: a.check_remote_metadata("mallory"))
+    assert a.check_remote_metadata("b", real) and not a.check_remote_metadata("b", fake)
+    b.invalidate_local_metadata("127.0.0.1", port)
+    assert wait_until(lambda: not a.check_remote_metadata("b"))
+    with pytest.raises(nb.nixlNotAllowedError, match="enable_listen_thread"):
+        mallory.fetch_remote_metadata("decode", "127.0.0.1", port)
+    with pytest.raises(nb.nixlInvalidParamError, match="no ip_addr"):
+        a.send_local_metadata()
+    with pytest.raises(nb.nixlBackendError, match="listener at 127.0.0.1"):
+        a.send_local_metadata("127.0.0.1", free_port())  # nobody listens there
+    with pytest.raises(nb.nixlInvalidParamError, match="listen_port"):
+        nixl_agent("c", nixl_agent_config(backends=[], enable_listen_thread=True,
+                                          listen_port=port + 1)).create_backend(
+            "UCX", {"ferry_port": port + 2})
