@@ -25,6 +25,7 @@ reports is what ferry moves (DRAM, and VRAM only where ferry found CUDA).
   "PROC" forever; get_xfer_error(handle) (ferry's addition) says why.
 """
 
+import enum
 import itertools
 import os
 import threading
@@ -34,7 +35,8 @@ import numpy as np
 
 import ferry
 from nixl import _bindings as nb
-from nixl._utils import Regions, decode_metadata, encode_metadata, is_tensor, tensor_desc
+from nixl._utils import (Regions, decode_dlist, decode_metadata, encode_dlist, encode_metadata,
+                         is_tensor, tensor_desc)
 from nixl.logging import get_logger
 
 log = get_logger("nixl")
@@ -60,7 +62,7 @@ _LISTENER_SEND_S = 5  # a listener answer waits no longer on a peer's full pool
 _MD, _FETCH, _INVALIDATE = b"metadata", b"fetch", b"invalidate"
 
 
-class nixl_thread_sync_t:
+class nixl_thread_sync_t(enum.Enum):
     """NIXL's thread-safety modes. Every mode is served as STRICT: an agent
     may be called from any thread."""
 
@@ -73,9 +75,10 @@ class nixl_thread_sync_t:
 class nixl_agent_config:
     """Agent options as NIXL names them. enable_prog_thread: ferry always
     progresses transfers on its own threads. enable_listen_thread: NIXL's
-    metadata listener, on the agent's engine at listen_port (0: NIXL's
-    DEFAULT_COMM_PORT). capture_telemetry: keep what get_xfer_telemetry
-    reports."""
+    metadata listener, on the agent's engine at listen_port (0: a free port
+    the system picks, as in NIXL; peers answer a fetch at whatever port it
+    is). capture_telemetry: keep what get_xfer_telemetry reports. sync_mode:
+    a nixl_thread_sync_t or None."""
 
     def __init__(self, enable_prog_thread=True, enable_listen_thread=False, listen_port=0,
                  capture_telemetry=False, num_threads=0, backends=None, sync_mode=None):
@@ -85,6 +88,9 @@ class nixl_agent_config:
         self.capture_telemetry = capture_telemetry
         self.num_threads = num_threads
         self.backends = ["UCX"] if backends is None else list(backends)
+        if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
+            raise TypeError(f"sync_mode must be a nixl_thread_sync_t (got "
+                            f"{type(sync_mode).__name__!r})")
         self.sync_mode = sync_mode
 
 
@@ -129,10 +135,15 @@ class nixl_agent:
     NIXL's nixl._api; see the module's comment for how they map."""
 
     def __init__(self, agent_name, nixl_conf=None, instantiate_all=False):
-        if not isinstance(agent_name, str) or not agent_name:
-            raise nb.nixlInvalidParamError("nixl_agent: the agent name must be a non-empty str")
         conf = nixl_conf or nixl_agent_config()
+        default_sync = (nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT if conf.enable_listen
+                        else nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE)
+        self.agent = nb.nixlAgent(agent_name, nb.nixlAgentConfig(
+            syncMode=(conf.sync_mode or default_sync).value,
+            captureTelemetry=_telemetry_wanted(conf), useListenThread=bool(conf.enable_listen),
+            listenPort=conf.port))
         self.name = agent_name
+        self._capture = self.agent.config.captureTelemetry
         self.conf = conf
         self.notifs = {}
         self.backends = {}
@@ -169,21 +180,20 @@ class nixl_agent:
         raise nb.nixlNotFoundError(f"backend {name!r}: no such plugin (available: "
                                    f"{', '.join(_FERRY_PLUGINS)})")
 
+    # The queries answer empty for a name that is not a ferry plugin or not
+    # a backend of this agent, as NIXL's do.
+
     def get_plugin_mem_types(self, backend):
-        self._known_plugin(backend)
-        return _mem_types()
+        return _mem_types() if backend in _FERRY_PLUGINS else []
 
     def get_plugin_params(self, backend):
-        self._known_plugin(backend)
-        return dict(_PLUGIN_PARAMS)
+        return dict(_PLUGIN_PARAMS) if backend in _FERRY_PLUGINS else {}
 
     def get_backend_mem_types(self, backend):
-        self._backend(backend)
-        return list(self.backend_mems[backend])
+        return list(self.backend_mems.get(backend, ()))
 
     def get_backend_params(self, backend):
-        self._backend(backend)
-        return dict(self.backend_options[backend])
+        return dict(self.backend_options.get(backend, {}))
 
     def _backend(self, name):
         if name not in self.backends:
@@ -220,12 +230,12 @@ class nixl_agent:
     def _start_engine(self, backend, params):
         port = int(params["ferry_port"]) if params["ferry_port"].isdigit() else -1
         if self.conf.enable_listen:
-            listen = self.conf.port or DEFAULT_COMM_PORT
-            if port not in (0, listen):
+            listen = self.conf.port
+            if port not in (0, listen) and listen:
                 raise nb.nixlInvalidParamError(
                     f"backend {backend!r}: ferry_port {port} and listen_port {listen} differ; "
                     f"the listener is the engine's port")
-            port = listen
+            port = listen or port
         try:
             engine = ferry.Engine(params["ferry_host"] or None, port=port,
                                   transports=params["ferry_transports"])
@@ -246,13 +256,17 @@ class nixl_agent:
 
     def _mem_code(self, mem_type, what):
         if mem_type not in _MEM_NAMES:
-            raise nb.nixlInvalidParamError(f"{what}: unknown memory type {mem_type!r} "
-                                           f"(known: {', '.join(_MEM_NAMES)})")
+            raise nb.nixlUnknownNameError(f"{what}: unknown memory type {mem_type!r} "
+                                          f"(known: {', '.join(_MEM_NAMES)})")
         return _MEM_NAMES[mem_type]
 
     def _descs(self, data, mem_type, cls, what):
         if isinstance(data, cls):
             return data
+        if data is None:
+            raise nb.nixlInvalidParamError(f"{what}: no descriptors (None: the get_reg_descs or "
+                                           f"get_xfer_descs that made them failed; its ERROR "
+                                           f"line says why)")
         if isinstance(data, (nb.nixlRegDList, nb.nixlXferDList)):
             raise nb.nixlInvalidParamError(f"{what}: got a {type(data).__name__}, "
                                            f"need a {cls.__name__}")
@@ -268,11 +282,28 @@ class nixl_agent:
                                            f"mem_type (\"DRAM\", \"VRAM\", ...)")
         return cls(self._mem_code(mem_type, what), data)
 
+    def _reg_descs(self, data, mem_type=None, what="get_reg_descs"):
+        return self._descs(data, mem_type, nb.nixlRegDList, what)
+
+    def _xfer_descs(self, data, mem_type=None, what="get_xfer_descs"):
+        return self._descs(data, mem_type, nb.nixlXferDList, what)
+
+    def _public_descs(self, data, mem_type, cls, what):
+        """As NIXL: None for descriptors it cannot make (the reason logged as
+        an ERROR), KeyError for an unknown memory type name."""
+        try:
+            return self._descs(data, mem_type, cls, what)
+        except nb.nixlUnknownNameError:
+            raise
+        except nb.nixlInvalidParamError as e:
+            log.error("%s", e)
+            return None
+
     def get_reg_descs(self, descs, mem_type=None):
-        return self._descs(descs, mem_type, nb.nixlRegDList, "get_reg_descs")
+        return self._public_descs(descs, mem_type, nb.nixlRegDList, "get_reg_descs")
 
     def get_xfer_descs(self, descs, mem_type=None):
-        return self._descs(descs, mem_type, nb.nixlXferDList, "get_xfer_descs")
+        return self._public_descs(descs, mem_type, nb.nixlXferDList, "get_xfer_descs")
 
     # ---- registration --------------------------------------------------------
 
@@ -294,7 +325,7 @@ class nixl_agent:
         """Registers every descriptor with the agent's engine (all or none)."""
         for b in backends or ():
             self._backend(b)
-        descs = self.get_reg_descs(reg_list, mem_type)
+        descs = self._reg_descs(reg_list, mem_type)
         eng = self._eng("register_memory")
         done = []
         try:
@@ -322,7 +353,7 @@ class nixl_agent:
     def deregister_memory(self, dereg_list, backends=None):
         for b in backends or ():
             self._backend(b)
-        descs = self.get_reg_descs(dereg_list)
+        descs = self._reg_descs(dereg_list)
         with self._lock:
             missing = [d for d in descs if d[0] not in self._regs]
         if missing:
@@ -341,13 +372,14 @@ class nixl_agent:
                                self._region_rows())
 
     def get_partial_agent_metadata(self, descs, inc_conn_info=False, backends=None):
-        only = {d[0] for d in self.get_reg_descs(descs)} if descs is not None else set()
+        only = {d[0] for d in self._reg_descs(descs)} if descs is not None else set()
         engine = self._eng("get_partial_agent_metadata").name if inc_conn_info else None
         return encode_metadata(self.name, engine, self._region_rows(only))
 
     def add_remote_agent(self, metadata):
         """Loads a peer's metadata (full or partial; partial adds to what is
-        known) and returns its agent name. Opens no connection."""
+        known) and returns its agent name, as bytes (NIXL's type; every call
+        takes a name as bytes or str). Opens no connection."""
         agent, engine, rows = decode_metadata(metadata)
         if agent == self.name:
             raise nb.nixlInvalidParamError(f"add_remote_agent: the metadata is this agent's own "
@@ -359,16 +391,24 @@ class nixl_agent:
             elif old and old[0] != engine:
                 self._drop_plans(agent)  # a new incarnation: plans made toward the old one go
             self._remotes[agent] = (engine, Regions([(a, n) for a, n, _, _ in rows]), rows)
-        return agent
+        return agent.encode()
 
     def check_remote_metadata(self, agent, descs=None):
+        agent = _agent(agent, "check_remote_metadata")
         with self._lock:
             known = self._remotes.get(agent)
         if not known or not known[0]:
             return False
         if descs is None:
             return True
-        return known[1].first_outside(self.get_xfer_descs(descs).descs) < 0
+        return known[1].first_outside(self._xfer_descs(descs).descs) < 0
+
+    def get_serialized_descs(self, descs):
+        """A descriptor list as bytes for a peer (deserialize_descs there)."""
+        return encode_dlist(descs, "get_serialized_descs")
+
+    def deserialize_descs(self, serialized_descs):
+        return decode_dlist(serialized_descs, "deserialize_descs")
 
     # ---- the listener ----------------------------------------------------------
 
@@ -450,7 +490,8 @@ class nixl_agent:
             raise nb.nixlNotAllowedError("fetch_remote_metadata: the answer comes to this "
                                          "agent's listener: nixl_agent_config("
                                          "enable_listen_thread=True)")
-        self._to_listener("fetch_remote_metadata", ip_addr, port, _FETCH, remote_name.encode())
+        name = _agent(remote_name, "fetch_remote_metadata")
+        self._to_listener("fetch_remote_metadata", ip_addr, port, _FETCH, name.encode())
 
     def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
         self._to_listener("send_local_metadata", ip_addr, port, _MD, self.get_agent_metadata())
@@ -466,6 +507,7 @@ class nixl_agent:
                           self.name.encode())
 
     def remove_remote_agent(self, agent):
+        agent = _agent(agent, "remove_remote_agent")
         with self._lock:
             if agent not in self._remotes:
                 raise nb.nixlNotFoundError(f"remove_remote_agent: unknown agent {agent!r}")
@@ -480,6 +522,7 @@ class nixl_agent:
 
     def _peer(self, agent_name, what):
         """(target engine name, Regions) of a remote agent or of this one."""
+        agent_name = _agent(agent_name, what)
         if agent_name == self.name:
             with self._lock:
                 return self._eng(what).name, Regions([(a, r[0]) for a, r in self._regs.items()])
@@ -494,7 +537,8 @@ class nixl_agent:
         return known
 
     def _prep(self, agent_name, xfer_list, mem_type, what):
-        descs = self.get_xfer_descs(xfer_list, mem_type)
+        agent_name = _agent(agent_name, what)
+        descs = self._xfer_descs(xfer_list, mem_type)
         if len(descs) == 0:
             raise nb.nixlInvalidParamError(f"{what}: empty descriptor list")
         local = agent_name in (nb.NIXL_INIT_AGENT, "")
@@ -593,8 +637,8 @@ class nixl_agent:
     @staticmethod
     def _op(operation, what):
         if operation not in _OPS:
-            raise nb.nixlInvalidParamError(f"{what}: operation must be \"READ\" or \"WRITE\", "
-                                           f"got {operation!r}")
+            raise nb.nixlUnknownNameError(f"{what}: operation must be \"READ\" or \"WRITE\", "
+                                          f"got {operation!r}")
         return _OPS[operation]
 
     def _new_xfer(self, xfer):
@@ -660,18 +704,21 @@ class nixl_agent:
         if state == ferry.BATCH_PENDING:
             return "PROC"
         if state == ferry.BATCH_DONE:
-            if x.telemetry is None and self.conf.capture_telemetry:
+            if x.telemetry is None and self._capture:
                 x.telemetry = self._telemetry(x)
             return "DONE"
         self._failed(handle, x, x.batch.error, x.batch.detail or "")
         return "ERR"
 
     def _telemetry(self, x):
+        """Durations in µs, rounded up: a post that took 300 ns reads 1."""
         lengths = self._dlists[x.local].lengths
+        post_us = -(-x.post_ns // 1000)
+        xfer_us = -(-(time.perf_counter_ns() - x.t0) // 1000)
         return nb.nixlXferTelemetry(
-            startTime=x.started_ns // 1000, postDuration=x.post_ns // 1000,
-            xferDuration=(time.perf_counter_ns() - x.t0) // 1000,
-            totalBytes=int(lengths[x.li].sum()), descCount=int(x.li.size))
+            startTime=x.started_ns // 1000, postDuration=post_us,
+            xferDuration=max(xfer_us, post_us), totalBytes=int(lengths[x.li].sum()),
+            descCount=int(x.li.size))
 
     def check_xfer_state(self, handle):
         return self._state(handle, self._xfer(handle, "check_xfer_state"))
@@ -683,9 +730,11 @@ class nixl_agent:
 
     def get_xfer_telemetry(self, handle):
         x = self._xfer(handle, "get_xfer_telemetry")
-        if not self.conf.capture_telemetry:
+        if not self._capture:
             raise nb.nixlNoTelemetryError(f"get_xfer_telemetry: agent {self.name} was made "
-                                          f"without nixl_agent_config(capture_telemetry=True)")
+                                          f"without nixl_agent_config(capture_telemetry=True) "
+                                          f"or NIXL_TELEMETRY_ENABLE=y (or with "
+                                          f"NIXL_TELEMETRY_ENABLE=n)")
         if x.telemetry is None:
             raise nb.nixlNoTelemetryError(f"get_xfer_telemetry: handle {handle} is not DONE")
         return x.telemetry
@@ -710,6 +759,16 @@ class nixl_agent:
             self.release_dlist_handle(h)
 
     # ---- notifications -------------------------------------------------------
+
+    def make_connection(self, remote_agent, backends=None):
+        """Connects to the agent's engine now (transfers would on first use):
+        a ping, nixlBackendError naming the agent when it does not answer."""
+        target = self._peer(remote_agent, "make_connection")[0]
+        try:
+            self._eng("make_connection").probe(target)
+        except ferry.Error as e:
+            raise nb.nixlBackendError(f"make_connection to agent {_agent(remote_agent, '')} "
+                                      f"({target}): {e}", e) from e
 
     def send_notif(self, remote_agent_name, notif_msg, backend=None):
         target = self._peer(remote_agent_name, "send_notif")[0]
@@ -740,6 +799,7 @@ class nixl_agent:
         """True (and the message removed) once a notification from the agent
         starts with (tag_is_prefix) or contains lookup_tag."""
         self.update_notifs()
+        remote_agent_name = _agent(remote_agent_name, "check_remote_xfer_done")
         tag = _msg(lookup_tag)
         msgs = self.notifs.get(remote_agent_name, [])
         for i, m in enumerate(msgs):
@@ -761,6 +821,30 @@ class nixl_agent:
             self._engine.close()  # the listener's recv ends with ECLOSED
         if self._listener is not None:
             self._listener[1].join(timeout=10)
+
+
+def _telemetry_wanted(conf):
+    """NIXL_TELEMETRY_ENABLE (y/yes/1/true/on or n/no/0/false/off) decides
+    when set, as in NIXL; else capture_telemetry."""
+    env = os.environ.get("NIXL_TELEMETRY_ENABLE", "").strip().lower()
+    if env in ("y", "yes", "1", "true", "on"):
+        return True
+    if env in ("n", "no", "0", "false", "off"):
+        return False
+    if env:
+        log.warning("NIXL_TELEMETRY_ENABLE=%r is neither yes nor no: ignored", env)
+    return bool(conf.capture_telemetry)
+
+
+def _agent(name, what):
+    """An agent name as NIXL takes it: str, or the bytes add_remote_agent returns."""
+    if isinstance(name, (bytes, bytearray)):
+        try:
+            return bytes(name).decode()
+        except UnicodeDecodeError:
+            raise nb.nixlInvalidParamError(f"{what}: agent name {bytes(name)!r} is not UTF-8") \
+                from None
+    return name
 
 
 def _msg(m):

@@ -19,6 +19,7 @@ MEM_TYPE_NAMES = {DRAM_SEG: "DRAM", VRAM_SEG: "VRAM", BLK_SEG: "BLOCK", OBJ_SEG:
                   FILE_SEG: "FILE"}
 
 NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
+HAVE_UCX_GPU_DEVICE_API = False  # no device-initiated transfers (prep_mem_view): ferry has none
 DEFAULT_COMM_PORT = 8888  # the listener's port (enable_listen_thread), as in NIXL
 
 NIXL_READ = 0
@@ -38,8 +39,15 @@ class nixlError(RuntimeError):
         self.cause = cause
 
 
-class nixlInvalidParamError(nixlError):
+class nixlInvalidParamError(nixlError, ValueError):
     pass
+
+
+class nixlUnknownNameError(nixlInvalidParamError, KeyError):
+    """An operation or memory type name NIXL does not know: a KeyError too,
+    as NIXL's lookup of the name raises."""
+
+    __str__ = BaseException.__str__
 
 
 class nixlNotFoundError(nixlError):
@@ -126,6 +134,32 @@ class _DescList:
     def __repr__(self):
         return f"{type(self).__name__}({MEM_TYPE_NAMES[self.mem_type]}, {len(self)} descriptors)"
 
+    def __eq__(self, other):
+        return (type(other) is type(self) and other.mem_type == self.mem_type and
+                np.array_equal(other.descs, self.descs) and other.metas == self.metas)
+
+    __hash__ = None  # mutable (addDesc, remDesc, clear)
+
+    def addDesc(self, desc):
+        rows, metas = _as_desc_array([desc], self._columns, f"{type(self).__name__}.addDesc")
+        self.descs = np.concatenate([self.descs, rows])
+        self.metas = self.metas + metas
+
+    def remDesc(self, index):
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"{type(self).__name__}.remDesc: index {index} of {len(self)}")
+        i = index % len(self)
+        self.descs = np.delete(self.descs, i, axis=0)
+        self.metas = self.metas[:i] + self.metas[i + 1:]
+
+    def clear(self):
+        self.descs, self.metas = np.zeros((0, 3), dtype=np.uint64), []
+
+    def print(self):
+        print(repr(self))
+        for d in self:
+            print("  ", d)
+
 
 class nixlXferDList(_DescList):
     """Transfer descriptors: (addr, len, dev_id) each."""
@@ -138,6 +172,33 @@ class nixlRegDList(_DescList):
 
     def __getitem__(self, i):
         return super().__getitem__(i) + (self.metas[i],)
+
+    def trim(self):
+        """The same descriptors as a nixlXferDList (the metadata strings left out)."""
+        return nixlXferDList(self.mem_type, self.descs)
+
+
+class nixlAgentConfig:
+    """The settings an agent runs with, by the names of NIXL's binding layer
+    (nixl_agent fills them in from nixl_agent_config and the environment)."""
+
+    def __init__(self, syncMode=NIXL_THREAD_SYNC_NONE, captureTelemetry=False,
+                 useListenThread=False, listenPort=0):
+        self.syncMode = syncMode
+        self.captureTelemetry = captureTelemetry
+        self.useListenThread = useListenThread
+        self.listenPort = listenPort
+
+
+class nixlAgent:
+    """An agent's name and settings (nixl_agent.agent). Every sync mode is
+    served as strict: ferry's engine may be called from any thread."""
+
+    def __init__(self, name, config):
+        if not isinstance(name, str) or not name:
+            raise nixlInvalidParamError("nixl_agent: the agent name must be a non-empty str")
+        self.name = name
+        self.config = config
 
 
 class nixlXferTelemetry:

@@ -1,16 +1,20 @@
 """nixl._utils - helpers of nixl._api: tensors as descriptors (any object
 with torch's data_ptr / numel / element_size / device / is_contiguous, so
 torch is not imported here), the check of descriptors against registered
-regions, and the metadata an agent publishes (bytes: a tag line and JSON).
+regions, and what agents exchange as bytes, each a tag line and JSON: the
+metadata an agent publishes and serialized descriptor lists (NIXL pickles
+those; a peer's bytes are never unpickled here).
 """
 
+import ctypes
 import json
 
 import numpy as np
 
-from nixl._bindings import nixlInvalidParamError
+from nixl._bindings import MEM_TYPE_NAMES, nixlInvalidParamError, nixlRegDList, nixlXferDList
 
 METADATA_TAG = b"ferry-nixl-metadata/1\n"
+DLIST_TAG = b"ferry-nixl-dlist/1\n"
 
 
 def is_tensor(obj):
@@ -76,3 +80,52 @@ def decode_metadata(data):
     if not isinstance(agent, str) or not agent or not (engine is None or isinstance(engine, str)):
         raise nixlInvalidParamError("add_remote_agent: malformed metadata (agent or engine)")
     return agent, engine, regions
+
+
+def encode_dlist(dlist, what):
+    """A descriptor list (nixlXferDList or nixlRegDList) as bytes."""
+    if not isinstance(dlist, (nixlXferDList, nixlRegDList)):
+        raise nixlInvalidParamError(f"{what}: needs a nixlXferDList or nixlRegDList, got "
+                                    f"{type(dlist).__name__}")
+    body = {"reg": isinstance(dlist, nixlRegDList), "mem": int(dlist.mem_type),
+            "descs": dlist.descs.tolist(), "metas": list(dlist.metas)}
+    return DLIST_TAG + json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_dlist(data, what):
+    """The descriptor list encode_dlist made; anything else is refused."""
+    if not isinstance(data, (bytes, bytearray, memoryview)) or \
+            bytes(data[:len(DLIST_TAG)]) != DLIST_TAG:
+        raise nixlInvalidParamError(f"{what}: not a descriptor list from ferry's nixl "
+                                    f"(get_serialized_descs)")
+    try:
+        body = json.loads(bytes(data[len(DLIST_TAG):]))
+        mem, descs, metas = body["mem"], body["descs"], body["metas"]
+        if mem not in MEM_TYPE_NAMES or len(metas) != len(descs):
+            raise ValueError("memory type or descriptor count")
+        if any(not isinstance(v, int) or not 0 <= v < 1 << 64 for d in descs for v in d):
+            raise ValueError("a descriptor field outside 0 .. 2^64-1")
+        if body["reg"]:
+            return nixlRegDList(mem, [tuple(d) + (str(m),) for d, m in zip(descs, metas)])
+        return nixlXferDList(mem, [tuple(d) for d in descs])
+    except (ValueError, KeyError, TypeError) as e:
+        raise nixlInvalidParamError(f"{what}: malformed descriptor list ({e})") from None
+
+
+_libc = ctypes.CDLL(None)
+_libc.malloc.restype = ctypes.c_void_p
+_libc.malloc.argtypes = [ctypes.c_size_t]
+_libc.free.argtypes = [ctypes.c_void_p]
+
+
+def malloc_passthru(size):
+    """NIXL's helper: size bytes of host memory from malloc, as an address
+    (free it with free_passthru). MemoryError when malloc fails."""
+    addr = _libc.malloc(int(size))
+    if not addr:
+        raise MemoryError(f"malloc_passthru: malloc({size}) failed")
+    return addr
+
+
+def free_passthru(addr):
+    _libc.free(ctypes.c_void_p(addr))

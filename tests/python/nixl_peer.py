@@ -93,7 +93,7 @@ def serve(agent, prefill):
         cmd = json.loads(line)
         op = cmd["cmd"]
         if op == "add_remote":
-            reply({"agent": agent.add_remote_agent(base64.b64decode(cmd["metadata"]))})
+            reply({"agent": agent.add_remote_agent(base64.b64decode(cmd["metadata"])).decode()})
         elif op == "prefill":
             reply({"block_ids": prefill.prefill(cmd["req"], cmd["blocks"])})
         elif op == "poll":

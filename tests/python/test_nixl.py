@@ -141,8 +141,9 @@ def test_config_plugins_and_memory_types(agents):
     assert a.get_plugin_mem_types("UCX") == (["DRAM", "VRAM"] if cuda else ["DRAM"])
     assert a.get_backend_mem_types("UCX") == a.get_plugin_mem_types("UCX")
     assert a.get_backend_params("UCX")["ferry_engine"].startswith("127.0.0.1:")
-    with pytest.raises(nb.nixlNotFoundError, match="was not created"):
-        a.get_backend_params("LIBFABRIC")
+    # as NIXL's: empty answers for a name that is no plugin or no backend here
+    assert a.get_plugin_mem_types("UVX") == [] and a.get_plugin_params("UVX") == {}
+    assert a.get_backend_params("LIBFABRIC") == {} and a.get_backend_mem_types("UVX") == []
     a.create_backend("LIBFABRIC")  # shares the agent's engine
     assert a.get_backend_params("LIBFABRIC")["ferry_engine"] == a.get_backend_params("UCX")[
         "ferry_engine"]
@@ -161,7 +162,16 @@ def test_vram_refused_with_the_reason(agents):
         a.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "FILE")
 
 
-def test_registration_forms(agents):
+def descs_refused(caplog, call, reason):
+    """NIXL's get_*_descs answer None for what they cannot make; ferry's
+    logs the reason as an ERROR."""
+    caplog.clear()
+    with caplog.at_level("ERROR", logger="nixl"):
+        assert call() is None
+    assert any(reason in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_registration_forms(agents, caplog):
     a = agents()
     bufs = [np.zeros(8192, dtype=np.uint8) for _ in range(4)]
     rows = [(b.ctypes.data, b.nbytes, 0, f"r{i}") for i, b in enumerate(bufs)]
@@ -176,26 +186,27 @@ def test_registration_forms(agents):
     a.deregister_memory(reg2)
     with pytest.raises(nb.nixlNotFoundError, match="not registered"):
         a.deregister_memory(reg)
-    with pytest.raises(nb.nixlInvalidParamError, match="need mem_type"):
-        a.get_reg_descs(rows)
-    with pytest.raises(nb.nixlInvalidParamError, match="N x 3"):
-        a.get_xfer_descs(np.zeros((2, 2), dtype=np.uint64), "DRAM")
-    with pytest.raises(nb.nixlInvalidParamError, match="tuple of 3"):
-        a.get_xfer_descs(rows, "DRAM")
+    descs_refused(caplog, lambda: a.get_reg_descs(rows), "need mem_type")
+    descs_refused(caplog, lambda: a.get_xfer_descs(np.zeros((2, 2), dtype=np.uint64), "DRAM"),
+                  "N x 3")
+    descs_refused(caplog, lambda: a.get_xfer_descs(rows, "DRAM"), "tuple of 3")
+    with pytest.raises(KeyError, match="unknown memory type"):
+        a.get_xfer_descs(rows, "V-RAM")
+    with pytest.raises(nb.nixlInvalidParamError, match="None: the get_reg_descs"):
+        a.register_memory(a.get_reg_descs(rows))
     # a failure part way registers nothing: the second range overlaps the first
     with pytest.raises(nb.nixlBackendError, match="descriptor 1"):
         a.register_memory([rows[0], (rows[0][0] + 4096, 8192, 0, "")], "DRAM")
     assert str(rows[0][0]).encode() not in a.get_agent_metadata()
 
 
-def test_torch_tensors(agents):
+def test_torch_tensors(agents, caplog):
     torch = pytest.importorskip("torch")
     a = agents()
     t = torch.zeros(16, 256, dtype=torch.float16)
     reg = a.register_memory(t)
     assert reg[0][:3] == (t.data_ptr(), t.numel() * 2, 0)
-    with pytest.raises(nb.nixlInvalidParamError, match="not contiguous"):
-        a.get_reg_descs(t.t())
+    descs_refused(caplog, lambda: a.get_reg_descs(t.t()), "not contiguous")
     xfer = a.get_xfer_descs([t[0], t[1]])
     assert xfer.descCount() == 2 and xfer.getType() == nb.DRAM_SEG
 
@@ -209,7 +220,7 @@ def test_metadata_opens_no_connection_and_a_dead_peer_is_err(agents):
     md = gone.get_agent_metadata()
     gone.close()  # its port refuses from now on
     a = agents()
-    assert a.add_remote_agent(md) == "gone"  # loads without connecting
+    assert a.add_remote_agent(md) == b"gone"  # loads without connecting; bytes, as NIXL
     mine = np.zeros(4096, dtype=np.uint8)
     a.register_memory([(mine.ctypes.data, 4096, 0, "")], "DRAM")
     h = a.initialize_xfer("READ", a.get_xfer_descs([(mine.ctypes.data, 4096, 0)], "DRAM"),
@@ -226,12 +237,28 @@ def test_metadata_opens_no_connection_and_a_dead_peer_is_err(agents):
         a.add_remote_agent(b"garbage")
 
 
+def test_serialized_descs(agents):
+    """Descriptor lists cross as bytes (NIXL pickles them; ferry's nixl never
+    unpickles a peer's bytes: a pickle is refused like any other garbage)."""
+    a = agents()
+    x = a.get_xfer_descs([(4096, 64, 0), (1 << 63, 8, 1)], "DRAM")
+    r = a.get_reg_descs([(4096, 64, 0, "meta")], "DRAM")
+    for d in (x, r):
+        back = a.deserialize_descs(a.get_serialized_descs(d))
+        assert type(back) is type(d) and list(back) == list(d) and back.getType() == d.getType()
+    import pickle
+    for bad in (pickle.dumps(x.descs), b"", a.get_serialized_descs(x)[:-1]):
+        with pytest.raises(nb.nixlInvalidParamError, match="deserialize_descs"):
+            a.deserialize_descs(bad)
+    with pytest.raises(nb.nixlInvalidParamError, match="get_serialized_descs"):
+        a.get_serialized_descs([(1, 2, 3)])
+
 # ---- two processes ---------------------------------------------------------
 
 def test_write_read_initialize_xfer(agents, peers):
     peer = peers("--layers", 1, "--blocks", 8, "--block-bytes", 65536)
     a = agents()
-    assert a.add_remote_agent(peer.metadata) == peer.name
+    assert a.add_remote_agent(peer.metadata) == peer.name.encode()
     base = peer.info["regions"][0]
     src = np.random.default_rng(3).integers(0, 256, 8 * 65536, dtype=np.uint8)
     back = np.zeros_like(src)
@@ -287,7 +314,7 @@ def test_prepped_lists_numpy_indices_and_notifs(agents, peers):
         a.make_prepped_xfer("READ", lh, [0], rh, [32])
     with pytest.raises(nb.nixlInvalidParamError, match="local list where a remote"):
         a.make_prepped_xfer("READ", lh, [0], lh, [0])
-    with pytest.raises(nb.nixlInvalidParamError, match="READ"):
+    with pytest.raises(KeyError, match="READ"):  # as NIXL's lookup of the name
         a.make_prepped_xfer("COPY", lh, [0], rh, [0])
     with pytest.raises(nb.nixlNotFoundError, match="not inside agent prefill"):
         a.prep_xfer_dlist(peer.name, [(base + 32 * 4096, 4096, 0)], "DRAM")
