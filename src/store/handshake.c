@@ -156,8 +156,9 @@ static ferry_status receive_reply(ferry_sock *s, transcript *t, ferry_hello_repl
   return FERRY_OK;
 }
 
+/* With a secret the master's facts (its instance id) come after its proof. */
 static ferry_status prove_to_master(ferry_sock *s, const transcript *t, const char *secret,
-                                    ferry_session *session) {
+                                    ferry_session *session, ferry_hello_reply *r) {
   uint8_t th[FERRY_WIRE_PROOF_SIZE], body[FERRY_WIRE_AUTH_REPLY_MAX];
   transcript_hash(t, th);
   ferry_auth_bound_proof(secret, FERRY_AUTH_INITIATOR, th, NULL, 0, body);
@@ -180,13 +181,16 @@ static ferry_status prove_to_master(ferry_sock *s, const transcript *t, const ch
                               body))
     return ferry_fail(FERRY_EAUTH, "store master %s could not prove it knows the shared secret",
                       s->peer);
+  st = ferry_wire_facts_decode(body + FERRY_WIRE_PROOF_SIZE, facts, r);
+  if (st)
+    return st;
   ferry_session_start(session, secret, FERRY_AUTH_INITIATOR, th);
   ferry_sock_auth(s, session);
   return FERRY_OK;
 }
 
 ferry_status store_handshake_connect(ferry_sock *s, ferry_session *session,
-                                     const store_identity *self) {
+                                     const store_identity *self, uint64_t *master_id) {
   transcript t;
   ferry_hello_reply r;
   memset(session, 0, sizeof *session);
@@ -203,5 +207,8 @@ ferry_status store_handshake_connect(ferry_sock *s, ferry_session *session,
                       "store master %s does not ask for the shared secret; refusing an "
                       "unauthenticated master",
                       s->peer);
-  return r.auth_required ? prove_to_master(s, &t, self->secret, session) : FERRY_OK;
+  st = r.auth_required ? prove_to_master(s, &t, self->secret, session, &r) : FERRY_OK;
+  if (!st)
+    *master_id = r.engine_id;
+  return st;
 }
