@@ -99,11 +99,13 @@ static ferry_status register_segment(ferry_store *s) {
  * map lived in its memory only. */
 static void log_rejoin(ferry_store *s, uint64_t master_id) {
   const char *name = ferry_engine_name(s->engine);
+  char segment[64] = "without a segment";
+  if (s->segment_size)
+    snprintf(segment, sizeof segment, "with its segment of %zu bytes, empty", s->segment_size);
   if (s->master_id && master_id != s->master_id)
     FERRY_WARN("store: master %s restarted (a new instance): the objects stored before are gone "
-               "(without HA the master keeps them in its memory only); %s rejoined it with its "
-               "segment of %zu bytes, empty",
-               s->master, name, s->segment_size);
+               "(without HA the master keeps them in its memory only); %s rejoined it %s",
+               s->master, name, segment);
   else if (s->master_id)
     FERRY_INFO("store: %s reconnected to master %s (the same instance): the objects with a replica "
                "in its segment went with its previous connection",

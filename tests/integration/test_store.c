@@ -736,21 +736,24 @@ static void bad_arguments_are_refused(void **state) {
 
 /* ---- the master restarts -------------------------------------------------------------------- */
 
-/* A master in this process on port (0: any free one), so that a case can
- * stop it and start the next one on the same port; addr gets its address. */
-static store_master *master_here(uint16_t port, const char *secret, char addr[64]) {
-  store_master_config cfg = {.port = port, .secret = secret};
-  store_master *m = NULL;
-  if (store_master_start(&cfg, &m) != FERRY_OK)
-    fail_msg("store master on port %u: %s", port, ferry_last_error());
-  snprintf(addr, 64, "127.0.0.1:%u", store_master_port(m));
-  return m;
+/* A master in this process, so that a case can stop it and start the next
+ * one on the same port: the first start takes any free port. */
+typedef struct master_here {
+  store_master_config cfg;
+  store_master *m;
+  char addr[64];
+} master_here;
+
+static void here_start(master_here *h) {
+  if (store_master_start(&h->cfg, &h->m) != FERRY_OK)
+    fail_msg("store master on port %u: %s", h->cfg.port, ferry_last_error());
+  h->cfg.port = store_master_port(h->m);
+  snprintf(h->addr, sizeof h->addr, "127.0.0.1:%u", h->cfg.port);
 }
 
-static store_master *master_restart(store_master *m, const char *secret, char addr[64]) {
-  uint16_t port = store_master_port(m);
-  store_master_stop(m);
-  return master_here(port, secret, addr);
+static void here_restart(master_here *h) {
+  store_master_stop(h->m);
+  here_start(h);
 }
 
 /* WARN lines saying that the master at arg (its address) restarted. */
@@ -768,12 +771,12 @@ static void count_restart_warnings(const ferry_log_record *r, void *arg) {
  * segment again, empty, and works; the old objects are gone, and one WARN
  * line says so. */
 static void rejoin_a_restarted_master(const char *secret) {
-  char addr[64];
-  store_master *m = master_here(0, secret, addr);
+  master_here h = {.cfg = {.secret = secret}};
+  here_start(&h);
   ferry_engine *e = engine_on_loopback();
   assert_non_null(e);
   ferry_store *s;
-  if (store_on(e, addr, SEGMENT, secret, &s) != FERRY_OK)
+  if (store_on(e, h.addr, SEGMENT, secret, &s) != FERRY_OK)
     fail_msg("ferry_store_open: %s", ferry_last_error());
   uint8_t *buf;
   assert_int_equal(ferry_memory_alloc(e, 64 * KiB, (void **)&buf), FERRY_OK);
@@ -781,9 +784,9 @@ static void rejoin_a_restarted_master(const char *secret) {
   assert_int_equal(ferry_store_put_from(s, "before", buf, 64 * KiB, NULL), FERRY_OK);
   expect_bytes(s, "before", buf, 64 * KiB, 1);
 
-  restart_warnings = 0;
-  ferry_log_set_handler(count_restart_warnings, addr);
-  m = master_restart(m, secret, addr);
+  __atomic_store_n(&restart_warnings, 0, __ATOMIC_RELAXED);
+  ferry_log_set_handler(count_restart_warnings, h.addr);
+  here_restart(&h);
   /* This client's segment is the only one: the put shows it is back. */
   fill(buf, 64 * KiB, 2);
   if (ferry_store_put_from(s, "after", buf, 64 * KiB, NULL) != FERRY_OK)
@@ -791,12 +794,12 @@ static void rejoin_a_restarted_master(const char *secret) {
   expect_bytes(s, "after", buf, 64 * KiB, 2);
   assert_int_equal(ferry_store_exists(s, "before"), FERRY_ENOTFOUND);
   ferry_log_set_handler(NULL, NULL);
-  assert_int_equal(restart_warnings, 1);
+  assert_int_equal(__atomic_load_n(&restart_warnings, __ATOMIC_RELAXED), 1);
 
   ferry_memory_free(e, buf);
   ferry_store_close(s);
   ferry_engine_destroy(e);
-  store_master_stop(m);
+  store_master_stop(h.m);
 }
 
 static void a_client_rejoins_a_restarted_master(void **state) {
@@ -813,29 +816,29 @@ static void a_client_rejoins_a_restarted_master_with_its_secret(void **state) {
  * first call after it is back reconnects. */
 static void a_call_without_a_master_fails_and_the_next_reconnects(void **state) {
   (void)state;
-  char addr[64];
-  store_master *m = master_here(0, NULL, addr);
-  uint16_t port = store_master_port(m);
+  master_here h = {0};
+  here_start(&h);
   local_client a;
-  local_open(&a, addr, SEGMENT);
+  local_open(&a, h.addr, SEGMENT);
   uint8_t data[1000];
   fill(data, sizeof data, 6);
   assert_int_equal(ferry_store_put(a.store, "kept", data, sizeof data, NULL), FERRY_OK);
 
-  store_master_stop(m);
+  store_master_stop(h.m);
   assert_int_equal(ferry_store_exists(a.store, "kept"), FERRY_ESOCKET);
-  assert_non_null(strstr(ferry_last_error(), addr));
+  assert_non_null(strstr(ferry_last_error(), h.addr));
   assert_int_equal(ferry_store_put(a.store, "new", data, sizeof data, NULL), FERRY_ESOCKET);
-  if (!strstr(ferry_last_error(), "cannot reach store master") || !strstr(ferry_last_error(), addr))
+  if (!strstr(ferry_last_error(), "cannot reach store master") ||
+      !strstr(ferry_last_error(), h.addr))
     fail_msg("a call while the master is down: %s", ferry_last_error());
 
-  m = master_here(port, NULL, addr);
+  here_start(&h);
   assert_int_equal(ferry_store_exists(a.store, "kept"), FERRY_ENOTFOUND);
   fill(data, sizeof data, 7);
   assert_int_equal(ferry_store_put(a.store, "new", data, sizeof data, NULL), FERRY_OK);
   expect_copy(a.store, "new", sizeof data, 7);
   local_close(&a);
-  store_master_stop(m);
+  store_master_stop(h.m);
 }
 
 /* A put on a thread of its own (into one segment). */
@@ -879,14 +882,14 @@ static void wait_in_flight(ferry_engine *e, uint64_t n) {
  * are not written yet (it would commit that one, unwritten). */
 static void a_put_across_a_restart_commits_nothing(void **state) {
   (void)state;
-  char addr[64];
-  store_master *m = master_here(0, NULL, addr);
+  master_here h = {0};
+  here_start(&h);
   local_client a;
-  local_open_over(&a, addr, SEGMENT, FERRY_TRANSPORT_TCP); /* a stopped process serves no tcp */
+  local_open_over(&a, h.addr, SEGMENT, FERRY_TRANSPORT_TCP); /* a stopped process serves no tcp */
   uint8_t *buf;
   assert_int_equal(ferry_memory_alloc(a.engine, 128 * KiB, (void **)&buf), FERRY_OK);
   child_client b, c;
-  child_open(&b, addr);
+  child_open(&b, h.addr);
   fill(buf, 64 * KiB, 3);
   ferry_store_replicate in_b = {1, b.segment};
   assert_int_equal(ferry_store_put_from(a.store, "warm_b", buf, 64 * KiB, &in_b), FERRY_OK);
@@ -896,8 +899,8 @@ static void a_put_across_a_restart_commits_nothing(void **state) {
   assert_int_equal(pthread_create(&old.thread, NULL, put_main, &old), 0);
   wait_in_flight(a.engine, 1); /* PUT_START done; its WRITE waits on b */
 
-  m = master_restart(m, NULL, addr);
-  child_open(&c, addr);
+  here_restart(&h);
+  child_open(&c, h.addr);
   fill(buf + 64 * KiB, 64 * KiB, 4);
   ferry_store_replicate in_c = {1, c.segment};
   assert_int_equal(ferry_store_put_from(a.store, "warm_c", buf + 64 * KiB, 64 * KiB, &in_c),
@@ -914,7 +917,7 @@ static void a_put_across_a_restart_commits_nothing(void **state) {
   kill(b.pid, SIGCONT);
   assert_int_equal(pthread_join(old.thread, NULL), 0);
   assert_int_equal(old.status, FERRY_ESOCKET);
-  if (!strstr(old.detail, addr) || !strstr(old.detail, "nothing is committed"))
+  if (!strstr(old.detail, h.addr) || !strstr(old.detail, "nothing is committed"))
     fail_msg("the put across the restart: %s", old.detail);
   assert_int_equal(ferry_store_exists(a.store, "across"), FERRY_ENOTFOUND); /* still unwritten */
 
@@ -927,7 +930,45 @@ static void a_put_across_a_restart_commits_nothing(void **state) {
   child_close(&c);
   ferry_memory_free(a.engine, buf);
   local_close(&a);
-  store_master_stop(m);
+  store_master_stop(h.m);
+}
+
+/* An idle client's PING thread rejoins a restarted master: its segment
+ * takes another client's puts again with no call of its own. Under TSan
+ * the PING thread's reconnect meets this thread's calls on the client. */
+static void an_idle_client_rejoins_by_its_ping_thread(void **state) {
+  (void)state;
+  master_here h = {.cfg = {.client_ttl_ms = 3000}}; /* a PING a second */
+  here_start(&h);
+  local_client idle, busy;
+  local_open(&idle, h.addr, SEGMENT);
+  local_open(&busy, h.addr, 0); /* no segment: its puts go to idle's */
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(busy.engine, 4 * KiB, (void **)&buf), FERRY_OK);
+  fill(buf, 4 * KiB, 8);
+  assert_int_equal(ferry_store_put_from(busy.store, "first", buf, 4 * KiB, NULL), FERRY_OK);
+
+  __atomic_store_n(&restart_warnings, 0, __ATOMIC_RELAXED);
+  ferry_log_set_handler(count_restart_warnings, h.addr);
+  here_restart(&h);
+  /* FERRY_ENOMEM (no segment) until idle's PING thread registered it. */
+  ferry_status st;
+  double until = test_now_s() + TEST_SETUP_MS / 1000.0;
+  while ((st = ferry_store_put_from(busy.store, "second", buf, 4 * KiB, NULL)) != FERRY_OK &&
+         test_now_s() < until)
+    usleep(10000);
+  if (st != FERRY_OK)
+    fail_msg("a put into the idle client's segment: %s", ferry_last_error());
+  /* After idle's own lock: its PING thread logged under it. */
+  expect_bytes(idle.store, "second", buf, 4 * KiB, 8);
+  ferry_log_set_handler(NULL, NULL);
+  /* One line per client. */
+  assert_int_equal(__atomic_load_n(&restart_warnings, __ATOMIC_RELAXED), 2);
+  assert_int_equal(ferry_store_exists(idle.store, "first"), FERRY_ENOTFOUND);
+  ferry_memory_free(busy.engine, buf);
+  local_close(&busy);
+  local_close(&idle);
+  store_master_stop(h.m);
 }
 
 int main(int argc, char **argv) {
@@ -948,6 +989,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_client_rejoins_a_restarted_master_with_its_secret),
       cmocka_unit_test(a_call_without_a_master_fails_and_the_next_reconnects),
       cmocka_unit_test(a_put_across_a_restart_commits_nothing),
+      cmocka_unit_test(an_idle_client_rejoins_by_its_ping_thread),
   };
   const char *only = getenv("FERRY_TEST_FILTER"); /* e.g. "*lease*" */
   if (only && *only)
