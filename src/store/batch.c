@@ -185,8 +185,11 @@ static ferry_status read_placements(ferry_store *s, store_reader *r, ferry_store
                  : FERRY_OK;
 }
 
-/* PUT_END for the started items: each commits unless one of its moves failed. */
-static ferry_status put_end(ferry_store *s, ferry_store_item *items, size_t count,
+/* PUT_END for the started items: each commits unless one of its moves
+ * failed. It goes on conn, the connection of their PUT_START, or nowhere:
+ * another master, or this one after the connection ended (the end dropped
+ * the puts), may hold a put of the same key by this client, unwritten. */
+static ferry_status put_end(ferry_store *s, uint64_t conn, ferry_store_item *items, size_t count,
                             const char *started, outcome *o) {
   store_writer w = {0};
   uint32_t entries = 0;
@@ -203,7 +206,7 @@ static ferry_status put_end(ferry_store *s, ferry_store_item *items, size_t coun
   }
   ferry_frame_header h;
   uint8_t *body;
-  ferry_status st = store_request(s, &w, entries, &h, &body, "store PUT_END");
+  ferry_status st = store_request_on(s, &conn, &w, entries, &h, &body, "store PUT_END");
   if (st)
     return st;
   store_reader r = {body, (size_t)h.body_len, 0};
@@ -230,7 +233,8 @@ static ferry_status put_slice(ferry_store *s, ferry_store_item *items, size_t co
   put_start_request(&w, items, count, rep);
   ferry_frame_header h;
   uint8_t *body;
-  ferry_status st = store_request(s, &w, (uint32_t)count, &h, &body, "store PUT_START");
+  uint64_t conn = 0;
+  ferry_status st = store_request_on(s, &conn, &w, (uint32_t)count, &h, &body, "store PUT_START");
   if (st)
     return st;
   unsigned per = rep && rep->replicas ? rep->replicas : 1;
@@ -248,7 +252,7 @@ static ferry_status put_slice(ferry_store *s, ferry_store_item *items, size_t co
         ferry_fail(mv[j].status, "put \"%s\": %s", items[mv[j].item].key, details[mv[j].group]);
         item_failed(o, items, mv[j].item, mv[j].status);
       }
-    st = put_end(s, items, count, started, o);
+    st = put_end(s, conn, items, count, started, o);
   }
   free(details);
   free(started);

@@ -1,8 +1,9 @@
 /* client.c - a store client (ferry_store_*, ferry.h): its connection to the
  * master (handshake, REGISTER of its segment, a PING thread that keeps it
- * alive), the requests on it, and the single-key calls, which are batches
- * of one (batch.c) or go through the registered staging buffer when the
- * caller's memory is not registered. */
+ * alive, a new connection at the next request once it is lost: the master
+ * may have restarted), the requests on it, and the single-key calls, which
+ * are batches of one (batch.c) or go through the registered staging buffer
+ * when the caller's memory is not registered. */
 #include "store/client.h"
 
 #include <stdio.h>
@@ -29,83 +30,37 @@ const char *ferry_store_segment(const ferry_store *store) {
 
 /* ---- the master connection ------------------------------------------------------------------ */
 
-static void lose_connection(ferry_store *s) {
-  snprintf(s->lost, sizeof s->lost, "%s", ferry_last_error());
+/* Under s->lock, as everything about the connection. */
+static void lose_connection(ferry_store *s, const char *cause) {
+  snprintf(s->lost, sizeof s->lost, "%s", cause);
   close(s->fd);
   s->fd = -1;
 }
 
-ferry_status store_request(ferry_store *s, store_writer *w, uint32_t count, ferry_frame_header *h,
-                           uint8_t **body, const char *step) {
+/* One request and its reply on the live connection. A failure on the
+ * socket (or a reply out of step) loses the connection. */
+static ferry_status exchange(ferry_store *s, store_writer *w, uint32_t count, ferry_frame_header *h,
+                             uint8_t **body, const char *step) {
   *body = NULL;
-  pthread_mutex_lock(&s->lock);
-  ferry_status st;
-  if (s->fd < 0) {
+  if (w->failed) { /* nothing sent: the connection stays */
     store_writer_free(w);
-    st = ferry_fail(FERRY_ESOCKET, "%s: the connection to store master %s was lost earlier (%s)",
-                    step, s->master, s->lost);
-  } else {
-    ferry_sock_set_deadline(&s->sock, ferry_now_ns() + s->timeout_ms * 1000000ull);
-    st = store_send(&s->sock, FERRY_FRAME_STORE, count, 0, w, step);
-    if (!st)
-      st = store_recv(&s->sock, h, body, step);
-    if (!st && (h->type != FERRY_FRAME_STORE_REPLY || (!h->status && h->count != count)))
-      st = ferry_fail(FERRY_EPROTO, "%s: store master %s answered %u entries for %u", step,
-                      s->master, h->count, count);
-    if (st)
-      lose_connection(s);
+    return ferry_fail(FERRY_ENOMEM, "%s: out of memory building the request", step);
   }
-  pthread_mutex_unlock(&s->lock);
-  if (!st && h->status) {
-    st = ferry_fail((ferry_status)h->status, "%s refused by store master %s: %.*s", step, s->master,
-                    (int)h->body_len, (const char *)*body);
+  ferry_sock_set_deadline(&s->sock, ferry_now_ns() + s->timeout_ms * 1000000ull);
+  ferry_status st = store_send(&s->sock, FERRY_FRAME_STORE, count, 0, w, step);
+  if (!st)
+    st = store_recv(&s->sock, h, body, step);
+  if (!st && (h->type != FERRY_FRAME_STORE_REPLY || (!h->status && h->count != count)))
+    st = ferry_fail(FERRY_EPROTO, "%s: store master %s answered %u entries for %u", step, s->master,
+                    h->count, count);
+  if (st) {
     free(*body);
     *body = NULL;
+    lose_connection(s, ferry_last_error());
+    return ferry_fail(st, "lost the connection to store master %s: %s; the next call reconnects",
+                      s->master, s->lost);
   }
-  return st;
-}
-
-static ferry_status simple_request(ferry_store *s, uint8_t op, const char *step) {
-  store_writer w = {0};
-  store_put_u8(&w, op);
-  ferry_frame_header h;
-  uint8_t *body;
-  ferry_status st = store_request(s, &w, 0, &h, &body, step);
-  free(body);
-  return st;
-}
-
-static void *pinger_main(void *arg) {
-  ferry_store *s = arg;
-  pthread_mutex_lock(&s->ping_lock);
-  while (!s->closing) {
-    struct timespec at = ferry_timespec(ferry_now_ns() + s->ping_ms * 1000000ull);
-    pthread_cond_timedwait(&s->ping_cond, &s->ping_lock, &at);
-    if (s->closing)
-      break;
-    pthread_mutex_unlock(&s->ping_lock);
-    if (simple_request(s, STORE_PING, "store PING") != FERRY_OK)
-      FERRY_WARN("%s", ferry_last_error());
-    pthread_mutex_lock(&s->ping_lock);
-  }
-  pthread_mutex_unlock(&s->ping_lock);
-  return NULL;
-}
-
-static ferry_status connect_master(ferry_store *s, const char *secret) {
-  char host[FERRY_HOST_MAX];
-  uint16_t port;
-  ferry_status st = ferry_net_parse_target(s->master, host, &port);
-  if (st)
-    return st;
-  uint64_t deadline = ferry_now_ns() + s->timeout_ms * 1000000ull;
-  st = ferry_net_connect(host, port, deadline, &s->fd);
-  if (st)
-    return st;
-  ferry_sock_init(&s->sock, s->fd, s->master);
-  ferry_sock_set_deadline(&s->sock, deadline);
-  store_identity self = {ferry_random_u64(), ferry_engine_name(s->engine), secret};
-  return store_handshake_connect(&s->sock, &s->session, &self);
+  return FERRY_OK;
 }
 
 static ferry_status register_segment(ferry_store *s) {
@@ -118,16 +73,158 @@ static ferry_status register_segment(ferry_store *s) {
   store_put_str(&w, name, strnlen(name, STORE_NAME_MAX));
   ferry_frame_header h;
   uint8_t *body;
-  ferry_status st = store_request(s, &w, 0, &h, &body, "store REGISTER");
+  ferry_status st = exchange(s, &w, 0, &h, &body, "store REGISTER");
   if (st)
     return st;
   store_reader r = {body, (size_t)h.body_len, 0};
-  s->lease_ms = store_get_u32(&r);
-  s->ping_ms = store_get_u32(&r);
+  if (h.status)
+    st = ferry_fail((ferry_status)h.status, "store REGISTER refused by store master %s: %.*s%s",
+                    s->master, (int)h.body_len, (const char *)body,
+                    h.status == FERRY_EBUSY && s->conn
+                        ? " (by this client's previous connection, until the master sees it "
+                          "end: at most client_ttl)"
+                        : "");
+  uint32_t lease_ms = store_get_u32(&r), ping_ms = store_get_u32(&r);
   free(body);
-  if (r.bad || r.left || s->ping_ms == 0)
-    return ferry_fail(FERRY_EPROTO, "store master %s sent a malformed REGISTER reply", s->master);
+  if (!st && (r.bad || r.left || ping_ms == 0))
+    st = ferry_fail(FERRY_EPROTO, "store master %s sent a malformed REGISTER reply", s->master);
+  if (st)
+    return st;
+  s->lease_ms = lease_ms;
+  __atomic_store_n(&s->ping_ms, ping_ms, __ATOMIC_RELAXED);
   return FERRY_OK;
+}
+
+/* A master that answers with a new instance id restarted: without HA its
+ * map lived in its memory only. */
+static void log_rejoin(ferry_store *s, uint64_t master_id) {
+  const char *name = ferry_engine_name(s->engine);
+  char segment[64] = "without a segment";
+  if (s->segment_size)
+    snprintf(segment, sizeof segment, "with its segment of %zu bytes, empty", s->segment_size);
+  if (s->master_id && master_id != s->master_id)
+    FERRY_WARN("store: master %s restarted (a new instance): the objects stored before are gone "
+               "(without HA the master keeps them in its memory only); %s rejoined it %s",
+               s->master, name, segment);
+  else if (s->master_id)
+    FERRY_INFO("store: %s reconnected to master %s (the same instance): the objects with a replica "
+               "in its segment went with its previous connection",
+               name, s->master);
+}
+
+/* A fresh connection (connect, handshake with the secret proven again,
+ * REGISTER of this client's segment: empty to the master), or the fd
+ * stays -1. Bounded by timeout_ms. */
+static ferry_status join_master(ferry_store *s) {
+  char host[FERRY_HOST_MAX];
+  uint16_t port;
+  ferry_status st = ferry_net_parse_target(s->master, host, &port);
+  uint64_t deadline = ferry_now_ns() + s->timeout_ms * 1000000ull;
+  if (!st)
+    st = ferry_net_connect(host, port, deadline, &s->fd);
+  if (st)
+    return st;
+  ferry_sock_init(&s->sock, s->fd, s->master);
+  ferry_sock_set_deadline(&s->sock, deadline);
+  store_identity self = {ferry_random_u64(), ferry_engine_name(s->engine), s->secret};
+  uint64_t master_id = 0;
+  st = store_handshake_connect(&s->sock, &s->session, &self, &master_id);
+  if (!st)
+    st = register_segment(s);
+  if (st) {
+    if (s->fd >= 0)
+      close(s->fd);
+    s->fd = -1;
+    return st;
+  }
+  log_rejoin(s, master_id);
+  s->master_id = master_id;
+  s->conn++;
+  return FERRY_OK;
+}
+
+/* Under s->lock: the connection a request goes on (want: see
+ * store_request_on). One the master closed is replaced before the request
+ * goes out. */
+static ferry_status connection_for(ferry_store *s, uint64_t want, const char *step) {
+  if (s->fd >= 0 && !ferry_net_idle_alive(s->fd))
+    lose_connection(s, "the master closed it");
+  if (want && (s->fd < 0 || s->conn != want))
+    return ferry_fail(FERRY_ESOCKET,
+                      "%s: the connection to store master %s that this put started on is gone "
+                      "(%s): the master dropped the put, nothing is committed",
+                      step, s->master, s->lost);
+  if (s->fd >= 0)
+    return FERRY_OK;
+  ferry_status st = join_master(s);
+  if (st) {
+    snprintf(s->lost, sizeof s->lost, "%s", ferry_last_error());
+    return ferry_fail(st, "%s: cannot reach store master %s: %s; the next call tries again", step,
+                      s->master, s->lost);
+  }
+  return FERRY_OK;
+}
+
+ferry_status store_request_on(ferry_store *s, uint64_t *conn, store_writer *w, uint32_t count,
+                              ferry_frame_header *h, uint8_t **body, const char *step) {
+  *body = NULL;
+  pthread_mutex_lock(&s->lock);
+  ferry_status st = connection_for(s, conn ? *conn : 0, step);
+  if (st)
+    store_writer_free(w);
+  else
+    st = exchange(s, w, count, h, body, step);
+  if (!st && conn)
+    *conn = s->conn;
+  if (!st && h->status == FERRY_EPROTO) /* the master closes it after saying why */
+    lose_connection(s, "the master refused a malformed request");
+  pthread_mutex_unlock(&s->lock);
+  if (!st && h->status) {
+    st = ferry_fail((ferry_status)h->status, "%s refused by store master %s: %.*s", step, s->master,
+                    (int)h->body_len, (const char *)*body);
+    free(*body);
+    *body = NULL;
+  }
+  return st;
+}
+
+ferry_status store_request(ferry_store *s, store_writer *w, uint32_t count, ferry_frame_header *h,
+                           uint8_t **body, const char *step) {
+  return store_request_on(s, NULL, w, count, h, body, step);
+}
+
+static ferry_status simple_request(ferry_store *s, uint8_t op, const char *step) {
+  store_writer w = {0};
+  store_put_u8(&w, op);
+  ferry_frame_header h;
+  uint8_t *body;
+  ferry_status st = store_request(s, &w, 0, &h, &body, step);
+  free(body);
+  return st;
+}
+
+/* PINGs keep the client alive; like any call, a PING reconnects a lost
+ * connection (so an idle client's segment rejoins a restarted master). A
+ * master that stays down is reported once, not at every PING. */
+static void *pinger_main(void *arg) {
+  ferry_store *s = arg;
+  int failing = 0;
+  pthread_mutex_lock(&s->ping_lock);
+  while (!s->closing) {
+    uint32_t ping_ms = __atomic_load_n(&s->ping_ms, __ATOMIC_RELAXED);
+    struct timespec at = ferry_timespec(ferry_now_ns() + ping_ms * 1000000ull);
+    pthread_cond_timedwait(&s->ping_cond, &s->ping_lock, &at);
+    if (s->closing)
+      break;
+    pthread_mutex_unlock(&s->ping_lock);
+    ferry_status st = simple_request(s, STORE_PING, "store PING");
+    if (st && !failing)
+      FERRY_WARN("%s", ferry_last_error());
+    failing = st != FERRY_OK;
+    pthread_mutex_lock(&s->ping_lock);
+  }
+  pthread_mutex_unlock(&s->ping_lock);
+  return NULL;
 }
 
 static ferry_status check_config(const ferry_store_config *cfg) {
@@ -165,16 +262,17 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
   pthread_cond_init(&s->ping_cond, &attr);
   pthread_condattr_destroy(&attr);
   const char *secret = cfg->secret ? cfg->secret : getenv("FERRY_SECRET");
-  if (secret && !*secret)
-    secret = NULL;
-  if (s->segment_size)
+  if (secret && *secret && !(s->secret = strdup(secret)))
+    st = ferry_fail(FERRY_ENOMEM, "ferry_store_open: out of memory");
+  if (!st && s->segment_size)
     st = ferry_memory_alloc(engine, s->segment_size, &s->segment);
   if (!st)
     st = ferry_memory_alloc(engine, s->staging_size, &s->staging);
-  if (!st)
-    st = connect_master(s, secret);
-  if (!st)
-    st = register_segment(s);
+  if (!st) {
+    pthread_mutex_lock(&s->lock); /* no other thread yet; the connection's rule */
+    st = join_master(s);
+    pthread_mutex_unlock(&s->lock);
+  }
   if (!st)
     s->pinger_started = pthread_create(&s->pinger, NULL, pinger_main, s) == 0;
   if (!st && !s->pinger_started)
@@ -210,6 +308,7 @@ void ferry_store_close(ferry_store *s) {
   pthread_mutex_destroy(&s->ping_lock);
   pthread_mutex_destroy(&s->staging_lock);
   pthread_mutex_destroy(&s->lock);
+  free(s->secret);
   free(s);
 }
 

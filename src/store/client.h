@@ -16,13 +16,16 @@ struct ferry_store {
   ferry_engine *engine;
   char master[FERRY_HOST_MAX + 8];
   uint32_t timeout_ms;
-  /* The master connection: one request at a time. */
+  char *secret; /* proven again at each reconnect (NULL: none) */
+  /* The master connection: one request at a time, and the reconnects. */
   pthread_mutex_t lock;
-  int fd; /* -1 once lost: every later request fails */
+  int fd; /* -1 while lost: the next request reconnects */
   ferry_sock sock;
   ferry_session session;
-  char lost[256]; /* why the connection was lost */
-  uint32_t lease_ms, ping_ms;
+  uint64_t conn;              /* which connection: 1, 2, ... (each reconnect counts) */
+  uint64_t master_id;         /* the master's instance id at the last handshake */
+  char lost[256];             /* why the connection was lost, or the last reconnect failed */
+  uint32_t lease_ms, ping_ms; /* ping_ms atomic: the PING thread reads it */
   /* This client's segment, registered on engine (NULL when none). */
   void *segment;
   size_t segment_size;
@@ -40,9 +43,16 @@ struct ferry_store {
 
 /* One request (body w, starting with its op; count entries) and its reply
  * (*body malloc'd, *h its header). A refusal of the whole request returns
- * its status with the master's reason as the detail. */
+ * its status with the master's reason as the detail. A lost connection is
+ * replaced first (docs/store.md "Master restart"); a request that fails on
+ * the socket fails, and the next one reconnects. */
 ferry_status store_request(ferry_store *s, store_writer *w, uint32_t count, ferry_frame_header *h,
                            uint8_t **body, const char *step);
+/* The same on one connection: *conn 0 takes any (and says which); else only
+ * that one, FERRY_ESOCKET once it is gone (a PUT_END goes to the master
+ * that started its put, never to the next one). */
+ferry_status store_request_on(ferry_store *s, uint64_t *conn, store_writer *w, uint32_t count,
+                              ferry_frame_header *h, uint8_t **body, const char *step);
 /* A key the API takes: 1..STORE_KEY_MAX bytes; FERRY_EINVAL naming it. */
 ferry_status store_check_key(const char *key, const char *call);
 /* The message of an entry's status (the key given), for the detail. */

@@ -140,18 +140,19 @@ static ferry_status receive_reply(ferry_sock *s, transcript *t, ferry_hello_repl
   return FERRY_OK;
 }
 
+/* With a secret the master's facts (its instance id) come after its proof. */
 static ferry_status prove_to_master(ferry_sock *s, const transcript *t, const char *secret,
-                                    ferry_session *session) {
+                                    ferry_session *session, ferry_hello_reply *r) {
   uint8_t th[FERRY_WIRE_PROOF_SIZE];
   transcript_hash(t, th);
-  ferry_status st = ferry_auth_prove(s, secret, th, "store master", NULL, session);
+  ferry_status st = ferry_auth_prove(s, secret, th, "store master", r, session);
   if (!st)
     ferry_sock_auth(s, session);
   return st;
 }
 
 ferry_status store_handshake_connect(ferry_sock *s, ferry_session *session,
-                                     const store_identity *self) {
+                                     const store_identity *self, uint64_t *master_id) {
   transcript t;
   ferry_hello_reply r;
   memset(session, 0, sizeof *session);
@@ -168,5 +169,8 @@ ferry_status store_handshake_connect(ferry_sock *s, ferry_session *session,
                       "store master %s does not ask for the shared secret; refusing an "
                       "unauthenticated master",
                       s->peer);
-  return r.auth_required ? prove_to_master(s, &t, self->secret, session) : FERRY_OK;
+  st = r.auth_required ? prove_to_master(s, &t, self->secret, session, &r) : FERRY_OK;
+  if (!st)
+    *master_id = r.engine_id;
+  return st;
 }

@@ -20,8 +20,9 @@ typedef struct store_identity {
 /* Master side; client_name gets the HELLO's name (unproven: logs only). */
 ferry_status store_handshake_accept(ferry_sock *s, ferry_session *session,
                                     const store_identity *self, char *client_name, size_t size);
-/* Client side. */
+/* Client side; *master_id gets the master's instance id (HELLO_REPLY's
+ * engine_id, proven with a secret): a new one means it restarted. */
 ferry_status store_handshake_connect(ferry_sock *s, ferry_session *session,
-                                     const store_identity *self);
+                                     const store_identity *self, uint64_t *master_id);
 
 #endif

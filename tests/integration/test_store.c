@@ -7,7 +7,11 @@
  * client speaking the store protocol by hand (protocol.h), which stops
  * where the case needs it: no sleeps. Where the master must notice
  * something (a client's death), the case waits for it with a generous
- * bound, asserting what it then sees. */
+ * bound, asserting what it then sees. The cases of a master restart run
+ * the master in this process (master.h), stopped and started again on the
+ * same port, and hold a put inside its WRITE with a stopped client
+ * process holding the replica. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +34,7 @@
 #include "harness.h"
 #include "net/auth.h"
 #include "store/handshake.h"
+#include "store/master.h"
 #include "store/protocol.h"
 
 #define KiB 1024ull
@@ -159,6 +164,17 @@ static void expect_bytes(ferry_store *s, const char *key, uint8_t *buf, size_t l
   assert_int_equal(mismatch(buf, len, seed), -1);
 }
 
+/* ferry_store_get of key (into a copy of its own): len bytes, each checked. */
+static void expect_copy(ferry_store *s, const char *key, size_t len, unsigned seed) {
+  void *copy;
+  size_t got;
+  if (ferry_store_get(s, key, &copy, &got) != FERRY_OK)
+    fail_msg("get %s: %s", key, ferry_last_error());
+  assert_int_equal(got, len);
+  assert_int_equal(mismatch(copy, got, seed), -1);
+  free(copy);
+}
+
 /* ---- the child client ----------------------------------------------------------------------- */
 
 /* Role "client" MASTER: a client with a segment that prints "ready
@@ -252,6 +268,14 @@ static void child_close(child_client *c) {
   assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* Stopped for sure, not just signalled. */
+static void child_stop(child_client *c) {
+  int status;
+  kill(c->pid, SIGSTOP);
+  assert_int_equal(waitpid(c->pid, &status, WUNTRACED), c->pid);
+  assert_true(WIFSTOPPED(status));
+}
+
 static void child_kill(child_client *c) {
   test_kill_and_reap(c->pid, TEST_SETUP_MS);
   close(c->to);
@@ -284,7 +308,8 @@ static void raw_open(raw_client *r, const char *master) {
       ferry_net_connect(host, port, ferry_now_ns() + TEST_SETUP_MS * 1000000ull, &r->fd), FERRY_OK);
   ferry_sock_init(&r->sock, r->fd, master);
   store_identity self = {ferry_random_u64(), "raw", NULL};
-  assert_int_equal(store_handshake_connect(&r->sock, &r->session, &self), FERRY_OK);
+  uint64_t master_id;
+  assert_int_equal(store_handshake_connect(&r->sock, &r->session, &self, &master_id), FERRY_OK);
   store_writer w = {0};
   store_put_u8(&w, STORE_REGISTER);
   store_put_u16(&w, STORE_PROTOCOL_VERSION);
@@ -386,13 +411,8 @@ static void values_move_between_two_clients(void **state) {
     assert_int_equal(items[i].length, sizes[i]);
     assert_int_equal(mismatch(buf + at, sizes[i], (unsigned)(i + 100)), -1);
     at += sizes[i];
-    void *copy;
-    size_t len;
     uint64_t size;
-    assert_int_equal(ferry_store_get(a.store, keys[i], &copy, &len), FERRY_OK);
-    assert_int_equal(len, sizes[i]);
-    assert_int_equal(mismatch(copy, len, (unsigned)(i + 100)), -1);
-    free(copy);
+    expect_copy(a.store, keys[i], sizes[i], (unsigned)(i + 100));
     assert_int_equal(ferry_store_exists(a.store, keys[i]), FERRY_OK);
     assert_int_equal(ferry_store_size(a.store, keys[i], &size), FERRY_OK);
     assert_int_equal(size, sizes[i]);
@@ -504,10 +524,7 @@ static void a_get_moves_to_the_next_replica(void **state) {
   memset(buf, 0, 256 * KiB);
   assert_int_equal(ferry_store_get_into(a.store, "twice", buf, 256 * KiB, NULL), FERRY_OK);
 
-  kill(b.pid, SIGSTOP);
-  int status; /* stopped for sure, not just signalled */
-  assert_int_equal(waitpid(b.pid, &status, WUNTRACED), b.pid);
-  assert_true(WIFSTOPPED(status));
+  child_stop(&b);
   test_engine_set_timeouts(a.engine, 1000, 1000);
   memset(buf, 0, 256 * KiB);
   uint64_t timeouts = timeouts_of(a.engine);
@@ -690,12 +707,7 @@ static void a_hostile_client_hurts_only_itself(void **state) {
   ferry_store *twin;
   assert_int_equal(store_on(a.engine, t.m.addr, 1 * MiB, NULL, &twin), FERRY_EBUSY);
   assert_non_null(strstr(ferry_last_error(), "mounted already"));
-  void *copy;
-  size_t len;
-  assert_int_equal(ferry_store_get(a.store, "kept", &copy, &len), FERRY_OK);
-  assert_int_equal(len, sizeof data);
-  assert_int_equal(mismatch(copy, len, 4), -1);
-  free(copy);
+  expect_copy(a.store, "kept", sizeof data, 4);
   rig_close(&t);
 }
 
@@ -767,6 +779,243 @@ static void bad_arguments_are_refused(void **state) {
   ferry_engine_destroy(e);
 }
 
+/* ---- the master restarts -------------------------------------------------------------------- */
+
+/* A master in this process, so that a case can stop it and start the next
+ * one on the same port: the first start takes any free port. */
+typedef struct master_here {
+  store_master_config cfg;
+  store_master *m;
+  char addr[64];
+} master_here;
+
+static void here_start(master_here *h) {
+  if (store_master_start(&h->cfg, &h->m) != FERRY_OK)
+    fail_msg("store master on port %u: %s", h->cfg.port, ferry_last_error());
+  h->cfg.port = store_master_port(h->m);
+  snprintf(h->addr, sizeof h->addr, "127.0.0.1:%u", h->cfg.port);
+}
+
+static void here_restart(master_here *h) {
+  store_master_stop(h->m);
+  here_start(h);
+}
+
+/* WARN lines saying that the master at arg (its address) restarted. */
+static int restart_warnings;
+
+static void count_restart_warnings(const ferry_log_record *r, void *arg) {
+  if (r->level == FERRY_LOG_WARN && strstr(r->message, (const char *)arg) &&
+      strstr(r->message, "restarted") && strstr(r->message, "objects stored before are gone"))
+    __atomic_add_fetch(&restart_warnings, 1, __ATOMIC_RELAXED);
+  fprintf(stderr, "%s\n", r->line);
+}
+
+/* The next call after the master restarted on the same port reconnects
+ * (proving the secret again when one is set), registers the client's
+ * segment again, empty, and works; the old objects are gone, and one WARN
+ * line says so. */
+static void rejoin_a_restarted_master(const char *secret) {
+  master_here h = {.cfg = {.secret = secret}};
+  here_start(&h);
+  ferry_engine *e = engine_on_loopback();
+  assert_non_null(e);
+  ferry_store *s;
+  if (store_on(e, h.addr, SEGMENT, secret, &s) != FERRY_OK)
+    fail_msg("ferry_store_open: %s", ferry_last_error());
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(e, 64 * KiB, (void **)&buf), FERRY_OK);
+  fill(buf, 64 * KiB, 1);
+  assert_int_equal(ferry_store_put_from(s, "before", buf, 64 * KiB, NULL), FERRY_OK);
+  expect_bytes(s, "before", buf, 64 * KiB, 1);
+
+  __atomic_store_n(&restart_warnings, 0, __ATOMIC_RELAXED);
+  ferry_log_set_handler(count_restart_warnings, h.addr);
+  here_restart(&h);
+  /* This client's segment is the only one: the put shows it is back. */
+  fill(buf, 64 * KiB, 2);
+  if (ferry_store_put_from(s, "after", buf, 64 * KiB, NULL) != FERRY_OK)
+    fail_msg("the first call after the restart: %s", ferry_last_error());
+  expect_bytes(s, "after", buf, 64 * KiB, 2);
+  assert_int_equal(ferry_store_exists(s, "before"), FERRY_ENOTFOUND);
+  ferry_log_set_handler(NULL, NULL);
+  assert_int_equal(__atomic_load_n(&restart_warnings, __ATOMIC_RELAXED), 1);
+
+  ferry_memory_free(e, buf);
+  ferry_store_close(s);
+  ferry_engine_destroy(e);
+  store_master_stop(h.m);
+}
+
+static void a_client_rejoins_a_restarted_master(void **state) {
+  (void)state;
+  rejoin_a_restarted_master(NULL);
+}
+
+static void a_client_rejoins_a_restarted_master_with_its_secret(void **state) {
+  (void)state;
+  rejoin_a_restarted_master("store-secret");
+}
+
+/* While no master listens, each call fails at once naming the master; the
+ * first call after it is back reconnects. */
+static void a_call_without_a_master_fails_and_the_next_reconnects(void **state) {
+  (void)state;
+  master_here h = {0};
+  here_start(&h);
+  local_client a;
+  local_open(&a, h.addr, SEGMENT);
+  uint8_t data[1000];
+  fill(data, sizeof data, 6);
+  assert_int_equal(ferry_store_put(a.store, "kept", data, sizeof data, NULL), FERRY_OK);
+
+  store_master_stop(h.m);
+  assert_int_equal(ferry_store_exists(a.store, "kept"), FERRY_ESOCKET);
+  assert_non_null(strstr(ferry_last_error(), h.addr));
+  assert_int_equal(ferry_store_put(a.store, "new", data, sizeof data, NULL), FERRY_ESOCKET);
+  if (!strstr(ferry_last_error(), "cannot reach store master") ||
+      !strstr(ferry_last_error(), h.addr))
+    fail_msg("a call while the master is down: %s", ferry_last_error());
+
+  here_start(&h);
+  assert_int_equal(ferry_store_exists(a.store, "kept"), FERRY_ENOTFOUND);
+  fill(data, sizeof data, 7);
+  assert_int_equal(ferry_store_put(a.store, "new", data, sizeof data, NULL), FERRY_OK);
+  expect_copy(a.store, "new", sizeof data, 7);
+  local_close(&a);
+  store_master_stop(h.m);
+}
+
+/* A put on a thread of its own (into one segment). */
+typedef struct put_thread {
+  pthread_t thread;
+  ferry_store *store;
+  const char *key, *segment;
+  uint8_t *buf;
+  size_t len;
+  ferry_status status;
+  char detail[FERRY_ERROR_MAX];
+} put_thread;
+
+static void *put_main(void *arg) {
+  put_thread *p = arg;
+  ferry_store_replicate in = {1, p->segment};
+  p->status = ferry_store_put_from(p->store, p->key, p->buf, p->len, &in);
+  snprintf(p->detail, sizeof p->detail, "%s", ferry_last_error());
+  return NULL;
+}
+
+/* Waits (TEST_SETUP_MS at most) until e has n batches in flight. */
+static void wait_in_flight(ferry_engine *e, uint64_t n) {
+  double until = test_now_s() + TEST_SETUP_MS / 1000.0;
+  for (;;) {
+    ferry_stats *stats;
+    assert_int_equal(ferry_stats_snapshot(e, &stats), FERRY_OK);
+    uint64_t now = stats->batches_in_flight;
+    ferry_stats_free(stats);
+    if (now >= n)
+      return;
+    if (test_now_s() > until)
+      fail_msg("%llu batches in flight, not %llu", (unsigned long long)now, (unsigned long long)n);
+    usleep(1000);
+  }
+}
+
+/* A put whose WRITE is in flight while the master restarts fails at its
+ * end and commits nothing: its PUT_END does not go to the new master,
+ * where this client meanwhile started a put of the same key whose bytes
+ * are not written yet (it would commit that one, unwritten). */
+static void a_put_across_a_restart_commits_nothing(void **state) {
+  (void)state;
+  master_here h = {0};
+  here_start(&h);
+  local_client a;
+  local_open_over(&a, h.addr, SEGMENT, FERRY_TRANSPORT_TCP); /* a stopped process serves no tcp */
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(a.engine, 128 * KiB, (void **)&buf), FERRY_OK);
+  child_client b, c;
+  child_open(&b, h.addr);
+  fill(buf, 64 * KiB, 3);
+  ferry_store_replicate in_b = {1, b.segment};
+  assert_int_equal(ferry_store_put_from(a.store, "warm_b", buf, 64 * KiB, &in_b), FERRY_OK);
+  child_stop(&b);
+  put_thread old = {
+      .store = a.store, .key = "across", .segment = b.segment, .buf = buf, .len = 64 * KiB};
+  assert_int_equal(pthread_create(&old.thread, NULL, put_main, &old), 0);
+  wait_in_flight(a.engine, 1); /* PUT_START done; its WRITE waits on b */
+
+  here_restart(&h);
+  child_open(&c, h.addr);
+  fill(buf + 64 * KiB, 64 * KiB, 4);
+  ferry_store_replicate in_c = {1, c.segment};
+  assert_int_equal(ferry_store_put_from(a.store, "warm_c", buf + 64 * KiB, 64 * KiB, &in_c),
+                   FERRY_OK);
+  child_stop(&c);
+  put_thread new = {.store = a.store,
+                    .key = "across",
+                    .segment = c.segment,
+                    .buf = buf + 64 * KiB,
+                    .len = 64 * KiB};
+  assert_int_equal(pthread_create(&new.thread, NULL, put_main, &new), 0);
+  wait_in_flight(a.engine, 2); /* the new master's put of "across" waits on c */
+
+  kill(b.pid, SIGCONT);
+  assert_int_equal(pthread_join(old.thread, NULL), 0);
+  assert_int_equal(old.status, FERRY_ESOCKET);
+  if (!strstr(old.detail, h.addr) || !strstr(old.detail, "nothing is committed"))
+    fail_msg("the put across the restart: %s", old.detail);
+  assert_int_equal(ferry_store_exists(a.store, "across"), FERRY_ENOTFOUND); /* still unwritten */
+
+  kill(c.pid, SIGCONT);
+  assert_int_equal(pthread_join(new.thread, NULL), 0);
+  if (new.status != FERRY_OK)
+    fail_msg("the put on the new master: %s", new.detail);
+  expect_bytes(a.store, "across", buf, 64 * KiB, 4);
+  child_close(&b);
+  child_close(&c);
+  ferry_memory_free(a.engine, buf);
+  local_close(&a);
+  store_master_stop(h.m);
+}
+
+/* An idle client's PING thread rejoins a restarted master: its segment
+ * takes another client's puts again with no call of its own. Under TSan
+ * the PING thread's reconnect meets this thread's calls on the client. */
+static void an_idle_client_rejoins_by_its_ping_thread(void **state) {
+  (void)state;
+  master_here h = {.cfg = {.client_ttl_ms = 3000}}; /* a PING a second */
+  here_start(&h);
+  local_client idle, busy;
+  local_open(&idle, h.addr, SEGMENT);
+  local_open(&busy, h.addr, 0); /* no segment: its puts go to idle's */
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(busy.engine, 4 * KiB, (void **)&buf), FERRY_OK);
+  fill(buf, 4 * KiB, 8);
+  assert_int_equal(ferry_store_put_from(busy.store, "first", buf, 4 * KiB, NULL), FERRY_OK);
+
+  __atomic_store_n(&restart_warnings, 0, __ATOMIC_RELAXED);
+  ferry_log_set_handler(count_restart_warnings, h.addr);
+  here_restart(&h);
+  /* FERRY_ENOMEM (no segment) until idle's PING thread registered it. */
+  ferry_status st;
+  double until = test_now_s() + TEST_SETUP_MS / 1000.0;
+  while ((st = ferry_store_put_from(busy.store, "second", buf, 4 * KiB, NULL)) != FERRY_OK &&
+         test_now_s() < until)
+    usleep(10000);
+  if (st != FERRY_OK)
+    fail_msg("a put into the idle client's segment: %s", ferry_last_error());
+  /* After idle's own lock: its PING thread logged under it. */
+  expect_bytes(idle.store, "second", buf, 4 * KiB, 8);
+  ferry_log_set_handler(NULL, NULL);
+  /* One line per client. */
+  assert_int_equal(__atomic_load_n(&restart_warnings, __ATOMIC_RELAXED), 2);
+  assert_int_equal(ferry_store_exists(idle.store, "first"), FERRY_ENOTFOUND);
+  ferry_memory_free(busy.engine, buf);
+  local_close(&busy);
+  local_close(&idle);
+  store_master_stop(h.m);
+}
+
 int main(int argc, char **argv) {
   const test_child_role roles[] = {{"client", client_role}};
   test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
@@ -782,6 +1031,11 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_hostile_client_hurts_only_itself),
       cmocka_unit_test(the_master_caps_its_clients),
       cmocka_unit_test(bad_arguments_are_refused),
+      cmocka_unit_test(a_client_rejoins_a_restarted_master),
+      cmocka_unit_test(a_client_rejoins_a_restarted_master_with_its_secret),
+      cmocka_unit_test(a_call_without_a_master_fails_and_the_next_reconnects),
+      cmocka_unit_test(a_put_across_a_restart_commits_nothing),
+      cmocka_unit_test(an_idle_client_rejoins_by_its_ping_thread),
   };
   const char *only = getenv("FERRY_TEST_FILTER"); /* e.g. "*lease*" */
   if (only && *only)

@@ -3,7 +3,8 @@ store (docs/store.md): a `ferry store-master` process and two clients, driven
 the way SGLang's HiCache L3 backend drives Mooncake's store (setup with seven
 positional arguments, register_buffer on a host KV pool, warm-up
 put/is_exist/get, then batch_is_exist, batch_put_from and batch_get_into with
-keys "{prefix}_{hash}_{rank}_k|v"), every byte checked."""
+keys "{prefix}_{hash}_{rank}_k|v"), every byte checked; and a client that
+rejoins its master after the master was killed and started again."""
 
 import ctypes
 import os
@@ -24,12 +25,14 @@ MiB = 1 << 20
 PAGE = 64 * 1024  # one K or V page of the host pool
 
 
-@pytest.fixture
-def master():
+def start_master(port=0):
+    """A `ferry store-master` (mooncake_master) on port (0: any free one):
+    the process and its address."""
     tool = ferry_tool()
     if not tool:
         pytest.skip("ferry tool not found (set FERRY_TOOL or build build/ferry)")
-    proc = subprocess.Popen([tool, "store-master", "--port=0", "--default_kv_lease_ttl=500"],
+    proc = subprocess.Popen([tool, "store-master", "--port=%d" % port,
+                             "--default_kv_lease_ttl=500"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.match(r"ready master=(\S+)", line)
@@ -37,7 +40,13 @@ def master():
         proc.kill()
         proc.wait(timeout=10)
         raise RuntimeError("store-master did not start: %r" % line)
-    yield m.group(1)
+    return proc, m.group(1)
+
+
+@pytest.fixture
+def master():
+    proc, addr = start_master()
+    yield addr
     proc.terminate()
     proc.wait(timeout=30)
 
@@ -125,3 +134,30 @@ def test_setup_failures_are_numbers(master):
                        "127.0.0.1:1") < 0  # nothing listens there
     assert store.put("k", b"v") == -600  # not set up
     assert store.close() == 0
+
+
+def test_a_killed_master_restarted_on_its_port_is_rejoined(caplog):
+    """The master killed (SIGKILL) and started again on the same port: a call
+    while it is down fails (-900) naming it; the next call after it is back
+    reconnects, registers the segment again and works; what the old master
+    stored is gone."""
+    proc, addr = start_master()
+    store = None
+    try:
+        store = client(addr)
+        assert store.put("before", b"stored before") == 0
+        assert store.get("before") == b"stored before"
+        proc.kill()
+        proc.wait(timeout=30)
+        assert store.is_exist("before") == -900  # RPC_FAIL
+        assert "store master %s" % addr in caplog.text
+        proc, again = start_master(int(addr.rsplit(":", 1)[1]))
+        assert again == addr
+        assert store.put("after", page_bytes(5)) == 0  # its segment is the only one
+        assert store.get("after") == page_bytes(5)
+        assert store.is_exist("before") == 0
+    finally:
+        if store is not None:
+            assert store.close() == 0
+        proc.kill()
+        proc.wait(timeout=30)
