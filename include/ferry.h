@@ -811,8 +811,14 @@ ferry_status ferry_send_batch(ferry_engine *engine, const char *target, const ch
  *    it), is dropped: its segment, every replica in it and its puts in
  *    progress. An object left with no replica is gone: a get of it fails
  *    with FERRY_ENOTFOUND. A get whose READ fails tries the next replica.
- *  - No segment with room: the put fails with FERRY_ENOMEM naming the key
- *    and the size (there is no eviction yet).
+ *  - A full pool evicts: past the master's eviction_high_watermark_ratio
+ *    (0.95 of the pool in use by default) least-recently-used objects
+ *    (committed or got longest ago) go until eviction_ratio (0.05) is free
+ *    below it, and a put no segment has room for evicts until it fits.
+ *    Never evicted: a put in progress, an object under a get's lease, a
+ *    hard-pinned one; soft-pinned ones go only when nothing else can. When
+ *    nothing can go, the put fails with FERRY_ENOMEM naming the key, the
+ *    size and what holds the pool.
  * A put of a key stored already succeeds and keeps the first value (keys
  * of KV caches name their content). Keys are 1 to 1024 bytes. Calls may be
  * made from several threads; requests to the master take turns on its one
@@ -845,11 +851,21 @@ void ferry_store_close(ferry_store *store);
 /* The name other clients reach this one's segment by: its engine's name. */
 const char *ferry_store_segment(const ferry_store *store);
 
-/* Where a put's replicas go. NULL: one replica, anywhere. */
+/* Where a put's replicas go, and whether eviction may take the object.
+ * NULL: one replica, anywhere, no pin. Zero it ({0}) before filling it in:
+ * fields are only added at its end, and zero is each one's default. */
 typedef struct ferry_store_replicate {
   unsigned replicas;             /* 1 to 8, each in a different segment (0: 1) */
   const char *preferred_segment; /* the first replica's segment, if it has room; NULL: any */
+  int pin;                       /* FERRY_STORE_PIN_*: how eviction treats the object */
 } ferry_store_replicate;
+/* NONE: evicted in least-recently-used order. SOFT (Mooncake's
+ * with_soft_pin): evicted only when nothing unpinned can be, for the
+ * master's default_kv_soft_pin_ttl (30 min) past its last put or get, then
+ * as NONE. HARD (with_hard_pin): never evicted; remove it to free it. */
+#define FERRY_STORE_PIN_NONE 0
+#define FERRY_STORE_PIN_SOFT 1
+#define FERRY_STORE_PIN_HARD 2
 
 /* Copies data[0..length) (any memory) into the store under key. */
 ferry_status ferry_store_put(ferry_store *store, const char *key, const void *data, size_t length,

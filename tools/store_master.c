@@ -4,6 +4,7 @@
  * value) for what it implements and refuses, by name, every other flag
  * Mooncake's master has, rather than run without what was asked. It prints
  * one line "ready master=HOST:PORT" once it listens. */
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -23,9 +24,6 @@ static const char *const not_yet[] = {
     "cluster_id",
     "root_fs_dir",
     "enable_offload",
-    "eviction_ratio",
-    "eviction_high_watermark_ratio",
-    "default_kv_soft_pin_ttl",
     "allow_evict_soft_pinned_objects",
     "enable_metric_reporting",
     "metrics_port",
@@ -45,10 +43,15 @@ static void usage(FILE *out) {
           "  --client_ttl=S           seconds of silence that drop a client (default 10)\n"
           "  --client_ttl_ms=MS       the same in milliseconds\n"
           "  --max_clients=N          connections open at once, each with a thread (default 1024)\n"
-          "The shared secret clients must prove comes from FERRY_SECRET.\n"
+          "  --eviction_high_watermark_ratio=R  evict least recently used objects once this\n"
+          "                           share of the pool is in use (0 < R <= 1, default 0.95)\n"
+          "  --eviction_ratio=R       ... until R less than that is (0 < R <= 1, default 0.05)\n"
+          "  --default_kv_soft_pin_ttl=MS  a soft pin lasts this long past the object's last\n"
+          "                           put or get (default 1800000: 30 min)\n"
+          "A put that does not fit evicts until it does. The shared secret clients must\n"
+          "prove comes from FERRY_SECRET.\n"
           "Prints \"ready master=HOST:PORT\" once it listens. Not implemented yet, and refused\n"
-          "by name: HA (--enable_ha ...), the SSD tier (--root_fs_dir), eviction\n"
-          "(--eviction_*): a full pool refuses puts; soft pins; metrics.\n");
+          "by name: HA (--enable_ha ...), the SSD tier (--root_fs_dir), metrics.\n");
 }
 
 /* "--name=value" or "--name value": *name and *value (NULL when absent). */
@@ -78,6 +81,19 @@ static int parse_positive(const char *flag, const char *value, unsigned long sca
   return 0;
 }
 
+/* A share of the pool: a number in (0, 1]. */
+static int parse_ratio(const char *flag, const char *value, double *out) {
+  char *end = NULL;
+  double v = value ? strtod(value, &end) : NAN;
+  if (!value || !*value || *end || !(v > 0 && v <= 1)) {
+    fprintf(stderr, "store-master: --%s needs a number in (0, 1], not \"%s\"\n", flag,
+            value ? value : "");
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
 static int parse_flag(store_master_config *cfg, const char *name, const char *value) {
   unsigned long port;
   if (!strcmp(name, "port") || !strcmp(name, "rpc_port")) {
@@ -101,6 +117,12 @@ static int parse_flag(store_master_config *cfg, const char *name, const char *va
     return parse_positive(name, value, 1, &cfg->client_ttl_ms);
   if (!strcmp(name, "max_clients"))
     return parse_positive(name, value, 1, &cfg->max_clients);
+  if (!strcmp(name, "eviction_high_watermark_ratio"))
+    return parse_ratio(name, value, &cfg->eviction_high_watermark_ratio);
+  if (!strcmp(name, "eviction_ratio"))
+    return parse_ratio(name, value, &cfg->eviction_ratio);
+  if (!strcmp(name, "default_kv_soft_pin_ttl"))
+    return parse_positive(name, value, 1, &cfg->soft_pin_ttl_ms);
   for (size_t i = 0; i < sizeof not_yet / sizeof *not_yet; i++)
     if (!strcmp(name, not_yet[i])) {
       fprintf(stderr,

@@ -162,6 +162,9 @@ PyMODINIT_FUNC PyInit__ferry(void) {
       {"LOG_WARN", FERRY_LOG_WARN},
       {"LOG_ERROR", FERRY_LOG_ERROR},
       {"LOG_OFF", FERRY_LOG_OFF},
+      {"STORE_PIN_NONE", FERRY_STORE_PIN_NONE},
+      {"STORE_PIN_SOFT", FERRY_STORE_PIN_SOFT},
+      {"STORE_PIN_HARD", FERRY_STORE_PIN_HARD},
   };
   for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++) {
     if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0) {

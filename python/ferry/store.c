@@ -88,13 +88,16 @@ static void store_dealloc(StoreObject *self) {
 
 /* ---- arguments ------------------------------------------------------------------------------ */
 
-/* replicas and preferred_segment as a put takes them. */
-static int replicate_get(PyObject *replicas, const char *preferred, ferry_store_replicate *out) {
+/* replicas, preferred_segment and pin as a put takes them. */
+static int replicate_get(PyObject *replicas, const char *preferred, int pin,
+                         ferry_store_replicate *out) {
   unsigned long n = replicas ? PyLong_AsUnsignedLong(replicas) : 1;
   if (n == (unsigned long)-1 && PyErr_Occurred())
     return -1;
+  memset(out, 0, sizeof *out);
   out->replicas = (unsigned)(n > 0xffff ? 0xffff : n);
   out->preferred_segment = preferred && *preferred ? preferred : NULL;
+  out->pin = pin;
   return 0;
 }
 
@@ -168,15 +171,16 @@ static PyObject *items_result(const ferry_store_item *items, Py_ssize_t n, int s
 /* ---- methods -------------------------------------------------------------------------------- */
 
 static PyObject *store_put(StoreObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"key", "data", "replicas", "preferred_segment", NULL};
+  static char *kwlist[] = {"key", "data", "replicas", "preferred_segment", "pin", NULL};
   const char *key, *preferred = NULL;
   Py_buffer data;
   PyObject *replicas = NULL;
+  int pin = FERRY_STORE_PIN_NONE;
   ferry_store_replicate rep;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sy*|Oz:put", kwlist, &key, &data, &replicas,
-                                   &preferred))
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sy*|Ozi:put", kwlist, &key, &data, &replicas,
+                                   &preferred, &pin))
     return NULL;
-  if (replicate_get(replicas, preferred, &rep) < 0 || store_enter(self) < 0) {
+  if (replicate_get(replicas, preferred, pin, &rep) < 0 || store_enter(self) < 0) {
     PyBuffer_Release(&data);
     return NULL;
   }
@@ -202,14 +206,15 @@ static PyObject *store_get(StoreObject *self, PyObject *args) {
 }
 
 static PyObject *store_batch_put_from(StoreObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"keys", "addrs", "sizes", "replicas", "preferred_segment", NULL};
+  static char *kwlist[] = {"keys", "addrs", "sizes", "replicas", "preferred_segment", "pin", NULL};
   PyObject *keys_o, *addrs_o, *sizes_o, *replicas = NULL, *keys;
   const char *preferred = NULL;
+  int pin = FERRY_STORE_PIN_NONE;
   ferry_store_replicate rep;
   ferry_store_item *items;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|Oz:batch_put_from", kwlist, &keys_o, &addrs_o,
-                                   &sizes_o, &replicas, &preferred) ||
-      replicate_get(replicas, preferred, &rep) < 0)
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|Ozi:batch_put_from", kwlist, &keys_o, &addrs_o,
+                                   &sizes_o, &replicas, &preferred, &pin) ||
+      replicate_get(replicas, preferred, pin, &rep) < 0)
     return NULL;
   Py_ssize_t n = items_get(keys_o, addrs_o, sizes_o, &keys, &items);
   if (n < 0)
@@ -281,10 +286,10 @@ static PyObject *store_segment(StoreObject *self, void *Py_UNUSED(closure)) {
 }
 
 static PyMethodDef store_methods[] = {
-    {"put", KW(store_put), "put(key, data, replicas=1, preferred_segment=None)"},
+    {"put", KW(store_put), "put(key, data, replicas=1, preferred_segment=None, pin=0)"},
     {"get", (PyCFunction)store_get, METH_VARARGS, "get(key) -> bytes"},
     {"batch_put_from", KW(store_batch_put_from),
-     "batch_put_from(keys, addrs, sizes, replicas=1, preferred_segment=None) -> "
+     "batch_put_from(keys, addrs, sizes, replicas=1, preferred_segment=None, pin=0) -> "
      "([0 or -status per key], first failure's detail or None); addrs registered on the engine"},
     {"batch_get_into", (PyCFunction)store_batch_get_into, METH_VARARGS,
      "batch_get_into(keys, addrs, sizes) -> ([bytes read or -status per key], detail or None)"},

@@ -14,9 +14,13 @@ protocol, rdma_devices, master_server_addr``), or one dict of them; sizes may
 be ints or strings such as ``"16MB"``. ``engine=`` shares an initialized
 ``mooncake.engine.TransferEngine`` instead of making one.
 
+A full pool evicts least-recently-used objects (the master's
+``--eviction_*`` flags); ``ReplicateConfig(with_soft_pin=True)`` keeps an
+object until nothing unpinned is left, ``with_hard_pin=True`` keeps it until
+removed (hard wins when both are set).
+
 Not implemented yet (issue 33): ``upsert``, the ``_multi_buffers`` forms,
-``get_into_ranges``, ``batch_get_buffer``, tensor helpers, soft and hard pins
-(a ``ReplicateConfig`` asking for one is refused with -600).
+``get_into_ranges``, ``batch_get_buffer``, tensor helpers.
 """
 
 import logging
@@ -53,7 +57,10 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 
 class ReplicateConfig:
     """Where a put's replicas go: ``replica_num`` (1 to 8, each in its own
     segment) and ``preferred_segment`` (the first replica's segment, a client's
-    ``get_hostname()`` as other clients see it; "" for any)."""
+    ``get_hostname()`` as other clients see it; "" for any); and how eviction
+    treats the object: ``with_soft_pin`` (evicted only when nothing unpinned
+    can be, for the master's ``default_kv_soft_pin_ttl`` past its last use),
+    ``with_hard_pin`` (never evicted)."""
 
     def __init__(self, replica_num=1, preferred_segment="", with_soft_pin=False,
                  with_hard_pin=False):
@@ -63,8 +70,9 @@ class ReplicateConfig:
         self.with_hard_pin = with_hard_pin
 
     def __repr__(self):
-        return "ReplicateConfig(replica_num=%r, preferred_segment=%r)" % (
-            self.replica_num, self.preferred_segment)
+        return ("ReplicateConfig(replica_num=%r, preferred_segment=%r, with_soft_pin=%r, "
+                "with_hard_pin=%r)" % (self.replica_num, self.preferred_segment,
+                                       self.with_soft_pin, self.with_hard_pin))
 
 
 def _size(value, name):
@@ -75,6 +83,17 @@ def _size(value, name):
         raise ValueError("%s: %r is not a size (bytes, or a number with KB, MB, GB, TB)"
                          % (name, value))
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def _replicate(config):
+    """(replicas, preferred segment, pin) of a ReplicateConfig, as _ferry.Store takes them."""
+    if config is None:
+        return (1, None, _ferry.STORE_PIN_NONE)
+    pin = (_ferry.STORE_PIN_HARD if getattr(config, "with_hard_pin", False) else
+           _ferry.STORE_PIN_SOFT if getattr(config, "with_soft_pin", False) else
+           _ferry.STORE_PIN_NONE)
+    return (int(getattr(config, "replica_num", 1) or 1),
+            getattr(config, "preferred_segment", "") or None, pin)
 
 
 def _code(status, detail, busy=OBJECT_HAS_LEASE):
@@ -185,10 +204,7 @@ class MooncakeDistributedStore:
     # ---- objects --------------------------------------------------------------------------
 
     def put(self, key, value, config=None):
-        rep = self._replicate("put", config)
-        if isinstance(rep, int):
-            return rep
-        return self._call("put", lambda: self._store.put(key, bytes(value), *rep),
+        return self._call("put", lambda: self._store.put(key, bytes(value), *_replicate(config)),
                           busy=OBJECT_ALREADY_EXISTS)
 
     def get(self, key):
@@ -219,12 +235,9 @@ class MooncakeDistributedStore:
         return self.batch_get_into([key], [buffer_ptr], [size])[0]
 
     def batch_put_from(self, keys, buffer_ptrs, sizes, config=None):
-        rep = self._replicate("batch_put_from", config)
-        if isinstance(rep, int):
-            return [rep] * len(keys)
         return self._batch("batch_put_from",
                            lambda: self._store.batch_put_from(list(keys), list(buffer_ptrs),
-                                                              list(sizes), *rep),
+                                                              list(sizes), *_replicate(config)),
                            len(keys), busy=OBJECT_ALREADY_EXISTS)
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
@@ -238,14 +251,6 @@ class MooncakeDistributedStore:
     def _fail(self, call, code, detail):
         logger.warning("%s failed (%d): %s", call, code, detail)
         return code
-
-    def _replicate(self, call, config):
-        if config is None:
-            return (1, None)
-        if getattr(config, "with_soft_pin", False) or getattr(config, "with_hard_pin", False):
-            return self._fail(call, INVALID_PARAMS, "soft and hard pins are not implemented yet")
-        return (int(getattr(config, "replica_num", 1) or 1),
-                getattr(config, "preferred_segment", "") or None)
 
     def _call(self, call, fn, busy=OBJECT_HAS_LEASE, quiet_missing=False):
         if self._store is None or fn is None:

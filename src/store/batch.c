@@ -157,6 +157,7 @@ static void put_start_request(store_writer *w, const ferry_store_item *items, si
   store_put_u8(w, STORE_PUT_START);
   store_put_u8(w, (uint8_t)(rep && rep->replicas ? rep->replicas : 1));
   store_put_str(w, pref, strnlen(pref, STORE_NAME_MAX));
+  store_put_u8(w, (uint8_t)(rep ? rep->pin : FERRY_STORE_PIN_NONE));
   for (size_t i = 0; i < count; i++) {
     store_put_str(w, items[i].key, strlen(items[i].key));
     store_put_u64(w, items[i].length);
@@ -171,12 +172,20 @@ static ferry_status read_placements(ferry_store *s, store_reader *r, ferry_store
   for (size_t i = 0; i < count; i++) {
     ferry_status st = (ferry_status)(int32_t)store_get_u32(r);
     store_replica_ref reps[STORE_REPLICAS_MAX];
-    unsigned k;
-    ferry_status bad = store_get_replicas(r, reps, &k, s->master);
-    if (bad)
-      return bad;
+    unsigned k = 0;
+    const char *why = NULL;
+    size_t why_len = 0;
+    ferry_status bad = st ? FERRY_OK : store_get_replicas(r, reps, &k, s->master);
+    if (st) /* a refusal says why */
+      store_get_str(r, &why, &why_len, STORE_REASON_MAX);
+    if (bad || r->bad)
+      return bad ? bad : ferry_fail(FERRY_EPROTO, "store master %s: malformed reason", s->master);
     started[i] = st == FERRY_OK && k > 0;
-    if (st)
+    if (st && why_len)
+      item_failed(o, items, i,
+                  ferry_fail(st, "put \"%s\" (%zu bytes): %.*s (master %s)", items[i].key,
+                             items[i].length, (int)why_len, why, s->master));
+    else if (st)
       item_failed(o, items, i, store_entry_fail(s, st, items[i].key, items[i].length, "put"));
     for (unsigned j = 0; started[i] && j < k; j++)
       mv[(*n)++] = (move){i, reps[j].segment, reps[j].segment_len, reps[j].addr, FERRY_OK, -1};
@@ -267,6 +276,9 @@ ferry_status ferry_store_put_from_batch(ferry_store *s, ferry_store_item *items,
   if (!st && rep && rep->replicas > STORE_REPLICAS_MAX)
     st = ferry_fail(FERRY_EINVAL, "ferry_store_put_from: %u replicas asked, at most %d",
                     rep->replicas, STORE_REPLICAS_MAX);
+  if (!st && rep && (rep->pin < FERRY_STORE_PIN_NONE || rep->pin > FERRY_STORE_PIN_HARD))
+    st = ferry_fail(FERRY_EINVAL, "ferry_store_put_from: pin %d is not a FERRY_STORE_PIN_*",
+                    rep->pin);
   if (st)
     return st;
   outcome o = {SIZE_MAX, FERRY_OK, ""};

@@ -67,7 +67,7 @@ static size_t position(const store_extents *x, uint64_t offset) {
   return lo;
 }
 
-int store_extents_free(store_extents *x, uint64_t offset, uint64_t length) {
+uint64_t store_extents_free(store_extents *x, uint64_t offset, uint64_t length) {
   uint64_t len = store_extents_round(length ? length : 1);
   size_t i = position(x, offset);
   int joins_prev = i > 0 && x->free[i - 1].offset + x->free[i - 1].length == offset;
@@ -76,27 +76,28 @@ int store_extents_free(store_extents *x, uint64_t offset, uint64_t length) {
   if (joins_prev && joins_next) {
     x->free[i - 1].length += len + x->free[i].length;
     remove_at(x, i);
-  } else if (joins_prev) {
-    x->free[i - 1].length += len;
-  } else if (joins_next) {
-    x->free[i].offset = offset;
-    x->free[i].length += len;
-  } else {
-    if (x->count == x->cap) {
-      size_t cap = x->cap ? x->cap * 2 : 4;
-      store_extent *grown = realloc(x->free, cap * sizeof *grown);
-      if (!grown) {
-        x->free_bytes -= len;
-        return -1;
-      }
-      x->free = grown;
-      x->cap = cap;
-    }
-    memmove(&x->free[i + 1], &x->free[i], (x->count - i) * sizeof *x->free);
-    x->free[i] = (store_extent){offset, len};
-    x->count++;
+    return x->free[i - 1].length;
   }
-  return 0;
+  if (joins_prev)
+    return x->free[i - 1].length += len;
+  if (joins_next) {
+    x->free[i].offset = offset;
+    return x->free[i].length += len;
+  }
+  if (x->count == x->cap) {
+    size_t cap = x->cap ? x->cap * 2 : 4;
+    store_extent *grown = realloc(x->free, cap * sizeof *grown);
+    if (!grown) {
+      x->free_bytes -= len;
+      return 0;
+    }
+    x->free = grown;
+    x->cap = cap;
+  }
+  memmove(&x->free[i + 1], &x->free[i], (x->count - i) * sizeof *x->free);
+  x->free[i] = (store_extent){offset, len};
+  x->count++;
+  return len;
 }
 
 uint64_t store_extents_largest(const store_extents *x) {

@@ -28,9 +28,11 @@ uint64_t store_extents_round(uint64_t length);
  * *offset. -1 when none fits. */
 int store_extents_alloc(store_extents *x, uint64_t length, uint64_t *offset);
 /* Gives [offset, offset + length) back (length as passed to alloc), merged
- * with free neighbours. -1 without memory for a new extent (the space is
- * then lost, never handed out twice). */
-int store_extents_free(store_extents *x, uint64_t offset, uint64_t length);
+ * with free neighbours. Returns the length of the free extent it is now
+ * part of (what an allocation waiting for room needs to know); 0 without
+ * memory for a new extent (the space is then lost, never handed out
+ * twice). */
+uint64_t store_extents_free(store_extents *x, uint64_t offset, uint64_t length);
 /* The largest free extent, for the "pool full" message. */
 uint64_t store_extents_largest(const store_extents *x);
 

@@ -2,7 +2,18 @@
  * in a chained hash table by key; each replica points at its segment and
  * holds an extent of that segment's free list. A pending object (a put
  * between PUT_START and PUT_END) belongs to its writer and is invisible to
- * everyone; a GET's lease keeps an object from being removed. */
+ * everyone; a GET's lease keeps an object from being removed or evicted.
+ *
+ * Eviction: committed objects are threaded on two lists in the order of
+ * their last use (commit or GET), oldest first: the plain ones and the
+ * soft-pinned ones (hard-pinned and pending objects are on neither, so
+ * nothing can take them). A soft pin lasts soft_pin_ttl past the last
+ * use, so the soft list is also in the order its pins end. An eviction
+ * round walks both lists from their oldest end at once, as a merge: the
+ * older head goes, a soft one whose pin still holds only once no plain one
+ * is left. Leased objects are passed over (and counted, for the "nothing
+ * left to evict" message). Each step is O(1) plus the leased objects it
+ * passes. */
 #include "store/map.h"
 
 #include <pthread.h>
@@ -11,6 +22,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "base/log.h"
 #include "store/extents.h"
 
 typedef struct segment {
@@ -26,28 +38,44 @@ typedef struct replica {
   uint64_t offset;
 } replica;
 
+/* 72 bytes, then 16 per replica and the key: the master's cost of an
+ * object is that, malloc's header and a bucket or two of the table
+ * (docs/store.md counts it). */
 typedef struct object {
-  struct object *next; /* hash chain */
+  struct object *next;          /* hash chain */
+  struct object *older, *newer; /* its LRU list (committed, not hard-pinned) */
   uint64_t hash;
   uint64_t size;
   uint64_t writer;         /* nonzero: pending, written by this client */
   uint64_t lease_until_ns; /* a GET's lease; 0: none */
-  uint8_t replicas;
-  replica rep[STORE_REPLICAS_MAX];
-  size_t key_len;
-  char key[]; /* not NUL-terminated */
+  uint64_t used_ns;        /* committed or last got: the LRU order */
+  uint16_t key_len;
+  uint8_t pin;      /* FERRY_STORE_PIN_* */
+  uint8_t room;     /* rep[]'s length: the replicas asked */
+  uint8_t replicas; /* held (a segment that left takes its replica along) */
+  replica rep[];    /* rep[room], then the key (not NUL-terminated) */
 } object;
+
+_Static_assert(sizeof(object) == 72, "the master's bytes per object (docs/store.md)");
+
+typedef struct lru {
+  object *oldest, *newest;
+} lru;
 
 struct store_map {
   pthread_mutex_t lock;
-  uint64_t lease_ns;
+  uint64_t lease_ns, soft_pin_ns;
   uint32_t lease_ms, ping_ms;
+  double high_watermark, eviction_ratio;
   segment *segments;
   object **buckets;
   size_t bucket_count, objects;
+  lru plain, soft;
+  size_t pending, hard_pinned; /* objects on neither list */
 };
 
-store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms) {
+store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
+                            const store_eviction *eviction) {
   store_map *m = calloc(1, sizeof *m);
   if (!m)
     return NULL;
@@ -61,13 +89,24 @@ store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms) {
   m->lease_ms = lease_ttl_ms;
   m->lease_ns = lease_ttl_ms * 1000000ull;
   m->ping_ms = client_ttl_ms / 3 ? client_ttl_ms / 3 : 1;
+  m->high_watermark = eviction->high_watermark;
+  m->eviction_ratio = eviction->ratio;
+  m->soft_pin_ns = eviction->soft_pin_ttl_ms * 1000000ull;
   return m;
 }
 
-static void free_object(object *o) {
-  for (unsigned i = 0; i < o->replicas; i++)
-    store_extents_free(&o->rep[i].seg->space, o->rep[i].offset, o->size);
+static char *key_of(object *o) { return (char *)(o->rep + o->room); }
+
+/* Gives the replicas' space back; returns the largest free extent that
+ * made (what a put waiting for room needs). */
+static uint64_t free_object(object *o) {
+  uint64_t largest = 0;
+  for (unsigned i = 0; i < o->replicas; i++) {
+    uint64_t extent = store_extents_free(&o->rep[i].seg->space, o->rep[i].offset, o->size);
+    largest = extent > largest ? extent : largest;
+  }
   free(o);
+  return largest;
 }
 
 void store_map_destroy(store_map *m) {
@@ -86,6 +125,50 @@ void store_map_destroy(store_map *m) {
   free(m);
 }
 
+/* ---- the LRU lists -------------------------------------------------------------------------- */
+
+/* The list o is on: NULL for a pending or hard-pinned object. */
+static lru *list_of(store_map *m, const object *o) {
+  if (o->writer || o->pin == FERRY_STORE_PIN_HARD)
+    return NULL;
+  return o->pin == FERRY_STORE_PIN_SOFT ? &m->soft : &m->plain;
+}
+
+static void lru_remove(lru *l, object *o) {
+  *(o->older ? &o->older->newer : &l->oldest) = o->newer;
+  *(o->newer ? &o->newer->older : &l->newest) = o->older;
+  o->older = o->newer = NULL;
+}
+
+static void lru_append(lru *l, object *o) {
+  o->older = l->newest;
+  o->newer = NULL;
+  *(l->newest ? &l->newest->newer : &l->oldest) = o;
+  l->newest = o;
+}
+
+/* A committed object was got: it is now the most recently used. */
+static void touch(store_map *m, object *o, uint64_t now) {
+  lru *l = list_of(m, o);
+  o->used_ns = now;
+  if (l) {
+    lru_remove(l, o);
+    lru_append(l, o);
+  }
+}
+
+/* A pending object commits: visible, and on its list as the most recent. */
+static void commit(store_map *m, object *o, uint64_t now) {
+  o->writer = 0;
+  o->used_ns = now;
+  m->pending--;
+  lru *l = list_of(m, o);
+  if (l)
+    lru_append(l, o);
+  else
+    m->hard_pinned++;
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 static uint64_t hash_key(const char *key, size_t len) {
@@ -98,7 +181,7 @@ static uint64_t hash_key(const char *key, size_t len) {
 static object **slot_of(store_map *m, const char *key, size_t len) {
   uint64_t h = hash_key(key, len);
   object **at = &m->buckets[h & (m->bucket_count - 1)];
-  while (*at && !((*at)->hash == h && (*at)->key_len == len && !memcmp((*at)->key, key, len)))
+  while (*at && !((*at)->hash == h && (*at)->key_len == len && !memcmp(key_of(*at), key, len)))
     at = &(*at)->next;
   return at;
 }
@@ -122,11 +205,114 @@ static void grow(store_map *m) {
   m->bucket_count = count;
 }
 
-static void unlink_object(store_map *m, object **at) {
+/* Removes *at from the table and its list and frees it; returns
+ * free_object's largest extent. */
+static uint64_t unlink_object(store_map *m, object **at) {
   object *o = *at;
+  lru *l = list_of(m, o);
+  if (l)
+    lru_remove(l, o);
+  else if (o->writer)
+    m->pending--;
+  else
+    m->hard_pinned--;
   *at = o->next;
   m->objects--;
-  free_object(o);
+  return free_object(o);
+}
+
+/* ---- eviction ------------------------------------------------------------------------------- */
+
+enum { FOR_PUTS, PAST_WATERMARK };
+
+/* One request's eviction round: a cursor on each list (the next candidate,
+ * oldest first) and what it evicted, for the log line. While it lasts the
+ * lock is held and nothing but its own evictions takes objects off the
+ * lists, so the cursors stay valid. */
+typedef struct eviction_round {
+  uint64_t now;
+  int started;
+  object *plain, *soft;
+  size_t leased; /* passed over for a GET's lease */
+  size_t objects[2], puts;
+  uint64_t bytes[2];
+  uint64_t total, used_before, used_after; /* the pool, around a watermark eviction */
+} eviction_round;
+
+/* The bytes o holds in segments. */
+static uint64_t footprint(const object *o) { return o->replicas * store_extents_round(o->size); }
+
+/* Moves *cursor past the objects a lease holds. */
+static object *unleased(eviction_round *r, object **cursor) {
+  while (*cursor && (*cursor)->lease_until_ns > r->now) {
+    r->leased++;
+    *cursor = (*cursor)->newer;
+  }
+  return *cursor;
+}
+
+/* The object to evict next, or NULL when nothing is left: the least
+ * recently used of the plain ones and the soft-pinned ones whose pin
+ * ended; a soft-pinned one still pinned only when no plain one is left. */
+static object *next_victim(store_map *m, eviction_round *r) {
+  if (!r->started) {
+    r->plain = m->plain.oldest;
+    r->soft = m->soft.oldest;
+    r->started = 1;
+  }
+  object *plain = unleased(r, &r->plain), *soft = unleased(r, &r->soft);
+  int pinned = soft && soft->used_ns + m->soft_pin_ns > r->now;
+  object *victim = !soft || (plain && (pinned || plain->used_ns <= soft->used_ns)) ? plain : soft;
+  if (victim)
+    *(victim == plain ? &r->plain : &r->soft) = victim->newer;
+  return victim;
+}
+
+/* Evicts o; returns the largest free extent that made. */
+static uint64_t evict(store_map *m, eviction_round *r, object *o, int why) {
+  r->objects[why]++;
+  r->bytes[why] += footprint(o);
+  return unlink_object(m, slot_of(m, key_of(o), o->key_len));
+}
+
+static uint64_t capacity_of(const segment *s) { return s->size - s->size % STORE_GRANULE; }
+
+/* Past the high watermark, evicts least-recently-used objects until at
+ * most (high watermark - eviction ratio) of the pool is in use, or nothing
+ * evictable is left. */
+static void evict_past_watermark(store_map *m, eviction_round *r) {
+  uint64_t total = 0, free_bytes = 0;
+  for (segment *s = m->segments; s; s = s->next) {
+    total += capacity_of(s);
+    free_bytes += s->space.free_bytes;
+  }
+  uint64_t used = total - free_bytes;
+  if ((double)used <= m->high_watermark * (double)total)
+    return;
+  double target = (m->high_watermark - m->eviction_ratio) * (double)total;
+  r->total = total;
+  r->used_before = used;
+  object *o;
+  while ((double)used > target && (o = next_victim(m, r))) {
+    used -= footprint(o);
+    evict(m, r, o, PAST_WATERMARK);
+  }
+  r->used_after = used;
+}
+
+static void log_round(const eviction_round *r) {
+  if (r->objects[FOR_PUTS])
+    FERRY_INFO(
+        "store master: evicted %zu least recently used object(s) (%llu bytes) for %zu put(s) "
+        "that did not fit",
+        r->objects[FOR_PUTS], (unsigned long long)r->bytes[FOR_PUTS], r->puts);
+  if (r->objects[PAST_WATERMARK])
+    FERRY_INFO(
+        "store master: evicted %zu least recently used object(s) (%llu bytes): %.1f%% of the "
+        "pool's %llu bytes were in use, past the high watermark; now %.1f%%",
+        r->objects[PAST_WATERMARK], (unsigned long long)r->bytes[PAST_WATERMARK],
+        100.0 * (double)r->used_before / (double)r->total, (unsigned long long)r->total,
+        100.0 * (double)r->used_after / (double)r->total);
 }
 
 /* ---- segments ------------------------------------------------------------------------------- */
@@ -231,40 +417,95 @@ static void put_replicas(store_writer *w, const object *o) {
 
 /* ---- objects -------------------------------------------------------------------------------- */
 
-static ferry_status start_one(store_map *m, uint64_t client, const char *key, size_t len,
-                              uint64_t size, unsigned want, segment *preferred, object **out) {
+/* What a PUT_START asks for each of its keys. */
+typedef struct put_ask {
+  uint64_t client;
+  unsigned replicas;
+  uint8_t pin;
+  segment *preferred;
+} put_ask;
+
+/* Places o's replicas, evicting least-recently-used objects while they do
+ * not fit: after each eviction that freed an extent large enough, place()
+ * tries again. FERRY_ENOMEM with why when no segment could ever hold them
+ * (then nothing is evicted) or nothing evictable is left. */
+static ferry_status make_room(store_map *m, const put_ask *ask, eviction_round *r, object *o,
+                              char *why, size_t why_size) {
+  uint64_t largest = 0;
+  unsigned large = 0;
+  for (segment *s = m->segments; s; s = s->next) {
+    large += capacity_of(s) >= o->size; /* then its rounded size fits too, without overflow */
+    largest = capacity_of(s) > largest ? capacity_of(s) : largest;
+  }
+  if (large < ask->replicas)
+    return snprintf(why, why_size,
+                    "larger than the store holds: %u replica(s) asked, %u segment(s) of %llu "
+                    "bytes or more (the largest holds %llu)",
+                    ask->replicas, large, (unsigned long long)o->size, (unsigned long long)largest),
+           FERRY_ENOMEM;
+  uint64_t need = store_extents_round(o->size);
+  size_t evicted = 0;
+  uint64_t extent = need;
+  while (extent >= need && place(m, o, ask->replicas, ask->preferred) != 0) {
+    object *victim = NULL;
+    for (extent = 0; extent < need && (victim = next_victim(m, r)) != NULL; evicted++)
+      extent = evict(m, r, victim, FOR_PUTS);
+  }
+  r->puts += evicted > 0;
+  if (extent < need)
+    return snprintf(why, why_size,
+                    "the store is full: no %u segment(s) with a free extent of %llu bytes, and "
+                    "nothing left to evict (%zu evicted for it; left: %zu object(s) under a "
+                    "get's lease, %zu hard-pinned, %zu put(s) pending)",
+                    ask->replicas, (unsigned long long)need, evicted, r->leased, m->hard_pinned,
+                    m->pending),
+           FERRY_ENOMEM;
+  return FERRY_OK;
+}
+
+static ferry_status start_one(store_map *m, const put_ask *ask, eviction_round *r, const char *key,
+                              size_t len, uint64_t size, object **out, char *why, size_t why_size) {
   if (len == 0 || size == 0)
     return FERRY_EINVAL;
   object **at = slot_of(m, key, len);
   if (*at)
     return (*at)->writer ? FERRY_EBUSY : FERRY_OK; /* stored already: nothing to write */
-  object *o = calloc(1, sizeof *o + len);
+  object *o = calloc(1, sizeof *o + ask->replicas * sizeof(replica) + len);
   if (!o)
-    return FERRY_ENOMEM;
+    return snprintf(why, why_size, "master out of memory"), FERRY_ENOMEM;
   o->hash = hash_key(key, len);
   o->size = size;
-  o->writer = client;
-  o->key_len = len;
-  memcpy(o->key, key, len);
-  if (place(m, o, want, preferred) != 0) {
+  o->writer = ask->client;
+  o->pin = ask->pin;
+  o->room = (uint8_t)ask->replicas;
+  o->key_len = (uint16_t)len;
+  memcpy(key_of(o), key, len);
+  ferry_status st = make_room(m, ask, r, o, why, why_size);
+  if (st != FERRY_OK) {
     free(o);
-    return FERRY_ENOMEM;
+    return st;
   }
-  *at = o;
+  *slot_of(m, key, len) = o; /* again: an eviction may have changed the chain */
   m->objects++;
+  m->pending++;
   *out = o;
   return FERRY_OK;
 }
 
 static ferry_status serve_put_start(store_map *m, uint64_t client, store_reader *r, uint32_t count,
-                                    store_writer *reply, char *why, size_t size) {
-  unsigned want = store_get_u8(r);
+                                    eviction_round *evictions, store_writer *reply, char *why,
+                                    size_t size) {
+  put_ask ask = {client, store_get_u8(r), 0, NULL};
   const char *pref;
   size_t pref_len;
   store_get_str(r, &pref, &pref_len, STORE_NAME_MAX);
-  if (r->bad || want == 0 || want > STORE_REPLICAS_MAX)
-    return snprintf(why, size, "malformed PUT_START (replicas %u)", want), FERRY_EPROTO;
-  segment *preferred = pref_len ? find_segment(m, pref, pref_len) : NULL;
+  ask.pin = store_get_u8(r);
+  if (r->bad || ask.replicas == 0 || ask.replicas > STORE_REPLICAS_MAX ||
+      ask.pin > FERRY_STORE_PIN_HARD)
+    return snprintf(why, size, "malformed PUT_START (replicas %u, pin %u)", ask.replicas, ask.pin),
+           FERRY_EPROTO;
+  ask.preferred = pref_len ? find_segment(m, pref, pref_len) : NULL;
+  evictions->now = ferry_now_ns();
   for (uint32_t i = 0; i < count; i++) {
     const char *key;
     size_t len;
@@ -273,13 +514,17 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, store_reader 
     if (r->bad)
       return snprintf(why, size, "malformed PUT_START entry %u", i), FERRY_EPROTO;
     object *o = NULL;
-    ferry_status st = start_one(m, client, key, len, bytes, want, preferred, &o);
+    char refused[STORE_REASON_MAX] = "";
+    ferry_status st = start_one(m, &ask, evictions, key, len, bytes, &o, refused, sizeof refused);
     store_put_u32(reply, (uint32_t)st);
-    if (o)
+    if (st != FERRY_OK)
+      store_put_str(reply, refused, strlen(refused));
+    else if (o)
       put_replicas(reply, o);
     else
       store_put_u8(reply, 0);
   }
+  evict_past_watermark(m, evictions);
   grow(m);
   return FERRY_OK;
 }
@@ -291,7 +536,7 @@ static ferry_status end_one(store_map *m, uint64_t client, const char *key, size
   if (!*at || (*at)->writer != client)
     return FERRY_ENOTFOUND; /* revoked: its segment left, or never started here */
   if (outcome == 0)
-    (*at)->writer = 0;
+    commit(m, *at, ferry_now_ns());
   else
     unlink_object(m, at);
   return FERRY_OK;
@@ -335,12 +580,14 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
     store_put_u64(reply, at ? (*at)->size : 0);
     if (op != STORE_GET)
       continue;
-    if (at)
-      (*at)->lease_until_ns = ferry_now_ns() + m->lease_ns;
-    if (at)
+    if (at) {
+      uint64_t now = ferry_now_ns();
+      (*at)->lease_until_ns = now + m->lease_ns;
+      touch(m, *at, now);
       put_replicas(reply, *at);
-    else
+    } else {
       store_put_u8(reply, 0);
+    }
   }
   return FERRY_OK;
 }
@@ -367,16 +614,18 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
   if ((keyless && count) || count > STORE_BATCH_MAX)
     return snprintf(why, why_size, "operation %u with %u entries", op, count), FERRY_EPROTO;
   ferry_status st = FERRY_OK;
+  eviction_round evictions = {0};
   pthread_mutex_lock(&m->lock);
   if (op == STORE_REGISTER)
     st = serve_register(m, client, r, reply, why, why_size);
   else if (op == STORE_PUT_START)
-    st = serve_put_start(m, client, r, count, reply, why, why_size);
+    st = serve_put_start(m, client, r, count, &evictions, reply, why, why_size);
   else if (op == STORE_REMOVE_ALL)
     serve_remove_all(m, reply);
   else if (op != STORE_PING)
     st = serve_keys(m, client, op, r, count, reply, why, why_size);
   pthread_mutex_unlock(&m->lock);
+  log_round(&evictions);
   if (st == FERRY_OK && r->left)
     return snprintf(why, why_size, "%zu bytes trail operation %u", r->left, op), FERRY_EPROTO;
   return st;

@@ -1,6 +1,7 @@
 /* map.h - the store master's state: key -> object (size, pending or
- * committed, lease, replicas) and the segments clients contribute with
- * their free space. One lock over all of it; each request is decoded and
+ * committed, lease, pin, replicas), the segments clients contribute with
+ * their free space, and the least-recently-used order that eviction takes
+ * objects in. One lock over all of it; each request is decoded and
  * answered under it (protocol.h gives the bodies). Clients are named by
  * the id the master gave their connection. */
 #ifndef FERRY_STORE_MAP_H
@@ -14,9 +15,21 @@
 
 typedef struct store_map store_map;
 
+/* When the master evicts (Mooncake's flags; docs/store.md): once the bytes
+ * in use pass high_watermark of all segments' bytes, least-recently-used
+ * objects go until at most (high_watermark - ratio) are in use; a put that
+ * does not fit evicts until it does. A soft pin keeps an object out of
+ * both until nothing unpinned is left, for soft_pin_ttl_ms past its last
+ * use. */
+typedef struct store_eviction {
+  double high_watermark, ratio; /* shares of the pool, in (0, 1] */
+  uint32_t soft_pin_ttl_ms;
+} store_eviction;
+
 /* lease_ttl_ms: a GET's lease; client_ttl_ms: the silence that drops a
  * client (its PING interval is a third of it). */
-store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms);
+store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
+                            const store_eviction *eviction);
 void store_map_destroy(store_map *m);
 
 /* Answers one request of `client` (REGISTER included: it mounts the

@@ -17,6 +17,10 @@ typedef struct store_master_config {
   uint32_t client_ttl_ms; /* silence that drops a client (0: 10000) */
   const char *secret;     /* shared secret clients must prove (NULL: none) */
   uint32_t max_clients;   /* connections open at once, each with its thread (0: 1024) */
+  /* Eviction (map.h), Mooncake's flags; 0 takes Mooncake's default. */
+  double eviction_high_watermark_ratio; /* 0: 0.95 */
+  double eviction_ratio;                /* 0: 0.05 */
+  uint32_t soft_pin_ttl_ms;             /* default_kv_soft_pin_ttl (0: 30 min) */
 } store_master_config;
 
 typedef struct store_master store_master;

@@ -9,7 +9,8 @@
  *   REGISTER    u16 version, u64 base, u64 size,
  *               str segment name                (none)               u32 lease ms | u32 ping ms
  *   PING        -                               (none)               (none)
- *   PUT_START   u8 replicas, str preferred      str key | u64 size   i32 status | replicas
+ *   PUT_START   u8 replicas, str preferred,     str key | u64 size   i32 status | replicas, or
+ *               u8 pin (FERRY_STORE_PIN_*)                           (status != 0) str reason
  *   PUT_END     -                               str key | i32 outcome i32 status
  *   GET         -                               str key              i32 status | u64 size |
  *                                                                    replicas
@@ -30,11 +31,12 @@
 #include "ferry.h"
 #include "wire/wire.h"
 
-#define STORE_PROTOCOL_VERSION 1
-#define STORE_KEY_MAX 1024   /* bytes of a key */
-#define STORE_BATCH_MAX 4096 /* entries of one frame; a client cuts larger batches */
-#define STORE_REPLICAS_MAX 8 /* replicas of one object */
+#define STORE_PROTOCOL_VERSION 2 /* 2: PUT_START's pin and refusal reasons */
+#define STORE_KEY_MAX 1024       /* bytes of a key */
+#define STORE_BATCH_MAX 4096     /* entries of one frame; a client cuts larger batches */
+#define STORE_REPLICAS_MAX 8     /* replicas of one object */
 #define STORE_NAME_MAX FERRY_WIRE_MAX_NAME
+#define STORE_REASON_MAX 512 /* bytes of a refused PUT_START entry's reason */
 
 typedef enum store_op {
   STORE_REGISTER = 1,

@@ -204,7 +204,7 @@ static int client_role(int argc, char **argv) {
   unsigned seed;
   while (fgets(line, sizeof line, stdin)) {
     if (sscanf(line, "put %255s %zu %u %255s", key, &size, &seed, pref) == 4) {
-      ferry_store_replicate rep = {1, strcmp(pref, "-") ? pref : NULL};
+      ferry_store_replicate rep = {1, strcmp(pref, "-") ? pref : NULL, FERRY_STORE_PIN_NONE};
       fill(buf, size, seed);
       answer(ferry_store_put_from(s, key, buf, size, &rep), "put");
     } else if (sscanf(line, "get %255s %zu %u", key, &size, &seed) == 3) {
@@ -299,8 +299,8 @@ static store_reader raw_request(raw_client *r, store_writer *w, uint32_t count, 
   return (store_reader){*body, (size_t)h.body_len, 0};
 }
 
-/* Connects and registers without a segment. */
-static void raw_open(raw_client *r, const char *master) {
+/* Connects and says HELLO (and nothing else yet). */
+static void raw_connect(raw_client *r, const char *master) {
   char host[FERRY_HOST_MAX];
   uint16_t port;
   assert_int_equal(ferry_net_parse_target(master, host, &port), FERRY_OK);
@@ -310,12 +310,22 @@ static void raw_open(raw_client *r, const char *master) {
   store_identity self = {ferry_random_u64(), "raw", NULL};
   uint64_t master_id;
   assert_int_equal(store_handshake_connect(&r->sock, &r->session, &self, &master_id), FERRY_OK);
+}
+
+/* A REGISTER without a segment, speaking store protocol `version`. */
+static void raw_register(store_writer *w, uint16_t version) {
+  store_put_u8(w, STORE_REGISTER);
+  store_put_u16(w, version);
+  store_put_u64(w, 0);
+  store_put_u64(w, 0);
+  store_put_str(w, "", 0);
+}
+
+/* Connects and registers without a segment. */
+static void raw_open(raw_client *r, const char *master) {
+  raw_connect(r, master);
   store_writer w = {0};
-  store_put_u8(&w, STORE_REGISTER);
-  store_put_u16(&w, STORE_PROTOCOL_VERSION);
-  store_put_u64(&w, 0);
-  store_put_u64(&w, 0);
-  store_put_str(&w, "", 0);
+  raw_register(&w, STORE_PROTOCOL_VERSION);
   uint8_t *body;
   raw_request(r, &w, 0, &body);
   free(body);
@@ -327,6 +337,7 @@ static uint64_t raw_put_start(raw_client *r, const char *key, uint64_t size, con
   store_put_u8(&w, STORE_PUT_START);
   store_put_u8(&w, 1);
   store_put_str(&w, where, strlen(where));
+  store_put_u8(&w, FERRY_STORE_PIN_NONE);
   store_put_str(&w, key, strlen(key));
   store_put_u64(&w, size);
   uint8_t *body;
@@ -383,7 +394,7 @@ static void values_move_between_two_clients(void **state) {
     items[i] = (ferry_store_item){keys[i], buf + at, sizes[i], FERRY_EINVAL};
     at += sizes[i];
   }
-  ferry_store_replicate in_b = {1, b.segment};
+  ferry_store_replicate in_b = {1, b.segment, FERRY_STORE_PIN_NONE};
   if (ferry_store_put_from_batch(a.store, items, VALUES, &in_b) != FERRY_OK)
     fail_msg("batch put: %s", ferry_last_error());
   for (size_t i = 0; i < VALUES; i++) {
@@ -476,7 +487,8 @@ static void a_dead_clients_replicas_are_gone(void **state) {
   uint8_t *buf;
   assert_int_equal(ferry_memory_alloc(a.engine, 1 * MiB, (void **)&buf), FERRY_OK);
   fill(buf, 1 * MiB, 5);
-  ferry_store_replicate in_b = {1, b.segment}, in_a = {1, ferry_store_segment(a.store)};
+  ferry_store_replicate in_b = {1, b.segment, FERRY_STORE_PIN_NONE},
+                        in_a = {1, ferry_store_segment(a.store), FERRY_STORE_PIN_NONE};
   assert_int_equal(ferry_store_put_from(a.store, "in_b", buf, 1 * MiB, &in_b), FERRY_OK);
   assert_int_equal(ferry_store_put_from(a.store, "in_a", buf, 1 * MiB, &in_a), FERRY_OK);
   child_expect_ok(&b, "get in_b %zu 5\n", (size_t)(1 * MiB));
@@ -518,7 +530,7 @@ static void a_get_moves_to_the_next_replica(void **state) {
   uint8_t *buf;
   assert_int_equal(ferry_memory_alloc(a.engine, 256 * KiB, (void **)&buf), FERRY_OK);
   fill(buf, 256 * KiB, 11);
-  ferry_store_replicate two = {2, b.segment}; /* b's first, then a's */
+  ferry_store_replicate two = {2, b.segment, FERRY_STORE_PIN_NONE}; /* b's first, then a's */
   assert_int_equal(ferry_store_put_from(a.store, "twice", buf, 256 * KiB, &two), FERRY_OK);
   child_expect_ok(&b, "get twice %zu 11\n", (size_t)(256 * KiB));
   memset(buf, 0, 256 * KiB);
@@ -567,6 +579,199 @@ static void remove_and_leases(void **state) {
   rig_close(&t);
 }
 
+/* ---- eviction ------------------------------------------------------------------------------ */
+
+/* The eviction cases: a 1 MiB segment of sixteen 64 KiB slots. */
+#define SLOT (64 * KiB)
+#define SLOTS 16
+
+/* A master with two flags (NULL: none) and a client of ours with a 1 MiB
+ * segment; returns a registered buffer of 2 MiB (a value larger than the
+ * pool fits in it). */
+static uint8_t *slots_open(rig *t, const char *flag1, const char *flag2) {
+  uint8_t *buf;
+  master_start(&t->m, flag1, flag2);
+  local_open(&t->a, t->m.addr, SLOTS * SLOT);
+  assert_int_equal(ferry_memory_alloc(t->a.engine, 2 * SLOTS * SLOT, (void **)&buf), FERRY_OK);
+  return buf;
+}
+
+static void slots_close(rig *t, uint8_t *buf) {
+  ferry_memory_free(t->a.engine, buf);
+  rig_close(t);
+}
+
+/* Puts key: SLOT bytes of pattern seed from buf (registered), pinned as
+ * asked. */
+static ferry_status put_slot(ferry_store *s, const char *key, uint8_t *buf, unsigned seed,
+                             int pin) {
+  ferry_store_replicate rep = {1, NULL, pin};
+  fill(buf, SLOT, seed);
+  return ferry_store_put_from(s, key, buf, SLOT, &rep);
+}
+
+static void put_slots(ferry_store *s, const char *prefix, int from, int to, uint8_t *buf, int pin) {
+  char key[32];
+  for (int i = from; i < to; i++) {
+    snprintf(key, sizeof key, "%s%02d", prefix, i);
+    if (put_slot(s, key, buf, (unsigned)i, pin) != FERRY_OK)
+      fail_msg("put %s: %s", key, ferry_last_error());
+  }
+}
+
+/* Every byte of key_NN, for NN in [from, to). */
+static void expect_slots(ferry_store *s, const char *prefix, int from, int to, uint8_t *buf) {
+  char key[32];
+  for (int i = from; i < to; i++) {
+    snprintf(key, sizeof key, "%s%02d", prefix, i);
+    expect_bytes(s, key, buf, SLOT, (unsigned)i);
+  }
+}
+
+/* key_NN stored, for NN in [from, to): asked without a get, which would
+ * lease them. */
+static void expect_stored(ferry_store *s, const char *prefix, int from, int to) {
+  char key[32];
+  for (int i = from; i < to; i++) {
+    snprintf(key, sizeof key, "%s%02d", prefix, i);
+    if (ferry_store_exists(s, key) != FERRY_OK)
+      fail_msg("%s is gone: %s", key, ferry_last_error());
+  }
+}
+
+static void expect_gone(ferry_store *s, const char *key) {
+  if (ferry_store_exists(s, key) != FERRY_ENOTFOUND)
+    fail_msg("%s was not evicted", key);
+}
+
+/* The master stamps a lease or a soft pin of ttl_ms before it replies: once
+ * ttl_ms passed after the reply (the same monotonic clock), it is over. */
+static void let_lapse(uint64_t replied_ns, unsigned ttl_ms) {
+  while (ferry_now_ns() <= replied_ns + ttl_ms * 1000000ull)
+    usleep(200);
+}
+
+/* Past the high watermark (0.95 by default) least-recently-used objects go
+ * until eviction_ratio (0.05) is free below it: the 16th slot (100%) evicts
+ * two (down to 87.5% <= 90%), the two put longest ago and not got since. */
+static void the_lru_goes_past_the_high_watermark(void **state) {
+  (void)state;
+  rig t;
+  uint8_t *buf = slots_open(&t, "--default_kv_lease_ttl=1", NULL);
+  put_slots(t.a.store, "slot", 0, 14, buf, FERRY_STORE_PIN_NONE);
+  expect_slots(t.a.store, "slot", 0, 2, buf); /* got: now the most recently used */
+  let_lapse(ferry_now_ns(), 1);               /* their leases do not hold them */
+  put_slots(t.a.store, "slot", 14, 15, buf, FERRY_STORE_PIN_NONE); /* 93.75%: none goes */
+  expect_stored(t.a.store, "slot", 0, 15);
+  put_slots(t.a.store, "slot", 15, 16, buf, FERRY_STORE_PIN_NONE);
+  expect_gone(t.a.store, "slot02");
+  expect_gone(t.a.store, "slot03");
+  expect_slots(t.a.store, "slot", 0, 2, buf);
+  expect_slots(t.a.store, "slot", 4, 16, buf);
+  slots_close(&t, buf);
+}
+
+/* With the watermark at 1 (never passed), a put no segment has room for
+ * evicts the least recently used objects until it fits: two neighbours
+ * for a value of two slots. A value larger than any segment evicts
+ * nothing. */
+static void a_put_into_a_full_pool_evicts_to_fit(void **state) {
+  (void)state;
+  rig t;
+  uint8_t *buf = slots_open(&t, "--eviction_high_watermark_ratio=1", NULL);
+  put_slots(t.a.store, "slot", 0, SLOTS, buf, FERRY_STORE_PIN_NONE);
+  assert_int_equal(ferry_store_put_from(t.a.store, "too_big", buf, 1 * MiB + 1, NULL),
+                   FERRY_ENOMEM);
+  assert_non_null(strstr(ferry_last_error(), "larger than the store holds"));
+  expect_stored(t.a.store, "slot", 0, SLOTS); /* nothing went for it */
+  fill(buf, 2 * SLOT, 99);
+  if (ferry_store_put_from(t.a.store, "wide", buf, 2 * SLOT, NULL) != FERRY_OK)
+    fail_msg("put into a full pool: %s", ferry_last_error());
+  expect_gone(t.a.store, "slot00");
+  expect_gone(t.a.store, "slot01");
+  expect_bytes(t.a.store, "wide", buf, 2 * SLOT, 99);
+  expect_slots(t.a.store, "slot", 2, SLOTS, buf);
+  slots_close(&t, buf);
+}
+
+/* The three objects eviction may never take, each older than the plain
+ * one that goes instead: a put in progress, a hard-pinned object and one
+ * under a get's lease. */
+static void leased_pending_and_hard_pinned_are_never_evicted(void **state) {
+  (void)state;
+  rig t;
+  uint8_t *buf =
+      slots_open(&t, "--default_kv_lease_ttl=600000", "--eviction_high_watermark_ratio=1");
+  raw_client r;
+  raw_open(&r, t.m.addr);
+  uint64_t pending = raw_put_start(&r, "pending", SLOT, ferry_store_segment(t.a.store));
+  put_slots(t.a.store, "hard", 1, 2, buf, FERRY_STORE_PIN_HARD);
+  put_slots(t.a.store, "leased", 2, 3, buf, FERRY_STORE_PIN_NONE);
+  expect_slots(t.a.store, "leased", 2, 3, buf);                      /* its lease: 10 min */
+  put_slots(t.a.store, "slot", 3, SLOTS, buf, FERRY_STORE_PIN_NONE); /* full */
+  put_slots(t.a.store, "new", 0, 1, buf, FERRY_STORE_PIN_NONE);
+  expect_gone(t.a.store, "slot03");
+  expect_slots(t.a.store, "hard", 1, 2, buf);
+  expect_slots(t.a.store, "leased", 2, 3, buf);
+  expect_slots(t.a.store, "slot", 4, SLOTS, buf);
+  /* The pending put's space is still its own: written now, it commits. */
+  fill((uint8_t *)(uintptr_t)pending, SLOT, 0);
+  raw_put_end(&r, "pending");
+  expect_bytes(t.a.store, "pending", buf, SLOT, 0);
+  close(r.fd);
+  slots_close(&t, buf);
+}
+
+/* Soft-pinned objects go only when nothing unpinned can (here: every
+ * unpinned one is leased), the least recently used first; with nothing
+ * left to evict a put fails, saying what holds the pool. */
+static void soft_pins_go_last_then_the_pool_refuses(void **state) {
+  (void)state;
+  rig t;
+  uint8_t *buf =
+      slots_open(&t, "--default_kv_lease_ttl=600000", "--eviction_high_watermark_ratio=1");
+  put_slots(t.a.store, "soft", 0, 2, buf, FERRY_STORE_PIN_SOFT);
+  put_slots(t.a.store, "slot", 2, SLOTS, buf, FERRY_STORE_PIN_NONE); /* full */
+  put_slots(t.a.store, "new", 0, 1, buf, FERRY_STORE_PIN_NONE);
+  expect_gone(t.a.store, "slot02");
+  expect_stored(t.a.store, "soft", 0, 2);
+  expect_slots(t.a.store, "slot", 3, SLOTS, buf); /* every unpinned one leased now */
+  expect_slots(t.a.store, "new", 0, 1, buf);
+  put_slots(t.a.store, "new", 1, 2, buf, FERRY_STORE_PIN_NONE);
+  expect_gone(t.a.store, "soft00");
+  expect_stored(t.a.store, "soft", 1, 2);
+  expect_slots(t.a.store, "new", 1, 2, buf);
+  put_slots(t.a.store, "new", 2, 3, buf, FERRY_STORE_PIN_NONE);
+  expect_gone(t.a.store, "soft01");
+  expect_slots(t.a.store, "new", 2, 3, buf);
+  /* All 16 leased: nothing can go. */
+  assert_int_equal(put_slot(t.a.store, "refused", buf, 0, FERRY_STORE_PIN_NONE), FERRY_ENOMEM);
+  const char *why = ferry_last_error();
+  if (!strstr(why, "\"refused\"") || !strstr(why, "nothing left to evict") ||
+      !strstr(why, "16 object(s) under a get's lease, 0 hard-pinned, 0 put(s) pending"))
+    fail_msg("the refusal does not say why: %s", why);
+  expect_slots(t.a.store, "slot", 3, SLOTS, buf);
+  expect_slots(t.a.store, "new", 0, 3, buf);
+  slots_close(&t, buf);
+}
+
+/* A soft pin lasts default_kv_soft_pin_ttl past the last use; after that
+ * the object is evicted in its turn: before a newer unpinned one. */
+static void an_ended_soft_pin_is_evicted_in_its_turn(void **state) {
+  (void)state;
+  rig t;
+  uint8_t *buf = slots_open(&t, "--default_kv_soft_pin_ttl=1", "--eviction_high_watermark_ratio=1");
+  put_slots(t.a.store, "soft", 0, 1, buf, FERRY_STORE_PIN_SOFT);
+  let_lapse(ferry_now_ns(), 1);
+  put_slots(t.a.store, "slot", 1, SLOTS, buf, FERRY_STORE_PIN_NONE); /* full */
+  put_slots(t.a.store, "new", 0, 1, buf, FERRY_STORE_PIN_NONE);
+  expect_gone(t.a.store, "soft00");
+  expect_slots(t.a.store, "slot", 1, SLOTS, buf);
+  slots_close(&t, buf);
+}
+
+/* Hard-pinned quarters fill the pool for good: a put is refused, naming
+ * them; freed neighbours make one extent again. */
 static void a_full_pool_refuses_puts(void **state) {
   (void)state;
   rig t;
@@ -576,18 +781,21 @@ static void a_full_pool_refuses_puts(void **state) {
   assert_int_equal(ferry_memory_alloc(a.engine, 2 * MiB, (void **)&buf), FERRY_OK);
   assert_int_equal(ferry_store_put_from(a.store, "too_big", buf, 1 * MiB + 1, NULL), FERRY_ENOMEM);
   assert_non_null(strstr(ferry_last_error(), "too_big"));
-  assert_non_null(strstr(ferry_last_error(), "store is full"));
+  assert_non_null(strstr(ferry_last_error(), "larger than the store holds"));
   char key[32];
+  ferry_store_replicate hard = {1, NULL, FERRY_STORE_PIN_HARD};
   for (int i = 0; i < 4; i++) {
     snprintf(key, sizeof key, "quarter_%d", i);
-    assert_int_equal(ferry_store_put_from(a.store, key, buf, 256 * KiB, NULL), FERRY_OK);
+    assert_int_equal(ferry_store_put_from(a.store, key, buf, 256 * KiB, &hard), FERRY_OK);
   }
   assert_int_equal(ferry_store_put_from(a.store, "one_more", buf, 1, NULL), FERRY_ENOMEM);
+  assert_non_null(strstr(ferry_last_error(), "store is full"));
+  assert_non_null(strstr(ferry_last_error(), "4 hard-pinned"));
   /* Two freed neighbours make one extent again: half a MiB fits. */
   assert_int_equal(ferry_store_remove(a.store, "quarter_1"), FERRY_OK);
   assert_int_equal(ferry_store_remove(a.store, "quarter_2"), FERRY_OK);
   fill(buf, 512 * KiB, 21);
-  assert_int_equal(ferry_store_put_from(a.store, "half", buf, 512 * KiB, NULL), FERRY_OK);
+  assert_int_equal(ferry_store_put_from(a.store, "half", buf, 512 * KiB, &hard), FERRY_OK);
   expect_bytes(a.store, "half", buf, 512 * KiB, 21);
   ferry_memory_free(a.engine, buf);
   rig_close(&t);
@@ -673,7 +881,8 @@ static void a_hostile_client_hurts_only_itself(void **state) {
   assert_int_equal(ferry_store_put(a.store, "kept", data, sizeof data, NULL), FERRY_OK);
   raw_client r;
   const uint8_t unknown_op[] = {99};
-  const uint8_t truncated_put[] = {STORE_PUT_START, 1, 0, 0, 5, 0, 'a', 'b'};
+  const uint8_t truncated_put[] = {STORE_PUT_START, 1, 0, 0, 0, 5, 0, 'a', 'b'};
+  const uint8_t bad_pin[] = {STORE_PUT_START, 1, 0, 0, FERRY_STORE_PIN_HARD + 1, 1, 0, 'k'};
   const uint8_t lying_length[] = {STORE_GET, 0xff, 0xff, 'k'};
   const uint8_t trailing[] = {STORE_PING, 0};
   const struct {
@@ -682,6 +891,7 @@ static void a_hostile_client_hurts_only_itself(void **state) {
     uint32_t count;
   } frames[] = {{unknown_op, 1, 0},
                 {truncated_put, sizeof truncated_put, 1},
+                {bad_pin, sizeof bad_pin, 1},
                 {lying_length, 4, 1},
                 {trailing, 2, 0},
                 {lying_length, 1, 1 << 20}};
@@ -690,15 +900,38 @@ static void a_hostile_client_hurts_only_itself(void **state) {
     assert_false(raw_survives(&r, frames[i].count, frames[i].body, frames[i].len));
     close(r.fd);
   }
+  /* A client of the store protocol before this one: refused by version,
+   * its connection kept. */
+  raw_connect(&r, t.m.addr);
+  store_writer old = {0};
+  raw_register(&old, STORE_PROTOCOL_VERSION - 1);
+  assert_int_equal(store_send(&r.sock, FERRY_FRAME_STORE, 0, 0, &old, "old REGISTER"), FERRY_OK);
+  ferry_frame_header h;
+  uint8_t *refusal;
+  assert_int_equal(store_recv(&r.sock, &h, &refusal, "refusal"), FERRY_OK);
+  assert_int_equal(h.status, FERRY_EVERSION);
+  free(refusal);
+  close(r.fd);
   /* A put of a's is not the raw client's to end; a's segment name is taken. */
   raw_open(&r, t.m.addr);
   raw_put_start(&r, "theirs", 64, ferry_store_segment(a.store));
+  /* A size no segment holds (its rounding would wrap around) is refused. */
+  store_writer huge = {0};
+  store_put_u8(&huge, STORE_PUT_START);
+  store_put_u8(&huge, 1);
+  store_put_str(&huge, "", 0);
+  store_put_u8(&huge, FERRY_STORE_PIN_HARD);
+  store_put_str(&huge, "huge", 4);
+  store_put_u64(&huge, UINT64_MAX);
+  uint8_t *body;
+  store_reader rd = raw_request(&r, &huge, 1, &body);
+  assert_int_equal((int32_t)store_get_u32(&rd), FERRY_ENOMEM);
+  free(body);
   store_writer w = {0};
   store_put_u8(&w, STORE_PUT_END);
   store_put_str(&w, "kept", 4);
   store_put_u32(&w, 1); /* "failed": would free it */
-  uint8_t *body;
-  store_reader rd = raw_request(&r, &w, 1, &body);
+  rd = raw_request(&r, &w, 1, &body);
   assert_int_equal((int32_t)store_get_u32(&rd), FERRY_ENOTFOUND);
   free(body);
   close(r.fd);
@@ -767,10 +1000,12 @@ static void bad_arguments_are_refused(void **state) {
   long_key[sizeof long_key - 1] = 0;
   assert_int_equal(ferry_store_put(a.store, long_key, unregistered, 16, NULL), FERRY_EINVAL);
   assert_int_equal(ferry_store_put(a.store, "", unregistered, 16, NULL), FERRY_EINVAL);
-  ferry_store_replicate nine = {9, NULL};
+  ferry_store_replicate nine = {9, NULL, FERRY_STORE_PIN_NONE};
   assert_int_equal(ferry_store_put(a.store, "nine", unregistered, 16, &nine), FERRY_EINVAL);
-  ferry_store_replicate two = {2, NULL}; /* one segment only */
+  ferry_store_replicate two = {2, NULL, FERRY_STORE_PIN_NONE}; /* one segment only */
   assert_int_equal(ferry_store_put(a.store, "two", unregistered, 16, &two), FERRY_ENOMEM);
+  ferry_store_replicate bad_pin = {1, NULL, FERRY_STORE_PIN_HARD + 1};
+  assert_int_equal(ferry_store_put(a.store, "bad_pin", unregistered, 16, &bad_pin), FERRY_EINVAL);
   rig_close(&t);
   /* Nothing listens there any more. */
   ferry_engine *e = engine_on_loopback();
@@ -899,7 +1134,7 @@ typedef struct put_thread {
 
 static void *put_main(void *arg) {
   put_thread *p = arg;
-  ferry_store_replicate in = {1, p->segment};
+  ferry_store_replicate in = {.replicas = 1, .preferred_segment = p->segment};
   p->status = ferry_store_put_from(p->store, p->key, p->buf, p->len, &in);
   snprintf(p->detail, sizeof p->detail, "%s", ferry_last_error());
   return NULL;
@@ -936,7 +1171,7 @@ static void a_put_across_a_restart_commits_nothing(void **state) {
   child_client b, c;
   child_open(&b, h.addr);
   fill(buf, 64 * KiB, 3);
-  ferry_store_replicate in_b = {1, b.segment};
+  ferry_store_replicate in_b = {.replicas = 1, .preferred_segment = b.segment};
   assert_int_equal(ferry_store_put_from(a.store, "warm_b", buf, 64 * KiB, &in_b), FERRY_OK);
   child_stop(&b);
   put_thread old = {
@@ -947,7 +1182,7 @@ static void a_put_across_a_restart_commits_nothing(void **state) {
   here_restart(&h);
   child_open(&c, h.addr);
   fill(buf + 64 * KiB, 64 * KiB, 4);
-  ferry_store_replicate in_c = {1, c.segment};
+  ferry_store_replicate in_c = {.replicas = 1, .preferred_segment = c.segment};
   assert_int_equal(ferry_store_put_from(a.store, "warm_c", buf + 64 * KiB, 64 * KiB, &in_c),
                    FERRY_OK);
   child_stop(&c);
@@ -1026,6 +1261,11 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_get_moves_to_the_next_replica),
       cmocka_unit_test(remove_and_leases),
       cmocka_unit_test(a_full_pool_refuses_puts),
+      cmocka_unit_test(the_lru_goes_past_the_high_watermark),
+      cmocka_unit_test(a_put_into_a_full_pool_evicts_to_fit),
+      cmocka_unit_test(leased_pending_and_hard_pinned_are_never_evicted),
+      cmocka_unit_test(soft_pins_go_last_then_the_pool_refuses),
+      cmocka_unit_test(an_ended_soft_pin_is_evicted_in_its_turn),
       cmocka_unit_test(a_silent_client_is_dropped),
       cmocka_unit_test(the_masters_secret_is_required),
       cmocka_unit_test(a_hostile_client_hurts_only_itself),

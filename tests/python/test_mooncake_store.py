@@ -25,14 +25,16 @@ MiB = 1 << 20
 PAGE = 64 * 1024  # one K or V page of the host pool
 
 
-def start_master(port=0):
-    """A `ferry store-master` (mooncake_master) on port (0: any free one):
-    the process and its address."""
+def tool_or_skip():
     tool = ferry_tool()
     if not tool:
         pytest.skip("ferry tool not found (set FERRY_TOOL or build build/ferry)")
-    proc = subprocess.Popen([tool, "store-master", "--port=%d" % port,
-                             "--default_kv_lease_ttl=500"],
+    return tool
+
+
+def start_master(*flags, port=0):
+    """A `ferry store-master` process on port (0: any free one) and its address."""
+    proc = subprocess.Popen([tool_or_skip(), "store-master", "--port=%d" % port] + list(flags),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.match(r"ready master=(\S+)", line)
@@ -43,12 +45,16 @@ def start_master(port=0):
     return proc, m.group(1)
 
 
-@pytest.fixture
-def master():
-    proc, addr = start_master()
-    yield addr
+def stop_master(proc):
     proc.terminate()
     proc.wait(timeout=30)
+
+
+@pytest.fixture
+def master():
+    proc, addr = start_master("--default_kv_lease_ttl=500")
+    yield addr
+    stop_master(proc)
 
 
 def client(master_addr, positional=True):
@@ -119,7 +125,8 @@ def test_hicache_call_pattern(master):
         big = ctypes.create_string_buffer(48 * MiB)
         assert writer.put("too_big", bytes(big)) == -200
         assert writer.remove("absent_0_k") == -704
-        assert writer.put("pinned", b"x", ReplicateConfig(with_soft_pin=True)) == -600
+        assert writer.put("pinned", b"x", ReplicateConfig(with_soft_pin=True)) == 0
+        assert reader.get("pinned") == b"x"
         assert writer.unregister_buffer(base_w) == 0
         assert reader.unregister_buffer(base_r) == 0
     finally:
@@ -141,7 +148,7 @@ def test_a_killed_master_restarted_on_its_port_is_rejoined(caplog):
     while it is down fails (-900) naming it; the next call after it is back
     reconnects, registers the segment again and works; what the old master
     stored is gone."""
-    proc, addr = start_master()
+    proc, addr = start_master("--default_kv_lease_ttl=500")
     store = None
     try:
         store = client(addr)
@@ -151,7 +158,7 @@ def test_a_killed_master_restarted_on_its_port_is_rejoined(caplog):
         proc.wait(timeout=30)
         assert store.is_exist("before") == -900  # RPC_FAIL
         assert "store master %s" % addr in caplog.text
-        proc, again = start_master(int(addr.rsplit(":", 1)[1]))
+        proc, again = start_master("--default_kv_lease_ttl=500", port=int(addr.rsplit(":", 1)[1]))
         assert again == addr
         assert store.put("after", page_bytes(5)) == 0  # its segment is the only one
         assert store.get("after") == page_bytes(5)
@@ -161,3 +168,49 @@ def test_a_killed_master_restarted_on_its_port_is_rejoined(caplog):
             assert store.close() == 0
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_pins_reach_the_master_and_a_full_pool_evicts(caplog):
+    """A 1 MiB pool of sixteen 64 KiB values (the watermark at 1: eviction only
+    for a put that does not fit): unpinned values make room, least recently
+    used first; a soft-pinned one goes only when nothing unpinned is left;
+    hard-pinned ones never go, so with only them left a put fails (-200),
+    saying why."""
+    proc, addr = start_master("--eviction_high_watermark_ratio=1")
+    store = MooncakeDistributedStore()
+    try:
+        assert store.setup("127.0.0.1", "P2PHANDSHAKE", 1 * MiB, 1 * MiB, "tcp", "", addr) == 0
+        hard, soft = ReplicateConfig(with_hard_pin=True), ReplicateConfig(with_soft_pin=True)
+        assert store.put("soft", page_bytes(100), soft) == 0
+        for i in range(7):
+            assert store.put("hard_%d" % i, page_bytes(i), hard) == 0
+        for i in range(8):
+            assert store.put("plain_%d" % i, page_bytes(50 + i)) == 0
+        assert store.put("more", page_bytes(60)) == 0  # full: the oldest unpinned one goes
+        assert store.is_exist("plain_0") == 0
+        assert store.is_exist("soft") == 1
+        for i in range(7, 14):  # each takes an unpinned one's place
+            assert store.put("hard_%d" % i, page_bytes(i), hard) == 0
+        assert store.batch_is_exist(["plain_%d" % i for i in range(1, 8)]) == [0] * 7
+        assert store.put("hard_14", page_bytes(14), hard) == 0  # "more" goes: the last unpinned
+        assert store.is_exist("more") == 0
+        assert store.is_exist("soft") == 1
+        assert store.put("hard_15", page_bytes(15), hard) == 0  # then the soft-pinned one
+        assert store.is_exist("soft") == 0
+        with caplog.at_level("WARNING", logger="mooncake.store"):
+            assert store.put("last", page_bytes(16)) == -200
+        assert "16 hard-pinned" in caplog.text
+        for i in range(16):
+            assert store.get("hard_%d" % i) == page_bytes(i)
+    finally:
+        assert store.close() == 0
+        stop_master(proc)
+
+
+@pytest.mark.parametrize("flag", ["--eviction_ratio=0", "--eviction_high_watermark_ratio=1.5",
+                                  "--eviction_ratio=lots", "--default_kv_soft_pin_ttl=0"])
+def test_eviction_flags_are_checked(flag):
+    done = subprocess.run([tool_or_skip(), "store-master", "--port=0", flag],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert flag.split("=")[0] in done.stderr
