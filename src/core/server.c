@@ -178,8 +178,6 @@ static void fill_hello_reply(ferry_engine *e, ferry_hello_reply *r, uint16_t ver
 static ferry_status check_proof(server_conn *c, const uint8_t th[FERRY_WIRE_PROOF_SIZE],
                                 const ferry_hello_reply *r) {
   ferry_status st = ferry_auth_accept(&c->sock, c->engine->secret, th, r, &c->session);
-  if (st == FERRY_EAUTH)
-    FERRY_WARN("refused connection from %s: %s", c->peer, ferry_last_error());
   if (!st)
     ferry_sock_auth(&c->sock, &c->session);
   return st;

@@ -43,7 +43,8 @@ void ferry_session_start(ferry_session *s, const char *secret, ferry_auth_role s
  * with them (ferry_sock_auth) when its next frame is due.
  * Target: reads AUTH and answers with its proof over th and the facts.
  * A missing or wrong proof is refused with an AUTH_REPLY carrying
- * FERRY_EAUTH and returns FERRY_EAUTH, the reason as the last error. */
+ * FERRY_EAUTH and returns FERRY_EAUTH, the reason as the last error; the
+ * WARN "refused connection from PEER: reason" is logged before the reply. */
 ferry_status ferry_auth_accept(ferry_sock *s, const char *secret,
                                const uint8_t th[FERRY_WIRE_PROOF_SIZE],
                                const ferry_hello_reply *facts, ferry_session *session);

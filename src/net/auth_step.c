@@ -10,9 +10,12 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/log.h"
 
-/* The refusal goes out as AUTH_REPLY with FERRY_EAUTH and the reason. */
+/* The refusal goes out as AUTH_REPLY with FERRY_EAUTH and the reason,
+ * logged first: once the peer reads it, the target's line exists. */
 static ferry_status refuse(ferry_sock *s, const char *why) {
+  FERRY_WARN("refused connection from %s: %s", s->peer, why);
   ferry_frame_header h = {.type = FERRY_FRAME_AUTH_REPLY, .status = FERRY_EAUTH};
   h.body_len = strnlen(why, FERRY_WIRE_MAX_REASON - 1);
   ferry_sock_send_frame(s, &h, why, "send AUTH_REPLY");

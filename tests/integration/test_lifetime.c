@@ -68,7 +68,6 @@ typedef struct call {
   pthread_t thread;
   ferry_status result;
   unsigned done; /* CALL_WRITE_LOOP: transfers completed (atomic) */
-  int finished;  /* atomic */
 } call;
 
 static ferry_status run_once(call *c) {
@@ -93,7 +92,6 @@ static void *call_main(void *arg) {
       __atomic_add_fetch(&c->done, 1, __ATOMIC_SEQ_CST);
   } while (c->kind == CALL_WRITE_LOOP && st == FERRY_OK);
   c->result = st;
-  __atomic_store_n(&c->finished, 1, __ATOMIC_SEQ_CST);
   return NULL;
 }
 
@@ -238,7 +236,11 @@ static void destroy_waits_for_a_call_it_cannot_wake(void **state) {
     else
       usleep(1000);
   ferry_engine_destroy(e);
-  assert_true(__atomic_load_n(&c.finished, __ATOMIC_SEQ_CST)); /* before destroy returned */
+  /* The probe's connect ended inside the engine before destroy returned:
+   * its SYN_SENT socket is gone. (The call thread's flag is set only after
+   * the call returned, which destroy need not wait for: on a busy machine
+   * that thread can be preempted in between.) */
+  assert_true(syn_sent_to(port) <= fillers_waiting);
   assert_int_equal(call_join(&c), FERRY_ECLOSED);
   close(fillers[0]);
   close(fillers[1]);
