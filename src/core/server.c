@@ -25,11 +25,9 @@
  * for each one stuck in a frame longer than SERVER_STUCK_MS, up to
  * SERVER_THREADS_FACTOR * server_threads, and the extra threads exit after
  * worker_idle_ms without work. */
-#include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -996,25 +994,6 @@ static void serve_ready(ferry_server *s, server_conn *c, server_buffers *b) {
 
 /* ---- accepting ----------------------------------------------------------- */
 
-static void describe_peer(int fd, char *out, size_t size) {
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  char host[FERRY_HOST_MAX] = "?";
-  uint16_t port = 0;
-  if (getpeername(fd, (struct sockaddr *)&ss, &len) == 0) {
-    if (ss.ss_family == AF_INET6) {
-      struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-      inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-      port = ntohs(a->sin6_port);
-    } else {
-      struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-      inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-      port = ntohs(a->sin_port);
-    }
-  }
-  ferry_net_format_target(out, size, host, port);
-}
-
 static server_conn *new_connection(ferry_engine *e, int fd) {
   server_conn *c = calloc(1, sizeof *c);
   if (!c)
@@ -1025,7 +1004,7 @@ static server_conn *new_connection(ferry_engine *e, int fd) {
   pthread_mutex_init(&c->lock, NULL);
   snprintf(c->peer_name, sizeof c->peer_name, "before HELLO");
   ferry_net_tune(fd);
-  describe_peer(fd, c->peer, sizeof c->peer);
+  ferry_net_describe_peer(fd, c->peer, sizeof c->peer);
   ferry_sock_init(&c->sock, fd, c->peer);
   c->sock.spin_ns = e->cfg.spin_us * 1000ull;
   c->sock.cancel = &c->cancelled;

@@ -14,6 +14,7 @@
  * of payload lands), and a tag after the payload. */
 #include "net.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -76,6 +77,25 @@ void ferry_net_format_target(char *out, size_t size, const char *host, uint16_t 
     snprintf(out, size, "[%s]:%u", host, port);
   else
     snprintf(out, size, "%s:%u", host, port);
+}
+
+void ferry_net_describe_peer(int fd, char *out, size_t size) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  char host[FERRY_HOST_MAX] = "?";
+  uint16_t port = 0;
+  if (getpeername(fd, (struct sockaddr *)&ss, &len) == 0) {
+    if (ss.ss_family == AF_INET6) {
+      struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+      inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+      port = ntohs(a->sin6_port);
+    } else {
+      struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+      inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+      port = ntohs(a->sin_port);
+    }
+  }
+  ferry_net_format_target(out, size, host, port);
 }
 
 static ferry_status resolve(const char *host, uint16_t port, int passive, struct addrinfo **out) {

@@ -19,6 +19,8 @@
 ferry_status ferry_net_parse_target(const char *target, char host[FERRY_HOST_MAX], uint16_t *port);
 /* Formats host and port the way targets are written ("[v6]:port" for v6). */
 void ferry_net_format_target(char *out, size_t size, const char *host, uint16_t port);
+/* "host:port" of the peer connected on fd ("?:0" when unknown), for logs. */
+void ferry_net_describe_peer(int fd, char *out, size_t size);
 
 /* Listening socket on host:port (port 0: any); *bound_port gets the port. */
 ferry_status ferry_net_listen(const char *host, uint16_t port, int *fd, uint16_t *bound_port);

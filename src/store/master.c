@@ -7,10 +7,8 @@
  * map drops its segment, the replicas there and its pending puts. */
 #include "store/master.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -146,25 +144,8 @@ static void refuse_client(store_master *m, int fd, const char *peer) {
   close(fd);
 }
 
-static void describe_client(const struct sockaddr_storage *ss, char *peer, size_t size) {
-  char host[FERRY_HOST_MAX] = "?";
-  uint16_t port = 0;
-  if (ss->ss_family == AF_INET) {
-    const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    port = ntohs(in->sin_port);
-  } else if (ss->ss_family == AF_INET6) {
-    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-    port = ntohs(in6->sin6_port);
-  }
-  ferry_net_format_target(peer, size, host, port);
-}
-
 static void accept_client(store_master *m) {
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  int fd = accept4(m->listen_fd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC);
+  int fd = accept4(m->listen_fd, NULL, NULL, SOCK_CLOEXEC);
   if (fd < 0) {
     if (errno == EMFILE || errno == ENFILE)
       poll(NULL, 0, 100); /* out of descriptors: back off instead of spinning */
@@ -172,7 +153,7 @@ static void accept_client(store_master *m) {
   }
   ferry_net_tune(fd);
   char peer[FERRY_HOST_MAX + 8];
-  describe_client(&ss, peer, sizeof peer);
+  ferry_net_describe_peer(fd, peer, sizeof peer);
   pthread_mutex_lock(&m->lock);
   int full = m->client_count >= m->max_clients;
   pthread_mutex_unlock(&m->lock);
