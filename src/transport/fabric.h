@@ -173,6 +173,7 @@ typedef struct ferry_fabric {
   ferry_fabric_lane lanes[FERRY_FABRIC_LANES_MAX + FERRY_FABRIC_DOMAINS_MAX - 1];
   unsigned lane_count;
   unsigned next_lane; /* initiator: the lane the next channel aims at (atomic) */
+  unsigned cpus;      /* online when the service started: lanes, and a batch's channels */
   struct fid_ep *rail_eps[FERRY_RAILS_MAX]; /* one per rail host, on lane 0's CQ */
   ferry_fabric_sink rail_sinks[FERRY_RAILS_MAX];
   int stop;

@@ -683,12 +683,12 @@ static ferry_status open_rails(ferry_fabric *f) {
  * to 0.4 GB/s with 2 lanes on 2 CPUs). One where registrations bind to an
  * endpoint (FI_MR_ENDPOINT). Lane 0 is open. */
 static unsigned lane_count(const ferry_fabric *f) {
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  unsigned cpus = f->cpus;
   unsigned n = f->engine->cfg.fabric_lanes;
   if (!n && f->lanes[0].cq_fd < 0)
     n = 1;
   if (!n)
-    n = cpus < 2 ? 2 : cpus > FERRY_FABRIC_LANES_MAX ? FERRY_FABRIC_LANES_MAX : (unsigned)cpus;
+    n = cpus < 2 ? 2 : cpus > FERRY_FABRIC_LANES_MAX ? FERRY_FABRIC_LANES_MAX : cpus;
   if (n > 1 && f->mr_endpoint) {
     FERRY_INFO("fabric: provider %s serves on one lane (its registrations bind to one endpoint)",
                f->self.provider);
@@ -834,6 +834,8 @@ ferry_status ferry_fabric_service_start(ferry_engine *e) {
   if (!f)
     return ferry_fail(FERRY_ENOMEM, "no memory for the fabric transport");
   f->engine = e;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  f->cpus = cpus > 0 ? (unsigned)cpus : 1;
   ferry_fabric_log_hold(); /* before any lane: their key checks are logged */
   for (unsigned i = 0; i < sizeof f->lanes / sizeof *f->lanes; i++) {
     f->lanes[i].fabric = f;
