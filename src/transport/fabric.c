@@ -221,7 +221,7 @@ static size_t op_size(const ferry_engine *e) {
  * batch gets no more channels than CPUs (at least 2, which rails and lanes
  * share): on a software provider each channel's thread and the target
  * lane it feeds copy bytes, so more only take CPUs from each other (32 x
- * 16 MiB on 2 vCPUs: 3.0-3.8 GB/s with 4 channels, 5.0-5.2 with 1 or 2),
+ * 16 MiB on 2 vCPUs: 3.6-3.8 GB/s with 4 channels, 5.0-5.2 with 1 or 2),
  * and a NIC's host has CPUs to spare. A channel claims less
  * (claim_slot): what it can post now. */
 static size_t fabric_slice(const ferry_batch *b) {
