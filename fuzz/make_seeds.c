@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "fuzz.h"
+#include "store/protocol.h"
 #include "wire/wire.h"
 
 static const char *root;
@@ -290,6 +291,77 @@ static void client_seeds(void) {
   put("fuzz_client", "read_checksum", b.data, b.len);
 }
 
+/* ---- fuzz_store: records of (client, count, body) -------------------------------------------- */
+
+static void add_request(buf *b, int client, uint8_t count, store_writer *w) {
+  uint8_t head[4] = {(uint8_t)client, count, (uint8_t)w->len, (uint8_t)(w->len >> 8)};
+  add(b, head, sizeof head);
+  add(b, w->buf, w->len);
+  store_writer_free(w);
+  memset(w, 0, sizeof *w);
+}
+
+static void add_register(buf *b, int client, const char *segment, uint64_t base, uint64_t size) {
+  store_writer w = {0};
+  store_put_u8(&w, STORE_REGISTER);
+  store_put_u16(&w, STORE_PROTOCOL_VERSION);
+  store_put_u64(&w, base);
+  store_put_u64(&w, size);
+  store_put_str(&w, segment, strlen(segment));
+  add_request(b, client, 0, &w);
+}
+
+/* op's entries are the keys k0..k(n-1); PUT_START's ask replicas of size
+ * bytes each, PUT_END's commit. */
+static void add_keys(buf *b, int client, uint8_t op, uint8_t n, uint8_t replicas, uint64_t size) {
+  store_writer w = {0};
+  store_put_u8(&w, op);
+  if (op == STORE_PUT_START) {
+    store_put_u8(&w, replicas);
+    store_put_str(&w, "", 0);
+    store_put_u8(&w, FERRY_STORE_PIN_NONE);
+  }
+  for (uint8_t i = 0; i < n; i++) {
+    char key[8];
+    snprintf(key, sizeof key, "k%u", i);
+    store_put_str(&w, key, strlen(key));
+    if (op == STORE_PUT_START)
+      store_put_u64(&w, size);
+    if (op == STORE_PUT_END)
+      store_put_u32(&w, 0);
+  }
+  add_request(b, client, n, &w);
+}
+
+static void store_seeds(void) {
+  buf b = {.len = 0};
+  add_register(&b, 0, "seg-a", 0x100000000ull, 1 << 20);
+  add_register(&b, 1, "seg-b", 0x200000000ull, 1 << 20);
+  add_keys(&b, 0, STORE_PUT_START, 4, 2, 4096);
+  add_keys(&b, 0, STORE_PUT_END, 4, 0, 0);
+  add_keys(&b, 1, STORE_GET, 4, 0, 0);
+  add_keys(&b, 1, STORE_QUERY, 4, 0, 0);
+  add_keys(&b, 1, STORE_REMOVE, 2, 0, 0);
+  put("fuzz_store", "put_get_remove", b.data, b.len);
+
+  /* A pool that fills: puts evict, a client leaves with its replicas. */
+  b.len = 0;
+  add_register(&b, 0, "seg-a", 0x100000000ull, 64 << 10);
+  add_register(&b, 1, "seg-b", 0x200000000ull, 64 << 10);
+  for (int round = 0; round < 3; round++) {
+    add_keys(&b, round & 1, STORE_PUT_START, 8, 1, 8192);
+    add_keys(&b, round & 1, STORE_PUT_END, 8, 0, 0);
+  }
+  uint8_t leave[4] = {0x81, 0, 0, 0};
+  add(&b, leave, sizeof leave);
+  add_keys(&b, 0, STORE_GET, 8, 0, 0);
+  add_register(&b, 2, "", 0, 0); /* a client that lends no memory */
+  store_writer w = {0};
+  store_put_u8(&w, STORE_REMOVE_ALL);
+  add_request(&b, 2, 0, &w);
+  put("fuzz_store", "evict_and_leave", b.data, b.len);
+}
+
 int main(int argc, char **argv) {
   root = argc > 1 ? argv[1] : "fuzz/corpus";
   mkdir(root, 0755);
@@ -298,5 +370,6 @@ int main(int argc, char **argv) {
   metadata_seeds();
   server_seeds();
   client_seeds();
+  store_seeds();
   return 0;
 }

@@ -338,8 +338,10 @@ static ferry_status serve_register(store_map *m, uint64_t client, store_reader *
                     STORE_PROTOCOL_VERSION),
            FERRY_EVERSION;
   if (length > 0) {
-    if (name_len == 0 || base + length < base)
-      return snprintf(why, size, "segment of %llu bytes at 0x%llx has no name or wraps around",
+    if (name_len == 0 || memchr(name, '\0', name_len) || base + length < base)
+      return snprintf(why, size,
+                      "segment of %llu bytes at 0x%llx has no name, a NUL in its name, or wraps "
+                      "around",
                       (unsigned long long)length, (unsigned long long)base),
              FERRY_EINVAL;
     if (find_segment(m, name, name_len))

@@ -1,0 +1,137 @@
+/* fuzz_store.c - the store master's map (store/map.h) fed STORE request
+ * bodies from four clients, as the master's connections would pass them
+ * on: each client's first request must be REGISTER and only its first (the
+ * rule master.c enforces before the map sees a body). An input is a
+ * sequence of records:
+ *
+ *   u8 control (bits 0-1: client; bit 7: that client leaves instead) |
+ *   u8 count (the frame header's entry count) | u16 body length | body
+ *
+ * Besides memory errors, the target checks what a hostile client must
+ * never obtain: every replica the master hands out (PUT_START, GET) lies
+ * inside a segment some client mounted, whole, and a reply to a request it
+ * accepted was built without an allocation failure. */
+#include <string.h>
+
+#include "fuzz.h"
+#include "store/map.h"
+#include "store/protocol.h"
+
+#define CLIENTS 4
+
+typedef struct mounted {
+  char name[STORE_NAME_MAX + 1];
+  uint64_t base, size;
+  int registered;
+} mounted;
+
+static mounted clients[CLIENTS];
+
+static const mounted *segment_named(const char *name, size_t len) {
+  for (int c = 0; c < CLIENTS; c++)
+    if (clients[c].registered && clients[c].size && strlen(clients[c].name) == len &&
+        !memcmp(clients[c].name, name, len))
+      return &clients[c];
+  return NULL;
+}
+
+/* Every replica of an object of `size` bytes lies inside a mounted segment. */
+static void check_replicas(store_reader *reply, uint64_t size) {
+  store_replica_ref refs[STORE_REPLICAS_MAX];
+  unsigned n = 0;
+  FUZZ_CHECK(store_get_replicas(reply, refs, &n, "fuzz") == FERRY_OK);
+  for (unsigned i = 0; i < n; i++) {
+    const mounted *s = segment_named(refs[i].segment, refs[i].segment_len);
+    FUZZ_CHECK(s != NULL);
+    FUZZ_CHECK(refs[i].addr >= s->base && refs[i].addr - s->base <= s->size &&
+               size <= s->size - (refs[i].addr - s->base));
+  }
+}
+
+/* Walks the reply of an accepted PUT_START or GET beside its request. */
+static void check_reply(uint8_t op, store_reader req, uint32_t count, const store_writer *w) {
+  store_reader reply = {w->buf, w->len, 0};
+  const char *s;
+  size_t len;
+  if (op == STORE_PUT_START) {
+    store_get_u8(&req);
+    store_get_str(&req, &s, &len, STORE_NAME_MAX);
+    store_get_u8(&req);
+  }
+  for (uint32_t i = 0; i < count; i++) {
+    store_get_str(&req, &s, &len, STORE_KEY_MAX);
+    uint64_t size = op == STORE_PUT_START ? store_get_u64(&req) : 0;
+    int32_t status = (int32_t)store_get_u32(&reply);
+    if (op == STORE_GET)
+      size = store_get_u64(&reply);
+    if (status == FERRY_OK)
+      check_replicas(&reply, size);
+    else if (op == STORE_PUT_START)
+      store_get_str(&reply, &s, &len, STORE_REASON_MAX);
+    else
+      FUZZ_CHECK(store_get_u8(&reply) == 0);
+    FUZZ_CHECK(!reply.bad && !req.bad);
+  }
+  FUZZ_CHECK(reply.left == 0);
+}
+
+/* Remembers the segment an accepted REGISTER mounted. */
+static void note_register(mounted *c, store_reader req) {
+  store_get_u16(&req);
+  c->base = store_get_u64(&req);
+  c->size = store_get_u64(&req);
+  const char *name;
+  size_t len;
+  store_get_str(&req, &name, &len, STORE_NAME_MAX);
+  memcpy(c->name, name, len);
+  c->name[len] = '\0';
+  c->registered = 1;
+}
+
+static void serve(store_map *m, int c, uint32_t count, const uint8_t *body, size_t len) {
+  store_reader r = {body, len, 0};
+  uint8_t op = store_get_u8(&r);
+  if (r.bad || (op == STORE_REGISTER) == clients[c].registered)
+    return; /* the master ends such a connection before the map sees it */
+  store_reader request = r;
+  store_writer reply = {0};
+  char why[FERRY_WIRE_MAX_REASON] = "";
+  ferry_status st = store_map_serve(m, (uint64_t)c + 1, op, &r, count, &reply, why, sizeof why);
+  if (st == FERRY_OK) {
+    FUZZ_CHECK(!reply.failed);
+    if (op == STORE_REGISTER)
+      note_register(&clients[c], request);
+    else if (op == STORE_PUT_START || op == STORE_GET)
+      check_reply(op, request, count, &reply);
+  } else {
+    FUZZ_CHECK(why[0] != '\0');
+  }
+  store_writer_free(&reply);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  ferry_log_set_level(FERRY_LOG_OFF);
+  store_eviction eviction = {0.95, 0.05, 1000};
+  store_map *m = store_map_create(1000, 30000, &eviction);
+  FUZZ_CHECK(m != NULL);
+  memset(clients, 0, sizeof clients);
+  while (size >= 4) {
+    int c = data[0] & (CLIENTS - 1), leaves = data[0] & 0x80;
+    uint32_t count = data[1];
+    size_t len = (size_t)data[2] | (size_t)data[3] << 8;
+    data += 4;
+    size -= 4;
+    if (len > size)
+      len = size;
+    if (leaves) {
+      store_map_drop_client(m, (uint64_t)c + 1);
+      memset(&clients[c], 0, sizeof clients[c]);
+    } else {
+      serve(m, c, count, data, len);
+    }
+    data += len;
+    size -= len;
+  }
+  store_map_destroy(m);
+  return 0;
+}
