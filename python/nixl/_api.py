@@ -15,6 +15,8 @@ reports is what ferry moves (DRAM, and VRAM only where ferry found CUDA).
   only from peers that proved it). A thread answers them as they land.
   Metadata is taken only from the engine it names, an invalidation only
   from the engine the agent was known at.
+- etcd (NIXL_ETCD_ENDPOINTS set): the same calls without ip_addr publish,
+  fetch and invalidate through etcd, in NIXL's key layout (nixl._etcd).
 - prep_xfer_dlist checks descriptors once (local: against this agent's
   registrations; remote: against the peer's metadata). make_prepped_xfer
   keeps the index arrays as int64 numpy arrays; transfer() runs them on a
@@ -35,6 +37,7 @@ import numpy as np
 
 import ferry
 from nixl import _bindings as nb
+from nixl import _etcd
 from nixl._utils import (Regions, decode_dlist, decode_metadata, encode_dlist, encode_metadata,
                          is_tensor, tensor_desc)
 from nixl.logging import get_logger
@@ -153,6 +156,7 @@ class nixl_agent:
         self._engine = None
         self._engine_params = None
         self._listener = None  # (pool, thread) with enable_listen_thread
+        self._etcd = None  # _etcd.EtcdMetadata, made by the first call that needs it
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._regs = {}  # addr -> (len, dev_id, memory name, meta)
@@ -470,10 +474,9 @@ class nixl_agent:
     def _to_listener(self, what, ip_addr, port, tag, data):
         """Sends one message to the listener at ip_addr:port."""
         if not ip_addr:
-            where = ("NIXL_ETCD_ENDPOINTS is set, and ferry's nixl does not publish to etcd yet"
-                     if os.environ.get("NIXL_ETCD_ENDPOINTS") else "no etcd either")
-            raise nb.nixlInvalidParamError(f"{what}: no ip_addr given ({where}); name the peer's "
-                                           f"listener as ip_addr and port")
+            raise nb.nixlInvalidParamError(f"{what}: no ip_addr given, and NIXL_ETCD_ENDPOINTS "
+                                           f"is not set; name the peer's listener as ip_addr "
+                                           f"and port, or set NIXL_ETCD_ENDPOINTS")
         if not isinstance(port, int) or not 0 < port < 65536:
             raise nb.nixlInvalidParamError(f"{what}: port must be 1..65535, not {port!r}")
         target = f"[{ip_addr}]:{port}" if ":" in ip_addr else f"{ip_addr}:{port}"
@@ -482,10 +485,54 @@ class nixl_agent:
         except ferry.Error as e:
             raise nb.nixlBackendError(f"{what}: the listener at {target}: {e}", e) from e
 
+    # ---- etcd ------------------------------------------------------------------
+
+    def _central(self, ip_addr):
+        """The etcd client when a call without ip_addr goes to etcd, else None."""
+        if ip_addr or not os.environ.get("NIXL_ETCD_ENDPOINTS"):
+            return None
+        with self._lock:
+            if self._etcd is None:
+                try:
+                    self._etcd = _etcd.EtcdMetadata(
+                        self.name, os.environ["NIXL_ETCD_ENDPOINTS"],
+                        os.environ.get("NIXL_ETCD_NAMESPACE"), self._load_fetched,
+                        self._forget_deleted)
+                except _etcd.EtcdError as e:
+                    raise nb.nixlInvalidParamError(str(e)) from None
+            return self._etcd
+
+    def _etcd_call(self, what, fn, *args):
+        try:
+            return fn(*args)
+        except _etcd.EtcdError as e:
+            raise nb.nixlBackendError(f"{what}: {e}", e) from e
+
+    def _load_fetched(self, agent, blob):
+        named = decode_metadata(blob)[0]
+        if named != agent:
+            raise ValueError(f"the metadata under agent {agent!r}'s key names agent {named!r}")
+        self.add_remote_agent(blob)
+
+    def _forget_deleted(self, agent):
+        with self._lock:
+            if agent in self._remotes:
+                del self._remotes[agent]
+                self._drop_plans(agent)
+
+    # ---- metadata exchange -------------------------------------------------------
+
     def fetch_remote_metadata(self, remote_name, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
         """Asks the listener at ip_addr:port for agent remote_name's metadata;
         its answer lands on this agent's listener (check_remote_metadata says
-        when). Needs enable_listen_thread here, and there."""
+        when). Needs enable_listen_thread here, and there. Without ip_addr,
+        with NIXL_ETCD_ENDPOINTS: reads it from etcd (label's key, default
+        "metadata"), waiting up to 5 s for it to appear, in the background."""
+        central = self._central(ip_addr)
+        if central is not None:
+            central.fetch(_agent(remote_name, "fetch_remote_metadata"),
+                          label or _etcd.DEFAULT_LABEL)
+            return
         if self._listener is None:
             raise nb.nixlNotAllowedError("fetch_remote_metadata: the answer comes to this "
                                          "agent's listener: nixl_agent_config("
@@ -494,15 +541,36 @@ class nixl_agent:
         self._to_listener("fetch_remote_metadata", ip_addr, port, _FETCH, name.encode())
 
     def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
+        """To the listener at ip_addr:port; without ip_addr, to etcd under
+        the "metadata" label (label is ignored, as in NIXL)."""
+        central = self._central(ip_addr)
+        if central is not None:
+            self._etcd_call("send_local_metadata", central.put, _etcd.DEFAULT_LABEL,
+                            self.get_agent_metadata())
+            return
         self._to_listener("send_local_metadata", ip_addr, port, _MD, self.get_agent_metadata())
 
     def send_partial_agent_metadata(self, descs, inc_conn_info=False, backends=None, ip_addr="",
                                     port=DEFAULT_COMM_PORT, label=""):
         data = self.get_partial_agent_metadata(descs, inc_conn_info, backends)
+        central = self._central(ip_addr)
+        if central is not None:
+            if not label:
+                raise nb.nixlInvalidParamError("send_partial_agent_metadata: etcd needs a label "
+                                               "for partial metadata (the reader fetches it "
+                                               "by that label)")
+            self._etcd_call("send_partial_agent_metadata", central.put, label, data)
+            return
         self._to_listener("send_partial_agent_metadata", ip_addr, port, _MD, data)
 
     def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
-        """The listener at ip_addr:port forgets this agent (as remove_remote_agent)."""
+        """The listener at ip_addr:port forgets this agent (as remove_remote_agent).
+        Without ip_addr, with NIXL_ETCD_ENDPOINTS: deletes this agent's keys
+        from etcd, and every agent that fetched it from there forgets it."""
+        central = self._central(ip_addr)
+        if central is not None:
+            self._etcd_call("invalidate_local_metadata", central.delete_all)
+            return
         self._to_listener("invalidate_local_metadata", ip_addr, port, _INVALIDATE,
                           self.name.encode())
 
@@ -817,6 +885,8 @@ class nixl_agent:
             plans, self._plans = list(self._plans.values()), {}
         for p in plans:
             p.free()
+        if self._etcd is not None:
+            self._etcd.close()
         if self._engine is not None:
             self._engine.close()  # the listener's recv ends with ECLOSED
         if self._listener is not None:

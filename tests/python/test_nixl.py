@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -31,6 +32,7 @@ from nixl import nixl_agent, nixl_agent_config
 from nixl import _bindings as nb
 from nixl._utils import encode_metadata
 from nixl_peer import kv_block
+from stores import Store, need
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "nixl_peer.py")
@@ -512,3 +514,81 @@ def test_listener_refuses_what_it_must(agents, peers):
         nixl_agent("c", nixl_agent_config(backends=[], enable_listen_thread=True,
                                           listen_port=port + 1)).create_backend(
             "UCX", {"ferry_port": port + 2})
+
+
+# ---- etcd (NIXL_ETCD_ENDPOINTS) ----------------------------------------------
+
+@pytest.fixture
+def etcd(monkeypatch):
+    """A real etcd on loopback, named by NIXL_ETCD_ENDPOINTS for the test."""
+    need("etcd")
+    store = Store("etcd")
+    monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", "http://127.0.0.1:%d" % store.port)
+    monkeypatch.setenv("NIXL_ETCD_NAMESPACE", "/ferry-test/agents/")
+    yield store
+    store.stop()
+
+
+def etcd_put(store, key, value):
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
+                       "value": base64.b64encode(value).decode()}).encode()
+    req = urllib.request.Request("http://127.0.0.1:%d/v3/kv/put" % store.port, data=body,
+                                 method="POST")
+    urllib.request.urlopen(req, timeout=10).read()
+
+
+def test_etcd_publish_fetch_and_invalidate(agents, etcd):
+    """Without ip_addr, metadata goes through etcd in NIXL's key layout: a
+    fetch made before the peer publishes waits for it, the fetched metadata
+    carries a READ, partial metadata goes under its label, and an agent
+    that invalidates itself is forgotten by the agents that fetched it."""
+    a, b = agents("prefill"), agents("decode")
+    src = np.arange(8192, dtype=np.uint8) % 251
+    a.register_memory([(src.ctypes.data, src.nbytes, 0, "")], "DRAM")
+    b.fetch_remote_metadata("prefill")  # before a publishes: the fetch waits for the key
+    a.send_local_metadata()
+    assert etcd.has("/ferry-test/agents//prefill/metadata")
+    assert wait_until(lambda: b.check_remote_metadata("prefill"))
+    dst = np.zeros_like(src)
+    b.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+    h = b.initialize_xfer("READ", b.get_xfer_descs([(dst.ctypes.data, dst.nbytes, 0)], "DRAM"),
+                          b.get_xfer_descs([(src.ctypes.data, src.nbytes, 0)], "DRAM"),
+                          "prefill")
+    assert b.transfer(h) in ("PROC", "DONE") and wait_state(b, h) == "DONE"
+    b.release_xfer_handle(h)
+    assert np.array_equal(src, dst)
+
+    part = b.get_reg_descs([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+    with pytest.raises(nb.nixlInvalidParamError, match="needs a label"):
+        b.send_partial_agent_metadata(part, True)
+    b.send_partial_agent_metadata(part, True, label="kv")
+    a.fetch_remote_metadata("decode", label="kv")
+    descs = a.get_xfer_descs([(dst.ctypes.data, dst.nbytes, 0)], "DRAM")
+    assert wait_until(lambda: a.check_remote_metadata("decode", descs))
+
+    a.invalidate_local_metadata()
+    assert not etcd.has("/ferry-test/agents//prefill/metadata")
+    assert wait_until(lambda: not b.check_remote_metadata("prefill"))
+    assert a.check_remote_metadata("decode")  # only the invalidated agent is forgotten
+
+
+def test_etcd_refuses_what_it_must(agents, etcd, caplog, monkeypatch):
+    """Metadata under one agent's key that names another is not loaded; an
+    unreachable etcd is an error naming it."""
+    a, b = agents("prefill"), agents("decode")
+    etcd_put(etcd, "/ferry-test/agents//mallory/metadata", a.get_agent_metadata())
+    b.fetch_remote_metadata("mallory")
+    assert wait_until(lambda: any("names agent 'prefill'" in r.getMessage()
+                                  for r in caplog.records if r.levelname == "ERROR")), caplog.text
+    assert not b.check_remote_metadata("mallory") and not b.check_remote_metadata("prefill")
+    b.fetch_remote_metadata("prefill")  # the worker goes on after a refused one
+    a.send_local_metadata()
+    assert wait_until(lambda: b.check_remote_metadata("prefill"))
+    monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", "http://127.0.0.1:%d" % free_port())
+    c = agents("c")
+    with pytest.raises(nb.nixlBackendError, match="no etcd endpoint answered"):
+        c.send_local_metadata()
+    monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", "https://127.0.0.1:1")
+    with pytest.raises(nb.nixlInvalidParamError, match="not http://host:port"):
+        agents("d").send_local_metadata()
+
