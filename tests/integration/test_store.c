@@ -1477,6 +1477,65 @@ static void a_key_with_dot_dots_stays_inside_the_directory(void **state) {
   tier_close(&d);
 }
 
+/* GET of key by a raw client: how many replicas the master lists, and
+ * its on-disk byte. */
+static unsigned raw_get(raw_client *r, const char *key, uint8_t *on_disk) {
+  store_writer w = {0};
+  store_put_u8(&w, STORE_GET);
+  store_put_str(&w, key, strlen(key));
+  uint8_t *body;
+  store_reader rd = raw_request(r, &w, 1, &body);
+  assert_int_equal((int32_t)store_get_u32(&rd), FERRY_OK);
+  store_get_u64(&rd);
+  store_replica_ref reps[STORE_REPLICAS_MAX];
+  unsigned n;
+  assert_int_equal(store_get_replicas(&rd, reps, &n, "master"), FERRY_OK);
+  *on_disk = store_get_u8(&rd);
+  assert_false(rd.bad || rd.left);
+  free(body);
+  return n;
+}
+
+/* An object whose one replica is in a stopped client is read from its
+ * file once the READ there timed out; when that client is killed and the
+ * master dropped its segment, the object (hard-pinned, so on no LRU list)
+ * stays, disk-only, and reads back. */
+static void an_object_outlives_its_segment_in_its_file(void **state) {
+  (void)state;
+  tier d = {0};
+  tier_dirs(&d);
+  master_start(&d.t.m, d.flag, NULL);
+  local_open_over(&d.t.a, d.t.m.addr, SEGMENT, FERRY_TRANSPORT_TCP);
+  ferry_store *s = d.t.a.store;
+  assert_int_equal(ferry_memory_alloc(d.t.a.engine, 2 * SLOTS * SLOT, (void **)&d.buf), FERRY_OK);
+  child_client b;
+  child_open(&b, d.t.m.addr);
+  ferry_store_replicate in_b = {1, b.segment, FERRY_STORE_PIN_HARD};
+  fill(d.buf, SLOT, 21);
+  assert_int_equal(ferry_store_put_from(s, "in_b", d.buf, SLOT, &in_b), FERRY_OK);
+  child_expect_ok(&b, "get in_b %zu 21\n", (size_t)SLOT); /* its replica is b's */
+
+  child_stop(&b);
+  test_engine_set_timeouts(d.t.a.engine, 1000, 1000);
+  uint64_t timeouts = timeouts_of(d.t.a.engine);
+  expect_bytes(s, "in_b", d.buf, SLOT, 21);
+  assert_int_equal(timeouts_of(d.t.a.engine), timeouts + 1); /* b's replica was tried first */
+  test_engine_set_timeouts(d.t.a.engine, TEST_SETUP_MS, TEST_SETUP_MS);
+
+  child_kill(&b);
+  raw_client r;
+  raw_open(&r, d.t.m.addr);
+  uint8_t on_disk = 0;
+  double until = test_now_s() + TEST_SETUP_MS / 1000.0;
+  while (raw_get(&r, "in_b", &on_disk) != 0 && test_now_s() < until)
+    usleep(10000); /* until the master saw b go */
+  assert_int_equal(raw_get(&r, "in_b", &on_disk), 0);
+  assert_int_equal(on_disk, 1);
+  close(r.fd);
+  expect_bytes(s, "in_b", d.buf, SLOT, 21);
+  tier_close(&d);
+}
+
 /* The master refuses, at start, a --root_fs_dir it cannot use, naming the
  * flag, the path and the cause. */
 static void the_master_refuses_a_bad_root_fs_dir(void **state) {
@@ -1542,6 +1601,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(evicted_objects_are_read_back_from_their_files),
       cmocka_unit_test(a_damaged_or_missing_file_is_refused),
       cmocka_unit_test(a_key_with_dot_dots_stays_inside_the_directory),
+      cmocka_unit_test(an_object_outlives_its_segment_in_its_file),
       cmocka_unit_test(the_master_refuses_a_bad_root_fs_dir),
   };
   const char *only = getenv("FERRY_TEST_FILTER"); /* e.g. "*lease*" */
