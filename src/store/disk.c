@@ -87,16 +87,21 @@ ferry_status store_disk_prepare(const char *root, const char *cluster_id, char *
 
 /* ---- names ---------------------------------------------------------------------------------- */
 
-void store_disk_path(const char *dir, const char *key, size_t key_len,
-                     char path[STORE_DISK_PATH_MAX]) {
+int store_disk_path(const char *dir, const char *key, size_t key_len,
+                    char path[STORE_DISK_PATH_MAX]) {
   uint8_t digest[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
   if (!EVP_Digest(key, key_len, digest, &n, EVP_sha256(), NULL) || n < 16)
-    memset(digest, 0, 16); /* out of memory: a name no file has; the read then fails */
+    return -1; /* OpenSSL out of memory */
   char hex[33];
   for (int i = 0; i < 16; i++)
     snprintf(hex + 2 * i, 3, "%02x", digest[i]);
   snprintf(path, STORE_DISK_PATH_MAX, "%s/%s.kv", dir, hex);
+  return 0;
+}
+
+static ferry_status no_name(const char *key) {
+  return ferry_fail(FERRY_ENOMEM, "store: no memory to name the file of \"%s\"", key);
 }
 
 /* ---- one file ------------------------------------------------------------------------------- */
@@ -152,7 +157,8 @@ static int move_all(int fd, struct iovec *iov, int n, int writing) {
 ferry_status store_disk_write(const char *dir, const char *key, const void *buf, size_t len) {
   size_t key_len = strlen(key);
   char path[STORE_DISK_PATH_MAX], temp[STORE_DISK_PATH_MAX + 32];
-  store_disk_path(dir, key, key_len, path);
+  if (store_disk_path(dir, key, key_len, path) != 0)
+    return no_name(key);
   snprintf(temp, sizeof temp, "%s.tmp.%016llx", path, (unsigned long long)ferry_random_u64());
   uint8_t h[HEADER];
   header_of(h, key, key_len, buf, len);
@@ -176,8 +182,9 @@ ferry_status store_disk_write(const char *dir, const char *key, const void *buf,
 ferry_status store_disk_read(const char *dir, const char *key, void *buf, size_t len, int *bad) {
   size_t key_len = strlen(key);
   char path[STORE_DISK_PATH_MAX];
-  store_disk_path(dir, key, key_len, path);
   *bad = 0;
+  if (store_disk_path(dir, key, key_len, path) != 0)
+    return no_name(key);
   if (key_len > STORE_KEY_MAX)
     return ferry_fail(FERRY_EINVAL, "store: a key of %zu bytes has no file", key_len);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -215,6 +222,6 @@ ferry_status store_disk_read(const char *dir, const char *key, void *buf, size_t
 
 void store_disk_remove(const char *dir, const char *key, size_t key_len) {
   char path[STORE_DISK_PATH_MAX];
-  store_disk_path(dir, key, key_len, path);
-  unlink(path);
+  if (store_disk_path(dir, key, key_len, path) == 0)
+    unlink(path);
 }

@@ -32,9 +32,9 @@
  * the cause (errno) when it cannot be used. */
 ferry_status store_disk_prepare(const char *root, const char *cluster_id, char *dir, size_t size);
 
-/* The file of key in dir. */
-void store_disk_path(const char *dir, const char *key, size_t key_len,
-                     char path[STORE_DISK_PATH_MAX]);
+/* The file of key in dir; -1 when OpenSSL has no memory to hash it. */
+int store_disk_path(const char *dir, const char *key, size_t key_len,
+                    char path[STORE_DISK_PATH_MAX]);
 
 /* Writes key's file (value buf, len bytes) in dir: a temporary file, then
  * renamed over the key's name. FERRY_EINVAL naming the path and errno. */

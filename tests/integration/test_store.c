@@ -1338,7 +1338,7 @@ static int names_in(const char *dir, const char *only) {
 }
 
 static void file_of(const tier *d, const char *key, char path[STORE_DISK_PATH_MAX]) {
-  store_disk_path(d->dir, key, strlen(key), path);
+  assert_int_equal(store_disk_path(d->dir, key, strlen(key), path), 0);
 }
 
 static int file_exists(const tier *d, const char *key) {
