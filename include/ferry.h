@@ -819,6 +819,12 @@ ferry_status ferry_send_batch(ferry_engine *engine, const char *target, const ch
  *    hard-pinned one; soft-pinned ones go only when nothing else can. When
  *    nothing can go, the put fails with FERRY_ENOMEM naming the key, the
  *    size and what holds the pool.
+ *  - With the master's SSD tier (--root_fs_dir), a put also writes the
+ *    value to a file (the directory must be the same path on every
+ *    client's host), and an evicted object stays, read back from its file
+ *    and checked: a missing file fails the get with FERRY_ENOTFOUND, a
+ *    damaged or foreign one with FERRY_ECHECKSUM, each naming the key and
+ *    the path, and the key leaves the store.
  * A put of a key stored already succeeds and keeps the first value (keys
  * of KV caches name their content). Keys are 1 to 1024 bytes. Calls may be
  * made from several threads; requests to the master take turns on its one

@@ -21,8 +21,6 @@ static const char *const not_yet[] = {
     "ha_backend_type",
     "ha_backend_connstring",
     "etcd_endpoints",
-    "cluster_id",
-    "root_fs_dir",
     "enable_offload",
     "allow_evict_soft_pinned_objects",
     "enable_metric_reporting",
@@ -48,10 +46,15 @@ static void usage(FILE *out) {
           "  --eviction_ratio=R       ... until R less than that is (0 < R <= 1, default 0.05)\n"
           "  --default_kv_soft_pin_ttl=MS  a soft pin lasts this long past the object's last\n"
           "                           put or get (default 1800000: 30 min)\n"
+          "  --root_fs_dir=DIR        the SSD tier: each put also writes its value to a file in\n"
+          "                           DIR/CLUSTER_ID, and an evicted object stays there, read\n"
+          "                           back on a get (DIR: the same path on every client's host)\n"
+          "  --cluster_id=ID          the directory in DIR (default mooncake_cluster)\n"
           "A put that does not fit evicts until it does. The shared secret clients must\n"
           "prove comes from FERRY_SECRET.\n"
           "Prints \"ready master=HOST:PORT\" once it listens. Not implemented yet, and refused\n"
-          "by name: HA (--enable_ha ...), the SSD tier (--root_fs_dir), metrics.\n");
+          "by name: HA (--enable_ha ...), the client-owned SSD offload (--enable_offload),\n"
+          "metrics.\n");
 }
 
 /* "--name=value" or "--name value": *name and *value (NULL when absent). */
@@ -123,6 +126,14 @@ static int parse_flag(store_master_config *cfg, const char *name, const char *va
     return parse_ratio(name, value, &cfg->eviction_ratio);
   if (!strcmp(name, "default_kv_soft_pin_ttl"))
     return parse_positive(name, value, 1, &cfg->soft_pin_ttl_ms);
+  if (!strcmp(name, "root_fs_dir")) { /* "": none, Mooncake's default */
+    cfg->root_fs_dir = value && *value ? value : NULL;
+    return value ? 0 : -1;
+  }
+  if (!strcmp(name, "cluster_id")) {
+    cfg->cluster_id = value;
+    return value && *value ? 0 : -1;
+  }
   for (size_t i = 0; i < sizeof not_yet / sizeof *not_yet; i++)
     if (!strcmp(name, not_yet[i])) {
       fprintf(stderr,

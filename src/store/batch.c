@@ -5,12 +5,15 @@
  * the master's address lies inside the segment). A put ends with PUT_END
  * (commit, or free on failure); a get moves to an object's next replica
  * when a READ fails. Each item gets its status; the first failure in item
- * order is the call's, with its detail. */
+ * order is the call's, with its detail. With the master's SSD tier
+ * (disk.h) a put also writes each value's file before its end, and a get
+ * reads the file of an object with no replica in memory left. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "store/client.h"
 
 /* The outcome of a batch call: the first failing item and its detail. */
@@ -194,12 +197,36 @@ static ferry_status read_placements(ferry_store *s, store_reader *r, ferry_store
                  : FERRY_OK;
 }
 
+/* With the SSD tier, the file of each started item whose replicas were
+ * all written, from the caller's buffer (on_disk[i] once written). A file
+ * that cannot be written leaves the put in memory only, with a warning:
+ * the store is a cache. */
+static void write_files(ferry_store *s, ferry_store_item *items, size_t count, const char *started,
+                        char *on_disk) {
+  char dir[STORE_DIR_MAX];
+  if (!store_fs_dir(s, dir))
+    return;
+  size_t failed = 0;
+  char first[FERRY_ERROR_MAX] = "";
+  for (size_t i = 0; i < count; i++) {
+    if (!started[i] || items[i].status != FERRY_OK)
+      continue;
+    on_disk[i] = store_disk_write(dir, items[i].key, items[i].buf, items[i].length) == FERRY_OK;
+    if (!on_disk[i] && !failed++)
+      snprintf(first, sizeof first, "%s", ferry_last_error());
+  }
+  if (failed)
+    FERRY_WARN("%s; %zu put(s) of this batch stay in memory only (evicted, they are gone)", first,
+               failed);
+}
+
 /* PUT_END for the started items: each commits unless one of its moves
  * failed. It goes on conn, the connection of their PUT_START, or nowhere:
  * another master, or this one after the connection ended (the end dropped
- * the puts), may hold a put of the same key by this client, unwritten. */
+ * the puts), may hold a put of the same key by this client, unwritten.
+ * on_disk[i]: item i's file was written (the SSD tier). */
 static ferry_status put_end(ferry_store *s, uint64_t conn, ferry_store_item *items, size_t count,
-                            const char *started, outcome *o) {
+                            const char *started, const char *on_disk, outcome *o) {
   store_writer w = {0};
   uint32_t entries = 0;
   store_put_u8(&w, STORE_PUT_END);
@@ -207,6 +234,7 @@ static ferry_status put_end(ferry_store *s, uint64_t conn, ferry_store_item *ite
     if (started[i]) {
       store_put_str(&w, items[i].key, strlen(items[i].key));
       store_put_u32(&w, (uint32_t)items[i].status);
+      store_put_u8(&w, (uint8_t)on_disk[i]);
       entries++;
     }
   if (!entries) {
@@ -248,7 +276,7 @@ static ferry_status put_slice(ferry_store *s, ferry_store_item *items, size_t co
     return st;
   unsigned per = rep && rep->replicas ? rep->replicas : 1;
   move *mv = malloc(count * per * sizeof *mv);
-  char *started = calloc(count, 1);
+  char *started = calloc(count, 2), *on_disk = started ? started + count : NULL;
   char(*details)[FERRY_ERROR_MAX] = malloc(count * per * sizeof *details);
   size_t n = 0;
   store_reader r = {body, (size_t)h.body_len, 0};
@@ -261,7 +289,8 @@ static ferry_status put_slice(ferry_store *s, ferry_store_item *items, size_t co
         ferry_fail(mv[j].status, "put \"%s\": %s", items[mv[j].item].key, details[mv[j].group]);
         item_failed(o, items, mv[j].item, mv[j].status);
       }
-    st = put_end(s, conn, items, count, started, o);
+    write_files(s, items, count, started, on_disk);
+    st = put_end(s, conn, items, count, started, on_disk, o);
   }
   free(details);
   free(started);
@@ -309,6 +338,8 @@ typedef struct placement {
   uint64_t size;
   unsigned count, next; /* replicas, and the next one to try */
   store_replica_ref reps[STORE_REPLICAS_MAX];
+  uint8_t on_disk;   /* the object has a complete file (the SSD tier) */
+  uint8_t from_file; /* read it from there: no replica, or every one failed */
 } placement;
 
 static ferry_status read_gets(ferry_store *s, store_reader *r, ferry_store_item *items,
@@ -320,6 +351,10 @@ static ferry_status read_gets(ferry_store *s, store_reader *r, ferry_store_item 
     ferry_status bad = store_get_replicas(r, pl[i].reps, &pl[i].count, s->master);
     if (bad)
       return bad;
+    pl[i].on_disk = store_get_u8(r) != 0;
+    pl[i].from_file = pl[i].on_disk && pl[i].count == 0;
+    if (r->bad)
+      return ferry_fail(FERRY_EPROTO, "store master %s sent a truncated GET reply", s->master);
     if (!st && pl[i].size > items[i].length)
       st = ferry_fail(FERRY_EINVAL, "get \"%s\": the value is %llu bytes, the buffer holds %zu",
                       items[i].key, (unsigned long long)pl[i].size, items[i].length);
@@ -352,6 +387,8 @@ static void read_replicas(ferry_store *s, ferry_store_item *items, size_t count,
       placement *p = &pl[mv[j].item];
       if (mv[j].status == FERRY_OK)
         p->next = p->count; /* done */
+      else if (p->next == p->count && p->on_disk)
+        p->from_file = 1;
       else if (p->next == p->count) {
         ferry_fail(mv[j].status, "get \"%s\": every replica failed; the last: %s",
                    items[mv[j].item].key, details[mv[j].group]);
@@ -359,6 +396,51 @@ static void read_replicas(ferry_store *s, ferry_store_item *items, size_t count,
       }
     }
   }
+}
+
+/* Tells the master the files of keys[0..n) are missing or damaged: it
+ * forgets them (and the objects that had nothing else). */
+static void drop_files(ferry_store *s, const char **keys, size_t n) {
+  store_writer w = {0};
+  store_put_u8(&w, STORE_DROP_FILE);
+  for (size_t i = 0; i < n; i++)
+    store_put_str(&w, keys[i], strlen(keys[i]));
+  ferry_frame_header h;
+  uint8_t *body;
+  if (store_request(s, &w, (uint32_t)n, &h, &body, "store DROP_FILE") != FERRY_OK)
+    FERRY_WARN("%s", ferry_last_error()); /* the next reader finds the file bad again */
+  else
+    free(body);
+}
+
+/* Reads the items that are in their file only (or whose replicas all
+ * failed) from the SSD tier's directory. */
+static void read_files(ferry_store *s, ferry_store_item *items, size_t count, placement *pl,
+                       outcome *o) {
+  char dir[STORE_DIR_MAX];
+  const char **bad_keys = NULL;
+  size_t bad_count = 0;
+  int have_dir = -1;
+  for (size_t i = 0; i < count; i++) {
+    if (items[i].status != FERRY_OK || !pl[i].from_file)
+      continue;
+    if (have_dir < 0)
+      have_dir = store_fs_dir(s, dir);
+    int bad = 0;
+    ferry_status st =
+        have_dir ? store_disk_read(dir, items[i].key, items[i].buf, (size_t)pl[i].size, &bad)
+                 : ferry_fail(FERRY_ENOTFOUND,
+                              "get \"%s\": the object is on disk only, and store master %s names "
+                              "no directory for its files now",
+                              items[i].key, s->master);
+    if (st)
+      item_failed(o, items, i, st);
+    if (bad && (bad_keys || (bad_keys = malloc(count * sizeof *bad_keys))))
+      bad_keys[bad_count++] = items[i].key;
+  }
+  if (bad_count)
+    drop_files(s, bad_keys, bad_count);
+  free(bad_keys);
 }
 
 static ferry_status get_slice(ferry_store *s, ferry_store_item *items, size_t count, outcome *o) {
@@ -373,8 +455,10 @@ static ferry_status get_slice(ferry_store *s, ferry_store_item *items, size_t co
   store_reader r = {body, (size_t)h.body_len, 0};
   st = pl && mv && details ? read_gets(s, &r, items, count, pl, o)
                            : ferry_fail(FERRY_ENOMEM, "store get: out of memory");
-  if (!st)
+  if (!st) {
     read_replicas(s, items, count, pl, mv, details, o);
+    read_files(s, items, count, pl, o);
+  }
   free(details);
   free(mv);
   free(pl);

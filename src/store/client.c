@@ -85,6 +85,11 @@ static ferry_status register_segment(ferry_store *s) {
                           "end: at most client_ttl)"
                         : "");
   uint32_t lease_ms = store_get_u32(&r), ping_ms = store_get_u32(&r);
+  const char *dir;
+  size_t dir_len;
+  store_get_str(&r, &dir, &dir_len, STORE_DIR_MAX - 1);
+  if (!st && !r.bad)
+    snprintf(s->fs_dir, sizeof s->fs_dir, "%.*s", (int)dir_len, dir);
   free(body);
   if (!st && (r.bad || r.left || ping_ms == 0))
     st = ferry_fail(FERRY_EPROTO, "store master %s sent a malformed REGISTER reply", s->master);
@@ -191,6 +196,13 @@ ferry_status store_request_on(ferry_store *s, uint64_t *conn, store_writer *w, u
 ferry_status store_request(ferry_store *s, store_writer *w, uint32_t count, ferry_frame_header *h,
                            uint8_t **body, const char *step) {
   return store_request_on(s, NULL, w, count, h, body, step);
+}
+
+int store_fs_dir(ferry_store *s, char dir[STORE_DIR_MAX]) {
+  pthread_mutex_lock(&s->lock);
+  memcpy(dir, s->fs_dir, STORE_DIR_MAX);
+  pthread_mutex_unlock(&s->lock);
+  return dir[0] != '\0';
 }
 
 static ferry_status simple_request(ferry_store *s, uint8_t op, const char *step) {

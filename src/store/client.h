@@ -10,6 +10,7 @@
 
 #include "ferry.h"
 #include "net/net.h"
+#include "store/disk.h"
 #include "store/protocol.h"
 
 struct ferry_store {
@@ -26,6 +27,7 @@ struct ferry_store {
   uint64_t master_id;         /* the master's instance id at the last handshake */
   char lost[256];             /* why the connection was lost, or the last reconnect failed */
   uint32_t lease_ms, ping_ms; /* ping_ms atomic: the PING thread reads it */
+  char fs_dir[STORE_DIR_MAX]; /* the SSD tier's directory, as the master said ("": none) */
   /* This client's segment, registered on engine (NULL when none). */
   void *segment;
   size_t segment_size;
@@ -53,6 +55,9 @@ ferry_status store_request(ferry_store *s, store_writer *w, uint32_t count, ferr
  * that started its put, never to the next one). */
 ferry_status store_request_on(ferry_store *s, uint64_t *conn, store_writer *w, uint32_t count,
                               ferry_frame_header *h, uint8_t **body, const char *step);
+/* The SSD tier's directory the master named at the last REGISTER, copied
+ * into dir under the lock; 0 when it has none. */
+int store_fs_dir(ferry_store *s, char dir[STORE_DIR_MAX]);
 /* A key the API takes: 1..STORE_KEY_MAX bytes; FERRY_EINVAL naming it. */
 ferry_status store_check_key(const char *key, const char *call);
 /* The message of an entry's status (the key given), for the detail. */

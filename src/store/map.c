@@ -13,7 +13,14 @@
  * older head goes, a soft one whose pin still holds only once no plain one
  * is left. Leased objects are passed over (and counted, for the "nothing
  * left to evict" message). Each step is O(1) plus the leased objects it
- * passes. */
+ * passes.
+ *
+ * The SSD tier (--root_fs_dir, disk.h): an object whose writer reported
+ * its file complete is `on_disk`. Eviction then frees its replicas but
+ * keeps it, disk-only: on neither list (nothing of it to evict), got from
+ * its file, gone when removed or when its file proves missing or damaged.
+ * The master deletes the file of every object that leaves the map (and
+ * of a revoked put, whose writer may have written it). */
 #include "store/map.h"
 
 #include <pthread.h>
@@ -23,6 +30,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "store/disk.h"
 #include "store/extents.h"
 
 typedef struct segment {
@@ -52,7 +60,8 @@ typedef struct object {
   uint16_t key_len;
   uint8_t pin;      /* FERRY_STORE_PIN_* */
   uint8_t room;     /* rep[]'s length: the replicas asked */
-  uint8_t replicas; /* held (a segment that left takes its replica along) */
+  uint8_t replicas; /* held (a segment that left takes its replica along); 0: disk-only */
+  uint8_t on_disk;  /* its file is complete (--root_fs_dir) */
   replica rep[];    /* rep[room], then the key (not NUL-terminated) */
 } object;
 
@@ -71,7 +80,8 @@ struct store_map {
   object **buckets;
   size_t bucket_count, objects;
   lru plain, soft;
-  size_t pending, hard_pinned; /* objects on neither list */
+  size_t pending, hard_pinned; /* objects on neither list (and the disk-only ones) */
+  char *fs_dir;                /* the SSD tier's directory (disk.h); NULL: none */
 };
 
 store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
@@ -95,17 +105,23 @@ store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
   return m;
 }
 
+int store_map_set_disk(store_map *m, const char *dir) {
+  free(m->fs_dir);
+  m->fs_dir = dir && *dir ? strdup(dir) : NULL;
+  return dir && *dir && !m->fs_dir ? -1 : 0;
+}
+
 static char *key_of(object *o) { return (char *)(o->rep + o->room); }
 
 /* Gives the replicas' space back; returns the largest free extent that
  * made (what a put waiting for room needs). */
-static uint64_t free_object(object *o) {
+static uint64_t free_replicas(object *o) {
   uint64_t largest = 0;
   for (unsigned i = 0; i < o->replicas; i++) {
     uint64_t extent = store_extents_free(&o->rep[i].seg->space, o->rep[i].offset, o->size);
     largest = extent > largest ? extent : largest;
   }
-  free(o);
+  o->replicas = 0;
   return largest;
 }
 
@@ -121,15 +137,16 @@ void store_map_destroy(store_map *m) {
     free(s);
   }
   pthread_mutex_destroy(&m->lock);
+  free(m->fs_dir);
   free(m->buckets);
   free(m);
 }
 
 /* ---- the LRU lists -------------------------------------------------------------------------- */
 
-/* The list o is on: NULL for a pending or hard-pinned object. */
+/* The list o is on: NULL for a pending, hard-pinned or disk-only object. */
 static lru *list_of(store_map *m, const object *o) {
-  if (o->writer || o->pin == FERRY_STORE_PIN_HARD)
+  if (o->writer || o->pin == FERRY_STORE_PIN_HARD || !o->replicas)
     return NULL;
   return o->pin == FERRY_STORE_PIN_SOFT ? &m->soft : &m->plain;
 }
@@ -205,20 +222,40 @@ static void grow(store_map *m) {
   m->bucket_count = count;
 }
 
-/* Removes *at from the table and its list and frees it; returns
- * free_object's largest extent. */
-static uint64_t unlink_object(store_map *m, object **at) {
-  object *o = *at;
+/* Takes o off its list, or out of the count of those on none. */
+static void unlist(store_map *m, object *o) {
   lru *l = list_of(m, o);
   if (l)
     lru_remove(l, o);
   else if (o->writer)
     m->pending--;
-  else
+  else if (o->replicas) /* hard-pinned; a disk-only one is counted nowhere */
     m->hard_pinned--;
+}
+
+/* o keeps only its file: off its list, its replicas gone (their space
+ * given back when give_back, else their segment is going). */
+static uint64_t to_disk_only(store_map *m, object *o, int give_back) {
+  unlist(m, o);
+  if (give_back)
+    return free_replicas(o);
+  o->replicas = 0;
+  return 0;
+}
+
+/* Removes *at from the table and its list, deletes its file (a pending
+ * put's too: its writer may have written it) and frees it; returns
+ * free_replicas' largest extent. */
+static uint64_t unlink_object(store_map *m, object **at) {
+  object *o = *at;
+  unlist(m, o);
   *at = o->next;
   m->objects--;
-  return free_object(o);
+  if (m->fs_dir && (o->on_disk || o->writer))
+    store_disk_remove(m->fs_dir, key_of(o), o->key_len);
+  uint64_t largest = free_replicas(o);
+  free(o);
+  return largest;
 }
 
 /* ---- eviction ------------------------------------------------------------------------------- */
@@ -235,6 +272,7 @@ typedef struct eviction_round {
   object *plain, *soft;
   size_t leased; /* passed over for a GET's lease */
   size_t objects[2], puts;
+  size_t on_disk[2]; /* of those evicted, the ones left with their file */
   uint64_t bytes[2];
   uint64_t total, used_before, used_after; /* the pool, around a watermark eviction */
 } eviction_round;
@@ -268,10 +306,14 @@ static object *next_victim(store_map *m, eviction_round *r) {
   return victim;
 }
 
-/* Evicts o; returns the largest free extent that made. */
+/* Evicts o (one with a complete file stays, disk-only); returns the
+ * largest free extent that made. */
 static uint64_t evict(store_map *m, eviction_round *r, object *o, int why) {
   r->objects[why]++;
   r->bytes[why] += footprint(o);
+  r->on_disk[why] += o->on_disk;
+  if (o->on_disk)
+    return to_disk_only(m, o, 1);
   return unlink_object(m, slot_of(m, key_of(o), o->key_len));
 }
 
@@ -301,18 +343,22 @@ static void evict_past_watermark(store_map *m, eviction_round *r) {
 }
 
 static void log_round(const eviction_round *r) {
+  char kept[2][64] = {"", ""};
+  for (int why = 0; why < 2; why++)
+    if (r->on_disk[why])
+      snprintf(kept[why], sizeof kept[why], "; %zu stay on disk (--root_fs_dir)", r->on_disk[why]);
   if (r->objects[FOR_PUTS])
     FERRY_INFO(
         "store master: evicted %zu least recently used object(s) (%llu bytes) for %zu put(s) "
-        "that did not fit",
-        r->objects[FOR_PUTS], (unsigned long long)r->bytes[FOR_PUTS], r->puts);
+        "that did not fit%s",
+        r->objects[FOR_PUTS], (unsigned long long)r->bytes[FOR_PUTS], r->puts, kept[FOR_PUTS]);
   if (r->objects[PAST_WATERMARK])
     FERRY_INFO(
         "store master: evicted %zu least recently used object(s) (%llu bytes): %.1f%% of the "
-        "pool's %llu bytes were in use, past the high watermark; now %.1f%%",
+        "pool's %llu bytes were in use, past the high watermark; now %.1f%%%s",
         r->objects[PAST_WATERMARK], (unsigned long long)r->bytes[PAST_WATERMARK],
         100.0 * (double)r->used_before / (double)r->total, (unsigned long long)r->total,
-        100.0 * (double)r->used_after / (double)r->total);
+        100.0 * (double)r->used_after / (double)r->total, kept[PAST_WATERMARK]);
 }
 
 /* ---- segments ------------------------------------------------------------------------------- */
@@ -362,6 +408,7 @@ static ferry_status serve_register(store_map *m, uint64_t client, store_reader *
   }
   store_put_u32(reply, m->lease_ms);
   store_put_u32(reply, m->ping_ms);
+  store_put_str(reply, m->fs_dir ? m->fs_dir : "", m->fs_dir ? strlen(m->fs_dir) : 0);
   return FERRY_OK;
 }
 
@@ -531,16 +578,33 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, store_reader 
   return FERRY_OK;
 }
 
-/* PUT_END: outcome 0 commits the writer's pending object, else frees it. */
+/* PUT_END: outcome 0 commits the writer's pending object (on_disk: its
+ * writer wrote its file), else frees it. */
 static ferry_status end_one(store_map *m, uint64_t client, const char *key, size_t len,
-                            int32_t outcome) {
+                            int32_t outcome, uint8_t on_disk) {
   object **at = slot_of(m, key, len);
   if (!*at || (*at)->writer != client)
     return FERRY_ENOTFOUND; /* revoked: its segment left, or never started here */
-  if (outcome == 0)
+  if (outcome == 0) {
+    (*at)->on_disk = m->fs_dir && on_disk;
     commit(m, *at, ferry_now_ns());
-  else
+  } else {
     unlink_object(m, at);
+  }
+  return FERRY_OK;
+}
+
+/* DROP_FILE: a client found key's file missing or damaged. The object
+ * forgets it, and goes when it has no replica in memory either. */
+static ferry_status drop_file(store_map *m, object **at) {
+  if (!at || !(*at)->on_disk)
+    return FERRY_ENOTFOUND;
+  if (!(*at)->replicas)
+    unlink_object(m, at);
+  else if (m->fs_dir) {
+    store_disk_remove(m->fs_dir, key_of(*at), (*at)->key_len);
+    (*at)->on_disk = 0;
+  }
   return FERRY_OK;
 }
 
@@ -559,7 +623,7 @@ static ferry_status remove_one(store_map *m, object **at) {
   return FERRY_OK;
 }
 
-/* Entries of one key each (PUT_END, GET, QUERY, REMOVE). */
+/* Entries of one key each (PUT_END, GET, QUERY, REMOVE, DROP_FILE). */
 static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_reader *r,
                                uint32_t count, store_writer *reply, char *why, size_t size) {
   for (uint32_t i = 0; i < count; i++) {
@@ -567,15 +631,16 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
     size_t len;
     store_get_str(r, &key, &len, STORE_KEY_MAX);
     int32_t outcome = op == STORE_PUT_END ? (int32_t)store_get_u32(r) : 0;
+    uint8_t on_disk = op == STORE_PUT_END ? store_get_u8(r) : 0;
     if (r->bad)
       return snprintf(why, size, "malformed entry %u", i), FERRY_EPROTO;
     if (op == STORE_PUT_END) {
-      store_put_u32(reply, (uint32_t)end_one(m, client, key, len, outcome));
+      store_put_u32(reply, (uint32_t)end_one(m, client, key, len, outcome, on_disk));
       continue;
     }
     object **at = committed(m, key, len);
-    if (op == STORE_REMOVE) {
-      store_put_u32(reply, (uint32_t)remove_one(m, at));
+    if (op == STORE_REMOVE || op == STORE_DROP_FILE) {
+      store_put_u32(reply, (uint32_t)(op == STORE_REMOVE ? remove_one(m, at) : drop_file(m, at)));
       continue;
     }
     store_put_u32(reply, (uint32_t)(at ? FERRY_OK : FERRY_ENOTFOUND));
@@ -587,7 +652,9 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
       (*at)->lease_until_ns = now + m->lease_ns;
       touch(m, *at, now);
       put_replicas(reply, *at);
+      store_put_u8(reply, (*at)->on_disk);
     } else {
+      store_put_u8(reply, 0);
       store_put_u8(reply, 0);
     }
   }
@@ -611,7 +678,7 @@ static void serve_remove_all(store_map *m, store_writer *reply) {
 ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_reader *r,
                              uint32_t count, store_writer *reply, char *why, size_t why_size) {
   int keyless = op == STORE_REGISTER || op == STORE_PING || op == STORE_REMOVE_ALL;
-  if (op < STORE_REGISTER || op > STORE_REMOVE_ALL)
+  if (op < STORE_REGISTER || op > STORE_DROP_FILE)
     return snprintf(why, why_size, "unknown store operation %u", op), FERRY_EPROTO;
   if ((keyless && count) || count > STORE_BATCH_MAX)
     return snprintf(why, why_size, "operation %u with %u entries", op, count), FERRY_EPROTO;
@@ -636,18 +703,29 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
 /* ---- a client leaves ------------------------------------------------------------------------ */
 
 /* Drops the replicas that lived in a segment of client's (without giving
- * their space back: the segment goes too). Nonzero when o has none left
- * or is the client's own pending put. */
-static int loses_client(object *o, uint64_t client) {
+ * their space back: the segment goes too). Nonzero when o goes: it is the
+ * client's own pending put, a pending put that lost a replica, or it has
+ * no replica left and no file. One left with its file only stays. */
+static int loses_client(store_map *m, object *o, uint64_t client) {
   if (o->writer == client)
     return 1;
   unsigned kept = 0;
   for (unsigned i = 0; i < o->replicas; i++)
+    kept += o->rep[i].seg->client != client;
+  if (kept == o->replicas)
+    return 0;
+  if (o->writer || (kept == 0 && !o->on_disk))
+    return 1; /* (unlink_object frees its extents in the leaving segment too: harmless) */
+  if (kept == 0) {
+    to_disk_only(m, o, 0);
+    return 0;
+  }
+  kept = 0;
+  for (unsigned i = 0; i < o->replicas; i++)
     if (o->rep[i].seg->client != client)
       o->rep[kept++] = o->rep[i];
-  int lost = kept < o->replicas;
   o->replicas = (uint8_t)kept;
-  return kept == 0 || (lost && o->writer); /* a pending put missing a replica is revoked */
+  return 0;
 }
 
 size_t store_map_drop_client(store_map *m, uint64_t client) {
@@ -655,7 +733,7 @@ size_t store_map_drop_client(store_map *m, uint64_t client) {
   pthread_mutex_lock(&m->lock);
   for (size_t b = 0; b < m->bucket_count; b++)
     for (object **at = &m->buckets[b]; *at;) {
-      if (loses_client(*at, client)) {
+      if (loses_client(m, *at, client)) {
         unlink_object(m, at);
         dropped++;
       } else {

@@ -32,6 +32,11 @@ store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
                             const store_eviction *eviction);
 void store_map_destroy(store_map *m);
 
+/* The SSD tier's directory (disk.h; NULL: none): told to clients at
+ * REGISTER; evicted objects whose file is complete stay, disk-only. Set
+ * before the first request. -1 without memory. */
+int store_map_set_disk(store_map *m, const char *dir);
+
 /* Answers one request of `client` (REGISTER included: it mounts the
  * segment the body names). The reply's entries go to reply; a request the
  * master refuses whole returns its status with the reason in why (the

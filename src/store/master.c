@@ -22,6 +22,7 @@
 #include "base/log.h"
 #include "net/auth.h"
 #include "net/net.h"
+#include "store/disk.h"
 #include "store/handshake.h"
 #include "store/map.h"
 #include "store/protocol.h"
@@ -228,6 +229,18 @@ static void *listener_main(void *arg) {
 
 /* ---- start and stop ------------------------------------------------------------------------- */
 
+/* The SSD tier's directory, checked before anything listens. */
+static ferry_status use_disk(store_map *map, const store_master_config *cfg) {
+  char dir[STORE_DIR_MAX];
+  ferry_status st = store_disk_prepare(
+      cfg->root_fs_dir, cfg->cluster_id ? cfg->cluster_id : "mooncake_cluster", dir, sizeof dir);
+  if (!st && store_map_set_disk(map, dir) != 0)
+    st = ferry_fail(FERRY_ENOMEM, "store master: out of memory");
+  if (!st)
+    FERRY_INFO("store master: evicted objects stay on disk in %s (--root_fs_dir)", dir);
+  return st;
+}
+
 ferry_status store_master_start(const store_master_config *cfg, store_master **out) {
   store_master *m = calloc(1, sizeof *m);
   if (!m)
@@ -247,6 +260,8 @@ ferry_status store_master_start(const store_master_config *cfg, store_master **o
   ferry_status st = FERRY_OK;
   if (!m->map || (cfg->secret && *cfg->secret && !m->secret) || pipe2(m->wake, O_CLOEXEC) != 0)
     st = ferry_fail(FERRY_ENOMEM, "store master: out of memory or descriptors");
+  if (!st && cfg->root_fs_dir)
+    st = use_disk(m->map, cfg);
   if (!st)
     st = ferry_net_listen(host, cfg->port, &m->listen_fd, &m->port);
   pthread_mutex_init(&m->lock, NULL);

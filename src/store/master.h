@@ -21,12 +21,16 @@ typedef struct store_master_config {
   double eviction_high_watermark_ratio; /* 0: 0.95 */
   double eviction_ratio;                /* 0: 0.05 */
   uint32_t soft_pin_ttl_ms;             /* default_kv_soft_pin_ttl (0: 30 min) */
+  /* The SSD tier (disk.h), Mooncake's flags: files in <root_fs_dir>/<cluster_id>. */
+  const char *root_fs_dir; /* NULL: none (evicted objects are dropped) */
+  const char *cluster_id;  /* NULL: "mooncake_cluster" */
 } store_master_config;
 
 typedef struct store_master store_master;
 
 /* Listens and serves on threads of its own until stopped. FERRY_ESOCKET
- * naming the address when it cannot listen. */
+ * naming the address when it cannot listen; FERRY_EINVAL naming the flag,
+ * the path and the cause when root_fs_dir cannot be used. */
 ferry_status store_master_start(const store_master_config *cfg, store_master **out);
 uint16_t store_master_port(const store_master *m);
 /* Closes every connection, joins every thread, frees everything. */

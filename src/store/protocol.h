@@ -7,20 +7,25 @@
  *
  *   op          fields                          entry                reply entry
  *   REGISTER    u16 version, u64 base, u64 size,
- *               str segment name                (none)               u32 lease ms | u32 ping ms
+ *               str segment name                (none)               u32 lease ms | u32 ping ms |
+ *                                                                    str files' dir ("": none)
  *   PING        -                               (none)               (none)
  *   PUT_START   u8 replicas, str preferred,     str key | u64 size   i32 status | replicas, or
  *               u8 pin (FERRY_STORE_PIN_*)                           (status != 0) str reason
  *   PUT_END     -                               str key | i32 outcome i32 status
+ *                                               | u8 file written
  *   GET         -                               str key              i32 status | u64 size |
- *                                                                    replicas
+ *                                                                    replicas | u8 on disk
  *   QUERY       -                               str key              i32 status | u64 size
  *   REMOVE      -                               str key              i32 status
  *   REMOVE_ALL  -                               (none)               u64 removed
+ *   DROP_FILE   -                               str key              i32 status
  *   replicas:   u8 n | n * (str segment | u64 addr)
  *
  * A PUT_START entry with status 0 and no replicas: the key is stored
- * already, nothing to write. Everything decoded comes from the network:
+ * already, nothing to write. A GET entry with no replicas and "on disk":
+ * the object is in its file only (disk.h). DROP_FILE: the caller found
+ * the key's file missing or damaged. Everything decoded comes from the network:
  * the reader fails (and stays failed) on any field past the body's end. */
 #ifndef FERRY_STORE_PROTOCOL_H
 #define FERRY_STORE_PROTOCOL_H
@@ -31,7 +36,7 @@
 #include "ferry.h"
 #include "wire/wire.h"
 
-#define STORE_PROTOCOL_VERSION 2 /* 2: PUT_START's pin and refusal reasons */
+#define STORE_PROTOCOL_VERSION 3 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier */
 #define STORE_KEY_MAX 1024       /* bytes of a key */
 #define STORE_BATCH_MAX 4096     /* entries of one frame; a client cuts larger batches */
 #define STORE_REPLICAS_MAX 8     /* replicas of one object */
@@ -47,6 +52,7 @@ typedef enum store_op {
   STORE_QUERY = 6,
   STORE_REMOVE = 7,
   STORE_REMOVE_ALL = 8,
+  STORE_DROP_FILE = 9,
 } store_op;
 
 /* A growing body (malloc'd); `failed` once an allocation failed. */

@@ -11,11 +11,16 @@
  * the master in this process (master.h), stopped and started again on the
  * same port, and hold a put inside its WRITE with a stopped client
  * process holding the replica. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +38,7 @@
 #include "ferry.h"
 #include "harness.h"
 #include "net/auth.h"
+#include "store/disk.h"
 #include "store/handshake.h"
 #include "store/master.h"
 #include "store/protocol.h"
@@ -48,13 +54,18 @@ typedef struct master_proc {
   char addr[64];
 } master_proc;
 
-/* `ferry store-master --port=0 [flags...]`, its address from its ready line. */
-static void master_start(master_proc *m, const char *flag1, const char *flag2) {
-  const char *argv[] = {test_tool_path(), "store-master", "--port=0", flag1, flag2, NULL};
+/* `ferry store-master --port=0 [flags...]` (argv: the tool's), its address
+ * from its ready line. */
+static void master_start_argv(master_proc *m, const char *const *argv) {
   char line[256];
   m->pid = test_tool_start(argv, line, sizeof line);
   if (m->pid <= 0 || sscanf(line, "ready master=%63s", m->addr) != 1)
     fail_msg("store-master did not start (line \"%s\")", m->pid > 0 ? line : "");
+}
+
+static void master_start(master_proc *m, const char *flag1, const char *flag2) {
+  const char *argv[] = {test_tool_path(), "store-master", "--port=0", flag1, flag2, NULL};
+  master_start_argv(m, argv);
 }
 
 /* SIGTERM: the master stops cleanly (under ASan, with its leak check) and
@@ -357,6 +368,7 @@ static void raw_put_end(raw_client *r, const char *key) {
   store_put_u8(&w, STORE_PUT_END);
   store_put_str(&w, key, strlen(key));
   store_put_u32(&w, 0);
+  store_put_u8(&w, 0); /* no file written */
   uint8_t *body;
   store_reader rd = raw_request(r, &w, 1, &body);
   assert_int_equal((int32_t)store_get_u32(&rd), FERRY_OK);
@@ -931,6 +943,7 @@ static void a_hostile_client_hurts_only_itself(void **state) {
   store_put_u8(&w, STORE_PUT_END);
   store_put_str(&w, "kept", 4);
   store_put_u32(&w, 1); /* "failed": would free it */
+  store_put_u8(&w, 0);
   rd = raw_request(&r, &w, 1, &body);
   assert_int_equal((int32_t)store_get_u32(&rd), FERRY_ENOTFOUND);
   free(body);
@@ -1251,6 +1264,315 @@ static void an_idle_client_rejoins_by_its_ping_thread(void **state) {
   store_master_stop(h.m);
 }
 
+/* ---- the SSD tier --------------------------------------------------------------------------- */
+
+/* outer/root: the --root_fs_dir of a case; outer holds nothing else, so a
+ * file a key would put outside the directory shows there. */
+typedef struct tier {
+  char outer[64];
+  char root[96];
+  char dir[128]; /* root/mooncake_cluster: where the files are */
+  char flag[128];
+  rig t;
+  uint8_t *buf; /* registered, 2 MiB */
+} tier;
+
+static void tier_dirs(tier *d) {
+  snprintf(d->outer, sizeof d->outer, "/tmp/ferry-ssd-XXXXXX");
+  assert_non_null(mkdtemp(d->outer));
+  snprintf(d->root, sizeof d->root, "%s/root", d->outer);
+  assert_int_equal(mkdir(d->root, 0755), 0);
+  snprintf(d->dir, sizeof d->dir, "%s/mooncake_cluster", d->root);
+  snprintf(d->flag, sizeof d->flag, "--root_fs_dir=%s", d->root);
+}
+
+/* A master with the tier, a 1 MiB pool (SLOTS slots) that evicts only for
+ * puts that do not fit, leases of 1 ms; a client of ours. */
+static void tier_open(tier *d) {
+  tier_dirs(d);
+  const char *argv[] = {test_tool_path(),
+                        "store-master",
+                        "--port=0",
+                        d->flag,
+                        "--eviction_high_watermark_ratio=1",
+                        "--default_kv_lease_ttl=1",
+                        NULL};
+  master_start_argv(&d->t.m, argv);
+  local_open(&d->t.a, d->t.m.addr, SLOTS * SLOT);
+  assert_int_equal(ferry_memory_alloc(d->t.a.engine, 2 * SLOTS * SLOT, (void **)&d->buf), FERRY_OK);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+  (void)st;
+  (void)type;
+  (void)ftw;
+  return remove(path);
+}
+
+static void tier_close(tier *d) {
+  if (d->buf)
+    slots_close(&d->t, d->buf);
+  nftw(d->outer, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+}
+
+/* The names in dir but . and ..: fails on one that is not `only` (NULL:
+ * a 32-hex-digit hash and ".kv"); returns how many. */
+static int names_in(const char *dir, const char *only) {
+  DIR *dp = opendir(dir);
+  if (!dp)
+    fail_msg("opendir %s: %s", dir, strerror(errno));
+  int n = 0;
+  for (struct dirent *e; (e = readdir(dp)) != NULL;) {
+    const char *name = e->d_name;
+    if (!strcmp(name, ".") || !strcmp(name, ".."))
+      continue;
+    int ok = only ? !strcmp(name, only)
+                  : strlen(name) == 35 && strspn(name, "0123456789abcdef") == 32 &&
+                        !strcmp(name + 32, ".kv");
+    if (!ok)
+      fail_msg("%s holds \"%s\"", dir, name);
+    n++;
+  }
+  closedir(dp);
+  return n;
+}
+
+static void file_of(const tier *d, const char *key, char path[STORE_DISK_PATH_MAX]) {
+  assert_int_equal(store_disk_path(d->dir, key, strlen(key), path), 0);
+}
+
+static int file_exists(const tier *d, const char *key) {
+  char path[STORE_DISK_PATH_MAX];
+  file_of(d, key, path);
+  return access(path, F_OK) == 0;
+}
+
+/* Puts slot00..slot31 into the 16-slot pool: slot00..15 are evicted on
+ * the way, their files kept. */
+static void tier_fill(tier *d) {
+  put_slots(d->t.a.store, "slot", 0, 2 * SLOTS, d->buf, FERRY_STORE_PIN_NONE);
+  assert_int_equal(names_in(d->dir, NULL), 2 * SLOTS);
+}
+
+/* Objects evicted from memory stay in their files and every call reads
+ * them back byte-exact: exists, size, get_into, get, a batch of both
+ * kinds; remove and remove_all delete the files. */
+static void evicted_objects_are_read_back_from_their_files(void **state) {
+  (void)state;
+  tier d = {0};
+  tier_open(&d);
+  ferry_store *s = d.t.a.store;
+  tier_fill(&d);
+  uint64_t size = 0;
+  assert_int_equal(ferry_store_size(s, "slot00", &size), FERRY_OK); /* on disk only */
+  assert_int_equal(size, SLOT);
+  /* Remove (before any get leases them): a disk-only object, one in memory. */
+  assert_int_equal(ferry_store_remove(s, "slot03"), FERRY_OK);
+  assert_int_equal(ferry_store_remove(s, "slot20"), FERRY_OK);
+  assert_false(file_exists(&d, "slot03"));
+  assert_false(file_exists(&d, "slot20"));
+  assert_int_equal(ferry_store_exists(s, "slot03"), FERRY_ENOTFOUND);
+  assert_int_equal(names_in(d.dir, NULL), 2 * SLOTS - 2);
+  expect_slots(s, "slot", 0, 3, d.buf);
+  expect_slots(s, "slot", 4, 20, d.buf);
+  expect_slots(s, "slot", 21, 2 * SLOTS, d.buf);
+  expect_copy(s, "slot07", SLOT, 7);
+  /* One batch: two from files, one from memory. */
+  const unsigned seeds[] = {1, 31, 9};
+  ferry_store_item items[] = {{"slot01", d.buf, SLOT, FERRY_OK},
+                              {"slot31", d.buf + SLOT, SLOT, FERRY_OK},
+                              {"slot09", d.buf + 2 * SLOT, SLOT, FERRY_OK}};
+  memset(d.buf, 0, 3 * SLOT);
+  if (ferry_store_get_into_batch(s, items, 3) != FERRY_OK)
+    fail_msg("batch get: %s", ferry_last_error());
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(items[i].length, SLOT);
+    assert_int_equal(mismatch(d.buf + i * SLOT, SLOT, seeds[i]), -1);
+  }
+  /* A put of a disk-only key: stored already, the first value kept. */
+  assert_int_equal(put_slot(s, "slot02", d.buf, 99, FERRY_STORE_PIN_NONE), FERRY_OK);
+  expect_bytes(s, "slot02", d.buf, SLOT, 2);
+  /* remove_all: every object no lease holds (1 ms) goes, with its file. */
+  uint64_t removed = 0;
+  assert_int_equal(ferry_store_remove_all(s, &removed), FERRY_OK);
+  assert_true(removed >= 1);
+  assert_int_equal(names_in(d.dir, NULL), 2 * SLOTS - 2 - (int)removed);
+  tier_close(&d);
+}
+
+/* Overwrites len bytes of path at offset with 0x5a. */
+static void scribble(const char *path, off_t offset, size_t len) {
+  int fd = open(path, O_WRONLY);
+  assert_true(fd >= 0);
+  uint8_t junk[64];
+  memset(junk, 0x5a, sizeof junk);
+  assert_int_equal(pwrite(fd, junk, len, offset), (ssize_t)len);
+  close(fd);
+}
+
+/* A get of key fails with want, naming the key and its file and saying
+ * `says`; then the key is gone from the store, its file too. */
+static void expect_refused_file(tier *d, const char *key, ferry_status want, const char *says) {
+  char path[STORE_DISK_PATH_MAX];
+  file_of(d, key, path);
+  ferry_status st = ferry_store_get_into(d->t.a.store, key, d->buf, SLOT, NULL);
+  if (st != want)
+    fail_msg("get %s: %d (%s), not %d", key, st, ferry_last_error(), want);
+  const char *err = ferry_last_error();
+  if (!strstr(err, key) || !strstr(err, strrchr(path, '/') + 1) || !strstr(err, says))
+    fail_msg("get %s: the error names no key or file, or not \"%s\": %s", key, says, err);
+  assert_int_equal(ferry_store_exists(d->t.a.store, key), FERRY_ENOTFOUND);
+  assert_false(file_exists(d, key));
+}
+
+/* A disk-only object whose file was damaged, cut short, replaced by
+ * another key's or deleted is refused with the key and the path, and
+ * dropped; an object still in memory is read from there. */
+static void a_damaged_or_missing_file_is_refused(void **state) {
+  (void)state;
+  tier d = {0};
+  tier_open(&d);
+  tier_fill(&d);
+  char path[STORE_DISK_PATH_MAX], other[STORE_DISK_PATH_MAX];
+  file_of(&d, "slot00", path);
+  scribble(path, 24 + 6 + 1000, 1); /* a byte of the value */
+  expect_refused_file(&d, "slot00", FERRY_ECHECKSUM, "checksum");
+  file_of(&d, "slot01", path);
+  assert_int_equal(truncate(path, 100), 0);
+  expect_refused_file(&d, "slot01", FERRY_ECHECKSUM, "length");
+  file_of(&d, "slot04", other);
+  file_of(&d, "slot05", path);
+  assert_int_equal(rename(other, path), 0); /* slot04's bytes under slot05's name */
+  expect_refused_file(&d, "slot05", FERRY_ECHECKSUM, "another key");
+  file_of(&d, "slot06", path);
+  scribble(path, 0, 8); /* the magic */
+  expect_refused_file(&d, "slot06", FERRY_ECHECKSUM, "no ferry header");
+  file_of(&d, "slot02", path);
+  assert_int_equal(unlink(path), 0);
+  expect_refused_file(&d, "slot02", FERRY_ENOTFOUND, "No such file");
+  /* In memory still: its file is not read. */
+  file_of(&d, "slot31", path);
+  scribble(path, 24 + 6, 64);
+  expect_bytes(d.t.a.store, "slot31", d.buf, SLOT, 31);
+  expect_slots(d.t.a.store, "slot", 7, 2 * SLOTS, d.buf);
+  tier_close(&d);
+}
+
+/* Keys that look like paths name files by their hash, inside the
+ * directory: nothing appears outside it, and they read back. */
+static void a_key_with_dot_dots_stays_inside_the_directory(void **state) {
+  (void)state;
+  tier d = {0};
+  tier_open(&d);
+  static const char *const keys[] = {"../x", "../../x", "/tmp/x", "a/../../../b", "..", "."};
+  for (unsigned i = 0; i < 6; i++)
+    if (put_slot(d.t.a.store, keys[i], d.buf, 40 + i, FERRY_STORE_PIN_NONE) != FERRY_OK)
+      fail_msg("put %s: %s", keys[i], ferry_last_error());
+  put_slots(d.t.a.store, "slot", 0, SLOTS, d.buf, FERRY_STORE_PIN_NONE); /* evicts them */
+  assert_int_equal(names_in(d.outer, "root"), 1);
+  assert_int_equal(names_in(d.root, "mooncake_cluster"), 1);
+  assert_int_equal(names_in(d.dir, NULL), 6 + SLOTS);
+  for (unsigned i = 0; i < 6; i++)
+    expect_bytes(d.t.a.store, keys[i], d.buf, SLOT, 40 + i);
+  tier_close(&d);
+}
+
+/* GET of key by a raw client: how many replicas the master lists, and
+ * its on-disk byte. */
+static unsigned raw_get(raw_client *r, const char *key, uint8_t *on_disk) {
+  store_writer w = {0};
+  store_put_u8(&w, STORE_GET);
+  store_put_str(&w, key, strlen(key));
+  uint8_t *body;
+  store_reader rd = raw_request(r, &w, 1, &body);
+  assert_int_equal((int32_t)store_get_u32(&rd), FERRY_OK);
+  store_get_u64(&rd);
+  store_replica_ref reps[STORE_REPLICAS_MAX];
+  unsigned n;
+  assert_int_equal(store_get_replicas(&rd, reps, &n, "master"), FERRY_OK);
+  *on_disk = store_get_u8(&rd);
+  assert_false(rd.bad || rd.left);
+  free(body);
+  return n;
+}
+
+/* An object whose one replica is in a stopped client is read from its
+ * file once the READ there timed out; when that client is killed and the
+ * master dropped its segment, the object (hard-pinned, so on no LRU list)
+ * stays, disk-only, and reads back. */
+static void an_object_outlives_its_segment_in_its_file(void **state) {
+  (void)state;
+  tier d = {0};
+  tier_dirs(&d);
+  master_start(&d.t.m, d.flag, NULL);
+  local_open_over(&d.t.a, d.t.m.addr, SEGMENT, FERRY_TRANSPORT_TCP);
+  ferry_store *s = d.t.a.store;
+  assert_int_equal(ferry_memory_alloc(d.t.a.engine, 2 * SLOTS * SLOT, (void **)&d.buf), FERRY_OK);
+  child_client b;
+  child_open(&b, d.t.m.addr);
+  ferry_store_replicate in_b = {1, b.segment, FERRY_STORE_PIN_HARD};
+  fill(d.buf, SLOT, 21);
+  assert_int_equal(ferry_store_put_from(s, "in_b", d.buf, SLOT, &in_b), FERRY_OK);
+  child_expect_ok(&b, "get in_b %zu 21\n", (size_t)SLOT); /* its replica is b's */
+
+  child_stop(&b);
+  test_engine_set_timeouts(d.t.a.engine, 1000, 1000);
+  uint64_t timeouts = timeouts_of(d.t.a.engine);
+  expect_bytes(s, "in_b", d.buf, SLOT, 21);
+  assert_int_equal(timeouts_of(d.t.a.engine), timeouts + 1); /* b's replica was tried first */
+  test_engine_set_timeouts(d.t.a.engine, TEST_SETUP_MS, TEST_SETUP_MS);
+
+  child_kill(&b);
+  raw_client r;
+  raw_open(&r, d.t.m.addr);
+  uint8_t on_disk = 0;
+  double until = test_now_s() + TEST_SETUP_MS / 1000.0;
+  while (raw_get(&r, "in_b", &on_disk) != 0 && test_now_s() < until)
+    usleep(10000); /* until the master saw b go */
+  assert_int_equal(raw_get(&r, "in_b", &on_disk), 0);
+  assert_int_equal(on_disk, 1);
+  close(r.fd);
+  expect_bytes(s, "in_b", d.buf, SLOT, 21);
+  tier_close(&d);
+}
+
+/* The master refuses, at start, a --root_fs_dir it cannot use, naming the
+ * flag, the path and the cause. */
+static void the_master_refuses_a_bad_root_fs_dir(void **state) {
+  (void)state;
+  tier d = {0};
+  tier_dirs(&d);
+  char missing[160], file[160];
+  snprintf(missing, sizeof missing, "%s/missing", d.outer);
+  snprintf(file, sizeof file, "%s/file", d.outer);
+  int fd = open(file, O_WRONLY | O_CREAT, 0644);
+  assert_true(fd >= 0);
+  close(fd);
+  struct {
+    const char *root, *cluster, *cause;
+  } bad[] = {{missing, NULL, "No such file"},
+             {file, NULL, "not a directory"},
+             {d.root, "a/b", "--cluster_id=a/b"},
+             {d.root, "..", "--cluster_id=.."}};
+  for (unsigned i = 0; i < sizeof bad / sizeof *bad; i++) {
+    master_here h = {.cfg = {.root_fs_dir = bad[i].root, .cluster_id = bad[i].cluster}};
+    assert_int_equal(store_master_start(&h.cfg, &h.m), FERRY_EINVAL);
+    const char *err = ferry_last_error();
+    if (!strstr(err, bad[i].cause) || (!bad[i].cluster && !strstr(err, bad[i].root)) ||
+        (!bad[i].cluster && !strstr(err, "--root_fs_dir")))
+      fail_msg("refusal of %s: %s", bad[i].root, err);
+  }
+  if (geteuid() != 0) { /* root writes anywhere */
+    assert_int_equal(chmod(d.root, 0555), 0);
+    master_here h = {.cfg = {.root_fs_dir = d.root}};
+    assert_int_equal(store_master_start(&h.cfg, &h.m), FERRY_EINVAL);
+    assert_non_null(strstr(ferry_last_error(), "Permission denied"));
+    chmod(d.root, 0755);
+  }
+  assert_int_equal(names_in(d.root, NULL), 0); /* nothing made for a refused cluster id */
+  tier_close(&d);
+}
+
 int main(int argc, char **argv) {
   const test_child_role roles[] = {{"client", client_role}};
   test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
@@ -1276,6 +1598,11 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_call_without_a_master_fails_and_the_next_reconnects),
       cmocka_unit_test(a_put_across_a_restart_commits_nothing),
       cmocka_unit_test(an_idle_client_rejoins_by_its_ping_thread),
+      cmocka_unit_test(evicted_objects_are_read_back_from_their_files),
+      cmocka_unit_test(a_damaged_or_missing_file_is_refused),
+      cmocka_unit_test(a_key_with_dot_dots_stays_inside_the_directory),
+      cmocka_unit_test(an_object_outlives_its_segment_in_its_file),
+      cmocka_unit_test(the_master_refuses_a_bad_root_fs_dir),
   };
   const char *only = getenv("FERRY_TEST_FILTER"); /* e.g. "*lease*" */
   if (only && *only)

@@ -214,3 +214,61 @@ def test_eviction_flags_are_checked(flag):
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     assert flag.split("=")[0] in done.stderr
+
+
+def start_mooncake_master(*flags):
+    """`mooncake_master FLAGS` as the console command runs it (ferry.__main__,
+    FERRY_TOOL naming the built tool) and its address."""
+    env = dict(os.environ, FERRY_TOOL=tool_or_skip(),
+               PYTHONPATH=os.path.join(HERE, "..", "..", "python"))
+    code = "import sys; from ferry.__main__ import mooncake_master; sys.exit(mooncake_master())"
+    proc = subprocess.Popen([sys.executable, "-c", code, "--port=0"] + list(flags),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    m = re.match(r"ready master=(\S+)", line)
+    if not m:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+        return proc, None, err
+    return proc, m.group(1), None
+
+
+def test_the_ssd_tier_keeps_evicted_values_in_files(tmp_path):
+    """`mooncake_master --root_fs_dir=DIR`: a 1 MiB pool takes 48 values of
+    64 KiB; the 32 evicted from memory stay in files under
+    DIR/mooncake_cluster and read back byte-exact (get, batch_get_into,
+    is_exist, get_size); remove deletes a file; a bad directory stops the
+    master at start, naming the flag and the path."""
+    proc, addr, _ = start_mooncake_master("--root_fs_dir=%s" % tmp_path,
+                                          "--eviction_high_watermark_ratio=1")
+    assert addr
+    store = MooncakeDistributedStore()
+    files = tmp_path / "mooncake_cluster"
+    try:
+        assert store.setup("127.0.0.1", "P2PHANDSHAKE", 1 * MiB, 1 * MiB, "tcp", "", addr) == 0
+        for i in range(48):
+            assert store.put("page_%d" % i, page_bytes(i)) == 0
+        assert len(list(files.glob("*.kv"))) == 48
+        assert store.is_exist("page_0") == 1  # evicted: on disk only
+        assert store.get_size("page_0") == PAGE
+        assert store.remove("page_1") == 0
+        assert len(list(files.glob("*.kv"))) == 47
+        assert store.is_exist("page_1") == 0
+        for i in [0] + list(range(2, 48)):
+            assert store.get("page_%d" % i) == page_bytes(i)
+        pool = ctypes.create_string_buffer(4 * PAGE)
+        ptr = ctypes.addressof(pool)
+        assert store.register_buffer(ptr, 4 * PAGE) == 0
+        keys = ["page_2", "page_40", "page_3", "page_47"]  # files, memory, file, memory
+        got = store.batch_get_into(keys, [ptr + k * PAGE for k in range(4)], [PAGE] * 4)
+        assert got == [PAGE] * 4
+        for k, key in enumerate(keys):
+            assert pool.raw[k * PAGE:(k + 1) * PAGE] == page_bytes(int(key.split("_")[1]))
+        assert store.unregister_buffer(ptr) == 0
+    finally:
+        assert store.close() == 0
+        stop_master(proc)
+    proc, addr, err = start_mooncake_master("--root_fs_dir=%s" % (tmp_path / "missing"))
+    assert addr is None and proc.returncode == 1
+    assert "--root_fs_dir=%s" % (tmp_path / "missing") in err and "No such file" in err
