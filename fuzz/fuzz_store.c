@@ -9,9 +9,13 @@
  *
  * Besides memory errors, the target checks what a hostile client must
  * never obtain: every replica the master hands out (PUT_START, GET) lies
- * inside a segment some client mounted, whole, and a reply to a request it
- * accepted was built without an allocation failure. */
+ * inside a segment some client mounted, whole; a stored object has a
+ * replica or its file (the SSD tier is on, in a scratch directory no
+ * client writes to); a reply to a request it accepted was built without an
+ * allocation failure. */
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fuzz.h"
 #include "store/map.h"
@@ -35,8 +39,9 @@ static const mounted *segment_named(const char *name, size_t len) {
   return NULL;
 }
 
-/* Every replica of an object of `size` bytes lies inside a mounted segment. */
-static void check_replicas(store_reader *reply, uint64_t size) {
+/* Every replica of an object of `size` bytes lies inside a mounted
+ * segment; returns how many there are. */
+static unsigned check_replicas(store_reader *reply, uint64_t size) {
   store_replica_ref refs[STORE_REPLICAS_MAX];
   unsigned n = 0;
   FUZZ_CHECK(store_get_replicas(reply, refs, &n, "fuzz") == FERRY_OK);
@@ -46,6 +51,7 @@ static void check_replicas(store_reader *reply, uint64_t size) {
     FUZZ_CHECK(refs[i].addr >= s->base && refs[i].addr - s->base <= s->size &&
                size <= s->size - (refs[i].addr - s->base));
   }
+  return n;
 }
 
 /* Walks the reply of an accepted PUT_START or GET beside its request. */
@@ -64,12 +70,15 @@ static void check_reply(uint8_t op, store_reader req, uint32_t count, const stor
     int32_t status = (int32_t)store_get_u32(&reply);
     if (op == STORE_GET)
       size = store_get_u64(&reply);
-    if (status == FERRY_OK)
-      check_replicas(&reply, size);
-    else if (op == STORE_PUT_START)
+    if (op == STORE_PUT_START && status != FERRY_OK) {
       store_get_str(&reply, &s, &len, STORE_REASON_MAX);
-    else
-      FUZZ_CHECK(store_get_u8(&reply) == 0);
+    } else {
+      unsigned replicas = check_replicas(&reply, size);
+      if (op == STORE_GET) {
+        uint8_t on_disk = store_get_u8(&reply);
+        FUZZ_CHECK(status == FERRY_OK ? replicas > 0 || on_disk : !replicas && !on_disk);
+      }
+    }
     FUZZ_CHECK(!reply.bad && !req.bad);
   }
   FUZZ_CHECK(reply.left == 0);
@@ -109,11 +118,26 @@ static void serve(store_map *m, int c, uint32_t count, const uint8_t *body, size
   store_writer_free(&reply);
 }
 
+/* The SSD tier's directory: made once, empty (no client writes files). */
+static char dir[] = "/tmp/ferry-fuzz-store-XXXXXX";
+
+static void remove_scratch_dir(void) { rmdir(dir); }
+
+static const char *scratch_dir(void) {
+  static const char *made;
+  if (!made) {
+    made = mkdtemp(dir);
+    FUZZ_CHECK(made != NULL);
+    atexit(remove_scratch_dir);
+  }
+  return made;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ferry_log_set_level(FERRY_LOG_OFF);
   store_eviction eviction = {0.95, 0.05, 1000};
   store_map *m = store_map_create(1000, 30000, &eviction);
-  FUZZ_CHECK(m != NULL);
+  FUZZ_CHECK(m != NULL && store_map_set_disk(m, scratch_dir()) == 0);
   memset(clients, 0, sizeof clients);
   while (size >= 4) {
     int c = data[0] & (CLIENTS - 1), leaves = data[0] & 0x80;

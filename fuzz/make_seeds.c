@@ -312,7 +312,7 @@ static void add_register(buf *b, int client, const char *segment, uint64_t base,
 }
 
 /* op's entries are the keys k0..k(n-1); PUT_START's ask replicas of size
- * bytes each, PUT_END's commit. */
+ * bytes each, PUT_END's commit (odd keys with their file written). */
 static void add_keys(buf *b, int client, uint8_t op, uint8_t n, uint8_t replicas, uint64_t size) {
   store_writer w = {0};
   store_put_u8(&w, op);
@@ -327,8 +327,10 @@ static void add_keys(buf *b, int client, uint8_t op, uint8_t n, uint8_t replicas
     store_put_str(&w, key, strlen(key));
     if (op == STORE_PUT_START)
       store_put_u64(&w, size);
-    if (op == STORE_PUT_END)
+    if (op == STORE_PUT_END) {
       store_put_u32(&w, 0);
+      store_put_u8(&w, i & 1); /* odd keys: their file was written (the SSD tier) */
+    }
   }
   add_request(b, client, n, &w);
 }
@@ -342,6 +344,7 @@ static void store_seeds(void) {
   add_keys(&b, 1, STORE_GET, 4, 0, 0);
   add_keys(&b, 1, STORE_QUERY, 4, 0, 0);
   add_keys(&b, 1, STORE_REMOVE, 2, 0, 0);
+  add_keys(&b, 1, STORE_DROP_FILE, 4, 0, 0);
   put("fuzz_store", "put_get_remove", b.data, b.len);
 
   /* A pool that fills: puts evict, a client leaves with its replicas. */
