@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -419,6 +420,66 @@ def test_peer_killed_mid_transfer_is_err(agents, peers):
     err = a.get_xfer_error(h)
     assert err is not None and "prefill" in str(err) and err.cause[0] < 0
     a.release_xfer_handle(h)
+
+
+class CancelSeen:
+    """Stands in for an _Xfer's ferry batch to tell the test when
+    release_xfer_handle has cancelled it (a barrier, not a sleep)."""
+
+    def __init__(self, batch):
+        self.batch, self.result, self.done = batch, None, threading.Event()
+
+    def cancel(self):
+        self.result = self.batch.cancel()
+        self.done.set()
+        return self.result
+
+    def __getattr__(self, name):
+        return getattr(self.batch, name)
+
+
+def test_release_in_flight_cancels(agents, peers):
+    """release_xfer_handle on a WRITE in progress (its target stopped)
+    cancels it: once the target resumes, what had not started never runs
+    and the notification is never delivered, while a later transfer with
+    its own notification goes through."""
+    peer = peers("--layers", 1, "--blocks", 64, "--block-bytes", 1 << 20, "--transports", "tcp")
+    for req in (7, 8):
+        peer.cmd(cmd="prefill", req=req, blocks=1)
+    a = agents()
+    a.add_remote_agent(peer.metadata)
+    src = np.full(64 << 20, 0x5A, dtype=np.uint8)
+    a.register_memory([(src.ctypes.data, src.nbytes, 0, "")], "DRAM")
+    base = peer.info["regions"][0]
+    lh = a.prep_xfer_dlist("", [(src.ctypes.data + i * (1 << 20), 1 << 20, 0)
+                                for i in range(64)], "DRAM")
+    rh = a.prep_xfer_dlist(peer.name, [(base + i * (1 << 20), 1 << 20, 0) for i in range(64)],
+                           "DRAM")
+    first = a.make_prepped_xfer("WRITE", lh, [0], rh, [0])
+    assert a.transfer(first) in ("PROC", "DONE") and wait_state(a, first) == "DONE"  # connected
+    a.release_xfer_handle(first)
+    h = a.make_prepped_xfer("WRITE", lh, list(range(64)), rh, list(range(64)), b"7:1")
+    os.kill(peer.info["pid"], signal.SIGSTOP)
+    try:
+        assert a.transfer(h) == "PROC"  # a stopped target cannot take 64 MiB
+        seen = a._xfers[h].batch = CancelSeen(a._xfers[h].batch)
+        releaser = threading.Thread(target=a.release_xfer_handle, args=(h,))
+        releaser.start()
+        assert seen.done.wait(60) and seen.result is True  # cancelled while still pending
+    finally:
+        os.kill(peer.info["pid"], signal.SIGCONT)
+    releaser.join(120)
+    assert not releaser.is_alive()  # the parts in flight ended once the target resumed
+    with pytest.raises(nb.nixlNotFoundError):
+        a.check_xfer_state(h)
+    later = a.make_prepped_xfer("WRITE", lh, [63], rh, [63], b"8:1")
+    assert a.transfer(later) in ("PROC", "DONE") and wait_state(a, later) == "DONE"
+    a.release_xfer_handle(later)
+    notifs = []
+    deadline = time.monotonic() + 30
+    while "8:1" not in notifs and time.monotonic() < deadline:
+        notifs += [m for ms in peer.cmd(cmd="poll")["notifs"].values() for m in ms]
+    assert "8:1" in notifs and "7:1" not in notifs, notifs
 
 
 def test_readme_nixl_example_runs(loopback, tmp_path):
