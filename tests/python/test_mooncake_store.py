@@ -426,3 +426,30 @@ def test_a_zero_local_buffer_sets_up_and_refuses_the_copying_calls(master, caplo
         assert store.unregister_buffer(ptr) == 0
     finally:
         assert store.close() == 0
+
+
+def test_a_port_taken_meanwhile_is_tried_again_with_another(master, metadata_server,
+                                                            monkeypatch):
+    """The port picked for a local_hostname without one is in use (another
+    listener took it): setup tries another, as Mooncake's client retries."""
+    import random
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    other = free.getsockname()[1]
+    free.close()
+    picks = iter([port, other])
+    monkeypatch.setattr(random, "randint", lambda low, high: next(picks))
+    store = None
+    try:
+        store = named_client(master, metadata_server, hostname="127.0.0.1")
+        assert store.get_hostname() == "127.0.0.1:%d" % other
+        assert store.put("k", b"v") == 0 and store.get("k") == b"v"
+    finally:
+        taken.close()
+        if store is not None:
+            assert store.close() == 0
