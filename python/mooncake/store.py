@@ -364,6 +364,10 @@ class MooncakeDistributedStore:
             out[i] = h if n == len(h) else None
         return out
 
+    def get_buffer(self, key):
+        """batch_get_buffer of one key: its BufferHandle, or None."""
+        return self.batch_get_buffer([key])[0]
+
     def get_into_ranges(self, buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets,
                         all_sizes):
         """Byte ranges of values into registered buffers, buffer-major:

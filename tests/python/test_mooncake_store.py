@@ -333,6 +333,7 @@ def test_put_batch_and_batch_get_buffer(master):
         assert ctypes.string_at(got[2].ptr(), PAGE) == page_bytes(9)
         assert b.batch_get_buffer([]) == []
         assert b.batch_get_buffer(["absent"]) == [None]
+        assert bytes(b.get_buffer(keys[0])) == page_bytes(0) and b.get_buffer("absent") is None
     finally:
         assert a.close() == 0
         assert b.close() == 0
