@@ -381,6 +381,10 @@ ferry_status ferry_memory_unregister(ferry_engine *engine, void *addr);
 ferry_status ferry_memory_register_batch(ferry_engine *engine, void *const *addrs,
                                          const size_t *lengths, size_t count);
 ferry_status ferry_memory_unregister_batch(ferry_engine *engine, void *const *addrs, size_t count);
+/* 1 when addr[0..length) lies inside one region registered on this engine
+ * (what a batch's local side must be), else 0. For callers that copy in
+ * memory instead of submitting a transfer and must refuse the same ranges. */
+int ferry_memory_is_registered(ferry_engine *engine, const void *addr, size_t length);
 /* ferry_memory_register with the place the caller says the memory is, as
  * Mooncake spells it: "cpu:0" (host memory; the number is not checked),
  * "cuda:1" (memory of CUDA device 1: device, pinned or managed), "cuda"
@@ -913,6 +917,30 @@ ferry_status ferry_store_put_from_batch(ferry_store *store, ferry_store_item *it
                                         const ferry_store_replicate *replicate);
 ferry_status ferry_store_get_into_batch(ferry_store *store, ferry_store_item *items, size_t count);
 ferry_status ferry_store_exists_batch(ferry_store *store, ferry_store_item *items, size_t count);
+/* Copies each items[i].buf[0..length) (any memory, read only) into the
+ * store under items[i].key: the values go through the staging buffer
+ * (local_buffer_size; a larger total takes a temporary registered buffer),
+ * then as ferry_store_put_from_batch. */
+ferry_status ferry_store_put_batch(ferry_store *store, ferry_store_item *items, size_t count,
+                                   const ferry_store_replicate *replicate);
+
+/* One byte range of a stored value, read into buf (registered on the
+ * store's engine: the whole [buf, buf+length) inside one region). */
+typedef struct ferry_store_range {
+  const char *key;
+  void *buf;           /* destination */
+  uint64_t offset;     /* of the first byte in the value */
+  size_t length;       /* bytes (>0); offset+length must not pass the value's end */
+  ferry_status status; /* filled in per range */
+} ferry_store_range;
+/* Reads every range as ferry_store_get_into_batch reads values: one GET to
+ * the master per 4096 ranges (a key named by several ranges is looked up
+ * once per range), every READ in flight together, straight from a replica
+ * into buf (a disk-only object: from its file). Per range: FERRY_ENOTFOUND
+ * (no such key), FERRY_EINVAL (the range passes the value's end),
+ * FERRY_ENOTREG (buf's range is not registered); returns the first failure
+ * in range order with its detail. */
+ferry_status ferry_store_get_ranges(ferry_store *store, ferry_store_range *ranges, size_t count);
 
 #ifdef __cplusplus
 }

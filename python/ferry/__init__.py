@@ -93,8 +93,10 @@ command-line tool built with this package: ``metadata-server``, ``doctor``,
     ``put(key, data, replicas=1, preferred_segment=None)``, ``get(key)``,
     ``remove(key)``, ``remove_all()`` raise ``Error``; ``batch_put_from(keys,
     addrs, sizes, ...)``, ``batch_get_into(keys, addrs, sizes)`` (addresses
-    registered on the engine) and ``batch_exists(keys)`` answer per key and
-    return ``(list, first failure's detail or None)``. ``segment``,
+    registered on the engine), ``batch_exists(keys)``, ``put_batch(keys,
+    values, ...)`` (bytes-like values, staged) and ``get_ranges(keys, addrs,
+    offsets, lengths)`` (one byte range of a value per index) answer per key
+    or range and return ``(list, first failure's detail or None)``. ``segment``,
     ``close()`` (before the engine's). ``mooncake.store`` builds
     ``MooncakeDistributedStore`` on it.
 """

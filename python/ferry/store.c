@@ -285,6 +285,90 @@ static PyObject *store_segment(StoreObject *self, void *Py_UNUSED(closure)) {
   return PyUnicode_FromString(ferry_store_segment(self->store));
 }
 
+/* put_batch(keys, values, ...): values any bytes-like objects, staged in C. */
+static PyObject *store_put_batch(StoreObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"keys", "values", "replicas", "preferred_segment", "pin", NULL};
+  PyObject *keys_o, *values_o, *replicas = NULL, *keys, *values = NULL, *out = NULL;
+  const char *preferred = NULL;
+  int pin = FERRY_STORE_PIN_NONE;
+  ferry_store_replicate rep;
+  ferry_store_item *items;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|Ozi:put_batch", kwlist, &keys_o, &values_o,
+                                   &replicas, &preferred, &pin) ||
+      replicate_get(replicas, preferred, pin, &rep) < 0)
+    return NULL;
+  Py_ssize_t n = items_get(keys_o, NULL, NULL, &keys, &items);
+  if (n < 0)
+    return NULL;
+  Py_buffer *views = PyMem_Calloc(n ? (size_t)n : 1, sizeof *views);
+  Py_ssize_t held = 0;
+  values = PySequence_Fast(values_o, "values must be a sequence of bytes-like objects");
+  if (!views)
+    PyErr_NoMemory();
+  else if (values && PySequence_Fast_GET_SIZE(values) != n)
+    PyErr_Format(PyExc_ValueError, "%zd keys, %zd values: one value per key", n,
+                 PySequence_Fast_GET_SIZE(values));
+  else if (values)
+    for (; held < n; held++) {
+      if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(values, held), &views[held], PyBUF_SIMPLE) <
+          0)
+        break;
+      items[held].buf = views[held].buf;
+      items[held].length = (size_t)views[held].len;
+    }
+  if (held == n && values && store_enter(self) == 0) {
+    CallResult r;
+    STORE_CALL(self, r, ferry_store_put_batch(self->store, items, (size_t)n, &rep));
+    out = failed_whole(items, n, &r) ? raise_result(&r) : items_result(items, n, 0, &r);
+  }
+  for (Py_ssize_t i = 0; i < held; i++)
+    PyBuffer_Release(&views[i]);
+  PyMem_Free(views);
+  Py_XDECREF(values);
+  PyMem_Free(items);
+  Py_DECREF(keys);
+  return out;
+}
+
+/* get_ranges(keys, addrs, offsets, lengths): one range per index, flat. */
+static PyObject *store_get_ranges(StoreObject *self, PyObject *args) {
+  PyObject *keys_o, *addrs_o, *offsets_o, *lengths_o, *keys, *offsets, *out = NULL;
+  ferry_store_item *items;
+  if (!PyArg_ParseTuple(args, "OOOO:get_ranges", &keys_o, &addrs_o, &offsets_o, &lengths_o))
+    return NULL;
+  Py_ssize_t n = items_get(keys_o, addrs_o, lengths_o, &keys, &items);
+  if (n < 0)
+    return NULL;
+  ferry_store_range *rg = PyMem_Calloc(n ? (size_t)n : 1, sizeof *rg);
+  offsets = PySequence_Fast(offsets_o, "offsets must be a sequence");
+  int ok = rg && offsets;
+  if (!rg)
+    PyErr_NoMemory();
+  if (ok && PySequence_Fast_GET_SIZE(offsets) != n) {
+    PyErr_Format(PyExc_ValueError, "%zd keys, %zd offsets: one of each per range", n,
+                 PySequence_Fast_GET_SIZE(offsets));
+    ok = 0;
+  }
+  for (Py_ssize_t i = 0; ok && i < n; i++) {
+    ok = as_u64(PySequence_Fast_GET_ITEM(offsets, i), &rg[i].offset) == 0;
+    rg[i].key = items[i].key;
+    rg[i].buf = items[i].buf;
+    rg[i].length = items[i].length;
+  }
+  if (ok && store_enter(self) == 0) {
+    CallResult r;
+    STORE_CALL(self, r, ferry_store_get_ranges(self->store, rg, (size_t)n));
+    for (Py_ssize_t i = 0; i < n; i++)
+      items[i].status = rg[i].status;
+    out = failed_whole(items, n, &r) ? raise_result(&r) : items_result(items, n, 1, &r);
+  }
+  Py_XDECREF(offsets);
+  PyMem_Free(rg);
+  PyMem_Free(items);
+  Py_DECREF(keys);
+  return out;
+}
+
 static PyMethodDef store_methods[] = {
     {"put", KW(store_put), "put(key, data, replicas=1, preferred_segment=None, pin=0)"},
     {"get", (PyCFunction)store_get, METH_VARARGS, "get(key) -> bytes"},
@@ -295,6 +379,12 @@ static PyMethodDef store_methods[] = {
      "batch_get_into(keys, addrs, sizes) -> ([bytes read or -status per key], detail or None)"},
     {"batch_exists", (PyCFunction)store_batch_exists, METH_O,
      "batch_exists(keys) -> ([size, or -status (ENOTFOUND: absent) per key], detail or None)"},
+    {"put_batch", KW(store_put_batch),
+     "put_batch(keys, values, replicas=1, preferred_segment=None, pin=0) -> ([0 or -status "
+     "per key], detail or None); values any bytes-like objects"},
+    {"get_ranges", (PyCFunction)store_get_ranges, METH_VARARGS,
+     "get_ranges(keys, addrs, offsets, lengths) -> ([bytes read or -status per range], detail "
+     "or None); addrs registered on the engine"},
     {"remove", (PyCFunction)store_remove, METH_VARARGS, "remove(key)"},
     {"remove_all", (PyCFunction)store_remove_all, METH_NOARGS, "remove_all() -> count removed"},
     {"close", (PyCFunction)store_close, METH_NOARGS,

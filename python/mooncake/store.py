@@ -19,19 +19,31 @@ A full pool evicts least-recently-used objects (the master's
 object until nothing unpinned is left, ``with_hard_pin=True`` keeps it until
 removed (hard wins when both are set).
 
+A ``local_hostname`` without a port gets one, as Mooncake's client does: a
+free port picked at random in 12300-14300 (``MC_STORE_CLIENT_MIN_PORT`` /
+``MC_STORE_CLIENT_MAX_PORT``), which the store's transfer engine listens on;
+``get_hostname()`` is then ``"host:PORT"``, the segment's name. A
+``preferred_segment`` naming the bare ``local_hostname`` means this client's
+segment. ``local_buffer_size=0`` sets up, but the calls that copy through
+the local buffer (``put``, ``put_batch``, ``get``, ``batch_get_buffer``)
+fail with -600, as Mooncake's do.
+
 Not implemented yet (issue 33): ``upsert``, the ``_multi_buffers`` forms,
-``get_into_ranges``, ``batch_get_buffer``, tensor helpers.
+tensor helpers.
 """
 
+import ctypes
 import logging
+import os
+import random
 import re
 
 import ferry
 from ferry import _ferry
 
-from mooncake.engine import TransferEngine
+from mooncake.engine import TransferEngine, _split_host_port
 
-__all__ = ["MooncakeDistributedStore", "ReplicateConfig"]
+__all__ = ["BufferHandle", "MooncakeDistributedStore", "ReplicateConfig"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +85,38 @@ class ReplicateConfig:
         return ("ReplicateConfig(replica_num=%r, preferred_segment=%r, with_soft_pin=%r, "
                 "with_hard_pin=%r)" % (self.replica_num, self.preferred_segment,
                                        self.with_soft_pin, self.with_hard_pin))
+
+
+class BufferHandle(bytearray):
+    """A value read by ``batch_get_buffer``: its bytes (``bytes(handle)``,
+    ``memoryview(handle)``), ``size()`` and ``ptr()`` (their address), as
+    Mooncake's ``BufferHandle``. The store READ the value straight into it."""
+
+    def size(self):
+        return len(self)
+
+    def ptr(self):
+        return _address(self)
+
+
+def _address(buffer):
+    """The address of a writable buffer object's first byte."""
+    return ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer))
+
+
+def _port_range():
+    """Mooncake's range for a store client's port: MC_STORE_CLIENT_MIN_PORT to
+    MC_STORE_CLIENT_MAX_PORT, 12300-14300 when unset or not a valid range."""
+    try:
+        low = int(os.environ.get("MC_STORE_CLIENT_MIN_PORT", 12300))
+        high = int(os.environ.get("MC_STORE_CLIENT_MAX_PORT", 14300))
+    except ValueError:
+        return 12300, 14300
+    return (low, high) if 0 < low <= high <= 65535 else (12300, 14300)
+
+
+def _with_port(host, port):
+    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
 
 
 def _size(value, name):
@@ -119,6 +163,8 @@ class MooncakeDistributedStore:
         self._own_engine = False
         self._store = None
         self._hostname = None
+        self._bare_hostname = None
+        self._staging = None
 
     # ---- lifetime -------------------------------------------------------------------------
 
@@ -148,15 +194,15 @@ class MooncakeDistributedStore:
         except ValueError as e:
             return self._fail("setup", INVALID_PARAMS, str(e))
         if engine is None:
-            engine = TransferEngine()
-            rc = engine.initialize(conf["local_hostname"], conf["metadata_server"],
-                                   conf["protocol"], conf["rdma_devices"] or "")
+            engine, rc = self._new_engine(conf)
             if rc != 0:
                 return self._fail("setup", rc, "its transfer engine: %s" % engine.last_error())
             self._own_engine = True
         try:
+            # local_buffer_size=0: the calls that need it refuse (_no_staging);
+            # the C client's smallest staging buffer stays unused.
             self._store = _ferry.Store(engine._engine, conf["master_server_addr"], segment,
-                                       staging)
+                                       staging or 64)
         except ferry.Error as e:
             if self._own_engine:
                 engine.close()
@@ -164,7 +210,31 @@ class MooncakeDistributedStore:
             return self._fail("setup", _code(e.code, e.detail), e.detail)
         self._engine = engine
         self._hostname = self._store.segment
+        self._bare_hostname = str(conf["local_hostname"]).strip()
+        self._staging = staging
         return 0
+
+    def _new_engine(self, conf):
+        """The store's own transfer engine, named local_hostname; one without a
+        port gets a free one in _port_range(), at random (a port taken meanwhile
+        is tried again with another, up to MC_STORE_CLIENT_SETUP_RETRIES)."""
+        name = str(conf["local_hostname"]).strip()
+        args = (conf["metadata_server"], conf["protocol"], conf["rdma_devices"] or "")
+        try:
+            host, port = _split_host_port(name)
+        except ValueError:
+            host, port = name, 1  # initialize names what is wrong with it
+        if port is not None or str(conf["metadata_server"]).strip().upper() == "P2PHANDSHAKE":
+            engine = TransferEngine()
+            return engine, engine.initialize(name, *args)
+        low, high = _port_range()
+        tries = max(1, int(os.environ.get("MC_STORE_CLIENT_SETUP_RETRIES", 20) or 20))
+        for _ in range(tries):
+            engine = TransferEngine()
+            rc = engine.initialize(_with_port(host, random.randint(low, high)), *args)
+            if rc == 0 or "in use" not in (engine.last_error() or ""):
+                return engine, rc
+        return engine, rc
 
     def init_all(self, protocol, device_name, mount_segment_size=16 * 1024 * 1024):
         return self._fail("init_all", INVALID_PARAMS, "not implemented; use setup()")
@@ -204,10 +274,15 @@ class MooncakeDistributedStore:
     # ---- objects --------------------------------------------------------------------------
 
     def put(self, key, value, config=None):
-        return self._call("put", lambda: self._store.put(key, bytes(value), *_replicate(config)),
+        if self._staging == 0:
+            return self._no_staging("put")
+        return self._call("put", lambda: self._store.put(key, bytes(value), *self._rep(config)),
                           busy=OBJECT_ALREADY_EXISTS)
 
     def get(self, key):
+        if self._staging == 0:
+            self._no_staging("get")
+            return b""
         result = self._call("get", lambda: self._store.get(key), quiet_missing=True)
         return result if isinstance(result, bytes) else b""
 
@@ -237,7 +312,7 @@ class MooncakeDistributedStore:
     def batch_put_from(self, keys, buffer_ptrs, sizes, config=None):
         return self._batch("batch_put_from",
                            lambda: self._store.batch_put_from(list(keys), list(buffer_ptrs),
-                                                              list(sizes), *_replicate(config)),
+                                                              list(sizes), *self._rep(config)),
                            len(keys), busy=OBJECT_ALREADY_EXISTS)
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
@@ -246,7 +321,104 @@ class MooncakeDistributedStore:
                                                               list(sizes)),
                            len(keys))
 
+    def put_batch(self, keys, values, config=None):
+        """Stores values[i] (bytes-like) under keys[i], copied through the local
+        buffer as put's are, in one batch. 0, or the first failing key's code."""
+        if self._staging == 0:
+            return self._no_staging("put_batch")
+        if len(keys) != len(values):
+            return self._fail("put_batch", INVALID_PARAMS, "%d keys but %d values"
+                              % (len(keys), len(values)))
+        answers = self._batch("put_batch",
+                              lambda: self._store.put_batch(list(keys), list(values),
+                                                            *self._rep(config)),
+                              len(keys), busy=OBJECT_ALREADY_EXISTS)
+        return next((a for a in answers if a < 0), 0)
+
+    def batch_get_buffer(self, keys):
+        """Each key's value in a BufferHandle that the store READ it into, or
+        None when it cannot be read (absent, failed: logged)."""
+        keys = list(keys)
+        if not keys:
+            return []
+        if self._staging == 0:
+            self._no_staging("batch_get_buffer")
+            return [None] * len(keys)
+        sizes = self._batch("batch_get_buffer", lambda: self._store.batch_exists(keys),
+                            len(keys))
+        wanted = [i for i, n in enumerate(sizes) if n > 0]
+        handles = [BufferHandle(sizes[i]) for i in wanted]
+        ptrs = [h.ptr() for h in handles]
+        out = [None] * len(keys)
+        if not wanted:
+            return out
+        rc = self._engine.batch_register_memory(ptrs, [len(h) for h in handles])
+        if rc != 0:
+            self._fail("batch_get_buffer", INVALID_PARAMS, self._engine.last_error())
+            return out
+        try:
+            got = self.batch_get_into([keys[i] for i in wanted], ptrs, [len(h) for h in handles])
+        finally:
+            self._engine.batch_unregister_memory(ptrs)
+        for i, h, n in zip(wanted, handles, got):
+            out[i] = h if n == len(h) else None
+        return out
+
+    def get_buffer(self, key):
+        """batch_get_buffer of one key: its BufferHandle, or None."""
+        return self.batch_get_buffer([key])[0]
+
+    def get_into_ranges(self, buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets,
+                        all_sizes):
+        """Byte ranges of values into registered buffers, buffer-major:
+        buffer i gets, for its j-th key, all_sizes[i][j][k] bytes from offset
+        all_src_offsets[i][j][k] of the value at all_dst_offsets[i][j][k].
+        The answer has all_dst_offsets' shape: per range the bytes read or a
+        negative code (-600 for a range whose lists do not line up, one past
+        the value's end or outside the buffer's registered region; -704 for
+        a missing key). Every range is read in one batch."""
+        results = [[[INVALID_PARAMS] * len(d) for d in dsts] for dsts in all_dst_offsets]
+        lists = (all_keys, all_dst_offsets, all_src_offsets, all_sizes)
+        if any(len(x) != len(buffer_ptrs) for x in lists):
+            self._fail("get_into_ranges", INVALID_PARAMS, "%d buffers, %d key lists, %d/%d/%d "
+                       "offset and size lists: one of each per buffer"
+                       % ((len(buffer_ptrs),) + tuple(len(x) for x in lists)))
+            return results
+        flat, where = ([], [], [], []), []
+        for i, ptr in enumerate(buffer_ptrs):
+            if not ptr or len({len(x[i]) for x in lists}) != 1:
+                continue
+            for j, key in enumerate(all_keys[i]):
+                dst, src, size = all_dst_offsets[i][j], all_src_offsets[i][j], all_sizes[i][j]
+                if not len(dst) == len(src) == len(size):
+                    continue
+                for k in range(len(dst)):
+                    for column, value in zip(flat, (key, ptr + dst[k], src[k], size[k])):
+                        column.append(value)
+                    where.append((i, j, k))
+        if not where:
+            return results
+        answers = self._batch("get_into_ranges", lambda: self._store.get_ranges(*flat),
+                              len(where))
+        for (i, j, k), a in zip(where, answers):
+            results[i][j][k] = a
+        return results
+
     # ---- plumbing -------------------------------------------------------------------------
+
+    def _rep(self, config):
+        """_replicate(config), with a preferred_segment naming this client by
+        its bare local_hostname (no port: LMCache passes that) mapped to the
+        segment's name."""
+        rep = _replicate(config)
+        if rep[1] is not None and self._bare_hostname and rep[1] == self._bare_hostname:
+            return (rep[0], self._hostname) + tuple(rep[2:])
+        return rep
+
+    def _no_staging(self, call):
+        return self._fail(call, INVALID_PARAMS, "local_buffer_size is 0: no local buffer to "
+                          "copy the value through (use put_from / get_into with a registered "
+                          "buffer)")
 
     def _fail(self, call, code, detail):
         logger.warning("%s failed (%d): %s", call, code, detail)

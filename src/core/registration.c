@@ -392,6 +392,11 @@ ferry_status ferry_memory_register_batch_at(ferry_engine *e, void *const *addrs,
   FERRY_GATED(e, memory_register_batch(e, addrs, lengths, locations, count));
 }
 
+int ferry_memory_is_registered(ferry_engine *e, const void *addr, size_t length) {
+  return e && addr && length &&
+         ferry_registry_contains(e->registry, (uint64_t)(uintptr_t)addr, length);
+}
+
 int ferry_memory_cuda_available(char *why, size_t size) {
   return ferry_kind_cuda.available(why, size);
 }

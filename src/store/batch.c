@@ -480,6 +480,135 @@ ferry_status ferry_store_get_into_batch(ferry_store *s, ferry_store_item *items,
   return finish(&o);
 }
 
+/* ---- ranges --------------------------------------------------------------------------------- */
+
+/* A GET reply read for ranges: an object of the right size gets its
+ * replicas' addresses moved to the range's offset. */
+static ferry_status read_range_gets(ferry_store *s, store_reader *r, ferry_store_item *items,
+                                    const ferry_store_range *rg, size_t count, placement *pl,
+                                    outcome *o) {
+  for (size_t i = 0; i < count; i++) {
+    ferry_status st = (ferry_status)(int32_t)store_get_u32(r);
+    pl[i].size = store_get_u64(r);
+    pl[i].next = 0;
+    ferry_status bad = store_get_replicas(r, pl[i].reps, &pl[i].count, s->master);
+    if (bad)
+      return bad;
+    pl[i].on_disk = store_get_u8(r) != 0;
+    pl[i].from_file = pl[i].on_disk && pl[i].count == 0;
+    if (r->bad)
+      return ferry_fail(FERRY_EPROTO, "store master %s sent a truncated GET reply", s->master);
+    if (items[i].status != FERRY_OK) /* refused before the request */
+      continue;
+    if (!st && (rg[i].offset > pl[i].size || rg[i].length > pl[i].size - rg[i].offset))
+      st = ferry_fail(FERRY_EINVAL,
+                      "get_into_ranges \"%s\": bytes %llu..%llu pass the value's end (%llu bytes)",
+                      rg[i].key, (unsigned long long)rg[i].offset,
+                      (unsigned long long)(rg[i].offset + rg[i].length),
+                      (unsigned long long)pl[i].size);
+    else if (st)
+      st = store_entry_fail(s, st, rg[i].key, 0, "get");
+    if (st) {
+      item_failed(o, items, i, st);
+      continue;
+    }
+    for (unsigned j = 0; j < pl[i].count; j++)
+      pl[i].reps[j].addr += rg[i].offset;
+  }
+  return r->left ? ferry_fail(FERRY_EPROTO, "store master %s: GET reply too long", s->master)
+                 : FERRY_OK;
+}
+
+/* The ranges of disk-only objects: the whole file read and checked (its
+ * crc32c covers the whole value), then the range copied out. */
+static void read_range_files(ferry_store *s, ferry_store_item *items, const ferry_store_range *rg,
+                             size_t count, placement *pl, outcome *o) {
+  char dir[STORE_DIR_MAX];
+  int have_dir = -1;
+  for (size_t i = 0; i < count; i++) {
+    if (items[i].status != FERRY_OK || !pl[i].from_file)
+      continue;
+    if (have_dir < 0)
+      have_dir = store_fs_dir(s, dir);
+    void *whole = malloc(pl[i].size ? (size_t)pl[i].size : 1);
+    int bad = 0;
+    ferry_status st =
+        !have_dir ? ferry_fail(FERRY_ENOTFOUND,
+                               "get \"%s\": the object is on disk only, and store master %s "
+                               "names no directory for its files now",
+                               rg[i].key, s->master)
+        : !whole  ? ferry_fail(FERRY_ENOMEM, "get_into_ranges \"%s\": no memory for %llu bytes",
+                               rg[i].key, (unsigned long long)pl[i].size)
+                  : store_disk_read(dir, rg[i].key, whole, (size_t)pl[i].size, &bad);
+    if (!st)
+      memcpy(rg[i].buf, (char *)whole + rg[i].offset, rg[i].length);
+    free(whole);
+    if (st)
+      item_failed(o, items, i, st);
+    if (bad)
+      drop_files(s, &items[i].key, 1);
+  }
+}
+
+static ferry_status ranges_slice(ferry_store *s, ferry_store_range *rg, ferry_store_item *items,
+                                 size_t count, outcome *o) {
+  ferry_frame_header h;
+  uint8_t *body;
+  ferry_status st = keys_request(s, STORE_GET, items, count, &h, &body, "store GET");
+  if (st)
+    return st;
+  placement *pl = malloc(count * sizeof *pl);
+  move *mv = malloc(count * sizeof *mv);
+  char(*details)[FERRY_ERROR_MAX] = malloc(count * sizeof *details);
+  store_reader r = {body, (size_t)h.body_len, 0};
+  st = pl && mv && details ? read_range_gets(s, &r, items, rg, count, pl, o)
+                           : ferry_fail(FERRY_ENOMEM, "store get_into_ranges: out of memory");
+  if (!st) {
+    read_replicas(s, items, count, pl, mv, details, o);
+    read_range_files(s, items, rg, count, pl, o);
+  }
+  free(details);
+  free(mv);
+  free(pl);
+  free(body);
+  return st;
+}
+
+ferry_status ferry_store_get_ranges(ferry_store *s, ferry_store_range *rg, size_t count) {
+  ferry_store_item *items = calloc(count ? count : 1, sizeof *items);
+  if (!items)
+    return ferry_fail(FERRY_ENOMEM, "ferry_store_get_ranges: out of memory");
+  outcome o = {SIZE_MAX, FERRY_OK, ""};
+  ferry_status st = FERRY_OK;
+  for (size_t i = 0; i < count && !st; i++) {
+    items[i] = (ferry_store_item){rg[i].key, rg[i].buf, rg[i].length, FERRY_OK};
+    st = store_check_key(rg[i].key, "ferry_store_get_ranges");
+  }
+  /* The destination must be registered, as a READ's would: a range read
+   * from this client's own segment is copied in memory, unchecked. */
+  for (size_t i = 0; i < count && !st; i++)
+    if (!rg[i].buf || !rg[i].length)
+      item_failed(
+          &o, items, i,
+          ferry_fail(FERRY_EINVAL, "get_into_ranges \"%s\": range %zu has no bytes", rg[i].key, i));
+    else if (!ferry_memory_is_registered(s->engine, rg[i].buf, rg[i].length))
+      item_failed(&o, items, i,
+                  ferry_fail(FERRY_ENOTREG,
+                             "get_into_ranges \"%s\": destination %p (+%zu bytes) is not inside "
+                             "one region registered on this engine",
+                             rg[i].key, rg[i].buf, rg[i].length));
+  for (size_t at = 0; !st && at < count; at += STORE_BATCH_MAX) {
+    size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
+    ferry_status sl = ranges_slice(s, rg + at, items + at, n, &o);
+    if (sl)
+      slice_failed(&o, items, at, n, sl);
+  }
+  for (size_t i = 0; i < count; i++)
+    rg[i].status = st ? FERRY_OK : items[i].status;
+  free(items);
+  return st ? st : finish(&o);
+}
+
 /* ---- exists --------------------------------------------------------------------------------- */
 
 static ferry_status query_slice(ferry_store *s, ferry_store_item *items, size_t count) {

@@ -421,6 +421,43 @@ ferry_status ferry_store_put(ferry_store *s, const char *key, const void *data, 
   return st;
 }
 
+/* ferry_store_put for many values: all of them staged together (one
+ * buffer, each value at a 64-byte boundary), then one batch put. */
+ferry_status ferry_store_put_batch(ferry_store *s, ferry_store_item *items, size_t count,
+                                   const ferry_store_replicate *replicate) {
+  size_t total = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (!items[i].buf || !items[i].length)
+      return ferry_fail(FERRY_EINVAL, "ferry_store_put_batch: item %zu (\"%s\") has no bytes", i,
+                        items[i].key ? items[i].key : "(NULL)");
+    total += (items[i].length + 63) & ~(size_t)63;
+  }
+  if (!count)
+    return FERRY_OK;
+  ferry_store_item *staged = malloc(count * sizeof *staged);
+  void *buf = NULL;
+  ferry_status st = staged ? take_staging(s, total, &buf)
+                           : ferry_fail(FERRY_ENOMEM, "ferry_store_put_batch: out of memory");
+  if (st) {
+    free(staged);
+    return st;
+  }
+  size_t at = 0;
+  for (size_t i = 0; i < count; i++) {
+    staged[i] = items[i];
+    staged[i].buf = (char *)buf + at;
+    staged[i].status = FERRY_OK;
+    memcpy(staged[i].buf, items[i].buf, items[i].length);
+    at += (items[i].length + 63) & ~(size_t)63;
+  }
+  st = ferry_store_put_from_batch(s, staged, count, replicate);
+  give_staging(s, buf);
+  for (size_t i = 0; i < count; i++)
+    items[i].status = staged[i].status;
+  free(staged);
+  return st;
+}
+
 ferry_status ferry_store_get(ferry_store *s, const char *key, void **data, size_t *length) {
   uint64_t size;
   ferry_status st = ferry_store_size(s, key, &size);

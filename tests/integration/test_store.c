@@ -451,6 +451,93 @@ static void values_move_between_two_clients(void **state) {
   rig_close(&t);
 }
 
+/* ferry_store_put_batch from memory no engine registered (a batch larger
+ * than the 1 MiB staging buffer too), then ferry_store_get_ranges: byte
+ * ranges of values in the other client's segment (READ) and in this
+ * client's own (copied in memory), every byte checked; a range past the
+ * value's end, an absent key, a destination not registered or running past
+ * its region fail per range, the bytes next to them untouched. */
+static void ranges_and_batches_of_any_memory(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, SEGMENT);
+  local_client a = t.a;
+  child_client b;
+  child_open(&b, t.m.addr);
+
+  enum { N = 3 };
+  const size_t lens[N] = {100, 640 * KiB, 700 * KiB}; /* 1.3 MiB: past the staging buffer */
+  const char *keys[N] = {"pb_small", "pb_mid", "pb_large"};
+  uint8_t *plain[N];
+  ferry_store_item items[N];
+  for (int i = 0; i < N; i++) {
+    assert_non_null(plain[i] = malloc(lens[i]));
+    fill(plain[i], lens[i], 200u + i);
+    items[i] = (ferry_store_item){keys[i], plain[i], lens[i], FERRY_EINVAL};
+  }
+  ferry_store_replicate in_b = {1, b.segment, FERRY_STORE_PIN_NONE};
+  if (ferry_store_put_batch(a.store, items, N, &in_b) != FERRY_OK)
+    fail_msg("put_batch: %s", ferry_last_error());
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(items[i].status, FERRY_OK);
+    child_expect_ok(&b, "get %s %zu %u\n", keys[i], lens[i], 200u + i);
+  }
+  ferry_store_replicate in_a = {1, ferry_store_segment(a.store), FERRY_STORE_PIN_NONE};
+  ferry_store_item own = {"own", plain[1], lens[1], FERRY_EINVAL};
+  assert_int_equal(ferry_store_put_batch(a.store, &own, 1, &in_a), FERRY_OK);
+
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(a.engine, 64 * KiB, (void **)&buf), FERRY_OK);
+  memset(buf, '_', 64 * KiB);
+  ferry_store_range rg[] = {
+      {"pb_mid", buf, 1000, 5000, FERRY_EINVAL},                 /* b's segment */
+      {"own", buf + 8 * KiB, 600 * KiB, 40 * KiB, FERRY_EINVAL}, /* a's own */
+      {"pb_small", buf + 60 * KiB, 0, 100, FERRY_EINVAL},        /* the whole value */
+  };
+  if (ferry_store_get_ranges(a.store, rg, 3) != FERRY_OK)
+    fail_msg("get_ranges: %s", ferry_last_error());
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(rg[i].status, FERRY_OK);
+  for (size_t i = 0; i < 5000; i++)
+    assert_int_equal(buf[i], pattern(201, 1000 + i));
+  for (size_t i = 0; i < 40 * KiB; i++)
+    assert_int_equal(buf[8 * KiB + i], pattern(201, 600 * KiB + i));
+  assert_int_equal(mismatch(buf + 60 * KiB, 100, 200), -1);
+  assert_int_equal(buf[5000], '_');
+
+  uint8_t *unregistered = malloc(64);
+  memset(buf, '_', 64 * KiB);
+  ferry_store_range bad[] = {
+      {"own", buf, 640 * KiB - 10, 11, FERRY_OK},                 /* one byte past the value */
+      {"absent", buf, 0, 10, FERRY_OK},                           /* no such key */
+      {"own", unregistered, 0, 64, FERRY_OK},                     /* not registered */
+      {"own", buf + 64 * KiB - 8, 0, 16, FERRY_OK},               /* past the region, a's own */
+      {"pb_mid", buf + 64 * KiB - 8, 0, 16, FERRY_OK},            /* past the region, b's */
+      {"pb_large", buf + 32 * KiB, 700 * KiB - 16, 16, FERRY_OK}, /* fine, among them */
+  };
+  assert_int_equal(ferry_store_get_ranges(a.store, bad, 6), FERRY_EINVAL);
+  assert_non_null(strstr(ferry_last_error(), "pass the value's end"));
+  const ferry_status want[] = {FERRY_EINVAL,  FERRY_ENOTFOUND, FERRY_ENOTREG,
+                               FERRY_ENOTREG, FERRY_ENOTREG,   FERRY_OK};
+  for (int i = 0; i < 6; i++)
+    assert_int_equal(bad[i].status, want[i]);
+  for (size_t i = 0; i < 16; i++)
+    assert_int_equal(buf[32 * KiB + i], pattern(202, 700 * KiB - 16 + i));
+  for (size_t i = 0; i < 64 * KiB; i++)
+    if (i < 32 * KiB || i >= 32 * KiB + 16)
+      assert_int_equal(buf[i], '_');
+  assert_true(ferry_memory_is_registered(a.engine, buf, 64 * KiB));
+  assert_false(ferry_memory_is_registered(a.engine, buf + 1, 64 * KiB));
+  assert_false(ferry_memory_is_registered(a.engine, unregistered, 64));
+
+  free(unregistered);
+  for (int i = 0; i < N; i++)
+    free(plain[i]);
+  child_close(&b);
+  ferry_memory_free(a.engine, buf);
+  rig_close(&t);
+}
+
 /* Between PUT_START and PUT_END the key is invisible; after the writer's
  * connection ends without PUT_END it never appears, and its space and key
  * are free again. */
@@ -1428,6 +1515,26 @@ static void expect_refused_file(tier *d, const char *key, ferry_status want, con
 /* A disk-only object whose file was damaged, cut short, replaced by
  * another key's or deleted is refused with the key and the path, and
  * dropped; an object still in memory is read from there. */
+/* ferry_store_get_ranges of a disk-only object (read from its file) and
+ * of one in memory, in one call, each byte checked. */
+static void ranges_of_an_evicted_object_come_from_its_file(void **state) {
+  (void)state;
+  tier d = {0};
+  tier_open(&d);
+  tier_fill(&d);
+  memset(d.buf, 0, 2 * SLOT);
+  ferry_store_range rg[] = {{"slot00", d.buf, SLOT - 300, 300, FERRY_EINVAL}, /* on disk only */
+                            {"slot31", d.buf + SLOT, 5, 1000, FERRY_EINVAL}};
+  if (ferry_store_get_ranges(d.t.a.store, rg, 2) != FERRY_OK)
+    fail_msg("get_ranges: %s", ferry_last_error());
+  for (size_t i = 0; i < 300; i++)
+    assert_int_equal(d.buf[i], pattern(0, SLOT - 300 + i));
+  for (size_t i = 0; i < 1000; i++)
+    assert_int_equal(d.buf[SLOT + i], pattern(31, 5 + i));
+  assert_int_equal(d.buf[300], 0);
+  tier_close(&d);
+}
+
 static void a_damaged_or_missing_file_is_refused(void **state) {
   (void)state;
   tier d = {0};
@@ -1578,6 +1685,7 @@ int main(int argc, char **argv) {
   test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(values_move_between_two_clients),
+      cmocka_unit_test(ranges_and_batches_of_any_memory),
       cmocka_unit_test(a_put_is_invisible_until_committed),
       cmocka_unit_test(a_dead_clients_replicas_are_gone),
       cmocka_unit_test(a_get_moves_to_the_next_replica),
@@ -1599,6 +1707,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_put_across_a_restart_commits_nothing),
       cmocka_unit_test(an_idle_client_rejoins_by_its_ping_thread),
       cmocka_unit_test(evicted_objects_are_read_back_from_their_files),
+      cmocka_unit_test(ranges_of_an_evicted_object_come_from_its_file),
       cmocka_unit_test(a_damaged_or_missing_file_is_refused),
       cmocka_unit_test(a_key_with_dot_dots_stays_inside_the_directory),
       cmocka_unit_test(an_object_outlives_its_segment_in_its_file),

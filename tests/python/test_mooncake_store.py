@@ -272,3 +272,185 @@ def test_the_ssd_tier_keeps_evicted_values_in_files(tmp_path):
     proc, addr, err = start_mooncake_master("--root_fs_dir=%s" % (tmp_path / "missing"))
     assert addr is None and proc.returncode == 1
     assert "--root_fs_dir=%s" % (tmp_path / "missing") in err and "No such file" in err
+
+
+def named_client(master_addr, metadata_url, hostname="localhost", segment=32 * MiB,
+                 staging=16 * MiB):
+    """A client named by a metadata server, as Mooncake's own tests set one up."""
+    store = MooncakeDistributedStore()
+    assert store.setup(hostname, metadata_url, segment, staging, "tcp", "", master_addr) == 0
+    return store
+
+
+def test_a_hostname_without_port_gets_one_and_preferred_segment_follows(master,
+                                                                        metadata_server):
+    """local_hostname "localhost" (no port): each client is "localhost:PORT",
+    PORT in Mooncake's 12300-14300, so two of them on one host are two
+    segments; a preferred_segment of "localhost" is the putting client's own
+    (the larger segment of the other would take it otherwise), and one naming
+    the other client's get_hostname() goes there."""
+    big = named_client(master, metadata_server, segment=64 * MiB)
+    small = named_client(master, metadata_server)
+    try:
+        names = [big.get_hostname(), small.get_hostname()]
+        assert names[0] != names[1]
+        for name in names:
+            host, port = name.rsplit(":", 1)
+            assert host == "localhost" and 12300 <= int(port) <= 14300
+        assert small.put("mine", page_bytes(1), ReplicateConfig(preferred_segment="localhost")) == 0
+        assert small.put("theirs", page_bytes(2), ReplicateConfig(preferred_segment=names[0])) == 0
+        assert big.get("mine") == page_bytes(1)
+    finally:
+        assert small.close() == 0
+    try:
+        assert big.is_exist("mine") == 0  # it lived in small's segment
+        assert big.get("theirs") == page_bytes(2)
+    finally:
+        assert big.close() == 0
+
+
+def test_put_batch_and_batch_get_buffer(master):
+    """put_batch(keys, values, config) stores bytes-like values (two replicas
+    asked: one in each client's segment), a batch larger than the local
+    buffer too; batch_get_buffer reads each into a BufferHandle (None for an
+    absent key), whose bytes, size() and ptr() agree."""
+    a, b = client(master), client(master)
+    try:
+        keys = ["pb_%d" % i for i in range(6)]
+        values = [page_bytes(i) for i in range(4)] + [bytearray(page_bytes(9)),
+                                                      memoryview(page_bytes(10))]
+        assert a.put_batch(keys, values, ReplicateConfig(replica_num=2)) == 0
+        for key, value in zip(keys, values):
+            assert b.get(key) == bytes(value)
+        big = [bytes([i]) * (6 * MiB) for i in range(4)]  # 24 MiB > the 16 MiB local buffer
+        assert a.put_batch(["big_%d" % i for i in range(4)], big) == 0
+        assert b.get("big_3") == big[3]
+        assert a.put_batch(["x"], [b"1", b"2"]) == -600
+
+        got = b.batch_get_buffer([keys[1], "absent", keys[4]])
+        assert got[1] is None
+        assert bytes(got[0]) == page_bytes(1) and got[0].size() == PAGE == len(got[0])
+        assert ctypes.string_at(got[2].ptr(), PAGE) == page_bytes(9)
+        assert b.batch_get_buffer([]) == []
+        assert b.batch_get_buffer(["absent"]) == [None]
+        assert bytes(b.get_buffer(keys[0])) == page_bytes(0) and b.get_buffer("absent") is None
+    finally:
+        assert a.close() == 0
+        assert b.close() == 0
+
+
+def test_get_into_ranges(master, tmp_path):
+    """Ranges of values into registered buffers, buffer-major, each byte
+    checked: from another client's segment, from this client's own (copied in
+    memory) and from a value on disk only; a range past the value's end, one
+    past the registered buffer (the bytes after it untouched) and lists that
+    do not line up answer -600, an absent key -704."""
+    proc, addr = start_master("--default_kv_lease_ttl=500", "--eviction_high_watermark_ratio=1",
+                              "--root_fs_dir=%s" % tmp_path)
+    own, other = MooncakeDistributedStore(), MooncakeDistributedStore()
+    try:
+        assert own.setup("127.0.0.1", "P2PHANDSHAKE", 1 * MiB, 1 * MiB, "tcp", "", addr) == 0
+        assert other.setup("127.0.0.1", "P2PHANDSHAKE", 1 * MiB, 1 * MiB, "tcp", "", addr) == 0
+        # Two 1 MiB segments hold 32 values of 64 KiB: r_0, one in each
+        # segment, 29 fillers, then one more evicts r_0 (the least recently
+        # used) to its file only.
+        on_disk, in_own, in_other = "r_0", "own_1", "other_2"
+        assert own.put(on_disk, page_bytes(0)) == 0
+        assert own.put(in_own, page_bytes(1),
+                       ReplicateConfig(preferred_segment=own.get_hostname())) == 0
+        assert own.put(in_other, page_bytes(2),
+                       ReplicateConfig(preferred_segment=other.get_hostname())) == 0
+        for i in range(30):
+            assert own.put("fill_%d" % i, page_bytes(3 + i)) == 0
+        assert len(list((tmp_path / "mooncake_cluster").glob("*.kv"))) == 33
+        assert own.is_exist(on_disk) == 1
+        seeds = {on_disk: 0, in_own: 1, in_other: 2}
+        size = 1024
+        mem = ctypes.create_string_buffer(3 * size)  # only the first two thirds registered
+        base = ctypes.addressof(mem)
+        ctypes.memset(base, ord("_"), 3 * size)
+        assert own.register_buffer(base, 2 * size) == 0
+        b0, b1 = base, base + size
+        got = own.get_into_ranges(
+            [b0, b1],
+            [[in_other, in_own], [on_disk, in_other]],
+            [[[0, 100], [200]], [[0], [500]]],
+            [[[5, 60000], [1000]], [[PAGE - 300], [7]]],
+            [[[50, 36], [300]], [[300], [size - 500]]])
+        assert got == [[[50, 36], [300]], [[300], [size - 500]]]
+
+        def at(key, src, n):
+            return page_bytes(seeds[key])[src:src + n]
+        assert mem.raw[0:50] == at(in_other, 5, 50)
+        assert mem.raw[100:136] == at(in_other, 60000, 36)
+        assert mem.raw[200:500] == at(in_own, 1000, 300)
+        assert mem.raw[size:size + 300] == at(on_disk, PAGE - 300, 300)
+        assert mem.raw[size + 500:2 * size] == at(in_other, 7, size - 500)
+
+        bad = own.get_into_ranges([b1], [[in_own, on_disk, "absent", in_own]],
+                                  [[[size - 8], [0], [0], [0, 8]]],
+                                  [[[0], [PAGE - 4], [0], [0]]], [[[16], [8], [4], [4]]])
+        assert bad[0][0] == [-600]  # past the registered buffer, though in own's segment
+        assert bad[0][1] == [-600]  # past the value's end
+        assert bad[0][2] == [-704]
+        assert bad[0][3] == [-600, -600]  # 2 destinations, 1 offset, 1 size
+        assert mem.raw[2 * size:] == b"_" * size
+        assert own.get_into_ranges([b0], [[in_own], [in_own]], [[[0]]], [[[0]]], [[[4]]]) == \
+            [[[-600]]]
+        assert own.unregister_buffer(base) == 0
+    finally:
+        assert own.close() == 0
+        assert other.close() == 0
+        stop_master(proc)
+
+
+def test_a_zero_local_buffer_sets_up_and_refuses_the_copying_calls(master, caplog):
+    """local_buffer_size=0, as Mooncake: setup succeeds, put, put_batch, get
+    and batch_get_buffer fail (-600, the key not stored), the zero-copy calls
+    work."""
+    store = MooncakeDistributedStore()
+    try:
+        assert store.setup("127.0.0.1", "P2PHANDSHAKE", 8 * MiB, 0, "tcp", "", master) == 0
+        assert store.put("zero", b"value") == -600
+        assert "local_buffer_size is 0" in caplog.text
+        assert store.is_exist("zero") == 0
+        assert store.put_batch(["zero"], [b"value"]) == -600
+        buf = ctypes.create_string_buffer(b"from a registered buffer")
+        ptr = ctypes.addressof(buf)
+        assert store.register_buffer(ptr, len(buf)) == 0
+        assert store.put_from("zero", ptr, len(buf)) == 0
+        assert store.get("zero") == b""
+        assert store.batch_get_buffer(["zero"]) == [None]
+        ctypes.memset(ptr, 0, len(buf))
+        assert store.get_into("zero", ptr, len(buf)) == len(buf)
+        assert buf.raw == b"from a registered buffer\0"
+        assert store.unregister_buffer(ptr) == 0
+    finally:
+        assert store.close() == 0
+
+
+def test_a_port_taken_meanwhile_is_tried_again_with_another(master, metadata_server,
+                                                            monkeypatch):
+    """The port picked for a local_hostname without one is in use (another
+    listener took it): setup tries another, as Mooncake's client retries."""
+    import random
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    other = free.getsockname()[1]
+    free.close()
+    picks = iter([port, other])
+    monkeypatch.setattr(random, "randint", lambda low, high: next(picks))
+    store = None
+    try:
+        store = named_client(master, metadata_server, hostname="127.0.0.1")
+        assert store.get_hostname() == "127.0.0.1:%d" % other
+        assert store.put("k", b"v") == 0 and store.get("k") == b"v"
+    finally:
+        taken.close()
+        if store is not None:
+            assert store.close() == 0
