@@ -587,8 +587,8 @@ typedef struct ferry_file ferry_file;
  * naming fd and its path: not an open descriptor, O_PATH, not a regular
  * file or block device, opened O_APPEND for writing (pwritev would append
  * instead of writing at the offset). Whether O_DIRECT is used, and why
- * not, is logged (DEBUG when it is, INFO when not) and answered by
- * ferry_file_direct. A file may be registered more than once (handles of
+ * not, is logged (INFO when it was wanted and cannot be had, else DEBUG)
+ * and answered by ferry_file_direct. A file may be registered more than once (handles of
  * their own). */
 ferry_status ferry_file_register(ferry_engine *engine, int fd, unsigned flags, ferry_file **out);
 /* A fence, as ferry_memory_unregister: on return no operation reads or
