@@ -6,7 +6,10 @@
  * "done" always means every byte is where it should be. A chunk lost with
  * its rail's link stays outstanding on the retry list until a channel on
  * another rail moves it (once): another rail of the same transport, or
- * one of a standby transport (peer.c). */
+ * one of a standby transport (peer.c).
+ *
+ * A file's batch (file.c) is the same batch with no peer: its chunks are
+ * moved by preadv/pwritev on the workers instead of a peer's channels. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -380,7 +383,8 @@ static uint64_t notify_deadline(const ferry_batch *b) {
 
 /* The control messages that follow the data: the notification, and the
  * after-landed message unless the transport carried it in-band or posts
- * it on its own path. */
+ * it on its own path. A file's batch has one follower of its own: the
+ * fdatasync FERRY_FILE_SYNC asks for. */
 static ferry_status send_followers(ferry_batch *b, uint64_t deadline) {
   if (b->file_sync)
     return ferry_file_sync_batch(b);

@@ -33,7 +33,8 @@ typedef struct ferry_after {
 /* Drivers (the submitting thread, workers) use engine and peer; they all
  * run inside the engine's call gate, so both outlive them. Status, wait and
  * free may come after the engine is gone: they use only the batch's own
- * fields (address, budget_ms), never engine or peer. */
+ * fields (address, budget_ms), never engine or peer, and the file a file's
+ * batch holds a reference on (file.c), which outlives its registration. */
 /* A chunk lost with its rail's link, waiting for a channel on another. */
 typedef struct ferry_retry {
   struct ferry_retry *next;
