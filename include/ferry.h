@@ -49,6 +49,7 @@ typedef enum ferry_status {
   FERRY_EINPROGRESS = -21, /* batch still pending when the wait ended */
   FERRY_EFAULT = -22,      /* memory this process cannot read and write (unmapped, PROT_NONE) */
   FERRY_ECANCELED = -23,   /* the caller cancelled the batch (ferry_batch_cancel) */
+  FERRY_EIO = -24,         /* a file's read or write failed, or a READ met its end */
 } ferry_status;
 
 /* Static description of a code and where docs/errors.md explains it (its
@@ -309,6 +310,10 @@ typedef struct ferry_config {
    * costs a copy); NEVER stages nothing (device memory then fails with
    * FERRY_EFAULT on tcp). */
   int staging;
+  /* FILE memory (ferry_file_*): operations one file batch keeps in flight
+   * at once, each a preadv or pwritev on a worker thread
+   * (FERRY_FILE_QUEUE_DEPTH, 1 to 256; default 0: 16). */
+  unsigned file_queue_depth;
 } ferry_config;
 #define FERRY_STAGING_AUTO 0
 #define FERRY_STAGING_ALWAYS 1
@@ -335,9 +340,9 @@ void ferry_config_init_size(ferry_config *cfg, size_t size);
  * 86400), FERRY_FABRIC_PROVIDER, FERRY_FABRIC_DEVICE (names) and
  * FERRY_FABRIC_MR_BASIC (boolean), FERRY_FABRIC_LANES (1 to 8), FERRY_STALL_MS (ms, positive),
  * FERRY_POOL_SENDER_BYTES and FERRY_POOL_SENDER_SLOTS (positive whole numbers),
- * FERRY_POOL_GRANT_TIMEOUT_MS (1000 to 86400000). A bad one fails with FERRY_EINVAL and a message
- * naming the setting, the value and what is accepted. A started engine logs "engine NAME listening
- * on HOST:PORT (transports: ...)" at INFO. */
+ * FERRY_POOL_GRANT_TIMEOUT_MS (1000 to 86400000), FERRY_FILE_QUEUE_DEPTH (1 to 256). A bad one
+ * fails with FERRY_EINVAL and a message naming the setting, the value and what is accepted. A
+ * started engine logs "engine NAME listening on HOST:PORT (transports: ...)" at INFO. */
 ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out);
 /* Threads. Every call on an engine may be made from any thread, and calls
  * may run concurrently with each other, including ferry_engine_shutdown and
@@ -550,6 +555,74 @@ size_t ferry_plan_remote_count(const ferry_plan *plan);
  * not while another thread is inside a call on the plan. Plans may be used
  * by several threads at once otherwise. */
 void ferry_plan_free(ferry_plan *plan);
+
+/* ---- Files: FILE memory (storage segments) -------------------------------
+ * A registered file (a descriptor of a regular file or a block device) is
+ * the far side of a batch whose near side is this engine's registered
+ * memory: an entry's `remote` is a byte offset in the file, READ moves
+ * file -> memory and WRITE memory -> file (NIXL's POSIX backend: KV blocks
+ * offloaded to local NVMe). The file is this process's own: no peer is
+ * involved and nothing is published.
+ *
+ * Each operation is one preadv or pwritev on a worker thread,
+ * ferry_config.file_queue_depth of them in flight per batch. An entry of
+ * up to 16 MiB is one operation, a larger one is cut into 16 MiB ones;
+ * entries below 256 KiB that follow each other in the list with the same
+ * op are gathered into operations of up to 256 KiB (one system call per
+ * run that is contiguous in the file). Where the file system takes it,
+ * an operation whose offset, length and memory are aligned to its block
+ * goes through an O_DIRECT descriptor (no page cache); any other one,
+ * and an aligned one O_DIRECT refuses, through a buffered one: alignment
+ * never fails an operation. Completion, state, wait, cancel and free are
+ * ferry_batch's (deadline: timeout_ms plus timeout_ns_per_mb, as for a
+ * network batch; an operation in a system call is not interrupted).
+ * DONE means every byte was read into memory, or handed to the kernel by
+ * pwritev (in the page cache, or on the device's write path for O_DIRECT):
+ * with FERRY_FILE_SYNC, DONE comes only after fdatasync, so the bytes
+ * are on stable storage. RELIABILITY.md 23. */
+typedef struct ferry_file ferry_file;
+
+#define FERRY_FILE_BUFFERED 0x1u /* register: never O_DIRECT, every operation buffered */
+#define FERRY_FILE_SYNC 0x1u     /* submit: fdatasync after the last WRITE, before DONE */
+
+/* Registers fd, which stays the caller's: ferry duplicates it (the caller
+ * may close its own once this returns) and, unless FERRY_FILE_BUFFERED,
+ * reopens the file with O_DIRECT through /proc/self/fd. FERRY_EINVAL
+ * naming fd and its path: not an open descriptor, O_PATH, not a regular
+ * file or block device, opened O_APPEND for writing (pwritev would append
+ * instead of writing at the offset). Whether O_DIRECT is used, and why
+ * not, is logged (INFO when it was wanted and cannot be had, else DEBUG)
+ * and answered by ferry_file_direct. A file may be registered more than once (handles of
+ * their own). */
+ferry_status ferry_file_register(ferry_engine *engine, int fd, unsigned flags, ferry_file **out);
+/* A fence, as ferry_memory_unregister: on return no operation reads or
+ * writes the file through ferry again and its descriptors are closed.
+ * Operations in a system call are waited for (the time of one preadv or
+ * pwritev); batches over the file that still have work fail with
+ * FERRY_ENOTREG naming it. Their handles stay valid (ferry_batch_*).
+ * FERRY_ENOTFOUND for a handle this engine does not hold (unregistered
+ * already). The handle is freed: do not use it again. */
+ferry_status ferry_file_unregister(ferry_engine *engine, ferry_file *file);
+/* Nonzero when aligned operations go through O_DIRECT; else 0 and, when
+ * why is not NULL, the reason ("open with O_DIRECT failed: Invalid
+ * argument", "buffered I/O was asked for"). align (may be NULL) gets the
+ * alignment of offset and length O_DIRECT needs. */
+int ferry_file_direct(const ferry_file *file, size_t *align, char *why, size_t size);
+/* The path of the file as /proc/self/fd showed it at registration. */
+const char *ferry_file_path(const ferry_file *file);
+/* Starts a batch between registered memory (each entry's local, checked
+ * as for ferry_batch_submit: FERRY_ENOTREG) and file (each entry's remote
+ * is an offset). FERRY_EINVAL, before any byte moves, naming the entry:
+ * a WRITE to a file opened read-only, a READ of one opened write-only, a
+ * range past 2^63. FERRY_EFAULT for local device memory (the CPU cannot
+ * touch it). The batch fails with FERRY_EIO naming the file, the range and
+ * errno when a system call fails, and when a READ meets the end of the
+ * file (never short data). flags: FERRY_FILE_SYNC. */
+ferry_status ferry_file_submit(ferry_engine *engine, ferry_file *file, const ferry_entry *entries,
+                               size_t count, unsigned flags, ferry_batch **out);
+/* The same, synchronous: the calling thread does operations too. */
+ferry_status ferry_file_transfer_sync(ferry_engine *engine, ferry_file *file,
+                                      const ferry_entry *entries, size_t count, unsigned flags);
 
 /* ---- Peers and notifications -------------------------------------------- */
 /* FERRY_OK if the peer answers a ping within the connect timeout. */

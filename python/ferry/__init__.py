@@ -44,6 +44,14 @@ This package is a thin layer over libferry's C API (the extension module
       ``send`` in the loop's default executor. A view of a message (numpy,
       memoryview) stays readable after ``Engine.close()``: the pool memory
       is freed with the last view.
+    - FILE memory: ``register_file(fd, buffered=False)`` -> ``File``
+      (``.path``, ``.direct``, ``.why``, ``.align``, ``unregister()``,
+      context manager); ``File.transfer(entries, sync=False)`` and
+      ``File.submit(...)`` -> ``Batch`` move ``(op, local, offset, length)``
+      entries between registered memory and the file (``OP_READ``: file ->
+      memory, ``OP_WRITE``: memory -> file) with preadv/pwritev, O_DIRECT for
+      aligned operations where the file system takes it; ``sync=True``
+      fdatasyncs before done. A READ past the end of the file raises ``EIO``.
     - ``probe(target)``, ``notify(target, name, data)``,
       ``drain_notifications()`` -> ``[(name, bytes)]``,
       ``peer_regions(target)``, ``peer_transport(target)``, ``close()``.
@@ -67,7 +75,7 @@ This package is a thin layer over libferry's C API (the extension module
 
 Module functions: ``strerror(code)``, ``to_mooncake(code)``, ``version()``,
 ``transport_name(bit)``, ``transport_parse(names)``, ``cuda_available()``, ``set_log_level(level)``,
-``get_log_level()``; constants ``OK``, ``EINVAL`` ... ``EINPROGRESS``, ``EFAULT``, ``ECANCELED``,
+``get_log_level()``; constants ``OK``, ``EINVAL`` ... ``EINPROGRESS``, ``EFAULT``, ``ECANCELED``, ``EIO``,
 ``OP_READ``, ``OP_WRITE``, ``TRANSPORT_*``, ``BATCH_*``, ``LOG_*``.
 
 Logging: libferry's lines (the ``listening`` line, refused connections,
@@ -110,6 +118,7 @@ try:
         EAUTH,
         EBUSY,
         ECANCELED,
+        EIO,
         ECHECKSUM,
         ECLOSED,
         EDNS,
@@ -146,6 +155,7 @@ try:
         VERSION_STRING,
         Batch,
         Engine,
+        File,
         Error,
         Message,
         Plan,
@@ -225,6 +235,7 @@ _atexit.register(flush_log)
 
 __all__ = [
     "Engine",
+    "File",
     "Batch",
     "Error",
     "Pool",
@@ -266,6 +277,7 @@ __all__ = [
     "EINPROGRESS",
     "EFAULT",
     "ECANCELED",
+    "EIO",
     "OP_READ",
     "OP_WRITE",
     "TRANSPORT_TCP",

@@ -96,7 +96,8 @@ PyMODINIT_FUNC PyInit__ferry(void) {
   ErrorType.tp_base = (PyTypeObject *)PyExc_RuntimeError;
   if (PyType_Ready(&ErrorType) < 0 || PyType_Ready(&EngineType) < 0 ||
       PyType_Ready(&BatchType) < 0 || PyType_Ready(&PoolType) < 0 ||
-      PyType_Ready(&MessageType) < 0 || PyType_Ready(&PlanType) < 0 || PyType_Ready(&StoreType) < 0)
+      PyType_Ready(&MessageType) < 0 || PyType_Ready(&PlanType) < 0 ||
+      PyType_Ready(&StoreType) < 0 || PyType_Ready(&FileType) < 0)
     return NULL;
   PyObject *m = PyModule_Create(&ferry_module);
   if (!m)
@@ -107,6 +108,7 @@ PyMODINIT_FUNC PyInit__ferry(void) {
   Py_INCREF(&PoolType);
   Py_INCREF(&MessageType);
   Py_INCREF(&PlanType);
+  Py_INCREF(&FileType);
   Py_INCREF(&StoreType);
   if (PyModule_AddObject(m, "Error", (PyObject *)&ErrorType) < 0 ||
       PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0 ||
@@ -114,6 +116,7 @@ PyMODINIT_FUNC PyInit__ferry(void) {
       PyModule_AddObject(m, "Pool", (PyObject *)&PoolType) < 0 ||
       PyModule_AddObject(m, "Message", (PyObject *)&MessageType) < 0 ||
       PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0 ||
+      PyModule_AddObject(m, "File", (PyObject *)&FileType) < 0 ||
       PyModule_AddObject(m, "Store", (PyObject *)&StoreType) < 0) {
     Py_DECREF(m);
     return NULL;
@@ -146,6 +149,7 @@ PyMODINIT_FUNC PyInit__ferry(void) {
       {"EINPROGRESS", FERRY_EINPROGRESS},
       {"EFAULT", FERRY_EFAULT},
       {"ECANCELED", FERRY_ECANCELED},
+      {"EIO", FERRY_EIO},
       {"OP_READ", FERRY_OP_READ},
       {"OP_WRITE", FERRY_OP_WRITE},
       {"PLAN_NO_MERGE", FERRY_PLAN_NO_MERGE},

@@ -15,6 +15,7 @@
  *   stats.c    Engine.stats() and stats_text()
  *   pool.c     receive pools: the Pool and Message types, send and recv
  *   plan.c     prepared transfer plans: Engine.plan() and the Plan type
+ *   file.c     FILE memory: Engine.register_file() and the File type
  *   store.c    the Store type: a client of a store master (ferry_store_*)
  *
  * Every declaration below is hidden: what the files share stays inside the
@@ -140,9 +141,22 @@ PyObject *engine_recv(EngineObject *self, PyObject *args, PyObject *kwds);
 PyObject *engine_send(EngineObject *self, PyObject *args, PyObject *kwds);
 PyObject *engine_send_batch(EngineObject *self, PyObject *args, PyObject *kwds);
 
-/* ---- batch.c: arguments and Batch objects that plan.c shares ---------- */
+/* ---- batch.c: arguments and Batch objects that plan.c and file.c share -- */
 
 int as_op(PyObject *o, ferry_op *out);
+
+/* A parsed list of entries plus the buffer views their local sides point into. */
+typedef struct {
+  ferry_entry *e;
+  size_t n;
+  Py_buffer *views;
+  size_t nviews;
+} EntryList;
+
+/* entries: a sequence of (op, local, remote, length); local an int address
+ * or a buffer object (then length may be None for the whole buffer). */
+int entries_parse(PyObject *entries, EntryList *l);
+void entries_release(EntryList *l);
 
 /* A notification argument: None, (name, data) or an object with .name and
  * .msg (or .data). name and data: str (UTF-8) or bytes-like. */
@@ -160,10 +174,17 @@ void notify_release(NotifyArg *na);
  * batch (and takes na), so that nothing can fail once it was submitted. */
 PyObject *batch_object_new(void);
 void batch_object_attach(PyObject *batch, EngineObject *engine, ferry_batch *fb, NotifyArg *na);
+/* The Batch keeps the buffer views of l (which the library's copy of the
+ * entries points into) until it is freed; l->e is freed, l emptied. */
+void batch_object_keep_entries(PyObject *batch, EntryList *l);
 
 /* ---- plan.c: prepared transfer plans ----------------------------------- */
 
 PyObject *engine_plan(EngineObject *self, PyObject *args, PyObject *kwds);
+
+/* ---- file.c: FILE memory ------------------------------------------------- */
+
+PyObject *engine_register_file(EngineObject *self, PyObject *args, PyObject *kwds);
 
 /* ---- batch.c, pool.c, plan.c: the other types -------------------------- */
 
@@ -171,6 +192,7 @@ extern PyTypeObject BatchType;
 extern PyTypeObject PoolType;
 extern PyTypeObject MessageType;
 extern PyTypeObject PlanType;
+extern PyTypeObject FileType;
 extern PyTypeObject StoreType;
 
 /* ---- log.c: log levels and the log bridge ----------------------------- */

@@ -78,15 +78,7 @@ void notify_release(NotifyArg *na) {
   na->present = 0;
 }
 
-/* A parsed list of entries plus the buffer views their local sides point into. */
-typedef struct {
-  ferry_entry *e;
-  size_t n;
-  Py_buffer *views;
-  size_t nviews;
-} EntryList;
-
-static void entries_release(EntryList *l) {
+void entries_release(EntryList *l) {
   for (size_t i = 0; i < l->nviews; i++)
     PyBuffer_Release(&l->views[i]);
   PyMem_Free(l->views);
@@ -96,7 +88,7 @@ static void entries_release(EntryList *l) {
 
 /* entries: sequence of (op, local, remote_addr, length); local an int address
  * or a buffer object (then length may be None for the whole buffer). */
-static int entries_parse(PyObject *entries, EntryList *l) {
+int entries_parse(PyObject *entries, EntryList *l) {
   memset(l, 0, sizeof *l);
   PyObject *seq =
       PySequence_Fast(entries, "entries must be a sequence of (op, local, remote, length)");
@@ -384,6 +376,14 @@ void batch_object_attach(PyObject *batch, EngineObject *engine, ferry_batch *fb,
   memset(na, 0, sizeof *na);
   Py_INCREF(engine);
   b->engine = engine;
+}
+
+void batch_object_keep_entries(PyObject *batch, EntryList *l) {
+  BatchObject *b = (BatchObject *)batch;
+  PyMem_Free(l->e);
+  l->e = NULL;
+  b->entries = *l;
+  memset(l, 0, sizeof *l);
 }
 
 /* Submits a parsed entry list; the Batch takes l's views and na. */

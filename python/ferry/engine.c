@@ -435,6 +435,11 @@ static PyMethodDef engine_methods[] = {
     {"plan", KW(engine_plan),
      "plan(target, local, remote) -> Plan: descriptor lists checked once, transferred by "
      "index\n\nlocal, remote: (addr, length) pairs, or an N x 2 array of integers."},
+    {"register_file", KW(engine_register_file),
+     "register_file(fd, buffered=False) -> File: FILE memory, a file whose byte ranges are "
+     "a transfer's far side\n\nfd: an int or an object with fileno() (ferry duplicates it). "
+     "O_DIRECT is used for aligned operations where the file system takes it, unless "
+     "buffered=True (File.direct and File.why say which)."},
     {"probe", KW(engine_probe), "probe(target): raises ferry.Error unless the peer answers"},
     {"notify", KW(engine_notify), "notify(target, name, data=b'')"},
     {"drain_notifications", (PyCFunction)engine_drain, METH_NOARGS,

@@ -25,6 +25,14 @@ reports is what ferry moves (DRAM, and VRAM only where ferry found CUDA).
   only after the data.
 - A failed batch (peer died, reset, ferry's deadline) reads "ERR", never
   "PROC" forever; get_xfer_error(handle) (ferry's addition) says why.
+- The POSIX backend (DRAM and FILE, as NIXL's): FILE descriptors are
+  (offset, length, fd, meta); register_memory registers each fd with the
+  engine once (ferry.File: O_DIRECT for aligned operations where the file
+  system takes it) and deregister_memory drops it with its last descriptor.
+  A transfer names this agent itself as the remote agent: initialize_xfer
+  (op, DRAM descs, FILE descs, own name) or prepared lists, READ moving file
+  -> memory and WRITE memory -> file, one ferry batch per file. FILE
+  descriptors are not part of the agent's metadata (files are local).
 """
 
 import enum
@@ -50,8 +58,10 @@ nixl_prepped_dlist_handle = int
 nixl_xfer_handle = int
 
 # NIXL backend names ferry serves, and those NIXL ships that it does not.
-_FERRY_PLUGINS = ("UCX", "LIBFABRIC", "Mooncake")
-_OTHER_PLUGINS = {"GDS": "files", "GDS_MT": "files", "POSIX": "files", "HF3FS": "files",
+_FERRY_PLUGINS = ("UCX", "LIBFABRIC", "Mooncake", "POSIX")
+_FILE_PLUGINS = ("POSIX",)  # DRAM <-> FILE in this process (ferry.File)
+_OTHER_PLUGINS = {"GDS": "GPU memory and files (GPUDirect Storage)", "GDS_MT": "GPU memory and "
+                  "files (GPUDirect Storage)", "HF3FS": "3FS files",
                   "OBJ": "object stores", "GUSLI": "block devices", "UCCL": "UCCL's engine",
                   "GPUNETIO": "GPU-initiated networking"}
 _PLUGIN_PARAMS = {"ferry_host": "", "ferry_port": "0", "ferry_transports": "all"}
@@ -104,6 +114,36 @@ def _cuda():
 
 def _mem_types():
     return ["DRAM", "VRAM"] if _cuda()[0] else ["DRAM"]
+
+
+def _plugin_mem_types(backend):
+    return ["DRAM", "FILE"] if backend in _FILE_PLUGINS else _mem_types()
+
+
+class _FileBatches:
+    """The ferry Batches of one transfer to FILE descriptors (one per
+    file), read as one Batch: failed as soon as one failed, done once all
+    are."""
+
+    def __init__(self, batches):
+        self.batches = batches
+        self.error, self.detail = 0, None
+
+    def status(self):
+        states = [b.status() for b in self.batches]
+        for b, s in zip(self.batches, states):
+            if s in (ferry.BATCH_FAILED, ferry.BATCH_TIMEDOUT):
+                self.error, self.detail = b.error, b.detail
+                return s
+        return ferry.BATCH_PENDING if ferry.BATCH_PENDING in states else ferry.BATCH_DONE
+
+    def cancel(self):
+        for b in self.batches:
+            b.cancel()
+
+    def free(self):
+        for b in self.batches:
+            b.free()
 
 
 class _DList:
@@ -160,6 +200,7 @@ class nixl_agent:
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._regs = {}  # addr -> (len, dev_id, memory name, meta)
+        self._files = {}  # fd -> [ferry.File, FILE descriptors registered on it]
         self._remotes = {}  # agent -> (engine name or None, Regions, [region rows])
         self._dlists = {}
         self._xfers = {}
@@ -188,7 +229,7 @@ class nixl_agent:
     # a backend of this agent, as NIXL's do.
 
     def get_plugin_mem_types(self, backend):
-        return _mem_types() if backend in _FERRY_PLUGINS else []
+        return _plugin_mem_types(backend) if backend in _FERRY_PLUGINS else []
 
     def get_plugin_params(self, backend):
         return dict(_PLUGIN_PARAMS) if backend in _FERRY_PLUGINS else {}
@@ -227,7 +268,7 @@ class nixl_agent:
                     f"backend {backend!r}: the backends of agent {self.name} share one ferry "
                     f"engine, made with {self._engine_params}; got {params}")
             self.backends[backend] = next(self._ids)
-            self.backend_mems[backend] = _mem_types()
+            self.backend_mems[backend] = _plugin_mem_types(backend)
             self.backend_options[backend] = dict(self._engine_params, ferry_engine=self._engine.name)
         return self.backends[backend]
 
@@ -331,6 +372,8 @@ class nixl_agent:
             self._backend(b)
         descs = self._reg_descs(reg_list, mem_type)
         eng = self._eng("register_memory")
+        if descs.mem_type == nb.FILE_SEG:
+            return self._register_files(eng, descs)
         done = []
         try:
             for i, (addr, length, dev_id, meta) in enumerate(descs):
@@ -348,6 +391,51 @@ class nixl_agent:
             raise
         return descs
 
+    def _file_backend(self, what):
+        if not any(b in self.backends for b in _FILE_PLUGINS):
+            raise nb.nixlNotSupportedError(
+                f"{what}: FILE memory needs the POSIX backend (nixl_agent_config(backends=[..., "
+                f"\"POSIX\"]) or create_backend(\"POSIX\")); agent {self.name} has "
+                f"{sorted(self.backends) or 'none'}")
+
+    def _register_files(self, eng, descs):
+        """FILE descriptors (offset, length, fd, meta): each fd registered once."""
+        self._file_backend("register_memory")
+        done = []
+        try:
+            for i, (_, _, fd, _) in enumerate(descs):
+                with self._lock:
+                    known = self._files.get(fd)
+                    if known:
+                        known[1] += 1
+                        done.append(fd)
+                        continue
+                try:
+                    f = eng.register_file(fd)
+                except ferry.Error as e:
+                    raise nb.nixlBackendError(f"register_memory: FILE descriptor {i} (fd {fd}): "
+                                              f"{e}", e) from e
+                with self._lock:
+                    self._files[fd] = [f, 1]
+                done.append(fd)
+        except BaseException:
+            self._unregister_files(done)
+            raise
+        return descs
+
+    def _unregister_files(self, fds):
+        for fd in fds:
+            with self._lock:
+                known = self._files.get(fd)
+                if not known:
+                    continue
+                known[1] -= 1
+                last = known[1] == 0
+                if last:
+                    del self._files[fd]
+            if last:
+                known[0].unregister()
+
     def _unregister(self, addrs):
         for addr in addrs:
             with self._lock:
@@ -358,6 +446,14 @@ class nixl_agent:
         for b in backends or ():
             self._backend(b)
         descs = self._reg_descs(dereg_list)
+        if descs.mem_type == nb.FILE_SEG:
+            with self._lock:
+                missing = [d for d in descs if d[2] not in self._files]
+            if missing:
+                raise nb.nixlNotFoundError(f"deregister_memory: FILE fd {missing[0][2]} is not "
+                                           f"registered")
+            self._unregister_files([d[2] for d in descs])
+            return
         with self._lock:
             missing = [d for d in descs if d[0] not in self._regs]
         if missing:
@@ -604,11 +700,34 @@ class nixl_agent:
                                        f"connection info (partial metadata without it)")
         return known
 
+    def _prep_files(self, agent_name, descs, what):
+        """A FILE list: (offset, length, fd) on files this agent registered,
+        named by this agent's own name (NIXL's POSIX backend: the "remote"
+        side of a transfer to storage is the agent itself)."""
+        if agent_name != self.name:
+            raise nb.nixlInvalidParamError(
+                f"{what}: FILE descriptors are this agent's own files: name agent "
+                f"{self.name!r} as their agent (got {agent_name!r})")
+        self._file_backend(what)
+        with self._lock:
+            files = dict(self._files)
+        for i, (offset, length, fd) in enumerate(descs):
+            if fd not in files:
+                raise nb.nixlNotFoundError(f"{what}: FILE descriptor {i} names fd {fd}, which is "
+                                           f"not registered (register_memory with mem_type "
+                                           f"\"FILE\" first)")
+        handle = next(self._ids)
+        with self._lock:
+            self._dlists[handle] = _DList(descs.descs, descs.mem_type, self.name, "FILE")
+        return handle
+
     def _prep(self, agent_name, xfer_list, mem_type, what):
         agent_name = _agent(agent_name, what)
         descs = self._xfer_descs(xfer_list, mem_type)
         if len(descs) == 0:
             raise nb.nixlInvalidParamError(f"{what}: empty descriptor list")
+        if descs.mem_type == nb.FILE_SEG:
+            return self._prep_files(agent_name, descs, what)
         local = agent_name in (nb.NIXL_INIT_AGENT, "")
         if local:
             target, agent = None, None
@@ -672,6 +791,13 @@ class nixl_agent:
         if li.size != ri.size or li.size == 0:
             raise nb.nixlInvalidParamError(f"{what}: {li.size} local and {ri.size} remote "
                                            f"indices (need as many, at least one)")
+        if remote.mem_type == nb.FILE_SEG and _msg(notif_msg):
+            raise nb.nixlNotSupportedError(f"{what}: the POSIX backend sends no notifications "
+                                           f"(a transfer to FILE descriptors stays in this agent)")
+        if (local.mem_type == nb.FILE_SEG) or (remote.mem_type == nb.FILE_SEG and
+                                               local.mem_type != nb.DRAM_SEG):
+            raise nb.nixlNotSupportedError(f"{what}: FILE descriptors are the remote side, DRAM "
+                                           f"the local one (the POSIX backend)")
         differ = np.flatnonzero(local.lengths[li] != remote.lengths[ri])
         if differ.size:
             i = int(differ[0])
@@ -742,18 +868,44 @@ class nixl_agent:
             x.batch.free()
             x.batch = None
         msg = _msg(notif_msg) or x.notif
+        if msg and self._dlists[x.remote].mem_type == nb.FILE_SEG:
+            raise nb.nixlNotSupportedError("transfer: the POSIX backend sends no notifications")
         x.error, x.posted, x.telemetry = None, True, None
         x.started_ns = time.time_ns()
         t0 = time.perf_counter_ns()
         try:
             notify = (self.name, msg) if msg else None
-            x.batch = self._plan(x).submit(x.op, x.li, x.ri, notify=notify, merge=x.merge)
+            if self._dlists[x.remote].mem_type == nb.FILE_SEG:
+                x.batch = self._submit_files(x)
+            else:
+                x.batch = self._plan(x).submit(x.op, x.li, x.ri, notify=notify, merge=x.merge)
         except ferry.Error as e:
             self._failed(handle, x, e.code, e.detail or str(e))
             return "ERR"
         x.post_ns = time.perf_counter_ns() - t0
         x.t0 = t0
         return self._state(handle, x)
+
+    def _submit_files(self, x):
+        """One ferry batch per file: (op, local addr, offset, length) entries."""
+        local, remote = self._dlists[x.local].descs, self._dlists[x.remote].descs
+        by_fd = {}
+        for l, r in zip(x.li.tolist(), x.ri.tolist()):
+            offset, length, fd = (int(v) for v in remote[r])
+            by_fd.setdefault(fd, []).append((x.op, int(local[l][0]), offset, length))
+        batches = []
+        try:
+            for fd, entries in by_fd.items():
+                with self._lock:
+                    known = self._files.get(fd)
+                if known is None:
+                    raise ferry.Error(ferry.ENOTFOUND, f"fd {fd} was deregistered")
+                batches.append(known[0].submit(entries))
+        except BaseException:
+            _FileBatches(batches).cancel()
+            _FileBatches(batches).free()
+            raise
+        return _FileBatches(batches)
 
     def _failed(self, handle, x, code, detail):
         remote = self._dlists[x.remote]

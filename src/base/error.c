@@ -36,6 +36,7 @@ const char *ferry_strerror(ferry_status status) {
   case FERRY_EINPROGRESS: return "in progress" DOC("ferry_einprogress");
   case FERRY_EFAULT: return "memory not accessible" DOC("ferry_efault");
   case FERRY_ECANCELED: return "cancelled" DOC("ferry_ecanceled");
+  case FERRY_EIO: return "file I/O failed" DOC("ferry_eio");
   }
   return "unknown error" DOC("unknown-codes");
 }
@@ -44,6 +45,7 @@ int ferry_status_to_mooncake(ferry_status status) {
   switch (status) {
   case FERRY_OK: return 0;
   case FERRY_EINVAL:
+  case FERRY_EIO:
   case FERRY_EFAULT: return -1;
   case FERRY_EBUSY: return -4;
   case FERRY_ENOTREG: return -3;

@@ -6,7 +6,10 @@
  * "done" always means every byte is where it should be. A chunk lost with
  * its rail's link stays outstanding on the retry list until a channel on
  * another rail moves it (once): another rail of the same transport, or
- * one of a standby transport (peer.c). */
+ * one of a standby transport (peer.c).
+ *
+ * A file's batch (file.c) is the same batch with no peer: its chunks are
+ * moved by preadv/pwritev on the workers instead of a peer's channels. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -72,6 +75,8 @@ static void drop_retries(ferry_batch *b) {
 
 static void batch_destroy(ferry_batch *b) {
   drop_retries(b);
+  if (b->file)
+    ferry_file_release(b->file);
   free(b->entries);
   free(b->notify.name);
   free(b->notify.data);
@@ -81,9 +86,11 @@ static void batch_destroy(ferry_batch *b) {
 }
 
 /* A batch over entries (malloc'd: the batch takes them, also on failure)
- * to peer, with its deadline and a copy of the notification. */
-static ferry_status batch_new(ferry_engine *e, ferry_peer *peer, ferry_entry *entries, size_t count,
-                              uint64_t total, const ferry_notification *notify, ferry_batch **out) {
+ * to peer (NULL for a file's), named `address` in messages, with its
+ * deadline and a copy of the notification. */
+static ferry_status batch_new(ferry_engine *e, ferry_peer *peer, const char *address,
+                              ferry_entry *entries, size_t count, uint64_t total,
+                              const ferry_notification *notify, ferry_batch **out) {
   ferry_batch *b = calloc(1, sizeof *b);
   if (!b) {
     free(entries);
@@ -97,7 +104,7 @@ static ferry_status batch_new(ferry_engine *e, ferry_peer *peer, ferry_entry *en
   pthread_mutex_init(&b->lock, NULL);
   ferry_cond_init(&b->cond);
   b->peer = peer;
-  snprintf(b->address, sizeof b->address, "%s", peer->address);
+  snprintf(b->address, sizeof b->address, "%s", address);
   b->total_bytes = total;
   uint64_t now = ferry_now_ns();
   b->deadline_ns = ferry_engine_deadline(e, total);
@@ -176,7 +183,7 @@ static ferry_status batch_create(ferry_engine *e, const char *target, const ferr
     return ferry_fail(FERRY_ENOMEM, "no memory for a batch of %zu entries", count);
   memcpy(copy, entries, count * sizeof *copy);
   ferry_batch *b;
-  if ((st = batch_new(e, peer, copy, count, total, notify, &b)) != FERRY_OK)
+  if ((st = batch_new(e, peer, peer->address, copy, count, total, notify, &b)) != FERRY_OK)
     return st;
   b->needs = pool_writes ? FERRY_NEEDS_POOL_WRITES : 0;
   st =
@@ -201,7 +208,7 @@ ferry_status ferry_batch_checked(ferry_engine *e, ferry_peer *peer, ferry_entry 
                                  const ferry_transport *transport, uint64_t instance,
                                  ferry_batch **out) {
   ferry_batch *b;
-  ferry_status st = batch_new(e, peer, entries, count, total, notify, &b);
+  ferry_status st = batch_new(e, peer, peer->address, entries, count, total, notify, &b);
   if (st)
     return st;
   b->transport = transport;
@@ -212,6 +219,32 @@ ferry_status ferry_batch_checked(ferry_engine *e, ferry_peer *peer, ferry_entry 
   }
   ferry_stats_submitted(peer, b->transport, entries, count);
   *out = b;
+  return FERRY_OK;
+}
+
+ferry_status ferry_batch_local(ferry_engine *e, const char *name, const ferry_entry *entries,
+                               size_t count, ferry_batch **out) {
+  uint64_t total;
+  ferry_status st = check_entries(e, entries, count, &total);
+  if (st)
+    return st;
+  ferry_where where;
+  long i = device_entry(e, entries, count, &where);
+  if (i >= 0) {
+    char place[64];
+    ferry_where_format(&where, place, sizeof place);
+    return ferry_fail(FERRY_EFAULT,
+                      "entry %ld to %s: local buffer %p (+%zu bytes) is %s memory, which the "
+                      "CPU cannot read or write",
+                      i, name, entries[i].local, entries[i].length, place);
+  }
+  ferry_entry *copy = malloc(count * sizeof *copy);
+  if (!copy)
+    return ferry_fail(FERRY_ENOMEM, "no memory for a batch of %zu entries", count);
+  memcpy(copy, entries, count * sizeof *copy);
+  if ((st = batch_new(e, NULL, name, copy, count, total, NULL, out)) != FERRY_OK)
+    return st;
+  ferry_stats_batch_started(e);
   return FERRY_OK;
 }
 
@@ -227,6 +260,13 @@ static unsigned wanted_drivers(const ferry_batch *b) {
 }
 
 /* ---- claiming and completing ------------------------------------------------------ */
+
+/* Drivers waiting for one of the peer's channels look again (a file's
+ * batch has none: its drivers never wait). */
+static void wake_drivers(ferry_batch *b) {
+  if (b->peer)
+    ferry_peer_wake(b->peer);
+}
 
 int ferry_batch_has_work(ferry_batch *b) {
   pthread_mutex_lock(&b->lock);
@@ -274,7 +314,8 @@ static int take_retry_locked(ferry_batch *b, unsigned rail, ferry_chunk *c) {
  * counts a message's WRITEs only on the batch's own transport. */
 static int claim(ferry_batch *b, const ferry_channel *ch, size_t slice_size, ferry_chunk *c,
                  ferry_after **after) {
-  int carries = b->transport->carries_after && (!ch || ch->transport == b->transport);
+  int carries =
+      b->transport && b->transport->carries_after && (!ch || ch->transport == b->transport);
   pthread_mutex_lock(&b->lock);
   int retried = ch && take_retry_locked(b, ch->rail, c);
   int claimed = retried;
@@ -288,7 +329,7 @@ static int claim(ferry_batch *b, const ferry_channel *ch, size_t slice_size, fer
     *after = last ? b->after : NULL;
   pthread_mutex_unlock(&b->lock);
   if (exhausted)
-    ferry_peer_wake(b->peer); /* threads waiting for a channel can stop */
+    wake_drivers(b); /* threads waiting for a channel can stop */
   return claimed;
 }
 
@@ -342,8 +383,11 @@ static uint64_t notify_deadline(const ferry_batch *b) {
 
 /* The control messages that follow the data: the notification, and the
  * after-landed message unless the transport carried it in-band or posts
- * it on its own path. */
+ * it on its own path. A file's batch has one follower of its own: the
+ * fdatasync FERRY_FILE_SYNC asks for. */
 static ferry_status send_followers(ferry_batch *b, uint64_t deadline) {
+  if (b->file_sync)
+    return ferry_file_sync_batch(b);
   ferry_status st = FERRY_OK;
   if (b->has_notify)
     st = ferry_peer_notify(b->peer, b->notify.name, b->notify.data, b->notify.length, deadline);
@@ -364,7 +408,7 @@ static void finish_locked(ferry_batch *b) {
   if (b->state != FERRY_BATCH_PENDING || b->finishing || b->outstanding ||
       !ferry_chunker_done(&b->cursor))
     return;
-  if (!b->error && (b->has_notify || (b->after && !b->after->carried))) {
+  if (!b->error && (b->has_notify || (b->after && !b->after->carried) || b->file_sync)) {
     b->finishing = 1;
     uint64_t deadline = notify_deadline(b);
     pthread_mutex_unlock(&b->lock);
@@ -448,7 +492,7 @@ void ferry_batch_fail(ferry_batch *b, ferry_status status) {
   record_error(b, status);
   finish_locked(b);
   pthread_mutex_unlock(&b->lock);
-  ferry_peer_wake(b->peer);
+  wake_drivers(b);
 }
 
 void ferry_batch_release(ferry_batch *b) {
@@ -462,6 +506,10 @@ void ferry_batch_release(ferry_batch *b) {
 /* ---- driving ---------------------------------------------------------------------- */
 
 void ferry_batch_drive(ferry_batch *b) {
+  if (b->file) {
+    ferry_file_drive(b);
+    return;
+  }
   ferry_peer *p = b->peer;
   for (;;) {
     ferry_channel *ch;
@@ -562,9 +610,11 @@ ferry_status ferry_batch_cancel(ferry_batch *b) {
   if (!cancel)
     return ferry_fail(FERRY_EBUSY, "cancel: the batch to %s %s", b->address,
                       !pending    ? "has already ended"
-                      : finishing ? "has landed all its data (its notification is being sent)"
+                      : finishing ? (b->file ? "has moved all its data (the file is being synced)"
+                                             : "has landed all its data (its notification is "
+                                               "being sent)")
                                   : "is already failing");
-  ferry_peer_wake(b->peer); /* drivers waiting for a channel see there is nothing left */
+  wake_drivers(b); /* drivers waiting for a channel see there is nothing left */
   return FERRY_OK;
 }
 

@@ -33,7 +33,8 @@ typedef struct ferry_after {
 /* Drivers (the submitting thread, workers) use engine and peer; they all
  * run inside the engine's call gate, so both outlive them. Status, wait and
  * free may come after the engine is gone: they use only the batch's own
- * fields (address, budget_ms), never engine or peer. */
+ * fields (address, budget_ms), never engine or peer, and the file a file's
+ * batch holds a reference on (file.c), which outlives its registration. */
 /* A chunk lost with its rail's link, waiting for a channel on another. */
 typedef struct ferry_retry {
   struct ferry_retry *next;
@@ -68,6 +69,13 @@ struct ferry_batch {
    * chunk moved again keep to their rails (ferry_peer_transport_for). */
   unsigned needs;
   int async; /* from ferry_batch_submit: a failure is counted when it ends */
+  /* A file's batch (file.c; peer and transport are NULL): drivers move its
+   * chunks with preadv/pwritev, chunks of at most file_slice bytes; with
+   * file_sync the file is synced once they all moved, before DONE. The
+   * batch holds a reference on the file. */
+  struct ferry_file *file;
+  size_t file_slice;
+  int file_sync;
 
   pthread_mutex_t lock;
   pthread_cond_t cond;
@@ -137,6 +145,17 @@ void ferry_batch_post(ferry_batch *batch);
  * it and releases it (ferry_transfer_sync_batch's way); start_ns: when the
  * call began, for the latency histogram. */
 ferry_status ferry_batch_run_here(ferry_batch *batch, uint64_t start_ns);
+
+/* A batch over entries whose local ranges are checked here (registered,
+ * host memory) toward no peer: named `name` in messages, not started, its
+ * drivers set by the caller (file.c). */
+ferry_status ferry_batch_local(ferry_engine *engine, const char *name, const ferry_entry *entries,
+                               size_t count, ferry_batch **out);
+
+/* file.c: what a file's batch does instead of a peer's channels. */
+void ferry_file_drive(ferry_batch *batch); /* claims and moves chunks until none is left */
+ferry_status ferry_file_sync_batch(ferry_batch *batch); /* fdatasync, its file_sync follower */
+void ferry_file_release(struct ferry_file *file);       /* drops the batch's reference */
 
 /* workers.c: threads that drive batches handed to them. */
 ferry_status ferry_workers_start(ferry_engine *engine, unsigned count);

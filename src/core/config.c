@@ -48,6 +48,8 @@
 #define POOL_GRANT_TIMEOUT_MS 30000u
 #define POOL_GRANT_TIMEOUT_MIN 1000u /* below it an honest sender's grant may expire in flight */
 #define POOL_GRANT_TIMEOUT_MAX 86400000u /* a day */
+#define FILE_QUEUE_DEPTH 16u
+#define FILE_QUEUE_DEPTH_MAX 256u /* the worker pool's bound (workers.c) */
 
 /* The fields every caller has had since ferry_config carried its size. */
 #define CONFIG_MIN_SIZE (offsetof(ferry_config, spin_us) + sizeof(unsigned))
@@ -100,6 +102,7 @@ static void defaults(ferry_config *cfg) {
   cfg->stall_ms = STALL_MS;
   cfg->pool_sender_slots = POOL_SENDER_SLOTS;
   cfg->pool_grant_timeout_ms = POOL_GRANT_TIMEOUT_MS;
+  cfg->file_queue_depth = FILE_QUEUE_DEPTH;
 }
 
 /* ---- environment ------------------------------------------------------- */
@@ -204,6 +207,8 @@ static const struct limit_var {
      ULONG_MAX >> 2},
     {"FERRY_POOL_SENDER_SLOTS", offsetof(ferry_config, pool_sender_slots), sizeof(unsigned),
      LIMIT_MAX},
+    {"FERRY_FILE_QUEUE_DEPTH", offsetof(ferry_config, file_queue_depth), sizeof(unsigned),
+     FILE_QUEUE_DEPTH_MAX},
 };
 
 static ferry_status apply_limit(const char *name, const char *value, ferry_config *cfg) {
@@ -345,6 +350,7 @@ static const struct env_var {
     {"FERRY_STALL_MS", apply_limit},
     {"FERRY_POOL_SENDER_BYTES", apply_limit},
     {"FERRY_POOL_SENDER_SLOTS", apply_limit},
+    {"FERRY_FILE_QUEUE_DEPTH", apply_limit},
     {"FERRY_POOL_GRANT_TIMEOUT_MS", apply_grant_timeout},
     {"FERRY_METRICS_PORT", apply_metrics_port},
     {"FERRY_METRICS_HOST", apply_metrics_host},
@@ -494,6 +500,10 @@ static ferry_status check_fields(ferry_config *cfg) {
     return bad_field("server_threads", cfg->server_threads, "1 to 1024, or 0 for the CPU count");
   if (!cfg->server_threads)
     cfg->server_threads = default_server_threads();
+  if (cfg->file_queue_depth > FILE_QUEUE_DEPTH_MAX)
+    return bad_field("file_queue_depth", cfg->file_queue_depth, "1 to 256, or 0 for 16");
+  if (!cfg->file_queue_depth)
+    cfg->file_queue_depth = FILE_QUEUE_DEPTH;
   if (cfg->fabric_lanes > FERRY_FABRIC_LANES_MAX) /* 0: resolved by the fabric transport */
     return bad_field("fabric_lanes", cfg->fabric_lanes, "1 to 8, or 0 for the CPU count");
   return check_pool_fields(cfg);

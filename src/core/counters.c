@@ -39,6 +39,8 @@ void ferry_stats_submitted(ferry_peer *p, const ferry_transport *t, const ferry_
   ADD(p->engine->stats.batches_in_flight, 1);
 }
 
+void ferry_stats_batch_started(ferry_engine *e) { ADD(e->stats.batches_in_flight, 1); }
+
 void ferry_stats_finished(ferry_engine *e, ferry_status st) {
   ADD(e->stats.batches_in_flight, (uint64_t)-1);
   ferry_stats_error(e, st);

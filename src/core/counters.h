@@ -51,6 +51,8 @@ extern const double ferry_stats_latency_le[FERRY_STATS_LATENCY_BUCKETS];
 void ferry_stats_error(ferry_engine *engine, ferry_status status);
 void ferry_stats_submitted(struct ferry_peer *peer, const struct ferry_transport *transport,
                            const ferry_entry *entries, size_t count);
+/* A batch to no peer (a file's, file.c) was submitted. */
+void ferry_stats_batch_started(ferry_engine *engine);
 /* A batch became final; st is counted as an error unless FERRY_OK. */
 void ferry_stats_finished(ferry_engine *engine, ferry_status st);
 /* A chunk a transport completed: counted when st is FERRY_OK. */

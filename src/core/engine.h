@@ -79,6 +79,9 @@ struct ferry_engine {
 
   struct ferry_plan *plans; /* this engine's plans (plan.c, under its lock) */
 
+  pthread_mutex_t files_lock;
+  struct ferry_file *files; /* registered files (file.c) */
+
   pthread_mutex_t notify_lock;
   ferry_notification *notifications;
   size_t notify_count, notify_cap;
@@ -173,6 +176,9 @@ void ferry_engine_fence(ferry_engine *engine, ferry_region *removed, size_t coun
  * a pool owns its registration. Undone with ferry_memory_unregister or
  * ferry_memory_free. */
 ferry_status ferry_engine_pool_memory(ferry_engine *engine, size_t length, void **addr);
+/* file.c: unregisters every file still registered (destroy; no call is
+ * inside the engine any more). */
+void ferry_files_close_all(ferry_engine *engine);
 /* registration.c: unmaps every allocation still held (destroy). */
 void ferry_memory_free_all(ferry_engine *engine);
 /* The key sections of a region table: one per transport in use that keys

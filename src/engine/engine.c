@@ -192,6 +192,7 @@ ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out) {
   pthread_mutex_init(&e->peers_lock, NULL);
   pthread_mutex_init(&e->notify_lock, NULL);
   pthread_mutex_init(&e->alloc_lock, NULL);
+  pthread_mutex_init(&e->files_lock, NULL);
   pthread_mutex_init(&e->gate_lock, NULL);
   pthread_mutex_init(&e->shutdown_lock, NULL);
   ferry_cond_init(&e->gate_cond);
@@ -252,6 +253,7 @@ void ferry_engine_destroy(ferry_engine *e) {
   ferry_pools_destroy(e);
   ferry_notify_free(e->notifications, e->notify_count);
   free(e->notify_shares);
+  ferry_files_close_all(e);
   ferry_memory_free_all(e);
   ferry_registry_destroy(e->registry);
   ferry_host_memory_close(e->host_memory);
@@ -263,6 +265,7 @@ void ferry_engine_destroy(ferry_engine *e) {
   pthread_mutex_destroy(&e->peers_lock);
   pthread_mutex_destroy(&e->notify_lock);
   pthread_mutex_destroy(&e->alloc_lock);
+  pthread_mutex_destroy(&e->files_lock);
   pthread_mutex_destroy(&e->gate_lock);
   pthread_mutex_destroy(&e->shutdown_lock);
   pthread_cond_destroy(&e->gate_cond);

@@ -131,15 +131,15 @@ def test_config_plugins_and_memory_types(agents):
         nixl_agent("")
     with pytest.raises(nb.nixlNotFoundError, match="no such plugin"):
         agents("x", backends=["NOPE"])
-    with pytest.raises(nb.nixlNotSupportedError, match="files"):
-        agents("y", backends=["POSIX"])
+    with pytest.raises(nb.nixlNotSupportedError, match="GPUDirect Storage"):
+        agents("y", backends=["GDS"])
     bare = agents("bare", backends=[])
     assert bare.backends == {}
     buf = np.zeros(64, dtype=np.uint8)
     with pytest.raises(nb.nixlNotFoundError, match="no backend"):
         bare.register_memory([(buf.ctypes.data, 64, 0, "")], "DRAM")
     a = agents("decode")
-    assert a.get_plugin_list() == ["UCX", "LIBFABRIC", "Mooncake"]
+    assert a.get_plugin_list() == ["UCX", "LIBFABRIC", "Mooncake", "POSIX"]
     cuda, _ = ferry.cuda_available()
     assert a.get_plugin_mem_types("UCX") == (["DRAM", "VRAM"] if cuda else ["DRAM"])
     assert a.get_backend_mem_types("UCX") == a.get_plugin_mem_types("UCX")
@@ -161,7 +161,7 @@ def test_vram_refused_with_the_reason(agents):
     with pytest.raises(nb.nixlNotSupportedError) as e:
         a.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "VRAM")
     assert "ferry found none" in str(e.value) and why in str(e.value)
-    with pytest.raises(nb.nixlNotSupportedError, match="does not move FILE"):
+    with pytest.raises(nb.nixlNotSupportedError, match="needs the POSIX backend"):
         a.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "FILE")
 
 

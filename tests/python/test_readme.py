@@ -1,6 +1,6 @@
 """test_readme.py - the README's Python examples run as written, against the
 package installed the way the README says (pip into a fresh target folder):
-the two of the quick start, and the message handoff in ten lines."""
+the two of the quick start, the message handoff in ten lines, and FILE memory."""
 
 import os
 import re
@@ -20,7 +20,9 @@ def python_blocks(heading):
 
 
 def readme_examples():
-    return python_blocks("Quick start") + python_blocks("Message handoff: send/recv into a receiver's pool")
+    return (python_blocks("Quick start") +
+            python_blocks("Message handoff: send/recv into a receiver's pool") +
+            python_blocks("FILE memory: KV blocks to and from local files"))
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +37,14 @@ def installed(tmp_path_factory):
 
 def test_readme_has_its_examples():
     examples = readme_examples()
-    assert len(examples) == 3
+    assert len(examples) == 4
     assert "ferry.Engine" in examples[0] and "TransferEngine" in examples[1]
     handoff = examples[2]
     assert all(call in handoff for call in ("create_pool(", ".send(", ".recv(")), handoff
     assert len(handoff.strip().splitlines()) <= 10, handoff
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
 def test_readme_example_runs_from_a_pip_install(installed, tmp_path, index):
     script = tmp_path / "example.py"
     script.write_text(readme_examples()[index])

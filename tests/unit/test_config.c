@@ -56,6 +56,8 @@ static void bad_environment_is_refused(void **state) {
       {"FERRY_POOL_GRANT_TIMEOUT_MS", "999", "1000 to 86400000"},
       {"FERRY_POOL_SENDER_SLOTS", "0", "1 to 1048576"},
       {"FERRY_POOL_SENDER_BYTES", "half", "a whole number"},
+      {"FERRY_FILE_QUEUE_DEPTH", "257", "1 to 256"},
+      {"FERRY_FILE_QUEUE_DEPTH", "0", "1 to 256"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     setenv(cases[i].name, cases[i].value, 1);
@@ -111,8 +113,10 @@ static void limits_from_environment_reach_their_fields(void **state) {
   setenv("FERRY_POOL_SENDER_BYTES", "99999999999", 1);
   setenv("FERRY_POOL_SENDER_SLOTS", "9", 1);
   setenv("FERRY_POOL_GRANT_TIMEOUT_MS", "1500", 1);
+  setenv("FERRY_FILE_QUEUE_DEPTH", "64", 1);
   ferry_config cfg;
   assert_int_equal(adopt_defaults(&cfg), FERRY_OK);
+  assert_int_equal(cfg.file_queue_depth, 64);
   assert_true(cfg.pool_sender_bytes == 99999999999ull);
   assert_int_equal(cfg.pool_sender_slots, 9);
   assert_int_equal(cfg.pool_grant_timeout_ms, 1500);
