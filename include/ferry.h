@@ -852,13 +852,21 @@ void ferry_store_close(ferry_store *store);
 const char *ferry_store_segment(const ferry_store *store);
 
 /* Where a put's replicas go, and whether eviction may take the object.
- * NULL: one replica, anywhere, no pin. Zero it ({0}) before filling it in:
- * fields are only added at its end, and zero is each one's default. */
+ * NULL: one replica, anywhere, no pin. It grows as ferry_config does (the
+ * ABI rule above): fields are only added at its end, its first is the
+ * caller's sizeof. Fill it with ferry_store_replicate_init (every field
+ * its default, zero), then set what differs. A call refuses a size larger
+ * than this libferry's struct (a newer ferry.h) or smaller than its first
+ * form with FERRY_EINVAL naming it; a smaller one of an older ferry.h
+ * gives the fields it lacks their defaults. */
 typedef struct ferry_store_replicate {
+  size_t size;                   /* sizeof, set by ferry_store_replicate_init */
   unsigned replicas;             /* 1 to 8, each in a different segment (0: 1) */
   const char *preferred_segment; /* the first replica's segment, if it has room; NULL: any */
   int pin;                       /* FERRY_STORE_PIN_*: how eviction treats the object */
 } ferry_store_replicate;
+void ferry_store_replicate_init_size(ferry_store_replicate *replicate, size_t size);
+#define ferry_store_replicate_init(rep) ferry_store_replicate_init_size((rep), sizeof *(rep))
 /* NONE: evicted in least-recently-used order. SOFT (Mooncake's
  * with_soft_pin): evicted only when nothing unpinned can be, for the
  * master's default_kv_soft_pin_ttl (30 min) past its last put or get, then

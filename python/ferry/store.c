@@ -94,7 +94,7 @@ static int replicate_get(PyObject *replicas, const char *preferred, int pin,
   unsigned long n = replicas ? PyLong_AsUnsignedLong(replicas) : 1;
   if (n == (unsigned long)-1 && PyErr_Occurred())
     return -1;
-  memset(out, 0, sizeof *out);
+  ferry_store_replicate_init(out);
   out->replicas = (unsigned)(n > 0xffff ? 0xffff : n);
   out->preferred_segment = preferred && *preferred ? preferred : NULL;
   out->pin = pin;

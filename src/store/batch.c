@@ -6,6 +6,7 @@
  * (commit, or free on failure); a get moves to an object's next replica
  * when a READ fails. Each item gets its status; the first failure in item
  * order is the call's, with its detail. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,11 +154,11 @@ static void run_moves(ferry_store *s, ferry_op op, ferry_store_item *items, move
 
 static void put_start_request(store_writer *w, const ferry_store_item *items, size_t count,
                               const ferry_store_replicate *rep) {
-  const char *pref = rep && rep->preferred_segment ? rep->preferred_segment : "";
+  const char *pref = rep->preferred_segment ? rep->preferred_segment : "";
   store_put_u8(w, STORE_PUT_START);
-  store_put_u8(w, (uint8_t)(rep && rep->replicas ? rep->replicas : 1));
+  store_put_u8(w, (uint8_t)(rep->replicas ? rep->replicas : 1));
   store_put_str(w, pref, strnlen(pref, STORE_NAME_MAX));
-  store_put_u8(w, (uint8_t)(rep ? rep->pin : FERRY_STORE_PIN_NONE));
+  store_put_u8(w, (uint8_t)rep->pin);
   for (size_t i = 0; i < count; i++) {
     store_put_str(w, items[i].key, strlen(items[i].key));
     store_put_u64(w, items[i].length);
@@ -246,7 +247,7 @@ static ferry_status put_slice(ferry_store *s, ferry_store_item *items, size_t co
   ferry_status st = store_request_on(s, &conn, &w, (uint32_t)count, &h, &body, "store PUT_START");
   if (st)
     return st;
-  unsigned per = rep && rep->replicas ? rep->replicas : 1;
+  unsigned per = rep->replicas ? rep->replicas : 1;
   move *mv = malloc(count * per * sizeof *mv);
   char *started = calloc(count, 1);
   char(*details)[FERRY_ERROR_MAX] = malloc(count * per * sizeof *details);
@@ -270,21 +271,50 @@ static ferry_status put_slice(ferry_store *s, ferry_store_item *items, size_t co
   return st;
 }
 
+void ferry_store_replicate_init_size(ferry_store_replicate *rep, size_t size) {
+  memset(rep, 0, size);
+  if (size >= sizeof rep->size)
+    rep->size = size;
+}
+
+/* The first form of ferry_store_replicate, the smallest size accepted. */
+#define REPLICATE_MIN_SIZE (offsetof(ferry_store_replicate, pin) + sizeof(int))
+
+/* The caller's replicate (NULL: the defaults) as this libferry's struct:
+ * the fields an older caller lacks keep their defaults. */
+static ferry_status adopt_replicate(const ferry_store_replicate *in, ferry_store_replicate *out,
+                                    const char *call) {
+  ferry_store_replicate_init(out);
+  if (!in)
+    return FERRY_OK;
+  if (in->size < REPLICATE_MIN_SIZE || in->size > sizeof *out)
+    return ferry_fail(FERRY_EINVAL,
+                      "%s: ferry_store_replicate.size = %zu is not valid: expected %zu to %zu "
+                      "(fill it with ferry_store_replicate_init; a larger size means a ferry.h "
+                      "newer than this libferry)",
+                      call, in->size, (size_t)REPLICATE_MIN_SIZE, sizeof *out);
+  memcpy(out, in, in->size);
+  out->size = sizeof *out;
+  if (out->replicas > STORE_REPLICAS_MAX)
+    return ferry_fail(FERRY_EINVAL, "%s: %u replicas asked, at most %d", call, out->replicas,
+                      STORE_REPLICAS_MAX);
+  if (out->pin < FERRY_STORE_PIN_NONE || out->pin > FERRY_STORE_PIN_HARD)
+    return ferry_fail(FERRY_EINVAL, "%s: pin %d is not a FERRY_STORE_PIN_*", call, out->pin);
+  return FERRY_OK;
+}
+
 ferry_status ferry_store_put_from_batch(ferry_store *s, ferry_store_item *items, size_t count,
-                                        const ferry_store_replicate *rep) {
+                                        const ferry_store_replicate *replicate) {
+  ferry_store_replicate rep;
   ferry_status st = check_items(items, count, 1, "ferry_store_put_from");
-  if (!st && rep && rep->replicas > STORE_REPLICAS_MAX)
-    st = ferry_fail(FERRY_EINVAL, "ferry_store_put_from: %u replicas asked, at most %d",
-                    rep->replicas, STORE_REPLICAS_MAX);
-  if (!st && rep && (rep->pin < FERRY_STORE_PIN_NONE || rep->pin > FERRY_STORE_PIN_HARD))
-    st = ferry_fail(FERRY_EINVAL, "ferry_store_put_from: pin %d is not a FERRY_STORE_PIN_*",
-                    rep->pin);
+  if (!st)
+    st = adopt_replicate(replicate, &rep, "ferry_store_put_from");
   if (st)
     return st;
   outcome o = {SIZE_MAX, FERRY_OK, ""};
   for (size_t at = 0; at < count; at += STORE_BATCH_MAX) {
     size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
-    st = put_slice(s, items + at, n, rep, &o);
+    st = put_slice(s, items + at, n, &rep, &o);
     if (st)
       slice_failed(&o, items, at, n, st);
   }

@@ -175,6 +175,16 @@ static void expect_copy(ferry_store *s, const char *key, size_t len, unsigned se
   free(copy);
 }
 
+/* A replicate filled as ferry.h says: init, then the fields. */
+static ferry_store_replicate replicate(unsigned replicas, const char *preferred, int pin) {
+  ferry_store_replicate rep;
+  ferry_store_replicate_init(&rep);
+  rep.replicas = replicas;
+  rep.preferred_segment = preferred;
+  rep.pin = pin;
+  return rep;
+}
+
 /* ---- the child client ----------------------------------------------------------------------- */
 
 /* Role "client" MASTER: a client with a segment that prints "ready
@@ -204,7 +214,8 @@ static int client_role(int argc, char **argv) {
   unsigned seed;
   while (fgets(line, sizeof line, stdin)) {
     if (sscanf(line, "put %255s %zu %u %255s", key, &size, &seed, pref) == 4) {
-      ferry_store_replicate rep = {1, strcmp(pref, "-") ? pref : NULL, FERRY_STORE_PIN_NONE};
+      ferry_store_replicate rep =
+          replicate(1, strcmp(pref, "-") ? pref : NULL, FERRY_STORE_PIN_NONE);
       fill(buf, size, seed);
       answer(ferry_store_put_from(s, key, buf, size, &rep), "put");
     } else if (sscanf(line, "get %255s %zu %u", key, &size, &seed) == 3) {
@@ -394,7 +405,7 @@ static void values_move_between_two_clients(void **state) {
     items[i] = (ferry_store_item){keys[i], buf + at, sizes[i], FERRY_EINVAL};
     at += sizes[i];
   }
-  ferry_store_replicate in_b = {1, b.segment, FERRY_STORE_PIN_NONE};
+  ferry_store_replicate in_b = replicate(1, b.segment, FERRY_STORE_PIN_NONE);
   if (ferry_store_put_from_batch(a.store, items, VALUES, &in_b) != FERRY_OK)
     fail_msg("batch put: %s", ferry_last_error());
   for (size_t i = 0; i < VALUES; i++) {
@@ -487,8 +498,8 @@ static void a_dead_clients_replicas_are_gone(void **state) {
   uint8_t *buf;
   assert_int_equal(ferry_memory_alloc(a.engine, 1 * MiB, (void **)&buf), FERRY_OK);
   fill(buf, 1 * MiB, 5);
-  ferry_store_replicate in_b = {1, b.segment, FERRY_STORE_PIN_NONE},
-                        in_a = {1, ferry_store_segment(a.store), FERRY_STORE_PIN_NONE};
+  ferry_store_replicate in_b = replicate(1, b.segment, FERRY_STORE_PIN_NONE),
+                        in_a = replicate(1, ferry_store_segment(a.store), FERRY_STORE_PIN_NONE);
   assert_int_equal(ferry_store_put_from(a.store, "in_b", buf, 1 * MiB, &in_b), FERRY_OK);
   assert_int_equal(ferry_store_put_from(a.store, "in_a", buf, 1 * MiB, &in_a), FERRY_OK);
   child_expect_ok(&b, "get in_b %zu 5\n", (size_t)(1 * MiB));
@@ -530,7 +541,8 @@ static void a_get_moves_to_the_next_replica(void **state) {
   uint8_t *buf;
   assert_int_equal(ferry_memory_alloc(a.engine, 256 * KiB, (void **)&buf), FERRY_OK);
   fill(buf, 256 * KiB, 11);
-  ferry_store_replicate two = {2, b.segment, FERRY_STORE_PIN_NONE}; /* b's first, then a's */
+  ferry_store_replicate two =
+      replicate(2, b.segment, FERRY_STORE_PIN_NONE); /* b's first, then a's */
   assert_int_equal(ferry_store_put_from(a.store, "twice", buf, 256 * KiB, &two), FERRY_OK);
   child_expect_ok(&b, "get twice %zu 11\n", (size_t)(256 * KiB));
   memset(buf, 0, 256 * KiB);
@@ -605,7 +617,7 @@ static void slots_close(rig *t, uint8_t *buf) {
  * asked. */
 static ferry_status put_slot(ferry_store *s, const char *key, uint8_t *buf, unsigned seed,
                              int pin) {
-  ferry_store_replicate rep = {1, NULL, pin};
+  ferry_store_replicate rep = replicate(1, NULL, pin);
   fill(buf, SLOT, seed);
   return ferry_store_put_from(s, key, buf, SLOT, &rep);
 }
@@ -783,7 +795,7 @@ static void a_full_pool_refuses_puts(void **state) {
   assert_non_null(strstr(ferry_last_error(), "too_big"));
   assert_non_null(strstr(ferry_last_error(), "larger than the store holds"));
   char key[32];
-  ferry_store_replicate hard = {1, NULL, FERRY_STORE_PIN_HARD};
+  ferry_store_replicate hard = replicate(1, NULL, FERRY_STORE_PIN_HARD);
   for (int i = 0; i < 4; i++) {
     snprintf(key, sizeof key, "quarter_%d", i);
     assert_int_equal(ferry_store_put_from(a.store, key, buf, 256 * KiB, &hard), FERRY_OK);
@@ -1000,11 +1012,11 @@ static void bad_arguments_are_refused(void **state) {
   long_key[sizeof long_key - 1] = 0;
   assert_int_equal(ferry_store_put(a.store, long_key, unregistered, 16, NULL), FERRY_EINVAL);
   assert_int_equal(ferry_store_put(a.store, "", unregistered, 16, NULL), FERRY_EINVAL);
-  ferry_store_replicate nine = {9, NULL, FERRY_STORE_PIN_NONE};
+  ferry_store_replicate nine = replicate(9, NULL, FERRY_STORE_PIN_NONE);
   assert_int_equal(ferry_store_put(a.store, "nine", unregistered, 16, &nine), FERRY_EINVAL);
-  ferry_store_replicate two = {2, NULL, FERRY_STORE_PIN_NONE}; /* one segment only */
+  ferry_store_replicate two = replicate(2, NULL, FERRY_STORE_PIN_NONE); /* one segment only */
   assert_int_equal(ferry_store_put(a.store, "two", unregistered, 16, &two), FERRY_ENOMEM);
-  ferry_store_replicate bad_pin = {1, NULL, FERRY_STORE_PIN_HARD + 1};
+  ferry_store_replicate bad_pin = replicate(1, NULL, FERRY_STORE_PIN_HARD + 1);
   assert_int_equal(ferry_store_put(a.store, "bad_pin", unregistered, 16, &bad_pin), FERRY_EINVAL);
   rig_close(&t);
   /* Nothing listens there any more. */
@@ -1012,6 +1024,40 @@ static void bad_arguments_are_refused(void **state) {
   ferry_store *s;
   assert_int_equal(store_on(e, t.m.addr, 0, NULL, &s), FERRY_ESOCKET);
   ferry_engine_destroy(e);
+}
+
+/* ferry_store_replicate carries its caller's sizeof (ferry.h): one not
+ * filled by ferry_store_replicate_init, or from a ferry.h newer than the
+ * library (larger), is refused naming the size; the library's own size is
+ * read whole (its replica count reaches the master). */
+static void the_replicate_struct_carries_its_size(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, 1 * MiB);
+  uint8_t data[64];
+  fill(data, sizeof data, 12);
+  ferry_store_replicate zeroed = {0};
+  assert_int_equal(ferry_store_put(t.a.store, "zeroed", data, sizeof data, &zeroed), FERRY_EINVAL);
+  assert_non_null(strstr(ferry_last_error(), "ferry_store_replicate.size = 0 is not valid"));
+  struct {
+    ferry_store_replicate rep;
+    uint64_t field_of_a_newer_ferry_h;
+  } newer;
+  ferry_store_replicate_init_size(&newer.rep, sizeof newer);
+  assert_int_equal(newer.rep.size, sizeof newer);
+  assert_int_equal(ferry_store_put(t.a.store, "newer", data, sizeof data, &newer.rep),
+                   FERRY_EINVAL);
+  char size[64];
+  snprintf(size, sizeof size, "ferry_store_replicate.size = %zu is not valid", sizeof newer);
+  if (!strstr(ferry_last_error(), size) || !strstr(ferry_last_error(), "newer"))
+    fail_msg("a larger replicate: %s", ferry_last_error());
+  assert_int_equal(ferry_store_exists(t.a.store, "newer"), FERRY_ENOTFOUND);
+  ferry_store_replicate two = replicate(2, NULL, FERRY_STORE_PIN_NONE); /* one segment only */
+  assert_int_equal(ferry_store_put(t.a.store, "two", data, sizeof data, &two), FERRY_ENOMEM);
+  ferry_store_replicate one = replicate(1, NULL, FERRY_STORE_PIN_HARD);
+  assert_int_equal(ferry_store_put(t.a.store, "one", data, sizeof data, &one), FERRY_OK);
+  expect_copy(t.a.store, "one", sizeof data, 12);
+  rig_close(&t);
 }
 
 /* ---- the master restarts -------------------------------------------------------------------- */
@@ -1134,7 +1180,7 @@ typedef struct put_thread {
 
 static void *put_main(void *arg) {
   put_thread *p = arg;
-  ferry_store_replicate in = {.replicas = 1, .preferred_segment = p->segment};
+  ferry_store_replicate in = replicate(1, p->segment, FERRY_STORE_PIN_NONE);
   p->status = ferry_store_put_from(p->store, p->key, p->buf, p->len, &in);
   snprintf(p->detail, sizeof p->detail, "%s", ferry_last_error());
   return NULL;
@@ -1171,7 +1217,7 @@ static void a_put_across_a_restart_commits_nothing(void **state) {
   child_client b, c;
   child_open(&b, h.addr);
   fill(buf, 64 * KiB, 3);
-  ferry_store_replicate in_b = {.replicas = 1, .preferred_segment = b.segment};
+  ferry_store_replicate in_b = replicate(1, b.segment, FERRY_STORE_PIN_NONE);
   assert_int_equal(ferry_store_put_from(a.store, "warm_b", buf, 64 * KiB, &in_b), FERRY_OK);
   child_stop(&b);
   put_thread old = {
@@ -1182,7 +1228,7 @@ static void a_put_across_a_restart_commits_nothing(void **state) {
   here_restart(&h);
   child_open(&c, h.addr);
   fill(buf + 64 * KiB, 64 * KiB, 4);
-  ferry_store_replicate in_c = {.replicas = 1, .preferred_segment = c.segment};
+  ferry_store_replicate in_c = replicate(1, c.segment, FERRY_STORE_PIN_NONE);
   assert_int_equal(ferry_store_put_from(a.store, "warm_c", buf + 64 * KiB, 64 * KiB, &in_c),
                    FERRY_OK);
   child_stop(&c);
@@ -1271,6 +1317,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_hostile_client_hurts_only_itself),
       cmocka_unit_test(the_master_caps_its_clients),
       cmocka_unit_test(bad_arguments_are_refused),
+      cmocka_unit_test(the_replicate_struct_carries_its_size),
       cmocka_unit_test(a_client_rejoins_a_restarted_master),
       cmocka_unit_test(a_client_rejoins_a_restarted_master_with_its_secret),
       cmocka_unit_test(a_call_without_a_master_fails_and_the_next_reconnects),
