@@ -400,6 +400,10 @@ ferry_status ferry_memory_register_batch_at(ferry_engine *engine, void *const *a
 /* Nonzero when the CUDA driver loaded and found a device; else 0 and, when
  * why is not NULL, how ferry looked ("dlopen(\"libcuda.so.1\") failed: ..."). */
 int ferry_memory_cuda_available(char *why, size_t size);
+/* FERRY_OK when [addr, addr + length) lies inside one region registered on
+ * engine; else FERRY_ENOTREG with the detail a transfer from it gets
+ * ("local address 0x.. (+N bytes) is not registered on this engine"). */
+ferry_status ferry_memory_check(ferry_engine *engine, const void *addr, size_t length);
 /* Allocates a registered buffer from shareable memory, zero-filled. */
 ferry_status ferry_memory_alloc(ferry_engine *engine, size_t length, void **out);
 ferry_status ferry_memory_free(ferry_engine *engine, void *addr);
@@ -881,8 +885,10 @@ ferry_status ferry_store_put(ferry_store *store, const char *key, const void *da
 /* The value of key in *data (malloc'd: free() it) and *length.
  * FERRY_ENOTFOUND when the store has no such key (or it is not committed). */
 ferry_status ferry_store_get(ferry_store *store, const char *key, void **data, size_t *length);
-/* Zero-copy forms: buf must be registered on the store's engine; the value
- * moves between it and the replicas with no copy on either side. */
+/* Zero-copy forms: buf must be registered on the store's engine (else
+ * FERRY_ENOTREG, before the master is asked; also when the replica is in
+ * this client's own segment, which is copied in memory); the value moves
+ * between it and the replicas with no copy on either side. */
 ferry_status ferry_store_put_from(ferry_store *store, const char *key, void *buf, size_t length,
                                   const ferry_store_replicate *replicate);
 /* Reads key's value into buf (capacity bytes; a larger value fails with

@@ -173,6 +173,9 @@ void ferry_engine_fence(ferry_engine *engine, ferry_region *removed, size_t coun
  * a pool owns its registration. Undone with ferry_memory_unregister or
  * ferry_memory_free. */
 ferry_status ferry_engine_pool_memory(ferry_engine *engine, size_t length, void **addr);
+/* registration.c: ferry_memory_check inside the gate (a batch's check of
+ * its local buffers: one message for both). */
+ferry_status ferry_memory_check_local(ferry_engine *engine, const void *addr, size_t length);
 /* registration.c: unmaps every allocation still held (destroy). */
 void ferry_memory_free_all(ferry_engine *engine);
 /* The key sections of a region table: one per transport in use that keys

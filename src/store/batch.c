@@ -2,7 +2,9 @@
  * for the keys of a slice (at most STORE_BATCH_MAX), then every transfer
  * of the slice in flight together, one ferry batch per segment. A replica
  * in this client's own segment is copied in memory (after checking that
- * the master's address lies inside the segment). A put ends with PUT_END
+ * the master's address lies inside the segment). Every buffer is checked
+ * to be registered on the store's engine before the master is asked: the
+ * copy into or out of the own segment needs that as much as a transfer. A put ends with PUT_END
  * (commit, or free on failure); a get moves to an object's next replica
  * when a READ fails. Each item gets its status; the first failure in item
  * order is the call's, with its detail. */
@@ -42,13 +44,24 @@ static ferry_status finish(const outcome *o) {
   return o->first == SIZE_MAX ? FERRY_OK : ferry_fail(o->status, "%s", o->detail);
 }
 
-static ferry_status check_items(ferry_store_item *items, size_t count, int need_buf,
+/* An item's buffer: registered on the store's engine (only memory
+ * registered for this client is read or written, by a transfer or by the
+ * copy into its own segment alike). */
+static ferry_status check_buffer(ferry_store *s, const ferry_store_item *it, size_t i,
+                                 const char *call) {
+  if (!it->buf || !it->length)
+    return ferry_fail(FERRY_EINVAL, "%s: item %zu (\"%s\") has no buffer or length 0", call, i,
+                      it->key);
+  ferry_status st = ferry_memory_check(s->engine, it->buf, it->length);
+  return st ? ferry_fail(st, "%s \"%s\": %s", call, it->key, ferry_last_error()) : FERRY_OK;
+}
+
+static ferry_status check_items(ferry_store *s, ferry_store_item *items, size_t count, int need_buf,
                                 const char *call) {
   for (size_t i = 0; i < count; i++) {
     ferry_status st = store_check_key(items[i].key, call);
-    if (!st && need_buf && (!items[i].buf || !items[i].length))
-      st = ferry_fail(FERRY_EINVAL, "%s: item %zu (\"%s\") has no buffer or length 0", call, i,
-                      items[i].key);
+    if (!st && need_buf)
+      st = check_buffer(s, &items[i], i, call);
     if (st)
       return st;
     items[i].status = FERRY_OK;
@@ -306,7 +319,7 @@ static ferry_status adopt_replicate(const ferry_store_replicate *in, ferry_store
 ferry_status ferry_store_put_from_batch(ferry_store *s, ferry_store_item *items, size_t count,
                                         const ferry_store_replicate *replicate) {
   ferry_store_replicate rep;
-  ferry_status st = check_items(items, count, 1, "ferry_store_put_from");
+  ferry_status st = check_items(s, items, count, 1, "ferry_store_put_from");
   if (!st)
     st = adopt_replicate(replicate, &rep, "ferry_store_put_from");
   if (st)
@@ -413,7 +426,7 @@ static ferry_status get_slice(ferry_store *s, ferry_store_item *items, size_t co
 }
 
 ferry_status ferry_store_get_into_batch(ferry_store *s, ferry_store_item *items, size_t count) {
-  ferry_status st = check_items(items, count, 1, "ferry_store_get_into");
+  ferry_status st = check_items(s, items, count, 1, "ferry_store_get_into");
   if (st)
     return st;
   outcome o = {SIZE_MAX, FERRY_OK, ""};
@@ -446,7 +459,7 @@ static ferry_status query_slice(ferry_store *s, ferry_store_item *items, size_t 
 }
 
 ferry_status ferry_store_exists_batch(ferry_store *s, ferry_store_item *items, size_t count) {
-  ferry_status st = check_items(items, count, 0, "ferry_store_exists");
+  ferry_status st = check_items(s, items, count, 0, "ferry_store_exists");
   for (size_t at = 0; !st && at < count; at += STORE_BATCH_MAX)
     st = query_slice(s, items + at, count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX);
   return st;

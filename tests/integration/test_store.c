@@ -1060,6 +1060,60 @@ static void the_replicate_struct_carries_its_size(void **state) {
   rig_close(&t);
 }
 
+/* ---- the caller's buffers are registered memory --------------------------------------------- */
+
+/* A replica in the caller's own segment is copied in memory, not sent: the
+ * copy checks, as a transfer does, that the caller's buffer is registered
+ * on the store's engine (put_from, get_into and their batches), with the
+ * same code and message as toward another client's segment. */
+static void own_segment_copies_need_registered_buffers(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, 1 * MiB);
+  local_client b;
+  local_open(&b, t.m.addr, 1 * MiB);
+  const char *own = ferry_store_segment(t.a.store);
+  ferry_store_replicate in_a = replicate(1, own, FERRY_STORE_PIN_NONE),
+                        in_b = replicate(1, ferry_store_segment(b.store), FERRY_STORE_PIN_NONE);
+  uint8_t *loose = calloc(1, 64 * KiB), *buf;
+  assert_non_null(loose);
+  assert_int_equal(ferry_memory_alloc(t.a.engine, 64 * KiB, (void **)&buf), FERRY_OK);
+  fill(loose, 64 * KiB, 31);
+  char suffix[128];
+  snprintf(suffix, sizeof suffix, "local address %p (+%llu bytes) is not registered on this engine",
+           (void *)loose, 64 * KiB);
+
+  assert_int_equal(ferry_store_put_from(t.a.store, "mine", loose, 64 * KiB, &in_a), FERRY_ENOTREG);
+  char local_detail[FERRY_ERROR_MAX];
+  snprintf(local_detail, sizeof local_detail, "%s", ferry_last_error());
+  if (!strstr(local_detail, "ferry_store_put_from \"mine\"") || !strstr(local_detail, suffix))
+    fail_msg("an unregistered buffer into the own segment: %s", local_detail);
+  assert_int_equal(ferry_store_exists(t.a.store, "mine"), FERRY_ENOTFOUND);
+  /* Toward b's segment: the same code and message. */
+  assert_int_equal(ferry_store_put_from(t.a.store, "mine", loose, 64 * KiB, &in_b), FERRY_ENOTREG);
+  assert_string_equal(ferry_last_error(), local_detail);
+  ferry_store_item batch[2] = {{"first", buf, 64 * KiB, FERRY_OK},
+                               {"second", loose, 64 * KiB, FERRY_OK}};
+  assert_int_equal(ferry_store_put_from_batch(t.a.store, batch, 2, &in_a), FERRY_ENOTREG);
+  assert_int_equal(ferry_store_exists(t.a.store, "first"), FERRY_ENOTFOUND); /* nothing asked */
+
+  /* get_into from the own segment into loose memory: refused, untouched. */
+  fill(buf, 64 * KiB, 32);
+  assert_int_equal(ferry_store_put_from(t.a.store, "mine", buf, 64 * KiB, &in_a), FERRY_OK);
+  assert_int_equal(ferry_store_get_into(t.a.store, "mine", loose, 64 * KiB, NULL), FERRY_ENOTREG);
+  assert_non_null(strstr(ferry_last_error(), suffix));
+  assert_int_equal(mismatch(loose, 64 * KiB, 31), -1);
+  batch[0] = (ferry_store_item){"mine", loose, 64 * KiB, FERRY_OK};
+  assert_int_equal(ferry_store_get_into_batch(t.a.store, batch, 1), FERRY_ENOTREG);
+  assert_int_equal(mismatch(loose, 64 * KiB, 31), -1);
+  expect_bytes(t.a.store, "mine", buf, 64 * KiB, 32);
+
+  free(loose);
+  ferry_memory_free(t.a.engine, buf);
+  local_close(&b);
+  rig_close(&t);
+}
+
 /* ---- the master restarts -------------------------------------------------------------------- */
 
 /* A master in this process, so that a case can stop it and start the next
@@ -1285,8 +1339,12 @@ static void an_idle_client_rejoins_by_its_ping_thread(void **state) {
     usleep(10000);
   if (st != FERRY_OK)
     fail_msg("a put into the idle client's segment: %s", ferry_last_error());
-  /* After idle's own lock: its PING thread logged under it. */
-  expect_bytes(idle.store, "second", buf, 4 * KiB, 8);
+  /* After idle's own lock: its PING thread logged under it. (Into memory
+   * registered on idle's engine: the copy out of its own segment needs it.) */
+  uint8_t *back;
+  assert_int_equal(ferry_memory_alloc(idle.engine, 4 * KiB, (void **)&back), FERRY_OK);
+  expect_bytes(idle.store, "second", back, 4 * KiB, 8);
+  ferry_memory_free(idle.engine, back);
   ferry_log_set_handler(NULL, NULL);
   /* One line per client. */
   assert_int_equal(__atomic_load_n(&restart_warnings, __ATOMIC_RELAXED), 2);
@@ -1318,6 +1376,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(the_master_caps_its_clients),
       cmocka_unit_test(bad_arguments_are_refused),
       cmocka_unit_test(the_replicate_struct_carries_its_size),
+      cmocka_unit_test(own_segment_copies_need_registered_buffers),
       cmocka_unit_test(a_client_rejoins_a_restarted_master),
       cmocka_unit_test(a_client_rejoins_a_restarted_master_with_its_secret),
       cmocka_unit_test(a_call_without_a_master_fails_and_the_next_reconnects),

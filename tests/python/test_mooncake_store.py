@@ -134,6 +134,22 @@ def test_hicache_call_pattern(master):
         assert reader.close() == 0
 
 
+def test_a_buffer_copied_into_the_own_segment_must_be_registered(master):
+    """A replica in the caller's own segment is copied in memory; the copy
+    refuses an unregistered buffer (-600) as a transfer does."""
+    store = client(master)
+    loose = ctypes.create_string_buffer(PAGE)
+    try:
+        own = ReplicateConfig(preferred_segment=store.get_hostname())
+        assert store.put_from("mine", ctypes.addressof(loose), PAGE, own) == -600
+        assert store.is_exist("mine") == 0
+        assert store.put("mine", page_bytes(9), own) == 0
+        assert store.get_into("mine", ctypes.addressof(loose), PAGE) == -600
+        assert ctypes.string_at(ctypes.addressof(loose), PAGE) == bytes(PAGE)
+    finally:
+        assert store.close() == 0
+
+
 def test_setup_failures_are_numbers(master):
     store = MooncakeDistributedStore()
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", "lots", 16 * MiB, "tcp", "", master) == -600
