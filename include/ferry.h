@@ -823,10 +823,15 @@ ferry_status ferry_send_batch(ferry_engine *engine, const char *target, const ch
  *    hard-pinned one; soft-pinned ones go only when nothing else can. When
  *    nothing can go, the put fails with FERRY_ENOMEM naming the key, the
  *    size and what holds the pool.
+ *  - An upsert replaces a key's value: the new one is written into space
+ *    of its own and becomes visible whole, at once; a get sees the old
+ *    value or the new one, never a mix. The old value's space is freed
+ *    when the new one commits, or once the last get's lease on it ended:
+ *    a get that started before keeps reading the old bytes.
  * A put of a key stored already succeeds and keeps the first value (keys
- * of KV caches name their content). Keys are 1 to 1024 bytes. Calls may be
- * made from several threads; requests to the master take turns on its one
- * connection, transfers run in parallel. */
+ * of KV caches name their content); upsert to replace it. Keys are 1 to
+ * 1024 bytes. Calls may be made from several threads; requests to the
+ * master take turns on its one connection, transfers run in parallel. */
 typedef struct ferry_store ferry_store;
 
 typedef struct ferry_store_config {
@@ -891,8 +896,17 @@ ferry_status ferry_store_get(ferry_store *store, const char *key, void **data, s
  * between it and the replicas with no copy on either side. */
 ferry_status ferry_store_put_from(ferry_store *store, const char *key, void *buf, size_t length,
                                   const ferry_store_replicate *replicate);
+/* Put, but a key stored already gets the new value (and the new replicas,
+ * pin and placement replicate asks). The new value is visible once every
+ * byte of it is written; until then get reads the old one. FERRY_EBUSY
+ * while a put or upsert of the key is in progress. */
+ferry_status ferry_store_upsert(ferry_store *store, const char *key, const void *data,
+                                size_t length, const ferry_store_replicate *replicate);
+ferry_status ferry_store_upsert_from(ferry_store *store, const char *key, void *buf, size_t length,
+                                     const ferry_store_replicate *replicate);
 /* Reads key's value into buf (capacity bytes; a larger value fails with
- * FERRY_EINVAL naming both sizes); *length gets its size. */
+ * FERRY_EINVAL naming both sizes); *length gets its size, also when it did
+ * not fit. */
 ferry_status ferry_store_get_into(ferry_store *store, const char *key, void *buf, size_t capacity,
                                   size_t *length);
 /* FERRY_OK when key is stored (committed), FERRY_ENOTFOUND when it is not. */
@@ -919,6 +933,8 @@ typedef struct ferry_store_item {
  * its answer, not a failure. */
 ferry_status ferry_store_put_from_batch(ferry_store *store, ferry_store_item *items, size_t count,
                                         const ferry_store_replicate *replicate);
+ferry_status ferry_store_upsert_from_batch(ferry_store *store, ferry_store_item *items,
+                                           size_t count, const ferry_store_replicate *replicate);
 ferry_status ferry_store_get_into_batch(ferry_store *store, ferry_store_item *items, size_t count);
 ferry_status ferry_store_exists_batch(ferry_store *store, ferry_store_item *items, size_t count);
 

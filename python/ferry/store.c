@@ -171,21 +171,23 @@ static PyObject *items_result(const ferry_store_item *items, Py_ssize_t n, int s
 /* ---- methods -------------------------------------------------------------------------------- */
 
 static PyObject *store_put(StoreObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"key", "data", "replicas", "preferred_segment", "pin", NULL};
+  static char *kwlist[] = {"key", "data", "replicas", "preferred_segment", "pin", "upsert", NULL};
   const char *key, *preferred = NULL;
   Py_buffer data;
   PyObject *replicas = NULL;
-  int pin = FERRY_STORE_PIN_NONE;
+  int pin = FERRY_STORE_PIN_NONE, upsert = 0;
   ferry_store_replicate rep;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sy*|Ozi:put", kwlist, &key, &data, &replicas,
-                                   &preferred, &pin))
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sy*|Ozip:put", kwlist, &key, &data, &replicas,
+                                   &preferred, &pin, &upsert))
     return NULL;
   if (replicate_get(replicas, preferred, pin, &rep) < 0 || store_enter(self) < 0) {
     PyBuffer_Release(&data);
     return NULL;
   }
   CallResult r;
-  STORE_CALL(self, r, ferry_store_put(self->store, key, data.buf, (size_t)data.len, &rep));
+  STORE_CALL(self, r,
+             upsert ? ferry_store_upsert(self->store, key, data.buf, (size_t)data.len, &rep)
+                    : ferry_store_put(self->store, key, data.buf, (size_t)data.len, &rep));
   PyBuffer_Release(&data);
   return none_or_raise(&r);
 }
@@ -206,14 +208,15 @@ static PyObject *store_get(StoreObject *self, PyObject *args) {
 }
 
 static PyObject *store_batch_put_from(StoreObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"keys", "addrs", "sizes", "replicas", "preferred_segment", "pin", NULL};
+  static char *kwlist[] = {"keys", "addrs",  "sizes", "replicas", "preferred_segment",
+                           "pin",  "upsert", NULL};
   PyObject *keys_o, *addrs_o, *sizes_o, *replicas = NULL, *keys;
   const char *preferred = NULL;
-  int pin = FERRY_STORE_PIN_NONE;
+  int pin = FERRY_STORE_PIN_NONE, upsert = 0;
   ferry_store_replicate rep;
   ferry_store_item *items;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|Ozi:batch_put_from", kwlist, &keys_o, &addrs_o,
-                                   &sizes_o, &replicas, &preferred, &pin) ||
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|Ozip:batch_put_from", kwlist, &keys_o, &addrs_o,
+                                   &sizes_o, &replicas, &preferred, &pin, &upsert) ||
       replicate_get(replicas, preferred, pin, &rep) < 0)
     return NULL;
   Py_ssize_t n = items_get(keys_o, addrs_o, sizes_o, &keys, &items);
@@ -222,7 +225,9 @@ static PyObject *store_batch_put_from(StoreObject *self, PyObject *args, PyObjec
   PyObject *out = NULL;
   if (store_enter(self) == 0) {
     CallResult r;
-    STORE_CALL(self, r, ferry_store_put_from_batch(self->store, items, (size_t)n, &rep));
+    STORE_CALL(self, r,
+               upsert ? ferry_store_upsert_from_batch(self->store, items, (size_t)n, &rep)
+                      : ferry_store_put_from_batch(self->store, items, (size_t)n, &rep));
     out = failed_whole(items, n, &r) ? raise_result(&r) : items_result(items, n, 0, &r);
   }
   PyMem_Free(items);
@@ -286,11 +291,14 @@ static PyObject *store_segment(StoreObject *self, void *Py_UNUSED(closure)) {
 }
 
 static PyMethodDef store_methods[] = {
-    {"put", KW(store_put), "put(key, data, replicas=1, preferred_segment=None, pin=0)"},
+    {"put", KW(store_put),
+     "put(key, data, replicas=1, preferred_segment=None, pin=0, upsert=False): upsert replaces "
+     "a stored value"},
     {"get", (PyCFunction)store_get, METH_VARARGS, "get(key) -> bytes"},
     {"batch_put_from", KW(store_batch_put_from),
-     "batch_put_from(keys, addrs, sizes, replicas=1, preferred_segment=None, pin=0) -> "
-     "([0 or -status per key], first failure's detail or None); addrs registered on the engine"},
+     "batch_put_from(keys, addrs, sizes, replicas=1, preferred_segment=None, pin=0, "
+     "upsert=False) -> ([0 or -status per key], first failure's detail or None); addrs "
+     "registered on the engine"},
     {"batch_get_into", (PyCFunction)store_batch_get_into, METH_VARARGS,
      "batch_get_into(keys, addrs, sizes) -> ([bytes read or -status per key], detail or None)"},
     {"batch_exists", (PyCFunction)store_batch_exists, METH_O,

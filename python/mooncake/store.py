@@ -19,7 +19,13 @@ A full pool evicts least-recently-used objects (the master's
 object until nothing unpinned is left, ``with_hard_pin=True`` keeps it until
 removed (hard wins when both are set).
 
-Not implemented yet (issue 33): ``upsert``, the ``_multi_buffers`` forms,
+``upsert`` (and ``upsert_from``, ``batch_upsert_from``, ``upsert_batch``,
+``upsert_parts``) replaces a stored value: the new one is written into space
+of its own and becomes visible whole; a get sees the old value or the new
+one, and a get that started before keeps reading the old bytes (its lease
+keeps their space).
+
+Not implemented yet (issue 33): the ``_multi_buffers`` forms,
 ``get_into_ranges``, ``batch_get_buffer``, tensor helpers.
 """
 
@@ -42,6 +48,7 @@ INVALID_PARAMS = -600
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
 OBJECT_HAS_LEASE = -706
+REPLICA_IS_NOT_READY = -703
 TRANSFER_FAIL = -800
 RPC_FAIL = -900
 
@@ -207,6 +214,24 @@ class MooncakeDistributedStore:
         return self._call("put", lambda: self._store.put(key, bytes(value), *_replicate(config)),
                           busy=OBJECT_ALREADY_EXISTS)
 
+    def upsert(self, key, value, config=None):
+        return self._call("upsert", lambda: self._store.put(key, bytes(value), *_replicate(config),
+                                                             upsert=True),
+                          busy=REPLICA_IS_NOT_READY)
+
+    def upsert_parts(self, key, *parts, config=None):
+        return self.upsert(key, b"".join(bytes(p) for p in parts), config)
+
+    def upsert_batch(self, keys, values, config=None):
+        """One upsert per key (each through the staging buffer); 0, or the
+        first failure's code."""
+        keys, values = list(keys), list(values)
+        if len(keys) != len(values):
+            return self._fail("upsert_batch", INVALID_PARAMS, "%d keys, %d values"
+                              % (len(keys), len(values)))
+        codes = [self.upsert(k, v, config) for k, v in zip(keys, values)]
+        return next((c for c in codes if c != 0), 0)
+
     def get(self, key):
         result = self._call("get", lambda: self._store.get(key), quiet_missing=True)
         return result if isinstance(result, bytes) else b""
@@ -239,6 +264,16 @@ class MooncakeDistributedStore:
                            lambda: self._store.batch_put_from(list(keys), list(buffer_ptrs),
                                                               list(sizes), *_replicate(config)),
                            len(keys), busy=OBJECT_ALREADY_EXISTS)
+
+    def upsert_from(self, key, buffer_ptr, size, config=None):
+        return self.batch_upsert_from([key], [buffer_ptr], [size], config)[0]
+
+    def batch_upsert_from(self, keys, buffer_ptrs, sizes, config=None):
+        return self._batch("batch_upsert_from",
+                           lambda: self._store.batch_put_from(list(keys), list(buffer_ptrs),
+                                                              list(sizes), *_replicate(config),
+                                                              upsert=True),
+                           len(keys), busy=REPLICA_IS_NOT_READY)
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
         return self._batch("batch_get_into",

@@ -4,10 +4,10 @@
  * in this client's own segment is copied in memory (after checking that
  * the master's address lies inside the segment). Every buffer is checked
  * to be registered on the store's engine before the master is asked: the
- * copy into or out of the own segment needs that as much as a transfer. A put ends with PUT_END
- * (commit, or free on failure); a get moves to an object's next replica
- * when a READ fails. Each item gets its status; the first failure in item
- * order is the call's, with its detail. */
+ * copy into or out of the own segment needs that as much as a transfer.
+ * A put or upsert ends with PUT_END (commit, or free on failure); a get
+ * moves to an object's next replica when a READ fails. Each item gets its status; the
+ * first failure in item order is the call's, with its detail. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,10 +165,11 @@ static void run_moves(ferry_store *s, ferry_op op, ferry_store_item *items, move
 
 /* ---- put ------------------------------------------------------------------------------------ */
 
-static void put_start_request(store_writer *w, const ferry_store_item *items, size_t count,
-                              const ferry_store_replicate *rep) {
+/* PUT_START or UPSERT_START (op) of the items. */
+static void put_start_request(store_writer *w, uint8_t op, const ferry_store_item *items,
+                              size_t count, const ferry_store_replicate *rep) {
   const char *pref = rep->preferred_segment ? rep->preferred_segment : "";
-  store_put_u8(w, STORE_PUT_START);
+  store_put_u8(w, op);
   store_put_u8(w, (uint8_t)(rep->replicas ? rep->replicas : 1));
   store_put_str(w, pref, strnlen(pref, STORE_NAME_MAX));
   store_put_u8(w, (uint8_t)rep->pin);
@@ -250,14 +251,16 @@ static ferry_status put_end(ferry_store *s, uint64_t conn, ferry_store_item *ite
              : FERRY_OK;
 }
 
-static ferry_status put_slice(ferry_store *s, ferry_store_item *items, size_t count,
+static ferry_status put_slice(ferry_store *s, uint8_t op, ferry_store_item *items, size_t count,
                               const ferry_store_replicate *rep, outcome *o) {
   store_writer w = {0};
-  put_start_request(&w, items, count, rep);
+  put_start_request(&w, op, items, count, rep);
   ferry_frame_header h;
   uint8_t *body;
   uint64_t conn = 0;
-  ferry_status st = store_request_on(s, &conn, &w, (uint32_t)count, &h, &body, "store PUT_START");
+  ferry_status st =
+      store_request_on(s, &conn, &w, (uint32_t)count, &h, &body,
+                       op == STORE_UPSERT_START ? "store UPSERT_START" : "store PUT_START");
   if (st)
     return st;
   unsigned per = rep->replicas ? rep->replicas : 1;
@@ -316,22 +319,33 @@ static ferry_status adopt_replicate(const ferry_store_replicate *in, ferry_store
   return FERRY_OK;
 }
 
-ferry_status ferry_store_put_from_batch(ferry_store *s, ferry_store_item *items, size_t count,
-                                        const ferry_store_replicate *replicate) {
+/* A put (op PUT_START) or an upsert (UPSERT_START) of the items. */
+static ferry_status write_items(ferry_store *s, uint8_t op, ferry_store_item *items, size_t count,
+                                const ferry_store_replicate *replicate, const char *call) {
   ferry_store_replicate rep;
-  ferry_status st = check_items(s, items, count, 1, "ferry_store_put_from");
+  ferry_status st = check_items(s, items, count, 1, call);
   if (!st)
-    st = adopt_replicate(replicate, &rep, "ferry_store_put_from");
+    st = adopt_replicate(replicate, &rep, call);
   if (st)
     return st;
   outcome o = {SIZE_MAX, FERRY_OK, ""};
   for (size_t at = 0; at < count; at += STORE_BATCH_MAX) {
     size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
-    st = put_slice(s, items + at, n, &rep, &o);
+    st = put_slice(s, op, items + at, n, &rep, &o);
     if (st)
       slice_failed(&o, items, at, n, st);
   }
   return finish(&o);
+}
+
+ferry_status ferry_store_put_from_batch(ferry_store *s, ferry_store_item *items, size_t count,
+                                        const ferry_store_replicate *replicate) {
+  return write_items(s, STORE_PUT_START, items, count, replicate, "ferry_store_put_from");
+}
+
+ferry_status ferry_store_upsert_from_batch(ferry_store *s, ferry_store_item *items, size_t count,
+                                           const ferry_store_replicate *replicate) {
+  return write_items(s, STORE_UPSERT_START, items, count, replicate, "ferry_store_upsert_from");
 }
 
 /* ---- get ------------------------------------------------------------------------------------ */
@@ -354,6 +368,8 @@ typedef struct placement {
   store_replica_ref reps[STORE_REPLICAS_MAX];
 } placement;
 
+/* Each item's length becomes its value's size, also when the value does
+ * not fit its buffer (the caller may read again with room for it). */
 static ferry_status read_gets(ferry_store *s, store_reader *r, ferry_store_item *items,
                               size_t count, placement *pl, outcome *o) {
   for (size_t i = 0; i < count; i++) {
@@ -368,10 +384,10 @@ static ferry_status read_gets(ferry_store *s, store_reader *r, ferry_store_item 
                       items[i].key, (unsigned long long)pl[i].size, items[i].length);
     else if (st)
       st = store_entry_fail(s, st, items[i].key, 0, "get");
+    if (st == FERRY_OK || st == FERRY_EINVAL)
+      items[i].length = (size_t)pl[i].size;
     if (st)
       item_failed(o, items, i, st);
-    else
-      items[i].length = (size_t)pl[i].size;
   }
   return r->left ? ferry_fail(FERRY_EPROTO, "store master %s: GET reply too long", s->master)
                  : FERRY_OK;

@@ -342,10 +342,12 @@ static void raw_open(raw_client *r, const char *master) {
   free(body);
 }
 
-/* PUT_START of one key in segment `where`; returns the replica's address. */
-static uint64_t raw_put_start(raw_client *r, const char *key, uint64_t size, const char *where) {
+/* PUT_START (or UPSERT_START: op) of one key in segment `where`; returns
+ * the replica's address. */
+static uint64_t raw_start(raw_client *r, uint8_t op, const char *key, uint64_t size,
+                          const char *where) {
   store_writer w = {0};
-  store_put_u8(&w, STORE_PUT_START);
+  store_put_u8(&w, op);
   store_put_u8(&w, 1);
   store_put_str(&w, where, strlen(where));
   store_put_u8(&w, FERRY_STORE_PIN_NONE);
@@ -360,6 +362,32 @@ static uint64_t raw_put_start(raw_client *r, const char *key, uint64_t size, con
   assert_int_equal(n, 1);
   assert_int_equal(reps[0].segment_len, strlen(where));
   free(body);
+  return reps[0].addr;
+}
+
+static uint64_t raw_put_start(raw_client *r, const char *key, uint64_t size, const char *where) {
+  return raw_start(r, STORE_PUT_START, key, size, where);
+}
+
+/* GET of one key (a lease on it): its first replica's address; *replicas
+ * gets their number. *replied: when the master's reply came. */
+static uint64_t raw_get(raw_client *r, const char *key, unsigned *replicas, uint64_t *replied) {
+  store_writer w = {0};
+  store_put_u8(&w, STORE_GET);
+  store_put_str(&w, key, strlen(key));
+  uint8_t *body;
+  store_reader rd = raw_request(r, &w, 1, &body);
+  if (replied)
+    *replied = ferry_now_ns();
+  assert_int_equal((int32_t)store_get_u32(&rd), FERRY_OK);
+  store_get_u64(&rd);
+  store_replica_ref reps[STORE_REPLICAS_MAX];
+  unsigned n;
+  assert_int_equal(store_get_replicas(&rd, reps, &n, "master"), FERRY_OK);
+  assert_true(n > 0);
+  free(body);
+  if (replicas)
+    *replicas = n;
   return reps[0].addr;
 }
 
@@ -1114,6 +1142,123 @@ static void own_segment_copies_need_registered_buffers(void **state) {
   rig_close(&t);
 }
 
+/* ---- upsert --------------------------------------------------------------------------------- */
+
+static ferry_status upsert_slot(ferry_store *s, const char *key, uint8_t *buf, size_t len,
+                                unsigned seed, const ferry_store_replicate *rep) {
+  fill(buf, len, seed);
+  return ferry_store_upsert_from(s, key, buf, len, rep);
+}
+
+/* An upsert replaces a stored value (another size, other replicas) or
+ * stores a new key; while its new value is being written a get reads the
+ * old one whole, then the new one whole; a writer that dies before its end
+ * leaves the old value; a second put or upsert meanwhile is refused. */
+static void an_upsert_replaces_a_value_whole(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, SEGMENT);
+  local_client b;
+  local_open(&b, t.m.addr, SEGMENT);
+  const char *seg = ferry_store_segment(t.a.store);
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(t.a.engine, 512 * KiB, (void **)&buf), FERRY_OK);
+  fill(buf, 64 * KiB, 1);
+  assert_int_equal(ferry_store_put_from(t.a.store, "k", buf, 64 * KiB, NULL), FERRY_OK);
+  assert_int_equal(upsert_slot(t.a.store, "k", buf, 256 * KiB, 2, NULL), FERRY_OK);
+  expect_copy(t.a.store, "k", 256 * KiB, 2);
+  uint8_t data[300];
+  fill(data, sizeof data, 3);
+  assert_int_equal(ferry_store_upsert(t.a.store, "fresh", data, sizeof data, NULL), FERRY_OK);
+  expect_copy(b.store, "fresh", sizeof data, 3);
+  /* Two replicas now, one in each segment; a put keeps the value. */
+  ferry_store_replicate two = replicate(2, NULL, FERRY_STORE_PIN_NONE);
+  assert_int_equal(upsert_slot(t.a.store, "k", buf, 100 * KiB, 4, &two), FERRY_OK);
+  raw_client r;
+  raw_open(&r, t.m.addr);
+  unsigned replicas = 0;
+  raw_get(&r, "k", &replicas, NULL);
+  assert_int_equal(replicas, 2);
+  fill(buf, 100 * KiB, 5);
+  assert_int_equal(ferry_store_put_from(t.a.store, "k", buf, 100 * KiB, NULL), FERRY_OK);
+  expect_copy(b.store, "k", 100 * KiB, 4);
+
+  /* An upsert in progress (by hand): half its bytes written, gets read the
+   * old value whole; puts and upserts of the key wait; at its end the new
+   * value is read whole. */
+  uint8_t *fresh = (uint8_t *)(uintptr_t)raw_start(&r, STORE_UPSERT_START, "k", 128 * KiB, seg);
+  fill(buf, 128 * KiB, 6);
+  memcpy(fresh, buf, 64 * KiB);
+  expect_copy(b.store, "k", 100 * KiB, 4);
+  assert_int_equal(upsert_slot(t.a.store, "k", buf, 64 * KiB, 7, NULL), FERRY_EBUSY);
+  assert_non_null(strstr(ferry_last_error(), "a put or upsert of it is in progress"));
+  fill(buf, 128 * KiB, 6);
+  memcpy(fresh + 64 * KiB, buf + 64 * KiB, 64 * KiB);
+  raw_put_end(&r, "k");
+  expect_copy(b.store, "k", 128 * KiB, 6);
+
+  /* The writer dies between its start and end: the old value stays. */
+  raw_start(&r, STORE_UPSERT_START, "k", 32 * KiB, seg);
+  close(r.fd);
+  expect_copy(b.store, "k", 128 * KiB, 6);
+  ferry_status st;
+  double until = test_now_s() + TEST_SETUP_MS / 1000.0;
+  while ((st = upsert_slot(t.a.store, "k", buf, 32 * KiB, 8, NULL)) == FERRY_EBUSY &&
+         test_now_s() < until)
+    usleep(10000); /* until the master saw the writer go */
+  assert_int_equal(st, FERRY_OK);
+  expect_copy(b.store, "k", 32 * KiB, 8);
+
+  ferry_memory_free(t.a.engine, buf);
+  local_close(&b);
+  rig_close(&t);
+}
+
+/* A get's lease on a value an upsert replaced keeps its space: the reader
+ * that got the old replica reads the old bytes until the lease ends, even
+ * when the pool is full and a put must evict; once the lease ended, the
+ * next put takes that space without evicting anything. One 1 MiB segment
+ * of sixteen 64 KiB slots, the watermark at 1 (eviction only for a put
+ * that does not fit). */
+static void an_upsert_keeps_the_old_bytes_under_a_lease(unsigned lease_ms) {
+  rig t;
+  char lease[64];
+  snprintf(lease, sizeof lease, "--default_kv_lease_ttl=%u", lease_ms);
+  uint8_t *buf = slots_open(&t, lease, "--eviction_high_watermark_ratio=1");
+  put_slots(t.a.store, "k", 0, 1, buf, FERRY_STORE_PIN_NONE); /* k00: slot 0 */
+  put_slots(t.a.store, "fill", 1, SLOTS - 1, buf, FERRY_STORE_PIN_NONE);
+  raw_client r;
+  raw_open(&r, t.m.addr);
+  uint64_t replied;
+  const uint8_t *old = (const uint8_t *)(uintptr_t)raw_get(&r, "k00", NULL, &replied);
+  assert_int_equal(upsert_slot(t.a.store, "k00", buf, SLOT, 50, NULL), FERRY_OK); /* slot 15 */
+  expect_bytes(t.a.store, "k00", buf, SLOT, 50);
+  if (lease_ms > 60000) {
+    /* The pool is full but for the old value's slot, which its lease holds. */
+    put_slots(t.a.store, "extra", 7, 8, buf, FERRY_STORE_PIN_NONE);
+    assert_int_equal(mismatch(old, SLOT, 0), -1);
+    expect_gone(t.a.store, "fill01");
+  } else {
+    let_lapse(replied, lease_ms);
+    put_slots(t.a.store, "extra", 7, 8, buf, FERRY_STORE_PIN_NONE);
+    expect_stored(t.a.store, "fill", 1, SLOTS - 1); /* it took the old value's slot */
+    assert_true(mismatch(old, SLOT, 0) >= 0);
+  }
+  expect_slots(t.a.store, "extra", 7, 8, buf);
+  close(r.fd);
+  slots_close(&t, buf);
+}
+
+static void a_leased_old_value_outlives_its_upsert(void **state) {
+  (void)state;
+  an_upsert_keeps_the_old_bytes_under_a_lease(600000);
+}
+
+static void an_old_values_space_returns_when_its_lease_ends(void **state) {
+  (void)state;
+  an_upsert_keeps_the_old_bytes_under_a_lease(500);
+}
+
 /* ---- the master restarts -------------------------------------------------------------------- */
 
 /* A master in this process, so that a case can stop it and start the next
@@ -1377,6 +1522,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(bad_arguments_are_refused),
       cmocka_unit_test(the_replicate_struct_carries_its_size),
       cmocka_unit_test(own_segment_copies_need_registered_buffers),
+      cmocka_unit_test(an_upsert_replaces_a_value_whole),
+      cmocka_unit_test(a_leased_old_value_outlives_its_upsert),
+      cmocka_unit_test(an_old_values_space_returns_when_its_lease_ends),
       cmocka_unit_test(a_client_rejoins_a_restarted_master),
       cmocka_unit_test(a_client_rejoins_a_restarted_master_with_its_secret),
       cmocka_unit_test(a_call_without_a_master_fails_and_the_next_reconnects),

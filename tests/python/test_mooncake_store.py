@@ -134,6 +134,37 @@ def test_hicache_call_pattern(master):
         assert reader.close() == 0
 
 
+def test_upsert_replaces_a_value(master):
+    """put keeps a stored value; upsert and its forms replace it (another
+    size too) or store a new key."""
+    store = client(master)
+    region = ctypes.create_string_buffer(2 * PAGE)
+    base = ctypes.addressof(region)
+    try:
+        assert store.put("k", b"first") == 0
+        assert store.put("k", b"second") == 0
+        assert store.get("k") == b"first"
+        assert store.upsert("k", b"replaced, and longer") == 0
+        assert store.get("k") == b"replaced, and longer"
+        assert store.upsert("new", b"v", ReplicateConfig(with_soft_pin=True)) == 0
+        assert store.get("new") == b"v"
+        assert store.upsert_parts("parts", b"Hello, ", bytearray(b"World!")) == 0
+        assert store.get("parts") == b"Hello, World!"
+        assert store.upsert_batch(["k", "b1"], [page_bytes(1), page_bytes(2)]) == 0
+        assert (store.get("k"), store.get("b1")) == (page_bytes(1), page_bytes(2))
+        assert store.upsert_batch(["k"], []) == -600
+        assert store.register_buffer(base, 2 * PAGE) == 0
+        ctypes.memmove(base, page_bytes(3), PAGE)
+        ctypes.memmove(base + PAGE, page_bytes(4), PAGE)
+        assert store.upsert_from("k", base, PAGE) == 0
+        assert store.get("k") == page_bytes(3)
+        assert store.batch_upsert_from(["k", "b1"], [base + PAGE, base], [PAGE, 100]) == [0, 0]
+        assert (store.get("k"), store.get("b1")) == (page_bytes(4), page_bytes(3)[:100])
+        assert store.unregister_buffer(base) == 0
+    finally:
+        assert store.close() == 0
+
+
 def test_a_buffer_copied_into_the_own_segment_must_be_registered(master):
     """A replica in the caller's own segment is copied in memory; the copy
     refuses an unregistered buffer (-600) as a transfer does."""
