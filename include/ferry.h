@@ -938,6 +938,34 @@ ferry_status ferry_store_upsert_from_batch(ferry_store *store, ferry_store_item 
 ferry_status ferry_store_get_into_batch(ferry_store *store, ferry_store_item *items, size_t count);
 ferry_status ferry_store_exists_batch(ferry_store *store, ferry_store_item *items, size_t count);
 
+/* Several buffers for one key (Mooncake's _multi_buffers: a KV block as
+ * one buffer per layer): the value is their concatenation, in order. Each
+ * buffer moves straight between its own memory and its place in the
+ * replica (one WRITE or READ per buffer, all of a batch in flight
+ * together); nothing is staged. Every buffer registered on the store's
+ * engine, length > 0. */
+typedef struct ferry_store_buffer {
+  void *buf;
+  size_t length;
+} ferry_store_buffer;
+typedef struct ferry_store_multi_item {
+  const char *key;
+  ferry_store_buffer *buffers;
+  size_t count;        /* buffers */
+  size_t length;       /* out: the value's size (put: the buffers' total) */
+  ferry_status status; /* filled in per item */
+} ferry_store_multi_item;
+/* As ferry_store_put_from_batch. */
+ferry_status ferry_store_put_from_multi_buffers(ferry_store *store, ferry_store_multi_item *items,
+                                                size_t count,
+                                                const ferry_store_replicate *replicate);
+/* As ferry_store_get_into_batch: the value fills the buffers in order; a
+ * value larger than their total fails its item with FERRY_EINVAL naming
+ * both sizes (length gets the value's size), a smaller one leaves the
+ * rest of them untouched. */
+ferry_status ferry_store_get_into_multi_buffers(ferry_store *store, ferry_store_multi_item *items,
+                                                size_t count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,10 +23,13 @@ removed (hard wins when both are set).
 ``upsert_parts``) replaces a stored value: the new one is written into space
 of its own and becomes visible whole; a get sees the old value or the new
 one, and a get that started before keeps reading the old bytes (its lease
-keeps their space).
+keeps their space). ``batch_put_from_multi_buffers`` and
+``batch_get_into_multi_buffers`` take several registered buffers per key (one
+per layer, say): the value is their concatenation, each buffer moved straight
+to or from its place in the replica.
 
-Not implemented yet (issue 33): the ``_multi_buffers`` forms,
-``get_into_ranges``, ``batch_get_buffer``, tensor helpers.
+Not implemented yet (issue 33): ``get_into_ranges``, ``batch_get_buffer``,
+tensor helpers.
 """
 
 import logging
@@ -274,6 +277,23 @@ class MooncakeDistributedStore:
                                                               list(sizes), *_replicate(config),
                                                               upsert=True),
                            len(keys), busy=REPLICA_IS_NOT_READY)
+
+    def batch_put_from_multi_buffers(self, keys, all_buffer_ptrs, all_sizes, config=None):
+        return self._batch("batch_put_from_multi_buffers",
+                           lambda: self._store.batch_put_from_multi(
+                               list(keys), [list(p) for p in all_buffer_ptrs],
+                               [list(z) for z in all_sizes], *_replicate(config)),
+                           len(keys), busy=OBJECT_ALREADY_EXISTS)
+
+    def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_sizes,
+                                     prefer_alloc_in_same_node=False):
+        """Bytes read per key, or a negative code; prefer_alloc_in_same_node is
+        accepted and has no effect (the first live replica is read)."""
+        return self._batch("batch_get_into_multi_buffers",
+                           lambda: self._store.batch_get_into_multi(
+                               list(keys), [list(p) for p in all_buffer_ptrs],
+                               [list(z) for z in all_sizes]),
+                           len(keys))
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
         return self._batch("batch_get_into",

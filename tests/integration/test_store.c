@@ -1259,6 +1259,140 @@ static void an_old_values_space_returns_when_its_lease_ends(void **state) {
   an_upsert_keeps_the_old_bytes_under_a_lease(500);
 }
 
+/* ---- several buffers per key ---------------------------------------------------------------- */
+
+#define LAYERS 4
+#define KEYS 3
+static const size_t layer_sizes[LAYERS] = {4 * KiB, 60 * KiB, 100, 32 * KiB + 5};
+
+/* Buffers for KEYS keys of LAYERS layers, laid out layer-major (as a KV
+ * pool holds them: layer l of every key, then layer l + 1) in mem; seed
+ * k * LAYERS + l fills layer l of key k when seeded. */
+static size_t layout(uint8_t *mem, ferry_store_buffer (*bufs)[LAYERS], int seeded) {
+  size_t at = 0;
+  for (size_t l = 0; l < LAYERS; l++)
+    for (size_t k = 0; k < KEYS; k++) {
+      bufs[k][l] = (ferry_store_buffer){mem + at, layer_sizes[l]};
+      if (seeded)
+        fill(mem + at, layer_sizes[l], (unsigned)(k * LAYERS + l));
+      else
+        memset(mem + at, 0, layer_sizes[l]);
+      at += layer_sizes[l];
+    }
+  return at;
+}
+
+/* Transfer entries e submitted (op), toward every peer. */
+static uint64_t ops_of(ferry_engine *e, ferry_op op) {
+  ferry_stats *stats;
+  assert_int_equal(ferry_stats_snapshot(e, &stats), FERRY_OK);
+  uint64_t n = 0;
+  for (size_t i = 0; i < stats->link_count; i++)
+    n += stats->links[i].ops[op];
+  ferry_stats_free(stats);
+  return n;
+}
+
+/* One key, several buffers (one per layer): the value is their
+ * concatenation, each buffer written into and read from its place in the
+ * replica by a transfer of its own (no staging: one entry per buffer),
+ * every byte checked, to another client's segment and to the own one. A
+ * get whose buffers hold less than the value fails that key alone; an
+ * unregistered buffer is refused before anything is stored. */
+static void several_buffers_make_one_value(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, SEGMENT);
+  local_client b;
+  local_open(&b, t.m.addr, 0); /* no segment: its values go to a's */
+  uint8_t *mem, *into;
+  assert_int_equal(ferry_memory_alloc(b.engine, 1 * MiB, (void **)&mem), FERRY_OK);
+  assert_int_equal(ferry_memory_alloc(t.a.engine, 1 * MiB, (void **)&into), FERRY_OK);
+  ferry_store_buffer bufs[KEYS][LAYERS], outs[KEYS][LAYERS];
+  ferry_store_multi_item items[KEYS];
+  char keys[KEYS][32];
+  size_t value = 0;
+  for (size_t l = 0; l < LAYERS; l++)
+    value += layer_sizes[l];
+  layout(mem, bufs, 1);
+  for (size_t k = 0; k < KEYS; k++) {
+    snprintf(keys[k], sizeof keys[k], "block_%zu", k);
+    items[k] = (ferry_store_multi_item){keys[k], bufs[k], LAYERS, 0, FERRY_EINVAL};
+  }
+  uint64_t writes = ops_of(b.engine, FERRY_OP_WRITE);
+  if (ferry_store_put_from_multi_buffers(b.store, items, KEYS, NULL) != FERRY_OK)
+    fail_msg("put from several buffers: %s", ferry_last_error());
+  assert_int_equal(ops_of(b.engine, FERRY_OP_WRITE) - writes, KEYS * LAYERS);
+  for (size_t k = 0; k < KEYS; k++) {
+    assert_int_equal(items[k].status, FERRY_OK);
+    assert_int_equal(items[k].length, value);
+  }
+
+  /* Read back by a (the replica in its own segment) into scattered buffers,
+   * and by b (a transfer per buffer); and as one buffer: the concatenation. */
+  for (int reader = 0; reader < 2; reader++) {
+    ferry_store *s = reader ? b.store : t.a.store;
+    uint8_t *dst = reader ? mem + 512 * KiB : into;
+    layout(dst, outs, 0);
+    for (size_t k = 0; k < KEYS; k++)
+      items[k] = (ferry_store_multi_item){keys[k], outs[k], LAYERS, 0, FERRY_EINVAL};
+    uint64_t reads = ops_of(b.engine, FERRY_OP_READ);
+    if (ferry_store_get_into_multi_buffers(s, items, KEYS) != FERRY_OK)
+      fail_msg("get into several buffers: %s", ferry_last_error());
+    if (reader)
+      assert_int_equal(ops_of(b.engine, FERRY_OP_READ) - reads, KEYS * LAYERS);
+    for (size_t k = 0; k < KEYS; k++) {
+      assert_int_equal(items[k].status, FERRY_OK);
+      assert_int_equal(items[k].length, value);
+      for (size_t l = 0; l < LAYERS; l++)
+        assert_int_equal(mismatch(outs[k][l].buf, layer_sizes[l], (unsigned)(k * LAYERS + l)), -1);
+    }
+  }
+  size_t got;
+  assert_int_equal(ferry_store_get_into(t.a.store, keys[1], into, 1 * MiB, &got), FERRY_OK);
+  assert_int_equal(got, value);
+  for (size_t l = 0, at = 0; l < LAYERS; at += layer_sizes[l], l++)
+    assert_int_equal(mismatch(into + at, layer_sizes[l], (unsigned)(LAYERS + l)), -1);
+
+  /* Buffers that hold less than the value: that key fails, naming both
+   * sizes; the others are read. */
+  layout(into, outs, 0);
+  for (size_t k = 0; k < KEYS; k++)
+    items[k] = (ferry_store_multi_item){keys[k], outs[k], LAYERS, 0, FERRY_OK};
+  items[1].count = LAYERS - 1;
+  assert_int_equal(ferry_store_get_into_multi_buffers(t.a.store, items, KEYS), FERRY_EINVAL);
+  char why[128];
+  snprintf(why, sizeof why, "get \"block_1\": the value is %zu bytes, the buffers hold %zu", value,
+           value - layer_sizes[LAYERS - 1]);
+  if (!strstr(ferry_last_error(), why))
+    fail_msg("a get into buffers too small: %s", ferry_last_error());
+  assert_int_equal(items[0].status, FERRY_OK);
+  assert_int_equal(items[1].status, FERRY_EINVAL);
+  assert_int_equal(items[1].length, value);
+  assert_int_equal(items[2].status, FERRY_OK);
+  assert_int_equal(mismatch(outs[2][3].buf, layer_sizes[3], 2 * LAYERS + 3), -1);
+  assert_true(mismatch(outs[1][0].buf, layer_sizes[0], LAYERS) >= 0); /* not read */
+
+  /* One buffer of one key not registered: refused, nothing stored. */
+  uint8_t loose[100];
+  layout(mem, bufs, 1);
+  bufs[2][2] = (ferry_store_buffer){loose, sizeof loose};
+  for (size_t k = 0; k < KEYS; k++) {
+    snprintf(keys[k], sizeof keys[k], "other_%zu", k);
+    items[k] = (ferry_store_multi_item){keys[k], bufs[k], LAYERS, 0, FERRY_OK};
+  }
+  assert_int_equal(ferry_store_put_from_multi_buffers(b.store, items, KEYS, NULL), FERRY_ENOTREG);
+  if (!strstr(ferry_last_error(), "ferry_store_put_from_multi_buffers \"other_2\"") ||
+      !strstr(ferry_last_error(), "is not registered on this engine"))
+    fail_msg("an unregistered buffer: %s", ferry_last_error());
+  assert_int_equal(ferry_store_exists(b.store, "other_0"), FERRY_ENOTFOUND);
+
+  ferry_memory_free(t.a.engine, into);
+  ferry_memory_free(b.engine, mem);
+  local_close(&b);
+  rig_close(&t);
+}
+
 /* ---- the master restarts -------------------------------------------------------------------- */
 
 /* A master in this process, so that a case can stop it and start the next
@@ -1525,6 +1659,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(an_upsert_replaces_a_value_whole),
       cmocka_unit_test(a_leased_old_value_outlives_its_upsert),
       cmocka_unit_test(an_old_values_space_returns_when_its_lease_ends),
+      cmocka_unit_test(several_buffers_make_one_value),
       cmocka_unit_test(a_client_rejoins_a_restarted_master),
       cmocka_unit_test(a_client_rejoins_a_restarted_master_with_its_secret),
       cmocka_unit_test(a_call_without_a_master_fails_and_the_next_reconnects),
