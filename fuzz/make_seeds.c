@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "fuzz.h"
+#include "store/protocol.h"
 #include "wire/wire.h"
 
 static const char *root;
@@ -290,6 +291,89 @@ static void client_seeds(void) {
   put("fuzz_client", "read_checksum", b.data, b.len);
 }
 
+/* One fuzz_store record: client, count, the body w holds (consumed). */
+static void add_store(buf *b, uint8_t client, uint8_t count, store_writer *w) {
+  uint8_t head[4] = {client, count, (uint8_t)w->len, (uint8_t)(w->len >> 8)};
+  add(b, head, sizeof head);
+  add(b, w->buf, w->len);
+  store_writer_free(w);
+}
+
+static void store_register(buf *b, uint8_t client, uint64_t base, uint64_t size, const char *name) {
+  store_writer w = {0};
+  store_put_u8(&w, STORE_REGISTER);
+  store_put_u16(&w, STORE_PROTOCOL_VERSION);
+  store_put_u64(&w, base);
+  store_put_u64(&w, size);
+  store_put_str(&w, name, strlen(name));
+  add_store(b, client, 0, &w);
+}
+
+/* PUT_START or UPSERT_START of n keys "k0".. of size bytes each. */
+static void store_start(buf *b, uint8_t client, uint8_t op, uint8_t n, uint64_t size,
+                        uint8_t replicas) {
+  store_writer w = {0};
+  store_put_u8(&w, op);
+  store_put_u8(&w, replicas);
+  store_put_str(&w, "", 0);
+  store_put_u8(&w, 0);
+  for (uint8_t i = 0; i < n; i++) {
+    char key[8] = {'k', (char)('0' + i)};
+    store_put_str(&w, key, 2);
+    store_put_u64(&w, size);
+  }
+  add_store(b, client, n, &w);
+}
+
+/* An op whose entries are keys "k0".. (PUT_END's outcome 0 after each). */
+static void store_keys(buf *b, uint8_t client, uint8_t op, uint8_t n) {
+  store_writer w = {0};
+  store_put_u8(&w, op);
+  for (uint8_t i = 0; i < n; i++) {
+    char key[8] = {'k', (char)('0' + i)};
+    store_put_str(&w, key, 2);
+    if (op == STORE_PUT_END)
+      store_put_u32(&w, 0);
+  }
+  add_store(b, client, n, &w);
+}
+
+/* Clients by their record's first byte: 0, 1, 2 are clients 1, 2, 3. */
+static void store_seeds(void) {
+  buf b = {.len = 0};
+  store_register(&b, 0, 0x100000000ull, 1 << 20, "seg1");
+  store_register(&b, 1, 0x200000000ull, 1 << 20, "seg2");
+  store_register(&b, 2, 0, 0, "");
+  store_start(&b, 2, STORE_PUT_START, 3, 4096, 2);
+  store_keys(&b, 2, STORE_PUT_END, 3);
+  store_keys(&b, 0, STORE_GET, 3);
+  store_start(&b, 2, STORE_UPSERT_START, 2, 100000, 1);
+  store_keys(&b, 0, STORE_GET, 2);
+  store_keys(&b, 2, STORE_PUT_END, 2);
+  store_keys(&b, 0, STORE_QUERY, 3);
+  store_keys(&b, 0, STORE_REMOVE, 3);
+  store_writer w = {0};
+  store_put_u8(&w, STORE_REMOVE_ALL);
+  add_store(&b, 1, 0, &w);
+  store_put_u8(&w, STORE_PING);
+  add_store(&b, 0, 0, &w);
+  put("fuzz_store", "session", b.data, b.len);
+
+  b.len = 0; /* a small pool: puts and upserts that evict, a client that leaves */
+  store_register(&b, 0, 0x100000000ull, 64 * 1024, "small");
+  store_register(&b, 2, 0, 0, "");
+  store_start(&b, 2, STORE_PUT_START, 4, 16 * 1024, 1);
+  store_keys(&b, 2, STORE_PUT_END, 4);
+  store_keys(&b, 0, STORE_GET, 4);
+  store_start(&b, 2, STORE_UPSERT_START, 4, 16 * 1024, 1);
+  store_keys(&b, 2, STORE_PUT_END, 4);
+  store_start(&b, 2, STORE_PUT_START, 1, 40 * 1024, 1);
+  uint8_t bad[] = {0, 0, 1, 0, 99}; /* an unknown op: client 1 and its segment leave */
+  add(&b, bad, sizeof bad);
+  store_keys(&b, 2, STORE_GET, 4);
+  put("fuzz_store", "evictions", b.data, b.len);
+}
+
 int main(int argc, char **argv) {
   root = argc > 1 ? argv[1] : "fuzz/corpus";
   mkdir(root, 0755);
@@ -298,5 +382,6 @@ int main(int argc, char **argv) {
   metadata_seeds();
   server_seeds();
   client_seeds();
+  store_seeds();
   return 0;
 }

@@ -402,6 +402,9 @@ static ferry_status serve_register(store_map *m, uint64_t client, store_reader *
       return snprintf(why, size, "segment of %llu bytes at 0x%llx has no name or wraps around",
                       (unsigned long long)length, (unsigned long long)base),
              FERRY_EINVAL;
+    if (memchr(name, 0, name_len)) /* replies would name it shorter: "" or another's prefix */
+      return snprintf(why, size, "segment name of %zu bytes holds a NUL byte", name_len),
+             FERRY_EINVAL;
     if (find_segment(m, name, name_len))
       return snprintf(why, size, "segment %.*s is mounted already, by another client",
                       (int)name_len, name),

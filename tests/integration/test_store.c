@@ -951,6 +951,18 @@ static void a_hostile_client_hurts_only_itself(void **state) {
   assert_int_equal(store_recv(&r.sock, &h, &refusal, "refusal"), FERRY_OK);
   assert_int_equal(h.status, FERRY_EVERSION);
   free(refusal);
+  /* A segment name holding a NUL byte (replies would name it "", which
+   * every client refuses): refused, the connection kept. */
+  store_writer nul = {0};
+  store_put_u8(&nul, STORE_REGISTER);
+  store_put_u16(&nul, STORE_PROTOCOL_VERSION);
+  store_put_u64(&nul, 0x100000000ull);
+  store_put_u64(&nul, 1 * MiB);
+  store_put_str(&nul, "\0ab", 3);
+  assert_int_equal(store_send(&r.sock, FERRY_FRAME_STORE, 0, 0, &nul, "NUL REGISTER"), FERRY_OK);
+  assert_int_equal(store_recv(&r.sock, &h, &refusal, "refusal"), FERRY_OK);
+  assert_int_equal(h.status, FERRY_EINVAL);
+  free(refusal);
   close(r.fd);
   /* A put of a's is not the raw client's to end; a's segment name is taken. */
   raw_open(&r, t.m.addr);
