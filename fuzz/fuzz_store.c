@@ -7,17 +7,23 @@
  *   u8 control (bits 0-1: client; bit 7: that client leaves instead) |
  *   u8 count (the frame header's entry count) | u16 body length | body
  *
+ * As the master's client thread does, a request refused with FERRY_EPROTO
+ * ends that client's connection (store_map_drop_client).
+ *
  * Besides memory errors, the target checks what a hostile client must
- * never obtain: every replica the master hands out (PUT_START, GET) lies
- * inside a segment some client mounted, whole; a stored object has a
- * replica or its file (the SSD tier is on, in a scratch directory no
- * client writes to); a reply to a request it accepted was built without an
- * allocation failure. */
+ * never obtain: every replica the master hands out (PUT_START,
+ * UPSERT_START, GET) lies inside a segment some client mounted, whole; a
+ * stored object has a replica or its file (the SSD tier is on, in a
+ * scratch directory no client writes to); the reply to a request it
+ * accepted was built without an allocation failure and decodes as its
+ * op's entries (protocol.h), to the last byte. The map is freed with
+ * whatever the session left in it (the leak check sees a lost object). */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "fuzz.h"
+#include "store/disk.h"
 #include "store/map.h"
 #include "store/protocol.h"
 
@@ -54,25 +60,38 @@ static unsigned check_replicas(store_reader *reply, uint64_t size) {
   return n;
 }
 
-/* Walks the reply of an accepted PUT_START or GET beside its request. */
+/* Walks the reply of an accepted request beside the request: every op's
+ * entries decode exactly; PUT_START's, UPSERT_START's and GET's replicas
+ * are checked. */
 static void check_reply(uint8_t op, store_reader req, uint32_t count, const store_writer *w) {
   store_reader reply = {w->buf, w->len, 0};
   const char *s;
   size_t len;
-  if (op == STORE_PUT_START) {
+  int starts = op == STORE_PUT_START || op == STORE_UPSERT_START;
+  if (starts) {
     store_get_u8(&req);
     store_get_str(&req, &s, &len, STORE_NAME_MAX);
     store_get_u8(&req);
+  } else if (op == STORE_REGISTER) {
+    store_get_u32(&reply);
+    FUZZ_CHECK(store_get_u32(&reply) > 0); /* the ping interval */
+    store_get_str(&reply, &s, &len, STORE_DIR_MAX);
+  } else if (op == STORE_REMOVE_ALL) {
+    store_get_u64(&reply);
   }
   for (uint32_t i = 0; i < count; i++) {
     store_get_str(&req, &s, &len, STORE_KEY_MAX);
-    uint64_t size = op == STORE_PUT_START ? store_get_u64(&req) : 0;
+    uint64_t size = starts ? store_get_u64(&req) : 0;
+    if (op == STORE_PUT_END) { /* its outcome and "file written" */
+      store_get_u32(&req);
+      store_get_u8(&req);
+    }
     int32_t status = (int32_t)store_get_u32(&reply);
-    if (op == STORE_GET)
+    if (op == STORE_GET || op == STORE_QUERY)
       size = store_get_u64(&reply);
-    if (op == STORE_PUT_START && status != FERRY_OK) {
+    if (starts && status != FERRY_OK) {
       store_get_str(&reply, &s, &len, STORE_REASON_MAX);
-    } else {
+    } else if (starts || op == STORE_GET) {
       unsigned replicas = check_replicas(&reply, size);
       if (op == STORE_GET) {
         uint8_t on_disk = store_get_u8(&reply);
@@ -81,7 +100,7 @@ static void check_reply(uint8_t op, store_reader req, uint32_t count, const stor
     }
     FUZZ_CHECK(!reply.bad && !req.bad);
   }
-  FUZZ_CHECK(reply.left == 0);
+  FUZZ_CHECK(!reply.bad && reply.left == 0);
 }
 
 /* Remembers the segment an accepted REGISTER mounted. */
@@ -97,6 +116,11 @@ static void note_register(mounted *c, store_reader req) {
   c->registered = 1;
 }
 
+static void leave(store_map *m, int c) {
+  store_map_drop_client(m, (uint64_t)c + 1);
+  memset(&clients[c], 0, sizeof clients[c]);
+}
+
 static void serve(store_map *m, int c, uint32_t count, const uint8_t *body, size_t len) {
   store_reader r = {body, len, 0};
   uint8_t op = store_get_u8(&r);
@@ -110,12 +134,13 @@ static void serve(store_map *m, int c, uint32_t count, const uint8_t *body, size
     FUZZ_CHECK(!reply.failed);
     if (op == STORE_REGISTER)
       note_register(&clients[c], request);
-    else if (op == STORE_PUT_START || op == STORE_GET)
-      check_reply(op, request, count, &reply);
+    check_reply(op, request, count, &reply);
   } else {
     FUZZ_CHECK(why[0] != '\0');
   }
   store_writer_free(&reply);
+  if (st == FERRY_EPROTO) /* the master ends the connection */
+    leave(m, c);
 }
 
 /* The SSD tier's directory: made once, empty (no client writes files). */
@@ -148,8 +173,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (len > size)
       len = size;
     if (leaves) {
-      store_map_drop_client(m, (uint64_t)c + 1);
-      memset(&clients[c], 0, sizeof clients[c]);
+      leave(m, c);
     } else {
       serve(m, c, count, data, len);
     }

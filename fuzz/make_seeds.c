@@ -311,12 +311,14 @@ static void add_register(buf *b, int client, const char *segment, uint64_t base,
   add_request(b, client, 0, &w);
 }
 
-/* op's entries are the keys k0..k(n-1); PUT_START's ask replicas of size
- * bytes each, PUT_END's commit (odd keys with their file written). */
+/* op's entries are the keys k0..k(n-1); PUT_START's and UPSERT_START's
+ * ask replicas of size bytes each, PUT_END's commit (odd keys with their
+ * file written). */
 static void add_keys(buf *b, int client, uint8_t op, uint8_t n, uint8_t replicas, uint64_t size) {
   store_writer w = {0};
+  int starts = op == STORE_PUT_START || op == STORE_UPSERT_START;
   store_put_u8(&w, op);
-  if (op == STORE_PUT_START) {
+  if (starts) {
     store_put_u8(&w, replicas);
     store_put_str(&w, "", 0);
     store_put_u8(&w, FERRY_STORE_PIN_NONE);
@@ -325,7 +327,7 @@ static void add_keys(buf *b, int client, uint8_t op, uint8_t n, uint8_t replicas
     char key[8];
     snprintf(key, sizeof key, "k%u", i);
     store_put_str(&w, key, strlen(key));
-    if (op == STORE_PUT_START)
+    if (starts)
       store_put_u64(&w, size);
     if (op == STORE_PUT_END) {
       store_put_u32(&w, 0);
@@ -335,16 +337,27 @@ static void add_keys(buf *b, int client, uint8_t op, uint8_t n, uint8_t replicas
   add_request(b, client, n, &w);
 }
 
+/* One request of a seed: add_keys' arguments. */
+typedef struct store_step {
+  int client;
+  uint8_t op, n, replicas;
+  uint64_t size;
+} store_step;
+
+static void add_steps(buf *b, const store_step *steps, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    add_keys(b, steps[i].client, steps[i].op, steps[i].n, steps[i].replicas, steps[i].size);
+}
+
 static void store_seeds(void) {
   buf b = {.len = 0};
   add_register(&b, 0, "seg-a", 0x100000000ull, 1 << 20);
   add_register(&b, 1, "seg-b", 0x200000000ull, 1 << 20);
-  add_keys(&b, 0, STORE_PUT_START, 4, 2, 4096);
-  add_keys(&b, 0, STORE_PUT_END, 4, 0, 0);
-  add_keys(&b, 1, STORE_GET, 4, 0, 0);
-  add_keys(&b, 1, STORE_QUERY, 4, 0, 0);
-  add_keys(&b, 1, STORE_REMOVE, 2, 0, 0);
-  add_keys(&b, 1, STORE_DROP_FILE, 4, 0, 0);
+  static const store_step session[] = {
+      {0, STORE_PUT_START, 4, 2, 4096}, {0, STORE_PUT_END, 4, 0, 0}, {1, STORE_GET, 4, 0, 0},
+      {1, STORE_QUERY, 4, 0, 0},        {1, STORE_REMOVE, 2, 0, 0},  {1, STORE_DROP_FILE, 4, 0, 0},
+  };
+  add_steps(&b, session, sizeof session / sizeof *session);
   put("fuzz_store", "put_get_remove", b.data, b.len);
 
   /* A pool that fills: puts evict, a client leaves with its replicas. */
@@ -363,6 +376,40 @@ static void store_seeds(void) {
   store_put_u8(&w, STORE_REMOVE_ALL);
   add_request(&b, 2, 0, &w);
   put("fuzz_store", "evict_and_leave", b.data, b.len);
+
+  /* Upserts: a larger new value beside the committed one, read between
+   * its start and end. */
+  b.len = 0;
+  add_register(&b, 0, "seg-a", 0x100000000ull, 1 << 20);
+  add_register(&b, 1, "seg-b", 0x200000000ull, 1 << 20);
+  add_register(&b, 2, "", 0, 0);
+  static const store_step upsert[] = {
+      {2, STORE_PUT_START, 3, 2, 4096}, {2, STORE_PUT_END, 3, 0, 0},
+      {0, STORE_GET, 3, 0, 0},          {2, STORE_UPSERT_START, 2, 1, 100000},
+      {0, STORE_GET, 2, 0, 0},          {2, STORE_PUT_END, 2, 0, 0},
+      {0, STORE_QUERY, 3, 0, 0},        {0, STORE_REMOVE, 3, 0, 0},
+  };
+  add_steps(&b, upsert, sizeof upsert / sizeof *upsert);
+  put("fuzz_store", "upsert", b.data, b.len);
+
+  /* In a small pool, upserts that must evict, and a client whose bad
+   * request (an unknown op) ends its connection. */
+  b.len = 0;
+  add_register(&b, 0, "small", 0x100000000ull, 64 << 10);
+  add_register(&b, 2, "", 0, 0);
+  static const store_step evicting[] = {
+      {2, STORE_PUT_START, 4, 1, 16 << 10},
+      {2, STORE_PUT_END, 4, 0, 0},
+      {0, STORE_GET, 4, 0, 0},
+      {2, STORE_UPSERT_START, 4, 1, 16 << 10},
+      {2, STORE_PUT_END, 4, 0, 0},
+      {2, STORE_PUT_START, 1, 1, 40 << 10},
+  };
+  add_steps(&b, evicting, sizeof evicting / sizeof *evicting);
+  uint8_t bad[] = {0, 0, 1, 0, 99}; /* an unknown op: client 0 and its segment leave */
+  add(&b, bad, sizeof bad);
+  add_keys(&b, 2, STORE_GET, 4, 0, 0);
+  put("fuzz_store", "upsert_evictions", b.data, b.len);
 }
 
 int main(int argc, char **argv) {

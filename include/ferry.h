@@ -386,10 +386,6 @@ ferry_status ferry_memory_unregister(ferry_engine *engine, void *addr);
 ferry_status ferry_memory_register_batch(ferry_engine *engine, void *const *addrs,
                                          const size_t *lengths, size_t count);
 ferry_status ferry_memory_unregister_batch(ferry_engine *engine, void *const *addrs, size_t count);
-/* 1 when addr[0..length) lies inside one region registered on this engine
- * (what a batch's local side must be), else 0. For callers that copy in
- * memory instead of submitting a transfer and must refuse the same ranges. */
-int ferry_memory_is_registered(ferry_engine *engine, const void *addr, size_t length);
 /* ferry_memory_register with the place the caller says the memory is, as
  * Mooncake spells it: "cpu:0" (host memory; the number is not checked),
  * "cuda:1" (memory of CUDA device 1: device, pinned or managed), "cuda"
@@ -409,6 +405,12 @@ ferry_status ferry_memory_register_batch_at(ferry_engine *engine, void *const *a
 /* Nonzero when the CUDA driver loaded and found a device; else 0 and, when
  * why is not NULL, how ferry looked ("dlopen(\"libcuda.so.1\") failed: ..."). */
 int ferry_memory_cuda_available(char *why, size_t size);
+/* FERRY_OK when [addr, addr + length) lies inside one region registered on
+ * engine (what a batch's local side must be); else FERRY_ENOTREG with the
+ * detail a transfer from it gets ("local address 0x.. (+N bytes) is not
+ * registered on this engine"). For callers that copy in memory instead of
+ * submitting a transfer and must refuse the same ranges. */
+ferry_status ferry_memory_check(ferry_engine *engine, const void *addr, size_t length);
 /* Allocates a registered buffer from shareable memory, zero-filled. */
 ferry_status ferry_memory_alloc(ferry_engine *engine, size_t length, void **out);
 ferry_status ferry_memory_free(ferry_engine *engine, void *addr);
@@ -896,16 +898,23 @@ ferry_status ferry_send_batch(ferry_engine *engine, const char *target, const ch
  *    hard-pinned one; soft-pinned ones go only when nothing else can. When
  *    nothing can go, the put fails with FERRY_ENOMEM naming the key, the
  *    size and what holds the pool.
- *  - With the master's SSD tier (--root_fs_dir), a put also writes the
- *    value to a file (the directory must be the same path on every
+ *  - With the master's SSD tier (--root_fs_dir), a put (and an upsert)
+ *    also writes the value to a file (several buffers: their
+ *    concatenation; the directory must be the same path on every
  *    client's host), and an evicted object stays, read back from its file
  *    and checked: a missing file fails the get with FERRY_ENOTFOUND, a
  *    damaged or foreign one with FERRY_ECHECKSUM, each naming the key and
  *    the path, and the key leaves the store.
+ *  - An upsert replaces a key's value: the new one is written into space
+ *    of its own and becomes visible whole, at once; a get sees the old
+ *    value or the new one, never a mix. The old value's space is freed
+ *    when the new one commits, or once the last get's lease on it ended:
+ *    a get that started before keeps reading the old bytes. With the SSD
+ *    tier, a value on disk only is absent while an upsert of it runs.
  * A put of a key stored already succeeds and keeps the first value (keys
- * of KV caches name their content). Keys are 1 to 1024 bytes. Calls may be
- * made from several threads; requests to the master take turns on its one
- * connection, transfers run in parallel. */
+ * of KV caches name their content); upsert to replace it. Keys are 1 to
+ * 1024 bytes. Calls may be made from several threads; requests to the
+ * master take turns on its one connection, transfers run in parallel. */
 typedef struct ferry_store ferry_store;
 
 typedef struct ferry_store_config {
@@ -935,13 +944,21 @@ void ferry_store_close(ferry_store *store);
 const char *ferry_store_segment(const ferry_store *store);
 
 /* Where a put's replicas go, and whether eviction may take the object.
- * NULL: one replica, anywhere, no pin. Zero it ({0}) before filling it in:
- * fields are only added at its end, and zero is each one's default. */
+ * NULL: one replica, anywhere, no pin. It grows as ferry_config does (the
+ * ABI rule above): fields are only added at its end, its first is the
+ * caller's sizeof. Fill it with ferry_store_replicate_init (every field
+ * its default, zero), then set what differs. A call refuses a size larger
+ * than this libferry's struct (a newer ferry.h) or smaller than its first
+ * form with FERRY_EINVAL naming it; a smaller one of an older ferry.h
+ * gives the fields it lacks their defaults. */
 typedef struct ferry_store_replicate {
+  size_t size;                   /* sizeof, set by ferry_store_replicate_init */
   unsigned replicas;             /* 1 to 8, each in a different segment (0: 1) */
   const char *preferred_segment; /* the first replica's segment, if it has room; NULL: any */
   int pin;                       /* FERRY_STORE_PIN_*: how eviction treats the object */
 } ferry_store_replicate;
+void ferry_store_replicate_init_size(ferry_store_replicate *replicate, size_t size);
+#define ferry_store_replicate_init(rep) ferry_store_replicate_init_size((rep), sizeof *(rep))
 /* NONE: evicted in least-recently-used order. SOFT (Mooncake's
  * with_soft_pin): evicted only when nothing unpinned can be, for the
  * master's default_kv_soft_pin_ttl (30 min) past its last put or get, then
@@ -956,12 +973,23 @@ ferry_status ferry_store_put(ferry_store *store, const char *key, const void *da
 /* The value of key in *data (malloc'd: free() it) and *length.
  * FERRY_ENOTFOUND when the store has no such key (or it is not committed). */
 ferry_status ferry_store_get(ferry_store *store, const char *key, void **data, size_t *length);
-/* Zero-copy forms: buf must be registered on the store's engine; the value
- * moves between it and the replicas with no copy on either side. */
+/* Zero-copy forms: buf must be registered on the store's engine (else
+ * FERRY_ENOTREG, before the master is asked; also when the replica is in
+ * this client's own segment, which is copied in memory); the value moves
+ * between it and the replicas with no copy on either side. */
 ferry_status ferry_store_put_from(ferry_store *store, const char *key, void *buf, size_t length,
                                   const ferry_store_replicate *replicate);
+/* Put, but a key stored already gets the new value (and the new replicas,
+ * pin and placement replicate asks). The new value is visible once every
+ * byte of it is written; until then get reads the old one. FERRY_EBUSY
+ * while a put or upsert of the key is in progress. */
+ferry_status ferry_store_upsert(ferry_store *store, const char *key, const void *data,
+                                size_t length, const ferry_store_replicate *replicate);
+ferry_status ferry_store_upsert_from(ferry_store *store, const char *key, void *buf, size_t length,
+                                     const ferry_store_replicate *replicate);
 /* Reads key's value into buf (capacity bytes; a larger value fails with
- * FERRY_EINVAL naming both sizes); *length gets its size. */
+ * FERRY_EINVAL naming both sizes); *length gets its size, also when it did
+ * not fit. */
 ferry_status ferry_store_get_into(ferry_store *store, const char *key, void *buf, size_t capacity,
                                   size_t *length);
 /* FERRY_OK when key is stored (committed), FERRY_ENOTFOUND when it is not. */
@@ -988,6 +1016,8 @@ typedef struct ferry_store_item {
  * its answer, not a failure. */
 ferry_status ferry_store_put_from_batch(ferry_store *store, ferry_store_item *items, size_t count,
                                         const ferry_store_replicate *replicate);
+ferry_status ferry_store_upsert_from_batch(ferry_store *store, ferry_store_item *items,
+                                           size_t count, const ferry_store_replicate *replicate);
 ferry_status ferry_store_get_into_batch(ferry_store *store, ferry_store_item *items, size_t count);
 ferry_status ferry_store_exists_batch(ferry_store *store, ferry_store_item *items, size_t count);
 /* Copies each items[i].buf[0..length) (any memory, read only) into the
@@ -1014,6 +1044,34 @@ typedef struct ferry_store_range {
  * FERRY_ENOTREG (buf's range is not registered); returns the first failure
  * in range order with its detail. */
 ferry_status ferry_store_get_ranges(ferry_store *store, ferry_store_range *ranges, size_t count);
+
+/* Several buffers for one key (Mooncake's _multi_buffers: a KV block as
+ * one buffer per layer): the value is their concatenation, in order. Each
+ * buffer moves straight between its own memory and its place in the
+ * replica (one WRITE or READ per buffer, all of a batch in flight
+ * together); nothing is staged. Every buffer registered on the store's
+ * engine, length > 0. */
+typedef struct ferry_store_buffer {
+  void *buf;
+  size_t length;
+} ferry_store_buffer;
+typedef struct ferry_store_multi_item {
+  const char *key;
+  ferry_store_buffer *buffers;
+  size_t count;        /* buffers */
+  size_t length;       /* out: the value's size (put: the buffers' total) */
+  ferry_status status; /* filled in per item */
+} ferry_store_multi_item;
+/* As ferry_store_put_from_batch. */
+ferry_status ferry_store_put_from_multi_buffers(ferry_store *store, ferry_store_multi_item *items,
+                                                size_t count,
+                                                const ferry_store_replicate *replicate);
+/* As ferry_store_get_into_batch: the value fills the buffers in order; a
+ * value larger than their total fails its item with FERRY_EINVAL naming
+ * both sizes (length gets the value's size), a smaller one leaves the
+ * rest of them untouched. */
+ferry_status ferry_store_get_into_multi_buffers(ferry_store *store, ferry_store_multi_item *items,
+                                                size_t count);
 
 #ifdef __cplusplus
 }

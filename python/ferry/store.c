@@ -94,11 +94,22 @@ static int replicate_get(PyObject *replicas, const char *preferred, int pin,
   unsigned long n = replicas ? PyLong_AsUnsignedLong(replicas) : 1;
   if (n == (unsigned long)-1 && PyErr_Occurred())
     return -1;
-  memset(out, 0, sizeof *out);
+  ferry_store_replicate_init(out);
   out->replicas = (unsigned)(n > 0xffff ? 0xffff : n);
   out->preferred_segment = preferred && *preferred ? preferred : NULL;
   out->pin = pin;
   return 0;
+}
+
+/* items_get's and multi_items_get's failure: what they took given back,
+ * an exception set (MemoryError when none was). */
+static Py_ssize_t items_failed(PyObject **keys, void *items, void *buffers) {
+  if (!PyErr_Occurred())
+    PyErr_NoMemory();
+  Py_CLEAR(*keys);
+  PyMem_Free(items);
+  PyMem_Free(buffers);
+  return -1;
 }
 
 /* keys (a sequence of str), and for the buffer forms addrs and sizes of the
@@ -130,13 +141,8 @@ static Py_ssize_t items_get(PyObject *keys_o, PyObject *addrs_o, PyObject *sizes
   }
   Py_XDECREF(addrs);
   Py_XDECREF(sizes);
-  if (!ok) {
-    if (!PyErr_Occurred())
-      PyErr_NoMemory();
-    Py_CLEAR(*keys);
-    PyMem_Free(*items);
-    return -1;
-  }
+  if (!ok)
+    return items_failed(keys, *items, NULL);
   return n;
 }
 
@@ -171,21 +177,23 @@ static PyObject *items_result(const ferry_store_item *items, Py_ssize_t n, int s
 /* ---- methods -------------------------------------------------------------------------------- */
 
 static PyObject *store_put(StoreObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"key", "data", "replicas", "preferred_segment", "pin", NULL};
+  static char *kwlist[] = {"key", "data", "replicas", "preferred_segment", "pin", "upsert", NULL};
   const char *key, *preferred = NULL;
   Py_buffer data;
   PyObject *replicas = NULL;
-  int pin = FERRY_STORE_PIN_NONE;
+  int pin = FERRY_STORE_PIN_NONE, upsert = 0;
   ferry_store_replicate rep;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sy*|Ozi:put", kwlist, &key, &data, &replicas,
-                                   &preferred, &pin))
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sy*|Ozip:put", kwlist, &key, &data, &replicas,
+                                   &preferred, &pin, &upsert))
     return NULL;
   if (replicate_get(replicas, preferred, pin, &rep) < 0 || store_enter(self) < 0) {
     PyBuffer_Release(&data);
     return NULL;
   }
   CallResult r;
-  STORE_CALL(self, r, ferry_store_put(self->store, key, data.buf, (size_t)data.len, &rep));
+  STORE_CALL(self, r,
+             upsert ? ferry_store_upsert(self->store, key, data.buf, (size_t)data.len, &rep)
+                    : ferry_store_put(self->store, key, data.buf, (size_t)data.len, &rep));
   PyBuffer_Release(&data);
   return none_or_raise(&r);
 }
@@ -206,14 +214,15 @@ static PyObject *store_get(StoreObject *self, PyObject *args) {
 }
 
 static PyObject *store_batch_put_from(StoreObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"keys", "addrs", "sizes", "replicas", "preferred_segment", "pin", NULL};
+  static char *kwlist[] = {"keys", "addrs",  "sizes", "replicas", "preferred_segment",
+                           "pin",  "upsert", NULL};
   PyObject *keys_o, *addrs_o, *sizes_o, *replicas = NULL, *keys;
   const char *preferred = NULL;
-  int pin = FERRY_STORE_PIN_NONE;
+  int pin = FERRY_STORE_PIN_NONE, upsert = 0;
   ferry_store_replicate rep;
   ferry_store_item *items;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|Ozi:batch_put_from", kwlist, &keys_o, &addrs_o,
-                                   &sizes_o, &replicas, &preferred, &pin) ||
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|Ozip:batch_put_from", kwlist, &keys_o, &addrs_o,
+                                   &sizes_o, &replicas, &preferred, &pin, &upsert) ||
       replicate_get(replicas, preferred, pin, &rep) < 0)
     return NULL;
   Py_ssize_t n = items_get(keys_o, addrs_o, sizes_o, &keys, &items);
@@ -222,7 +231,9 @@ static PyObject *store_batch_put_from(StoreObject *self, PyObject *args, PyObjec
   PyObject *out = NULL;
   if (store_enter(self) == 0) {
     CallResult r;
-    STORE_CALL(self, r, ferry_store_put_from_batch(self->store, items, (size_t)n, &rep));
+    STORE_CALL(self, r,
+               upsert ? ferry_store_upsert_from_batch(self->store, items, (size_t)n, &rep)
+                      : ferry_store_put_from_batch(self->store, items, (size_t)n, &rep));
     out = failed_whole(items, n, &r) ? raise_result(&r) : items_result(items, n, 0, &r);
   }
   PyMem_Free(items);
@@ -259,6 +270,109 @@ static PyObject *store_batch_get_into(StoreObject *self, PyObject *args) {
 
 static PyObject *store_batch_exists(StoreObject *self, PyObject *keys) {
   return keys_call(self, keys, NULL, NULL);
+}
+
+/* keys, and per key a sequence of addresses and one of sizes (the
+ * _multi_buffers forms): items[i] with buffers from one array. */
+static Py_ssize_t multi_items_get(PyObject *keys_o, PyObject *addrs_o, PyObject *sizes_o,
+                                  PyObject **keys, ferry_store_multi_item **items,
+                                  ferry_store_buffer **buffers) {
+  PyObject *addrs = NULL, *sizes = NULL, *inner_a = NULL, *inner_s = NULL;
+  *keys = PySequence_Fast(keys_o, "keys must be a sequence of str");
+  *items = NULL;
+  *buffers = NULL;
+  Py_ssize_t n = *keys ? PySequence_Fast_GET_SIZE(*keys) : 0, total = 0, at = 0;
+  int ok = *keys && (addrs = PySequence_Fast(addrs_o, "all_buffer_ptrs must be a sequence")) &&
+           (sizes = PySequence_Fast(sizes_o, "all_sizes must be a sequence"));
+  if (ok && (PySequence_Fast_GET_SIZE(addrs) != n || PySequence_Fast_GET_SIZE(sizes) != n)) {
+    PyErr_Format(PyExc_ValueError,
+                 "%zd keys, %zd address lists, %zd size lists: one of each per key", n,
+                 PySequence_Fast_GET_SIZE(addrs), PySequence_Fast_GET_SIZE(sizes));
+    ok = 0;
+  }
+  for (Py_ssize_t i = 0; ok && i < n; i++) {
+    Py_ssize_t len = PyObject_Length(PySequence_Fast_GET_ITEM(addrs, i));
+    ok = len >= 0;
+    total += ok ? len : 0;
+  }
+  ok = ok && (*items = PyMem_Calloc(n ? (size_t)n : 1, sizeof **items)) &&
+       (*buffers = PyMem_Calloc(total ? (size_t)total : 1, sizeof **buffers));
+  for (Py_ssize_t i = 0; ok && i < n; i++) {
+    (*items)[i].key = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(*keys, i));
+    inner_a = PySequence_Fast(PySequence_Fast_GET_ITEM(addrs, i), "buffer_ptrs must be a sequence");
+    inner_s = PySequence_Fast(PySequence_Fast_GET_ITEM(sizes, i), "sizes must be a sequence");
+    ok = (*items)[i].key && inner_a && inner_s;
+    Py_ssize_t m = ok ? PySequence_Fast_GET_SIZE(inner_a) : 0;
+    if (ok && (PySequence_Fast_GET_SIZE(inner_s) != m || at + m > total)) {
+      PyErr_Format(PyExc_ValueError, "key %zd (\"%s\"): %zd addresses, %zd sizes", i,
+                   (*items)[i].key, m, PySequence_Fast_GET_SIZE(inner_s));
+      ok = 0;
+    }
+    (*items)[i].buffers = *buffers + at;
+    (*items)[i].count = (size_t)m;
+    for (Py_ssize_t j = 0; ok && j < m; j++, at++) {
+      uint64_t addr = 0;
+      ok = as_u64(PySequence_Fast_GET_ITEM(inner_a, j), &addr) == 0 &&
+           as_size(PySequence_Fast_GET_ITEM(inner_s, j), &(*buffers)[at].length) == 0;
+      (*buffers)[at].buf = (void *)(uintptr_t)addr;
+    }
+    Py_CLEAR(inner_a);
+    Py_CLEAR(inner_s);
+  }
+  Py_XDECREF(addrs);
+  Py_XDECREF(sizes);
+  if (!ok)
+    return items_failed(keys, *items, *buffers);
+  return n;
+}
+
+/* batch_put_from_multi (replicate given) and batch_get_into_multi. */
+static PyObject *multi_call(StoreObject *self, PyObject *keys_o, PyObject *addrs_o,
+                            PyObject *sizes_o, const ferry_store_replicate *rep) {
+  PyObject *keys, *out = NULL;
+  ferry_store_multi_item *items;
+  ferry_store_buffer *buffers;
+  Py_ssize_t n = multi_items_get(keys_o, addrs_o, sizes_o, &keys, &items, &buffers);
+  if (n < 0)
+    return NULL;
+  ferry_store_item *flat = PyMem_Calloc(n ? (size_t)n : 1, sizeof *flat);
+  if (!flat)
+    PyErr_NoMemory();
+  else if (store_enter(self) == 0) {
+    CallResult r;
+    STORE_CALL(self, r,
+               rep ? ferry_store_put_from_multi_buffers(self->store, items, (size_t)n, rep)
+                   : ferry_store_get_into_multi_buffers(self->store, items, (size_t)n));
+    for (Py_ssize_t i = 0; i < n; i++) /* as the single-buffer forms answer */
+      flat[i] = (ferry_store_item){items[i].key, NULL, items[i].length, items[i].status};
+    out = failed_whole(flat, n, &r) ? raise_result(&r) : items_result(flat, n, !rep, &r);
+  }
+  PyMem_Free(flat);
+  PyMem_Free(buffers);
+  PyMem_Free(items);
+  Py_DECREF(keys);
+  return out;
+}
+
+static PyObject *store_batch_put_from_multi(StoreObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"keys", "all_addrs", "all_sizes", "replicas", "preferred_segment",
+                           "pin",  NULL};
+  PyObject *keys, *addrs, *sizes, *replicas = NULL;
+  const char *preferred = NULL;
+  int pin = FERRY_STORE_PIN_NONE;
+  ferry_store_replicate rep;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|Ozi:batch_put_from_multi", kwlist, &keys,
+                                   &addrs, &sizes, &replicas, &preferred, &pin) ||
+      replicate_get(replicas, preferred, pin, &rep) < 0)
+    return NULL;
+  return multi_call(self, keys, addrs, sizes, &rep);
+}
+
+static PyObject *store_batch_get_into_multi(StoreObject *self, PyObject *args) {
+  PyObject *keys, *addrs, *sizes;
+  if (!PyArg_ParseTuple(args, "OOO:batch_get_into_multi", &keys, &addrs, &sizes))
+    return NULL;
+  return multi_call(self, keys, addrs, sizes, NULL);
 }
 
 static PyObject *store_remove(StoreObject *self, PyObject *args) {
@@ -370,11 +484,21 @@ static PyObject *store_get_ranges(StoreObject *self, PyObject *args) {
 }
 
 static PyMethodDef store_methods[] = {
-    {"put", KW(store_put), "put(key, data, replicas=1, preferred_segment=None, pin=0)"},
+    {"put", KW(store_put),
+     "put(key, data, replicas=1, preferred_segment=None, pin=0, upsert=False): upsert replaces "
+     "a stored value"},
     {"get", (PyCFunction)store_get, METH_VARARGS, "get(key) -> bytes"},
     {"batch_put_from", KW(store_batch_put_from),
-     "batch_put_from(keys, addrs, sizes, replicas=1, preferred_segment=None, pin=0) -> "
-     "([0 or -status per key], first failure's detail or None); addrs registered on the engine"},
+     "batch_put_from(keys, addrs, sizes, replicas=1, preferred_segment=None, pin=0, "
+     "upsert=False) -> ([0 or -status per key], first failure's detail or None); addrs "
+     "registered on the engine"},
+    {"batch_put_from_multi", KW(store_batch_put_from_multi),
+     "batch_put_from_multi(keys, all_addrs, all_sizes, replicas=1, preferred_segment=None, "
+     "pin=0) -> ([0 or -status per key], detail or None): a key's value is its buffers "
+     "concatenated"},
+    {"batch_get_into_multi", (PyCFunction)store_batch_get_into_multi, METH_VARARGS,
+     "batch_get_into_multi(keys, all_addrs, all_sizes) -> ([bytes read or -status per key], "
+     "detail or None): the value fills a key's buffers in order"},
     {"batch_get_into", (PyCFunction)store_batch_get_into, METH_VARARGS,
      "batch_get_into(keys, addrs, sizes) -> ([bytes read or -status per key], detail or None)"},
     {"batch_exists", (PyCFunction)store_batch_exists, METH_O,

@@ -25,11 +25,19 @@ free port picked at random in 12300-14300 (``MC_STORE_CLIENT_MIN_PORT`` /
 ``get_hostname()`` is then ``"host:PORT"``, the segment's name. A
 ``preferred_segment`` naming the bare ``local_hostname`` means this client's
 segment. ``local_buffer_size=0`` sets up, but the calls that copy through
-the local buffer (``put``, ``put_batch``, ``get``, ``batch_get_buffer``)
-fail with -600, as Mooncake's do.
+the local buffer (``put``, ``put_batch``, ``upsert``, ``upsert_batch``,
+``get``, ``batch_get_buffer``) fail with -600, as Mooncake's do.
 
-Not implemented yet (issue 33): ``upsert``, the ``_multi_buffers`` forms,
-tensor helpers.
+``upsert`` (and ``upsert_from``, ``batch_upsert_from``, ``upsert_batch``,
+``upsert_parts``) replaces a stored value: the new one is written into space
+of its own and becomes visible whole; a get sees the old value or the new
+one, and a get that started before keeps reading the old bytes (its lease
+keeps their space). ``batch_put_from_multi_buffers`` and
+``batch_get_into_multi_buffers`` take several registered buffers per key (one
+per layer, say): the value is their concatenation, each buffer moved straight
+to or from its place in the replica.
+
+Not implemented yet (issue 33): the tensor helpers.
 """
 
 import ctypes
@@ -54,6 +62,7 @@ INVALID_PARAMS = -600
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
 OBJECT_HAS_LEASE = -706
+REPLICA_IS_NOT_READY = -703
 TRANSFER_FAIL = -800
 RPC_FAIL = -900
 
@@ -279,6 +288,26 @@ class MooncakeDistributedStore:
         return self._call("put", lambda: self._store.put(key, bytes(value), *self._rep(config)),
                           busy=OBJECT_ALREADY_EXISTS)
 
+    def upsert(self, key, value, config=None):
+        if self._staging == 0:
+            return self._no_staging("upsert")
+        return self._call("upsert", lambda: self._store.put(key, bytes(value), *self._rep(config),
+                                                             upsert=True),
+                          busy=REPLICA_IS_NOT_READY)
+
+    def upsert_parts(self, key, *parts, config=None):
+        return self.upsert(key, b"".join(bytes(p) for p in parts), config)
+
+    def upsert_batch(self, keys, values, config=None):
+        """One upsert per key (each through the staging buffer); 0, or the
+        first failure's code."""
+        keys, values = list(keys), list(values)
+        if len(keys) != len(values):
+            return self._fail("upsert_batch", INVALID_PARAMS, "%d keys, %d values"
+                              % (len(keys), len(values)))
+        codes = [self.upsert(k, v, config) for k, v in zip(keys, values)]
+        return next((c for c in codes if c != 0), 0)
+
     def get(self, key):
         if self._staging == 0:
             self._no_staging("get")
@@ -314,6 +343,33 @@ class MooncakeDistributedStore:
                            lambda: self._store.batch_put_from(list(keys), list(buffer_ptrs),
                                                               list(sizes), *self._rep(config)),
                            len(keys), busy=OBJECT_ALREADY_EXISTS)
+
+    def upsert_from(self, key, buffer_ptr, size, config=None):
+        return self.batch_upsert_from([key], [buffer_ptr], [size], config)[0]
+
+    def batch_upsert_from(self, keys, buffer_ptrs, sizes, config=None):
+        return self._batch("batch_upsert_from",
+                           lambda: self._store.batch_put_from(list(keys), list(buffer_ptrs),
+                                                              list(sizes), *self._rep(config),
+                                                              upsert=True),
+                           len(keys), busy=REPLICA_IS_NOT_READY)
+
+    def batch_put_from_multi_buffers(self, keys, all_buffer_ptrs, all_sizes, config=None):
+        return self._batch("batch_put_from_multi_buffers",
+                           lambda: self._store.batch_put_from_multi(
+                               list(keys), [list(p) for p in all_buffer_ptrs],
+                               [list(z) for z in all_sizes], *self._rep(config)),
+                           len(keys), busy=OBJECT_ALREADY_EXISTS)
+
+    def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_sizes,
+                                     prefer_alloc_in_same_node=False):
+        """Bytes read per key, or a negative code; prefer_alloc_in_same_node is
+        accepted and has no effect (the first live replica is read)."""
+        return self._batch("batch_get_into_multi_buffers",
+                           lambda: self._store.batch_get_into_multi(
+                               list(keys), [list(p) for p in all_buffer_ptrs],
+                               [list(z) for z in all_sizes]),
+                           len(keys))
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
         return self._batch("batch_get_into",

@@ -34,10 +34,9 @@ static ferry_status check_entries(ferry_engine *e, const ferry_entry *entries, s
     if ((en->op != FERRY_OP_READ && en->op != FERRY_OP_WRITE) || !en->local || !en->length)
       return ferry_fail(FERRY_EINVAL, "entry %zu: op %d, local %p, length %zu is not a transfer", i,
                         (int)en->op, en->local, en->length);
-    if (!ferry_registry_contains(e->registry, (uint64_t)(uintptr_t)en->local, en->length))
-      return ferry_fail(FERRY_ENOTREG,
-                        "entry %zu: local address %p (+%zu bytes) is not registered on this engine",
-                        i, en->local, en->length);
+    ferry_status st = ferry_memory_check_local(e, en->local, en->length);
+    if (st)
+      return ferry_fail(st, "entry %zu: %s", i, ferry_last_error());
     *total += en->length;
   }
   return FERRY_OK;

@@ -179,6 +179,9 @@ ferry_status ferry_engine_pool_memory(ferry_engine *engine, size_t length, void 
 /* file.c: unregisters every file still registered (destroy; no call is
  * inside the engine any more). */
 void ferry_files_close_all(ferry_engine *engine);
+/* registration.c: ferry_memory_check inside the gate (a batch's check of
+ * its local buffers: one message for both). */
+ferry_status ferry_memory_check_local(ferry_engine *engine, const void *addr, size_t length);
 /* registration.c: unmaps every allocation still held (destroy). */
 void ferry_memory_free_all(ferry_engine *engine);
 /* The key sections of a region table: one per transport in use that keys

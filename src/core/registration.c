@@ -392,17 +392,27 @@ ferry_status ferry_memory_register_batch_at(ferry_engine *e, void *const *addrs,
   FERRY_GATED(e, memory_register_batch(e, addrs, lengths, locations, count));
 }
 
-int ferry_memory_is_registered(ferry_engine *e, const void *addr, size_t length) {
-  return e && addr && length &&
-         ferry_registry_contains(e->registry, (uint64_t)(uintptr_t)addr, length);
-}
-
 int ferry_memory_cuda_available(char *why, size_t size) {
   return ferry_kind_cuda.available(why, size);
 }
 
 ferry_status ferry_memory_unregister_batch(ferry_engine *e, void *const *addrs, size_t count) {
   FERRY_GATED(e, memory_unregister_batch(e, addrs, count));
+}
+
+ferry_status ferry_memory_check_local(ferry_engine *e, const void *addr, size_t length) {
+  if (!e || !addr || !length)
+    return ferry_fail(FERRY_EINVAL, "ferry_memory_check: engine %p, address %p, length %zu",
+                      (void *)e, addr, length);
+  if (!ferry_registry_contains(e->registry, (uint64_t)(uintptr_t)addr, length))
+    return ferry_fail(FERRY_ENOTREG,
+                      "local address %p (+%zu bytes) is not registered on this engine", addr,
+                      length);
+  return FERRY_OK;
+}
+
+ferry_status ferry_memory_check(ferry_engine *e, const void *addr, size_t length) {
+  FERRY_GATED(e, ferry_memory_check_local(e, addr, length));
 }
 
 ferry_status ferry_memory_alloc(ferry_engine *e, size_t length, void **out) {

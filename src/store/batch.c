@@ -2,12 +2,21 @@
  * for the keys of a slice (at most STORE_BATCH_MAX), then every transfer
  * of the slice in flight together, one ferry batch per segment. A replica
  * in this client's own segment is copied in memory (after checking that
- * the master's address lies inside the segment). A put ends with PUT_END
- * (commit, or free on failure); a get moves to an object's next replica
- * when a READ fails. Each item gets its status; the first failure in item
- * order is the call's, with its detail. With the master's SSD tier
- * (disk.h) a put also writes each value's file before its end, and a get
- * reads the file of an object with no replica in memory left. */
+ * the master's address lies inside the segment). A put or upsert ends
+ * with PUT_END (commit, or free on failure); a get moves to an object's
+ * next replica when a READ fails. Each item gets its status; the first
+ * failure in item order is the call's, with its detail. With the master's
+ * SSD tier (disk.h) a put also writes each value's file before its end
+ * (the buffers concatenated), and a get reads the file of an object with
+ * no replica in memory left.
+ *
+ * Every call works on multi-buffer items (a key's value is its buffers
+ * concatenated; each buffer moves straight to or from its place in the
+ * replica); the single-buffer forms and ranges are items of one buffer.
+ * Every buffer is checked to be registered on the store's engine before
+ * the master is asked: the copy into or out of this client's own segment
+ * needs that as much as a transfer does. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +25,8 @@
 #include "base/log.h"
 #include "store/client.h"
 
+typedef ferry_store_multi_item item;
+
 /* The outcome of a batch call: the first failing item and its detail. */
 typedef struct outcome {
   size_t first; /* index of the first failed item; SIZE_MAX: none */
@@ -23,7 +34,7 @@ typedef struct outcome {
   char detail[FERRY_ERROR_MAX];
 } outcome;
 
-static void item_failed(outcome *o, ferry_store_item *items, size_t i, ferry_status st) {
+static void item_failed(outcome *o, item *items, size_t i, ferry_status st) {
   items[i].status = st;
   if (i < o->first) {
     o->first = i;
@@ -33,8 +44,7 @@ static void item_failed(outcome *o, ferry_store_item *items, size_t i, ferry_sta
 }
 
 /* A slice the master never answered: every item of it fails with st. */
-static void slice_failed(outcome *o, ferry_store_item *items, size_t at, size_t n,
-                         ferry_status st) {
+static void slice_failed(outcome *o, item *items, size_t at, size_t n, ferry_status st) {
   for (size_t i = at; i < at + n; i++)
     if (items[i].status == FERRY_OK)
       item_failed(o, items, i, st);
@@ -44,13 +54,37 @@ static ferry_status finish(const outcome *o) {
   return o->first == SIZE_MAX ? FERRY_OK : ferry_fail(o->status, "%s", o->detail);
 }
 
-static ferry_status check_items(ferry_store_item *items, size_t count, int need_buf,
+/* An item's buffers: each one registered on the store's engine (only
+ * memory registered for this client is read or written, by a transfer or
+ * by the copy into its own segment alike); their total in its length. */
+static ferry_status check_buffers(ferry_store *s, item *it, size_t i, const char *call) {
+  if (!it->buffers || !it->count)
+    return ferry_fail(FERRY_EINVAL, "%s: item %zu (\"%s\") has no buffers", call, i, it->key);
+  size_t total = 0;
+  for (size_t j = 0; j < it->count; j++) {
+    const ferry_store_buffer *b = &it->buffers[j];
+    if (!b->buf || !b->length)
+      return ferry_fail(FERRY_EINVAL,
+                        "%s: item %zu (\"%s\") has no buffer or length 0 (buffer %zu)", call, i,
+                        it->key, j);
+    if (b->length > SIZE_MAX - total)
+      return ferry_fail(FERRY_EINVAL, "%s: item %zu (\"%s\"): its buffers add up past SIZE_MAX",
+                        call, i, it->key);
+    ferry_status st = ferry_memory_check(s->engine, b->buf, b->length);
+    if (st)
+      return ferry_fail(st, "%s \"%s\": %s", call, it->key, ferry_last_error());
+    total += b->length;
+  }
+  it->length = total;
+  return FERRY_OK;
+}
+
+static ferry_status check_items(ferry_store *s, item *items, size_t count, int need_buf,
                                 const char *call) {
   for (size_t i = 0; i < count; i++) {
     ferry_status st = store_check_key(items[i].key, call);
-    if (!st && need_buf && (!items[i].buf || !items[i].length))
-      st = ferry_fail(FERRY_EINVAL, "%s: item %zu (\"%s\") has no buffer or length 0", call, i,
-                      items[i].key);
+    if (!st && need_buf)
+      st = check_buffers(s, &items[i], i, call);
     if (st)
       return st;
     items[i].status = FERRY_OK;
@@ -58,9 +92,23 @@ static ferry_status check_items(ferry_store_item *items, size_t count, int need_
   return FERRY_OK;
 }
 
+/* count items of one buffer each, zeroed (status FERRY_OK), in one
+ * allocation with their buffers (free the items); NULL without memory. */
+static item *one_buffer_items(size_t count) {
+  item *m = calloc(count ? count : 1, sizeof *m + sizeof(ferry_store_buffer));
+  if (!m)
+    return NULL;
+  ferry_store_buffer *buffers = (ferry_store_buffer *)(m + count);
+  for (size_t i = 0; i < count; i++) {
+    m[i].buffers = &buffers[i];
+    m[i].count = 1;
+  }
+  return m;
+}
+
 /* ---- transfers ------------------------------------------------------------------------------ */
 
-/* One transfer between an item's buffer and a replica. */
+/* One transfer between an item's buffers and a replica. */
 typedef struct move {
   size_t item;
   const char *segment; /* points into a reply body */
@@ -70,15 +118,41 @@ typedef struct move {
   int group; /* its ferry batch, for the failure's detail */
 } move;
 
+/* The bytes of buffer j of it that the value covers, the buffer starting
+ * at byte off of the value (a get's value may be shorter than its buffers). */
+static size_t part_length(const item *it, size_t j, uint64_t off) {
+  uint64_t left = it->length - off;
+  return it->buffers[j].length < left ? it->buffers[j].length : (size_t)left;
+}
+
+/* Buffer by buffer, as far as the value goes. */
+#define FOR_EACH_PART(it, j, off)                                                                  \
+  for (size_t j = 0, off = 0; j < (it)->count && off < (it)->length;                               \
+       off += part_length((it), j, off), j++)
+
+/* The entries of a move into out (NULL: only counted): one per buffer. */
+static size_t move_entries(const item *it, ferry_op op, uint64_t remote, ferry_entry *out) {
+  size_t n = 0;
+  FOR_EACH_PART(it, j, off) {
+    if (out)
+      out[n] = (ferry_entry){op, it->buffers[j].buf, remote + off, part_length(it, j, off)};
+    n++;
+  }
+  return n;
+}
+
 /* In memory when the replica lies in this client's segment. */
-static ferry_status move_locally(ferry_store *s, ferry_op op, void *buf, size_t len, uint64_t at) {
+static ferry_status move_locally(ferry_store *s, ferry_op op, const item *it, uint64_t at) {
   uint64_t base = (uint64_t)(uintptr_t)s->segment;
-  if (at < base || at - base > s->segment_size || len > s->segment_size - (at - base))
+  if (at < base || at - base > s->segment_size || it->length > s->segment_size - (at - base))
     return ferry_fail(FERRY_EPROTO,
                       "store master %s placed %zu bytes at 0x%llx, outside this client's segment",
-                      s->master, len, (unsigned long long)at);
-  void *mem = (void *)(uintptr_t)at;
-  memcpy(op == FERRY_OP_WRITE ? mem : buf, op == FERRY_OP_WRITE ? buf : mem, len);
+                      s->master, it->length, (unsigned long long)at);
+  FOR_EACH_PART(it, j, off) {
+    void *mem = (void *)(uintptr_t)(at + off), *buf = it->buffers[j].buf;
+    memcpy(op == FERRY_OP_WRITE ? mem : buf, op == FERRY_OP_WRITE ? buf : mem,
+           part_length(it, j, off));
+  }
   return FERRY_OK;
 }
 
@@ -86,21 +160,23 @@ static int same_segment(const move *a, const move *b) {
   return a->segment_len == b->segment_len && !memcmp(a->segment, b->segment, a->segment_len);
 }
 
-/* Submits the moves of mv[first]'s segment not yet grouped as one batch. */
-static ferry_status submit_group(ferry_store *s, ferry_op op, ferry_store_item *items, move *mv,
-                                 size_t n, size_t first, int group, ferry_batch **batch) {
+/* Submits the moves of mv[first]'s segment not yet grouped as one batch;
+ * they are group `group` whether it could be submitted or not. */
+static ferry_status submit_group(ferry_store *s, ferry_op op, const item *items, move *mv, size_t n,
+                                 size_t first, int group, ferry_batch **batch) {
   size_t members = 0;
   for (size_t i = first; i < n; i++)
-    members += mv[i].group < 0 && same_segment(&mv[i], &mv[first]);
+    if (mv[i].group < 0 && same_segment(&mv[i], &mv[first]))
+      members += move_entries(&items[mv[i].item], op, mv[i].remote, NULL);
   ferry_entry *entries = malloc(members * sizeof *entries);
   char target[STORE_NAME_MAX + 1];
   snprintf(target, sizeof target, "%.*s", (int)mv[first].segment_len, mv[first].segment);
   size_t k = 0;
-  for (size_t i = first; entries && i < n; i++)
+  for (size_t i = first; i < n; i++)
     if (mv[i].group < 0 && same_segment(&mv[i], &mv[first])) {
       mv[i].group = group;
-      entries[k++] =
-          (ferry_entry){op, items[mv[i].item].buf, mv[i].remote, items[mv[i].item].length};
+      if (entries)
+        k += move_entries(&items[mv[i].item], op, mv[i].remote, entries + k);
     }
   ferry_status st = entries ? ferry_batch_submit(s->engine, target, entries, k, NULL, batch)
                             : ferry_fail(FERRY_ENOMEM, "store: no memory for a batch");
@@ -109,7 +185,7 @@ static ferry_status submit_group(ferry_store *s, ferry_op op, ferry_store_item *
 }
 
 /* Runs every move; each gets its status. details[g] keeps group g's error. */
-static void run_moves(ferry_store *s, ferry_op op, ferry_store_item *items, move *mv, size_t n,
+static void run_moves(ferry_store *s, ferry_op op, const item *items, move *mv, size_t n,
                       char (*details)[FERRY_ERROR_MAX]) {
   const char *own = ferry_store_segment(s);
   ferry_batch **batches = calloc(n ? n : 1, sizeof *batches);
@@ -125,8 +201,9 @@ static void run_moves(ferry_store *s, ferry_op op, ferry_store_item *items, move
     if (s->segment && strlen(own) == mv[i].segment_len &&
         !memcmp(own, mv[i].segment, mv[i].segment_len)) {
       mv[i].group = groups;
-      st = move_locally(s, op, items[mv[i].item].buf, items[mv[i].item].length, mv[i].remote);
-      batches[groups] = NULL;
+      st = move_locally(s, op, &items[mv[i].item], mv[i].remote);
+      if (batches)
+        batches[groups] = NULL;
     } else {
       st = batches ? submit_group(s, op, items, mv, n, i, groups, &batches[groups])
                    : ferry_fail(FERRY_ENOMEM, "store: no memory for batches");
@@ -152,15 +229,48 @@ static void run_moves(ferry_store *s, ferry_op op, ferry_store_item *items, move
   free(batches);
 }
 
-/* ---- put ------------------------------------------------------------------------------------ */
+/* ---- put and upsert ------------------------------------------------------------------------- */
 
-static void put_start_request(store_writer *w, const ferry_store_item *items, size_t count,
+void ferry_store_replicate_init_size(ferry_store_replicate *rep, size_t size) {
+  memset(rep, 0, size);
+  if (size >= sizeof rep->size)
+    rep->size = size;
+}
+
+/* The first form of ferry_store_replicate, the smallest size accepted. */
+#define REPLICATE_MIN_SIZE (offsetof(ferry_store_replicate, pin) + sizeof(int))
+
+/* The caller's replicate (NULL: the defaults) as this libferry's struct:
+ * the fields an older caller lacks keep their defaults. */
+static ferry_status adopt_replicate(const ferry_store_replicate *in, ferry_store_replicate *out,
+                                    const char *call) {
+  ferry_store_replicate_init(out);
+  if (!in)
+    return FERRY_OK;
+  if (in->size < REPLICATE_MIN_SIZE || in->size > sizeof *out)
+    return ferry_fail(FERRY_EINVAL,
+                      "%s: ferry_store_replicate.size = %zu is not valid: expected %zu to %zu "
+                      "(fill it with ferry_store_replicate_init; a larger size means a ferry.h "
+                      "newer than this libferry)",
+                      call, in->size, (size_t)REPLICATE_MIN_SIZE, sizeof *out);
+  memcpy(out, in, in->size);
+  out->size = sizeof *out;
+  if (out->replicas > STORE_REPLICAS_MAX)
+    return ferry_fail(FERRY_EINVAL, "%s: %u replicas asked, at most %d", call, out->replicas,
+                      STORE_REPLICAS_MAX);
+  if (out->pin < FERRY_STORE_PIN_NONE || out->pin > FERRY_STORE_PIN_HARD)
+    return ferry_fail(FERRY_EINVAL, "%s: pin %d is not a FERRY_STORE_PIN_*", call, out->pin);
+  return FERRY_OK;
+}
+
+/* PUT_START or UPSERT_START (op) of the items. */
+static void put_start_request(store_writer *w, uint8_t op, const item *items, size_t count,
                               const ferry_store_replicate *rep) {
-  const char *pref = rep && rep->preferred_segment ? rep->preferred_segment : "";
-  store_put_u8(w, STORE_PUT_START);
-  store_put_u8(w, (uint8_t)(rep && rep->replicas ? rep->replicas : 1));
+  const char *pref = rep->preferred_segment ? rep->preferred_segment : "";
+  store_put_u8(w, op);
+  store_put_u8(w, (uint8_t)(rep->replicas ? rep->replicas : 1));
   store_put_str(w, pref, strnlen(pref, STORE_NAME_MAX));
-  store_put_u8(w, (uint8_t)(rep ? rep->pin : FERRY_STORE_PIN_NONE));
+  store_put_u8(w, (uint8_t)rep->pin);
   for (size_t i = 0; i < count; i++) {
     store_put_str(w, items[i].key, strlen(items[i].key));
     store_put_u64(w, items[i].length);
@@ -169,8 +279,8 @@ static void put_start_request(store_writer *w, const ferry_store_item *items, si
 
 /* Reads PUT_START's reply into moves (*n of them); items the master
  * refused fail here. started[i]: item i has replicas to commit. */
-static ferry_status read_placements(ferry_store *s, store_reader *r, ferry_store_item *items,
-                                    size_t count, move *mv, size_t *n, char *started, outcome *o) {
+static ferry_status read_placements(ferry_store *s, store_reader *r, item *items, size_t count,
+                                    move *mv, size_t *n, char *started, outcome *o) {
   *n = 0;
   for (size_t i = 0; i < count; i++) {
     ferry_status st = (ferry_status)(int32_t)store_get_u32(r);
@@ -201,7 +311,7 @@ static ferry_status read_placements(ferry_store *s, store_reader *r, ferry_store
  * all written, from the caller's buffer (on_disk[i] once written). A file
  * that cannot be written leaves the put in memory only, with a warning:
  * the store is a cache. */
-static void write_files(ferry_store *s, ferry_store_item *items, size_t count, const char *started,
+static void write_files(ferry_store *s, item *items, size_t count, const char *started,
                         char *on_disk) {
   char dir[STORE_DIR_MAX];
   if (!store_fs_dir(s, dir))
@@ -211,7 +321,8 @@ static void write_files(ferry_store *s, ferry_store_item *items, size_t count, c
   for (size_t i = 0; i < count; i++) {
     if (!started[i] || items[i].status != FERRY_OK)
       continue;
-    on_disk[i] = store_disk_write(dir, items[i].key, items[i].buf, items[i].length) == FERRY_OK;
+    on_disk[i] = store_disk_write(dir, items[i].key, items[i].buffers, items[i].count,
+                                  items[i].length) == FERRY_OK;
     if (!on_disk[i] && !failed++)
       snprintf(first, sizeof first, "%s", ferry_last_error());
   }
@@ -225,7 +336,7 @@ static void write_files(ferry_store *s, ferry_store_item *items, size_t count, c
  * another master, or this one after the connection ended (the end dropped
  * the puts), may hold a put of the same key by this client, unwritten.
  * on_disk[i]: item i's file was written (the SSD tier). */
-static ferry_status put_end(ferry_store *s, uint64_t conn, ferry_store_item *items, size_t count,
+static ferry_status put_end(ferry_store *s, uint64_t conn, item *items, size_t count,
                             const char *started, const char *on_disk, outcome *o) {
   store_writer w = {0};
   uint32_t entries = 0;
@@ -264,17 +375,19 @@ static ferry_status put_end(ferry_store *s, uint64_t conn, ferry_store_item *ite
              : FERRY_OK;
 }
 
-static ferry_status put_slice(ferry_store *s, ferry_store_item *items, size_t count,
+static ferry_status put_slice(ferry_store *s, uint8_t op, item *items, size_t count,
                               const ferry_store_replicate *rep, outcome *o) {
   store_writer w = {0};
-  put_start_request(&w, items, count, rep);
+  put_start_request(&w, op, items, count, rep);
   ferry_frame_header h;
   uint8_t *body;
   uint64_t conn = 0;
-  ferry_status st = store_request_on(s, &conn, &w, (uint32_t)count, &h, &body, "store PUT_START");
+  ferry_status st =
+      store_request_on(s, &conn, &w, (uint32_t)count, &h, &body,
+                       op == STORE_UPSERT_START ? "store UPSERT_START" : "store PUT_START");
   if (st)
     return st;
-  unsigned per = rep && rep->replicas ? rep->replicas : 1;
+  unsigned per = rep->replicas ? rep->replicas : 1;
   move *mv = malloc(count * per * sizeof *mv);
   char *started = calloc(count, 2), *on_disk = started ? started + count : NULL;
   char(*details)[FERRY_ERROR_MAX] = malloc(count * per * sizeof *details);
@@ -299,21 +412,19 @@ static ferry_status put_slice(ferry_store *s, ferry_store_item *items, size_t co
   return st;
 }
 
-ferry_status ferry_store_put_from_batch(ferry_store *s, ferry_store_item *items, size_t count,
-                                        const ferry_store_replicate *rep) {
-  ferry_status st = check_items(items, count, 1, "ferry_store_put_from");
-  if (!st && rep && rep->replicas > STORE_REPLICAS_MAX)
-    st = ferry_fail(FERRY_EINVAL, "ferry_store_put_from: %u replicas asked, at most %d",
-                    rep->replicas, STORE_REPLICAS_MAX);
-  if (!st && rep && (rep->pin < FERRY_STORE_PIN_NONE || rep->pin > FERRY_STORE_PIN_HARD))
-    st = ferry_fail(FERRY_EINVAL, "ferry_store_put_from: pin %d is not a FERRY_STORE_PIN_*",
-                    rep->pin);
+/* A put (op PUT_START) or an upsert (UPSERT_START) of the items. */
+static ferry_status write_items(ferry_store *s, uint8_t op, item *items, size_t count,
+                                const ferry_store_replicate *replicate, const char *call) {
+  ferry_store_replicate rep;
+  ferry_status st = check_items(s, items, count, 1, call);
+  if (!st)
+    st = adopt_replicate(replicate, &rep, call);
   if (st)
     return st;
   outcome o = {SIZE_MAX, FERRY_OK, ""};
   for (size_t at = 0; at < count; at += STORE_BATCH_MAX) {
     size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
-    st = put_slice(s, items + at, n, rep, &o);
+    st = put_slice(s, op, items + at, n, &rep, &o);
     if (st)
       slice_failed(&o, items, at, n, st);
   }
@@ -323,9 +434,8 @@ ferry_status ferry_store_put_from_batch(ferry_store *s, ferry_store_item *items,
 /* ---- get ------------------------------------------------------------------------------------ */
 
 /* A request whose entries are the items' keys alone (GET, QUERY). */
-static ferry_status keys_request(ferry_store *s, uint8_t op, const ferry_store_item *items,
-                                 size_t count, ferry_frame_header *h, uint8_t **body,
-                                 const char *step) {
+static ferry_status keys_request(ferry_store *s, uint8_t op, const item *items, size_t count,
+                                 ferry_frame_header *h, uint8_t **body, const char *step) {
   store_writer w = {0};
   store_put_u8(&w, op);
   for (size_t i = 0; i < count; i++)
@@ -342,8 +452,10 @@ typedef struct placement {
   uint8_t from_file; /* read it from there: no replica, or every one failed */
 } placement;
 
-static ferry_status read_gets(ferry_store *s, store_reader *r, ferry_store_item *items,
-                              size_t count, placement *pl, outcome *o) {
+/* Each item's length becomes its value's size, also when the value does
+ * not fit its buffers (the caller may read again with room for it). */
+static ferry_status read_gets(ferry_store *s, store_reader *r, item *items, size_t count,
+                              placement *pl, outcome *o) {
   for (size_t i = 0; i < count; i++) {
     ferry_status st = (ferry_status)(int32_t)store_get_u32(r);
     pl[i].size = store_get_u64(r);
@@ -356,14 +468,15 @@ static ferry_status read_gets(ferry_store *s, store_reader *r, ferry_store_item 
     if (r->bad)
       return ferry_fail(FERRY_EPROTO, "store master %s sent a truncated GET reply", s->master);
     if (!st && pl[i].size > items[i].length)
-      st = ferry_fail(FERRY_EINVAL, "get \"%s\": the value is %llu bytes, the buffer holds %zu",
-                      items[i].key, (unsigned long long)pl[i].size, items[i].length);
+      st = ferry_fail(FERRY_EINVAL, "get \"%s\": the value is %llu bytes, the buffer%s %zu",
+                      items[i].key, (unsigned long long)pl[i].size,
+                      items[i].count > 1 ? "s hold" : " holds", items[i].length);
     else if (st)
       st = store_entry_fail(s, st, items[i].key, 0, "get");
+    if (st == FERRY_OK || st == FERRY_EINVAL)
+      items[i].length = (size_t)pl[i].size;
     if (st)
       item_failed(o, items, i, st);
-    else
-      items[i].length = (size_t)pl[i].size;
   }
   return r->left ? ferry_fail(FERRY_EPROTO, "store master %s: GET reply too long", s->master)
                  : FERRY_OK;
@@ -371,8 +484,8 @@ static ferry_status read_gets(ferry_store *s, store_reader *r, ferry_store_item 
 
 /* Rounds of READs: each item from its next replica, until it succeeded or
  * has none left. */
-static void read_replicas(ferry_store *s, ferry_store_item *items, size_t count, placement *pl,
-                          move *mv, char (*details)[FERRY_ERROR_MAX], outcome *o) {
+static void read_replicas(ferry_store *s, item *items, size_t count, placement *pl, move *mv,
+                          char (*details)[FERRY_ERROR_MAX], outcome *o) {
   for (;;) {
     size_t n = 0;
     for (size_t i = 0; i < count; i++)
@@ -415,8 +528,7 @@ static void drop_files(ferry_store *s, const char **keys, size_t n) {
 
 /* Reads the items that are in their file only (or whose replicas all
  * failed) from the SSD tier's directory. */
-static void read_files(ferry_store *s, ferry_store_item *items, size_t count, placement *pl,
-                       outcome *o) {
+static void read_files(ferry_store *s, item *items, size_t count, placement *pl, outcome *o) {
   char dir[STORE_DIR_MAX];
   const char **bad_keys = NULL;
   size_t bad_count = 0;
@@ -428,7 +540,8 @@ static void read_files(ferry_store *s, ferry_store_item *items, size_t count, pl
       have_dir = store_fs_dir(s, dir);
     int bad = 0;
     ferry_status st =
-        have_dir ? store_disk_read(dir, items[i].key, items[i].buf, (size_t)pl[i].size, &bad)
+        have_dir ? store_disk_read(dir, items[i].key, items[i].buffers, items[i].count,
+                                   (size_t)pl[i].size, &bad)
                  : ferry_fail(FERRY_ENOTFOUND,
                               "get \"%s\": the object is on disk only, and store master %s names "
                               "no directory for its files now",
@@ -443,7 +556,7 @@ static void read_files(ferry_store *s, ferry_store_item *items, size_t count, pl
   free(bad_keys);
 }
 
-static ferry_status get_slice(ferry_store *s, ferry_store_item *items, size_t count, outcome *o) {
+static ferry_status get_slice(ferry_store *s, item *items, size_t count, outcome *o) {
   ferry_frame_header h;
   uint8_t *body;
   ferry_status st = keys_request(s, STORE_GET, items, count, &h, &body, "store GET");
@@ -466,8 +579,8 @@ static ferry_status get_slice(ferry_store *s, ferry_store_item *items, size_t co
   return st;
 }
 
-ferry_status ferry_store_get_into_batch(ferry_store *s, ferry_store_item *items, size_t count) {
-  ferry_status st = check_items(items, count, 1, "ferry_store_get_into");
+static ferry_status read_items(ferry_store *s, item *items, size_t count, const char *call) {
+  ferry_status st = check_items(s, items, count, 1, call);
   if (st)
     return st;
   outcome o = {SIZE_MAX, FERRY_OK, ""};
@@ -484,7 +597,7 @@ ferry_status ferry_store_get_into_batch(ferry_store *s, ferry_store_item *items,
 
 /* A GET reply read for ranges: an object of the right size gets its
  * replicas' addresses moved to the range's offset. */
-static ferry_status read_range_gets(ferry_store *s, store_reader *r, ferry_store_item *items,
+static ferry_status read_range_gets(ferry_store *s, store_reader *r, item *items,
                                     const ferry_store_range *rg, size_t count, placement *pl,
                                     outcome *o) {
   for (size_t i = 0; i < count; i++) {
@@ -521,8 +634,8 @@ static ferry_status read_range_gets(ferry_store *s, store_reader *r, ferry_store
 
 /* The ranges of disk-only objects: the whole file read and checked (its
  * crc32c covers the whole value), then the range copied out. */
-static void read_range_files(ferry_store *s, ferry_store_item *items, const ferry_store_range *rg,
-                             size_t count, placement *pl, outcome *o) {
+static void read_range_files(ferry_store *s, item *items, const ferry_store_range *rg, size_t count,
+                             placement *pl, outcome *o) {
   char dir[STORE_DIR_MAX];
   int have_dir = -1;
   for (size_t i = 0; i < count; i++) {
@@ -530,19 +643,19 @@ static void read_range_files(ferry_store *s, ferry_store_item *items, const ferr
       continue;
     if (have_dir < 0)
       have_dir = store_fs_dir(s, dir);
-    void *whole = malloc(pl[i].size ? (size_t)pl[i].size : 1);
+    ferry_store_buffer whole = {malloc(pl[i].size ? (size_t)pl[i].size : 1), (size_t)pl[i].size};
     int bad = 0;
     ferry_status st =
-        !have_dir ? ferry_fail(FERRY_ENOTFOUND,
-                               "get \"%s\": the object is on disk only, and store master %s "
-                               "names no directory for its files now",
-                               rg[i].key, s->master)
-        : !whole  ? ferry_fail(FERRY_ENOMEM, "get_into_ranges \"%s\": no memory for %llu bytes",
-                               rg[i].key, (unsigned long long)pl[i].size)
-                  : store_disk_read(dir, rg[i].key, whole, (size_t)pl[i].size, &bad);
+        !have_dir    ? ferry_fail(FERRY_ENOTFOUND,
+                                  "get \"%s\": the object is on disk only, and store master %s "
+                                     "names no directory for its files now",
+                                  rg[i].key, s->master)
+        : !whole.buf ? ferry_fail(FERRY_ENOMEM, "get_into_ranges \"%s\": no memory for %llu bytes",
+                                  rg[i].key, (unsigned long long)pl[i].size)
+                     : store_disk_read(dir, rg[i].key, &whole, 1, whole.length, &bad);
     if (!st)
-      memcpy(rg[i].buf, (char *)whole + rg[i].offset, rg[i].length);
-    free(whole);
+      memcpy(rg[i].buf, (char *)whole.buf + rg[i].offset, rg[i].length);
+    free(whole.buf);
     if (st)
       item_failed(o, items, i, st);
     if (bad)
@@ -550,8 +663,8 @@ static void read_range_files(ferry_store *s, ferry_store_item *items, const ferr
   }
 }
 
-static ferry_status ranges_slice(ferry_store *s, ferry_store_range *rg, ferry_store_item *items,
-                                 size_t count, outcome *o) {
+static ferry_status ranges_slice(ferry_store *s, ferry_store_range *rg, item *items, size_t count,
+                                 outcome *o) {
   ferry_frame_header h;
   uint8_t *body;
   ferry_status st = keys_request(s, STORE_GET, items, count, &h, &body, "store GET");
@@ -575,28 +688,23 @@ static ferry_status ranges_slice(ferry_store *s, ferry_store_range *rg, ferry_st
 }
 
 ferry_status ferry_store_get_ranges(ferry_store *s, ferry_store_range *rg, size_t count) {
-  ferry_store_item *items = calloc(count ? count : 1, sizeof *items);
+  item *items = one_buffer_items(count);
   if (!items)
     return ferry_fail(FERRY_ENOMEM, "ferry_store_get_ranges: out of memory");
   outcome o = {SIZE_MAX, FERRY_OK, ""};
   ferry_status st = FERRY_OK;
   for (size_t i = 0; i < count && !st; i++) {
-    items[i] = (ferry_store_item){rg[i].key, rg[i].buf, rg[i].length, FERRY_OK};
+    items[i].key = rg[i].key;
+    items[i].buffers[0] = (ferry_store_buffer){rg[i].buf, rg[i].length};
     st = store_check_key(rg[i].key, "ferry_store_get_ranges");
   }
-  /* The destination must be registered, as a READ's would: a range read
-   * from this client's own segment is copied in memory, unchecked. */
-  for (size_t i = 0; i < count && !st; i++)
-    if (!rg[i].buf || !rg[i].length)
-      item_failed(
-          &o, items, i,
-          ferry_fail(FERRY_EINVAL, "get_into_ranges \"%s\": range %zu has no bytes", rg[i].key, i));
-    else if (!ferry_memory_is_registered(s->engine, rg[i].buf, rg[i].length))
-      item_failed(&o, items, i,
-                  ferry_fail(FERRY_ENOTREG,
-                             "get_into_ranges \"%s\": destination %p (+%zu bytes) is not inside "
-                             "one region registered on this engine",
-                             rg[i].key, rg[i].buf, rg[i].length));
+  /* The destination must be registered, as a READ's would: also for a
+   * range read from this client's own segment, copied in memory. */
+  for (size_t i = 0; i < count && !st; i++) {
+    ferry_status bad = check_buffers(s, &items[i], i, "get_into_ranges");
+    if (bad)
+      item_failed(&o, items, i, bad);
+  }
   for (size_t at = 0; !st && at < count; at += STORE_BATCH_MAX) {
     size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
     ferry_status sl = ranges_slice(s, rg + at, items + at, n, &o);
@@ -611,7 +719,7 @@ ferry_status ferry_store_get_ranges(ferry_store *s, ferry_store_range *rg, size_
 
 /* ---- exists --------------------------------------------------------------------------------- */
 
-static ferry_status query_slice(ferry_store *s, ferry_store_item *items, size_t count) {
+static ferry_status query_slice(ferry_store *s, item *items, size_t count) {
   ferry_frame_header h;
   uint8_t *body;
   ferry_status st = keys_request(s, STORE_QUERY, items, count, &h, &body, "store QUERY");
@@ -628,9 +736,77 @@ static ferry_status query_slice(ferry_store *s, ferry_store_item *items, size_t 
              : FERRY_OK;
 }
 
-ferry_status ferry_store_exists_batch(ferry_store *s, ferry_store_item *items, size_t count) {
-  ferry_status st = check_items(items, count, 0, "ferry_store_exists");
+static ferry_status query_items(ferry_store *s, item *items, size_t count, const char *call) {
+  ferry_status st = check_items(s, items, count, 0, call);
   for (size_t at = 0; !st && at < count; at += STORE_BATCH_MAX)
     st = query_slice(s, items + at, count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX);
   return st;
+}
+
+/* ---- the public calls ----------------------------------------------------------------------- */
+
+/* The single-buffer items as items of one buffer each (one allocation:
+ * the items, then their buffers); NULL without memory. */
+static item *as_multi(const ferry_store_item *items, size_t count) {
+  item *m = one_buffer_items(count);
+  for (size_t i = 0; m && i < count; i++) {
+    m[i].key = items[i].key;
+    m[i].buffers[0] = (ferry_store_buffer){items[i].buf, items[i].length};
+    m[i].length = items[i].length;
+  }
+  return m;
+}
+
+/* Each item's status and length back from m (freed); returns st. */
+static ferry_status from_multi(ferry_store_item *items, item *m, size_t count, ferry_status st) {
+  for (size_t i = 0; i < count; i++) {
+    items[i].status = m[i].status;
+    items[i].length = m[i].length;
+  }
+  free(m);
+  return st;
+}
+
+enum { PUT = STORE_PUT_START, UPSERT = STORE_UPSERT_START, GET, EXISTS };
+
+/* A single-buffer call (what: PUT, UPSERT, GET or EXISTS) on its items. */
+static ferry_status single_buffers(ferry_store *s, int what, ferry_store_item *items, size_t count,
+                                   const ferry_store_replicate *rep, const char *call) {
+  item *m = as_multi(items, count);
+  if (!m)
+    return ferry_fail(FERRY_ENOMEM, "%s: out of memory for %zu items", call, count);
+  ferry_status st = what == GET      ? read_items(s, m, count, call)
+                    : what == EXISTS ? query_items(s, m, count, call)
+                                     : write_items(s, (uint8_t)what, m, count, rep, call);
+  return from_multi(items, m, count, st);
+}
+
+ferry_status ferry_store_put_from_batch(ferry_store *s, ferry_store_item *items, size_t count,
+                                        const ferry_store_replicate *replicate) {
+  return single_buffers(s, PUT, items, count, replicate, "ferry_store_put_from");
+}
+
+ferry_status ferry_store_upsert_from_batch(ferry_store *s, ferry_store_item *items, size_t count,
+                                           const ferry_store_replicate *replicate) {
+  return single_buffers(s, UPSERT, items, count, replicate, "ferry_store_upsert_from");
+}
+
+ferry_status ferry_store_get_into_batch(ferry_store *s, ferry_store_item *items, size_t count) {
+  return single_buffers(s, GET, items, count, NULL, "ferry_store_get_into");
+}
+
+ferry_status ferry_store_exists_batch(ferry_store *s, ferry_store_item *items, size_t count) {
+  return single_buffers(s, EXISTS, items, count, NULL, "ferry_store_exists");
+}
+
+ferry_status ferry_store_put_from_multi_buffers(ferry_store *s, ferry_store_multi_item *items,
+                                                size_t count,
+                                                const ferry_store_replicate *replicate) {
+  return write_items(s, STORE_PUT_START, items, count, replicate,
+                     "ferry_store_put_from_multi_buffers");
+}
+
+ferry_status ferry_store_get_into_multi_buffers(ferry_store *s, ferry_store_multi_item *items,
+                                                size_t count) {
+  return read_items(s, items, count, "ferry_store_get_into_multi_buffers");
 }

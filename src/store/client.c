@@ -347,10 +347,11 @@ ferry_status store_entry_fail(ferry_store *s, ferry_status st, const char *key, 
         "that large, or fewer segments have room than replicas were asked (master %s)",
         what, key, (unsigned long long)size, s->master);
   case FERRY_EBUSY:
-    return ferry_fail(st,
-                      "%s \"%s\": busy at master %s (a put of it in progress, or a get's lease "
-                      "holds it)",
-                      what, key, s->master);
+    return ferry_fail(
+        st,
+        "%s \"%s\": busy at master %s (a put or upsert of it in progress, or a get's lease "
+        "holds it)",
+        what, key, s->master);
   default:
     return ferry_fail(st, "%s \"%s\": refused by store master %s (%s)", what, key, s->master,
                       ferry_strerror(st));
@@ -365,11 +366,17 @@ ferry_status ferry_store_put_from(ferry_store *s, const char *key, void *buf, si
   return ferry_store_put_from_batch(s, &item, 1, replicate);
 }
 
+ferry_status ferry_store_upsert_from(ferry_store *s, const char *key, void *buf, size_t length,
+                                     const ferry_store_replicate *replicate) {
+  ferry_store_item item = {key, buf, length, FERRY_OK};
+  return ferry_store_upsert_from_batch(s, &item, 1, replicate);
+}
+
 ferry_status ferry_store_get_into(ferry_store *s, const char *key, void *buf, size_t capacity,
                                   size_t *length) {
   ferry_store_item item = {key, buf, capacity, FERRY_OK};
   ferry_status st = ferry_store_get_into_batch(s, &item, 1);
-  if (!st && length)
+  if (length && (st == FERRY_OK || st == FERRY_EINVAL)) /* the value's size, fitting or not */
     *length = item.length;
   return st;
 }
@@ -406,19 +413,32 @@ static void give_staging(ferry_store *s, void *buf) {
     ferry_memory_free(s->engine, buf);
 }
 
-ferry_status ferry_store_put(ferry_store *s, const char *key, const void *data, size_t length,
-                             const ferry_store_replicate *replicate) {
+/* put and upsert of memory that may not be registered: through staging. */
+static ferry_status put_staged(ferry_store *s, const char *key, const void *data, size_t length,
+                               const ferry_store_replicate *replicate, int upsert) {
+  const char *call = upsert ? "ferry_store_upsert" : "ferry_store_put";
   void *buf;
   if (!data || !length)
-    return ferry_fail(FERRY_EINVAL, "ferry_store_put: no bytes to store under \"%s\"",
+    return ferry_fail(FERRY_EINVAL, "%s: no bytes to store under \"%s\"", call,
                       key ? key : "(NULL)");
   ferry_status st = take_staging(s, length, &buf);
   if (st)
     return st;
   memcpy(buf, data, length);
-  st = ferry_store_put_from(s, key, buf, length, replicate);
+  st = upsert ? ferry_store_upsert_from(s, key, buf, length, replicate)
+              : ferry_store_put_from(s, key, buf, length, replicate);
   give_staging(s, buf);
   return st;
+}
+
+ferry_status ferry_store_put(ferry_store *s, const char *key, const void *data, size_t length,
+                             const ferry_store_replicate *replicate) {
+  return put_staged(s, key, data, length, replicate, 0);
+}
+
+ferry_status ferry_store_upsert(ferry_store *s, const char *key, const void *data, size_t length,
+                                const ferry_store_replicate *replicate) {
+  return put_staged(s, key, data, length, replicate, 1);
 }
 
 /* ferry_store_put for many values: all of them staged together (one
@@ -458,24 +478,40 @@ ferry_status ferry_store_put_batch(ferry_store *s, ferry_store_item *items, size
   return st;
 }
 
-ferry_status ferry_store_get(ferry_store *s, const char *key, void **data, size_t *length) {
-  uint64_t size;
-  ferry_status st = ferry_store_size(s, key, &size);
+/* Reads key (size bytes, or more: *size grows) through staging into a
+ * malloc'd copy. */
+static ferry_status get_staged(ferry_store *s, const char *key, uint64_t *size, void **data,
+                               size_t *length) {
   void *buf = NULL, *copy = NULL;
-  if (!st)
-    st = take_staging(s, size, &buf);
+  ferry_status st = take_staging(s, *size, &buf);
   if (st)
     return st;
   size_t got = 0;
-  st = ferry_store_get_into(s, key, buf, size, &got);
-  if (!st && !(copy = malloc(got ? got : 1)))
+  st = ferry_store_get_into(s, key, buf, *size, &got);
+  if (st == FERRY_EINVAL && got > *size)
+    *size = got; /* an upsert made it larger since the size was asked */
+  else if (!st && !(copy = malloc(got ? got : 1)))
     st = ferry_fail(FERRY_ENOMEM, "ferry_store_get \"%s\": no memory for %zu bytes", key, got);
-  if (!st) {
+  if (copy) {
     memcpy(copy, buf, got);
     *data = copy;
     *length = got;
   }
   give_staging(s, buf);
+  return st;
+}
+
+ferry_status ferry_store_get(ferry_store *s, const char *key, void **data, size_t *length) {
+  uint64_t size, asked;
+  ferry_status st = ferry_store_size(s, key, &size);
+  /* Upserts that keep making it larger: a few tries, then their error. */
+  for (int tries = 0; !st; tries++) {
+    asked = size;
+    st = get_staged(s, key, &size, data, length);
+    if (!(st == FERRY_EINVAL && size > asked && tries < 3))
+      break;
+    st = FERRY_OK;
+  }
   return st;
 }
 

@@ -1,6 +1,7 @@
 /* disk.c - the SSD tier's files (disk.h): the directory's check, a key's
  * file name, and writing and reading one object's file with plain
- * pwritev/preadv.
+ * pwritev/preadv, straight from or into the caller's buffers (a value of
+ * several buffers is their concatenation).
  *
  * A file: a 24-byte header, the key, the value.
  *   "ferrykv1" | u16 key length | u16 0 | u32 crc32c(key, value) | u64 value size
@@ -27,6 +28,10 @@
 #include "net/auth.h"
 #include "store/protocol.h"
 #include "wire/wire.h"
+
+#ifndef IOV_MAX
+#define IOV_MAX 1024 /* POSIX's least; Linux's */
+#endif
 
 #define MAGIC "ferrykv1"
 #define HEADER 24
@@ -118,13 +123,47 @@ static uint64_t get_le(const uint8_t *at, size_t n) {
   return v;
 }
 
-static void header_of(uint8_t h[HEADER], const char *key, size_t key_len, const void *buf,
+/* The crc32c of key and value, the value being parts' bytes up to len. */
+static uint32_t value_crc(const char *key, size_t key_len, const ferry_store_buffer *parts,
+                          size_t n, size_t len) {
+  uint32_t crc = ferry_crc32c(0, key, key_len);
+  for (size_t i = 0; i < n && len; i++) {
+    size_t k = parts[i].length < len ? parts[i].length : len;
+    crc = ferry_crc32c(crc, parts[i].buf, k);
+    len -= k;
+  }
+  return crc;
+}
+
+static void header_of(uint8_t h[HEADER], const char *key, size_t key_len, uint32_t crc,
                       size_t len) {
   memcpy(h, MAGIC, 8);
   put_le(h + 8, key_len, 2);
   put_le(h + 10, 0, 2);
-  put_le(h + 12, ferry_crc32c(ferry_crc32c(0, key, key_len), buf, len), 4);
+  put_le(h + 12, crc, 4);
   put_le(h + 16, len, 8);
+}
+
+/* iov[0..2) given, then parts' bytes up to len (a get's buffers may hold
+ * more than the value); malloc'd, NULL without memory. *count gets its
+ * entries. */
+static struct iovec *value_iov(const struct iovec head[2], const ferry_store_buffer *parts,
+                               size_t n, size_t len, int *count) {
+  if (n > (size_t)INT_MAX - 2)
+    return NULL;
+  struct iovec *iov = malloc((n + 2) * sizeof *iov);
+  if (!iov)
+    return NULL;
+  iov[0] = head[0];
+  iov[1] = head[1];
+  int k = 2;
+  for (size_t i = 0; i < n && len; i++) {
+    size_t part = parts[i].length < len ? parts[i].length : len;
+    iov[k++] = (struct iovec){parts[i].buf, part};
+    len -= part;
+  }
+  *count = k;
+  return iov;
 }
 
 /* preadv / pwritev until every byte of iov moved (they may move fewer).
@@ -132,7 +171,8 @@ static void header_of(uint8_t h[HEADER], const char *key, size_t key_len, const 
 static int move_all(int fd, struct iovec *iov, int n, int writing) {
   off_t at = 0;
   while (n > 0) {
-    ssize_t done = writing ? pwritev(fd, iov, n, at) : preadv(fd, iov, n, at);
+    int some = n < IOV_MAX ? n : IOV_MAX; /* more is EINVAL */
+    ssize_t done = writing ? pwritev(fd, iov, some, at) : preadv(fd, iov, some, at);
     if (done < 0 && errno == EINTR)
       continue;
     if (done <= 0) {
@@ -154,19 +194,25 @@ static int move_all(int fd, struct iovec *iov, int n, int writing) {
   return 0;
 }
 
-ferry_status store_disk_write(const char *dir, const char *key, const void *buf, size_t len) {
+ferry_status store_disk_write(const char *dir, const char *key, const ferry_store_buffer *parts,
+                              size_t n, size_t len) {
   size_t key_len = strlen(key);
   char path[STORE_DISK_PATH_MAX], temp[STORE_DISK_PATH_MAX + 32];
   if (store_disk_path(dir, key, key_len, path) != 0)
     return no_name(key);
   snprintf(temp, sizeof temp, "%s.tmp.%016llx", path, (unsigned long long)ferry_random_u64());
   uint8_t h[HEADER];
-  header_of(h, key, key_len, buf, len);
-  struct iovec iov[3] = {{h, HEADER}, {(void *)key, key_len}, {(void *)buf, len}};
+  header_of(h, key, key_len, value_crc(key, key_len, parts, n, len), len);
+  const struct iovec head[2] = {{h, HEADER}, {(void *)key, key_len}};
+  int count = 0;
+  struct iovec *iov = value_iov(head, parts, n, len, &count);
+  if (!iov)
+    return ferry_fail(FERRY_ENOMEM, "store: no memory to write the file of \"%s\"", key);
   int fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   int err = fd < 0 ? errno : 0;
-  if (!err && move_all(fd, iov, 3, 1) != 0)
-    err = errno;
+  if (!err && move_all(fd, iov, count, 1) != 0)
+    err = errno ? errno : EIO;
+  free(iov);
   if (fd >= 0 && close(fd) != 0 && !err)
     err = errno;
   if (!err && rename(temp, path) != 0)
@@ -179,7 +225,8 @@ ferry_status store_disk_write(const char *dir, const char *key, const void *buf,
   return FERRY_OK;
 }
 
-ferry_status store_disk_read(const char *dir, const char *key, void *buf, size_t len, int *bad) {
+ferry_status store_disk_read(const char *dir, const char *key, const ferry_store_buffer *parts,
+                             size_t n, size_t len, int *bad) {
   size_t key_len = strlen(key);
   char path[STORE_DISK_PATH_MAX];
   *bad = 0;
@@ -187,29 +234,35 @@ ferry_status store_disk_read(const char *dir, const char *key, void *buf, size_t
     return no_name(key);
   if (key_len > STORE_KEY_MAX)
     return ferry_fail(FERRY_EINVAL, "store: a key of %zu bytes has no file", key_len);
+  uint8_t head[HEADER + STORE_KEY_MAX];
+  const struct iovec first[2] = {{head, HEADER}, {head + HEADER, key_len}};
+  int count = 0;
+  struct iovec *iov = value_iov(first, parts, n, len, &count);
+  if (!iov)
+    return ferry_fail(FERRY_ENOMEM, "store: no memory to read the file of \"%s\"", key);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     *bad = errno == ENOENT;
+    free(iov);
     return ferry_fail_errno(FERRY_ENOTFOUND, errno,
                             "store: \"%s\" is on disk only and its file %s cannot be opened", key,
                             path);
   }
-  uint8_t head[HEADER + STORE_KEY_MAX];
-  struct iovec iov[2] = {{head, HEADER + key_len}, {buf, len}};
   struct stat st = {0};
   const char *wrong = NULL;
   uint64_t want = HEADER + key_len + len;
   if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != want)
     wrong = "its length is not the header's, the key's and the value's";
-  else if (move_all(fd, iov, 2, 0) != 0)
+  else if (move_all(fd, iov, count, 0) != 0)
     wrong = "it cannot be read whole";
   close(fd);
+  free(iov);
   if (!wrong && memcmp(head, MAGIC, 8) != 0)
     wrong = "it has no ferry header";
   else if (!wrong && (get_le(head + 8, 2) != key_len || memcmp(head + HEADER, key, key_len) ||
                       get_le(head + 16, 8) != len))
     wrong = "it holds another key or size";
-  else if (!wrong && get_le(head + 12, 4) != ferry_crc32c(ferry_crc32c(0, key, key_len), buf, len))
+  else if (!wrong && get_le(head + 12, 4) != value_crc(key, key_len, parts, n, len))
     wrong = "its checksum does not match";
   if (!wrong)
     return FERRY_OK;

@@ -36,17 +36,21 @@ ferry_status store_disk_prepare(const char *root, const char *cluster_id, char *
 int store_disk_path(const char *dir, const char *key, size_t key_len,
                     char path[STORE_DISK_PATH_MAX]);
 
-/* Writes key's file (value buf, len bytes) in dir: a temporary file, then
- * renamed over the key's name. FERRY_EINVAL naming the path and errno. */
-ferry_status store_disk_write(const char *dir, const char *key, const void *buf, size_t len);
+/* Writes key's file in dir, its value the n parts concatenated (len
+ * bytes, their total): a temporary file, then renamed over the key's name.
+ * FERRY_EINVAL naming the path and errno. */
+ferry_status store_disk_write(const char *dir, const char *key, const ferry_store_buffer *parts,
+                              size_t n, size_t len);
 
 /* Reads key's value (len bytes: the size the master recorded) from its
- * file into buf, header and checksum checked. FERRY_ENOTFOUND when the
+ * file into the n parts, one after the other (they hold at least len
+ * bytes together), header and checksum checked. FERRY_ENOTFOUND when the
  * file is missing or cannot be opened, FERRY_ECHECKSUM when it is not the
  * complete file of this key and size; each names the key and the path.
  * *bad is set when the file is gone or damaged for good (missing, wrong
  * header, size or checksum): the master should forget it. */
-ferry_status store_disk_read(const char *dir, const char *key, void *buf, size_t len, int *bad);
+ferry_status store_disk_read(const char *dir, const char *key, const ferry_store_buffer *parts,
+                             size_t n, size_t len, int *bad);
 
 /* Deletes key's file; a file that is not there is fine. */
 void store_disk_remove(const char *dir, const char *key, size_t key_len);

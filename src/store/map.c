@@ -4,6 +4,14 @@
  * between PUT_START and PUT_END) belongs to its writer and is invisible to
  * everyone; a GET's lease keeps an object from being removed or evicted.
  *
+ * Upsert: a key has at most two objects in the table, its committed one
+ * and one pending (a put of a new key, or an upsert's new value, written
+ * into space of its own while GETs still find the committed one). The
+ * upsert's PUT_END swaps them: the new one commits, the old one leaves the
+ * table at once; a GET's lease still running on it keeps its space on the
+ * retired list until the lease ends (the reader's READ may not have run
+ * yet), then the next PUT_START frees it.
+ *
  * Eviction: committed objects are threaded on two lists in the order of
  * their last use (commit or GET), oldest first: the plain ones and the
  * soft-pinned ones (hard-pinned and pending objects are on neither, so
@@ -82,6 +90,8 @@ struct store_map {
   lru plain, soft;
   size_t pending, hard_pinned; /* objects on neither list (and the disk-only ones) */
   char *fs_dir;                /* the SSD tier's directory (disk.h); NULL: none */
+  object *retired;             /* replaced by an upsert, still leased (chained by next) */
+  size_t retired_count;
 };
 
 store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
@@ -131,6 +141,10 @@ void store_map_destroy(store_map *m) {
       next = o->next;
       free(o);
     }
+  for (object *o = m->retired, *next; o; o = next) {
+    next = o->next;
+    free(o);
+  }
   for (segment *s = m->segments, *next; s; s = next) {
     next = s->next;
     store_extents_destroy(&s->space);
@@ -195,12 +209,27 @@ static uint64_t hash_key(const char *key, size_t len) {
   return h;
 }
 
-static object **slot_of(store_map *m, const char *key, size_t len) {
+static object **bucket_of(store_map *m, uint64_t hash) {
+  return &m->buckets[hash & (m->bucket_count - 1)];
+}
+
+/* Which of a key's objects find() looks for: the committed one, any
+ * pending one, or (a client's id) that writer's pending one. */
+#define COMMITTED 0
+#define PENDING UINT64_MAX
+
+static int selected(const object *o, uint64_t which) {
+  return which == PENDING ? o->writer != 0 : o->writer == which;
+}
+
+/* The slot holding key's object that `which` selects, or NULL. */
+static object **find(store_map *m, const char *key, size_t len, uint64_t which) {
   uint64_t h = hash_key(key, len);
-  object **at = &m->buckets[h & (m->bucket_count - 1)];
-  while (*at && !((*at)->hash == h && (*at)->key_len == len && !memcmp(key_of(*at), key, len)))
-    at = &(*at)->next;
-  return at;
+  for (object **at = bucket_of(m, h); *at; at = &(*at)->next)
+    if ((*at)->hash == h && (*at)->key_len == len && !memcmp(key_of(*at), key, len) &&
+        selected(*at, which))
+      return at;
+  return NULL;
 }
 
 /* Doubles the table past one object per bucket; stays as it is without memory. */
@@ -243,19 +272,74 @@ static uint64_t to_disk_only(store_map *m, object *o, int give_back) {
   return 0;
 }
 
-/* Removes *at from the table and its list, deletes its file (a pending
- * put's too: its writer may have written it) and frees it; returns
- * free_replicas' largest extent. */
-static uint64_t unlink_object(store_map *m, object **at) {
+/* Takes *at out of the table and off its list. */
+static object *detach(store_map *m, object **at) {
   object *o = *at;
   unlist(m, o);
   *at = o->next;
   m->objects--;
-  if (m->fs_dir && (o->on_disk || o->writer))
-    store_disk_remove(m->fs_dir, key_of(o), o->key_len);
+  return o;
+}
+
+/* Gives o's replicas' space back and frees it; returns free_replicas'
+ * largest extent. */
+static uint64_t free_object(object *o) {
   uint64_t largest = free_replicas(o);
   free(o);
   return largest;
+}
+
+/* Removes *at from the table and its list, deletes its file (a pending
+ * put's too: its writer may have written it) and frees it; returns
+ * free_object's largest extent. */
+static uint64_t unlink_object(store_map *m, object **at) {
+  object *o = detach(m, at);
+  if (m->fs_dir && (o->on_disk || o->writer))
+    store_disk_remove(m->fs_dir, key_of(o), o->key_len);
+  return free_object(o);
+}
+
+/* An upsert committed over *at: it leaves the table (GETs find the new
+ * value); its space is freed now, or once the last GET's lease on it ended. */
+static void retire(store_map *m, object **at, uint64_t now) {
+  object *o = detach(m, at);
+  o->on_disk = 0; /* the key's file, if any, is the new value's (UPSERT_START dropped its own) */
+  if (o->lease_until_ns <= now) {
+    free_object(o);
+    return;
+  }
+  o->next = m->retired;
+  m->retired = o;
+  m->retired_count++;
+}
+
+/* Frees the retired objects whose leases ended. O(retired): those replaced
+ * within a lease of a GET of them. */
+static void reap_retired(store_map *m, uint64_t now) {
+  for (object **at = &m->retired; *at;) {
+    object *o = *at;
+    if (o->lease_until_ns > now) {
+      at = &o->next;
+      continue;
+    }
+    *at = o->next;
+    m->retired_count--;
+    free_object(o);
+  }
+}
+
+/* DROP_FILE: a client found key's file missing or damaged. The object
+ * forgets it, and goes when it has no replica in memory either. */
+static ferry_status drop_file(store_map *m, object **at) {
+  if (!at || !(*at)->on_disk)
+    return FERRY_ENOTFOUND;
+  if (!(*at)->replicas)
+    unlink_object(m, at);
+  else if (m->fs_dir) {
+    store_disk_remove(m->fs_dir, key_of(*at), (*at)->key_len);
+    (*at)->on_disk = 0;
+  }
+  return FERRY_OK;
 }
 
 /* ---- eviction ------------------------------------------------------------------------------- */
@@ -314,7 +398,7 @@ static uint64_t evict(store_map *m, eviction_round *r, object *o, int why) {
   r->on_disk[why] += o->on_disk;
   if (o->on_disk)
     return to_disk_only(m, o, 1);
-  return unlink_object(m, slot_of(m, key_of(o), o->key_len));
+  return unlink_object(m, find(m, key_of(o), o->key_len, COMMITTED)); /* victims are committed */
 }
 
 static uint64_t capacity_of(const segment *s) { return s->size - s->size % STORE_GRANULE; }
@@ -469,6 +553,7 @@ static void put_replicas(store_writer *w, const object *o) {
 /* What a PUT_START asks for each of its keys. */
 typedef struct put_ask {
   uint64_t client;
+  int upsert; /* a stored key gets a new value (else: nothing to write) */
   unsigned replicas;
   uint8_t pin;
   segment *preferred;
@@ -505,9 +590,10 @@ static ferry_status make_room(store_map *m, const put_ask *ask, eviction_round *
     return snprintf(why, why_size,
                     "the store is full: no %u segment(s) with a free extent of %llu bytes, and "
                     "nothing left to evict (%zu evicted for it; left: %zu object(s) under a "
-                    "get's lease, %zu hard-pinned, %zu put(s) pending)",
+                    "get's lease, %zu hard-pinned, %zu put(s) pending, %zu replaced value(s) "
+                    "under a get's lease)",
                     ask->replicas, (unsigned long long)need, evicted, r->leased, m->hard_pinned,
-                    m->pending),
+                    m->pending, m->retired_count),
            FERRY_ENOMEM;
   return FERRY_OK;
 }
@@ -516,9 +602,10 @@ static ferry_status start_one(store_map *m, const put_ask *ask, eviction_round *
                               size_t len, uint64_t size, object **out, char *why, size_t why_size) {
   if (len == 0 || size == 0)
     return FERRY_EINVAL;
-  object **at = slot_of(m, key, len);
-  if (*at)
-    return (*at)->writer ? FERRY_EBUSY : FERRY_OK; /* stored already: nothing to write */
+  if (!ask->upsert && find(m, key, len, COMMITTED))
+    return FERRY_OK; /* stored already: nothing to write */
+  if (find(m, key, len, PENDING))
+    return snprintf(why, why_size, "a put or upsert of it is in progress"), FERRY_EBUSY;
   object *o = calloc(1, sizeof *o + ask->replicas * sizeof(replica) + len);
   if (!o)
     return snprintf(why, why_size, "master out of memory"), FERRY_ENOMEM;
@@ -534,17 +621,25 @@ static ferry_status start_one(store_map *m, const put_ask *ask, eviction_round *
     free(o);
     return st;
   }
-  *slot_of(m, key, len) = o; /* again: an eviction may have changed the chain */
+  /* An upsert's writer will write the key's file anew (one file per key):
+   * the committed value gives its file up now, and goes if it had nothing
+   * else. A reader never finds the new value's file under the old size. */
+  object **old = ask->upsert ? find(m, key, len, COMMITTED) : NULL;
+  if (old && (*old)->on_disk)
+    drop_file(m, old);
+  object **bucket = bucket_of(m, o->hash); /* after make_room: evictions change chains */
+  o->next = *bucket;
+  *bucket = o;
   m->objects++;
   m->pending++;
   *out = o;
   return FERRY_OK;
 }
 
-static ferry_status serve_put_start(store_map *m, uint64_t client, store_reader *r, uint32_t count,
-                                    eviction_round *evictions, store_writer *reply, char *why,
-                                    size_t size) {
-  put_ask ask = {client, store_get_u8(r), 0, NULL};
+static ferry_status serve_put_start(store_map *m, uint64_t client, int upsert, store_reader *r,
+                                    uint32_t count, eviction_round *evictions, store_writer *reply,
+                                    char *why, size_t size) {
+  put_ask ask = {client, upsert, store_get_u8(r), 0, NULL};
   const char *pref;
   size_t pref_len;
   store_get_str(r, &pref, &pref_len, STORE_NAME_MAX);
@@ -555,6 +650,7 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, store_reader 
            FERRY_EPROTO;
   ask.preferred = pref_len ? find_segment(m, pref, pref_len) : NULL;
   evictions->now = ferry_now_ns();
+  reap_retired(m, evictions->now);
   for (uint32_t i = 0; i < count; i++) {
     const char *key;
     size_t len;
@@ -578,40 +674,26 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, store_reader 
   return FERRY_OK;
 }
 
-/* PUT_END: outcome 0 commits the writer's pending object (on_disk: its
- * writer wrote its file), else frees it. */
+/* PUT_END: outcome 0 commits the writer's pending object (an upsert's
+ * replaces the committed one; on_disk: its writer wrote its file), else
+ * frees it. */
 static ferry_status end_one(store_map *m, uint64_t client, const char *key, size_t len,
                             int32_t outcome, uint8_t on_disk) {
-  object **at = slot_of(m, key, len);
-  if (!*at || (*at)->writer != client)
+  object **at = find(m, key, len, client);
+  if (!at)
     return FERRY_ENOTFOUND; /* revoked: its segment left, or never started here */
-  if (outcome == 0) {
-    (*at)->on_disk = m->fs_dir && on_disk;
-    commit(m, *at, ferry_now_ns());
-  } else {
+  if (outcome != 0) {
     unlink_object(m, at);
+    return FERRY_OK;
   }
+  object *o = *at;
+  uint64_t now = ferry_now_ns();
+  object **old = find(m, key, len, COMMITTED);
+  if (old)
+    retire(m, old, now); /* before the commit: find() must tell them apart */
+  o->on_disk = m->fs_dir && on_disk;
+  commit(m, o, now);
   return FERRY_OK;
-}
-
-/* DROP_FILE: a client found key's file missing or damaged. The object
- * forgets it, and goes when it has no replica in memory either. */
-static ferry_status drop_file(store_map *m, object **at) {
-  if (!at || !(*at)->on_disk)
-    return FERRY_ENOTFOUND;
-  if (!(*at)->replicas)
-    unlink_object(m, at);
-  else if (m->fs_dir) {
-    store_disk_remove(m->fs_dir, key_of(*at), (*at)->key_len);
-    (*at)->on_disk = 0;
-  }
-  return FERRY_OK;
-}
-
-/* The committed object of key, or NULL (pending ones are invisible). */
-static object **committed(store_map *m, const char *key, size_t len) {
-  object **at = slot_of(m, key, len);
-  return *at && !(*at)->writer ? at : NULL;
 }
 
 static ferry_status remove_one(store_map *m, object **at) {
@@ -638,7 +720,7 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
       store_put_u32(reply, (uint32_t)end_one(m, client, key, len, outcome, on_disk));
       continue;
     }
-    object **at = committed(m, key, len);
+    object **at = find(m, key, len, COMMITTED); /* pending ones are invisible */
     if (op == STORE_REMOVE || op == STORE_DROP_FILE) {
       store_put_u32(reply, (uint32_t)(op == STORE_REMOVE ? remove_one(m, at) : drop_file(m, at)));
       continue;
@@ -678,7 +760,7 @@ static void serve_remove_all(store_map *m, store_writer *reply) {
 ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_reader *r,
                              uint32_t count, store_writer *reply, char *why, size_t why_size) {
   int keyless = op == STORE_REGISTER || op == STORE_PING || op == STORE_REMOVE_ALL;
-  if (op < STORE_REGISTER || op > STORE_DROP_FILE)
+  if (op < STORE_REGISTER || op > STORE_UPSERT_START)
     return snprintf(why, why_size, "unknown store operation %u", op), FERRY_EPROTO;
   if ((keyless && count) || count > STORE_BATCH_MAX)
     return snprintf(why, why_size, "operation %u with %u entries", op, count), FERRY_EPROTO;
@@ -687,8 +769,9 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
   pthread_mutex_lock(&m->lock);
   if (op == STORE_REGISTER)
     st = serve_register(m, client, r, reply, why, why_size);
-  else if (op == STORE_PUT_START)
-    st = serve_put_start(m, client, r, count, &evictions, reply, why, why_size);
+  else if (op == STORE_PUT_START || op == STORE_UPSERT_START)
+    st = serve_put_start(m, client, op == STORE_UPSERT_START, r, count, &evictions, reply, why,
+                         why_size);
   else if (op == STORE_REMOVE_ALL)
     serve_remove_all(m, reply);
   else if (op != STORE_PING)
@@ -740,6 +823,16 @@ size_t store_map_drop_client(store_map *m, uint64_t client) {
         at = &(*at)->next;
       }
     }
+  for (object **at = &m->retired; *at;) {
+    object *o = *at;
+    if (loses_client(m, o, client)) { /* none left in other segments (and no file) */
+      *at = o->next;
+      m->retired_count--;
+      free_object(o);
+    } else {
+      at = &o->next;
+    }
+  }
   for (segment **at = &m->segments; *at;) {
     segment *s = *at;
     if (s->client == client) {

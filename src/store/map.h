@@ -1,5 +1,6 @@
 /* map.h - the store master's state: key -> object (size, pending or
- * committed, lease, pin, replicas), the segments clients contribute with
+ * committed, lease, pin, replicas; beside a committed one, an upsert's
+ * new value while it is written), the segments clients contribute with
  * their free space, and the least-recently-used order that eviction takes
  * objects in. One lock over all of it; each request is decoded and
  * answered under it (protocol.h gives the bodies). Clients are named by

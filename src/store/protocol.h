@@ -12,6 +12,7 @@
  *   PING        -                               (none)               (none)
  *   PUT_START   u8 replicas, str preferred,     str key | u64 size   i32 status | replicas, or
  *               u8 pin (FERRY_STORE_PIN_*)                           (status != 0) str reason
+ *   UPSERT_START  as PUT_START                                       as PUT_START
  *   PUT_END     -                               str key | i32 outcome i32 status
  *                                               | u8 file written
  *   GET         -                               str key              i32 status | u64 size |
@@ -23,10 +24,12 @@
  *   replicas:   u8 n | n * (str segment | u64 addr)
  *
  * A PUT_START entry with status 0 and no replicas: the key is stored
- * already, nothing to write. A GET entry with no replicas and "on disk":
- * the object is in its file only (disk.h). DROP_FILE: the caller found
- * the key's file missing or damaged. Everything decoded comes from the network:
- * the reader fails (and stays failed) on any field past the body's end. */
+ * already, nothing to write. UPSERT_START always places a new value (a
+ * stored key's too: its PUT_END replaces the old one); PUT_END ends both.
+ * A GET entry with no replicas and "on disk": the object is in its file
+ * only (disk.h). DROP_FILE: the caller found the key's file missing or
+ * damaged. Everything decoded comes from the network: the reader fails (and
+ * stays failed) on any field past the body's end. */
 #ifndef FERRY_STORE_PROTOCOL_H
 #define FERRY_STORE_PROTOCOL_H
 
@@ -36,10 +39,11 @@
 #include "ferry.h"
 #include "wire/wire.h"
 
-#define STORE_PROTOCOL_VERSION 3 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier */
-#define STORE_KEY_MAX 1024       /* bytes of a key */
-#define STORE_BATCH_MAX 4096     /* entries of one frame; a client cuts larger batches */
-#define STORE_REPLICAS_MAX 8     /* replicas of one object */
+#define STORE_PROTOCOL_VERSION                                                                     \
+  3 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START */
+#define STORE_KEY_MAX 1024   /* bytes of a key */
+#define STORE_BATCH_MAX 4096 /* entries of one frame; a client cuts larger batches */
+#define STORE_REPLICAS_MAX 8 /* replicas of one object */
 #define STORE_NAME_MAX FERRY_WIRE_MAX_NAME
 #define STORE_REASON_MAX 512 /* bytes of a refused PUT_START entry's reason */
 
@@ -53,6 +57,7 @@ typedef enum store_op {
   STORE_REMOVE = 7,
   STORE_REMOVE_ALL = 8,
   STORE_DROP_FILE = 9,
+  STORE_UPSERT_START = 10,
 } store_op;
 
 /* A growing body (malloc'd); `failed` once an allocation failed. */

@@ -186,6 +186,16 @@ static void expect_copy(ferry_store *s, const char *key, size_t len, unsigned se
   free(copy);
 }
 
+/* A replicate filled as ferry.h says: init, then the fields. */
+static ferry_store_replicate replicate(unsigned replicas, const char *preferred, int pin) {
+  ferry_store_replicate rep;
+  ferry_store_replicate_init(&rep);
+  rep.replicas = replicas;
+  rep.preferred_segment = preferred;
+  rep.pin = pin;
+  return rep;
+}
+
 /* ---- the child client ----------------------------------------------------------------------- */
 
 /* Role "client" MASTER: a client with a segment that prints "ready
@@ -215,7 +225,8 @@ static int client_role(int argc, char **argv) {
   unsigned seed;
   while (fgets(line, sizeof line, stdin)) {
     if (sscanf(line, "put %255s %zu %u %255s", key, &size, &seed, pref) == 4) {
-      ferry_store_replicate rep = {1, strcmp(pref, "-") ? pref : NULL, FERRY_STORE_PIN_NONE};
+      ferry_store_replicate rep =
+          replicate(1, strcmp(pref, "-") ? pref : NULL, FERRY_STORE_PIN_NONE);
       fill(buf, size, seed);
       answer(ferry_store_put_from(s, key, buf, size, &rep), "put");
     } else if (sscanf(line, "get %255s %zu %u", key, &size, &seed) == 3) {
@@ -342,10 +353,12 @@ static void raw_open(raw_client *r, const char *master) {
   free(body);
 }
 
-/* PUT_START of one key in segment `where`; returns the replica's address. */
-static uint64_t raw_put_start(raw_client *r, const char *key, uint64_t size, const char *where) {
+/* PUT_START (or UPSERT_START: op) of one key in segment `where`; returns
+ * the replica's address. */
+static uint64_t raw_start(raw_client *r, uint8_t op, const char *key, uint64_t size,
+                          const char *where) {
   store_writer w = {0};
-  store_put_u8(&w, STORE_PUT_START);
+  store_put_u8(&w, op);
   store_put_u8(&w, 1);
   store_put_str(&w, where, strlen(where));
   store_put_u8(&w, FERRY_STORE_PIN_NONE);
@@ -361,6 +374,37 @@ static uint64_t raw_put_start(raw_client *r, const char *key, uint64_t size, con
   assert_int_equal(reps[0].segment_len, strlen(where));
   free(body);
   return reps[0].addr;
+}
+
+static uint64_t raw_put_start(raw_client *r, const char *key, uint64_t size, const char *where) {
+  return raw_start(r, STORE_PUT_START, key, size, where);
+}
+
+/* GET of one key (a lease on it): its first replica's address (0: none);
+ * *replicas gets their number, *on_disk the on-disk byte. *replied: when
+ * the master's reply came. */
+static uint64_t raw_get(raw_client *r, const char *key, unsigned *replicas, uint64_t *replied,
+                        uint8_t *on_disk) {
+  store_writer w = {0};
+  store_put_u8(&w, STORE_GET);
+  store_put_str(&w, key, strlen(key));
+  uint8_t *body;
+  store_reader rd = raw_request(r, &w, 1, &body);
+  if (replied)
+    *replied = ferry_now_ns();
+  assert_int_equal((int32_t)store_get_u32(&rd), FERRY_OK);
+  store_get_u64(&rd);
+  store_replica_ref reps[STORE_REPLICAS_MAX];
+  unsigned n;
+  assert_int_equal(store_get_replicas(&rd, reps, &n, "master"), FERRY_OK);
+  uint8_t disk = store_get_u8(&rd);
+  assert_false(rd.bad || rd.left);
+  free(body);
+  if (replicas)
+    *replicas = n;
+  if (on_disk)
+    *on_disk = disk;
+  return n ? reps[0].addr : 0;
 }
 
 static void raw_put_end(raw_client *r, const char *key) {
@@ -406,7 +450,7 @@ static void values_move_between_two_clients(void **state) {
     items[i] = (ferry_store_item){keys[i], buf + at, sizes[i], FERRY_EINVAL};
     at += sizes[i];
   }
-  ferry_store_replicate in_b = {1, b.segment, FERRY_STORE_PIN_NONE};
+  ferry_store_replicate in_b = replicate(1, b.segment, FERRY_STORE_PIN_NONE);
   if (ferry_store_put_from_batch(a.store, items, VALUES, &in_b) != FERRY_OK)
     fail_msg("batch put: %s", ferry_last_error());
   for (size_t i = 0; i < VALUES; i++) {
@@ -475,14 +519,14 @@ static void ranges_and_batches_of_any_memory(void **state) {
     fill(plain[i], lens[i], 200u + i);
     items[i] = (ferry_store_item){keys[i], plain[i], lens[i], FERRY_EINVAL};
   }
-  ferry_store_replicate in_b = {1, b.segment, FERRY_STORE_PIN_NONE};
+  ferry_store_replicate in_b = replicate(1, b.segment, FERRY_STORE_PIN_NONE);
   if (ferry_store_put_batch(a.store, items, N, &in_b) != FERRY_OK)
     fail_msg("put_batch: %s", ferry_last_error());
   for (int i = 0; i < N; i++) {
     assert_int_equal(items[i].status, FERRY_OK);
     child_expect_ok(&b, "get %s %zu %u\n", keys[i], lens[i], 200u + i);
   }
-  ferry_store_replicate in_a = {1, ferry_store_segment(a.store), FERRY_STORE_PIN_NONE};
+  ferry_store_replicate in_a = replicate(1, ferry_store_segment(a.store), FERRY_STORE_PIN_NONE);
   ferry_store_item own = {"own", plain[1], lens[1], FERRY_EINVAL};
   assert_int_equal(ferry_store_put_batch(a.store, &own, 1, &in_a), FERRY_OK);
 
@@ -526,9 +570,9 @@ static void ranges_and_batches_of_any_memory(void **state) {
   for (size_t i = 0; i < 64 * KiB; i++)
     if (i < 32 * KiB || i >= 32 * KiB + 16)
       assert_int_equal(buf[i], '_');
-  assert_true(ferry_memory_is_registered(a.engine, buf, 64 * KiB));
-  assert_false(ferry_memory_is_registered(a.engine, buf + 1, 64 * KiB));
-  assert_false(ferry_memory_is_registered(a.engine, unregistered, 64));
+  assert_int_equal(ferry_memory_check(a.engine, buf, 64 * KiB), FERRY_OK);
+  assert_int_equal(ferry_memory_check(a.engine, buf + 1, 64 * KiB), FERRY_ENOTREG);
+  assert_int_equal(ferry_memory_check(a.engine, unregistered, 64), FERRY_ENOTREG);
 
   free(unregistered);
   for (int i = 0; i < N; i++)
@@ -586,8 +630,8 @@ static void a_dead_clients_replicas_are_gone(void **state) {
   uint8_t *buf;
   assert_int_equal(ferry_memory_alloc(a.engine, 1 * MiB, (void **)&buf), FERRY_OK);
   fill(buf, 1 * MiB, 5);
-  ferry_store_replicate in_b = {1, b.segment, FERRY_STORE_PIN_NONE},
-                        in_a = {1, ferry_store_segment(a.store), FERRY_STORE_PIN_NONE};
+  ferry_store_replicate in_b = replicate(1, b.segment, FERRY_STORE_PIN_NONE),
+                        in_a = replicate(1, ferry_store_segment(a.store), FERRY_STORE_PIN_NONE);
   assert_int_equal(ferry_store_put_from(a.store, "in_b", buf, 1 * MiB, &in_b), FERRY_OK);
   assert_int_equal(ferry_store_put_from(a.store, "in_a", buf, 1 * MiB, &in_a), FERRY_OK);
   child_expect_ok(&b, "get in_b %zu 5\n", (size_t)(1 * MiB));
@@ -629,7 +673,8 @@ static void a_get_moves_to_the_next_replica(void **state) {
   uint8_t *buf;
   assert_int_equal(ferry_memory_alloc(a.engine, 256 * KiB, (void **)&buf), FERRY_OK);
   fill(buf, 256 * KiB, 11);
-  ferry_store_replicate two = {2, b.segment, FERRY_STORE_PIN_NONE}; /* b's first, then a's */
+  ferry_store_replicate two =
+      replicate(2, b.segment, FERRY_STORE_PIN_NONE); /* b's first, then a's */
   assert_int_equal(ferry_store_put_from(a.store, "twice", buf, 256 * KiB, &two), FERRY_OK);
   child_expect_ok(&b, "get twice %zu 11\n", (size_t)(256 * KiB));
   memset(buf, 0, 256 * KiB);
@@ -704,7 +749,7 @@ static void slots_close(rig *t, uint8_t *buf) {
  * asked. */
 static ferry_status put_slot(ferry_store *s, const char *key, uint8_t *buf, unsigned seed,
                              int pin) {
-  ferry_store_replicate rep = {1, NULL, pin};
+  ferry_store_replicate rep = replicate(1, NULL, pin);
   fill(buf, SLOT, seed);
   return ferry_store_put_from(s, key, buf, SLOT, &rep);
 }
@@ -882,7 +927,7 @@ static void a_full_pool_refuses_puts(void **state) {
   assert_non_null(strstr(ferry_last_error(), "too_big"));
   assert_non_null(strstr(ferry_last_error(), "larger than the store holds"));
   char key[32];
-  ferry_store_replicate hard = {1, NULL, FERRY_STORE_PIN_HARD};
+  ferry_store_replicate hard = replicate(1, NULL, FERRY_STORE_PIN_HARD);
   for (int i = 0; i < 4; i++) {
     snprintf(key, sizeof key, "quarter_%d", i);
     assert_int_equal(ferry_store_put_from(a.store, key, buf, 256 * KiB, &hard), FERRY_OK);
@@ -1010,6 +1055,18 @@ static void a_hostile_client_hurts_only_itself(void **state) {
   assert_int_equal(store_recv(&r.sock, &h, &refusal, "refusal"), FERRY_OK);
   assert_int_equal(h.status, FERRY_EVERSION);
   free(refusal);
+  /* A segment name holding a NUL byte (replies would name it "", which
+   * every client refuses): refused, the connection kept. */
+  store_writer nul = {0};
+  store_put_u8(&nul, STORE_REGISTER);
+  store_put_u16(&nul, STORE_PROTOCOL_VERSION);
+  store_put_u64(&nul, 0x100000000ull);
+  store_put_u64(&nul, 1 * MiB);
+  store_put_str(&nul, "\0ab", 3);
+  assert_int_equal(store_send(&r.sock, FERRY_FRAME_STORE, 0, 0, &nul, "NUL REGISTER"), FERRY_OK);
+  assert_int_equal(store_recv(&r.sock, &h, &refusal, "refusal"), FERRY_OK);
+  assert_int_equal(h.status, FERRY_EINVAL);
+  free(refusal);
   close(r.fd);
   /* A put of a's is not the raw client's to end; a's segment name is taken. */
   raw_open(&r, t.m.addr);
@@ -1100,11 +1157,11 @@ static void bad_arguments_are_refused(void **state) {
   long_key[sizeof long_key - 1] = 0;
   assert_int_equal(ferry_store_put(a.store, long_key, unregistered, 16, NULL), FERRY_EINVAL);
   assert_int_equal(ferry_store_put(a.store, "", unregistered, 16, NULL), FERRY_EINVAL);
-  ferry_store_replicate nine = {9, NULL, FERRY_STORE_PIN_NONE};
+  ferry_store_replicate nine = replicate(9, NULL, FERRY_STORE_PIN_NONE);
   assert_int_equal(ferry_store_put(a.store, "nine", unregistered, 16, &nine), FERRY_EINVAL);
-  ferry_store_replicate two = {2, NULL, FERRY_STORE_PIN_NONE}; /* one segment only */
+  ferry_store_replicate two = replicate(2, NULL, FERRY_STORE_PIN_NONE); /* one segment only */
   assert_int_equal(ferry_store_put(a.store, "two", unregistered, 16, &two), FERRY_ENOMEM);
-  ferry_store_replicate bad_pin = {1, NULL, FERRY_STORE_PIN_HARD + 1};
+  ferry_store_replicate bad_pin = replicate(1, NULL, FERRY_STORE_PIN_HARD + 1);
   assert_int_equal(ferry_store_put(a.store, "bad_pin", unregistered, 16, &bad_pin), FERRY_EINVAL);
   rig_close(&t);
   /* Nothing listens there any more. */
@@ -1112,6 +1169,345 @@ static void bad_arguments_are_refused(void **state) {
   ferry_store *s;
   assert_int_equal(store_on(e, t.m.addr, 0, NULL, &s), FERRY_ESOCKET);
   ferry_engine_destroy(e);
+}
+
+/* ferry_store_replicate carries its caller's sizeof (ferry.h): one not
+ * filled by ferry_store_replicate_init, or from a ferry.h newer than the
+ * library (larger), is refused naming the size; the library's own size is
+ * read whole (its replica count reaches the master). */
+static void the_replicate_struct_carries_its_size(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, 1 * MiB);
+  uint8_t data[64];
+  fill(data, sizeof data, 12);
+  ferry_store_replicate zeroed = {0};
+  assert_int_equal(ferry_store_put(t.a.store, "zeroed", data, sizeof data, &zeroed), FERRY_EINVAL);
+  assert_non_null(strstr(ferry_last_error(), "ferry_store_replicate.size = 0 is not valid"));
+  struct {
+    ferry_store_replicate rep;
+    uint64_t field_of_a_newer_ferry_h;
+  } newer;
+  ferry_store_replicate_init_size(&newer.rep, sizeof newer);
+  assert_int_equal(newer.rep.size, sizeof newer);
+  assert_int_equal(ferry_store_put(t.a.store, "newer", data, sizeof data, &newer.rep),
+                   FERRY_EINVAL);
+  char size[64];
+  snprintf(size, sizeof size, "ferry_store_replicate.size = %zu is not valid", sizeof newer);
+  if (!strstr(ferry_last_error(), size) || !strstr(ferry_last_error(), "newer"))
+    fail_msg("a larger replicate: %s", ferry_last_error());
+  assert_int_equal(ferry_store_exists(t.a.store, "newer"), FERRY_ENOTFOUND);
+  ferry_store_replicate two = replicate(2, NULL, FERRY_STORE_PIN_NONE); /* one segment only */
+  assert_int_equal(ferry_store_put(t.a.store, "two", data, sizeof data, &two), FERRY_ENOMEM);
+  ferry_store_replicate one = replicate(1, NULL, FERRY_STORE_PIN_HARD);
+  assert_int_equal(ferry_store_put(t.a.store, "one", data, sizeof data, &one), FERRY_OK);
+  expect_copy(t.a.store, "one", sizeof data, 12);
+  rig_close(&t);
+}
+
+/* ---- the caller's buffers are registered memory --------------------------------------------- */
+
+/* A replica in the caller's own segment is copied in memory, not sent: the
+ * copy checks, as a transfer does, that the caller's buffer is registered
+ * on the store's engine (put_from, get_into and their batches), with the
+ * same code and message as toward another client's segment. */
+static void own_segment_copies_need_registered_buffers(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, 1 * MiB);
+  local_client b;
+  local_open(&b, t.m.addr, 1 * MiB);
+  const char *own = ferry_store_segment(t.a.store);
+  ferry_store_replicate in_a = replicate(1, own, FERRY_STORE_PIN_NONE),
+                        in_b = replicate(1, ferry_store_segment(b.store), FERRY_STORE_PIN_NONE);
+  uint8_t *loose = calloc(1, 64 * KiB), *buf;
+  assert_non_null(loose);
+  assert_int_equal(ferry_memory_alloc(t.a.engine, 64 * KiB, (void **)&buf), FERRY_OK);
+  fill(loose, 64 * KiB, 31);
+  char suffix[128];
+  snprintf(suffix, sizeof suffix, "local address %p (+%llu bytes) is not registered on this engine",
+           (void *)loose, 64 * KiB);
+
+  assert_int_equal(ferry_store_put_from(t.a.store, "mine", loose, 64 * KiB, &in_a), FERRY_ENOTREG);
+  char local_detail[FERRY_ERROR_MAX];
+  snprintf(local_detail, sizeof local_detail, "%s", ferry_last_error());
+  if (!strstr(local_detail, "ferry_store_put_from \"mine\"") || !strstr(local_detail, suffix))
+    fail_msg("an unregistered buffer into the own segment: %s", local_detail);
+  assert_int_equal(ferry_store_exists(t.a.store, "mine"), FERRY_ENOTFOUND);
+  /* Toward b's segment: the same code and message. */
+  assert_int_equal(ferry_store_put_from(t.a.store, "mine", loose, 64 * KiB, &in_b), FERRY_ENOTREG);
+  assert_string_equal(ferry_last_error(), local_detail);
+  ferry_store_item batch[2] = {{"first", buf, 64 * KiB, FERRY_OK},
+                               {"second", loose, 64 * KiB, FERRY_OK}};
+  assert_int_equal(ferry_store_put_from_batch(t.a.store, batch, 2, &in_a), FERRY_ENOTREG);
+  assert_int_equal(ferry_store_exists(t.a.store, "first"), FERRY_ENOTFOUND); /* nothing asked */
+
+  /* get_into from the own segment into loose memory: refused, untouched. */
+  fill(buf, 64 * KiB, 32);
+  assert_int_equal(ferry_store_put_from(t.a.store, "mine", buf, 64 * KiB, &in_a), FERRY_OK);
+  assert_int_equal(ferry_store_get_into(t.a.store, "mine", loose, 64 * KiB, NULL), FERRY_ENOTREG);
+  assert_non_null(strstr(ferry_last_error(), suffix));
+  assert_int_equal(mismatch(loose, 64 * KiB, 31), -1);
+  batch[0] = (ferry_store_item){"mine", loose, 64 * KiB, FERRY_OK};
+  assert_int_equal(ferry_store_get_into_batch(t.a.store, batch, 1), FERRY_ENOTREG);
+  assert_int_equal(mismatch(loose, 64 * KiB, 31), -1);
+  expect_bytes(t.a.store, "mine", buf, 64 * KiB, 32);
+
+  free(loose);
+  ferry_memory_free(t.a.engine, buf);
+  local_close(&b);
+  rig_close(&t);
+}
+
+/* ---- upsert --------------------------------------------------------------------------------- */
+
+static ferry_status upsert_slot(ferry_store *s, const char *key, uint8_t *buf, size_t len,
+                                unsigned seed, const ferry_store_replicate *rep) {
+  fill(buf, len, seed);
+  return ferry_store_upsert_from(s, key, buf, len, rep);
+}
+
+/* An upsert replaces a stored value (another size, other replicas) or
+ * stores a new key; while its new value is being written a get reads the
+ * old one whole, then the new one whole; a writer that dies before its end
+ * leaves the old value; a second put or upsert meanwhile is refused. */
+static void an_upsert_replaces_a_value_whole(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, SEGMENT);
+  local_client b;
+  local_open(&b, t.m.addr, SEGMENT);
+  const char *seg = ferry_store_segment(t.a.store);
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(t.a.engine, 512 * KiB, (void **)&buf), FERRY_OK);
+  fill(buf, 64 * KiB, 1);
+  assert_int_equal(ferry_store_put_from(t.a.store, "k", buf, 64 * KiB, NULL), FERRY_OK);
+  assert_int_equal(upsert_slot(t.a.store, "k", buf, 256 * KiB, 2, NULL), FERRY_OK);
+  expect_copy(t.a.store, "k", 256 * KiB, 2);
+  uint8_t data[300];
+  fill(data, sizeof data, 3);
+  assert_int_equal(ferry_store_upsert(t.a.store, "fresh", data, sizeof data, NULL), FERRY_OK);
+  expect_copy(b.store, "fresh", sizeof data, 3);
+  /* Two replicas now, one in each segment; a put keeps the value. */
+  ferry_store_replicate two = replicate(2, NULL, FERRY_STORE_PIN_NONE);
+  assert_int_equal(upsert_slot(t.a.store, "k", buf, 100 * KiB, 4, &two), FERRY_OK);
+  raw_client r;
+  raw_open(&r, t.m.addr);
+  unsigned replicas = 0;
+  raw_get(&r, "k", &replicas, NULL, NULL);
+  assert_int_equal(replicas, 2);
+  fill(buf, 100 * KiB, 5);
+  assert_int_equal(ferry_store_put_from(t.a.store, "k", buf, 100 * KiB, NULL), FERRY_OK);
+  expect_copy(b.store, "k", 100 * KiB, 4);
+
+  /* An upsert in progress (by hand): half its bytes written, gets read the
+   * old value whole; puts and upserts of the key wait; at its end the new
+   * value is read whole. */
+  uint8_t *fresh = (uint8_t *)(uintptr_t)raw_start(&r, STORE_UPSERT_START, "k", 128 * KiB, seg);
+  fill(buf, 128 * KiB, 6);
+  memcpy(fresh, buf, 64 * KiB);
+  expect_copy(b.store, "k", 100 * KiB, 4);
+  assert_int_equal(upsert_slot(t.a.store, "k", buf, 64 * KiB, 7, NULL), FERRY_EBUSY);
+  assert_non_null(strstr(ferry_last_error(), "a put or upsert of it is in progress"));
+  fill(buf, 128 * KiB, 6);
+  memcpy(fresh + 64 * KiB, buf + 64 * KiB, 64 * KiB);
+  raw_put_end(&r, "k");
+  expect_copy(b.store, "k", 128 * KiB, 6);
+
+  /* The writer dies between its start and end: the old value stays. */
+  raw_start(&r, STORE_UPSERT_START, "k", 32 * KiB, seg);
+  close(r.fd);
+  expect_copy(b.store, "k", 128 * KiB, 6);
+  ferry_status st;
+  double until = test_now_s() + TEST_SETUP_MS / 1000.0;
+  while ((st = upsert_slot(t.a.store, "k", buf, 32 * KiB, 8, NULL)) == FERRY_EBUSY &&
+         test_now_s() < until)
+    usleep(10000); /* until the master saw the writer go */
+  assert_int_equal(st, FERRY_OK);
+  expect_copy(b.store, "k", 32 * KiB, 8);
+
+  ferry_memory_free(t.a.engine, buf);
+  local_close(&b);
+  rig_close(&t);
+}
+
+/* A get's lease on a value an upsert replaced keeps its space: the reader
+ * that got the old replica reads the old bytes until the lease ends, even
+ * when the pool is full and a put must evict; once the lease ended, the
+ * next put takes that space without evicting anything. One 1 MiB segment
+ * of sixteen 64 KiB slots, the watermark at 1 (eviction only for a put
+ * that does not fit). */
+static void an_upsert_keeps_the_old_bytes_under_a_lease(unsigned lease_ms) {
+  rig t;
+  char lease[64];
+  snprintf(lease, sizeof lease, "--default_kv_lease_ttl=%u", lease_ms);
+  uint8_t *buf = slots_open(&t, lease, "--eviction_high_watermark_ratio=1");
+  put_slots(t.a.store, "k", 0, 1, buf, FERRY_STORE_PIN_NONE); /* k00: slot 0 */
+  put_slots(t.a.store, "fill", 1, SLOTS - 1, buf, FERRY_STORE_PIN_NONE);
+  raw_client r;
+  raw_open(&r, t.m.addr);
+  uint64_t replied;
+  const uint8_t *old = (const uint8_t *)(uintptr_t)raw_get(&r, "k00", NULL, &replied, NULL);
+  assert_int_equal(upsert_slot(t.a.store, "k00", buf, SLOT, 50, NULL), FERRY_OK); /* slot 15 */
+  expect_bytes(t.a.store, "k00", buf, SLOT, 50);
+  if (lease_ms > 60000) {
+    /* The pool is full but for the old value's slot, which its lease holds. */
+    put_slots(t.a.store, "extra", 7, 8, buf, FERRY_STORE_PIN_NONE);
+    assert_int_equal(mismatch(old, SLOT, 0), -1);
+    expect_gone(t.a.store, "fill01");
+  } else {
+    let_lapse(replied, lease_ms);
+    put_slots(t.a.store, "extra", 7, 8, buf, FERRY_STORE_PIN_NONE);
+    expect_stored(t.a.store, "fill", 1, SLOTS - 1); /* it took the old value's slot */
+    assert_true(mismatch(old, SLOT, 0) >= 0);
+  }
+  expect_slots(t.a.store, "extra", 7, 8, buf);
+  close(r.fd);
+  slots_close(&t, buf);
+}
+
+static void a_leased_old_value_outlives_its_upsert(void **state) {
+  (void)state;
+  an_upsert_keeps_the_old_bytes_under_a_lease(600000);
+}
+
+static void an_old_values_space_returns_when_its_lease_ends(void **state) {
+  (void)state;
+  an_upsert_keeps_the_old_bytes_under_a_lease(500);
+}
+
+/* ---- several buffers per key ---------------------------------------------------------------- */
+
+#define LAYERS 4
+#define KEYS 3
+static const size_t layer_sizes[LAYERS] = {4 * KiB, 60 * KiB, 100, 32 * KiB + 5};
+
+/* Buffers for KEYS keys of LAYERS layers, laid out layer-major (as a KV
+ * pool holds them: layer l of every key, then layer l + 1) in mem; seed
+ * k * LAYERS + l fills layer l of key k when seeded. */
+static size_t layout(uint8_t *mem, ferry_store_buffer (*bufs)[LAYERS], int seeded) {
+  size_t at = 0;
+  for (size_t l = 0; l < LAYERS; l++)
+    for (size_t k = 0; k < KEYS; k++) {
+      bufs[k][l] = (ferry_store_buffer){mem + at, layer_sizes[l]};
+      if (seeded)
+        fill(mem + at, layer_sizes[l], (unsigned)(k * LAYERS + l));
+      else
+        memset(mem + at, 0, layer_sizes[l]);
+      at += layer_sizes[l];
+    }
+  return at;
+}
+
+/* Transfer entries e submitted (op), toward every peer. */
+static uint64_t ops_of(ferry_engine *e, ferry_op op) {
+  ferry_stats *stats;
+  assert_int_equal(ferry_stats_snapshot(e, &stats), FERRY_OK);
+  uint64_t n = 0;
+  for (size_t i = 0; i < stats->link_count; i++)
+    n += stats->links[i].ops[op];
+  ferry_stats_free(stats);
+  return n;
+}
+
+/* One key, several buffers (one per layer): the value is their
+ * concatenation, each buffer written into and read from its place in the
+ * replica by a transfer of its own (no staging: one entry per buffer),
+ * every byte checked, to another client's segment and to the own one. A
+ * get whose buffers hold less than the value fails that key alone; an
+ * unregistered buffer is refused before anything is stored. */
+static void several_buffers_make_one_value(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, SEGMENT);
+  local_client b;
+  local_open(&b, t.m.addr, 0); /* no segment: its values go to a's */
+  uint8_t *mem, *into;
+  assert_int_equal(ferry_memory_alloc(b.engine, 1 * MiB, (void **)&mem), FERRY_OK);
+  assert_int_equal(ferry_memory_alloc(t.a.engine, 1 * MiB, (void **)&into), FERRY_OK);
+  ferry_store_buffer bufs[KEYS][LAYERS], outs[KEYS][LAYERS];
+  ferry_store_multi_item items[KEYS];
+  char keys[KEYS][32];
+  size_t value = 0;
+  for (size_t l = 0; l < LAYERS; l++)
+    value += layer_sizes[l];
+  layout(mem, bufs, 1);
+  for (size_t k = 0; k < KEYS; k++) {
+    snprintf(keys[k], sizeof keys[k], "block_%zu", k);
+    items[k] = (ferry_store_multi_item){keys[k], bufs[k], LAYERS, 0, FERRY_EINVAL};
+  }
+  uint64_t writes = ops_of(b.engine, FERRY_OP_WRITE);
+  if (ferry_store_put_from_multi_buffers(b.store, items, KEYS, NULL) != FERRY_OK)
+    fail_msg("put from several buffers: %s", ferry_last_error());
+  assert_int_equal(ops_of(b.engine, FERRY_OP_WRITE) - writes, KEYS * LAYERS);
+  for (size_t k = 0; k < KEYS; k++) {
+    assert_int_equal(items[k].status, FERRY_OK);
+    assert_int_equal(items[k].length, value);
+  }
+
+  /* Read back by a (the replica in its own segment) into scattered buffers,
+   * and by b (a transfer per buffer); and as one buffer: the concatenation. */
+  for (int reader = 0; reader < 2; reader++) {
+    ferry_store *s = reader ? b.store : t.a.store;
+    uint8_t *dst = reader ? mem + 512 * KiB : into;
+    layout(dst, outs, 0);
+    for (size_t k = 0; k < KEYS; k++)
+      items[k] = (ferry_store_multi_item){keys[k], outs[k], LAYERS, 0, FERRY_EINVAL};
+    uint64_t reads = ops_of(b.engine, FERRY_OP_READ);
+    if (ferry_store_get_into_multi_buffers(s, items, KEYS) != FERRY_OK)
+      fail_msg("get into several buffers: %s", ferry_last_error());
+    if (reader)
+      assert_int_equal(ops_of(b.engine, FERRY_OP_READ) - reads, KEYS * LAYERS);
+    for (size_t k = 0; k < KEYS; k++) {
+      assert_int_equal(items[k].status, FERRY_OK);
+      assert_int_equal(items[k].length, value);
+      for (size_t l = 0; l < LAYERS; l++)
+        assert_int_equal(mismatch(outs[k][l].buf, layer_sizes[l], (unsigned)(k * LAYERS + l)), -1);
+    }
+  }
+  size_t got;
+  assert_int_equal(ferry_store_get_into(t.a.store, keys[1], into, 1 * MiB, &got), FERRY_OK);
+  assert_int_equal(got, value);
+  for (size_t l = 0, at = 0; l < LAYERS; at += layer_sizes[l], l++)
+    assert_int_equal(mismatch(into + at, layer_sizes[l], (unsigned)(LAYERS + l)), -1);
+
+  /* Buffers that hold less than the value: that key fails, naming both
+   * sizes; the others are read. */
+  layout(into, outs, 0);
+  for (size_t k = 0; k < KEYS; k++)
+    items[k] = (ferry_store_multi_item){keys[k], outs[k], LAYERS, 0, FERRY_OK};
+  items[1].count = LAYERS - 1;
+  assert_int_equal(ferry_store_get_into_multi_buffers(t.a.store, items, KEYS), FERRY_EINVAL);
+  char why[128];
+  snprintf(why, sizeof why, "get \"block_1\": the value is %zu bytes, the buffers hold %zu", value,
+           value - layer_sizes[LAYERS - 1]);
+  if (!strstr(ferry_last_error(), why))
+    fail_msg("a get into buffers too small: %s", ferry_last_error());
+  assert_int_equal(items[0].status, FERRY_OK);
+  assert_int_equal(items[1].status, FERRY_EINVAL);
+  assert_int_equal(items[1].length, value);
+  assert_int_equal(items[2].status, FERRY_OK);
+  assert_int_equal(mismatch(outs[2][3].buf, layer_sizes[3], 2 * LAYERS + 3), -1);
+  assert_true(mismatch(outs[1][0].buf, layer_sizes[0], LAYERS) >= 0); /* not read */
+
+  /* One buffer of one key not registered: refused, nothing stored. */
+  uint8_t loose[100];
+  layout(mem, bufs, 1);
+  bufs[2][2] = (ferry_store_buffer){loose, sizeof loose};
+  for (size_t k = 0; k < KEYS; k++) {
+    snprintf(keys[k], sizeof keys[k], "other_%zu", k);
+    items[k] = (ferry_store_multi_item){keys[k], bufs[k], LAYERS, 0, FERRY_OK};
+  }
+  assert_int_equal(ferry_store_put_from_multi_buffers(b.store, items, KEYS, NULL), FERRY_ENOTREG);
+  if (!strstr(ferry_last_error(), "ferry_store_put_from_multi_buffers \"other_2\"") ||
+      !strstr(ferry_last_error(), "is not registered on this engine"))
+    fail_msg("an unregistered buffer: %s", ferry_last_error());
+  assert_int_equal(ferry_store_exists(b.store, "other_0"), FERRY_ENOTFOUND);
+
+  ferry_memory_free(t.a.engine, into);
+  ferry_memory_free(b.engine, mem);
+  local_close(&b);
+  rig_close(&t);
 }
 
 /* ---- the master restarts -------------------------------------------------------------------- */
@@ -1234,7 +1630,7 @@ typedef struct put_thread {
 
 static void *put_main(void *arg) {
   put_thread *p = arg;
-  ferry_store_replicate in = {.replicas = 1, .preferred_segment = p->segment};
+  ferry_store_replicate in = replicate(1, p->segment, FERRY_STORE_PIN_NONE);
   p->status = ferry_store_put_from(p->store, p->key, p->buf, p->len, &in);
   snprintf(p->detail, sizeof p->detail, "%s", ferry_last_error());
   return NULL;
@@ -1271,7 +1667,7 @@ static void a_put_across_a_restart_commits_nothing(void **state) {
   child_client b, c;
   child_open(&b, h.addr);
   fill(buf, 64 * KiB, 3);
-  ferry_store_replicate in_b = {.replicas = 1, .preferred_segment = b.segment};
+  ferry_store_replicate in_b = replicate(1, b.segment, FERRY_STORE_PIN_NONE);
   assert_int_equal(ferry_store_put_from(a.store, "warm_b", buf, 64 * KiB, &in_b), FERRY_OK);
   child_stop(&b);
   put_thread old = {
@@ -1282,7 +1678,7 @@ static void a_put_across_a_restart_commits_nothing(void **state) {
   here_restart(&h);
   child_open(&c, h.addr);
   fill(buf + 64 * KiB, 64 * KiB, 4);
-  ferry_store_replicate in_c = {.replicas = 1, .preferred_segment = c.segment};
+  ferry_store_replicate in_c = replicate(1, c.segment, FERRY_STORE_PIN_NONE);
   assert_int_equal(ferry_store_put_from(a.store, "warm_c", buf + 64 * KiB, 64 * KiB, &in_c),
                    FERRY_OK);
   child_stop(&c);
@@ -1339,8 +1735,12 @@ static void an_idle_client_rejoins_by_its_ping_thread(void **state) {
     usleep(10000);
   if (st != FERRY_OK)
     fail_msg("a put into the idle client's segment: %s", ferry_last_error());
-  /* After idle's own lock: its PING thread logged under it. */
-  expect_bytes(idle.store, "second", buf, 4 * KiB, 8);
+  /* After idle's own lock: its PING thread logged under it. (Into memory
+   * registered on idle's engine: the copy out of its own segment needs it.) */
+  uint8_t *back;
+  assert_int_equal(ferry_memory_alloc(idle.engine, 4 * KiB, (void **)&back), FERRY_OK);
+  expect_bytes(idle.store, "second", back, 4 * KiB, 8);
+  ferry_memory_free(idle.engine, back);
   ferry_log_set_handler(NULL, NULL);
   /* One line per client. */
   assert_int_equal(__atomic_load_n(&restart_warnings, __ATOMIC_RELAXED), 2);
@@ -1487,6 +1887,89 @@ static void evicted_objects_are_read_back_from_their_files(void **state) {
   tier_close(&d);
 }
 
+/* The size of key's file (-1: none). */
+static long file_size(const tier *d, const char *key) {
+  char path[STORE_DISK_PATH_MAX];
+  struct stat st;
+  file_of(d, key, path);
+  return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+/* A value of several buffers (4 parts of SLOT) at buf's slots 0..3, and
+ * the same parts as in the store's order, for a get into them. */
+static void four_parts(uint8_t *buf, ferry_store_buffer parts[4]) {
+  const size_t lengths[4] = {100, 1000, SLOT / 2, SLOT / 2 - 1100};
+  for (int j = 0; j < 4; j++)
+    parts[j] = (ferry_store_buffer){buf + (size_t)j * SLOT, lengths[j]};
+}
+
+/* The SSD tier with several buffers per key and upserts: a multi-buffer
+ * put writes its file as the buffers' concatenation and, once evicted,
+ * reads back from it into several buffers or one; an upsert rewrites the
+ * key's file, so the evicted new value reads back, and an upsert of a
+ * value on disk only replaces it too. */
+static void multi_buffer_values_and_upserts_in_files(void **state) {
+  (void)state;
+  tier d = {0};
+  tier_open(&d);
+  ferry_store *s = d.t.a.store;
+  uint8_t *want = malloc(SLOT);
+  assert_non_null(want);
+  fill(want, SLOT, 41);
+  ferry_store_buffer parts[4];
+  four_parts(d.buf, parts);
+  for (size_t j = 0, at = 0; j < 4; at += parts[j].length, j++)
+    memcpy(parts[j].buf, want + at, parts[j].length);
+  ferry_store_multi_item multi = {"multi", parts, 4, 0, FERRY_OK};
+  if (ferry_store_put_from_multi_buffers(s, &multi, 1, NULL) != FERRY_OK)
+    fail_msg("multi-buffer put: %s", ferry_last_error());
+  assert_int_equal(file_size(&d, "multi"), 24 + 5 + SLOT);
+  assert_int_equal(put_slot(s, "up", d.buf, 42, FERRY_STORE_PIN_NONE), FERRY_OK);
+  assert_int_equal(upsert_slot(s, "up", d.buf, SLOT / 2, 43, NULL), FERRY_OK);
+  assert_int_equal(file_size(&d, "up"), 24 + 2 + SLOT / 2);
+  put_slots(s, "slot", 0, 2 * SLOTS, d.buf, FERRY_STORE_PIN_NONE); /* evicts both */
+  assert_int_equal(names_in(d.dir, NULL), 2 * SLOTS + 2);          /* their files stay */
+
+  memset(d.buf, 0, 4 * SLOT);
+  ferry_store_multi_item back = {"multi", parts, 4, 0, FERRY_OK};
+  if (ferry_store_get_into_multi_buffers(s, &back, 1) != FERRY_OK)
+    fail_msg("multi-buffer get: %s", ferry_last_error());
+  assert_int_equal(back.length, SLOT);
+  for (size_t j = 0, at = 0; j < 4; at += parts[j].length, j++)
+    assert_memory_equal(parts[j].buf, want + at, parts[j].length);
+  expect_bytes(s, "multi", d.buf, SLOT, 41);
+  expect_bytes(s, "up", d.buf, SLOT / 2, 43);
+  raw_client r;
+  raw_open(&r, d.t.m.addr);
+  unsigned replicas = 1;
+  uint8_t on_disk = 0;
+  raw_get(&r, "multi", &replicas, NULL, &on_disk); /* both were read from their files */
+  assert_true(replicas == 0 && on_disk);
+  raw_get(&r, "up", &replicas, NULL, &on_disk);
+  assert_true(replicas == 0 && on_disk);
+
+  /* While an upsert of a value on disk only runs (a raw client's, the new
+   * file written by hand), a get finds the key absent: the old value gave
+   * its file up at UPSERT_START, so no reader meets the new file under the
+   * old value's size. */
+  raw_start(&r, STORE_UPSERT_START, "up", SLOT, ferry_store_segment(s));
+  fill(d.buf, SLOT, 46);
+  ferry_store_buffer whole = {d.buf, SLOT};
+  assert_int_equal(store_disk_write(d.dir, "up", &whole, 1, SLOT), FERRY_OK);
+  ferry_status st = ferry_store_get_into(s, "up", d.buf + SLOT, SLOT, NULL);
+  if (st != FERRY_ENOTFOUND)
+    fail_msg("get during the upsert: %d (%s), not FERRY_ENOTFOUND", st, ferry_last_error());
+  raw_put_end(&r, "up");
+  close(r.fd);
+
+  /* A client's upsert of a value on disk only rewrites its file. */
+  assert_int_equal(upsert_slot(s, "multi", d.buf, SLOT / 4, 44, NULL), FERRY_OK);
+  assert_int_equal(file_size(&d, "multi"), 24 + 5 + SLOT / 4);
+  expect_bytes(s, "multi", d.buf, SLOT / 4, 44);
+  free(want);
+  tier_close(&d);
+}
+
 /* Overwrites len bytes of path at offset with 0x5a. */
 static void scribble(const char *path, off_t offset, size_t len) {
   int fd = open(path, O_WRONLY);
@@ -1584,25 +2067,6 @@ static void a_key_with_dot_dots_stays_inside_the_directory(void **state) {
   tier_close(&d);
 }
 
-/* GET of key by a raw client: how many replicas the master lists, and
- * its on-disk byte. */
-static unsigned raw_get(raw_client *r, const char *key, uint8_t *on_disk) {
-  store_writer w = {0};
-  store_put_u8(&w, STORE_GET);
-  store_put_str(&w, key, strlen(key));
-  uint8_t *body;
-  store_reader rd = raw_request(r, &w, 1, &body);
-  assert_int_equal((int32_t)store_get_u32(&rd), FERRY_OK);
-  store_get_u64(&rd);
-  store_replica_ref reps[STORE_REPLICAS_MAX];
-  unsigned n;
-  assert_int_equal(store_get_replicas(&rd, reps, &n, "master"), FERRY_OK);
-  *on_disk = store_get_u8(&rd);
-  assert_false(rd.bad || rd.left);
-  free(body);
-  return n;
-}
-
 /* An object whose one replica is in a stopped client is read from its
  * file once the READ there timed out; when that client is killed and the
  * master dropped its segment, the object (hard-pinned, so on no LRU list)
@@ -1617,7 +2081,7 @@ static void an_object_outlives_its_segment_in_its_file(void **state) {
   assert_int_equal(ferry_memory_alloc(d.t.a.engine, 2 * SLOTS * SLOT, (void **)&d.buf), FERRY_OK);
   child_client b;
   child_open(&b, d.t.m.addr);
-  ferry_store_replicate in_b = {1, b.segment, FERRY_STORE_PIN_HARD};
+  ferry_store_replicate in_b = replicate(1, b.segment, FERRY_STORE_PIN_HARD);
   fill(d.buf, SLOT, 21);
   assert_int_equal(ferry_store_put_from(s, "in_b", d.buf, SLOT, &in_b), FERRY_OK);
   child_expect_ok(&b, "get in_b %zu 21\n", (size_t)SLOT); /* its replica is b's */
@@ -1633,10 +2097,11 @@ static void an_object_outlives_its_segment_in_its_file(void **state) {
   raw_client r;
   raw_open(&r, d.t.m.addr);
   uint8_t on_disk = 0;
+  unsigned replicas = 1;
   double until = test_now_s() + TEST_SETUP_MS / 1000.0;
-  while (raw_get(&r, "in_b", &on_disk) != 0 && test_now_s() < until)
+  while (raw_get(&r, "in_b", &replicas, NULL, &on_disk), replicas != 0 && test_now_s() < until)
     usleep(10000); /* until the master saw b go */
-  assert_int_equal(raw_get(&r, "in_b", &on_disk), 0);
+  assert_int_equal(replicas, 0);
   assert_int_equal(on_disk, 1);
   close(r.fd);
   expect_bytes(s, "in_b", d.buf, SLOT, 21);
@@ -1701,12 +2166,19 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_hostile_client_hurts_only_itself),
       cmocka_unit_test(the_master_caps_its_clients),
       cmocka_unit_test(bad_arguments_are_refused),
+      cmocka_unit_test(the_replicate_struct_carries_its_size),
+      cmocka_unit_test(own_segment_copies_need_registered_buffers),
+      cmocka_unit_test(an_upsert_replaces_a_value_whole),
+      cmocka_unit_test(a_leased_old_value_outlives_its_upsert),
+      cmocka_unit_test(an_old_values_space_returns_when_its_lease_ends),
+      cmocka_unit_test(several_buffers_make_one_value),
       cmocka_unit_test(a_client_rejoins_a_restarted_master),
       cmocka_unit_test(a_client_rejoins_a_restarted_master_with_its_secret),
       cmocka_unit_test(a_call_without_a_master_fails_and_the_next_reconnects),
       cmocka_unit_test(a_put_across_a_restart_commits_nothing),
       cmocka_unit_test(an_idle_client_rejoins_by_its_ping_thread),
       cmocka_unit_test(evicted_objects_are_read_back_from_their_files),
+      cmocka_unit_test(multi_buffer_values_and_upserts_in_files),
       cmocka_unit_test(ranges_of_an_evicted_object_come_from_its_file),
       cmocka_unit_test(a_damaged_or_missing_file_is_refused),
       cmocka_unit_test(a_key_with_dot_dots_stays_inside_the_directory),

@@ -134,6 +134,103 @@ def test_hicache_call_pattern(master):
         assert reader.close() == 0
 
 
+def test_upsert_replaces_a_value(master):
+    """put keeps a stored value; upsert and its forms replace it (another
+    size too) or store a new key."""
+    store = client(master)
+    region = ctypes.create_string_buffer(2 * PAGE)
+    base = ctypes.addressof(region)
+    try:
+        assert store.put("k", b"first") == 0
+        assert store.put("k", b"second") == 0
+        assert store.get("k") == b"first"
+        assert store.upsert("k", b"replaced, and longer") == 0
+        assert store.get("k") == b"replaced, and longer"
+        assert store.upsert("new", b"v", ReplicateConfig(with_soft_pin=True)) == 0
+        assert store.get("new") == b"v"
+        assert store.upsert_parts("parts", b"Hello, ", bytearray(b"World!")) == 0
+        assert store.get("parts") == b"Hello, World!"
+        assert store.upsert_batch(["k", "b1"], [page_bytes(1), page_bytes(2)]) == 0
+        assert (store.get("k"), store.get("b1")) == (page_bytes(1), page_bytes(2))
+        assert store.upsert_batch(["k"], []) == -600
+        assert store.register_buffer(base, 2 * PAGE) == 0
+        ctypes.memmove(base, page_bytes(3), PAGE)
+        ctypes.memmove(base + PAGE, page_bytes(4), PAGE)
+        assert store.upsert_from("k", base, PAGE) == 0
+        assert store.get("k") == page_bytes(3)
+        assert store.batch_upsert_from(["k", "b1"], [base + PAGE, base], [PAGE, 100]) == [0, 0]
+        assert (store.get("k"), store.get("b1")) == (page_bytes(4), page_bytes(3)[:100])
+        assert store.unregister_buffer(base) == 0
+    finally:
+        assert store.close() == 0
+
+
+def test_a_buffer_copied_into_the_own_segment_must_be_registered(master):
+    """A replica in the caller's own segment is copied in memory; the copy
+    refuses an unregistered buffer (-600) as a transfer does."""
+    store = client(master)
+    loose = ctypes.create_string_buffer(PAGE)
+    try:
+        own = ReplicateConfig(preferred_segment=store.get_hostname())
+        assert store.put_from("mine", ctypes.addressof(loose), PAGE, own) == -600
+        assert store.is_exist("mine") == 0
+        assert store.put("mine", page_bytes(9), own) == 0
+        assert store.get_into("mine", ctypes.addressof(loose), PAGE) == -600
+        assert ctypes.string_at(ctypes.addressof(loose), PAGE) == bytes(PAGE)
+    finally:
+        assert store.close() == 0
+
+
+def test_several_buffers_per_key(master):
+    """batch_put_from_multi_buffers / batch_get_into_multi_buffers: one value
+    per key from one buffer per layer (layer-major, as a KV pool lays them
+    out), every byte checked; buffers too small for a key fail that key
+    (-600); an unregistered buffer is refused (-600), nothing stored."""
+    writer, reader = client(master), client(master)
+    layers = [4096, 60000, 100, 32773]
+    keys = ["block_%d" % k for k in range(3)]
+    total = sum(layers)
+    src = ctypes.create_string_buffer(len(keys) * total)
+    dst = ctypes.create_string_buffer(len(keys) * total)
+    loose = ctypes.create_string_buffer(100)
+    try:
+        assert writer.register_buffer(ctypes.addressof(src), len(keys) * total) == 0
+        assert reader.register_buffer(ctypes.addressof(dst), len(keys) * total) == 0
+
+        def addrs(region):
+            base, at, out = ctypes.addressof(region), 0, [[] for _ in keys]
+            for size in layers:
+                for k in range(len(keys)):
+                    out[k].append(base + at)
+                    at += size
+            return out
+
+        src_ptrs, dst_ptrs = addrs(src), addrs(dst)
+        sizes = [list(layers) for _ in keys]
+        parts = [[page_bytes(k * 4 + l)[:size] for l, size in enumerate(layers)]
+                 for k in range(len(keys))]
+        for k in range(len(keys)):
+            for l, part in enumerate(parts[k]):
+                ctypes.memmove(src_ptrs[k][l], part, len(part))
+        assert writer.batch_put_from_multi_buffers(keys, src_ptrs, sizes) == [0] * 3
+        assert reader.batch_get_into_multi_buffers(keys, dst_ptrs, sizes) == [total] * 3
+        for k in range(len(keys)):
+            for l, part in enumerate(parts[k]):
+                assert ctypes.string_at(dst_ptrs[k][l], len(part)) == part, (k, l)
+        assert reader.get(keys[1]) == b"".join(parts[1])
+
+        short = [dst_ptrs[0], dst_ptrs[1][:-1], dst_ptrs[2]]
+        assert reader.batch_get_into_multi_buffers(keys, short, [layers, layers[:-1], layers],
+                                                   True) == [total, -600, total]
+        assert writer.batch_put_from_multi_buffers(
+            ["other"], [src_ptrs[0][:2] + [ctypes.addressof(loose)]],
+            [layers[:2] + [100]]) == [-600]
+        assert reader.is_exist("other") == 0
+    finally:
+        assert writer.close() == 0
+        assert reader.close() == 0
+
+
 def test_setup_failures_are_numbers(master):
     store = MooncakeDistributedStore()
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", "lots", 16 * MiB, "tcp", "", master) == -600
