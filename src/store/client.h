@@ -15,7 +15,8 @@
 
 struct ferry_store {
   ferry_engine *engine;
-  char master[FERRY_HOST_MAX + 8];
+  char master[FERRY_HOST_MAX + 8]; /* with HA: the leader it last found */
+  char *ha_url;                    /* HA: "etcd://..." where the leader is found (NULL: none) */
   uint32_t timeout_ms;
   char *secret; /* proven again at each reconnect (NULL: none) */
   /* The master connection: one request at a time, and the reconnects. */
