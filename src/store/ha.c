@@ -148,6 +148,7 @@ ferry_status store_ha_start(const store_master_config *cfg, const char *connstri
   if (!st && h->reported == 2)
     st = ferry_fail(FERRY_EMETADATA, "store master: --ha_backend_connstring=%s: %s", connstring,
                     ferry_last_error());
+  *leading = h->leading; /* before the thread may change it */
   if (!st)
     h->started = pthread_create(&h->thread, NULL, ha_main, h) == 0;
   if (!st && !h->started)
@@ -158,7 +159,6 @@ ferry_status store_ha_start(const store_master_config *cfg, const char *connstri
     store_ha_stop(h);
     return ferry_fail(st, "%s", detail);
   }
-  *leading = h->leading;
   *out = h;
   return FERRY_OK;
 }
