@@ -77,8 +77,9 @@ static void use_cluster(const char *id) {
   setenv("MC_STORE_CLUSTER_ID", id, 1);
 }
 
-static void master_start(master_proc *m, const char *expect_role) {
-  char connstring[96], cluster[96];
+static void master_start_with(master_proc *m, const char *expect_role, const char *lease) {
+  char connstring[96], cluster[96], ttl[48];
+  snprintf(ttl, sizeof ttl, "--ha_lease_ttl=%s", lease);
   snprintf(connstring, sizeof connstring, "--ha_backend_connstring=%s", etcd_members);
   snprintf(cluster, sizeof cluster, "--cluster_id=%s", getenv("MC_STORE_CLUSTER_ID"));
   const char *argv[] = {test_tool_path(),
@@ -87,7 +88,7 @@ static void master_start(master_proc *m, const char *expect_role) {
                         "--enable_ha",
                         "--ha_backend_type=etcd",
                         connstring,
-                        "--ha_lease_ttl=" LEASE_S,
+                        ttl,
                         cluster,
                         NULL};
   char line[256];
@@ -96,6 +97,10 @@ static void master_start(master_proc *m, const char *expect_role) {
     fail_msg("store-master --enable_ha did not start (line \"%s\")", m->pid > 0 ? line : "");
   if (strcmp(m->role, expect_role) != 0)
     fail_msg("store-master %s started as %s, not %s", m->addr, m->role, expect_role);
+}
+
+static void master_start(master_proc *m, const char *expect_role) {
+  master_start_with(m, expect_role, LEASE_S);
 }
 
 /* SIGTERM: it resigns and exits 0 (under ASan, after its leak check). */
@@ -286,11 +291,56 @@ static void a_stalled_leader_serves_nothing_when_it_wakes(void **state) {
   master_stop(&a);
 }
 
+/* A leader stopped (SIGTERM) revokes its lease: the standby leads within
+ * its poll, long before the lease (60 s here) would have run out. */
+static void a_leader_that_stops_hands_over_at_once(void **state) {
+  (void)state;
+  use_cluster("ha-resign");
+  master_proc a, b;
+  master_start_with(&a, "leader", "60");
+  master_start_with(&b, "standby", "60");
+  double stopped = test_now_s();
+  master_stop(&a);
+  char now[64] = "";
+  for (double end = stopped + 20; test_now_s() < end && strcmp(now, b.addr); poll(NULL, 0, 50))
+    leader_now(now, sizeof now);
+  if (strcmp(now, b.addr) != 0)
+    fail_msg("20 s after the leader stopped the key names \"%s\", not the standby %s", now, b.addr);
+  print_message("handover after SIGTERM: %.2f s (lease 60 s)\n", test_now_s() - stopped);
+  client c;
+  if (client_open(&c, client_url) != FERRY_OK)
+    fail_msg("ferry_store_open(%s): %s", client_url, ferry_last_error());
+  assert_int_equal(put_value(c.store, 3), FERRY_OK);
+  check_value(c.store, 3);
+  client_close(&c);
+  master_stop(&b);
+}
+
+/* A client given etcd://... with no master leading, or an etcd that does
+ * not answer, fails at open naming why. */
+static void an_etcd_url_without_a_leader_is_refused(void **state) {
+  (void)state;
+  use_cluster("ha-nobody");
+  client c;
+  assert_int_equal(client_open(&c, client_url), FERRY_ENOTFOUND);
+  if (!strstr(ferry_last_error(), "no store master leads now"))
+    fail_msg("without its reason: %s", ferry_last_error());
+  ferry_engine_destroy(c.engine);
+  char dead[64];
+  snprintf(dead, sizeof dead, "etcd://127.0.0.1:%u", test_free_port());
+  assert_int_equal(client_open(&c, dead), FERRY_EMETADATA);
+  if (!strstr(ferry_last_error(), "cannot read the store's leader from"))
+    fail_msg("without its reason: %s", ferry_last_error());
+  ferry_engine_destroy(c.engine);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_client_follows_a_failover_mid_workload),
       cmocka_unit_test(a_standby_serves_nobody),
       cmocka_unit_test(a_stalled_leader_serves_nothing_when_it_wakes),
+      cmocka_unit_test(a_leader_that_stops_hands_over_at_once),
+      cmocka_unit_test(an_etcd_url_without_a_leader_is_refused),
   };
   const char *only = getenv("FERRY_TEST_FILTER");
   if (only && *only)
