@@ -73,3 +73,20 @@ def test_a_client_follows_the_leader_across_a_kill(monkeypatch):
                 p.terminate()
                 p.wait(timeout=30)
         etcd.stop()
+
+
+def test_ha_flags_are_checked():
+    """--enable_ha needs its etcd; another backend type is refused by name;
+    an etcd that does not answer stops the master at start (exit 1)."""
+    tool = tool_or_skip()
+    from conftest import free_port
+    dead = "127.0.0.1:%d" % free_port()
+    cases = [(["--enable_ha"], 2, "--ha_backend_connstring"),
+             (["--enable_ha", "--ha_backend_type=redis", "--ha_backend_connstring=" + dead], 2,
+              "etcd only"),
+             (["--enable_ha", "--ha_backend_connstring=" + dead], 1, dead)]
+    for flags, code, text in cases:
+        done = subprocess.run([tool, "store-master", "--port=0"] + flags, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == code, (flags, done.stderr)
+        assert text in done.stderr, (flags, done.stderr)
