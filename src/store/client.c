@@ -112,7 +112,7 @@ static void log_rejoin(ferry_store *s, uint64_t master_id) {
   if (s->ha_url && s->master_id && master_id != s->master_id)
     FERRY_WARN("store: followed the store's leader to %s (found at %s): the objects stored before "
                "the failover are gone (the new leader starts with an empty map); %s rejoined it %s",
-               s->master, s->ha_url, name, segment);
+               s->leader, s->ha_url, name, segment);
   else if (s->master_id && master_id != s->master_id)
     FERRY_WARN("store: master %s restarted (a new instance): the objects stored before are gone "
                "(without HA the master keeps them in its memory only); %s rejoined it %s",
@@ -130,20 +130,19 @@ static ferry_status join_master(ferry_store *s) {
   char host[FERRY_HOST_MAX];
   uint16_t port;
   ferry_status st = FERRY_OK;
+  const char *target = s->master;
   if (s->ha_url) { /* HA: the leader may have moved since */
-    char leader[sizeof s->master];
-    st = store_ha_find_leader(s->ha_url, leader, sizeof leader);
-    if (!st && strcmp(leader, s->master) != 0)
-      snprintf(s->master, sizeof s->master, "%s", leader);
+    st = store_ha_find_leader(s->ha_url, s->leader, sizeof s->leader);
+    target = s->leader;
   }
   if (!st)
-    st = ferry_net_parse_target(s->master, host, &port);
+    st = ferry_net_parse_target(target, host, &port);
   uint64_t deadline = ferry_now_ns() + s->timeout_ms * 1000000ull;
   if (!st)
     st = ferry_net_connect(host, port, deadline, &s->fd);
   if (st)
     return st;
-  ferry_sock_init(&s->sock, s->fd, s->master);
+  ferry_sock_init(&s->sock, s->fd, target);
   ferry_sock_set_deadline(&s->sock, deadline);
   store_identity self = {ferry_random_u64(), ferry_engine_name(s->engine), s->secret};
   uint64_t master_id = 0;
