@@ -20,7 +20,7 @@ struct ferry_election {
   void *etcd;
   char *key;
   uint32_t ttl_s;
-  long long lease; /* 0: not leading */
+  long long lease; /* 0: not leading (atomic: the journal's writers read it) */
 };
 
 ferry_status ferry_election_open(const char *endpoints, const char *key, uint32_t ttl_s,
@@ -133,16 +133,17 @@ ferry_status ferry_election_campaign(ferry_election *e, const char *value, char 
     revoke(e, lease);
     return st ? st : FERRY_EBUSY;
   }
-  e->lease = lease;
+  __atomic_store_n(&e->lease, lease, __ATOMIC_RELEASE);
   *until_ns = sent + (uint64_t)ttl * 1000000000ull;
   return FERRY_OK;
 }
 
 ferry_status ferry_election_keep(ferry_election *e, uint64_t *until_ns) {
-  if (!e->lease)
+  long long lease = __atomic_load_n(&e->lease, __ATOMIC_ACQUIRE);
+  if (!lease)
     return ferry_fail(FERRY_ENOTFOUND, "leader election: %s is not held", e->key);
   char id[24];
-  snprintf(id, sizeof id, "%lld", e->lease);
+  snprintf(id, sizeof id, "%lld", lease);
   uint64_t sent = ferry_now_ns();
   json_t *reply = NULL;
   ferry_status st =
@@ -155,21 +156,80 @@ ferry_status ferry_election_keep(ferry_election *e, uint64_t *until_ns) {
   long long holder = 0;
   if (!st)
     st = read_key(e, &value, &holder);
-  if (!st && (!value || holder != e->lease))
+  if (!st && (!value || holder != lease))
     st = ferry_fail(FERRY_ENOTFOUND, "leader election: %s was %s", e->key,
                     value ? "taken over by another lease" : "deleted");
   free(value);
   if (st == FERRY_ENOTFOUND)
-    e->lease = 0;
+    __atomic_store_n(&e->lease, 0, __ATOMIC_RELEASE);
   else if (!st)
     *until_ns = sent + (uint64_t)ttl * 1000000000ull;
   return st;
 }
 
+ferry_status ferry_election_write(ferry_election *e, const char *key, const char *value) {
+  long long lease = __atomic_load_n(&e->lease, __ATOMIC_ACQUIRE);
+  if (!lease)
+    return ferry_fail(FERRY_ENOTFOUND, "leader election: %s is not held", e->key);
+  json_t *cmp = ferry_etcd_key_request(e->key, NULL, lease);
+  json_t *op = ferry_etcd_key_request(key, value, 0);
+  if (!cmp || !op || json_object_set_new(cmp, "target", json_string("LEASE")) ||
+      json_object_set_new(cmp, "result", json_string("EQUAL"))) {
+    json_decref(cmp);
+    json_decref(op);
+    return ferry_fail(FERRY_ENOMEM, "leader election: out of memory");
+  }
+  json_t *reply = NULL;
+  ferry_status st = ferry_etcd_call(e->etcd, "kv/txn",
+                                    json_pack("{s:[o],s:[{s:o}]}", "compare", cmp, "success",
+                                              value ? "request_put" : "request_delete_range", op),
+                                    &reply);
+  if (!st && !json_is_true(json_object_get(reply, "succeeded")))
+    st = ferry_fail(FERRY_ENOTFOUND, "leader election: not writing %s: %s is no longer ours", key,
+                    e->key);
+  json_decref(reply);
+  return st;
+}
+
+ferry_status ferry_election_scan(ferry_election *e, const char *prefix,
+                                 void (*each)(void *ctx, const char *key, const char *value),
+                                 void *ctx) {
+  char *end = strdup(prefix);
+  if (!end || !*end) {
+    free(end);
+    return ferry_fail(FERRY_ENOMEM, "leader election: out of memory");
+  }
+  end[strlen(end) - 1]++; /* the first key past every one under prefix */
+  json_t *req = ferry_etcd_key_request(prefix, NULL, 0);
+  json_t *range_end = ferry_etcd_key_request(end, NULL, 0);
+  free(end);
+  if (!req || !range_end || json_object_set(req, "range_end", json_object_get(range_end, "key"))) {
+    json_decref(req);
+    json_decref(range_end);
+    return ferry_fail(FERRY_ENOMEM, "leader election: out of memory");
+  }
+  json_decref(range_end);
+  json_t *reply = NULL;
+  ferry_status st = ferry_etcd_call(e->etcd, "kv/range", req, &reply);
+  size_t i;
+  json_t *kv;
+  json_array_foreach(st ? NULL : json_object_get(reply, "kvs"), i, kv) {
+    const char *k = json_string_value(json_object_get(kv, "key"));
+    const char *v = json_string_value(json_object_get(kv, "value"));
+    char *key = k ? ferry_etcd_b64_decode(k) : NULL, *value = v ? ferry_etcd_b64_decode(v) : NULL;
+    if (key && value)
+      each(ctx, key, value);
+    free(key);
+    free(value);
+  }
+  json_decref(reply);
+  return st;
+}
+
 void ferry_election_resign(ferry_election *e) {
-  if (e->lease)
-    revoke(e, e->lease);
-  e->lease = 0;
+  long long lease = __atomic_exchange_n(&e->lease, 0, __ATOMIC_ACQ_REL);
+  if (lease)
+    revoke(e, lease);
 }
 
 void ferry_election_close(ferry_election *e) {

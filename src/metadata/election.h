@@ -28,6 +28,15 @@ ferry_status ferry_election_campaign(ferry_election *e, const char *value, char 
  * the lead: stop at once); else etcd was not reached (the old *until_ns
  * still holds). */
 ferry_status ferry_election_keep(ferry_election *e, uint64_t *until_ns);
+/* The leader's log (docs/store.md "High availability"): writes key=value
+ * (value NULL: deletes key) only while the leader key still hangs on this
+ * handle's lease, in one transaction, so a deposed leader writes nothing.
+ * FERRY_ENOTFOUND when it does not lead (any more). */
+ferry_status ferry_election_write(ferry_election *e, const char *key, const char *value);
+/* Calls each(ctx, key, value) for every key under prefix. */
+ferry_status ferry_election_scan(ferry_election *e, const char *prefix,
+                                 void (*each)(void *ctx, const char *key, const char *value),
+                                 void *ctx);
 /* Gives the lead up: revokes the lease, so the key goes at once. */
 void ferry_election_resign(ferry_election *e);
 void ferry_election_close(ferry_election *e);

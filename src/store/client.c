@@ -110,9 +110,10 @@ static void log_rejoin(ferry_store *s, uint64_t master_id) {
   if (s->segment_size)
     snprintf(segment, sizeof segment, "with its segment of %zu bytes, empty", s->segment_size);
   if (s->ha_url && s->master_id && master_id != s->master_id)
-    FERRY_WARN("store: followed the store's leader to %s (found at %s): the objects stored before "
-               "the failover are gone (the new leader starts with an empty map); %s rejoined it %s",
-               s->leader, s->ha_url, name, segment);
+    FERRY_WARN("store: followed the store's leader to %s (found at %s): %s rejoined it with its "
+               "segment; the objects committed before the failover stay (the leaders' journal in "
+               "etcd), puts that were in flight were dropped",
+               s->leader, s->ha_url, name);
   else if (s->master_id && master_id != s->master_id)
     FERRY_WARN("store: master %s restarted (a new instance): the objects stored before are gone "
                "(without HA the master keeps them in its memory only); %s rejoined it %s",

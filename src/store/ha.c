@@ -16,6 +16,7 @@
 #include "base/log.h"
 #include "metadata/election.h"
 #include "metadata/metadata.h"
+#include "store/map.h"
 
 #define STANDBY_POLL_MS 200 /* how often a standby looks at the leader key */
 
@@ -25,6 +26,10 @@ struct store_ha {
   ferry_election *election;
   char address[300];
   char key[300];
+  char prefix[300];       /* mooncake-store/<cluster>/: the journal's keys under it */
+  uint64_t orphans_until; /* when the restored segments nobody adopted go (0: none) */
+  uint64_t orphan_next;   /* the last orphan id drawn */
+  int journal_failing;    /* the journal's last write failed (logged once) */
   uint32_t ttl_s;
   uint64_t margin_ns; /* the fence ends this much before etcd's lease may */
   int leading;
@@ -35,11 +40,125 @@ struct store_ha {
   int stopping, started;
 };
 
-static void leader_key(const char *cluster, char *key, size_t size) {
+/* mooncake-store/<cluster>/<leaf>: the cluster from the flag, else
+ * MC_STORE_CLUSTER_ID, else Mooncake's default. */
+static void cluster_key(const char *cluster, const char *leaf, char *key, size_t size) {
   if (!cluster || !*cluster)
     cluster = getenv("MC_STORE_CLUSTER_ID");
-  snprintf(key, size, "mooncake-store/%s/master_view",
-           cluster && *cluster ? cluster : "mooncake_cluster");
+  snprintf(key, size, "mooncake-store/%s/%s", cluster && *cluster ? cluster : "mooncake_cluster",
+           leaf);
+}
+
+static void leader_key(const char *cluster, char *key, size_t size) {
+  cluster_key(cluster, "master_view", key, size);
+}
+
+/* ---- the journal: the leader's map in etcd ----------------------------------------------------
+ */
+
+/* prefix + kind + hex(name): a key or a segment name may hold any byte. */
+static char *journal_key(store_ha *h, const char *kind, const char *name, size_t len) {
+  size_t n = strlen(h->prefix) + strlen(kind);
+  char *key = malloc(n + 2 * len + 1);
+  if (!key)
+    return NULL;
+  n = (size_t)sprintf(key, "%s%s", h->prefix, kind);
+  for (size_t i = 0; i < len; i++)
+    n += (size_t)sprintf(key + n, "%02x", (uint8_t)name[i]);
+  return key;
+}
+
+/* Decodes hex in place; its length, or -1 when not hex. */
+static long unhex(char *text) {
+  size_t len = strlen(text), n = 0;
+  if (len % 2)
+    return -1;
+  for (size_t i = 0; i < len; i += 2) {
+    unsigned v;
+    if (sscanf(text + i, "%2x", &v) != 1)
+      return -1;
+    text[n++] = (char)v;
+  }
+  text[n] = '\0';
+  return (long)n;
+}
+
+static int journal_write(store_ha *h, const char *kind, const char *name, size_t len,
+                         const char *record) {
+  char *key = journal_key(h, kind, name, len);
+  ferry_status st = key ? ferry_election_write(h->election, key, record)
+                        : ferry_fail(FERRY_ENOMEM, "store master: out of memory");
+  free(key);
+  int failing = st != FERRY_OK;
+  if (failing && !__atomic_exchange_n(&h->journal_failing, 1, __ATOMIC_RELAXED))
+    FERRY_WARN("store master %s: cannot journal to etcd: %s (commits and new segments are "
+               "refused meanwhile)",
+               h->address, ferry_last_error());
+  else if (!failing)
+    __atomic_store_n(&h->journal_failing, 0, __ATOMIC_RELAXED);
+  return failing ? -1 : 0;
+}
+
+static int journal_object(void *ctx, const char *key, size_t len, const char *record) {
+  return journal_write(ctx, "objects/", key, len, record);
+}
+
+static int journal_segment(void *ctx, const char *name, const char *record) {
+  return journal_write(ctx, "segments/", name, strlen(name), record);
+}
+
+typedef struct restoring {
+  store_ha *h;
+  store_map *map;
+  const char *kind;
+  size_t done, skipped;
+} restoring;
+
+static void restore_one(void *ctx, const char *key, const char *value) {
+  restoring *r = ctx;
+  char *name = strdup(key + strlen(r->h->prefix) + strlen(r->kind));
+  long len = name ? unhex(name) : -1;
+  int rc = -1;
+  if (len > 0 && !strcmp(r->kind, "segments/"))
+    rc = store_map_restore_segment(r->map, STORE_ORPHAN | ++r->h->orphan_next, name, value);
+  else if (len > 0)
+    rc = store_map_restore_object(r->map, name, (size_t)len, value);
+  free(name);
+  if (rc == 0) {
+    r->done++;
+    return;
+  }
+  r->skipped++; /* a record that no longer fits anything: forget it */
+  FERRY_WARN("store master %s: journal record %s (\"%s\") does not fit the map; dropped it",
+             r->h->address, key, value);
+  ferry_election_write(r->h->election, key, NULL);
+}
+
+/* A new leader, before its fence opens: the segments and objects the
+ * previous leaders journaled, then its own journal on. -1 when etcd could
+ * not be read (then it must not serve: resign). */
+static int restore(store_ha *h) {
+  store_map *map = store_master_map(h->master);
+  restoring segs = {h, map, "segments/", 0, 0}, objs = {h, map, "objects/", 0, 0};
+  char prefix[320];
+  snprintf(prefix, sizeof prefix, "%ssegments/", h->prefix);
+  ferry_status st = ferry_election_scan(h->election, prefix, restore_one, &segs);
+  snprintf(prefix, sizeof prefix, "%sobjects/", h->prefix);
+  if (!st)
+    st = ferry_election_scan(h->election, prefix, restore_one, &objs);
+  if (st) {
+    FERRY_WARN("store master %s: cannot read the journal: %s; resigning", h->address,
+               ferry_last_error());
+    return -1;
+  }
+  store_journal journal = {h, journal_object, journal_segment};
+  store_map_set_journal(map, &journal);
+  uint32_t client_ttl_ms = h->cfg.client_ttl_ms ? h->cfg.client_ttl_ms : 10000;
+  h->orphans_until = segs.done ? ferry_now_ns() + client_ttl_ms * 1000000ull : 0;
+  FERRY_INFO("store master %s: restored %zu segment(s) and %zu object(s) from the journal (%zu "
+             "record(s) dropped); segments not registered again within %u ms go",
+             h->address, segs.done, objs.done, segs.skipped + objs.skipped, client_ttl_ms);
+  return 0;
 }
 
 static void fence_at(store_ha *h, uint64_t until_ns) {
@@ -52,6 +171,10 @@ static void campaign(store_ha *h) {
   char *holder = NULL;
   uint64_t until = 0;
   ferry_status st = ferry_election_campaign(h->election, h->address, &holder, &until);
+  if (st == FERRY_OK && restore(h) != 0) {
+    ferry_election_resign(h->election);
+    st = FERRY_EMETADATA;
+  }
   if (st == FERRY_OK) {
     fence_at(h, until);
     h->leading = 1;
@@ -70,7 +193,9 @@ static void campaign(store_ha *h) {
  * empty master (clients rejoin the next leader). */
 static void demote(store_ha *h) {
   store_master_serve_until(h->master, 0);
+  store_map_set_journal(store_master_map(h->master), NULL); /* its drops are not the next term's */
   h->leading = 0;
+  h->orphans_until = 0;
   FERRY_WARN("store master %s: lost the lead (%s): stopped serving; standing by with an empty map",
              h->address, ferry_last_error());
   store_master_stop(h->master);
@@ -79,6 +204,31 @@ static void demote(store_ha *h) {
   if (st)
     FERRY_ERROR("store master %s: cannot listen again as a standby: %s", h->address,
                 ferry_last_error());
+}
+
+/* The leader's round: renews the lease (moving the fence), drops the
+ * restored segments nobody adopted once their time is up, or demotes. */
+static void keep_lead(store_ha *h, int *unreachable) {
+  uint64_t until = 0;
+  ferry_status st = ferry_election_keep(h->election, &until);
+  if (st == FERRY_ENOTFOUND) {
+    demote(h);
+    h->reported = 0;
+  } else if (st != FERRY_OK && !*unreachable) {
+    FERRY_WARN("store master %s: cannot renew the lead's lease: %s (serving until it ends)",
+               h->address, ferry_last_error());
+  }
+  *unreachable = st != FERRY_OK && st != FERRY_ENOTFOUND;
+  if (st != FERRY_OK)
+    return;
+  fence_at(h, until);
+  if (h->orphans_until && ferry_now_ns() > h->orphans_until) {
+    h->orphans_until = 0;
+    size_t gone = store_map_drop_orphans(store_master_map(h->master));
+    FERRY_INFO("store master %s: dropped the restored segments no client registered again, and "
+               "%zu object(s) with them",
+               h->address, gone);
+  }
 }
 
 /* Waits ms or until stopped; 1 when stopping. h->lock held. */
@@ -100,16 +250,7 @@ static void *ha_main(void *arg) {
     else if (!h->leading)
       campaign(h);
     else {
-      uint64_t until = 0;
-      ferry_status st = ferry_election_keep(h->election, &until);
-      if (st == FERRY_OK)
-        fence_at(h, until);
-      else if (st == FERRY_ENOTFOUND)
-        demote(h), h->reported = 0;
-      else if (!unreachable)
-        FERRY_WARN("store master %s: cannot renew the lead's lease: %s (serving until it ends)",
-                   h->address, ferry_last_error());
-      unreachable = st != FERRY_OK && st != FERRY_ENOTFOUND;
+      keep_lead(h, &unreachable);
     }
     pthread_mutex_lock(&h->lock);
   }
@@ -130,6 +271,7 @@ ferry_status store_ha_start(const store_master_config *cfg, const char *connstri
   h->ttl_s = ttl_s ? ttl_s : STORE_HA_TTL_S;
   h->margin_ns = h->ttl_s * 100000000ull; /* a tenth of the lease */
   leader_key(cfg->cluster_id, h->key, sizeof h->key);
+  cluster_key(cfg->cluster_id, "", h->prefix, sizeof h->prefix);
   pthread_mutex_init(&h->lock, NULL);
   pthread_condattr_t attr;
   pthread_condattr_init(&attr);
@@ -174,8 +316,10 @@ void store_ha_stop(store_ha *h) {
   pthread_mutex_unlock(&h->lock);
   if (h->started)
     pthread_join(h->thread, NULL);
-  if (h->master)
+  if (h->master) {
     store_master_serve_until(h->master, 0); /* serve nothing once the key may be another's */
+    store_map_set_journal(store_master_map(h->master), NULL); /* the next leader restores it */
+  }
   if (h->election && h->leading)
     ferry_election_resign(h->election);
   ferry_election_close(h->election);

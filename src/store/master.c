@@ -296,6 +296,8 @@ ferry_status store_master_start(const store_master_config *cfg, store_master **o
 
 uint16_t store_master_port(const store_master *m) { return m->port; }
 
+store_map *store_master_map(store_master *m) { return m->map; }
+
 void store_master_serve_until(store_master *m, uint64_t until_ns) {
   __atomic_store_n(&m->serve_until_ns, until_ns, __ATOMIC_RELEASE);
 }

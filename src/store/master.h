@@ -41,6 +41,8 @@ uint16_t store_master_port(const store_master *m);
  * its connection ends, and a new client is refused before its handshake.
  * The election (ha.c) moves it on at each renewal of its lease. */
 void store_master_serve_until(store_master *m, uint64_t until_ns);
+/* Its map, for HA's journal and restore (ha.c). */
+struct store_map *store_master_map(store_master *m);
 /* Closes every connection, joins every thread, frees everything. */
 void store_master_stop(store_master *m);
 
