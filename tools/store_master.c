@@ -56,7 +56,8 @@ static void usage(FILE *out) {
           "                           --etcd_endpoints); clients name etcd://HOST:PORT\n"
           "  --ha_lease_ttl=S         the leader's etcd lease, in seconds (default 5)\n"
           "A put that does not fit evicts until it does. The shared secret clients must\n"
-          "prove comes from FERRY_SECRET. With HA, a new leader starts with an empty map.\n"
+          "prove comes from FERRY_SECRET. With HA the leader journals its map in etcd: a\n"
+          "new leader keeps every committed object.\n"
           "Prints \"ready master=HOST:PORT\" once it listens (with HA, then \" leader\" or\n"
           "\" standby\"). Not implemented yet, and refused by name: the client-owned SSD\n"
           "offload (--enable_offload), metrics.\n");

@@ -196,8 +196,8 @@ static void demote(store_ha *h) {
   store_map_set_journal(store_master_map(h->master), NULL); /* its drops are not the next term's */
   h->leading = 0;
   h->orphans_until = 0;
-  FERRY_WARN("store master %s: lost the lead (%s): stopped serving; standing by with an empty map",
-             h->address, ferry_last_error());
+  FERRY_WARN("store master %s: lost the lead (%s): stopped serving; standing by", h->address,
+             ferry_last_error());
   store_master_stop(h->master);
   h->master = NULL;
   ferry_status st = store_master_start(&h->cfg, &h->master);
