@@ -351,6 +351,36 @@ static void an_etcd_url_without_a_leader_is_refused(void **state) {
   ferry_engine_destroy(c.engine);
 }
 
+/* A commit the journal did not take is refused: with etcd killed, a put
+ * whose PUT_END cannot be journaled fails (FERRY_EMETADATA) and commits
+ * nothing, so no failover can lose an object the client was told is
+ * stored. Once etcd is back (same data), the leader renews its lease and
+ * serves again: the put goes through. */
+static void a_commit_etcd_did_not_take_is_refused(void **state) {
+  (void)state;
+  use_cluster("ha-journal");
+  master_proc a;
+  master_start(&a, "leader");
+  client c;
+  if (client_open(&c, client_url) != FERRY_OK)
+    fail_msg("ferry_store_open(%s): %s", client_url, ferry_last_error());
+  test_store_kill(&etcd, 0); /* its lease still holds for a moment: the leader serves */
+  ferry_status st = put_value(c.store, 1);
+  print_message("put with etcd down: %s\n", ferry_last_error());
+  assert_int_not_equal(st, FERRY_OK);
+  assert_int_equal(test_store_restart(&etcd, 0, 0), 0);
+  double end = test_now_s() + FAILOVER_MS / 1000.0;
+  while ((st = put_value(c.store, 2)) != FERRY_OK && test_now_s() < end)
+    poll(NULL, 0, 20); /* until the leader renewed its lease */
+  assert_int_equal(st, FERRY_OK);
+  char key[32];
+  key_of(1, key, sizeof key);
+  assert_int_equal(ferry_store_exists(c.store, key), FERRY_ENOTFOUND);
+  check_value(c.store, 2);
+  client_close(&c);
+  master_stop(&a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_client_follows_a_failover_mid_workload),
@@ -358,6 +388,7 @@ int main(void) {
       cmocka_unit_test(a_stalled_leader_serves_nothing_when_it_wakes),
       cmocka_unit_test(a_leader_that_stops_hands_over_at_once),
       cmocka_unit_test(an_etcd_url_without_a_leader_is_refused),
+      cmocka_unit_test(a_commit_etcd_did_not_take_is_refused),
   };
   const char *only = getenv("FERRY_TEST_FILTER");
   if (only && *only)
