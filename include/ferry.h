@@ -919,7 +919,9 @@ typedef struct ferry_store ferry_store;
 
 typedef struct ferry_store_config {
   size_t size;              /* sizeof, set by ferry_store_config_init */
-  const char *master;       /* the master's "host:port" (required) */
+  const char *master;       /* the master's "host:port" (required), or with HA
+                               (masters run with --enable_ha) "etcd://HOST:PORT[;HOST:PORT...]":
+                               the leader is read from etcd at each (re)connect */
   size_t segment_size;      /* bytes this client contributes to the pool (0: none) */
   size_t local_buffer_size; /* registered staging for put/get of memory that is not
                                registered (0: 16 MiB); a larger value takes a
@@ -934,7 +936,9 @@ void ferry_store_config_init_size(ferry_store_config *cfg, size_t size);
  * (ferry_memory_alloc) and mounts it under the engine's name. The engine
  * must outlive the store. FERRY_ESOCKET / FERRY_ETIMEDOUT naming the master
  * when it does not answer, FERRY_EAUTH on a secret mismatch, FERRY_EVERSION
- * for a master of another store protocol. */
+ * for a master of another store protocol, FERRY_EBUSY from a standby master
+ * (HA: not the leader); with "etcd://", FERRY_ENOTFOUND when no master leads
+ * and FERRY_EMETADATA when etcd cannot be read. */
 ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cfg,
                               ferry_store **out);
 /* Closes the connection (the master drops the segment and the objects that

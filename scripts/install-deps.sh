@@ -17,6 +17,7 @@ packages=(
   python3 python3-dev python3-setuptools python3-pytest python3-numpy
   python3-pip python3-wheel python3-venv # the wheel, built offline and installed into a fresh venv
   python3-grpcio python3-zmq            # control planes of the examples/epd handoff tests
+  python3-torch                         # tensors through ferry, nixl and the drop-in (CPU torch)
   iperf3 iproute2 procps                # baselines and network-namespace tests
 )
 

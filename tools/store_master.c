@@ -3,7 +3,8 @@
  * or SIGTERM. It takes Mooncake's flag spelling (--flag=value or --flag
  * value) for what it implements and refuses, by name, every other flag
  * Mooncake's master has, rather than run without what was asked. It prints
- * one line "ready master=HOST:PORT" once it listens. */
+ * one line "ready master=HOST:PORT" once it listens; with --enable_ha (an
+ * election on etcd, src/store/ha.h) " leader" or " standby" follows. */
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -13,14 +14,11 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "store/ha.h"
 #include "store/master.h"
 
 /* Mooncake's flags this master does not implement yet (issue 33). */
 static const char *const not_yet[] = {
-    "enable_ha",
-    "ha_backend_type",
-    "ha_backend_connstring",
-    "etcd_endpoints",
     "enable_offload",
     "allow_evict_soft_pinned_objects",
     "enable_metric_reporting",
@@ -49,15 +47,24 @@ static void usage(FILE *out) {
           "  --root_fs_dir=DIR        the SSD tier: each put also writes its value to a file in\n"
           "                           DIR/CLUSTER_ID, and an evicted object stays there, read\n"
           "                           back on a get (DIR: the same path on every client's host)\n"
-          "  --cluster_id=ID          the directory in DIR (default mooncake_cluster)\n"
+          "  --cluster_id=ID          the directory in DIR (default mooncake_cluster); with HA\n"
+          "                           also the etcd key mooncake-store/ID/master_view\n"
+          "  --enable_ha              elect a leader among masters through etcd: the leader\n"
+          "                           serves, the others stand by and take over when it goes\n"
+          "  --ha_backend_type=etcd   the election's store (etcd only)\n"
+          "  --ha_backend_connstring=HOST:PORT[;HOST:PORT...]  its members (also\n"
+          "                           --etcd_endpoints); clients name etcd://HOST:PORT\n"
+          "  --ha_lease_ttl=S         the leader's etcd lease, in seconds (default 5)\n"
           "A put that does not fit evicts until it does. The shared secret clients must\n"
-          "prove comes from FERRY_SECRET.\n"
-          "Prints \"ready master=HOST:PORT\" once it listens. Not implemented yet, and refused\n"
-          "by name: HA (--enable_ha ...), the client-owned SSD offload (--enable_offload),\n"
-          "metrics.\n");
+          "prove comes from FERRY_SECRET. With HA the leader journals its map in etcd: a\n"
+          "new leader keeps every committed object.\n"
+          "Prints \"ready master=HOST:PORT\" once it listens (with HA, then \" leader\" or\n"
+          "\" standby\"). Not implemented yet, and refused by name: the client-owned SSD\n"
+          "offload (--enable_offload), metrics.\n");
 }
 
-/* "--name=value" or "--name value": *name and *value (NULL when absent). */
+/* "--name=value" or "--name value": *name and *value (NULL when absent).
+ * A boolean flag takes its value only after '='. */
 static int split_flag(int argc, char **argv, int *i, char *name, size_t size, const char **value) {
   const char *arg = argv[*i];
   if (strncmp(arg, "--", 2) != 0)
@@ -69,7 +76,8 @@ static int split_flag(int argc, char **argv, int *i, char *name, size_t size, co
     return -1;
   memcpy(name, arg, len);
   name[len] = '\0';
-  *value = eq ? eq + 1 : (*i + 1 < argc ? argv[++*i] : NULL);
+  int boolean = !strcmp(name, "enable_ha");
+  *value = eq ? eq + 1 : (!boolean && *i + 1 < argc ? argv[++*i] : NULL);
   return 0;
 }
 
@@ -95,6 +103,35 @@ static int parse_ratio(const char *flag, const char *value, double *out) {
   }
   *out = v;
   return 0;
+}
+
+/* --enable_ha's flags (Mooncake's names). */
+typedef struct ha_flags {
+  int enable;
+  const char *connstring;
+  uint32_t ttl_s;
+} ha_flags;
+
+static int parse_ha_flag(ha_flags *ha, const char *name, const char *value) {
+  if (!strcmp(name, "enable_ha")) {
+    ha->enable = !value || !strcmp(value, "true") || !strcmp(value, "1");
+    return !value || ha->enable || !strcmp(value, "false") || !strcmp(value, "0") ? 0 : -1;
+  }
+  if (!strcmp(name, "ha_backend_type")) {
+    if (value && !strcmp(value, "etcd"))
+      return 0;
+    fprintf(stderr, "store-master: --ha_backend_type=%s: ferry's master elects through etcd only\n",
+            value ? value : "");
+    return -1;
+  }
+  if (!strcmp(name, "ha_backend_connstring") || !strcmp(name, "etcd_endpoints")) {
+    if (value && *value && (!ha->connstring || !strcmp(name, "ha_backend_connstring")))
+      ha->connstring = value; /* Mooncake: etcd_endpoints is the fallback */
+    return value ? 0 : -1;
+  }
+  if (!strcmp(name, "ha_lease_ttl"))
+    return parse_positive(name, value, 1, &ha->ttl_s);
+  return 1; /* not an HA flag */
 }
 
 static int parse_flag(store_master_config *cfg, const char *name, const char *value) {
@@ -146,8 +183,33 @@ static int parse_flag(store_master_config *cfg, const char *name, const char *va
   return -1;
 }
 
+/* Serves until SIGINT or SIGTERM (blocked in every thread: sigwait takes it). */
+static int serve(const store_master_config *cfg, const ha_flags *ha, const sigset_t *stop) {
+  store_master *m = NULL;
+  store_ha *h = NULL;
+  int leading = 0;
+  ferry_status st = ha->enable ? store_ha_start(cfg, ha->connstring, ha->ttl_s, &h, &leading)
+                               : store_master_start(cfg, &m);
+  if (st != FERRY_OK) {
+    fprintf(stderr, "store-master: %s\n", ferry_last_error());
+    return 1;
+  }
+  if (h)
+    printf("ready master=%s %s\n", store_ha_address(h), leading ? "leader" : "standby");
+  else
+    printf("ready master=%s:%u\n", cfg->host ? cfg->host : "127.0.0.1", store_master_port(m));
+  fflush(stdout);
+  int sig;
+  while (sigwait(stop, &sig) != 0) {
+  }
+  store_ha_stop(h);
+  store_master_stop(m);
+  return 0;
+}
+
 int ferry_cmd_store_master(int argc, char **argv) {
   store_master_config cfg = {.port = 50051};
+  ha_flags ha = {0};
   for (int i = 1; i < argc; i++) {
     char name[64];
     const char *value;
@@ -159,8 +221,13 @@ int ferry_cmd_store_master(int argc, char **argv) {
       fprintf(stderr, "store-master: unexpected argument \"%s\" (see --help)\n", argv[i]);
       return 2;
     }
-    if (parse_flag(&cfg, name, value) != 0)
+    int ha_flag = parse_ha_flag(&ha, name, value);
+    if (ha_flag < 0 || (ha_flag > 0 && parse_flag(&cfg, name, value) != 0))
       return 2;
+  }
+  if (ha.enable && !ha.connstring) {
+    fprintf(stderr, "store-master: --enable_ha needs --ha_backend_connstring=HOST:PORT (etcd)\n");
+    return 2;
   }
   cfg.secret = getenv("FERRY_SECRET");
   sigset_t stop;
@@ -168,16 +235,5 @@ int ferry_cmd_store_master(int argc, char **argv) {
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, NULL); /* before the master's threads start */
-  store_master *m;
-  if (store_master_start(&cfg, &m) != FERRY_OK) {
-    fprintf(stderr, "store-master: %s\n", ferry_last_error());
-    return 1;
-  }
-  printf("ready master=%s:%u\n", cfg.host ? cfg.host : "127.0.0.1", store_master_port(m));
-  fflush(stdout);
-  int sig;
-  while (sigwait(&stop, &sig) != 0) {
-  }
-  store_master_stop(m);
-  return 0;
+  return serve(&cfg, &ha, &stop);
 }

@@ -22,6 +22,7 @@
 
 #include "backend.h"
 #include "base/error.h"
+#include "etcd.h"
 #include "httpc.h"
 
 #define MAX_ENDPOINTS 16
@@ -328,3 +329,17 @@ ferry_status ferry_metadata_etcd_open(const char *url, const ferry_metadata_opti
   *state = s;
   return FERRY_OK;
 }
+
+/* ---- for election.c (etcd.h) --------------------------------------------- */
+
+ferry_status ferry_etcd_call(void *state, const char *path, json_t *req, json_t **out) {
+  return call(state, path, req, out);
+}
+
+json_t *ferry_etcd_key_request(const char *key, const char *value, long long lease) {
+  return key_request(key, value, lease);
+}
+
+long long ferry_etcd_int64(const json_t *obj, const char *name) { return int64_field(obj, name); }
+
+char *ferry_etcd_b64_decode(const char *in) { return b64_decode(in); }

@@ -362,7 +362,13 @@ static ferry_status put_end(ferry_store *s, uint64_t conn, item *items, size_t c
     if (!started[i])
       continue;
     ferry_status end = (ferry_status)(int32_t)store_get_u32(&r);
-    if (end && items[i].status == FERRY_OK) /* revoked meanwhile: a replica's segment left */
+    if (end == FERRY_EMETADATA && items[i].status == FERRY_OK) /* HA: etcd did not take it */
+      item_failed(o, items, i,
+                  ferry_fail(end,
+                             "put \"%s\": store master %s could not journal its commit to etcd "
+                             "(HA); nothing is committed",
+                             items[i].key, s->master));
+    else if (end && items[i].status == FERRY_OK) /* revoked meanwhile: a replica's segment left */
       item_failed(o, items, i,
                   ferry_fail(end,
                              "put \"%s\": revoked by store master %s before its end (a "

@@ -9,12 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "net/auth.h"
+#include "store/ha.h"
 #include "store/handshake.h"
 
 #define DEFAULT_STAGING (16u << 20)
@@ -107,7 +109,12 @@ static void log_rejoin(ferry_store *s, uint64_t master_id) {
   char segment[64] = "without a segment";
   if (s->segment_size)
     snprintf(segment, sizeof segment, "with its segment of %zu bytes, empty", s->segment_size);
-  if (s->master_id && master_id != s->master_id)
+  if (s->ha_url && s->master_id && master_id != s->master_id)
+    FERRY_WARN("store: followed the store's leader to %s (found at %s): %s rejoined it with its "
+               "segment; the objects committed before the failover stay (the leaders' journal in "
+               "etcd), puts that were in flight were dropped",
+               s->leader, s->ha_url, name);
+  else if (s->master_id && master_id != s->master_id)
     FERRY_WARN("store: master %s restarted (a new instance): the objects stored before are gone "
                "(without HA the master keeps them in its memory only); %s rejoined it %s",
                s->master, name, segment);
@@ -123,13 +130,20 @@ static void log_rejoin(ferry_store *s, uint64_t master_id) {
 static ferry_status join_master(ferry_store *s) {
   char host[FERRY_HOST_MAX];
   uint16_t port;
-  ferry_status st = ferry_net_parse_target(s->master, host, &port);
+  ferry_status st = FERRY_OK;
+  const char *target = s->master;
+  if (s->ha_url) { /* HA: the leader may have moved since */
+    st = store_ha_find_leader(s->ha_url, s->leader, sizeof s->leader);
+    target = s->leader;
+  }
+  if (!st)
+    st = ferry_net_parse_target(target, host, &port);
   uint64_t deadline = ferry_now_ns() + s->timeout_ms * 1000000ull;
   if (!st)
     st = ferry_net_connect(host, port, deadline, &s->fd);
   if (st)
     return st;
-  ferry_sock_init(&s->sock, s->fd, s->master);
+  ferry_sock_init(&s->sock, s->fd, target);
   ferry_sock_set_deadline(&s->sock, deadline);
   store_identity self = {ferry_random_u64(), ferry_engine_name(s->engine), s->secret};
   uint64_t master_id = 0;
@@ -262,6 +276,9 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
   s->engine = engine;
   s->fd = -1;
   snprintf(s->master, sizeof s->master, "%s", cfg->master);
+  if (!strncasecmp(cfg->master, STORE_HA_SCHEME, strlen(STORE_HA_SCHEME)) &&
+      !(s->ha_url = strdup(cfg->master)))
+    st = ferry_fail(FERRY_ENOMEM, "ferry_store_open: out of memory");
   s->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 10000;
   s->segment_size = cfg->segment_size;
   s->staging_size = cfg->local_buffer_size ? cfg->local_buffer_size : DEFAULT_STAGING;
@@ -274,7 +291,7 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
   pthread_cond_init(&s->ping_cond, &attr);
   pthread_condattr_destroy(&attr);
   const char *secret = cfg->secret ? cfg->secret : getenv("FERRY_SECRET");
-  if (secret && *secret && !(s->secret = strdup(secret)))
+  if (!st && secret && *secret && !(s->secret = strdup(secret)))
     st = ferry_fail(FERRY_ENOMEM, "ferry_store_open: out of memory");
   if (!st && s->segment_size)
     st = ferry_memory_alloc(engine, s->segment_size, &s->segment);
@@ -321,6 +338,7 @@ void ferry_store_close(ferry_store *s) {
   pthread_mutex_destroy(&s->staging_lock);
   pthread_mutex_destroy(&s->lock);
   free(s->secret);
+  free(s->ha_url);
   free(s);
 }
 

@@ -15,7 +15,9 @@
 
 struct ferry_store {
   ferry_engine *engine;
-  char master[FERRY_HOST_MAX + 8];
+  char master[FERRY_HOST_MAX + 8]; /* as given: messages name it (never rewritten) */
+  char *ha_url;                    /* HA: "etcd://..." where the leader is found (NULL: none) */
+  char leader[FERRY_HOST_MAX + 8]; /* HA: the leader found at the last connect (under lock) */
   uint32_t timeout_ms;
   char *secret; /* proven again at each reconnect (NULL: none) */
   /* The master connection: one request at a time, and the reconnects. */

@@ -100,6 +100,40 @@ uint64_t store_extents_free(store_extents *x, uint64_t offset, uint64_t length) 
   return len;
 }
 
+int store_extents_take(store_extents *x, uint64_t offset, uint64_t length) {
+  uint64_t need = store_extents_round(length ? length : 1);
+  size_t i = position(x, offset + 1); /* past the extent that may hold offset */
+  if (i == 0 || offset % STORE_GRANULE || offset + need < offset)
+    return -1;
+  store_extent *e = &x->free[i - 1];
+  uint64_t end = e->offset + e->length;
+  if (offset < e->offset || offset + need > end)
+    return -1;
+  if (offset > e->offset && offset + need < end) { /* a hole in the middle: one extent more */
+    if (x->count == x->cap) {
+      store_extent *grown = realloc(x->free, x->cap * 2 * sizeof *grown);
+      if (!grown)
+        return -1;
+      x->free = grown;
+      x->cap *= 2;
+      e = &x->free[i - 1];
+    }
+    memmove(&x->free[i + 1], &x->free[i], (x->count - i) * sizeof *x->free);
+    x->count++;
+    x->free[i] = (store_extent){offset + need, end - offset - need};
+    e->length = offset - e->offset;
+  } else if (offset > e->offset) {
+    e->length -= need;
+  } else if (offset + need < end) {
+    e->offset += need;
+    e->length -= need;
+  } else {
+    remove_at(x, i - 1);
+  }
+  x->free_bytes -= need;
+  return 0;
+}
+
 uint64_t store_extents_largest(const store_extents *x) {
   uint64_t largest = 0;
   for (size_t i = 0; i < x->count; i++)

@@ -33,6 +33,10 @@ int store_extents_alloc(store_extents *x, uint64_t length, uint64_t *offset);
  * memory for a new extent (the space is then lost, never handed out
  * twice). */
 uint64_t store_extents_free(store_extents *x, uint64_t offset, uint64_t length);
+/* Takes exactly [offset, offset + length) (length rounded), which must lie
+ * inside one free extent: a new leader restores the replicas its journal
+ * names (HA, ha.c). -1 when it does not, or without memory. */
+int store_extents_take(store_extents *x, uint64_t offset, uint64_t length);
 /* The largest free extent, for the "pool full" message. */
 uint64_t store_extents_largest(const store_extents *x);
 

@@ -92,6 +92,7 @@ struct store_map {
   char *fs_dir;                /* the SSD tier's directory (disk.h); NULL: none */
   object *retired;             /* replaced by an upsert, still leased (chained by next) */
   size_t retired_count;
+  store_journal journal; /* HA (ha.c): its functions NULL when off */
 };
 
 store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
@@ -122,6 +123,41 @@ int store_map_set_disk(store_map *m, const char *dir) {
 }
 
 static char *key_of(object *o) { return (char *)(o->rep + o->room); }
+
+/* ---- the journal (HA) ----------------------------------------------------------------------- */
+
+void store_map_set_journal(store_map *m, const store_journal *journal) {
+  pthread_mutex_lock(&m->lock);
+  m->journal = journal ? *journal : (store_journal){0};
+  pthread_mutex_unlock(&m->lock);
+}
+
+/* o's record: "SIZE PIN ON_DISK N", then " OFFSET HEX(SEGMENT NAME)" per
+ * replica (a name may hold any byte but NUL). 0 when journaled or off. */
+static int journal_object(store_map *m, object *o) {
+  if (!m->journal.object)
+    return 0;
+  size_t cap = 64 + o->replicas * (24 + 2 * STORE_NAME_MAX);
+  char *rec = malloc(cap);
+  if (!rec)
+    return -1;
+  size_t n = (size_t)snprintf(rec, cap, "%llu %u %u %u", (unsigned long long)o->size, o->pin,
+                              o->on_disk, o->replicas);
+  for (unsigned i = 0; i < o->replicas; i++) {
+    n += (size_t)snprintf(rec + n, cap - n, " %llu ", (unsigned long long)o->rep[i].offset);
+    for (const char *c = o->rep[i].seg->name; *c; c++)
+      n += (size_t)snprintf(rec + n, cap - n, "%02x", (uint8_t)*c);
+  }
+  int rc = m->journal.object(m->journal.ctx, key_of(o), o->key_len, rec);
+  free(rec);
+  return rc;
+}
+
+/* A committed object left the map: its record goes (a pending one has none). */
+static void journal_gone(store_map *m, object *o) {
+  if (m->journal.object && !o->writer)
+    m->journal.object(m->journal.ctx, key_of(o), o->key_len, NULL);
+}
 
 /* Gives the replicas' space back; returns the largest free extent that
  * made (what a put waiting for room needs). */
@@ -266,13 +302,16 @@ static void unlist(store_map *m, object *o) {
  * given back when give_back, else their segment is going). */
 static uint64_t to_disk_only(store_map *m, object *o, int give_back) {
   unlist(m, o);
+  uint64_t largest = 0;
   if (give_back)
-    return free_replicas(o);
+    largest = free_replicas(o);
   o->replicas = 0;
-  return 0;
+  journal_object(m, o);
+  return largest;
 }
 
-/* Takes *at out of the table and off its list. */
+/* Takes *at out of the table and off its list (its journal record stays:
+ * an upsert's retire leaves the new value's there). */
 static object *detach(store_map *m, object **at) {
   object *o = *at;
   unlist(m, o);
@@ -293,6 +332,7 @@ static uint64_t free_object(object *o) {
  * put's too: its writer may have written it) and frees it; returns
  * free_object's largest extent. */
 static uint64_t unlink_object(store_map *m, object **at) {
+  journal_gone(m, *at);
   object *o = detach(m, at);
   if (m->fs_dir && (o->on_disk || o->writer))
     store_disk_remove(m->fs_dir, key_of(o), o->key_len);
@@ -338,6 +378,7 @@ static ferry_status drop_file(store_map *m, object **at) {
   else if (m->fs_dir) {
     store_disk_remove(m->fs_dir, key_of(*at), (*at)->key_len);
     (*at)->on_disk = 0;
+    journal_object(m, *at);
   }
   return FERRY_OK;
 }
@@ -454,6 +495,31 @@ static segment *find_segment(store_map *m, const char *name, size_t len) {
   return NULL;
 }
 
+static segment *mount(store_map *m, uint64_t client, const char *name, size_t name_len,
+                      uint64_t base, uint64_t length) {
+  segment *s = calloc(1, sizeof *s);
+  if (!s || store_extents_init(&s->space, length) != 0) {
+    free(s);
+    return NULL;
+  }
+  s->client = client;
+  memcpy(s->name, name, name_len);
+  s->base = base;
+  s->size = length;
+  s->next = m->segments;
+  m->segments = s;
+  return s;
+}
+
+/* s's record, "BASE SIZE"; NULL record: it left. */
+static int journal_segment(store_map *m, segment *s) {
+  if (!m->journal.segment)
+    return 0;
+  char rec[48];
+  snprintf(rec, sizeof rec, "%llu %llu", (unsigned long long)s->base, (unsigned long long)s->size);
+  return m->journal.segment(m->journal.ctx, s->name, rec);
+}
+
 static ferry_status serve_register(store_map *m, uint64_t client, store_reader *r,
                                    store_writer *reply, char *why, size_t size) {
   uint16_t version = store_get_u16(r);
@@ -474,21 +540,25 @@ static ferry_status serve_register(store_map *m, uint64_t client, store_reader *
                       "around",
                       (unsigned long long)length, (unsigned long long)base),
              FERRY_EINVAL;
-    if (find_segment(m, name, name_len))
+    segment *s = find_segment(m, name, name_len);
+    if (s && s->client & STORE_ORPHAN && s->base == base && s->size == length)
+      s->client = client; /* HA: the segment the journal named, back with its objects */
+    else if (s)
       return snprintf(why, size, "segment %.*s is mounted already, by another client",
                       (int)name_len, name),
              FERRY_EBUSY;
-    segment *s = calloc(1, sizeof *s);
-    if (!s || store_extents_init(&s->space, length) != 0) {
-      free(s);
+    else if (!(s = mount(m, client, name, name_len, base, length)))
       return snprintf(why, size, "master out of memory"), FERRY_ENOMEM;
+    else if (journal_segment(m, s) != 0) {
+      m->segments = s->next;
+      store_extents_destroy(&s->space);
+      free(s);
+      return snprintf(why, size,
+                      "cannot journal segment %.*s (HA): its objects would not "
+                      "outlive this master",
+                      (int)name_len, name),
+             FERRY_EMETADATA;
     }
-    s->client = client;
-    memcpy(s->name, name, name_len);
-    s->base = base;
-    s->size = length;
-    s->next = m->segments;
-    m->segments = s;
   }
   store_put_u32(reply, m->lease_ms);
   store_put_u32(reply, m->ping_ms);
@@ -687,11 +757,15 @@ static ferry_status end_one(store_map *m, uint64_t client, const char *key, size
     return FERRY_OK;
   }
   object *o = *at;
+  o->on_disk = m->fs_dir && on_disk;
+  if (journal_object(m, o) != 0) { /* HA: a commit a new leader would not know */
+    unlink_object(m, at);          /* (an upsert's old value stays, and its record) */
+    return FERRY_EMETADATA;
+  }
   uint64_t now = ferry_now_ns();
   object **old = find(m, key, len, COMMITTED);
   if (old)
-    retire(m, old, now); /* before the commit: find() must tell them apart */
-  o->on_disk = m->fs_dir && on_disk;
+    retire(m, old, now); /* before the commit: find() must tell them apart; its record is o's now */
   commit(m, o, now);
   return FERRY_OK;
 }
@@ -789,6 +863,17 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
  * their space back: the segment goes too). Nonzero when o goes: it is the
  * client's own pending put, a pending put that lost a replica, or it has
  * no replica left and no file. One left with its file only stays. */
+/* Drops o's replicas in client's segments (their space is not given
+ * back: the segments go too); returns how many are left. */
+static unsigned keep_off(object *o, uint64_t client) {
+  unsigned kept = 0;
+  for (unsigned i = 0; i < o->replicas; i++)
+    if (o->rep[i].seg->client != client)
+      o->rep[kept++] = o->rep[i];
+  o->replicas = (uint8_t)kept;
+  return kept;
+}
+
 static int loses_client(store_map *m, object *o, uint64_t client) {
   if (o->writer == client)
     return 1;
@@ -803,11 +888,9 @@ static int loses_client(store_map *m, object *o, uint64_t client) {
     to_disk_only(m, o, 0);
     return 0;
   }
-  kept = 0;
-  for (unsigned i = 0; i < o->replicas; i++)
-    if (o->rep[i].seg->client != client)
-      o->rep[kept++] = o->rep[i];
-  o->replicas = (uint8_t)kept;
+  keep_off(o, client);
+  if (!o->writer)
+    journal_object(m, o);
   return 0;
 }
 
@@ -825,7 +908,7 @@ size_t store_map_drop_client(store_map *m, uint64_t client) {
     }
   for (object **at = &m->retired; *at;) {
     object *o = *at;
-    if (loses_client(m, o, client)) { /* none left in other segments (and no file) */
+    if (keep_off(o, client) == 0) { /* retired: on no list, no record, no file */
       *at = o->next;
       m->retired_count--;
       free_object(o);
@@ -837,6 +920,8 @@ size_t store_map_drop_client(store_map *m, uint64_t client) {
     segment *s = *at;
     if (s->client == client) {
       *at = s->next;
+      if (m->journal.segment)
+        m->journal.segment(m->journal.ctx, s->name, NULL);
       store_extents_destroy(&s->space);
       free(s);
     } else {
@@ -845,4 +930,98 @@ size_t store_map_drop_client(store_map *m, uint64_t client) {
   }
   pthread_mutex_unlock(&m->lock);
   return dropped;
+}
+
+/* ---- a new leader's restore (HA) ------------------------------------------------------------ */
+
+int store_map_restore_segment(store_map *m, uint64_t orphan, const char *name, const char *record) {
+  unsigned long long base, size;
+  size_t len = strlen(name);
+  if (sscanf(record, "%llu %llu", &base, &size) != 2 || !len || len > STORE_NAME_MAX)
+    return -1;
+  pthread_mutex_lock(&m->lock);
+  int rc = find_segment(m, name, len) || !mount(m, orphan, name, len, base, size) ? -1 : 0;
+  pthread_mutex_unlock(&m->lock);
+  return rc;
+}
+
+/* One " OFFSET HEXNAME" of a record: its segment and offset; NULL when bad. */
+static const char *restore_replica(store_map *m, const char *p, replica *out) {
+  unsigned long long offset;
+  int used = 0;
+  char name[STORE_NAME_MAX + 1];
+  size_t n = 0;
+  if (sscanf(p, " %llu %n", &offset, &used) != 1)
+    return NULL;
+  for (p += used; n < STORE_NAME_MAX && sscanf(p, "%2hhx", (unsigned char *)&name[n]) == 1; p += 2)
+    n++;
+  name[n] = '\0';
+  out->seg = find_segment(m, name, n);
+  out->offset = offset;
+  return out->seg ? p : NULL;
+}
+
+int store_map_restore_object(store_map *m, const char *key, size_t len, const char *record) {
+  unsigned long long size;
+  unsigned pin, on_disk, count;
+  int used = 0;
+  if (sscanf(record, "%llu %u %u %u%n", &size, &pin, &on_disk, &count, &used) != 4 || !size ||
+      pin > FERRY_STORE_PIN_HARD || count > STORE_REPLICAS_MAX || !len || len > STORE_KEY_MAX)
+    return -1;
+  object *o = calloc(1, sizeof *o + count * sizeof(replica) + len);
+  if (!o)
+    return -1;
+  o->hash = hash_key(key, len);
+  o->size = size;
+  o->pin = (uint8_t)pin;
+  o->on_disk = on_disk && m->fs_dir;
+  o->room = (uint8_t)count;
+  o->key_len = (uint16_t)len;
+  memcpy(key_of(o), key, len);
+  pthread_mutex_lock(&m->lock);
+  const char *p = record + used;
+  int rc = find(m, key, len, COMMITTED) ? -1 : 0;
+  for (unsigned i = 0; !rc && i < count; i++) {
+    replica rp;
+    p = restore_replica(m, p, &rp);
+    if (!p || store_extents_take(&rp.seg->space, rp.offset, o->size) != 0)
+      rc = -1;
+    else
+      o->rep[o->replicas++] = rp;
+  }
+  if (!rc && !o->replicas && !o->on_disk)
+    rc = -1;
+  if (rc) {
+    free_replicas(o);
+    free(o);
+  } else {
+    object **bucket = bucket_of(m, o->hash);
+    o->next = *bucket;
+    *bucket = o;
+    m->objects++;
+    o->used_ns = ferry_now_ns();
+    lru *l = list_of(m, o);
+    if (l)
+      lru_append(l, o);
+    else if (o->replicas)
+      m->hard_pinned++;
+    grow(m);
+  }
+  pthread_mutex_unlock(&m->lock);
+  return rc;
+}
+
+size_t store_map_drop_orphans(store_map *m) {
+  size_t dropped = 0;
+  for (;;) {
+    uint64_t orphan = 0;
+    pthread_mutex_lock(&m->lock);
+    for (segment *s = m->segments; s && !orphan; s = s->next)
+      if (s->client & STORE_ORPHAN)
+        orphan = s->client;
+    pthread_mutex_unlock(&m->lock);
+    if (!orphan)
+      return dropped;
+    dropped += store_map_drop_client(m, orphan);
+  }
 }

@@ -38,6 +38,33 @@ void store_map_destroy(store_map *m);
  * before the first request. -1 without memory. */
 int store_map_set_disk(store_map *m, const char *dir);
 
+/* The journal (HA, ha.c; docs/store.md "High availability"): told every
+ * change a new leader must not lose, under the map's lock, before the
+ * request is answered. object: key's record (NULL: the object left);
+ * segment: a mounted segment's record (NULL: it left). A record is one
+ * line that store_map_restore_* read back. Each returns 0, or -1 when the
+ * change is not journaled: a commit or a REGISTER is then refused (the
+ * put fails, nothing is committed); a removal goes on (its record stays
+ * behind, and a new leader restores an object that was removed). */
+typedef struct store_journal {
+  void *ctx;
+  int (*object)(void *ctx, const char *key, size_t len, const char *record);
+  int (*segment)(void *ctx, const char *name, const char *record);
+} store_journal;
+/* NULL turns it off (before a master that lost the lead drops everything). */
+void store_map_set_journal(store_map *m, const store_journal *journal);
+/* A new leader, before it serves: a journaled segment, mounted as an
+ * orphan (owned by `orphan`, an id no connection has: ha.c draws them
+ * from STORE_ORPHAN) until a client registers the same name, address and
+ * length and adopts it; then a journaled object, its replicas taking their
+ * exact extents. -1 for a record that does not parse or does not fit
+ * (logged by the caller, skipped). */
+#define STORE_ORPHAN (1ull << 63)
+int store_map_restore_segment(store_map *m, uint64_t orphan, const char *name, const char *record);
+int store_map_restore_object(store_map *m, const char *key, size_t len, const char *record);
+/* Drops the orphans nobody adopted (as dead clients: their objects go,
+ * their records too); how many objects went. */
+size_t store_map_drop_orphans(store_map *m);
 /* Answers one request of `client` (REGISTER included: it mounts the
  * segment the body names). The reply's entries go to reply; a request the
  * master refuses whole returns its status with the reason in why (the

@@ -60,7 +60,16 @@ struct store_master {
   uint64_t client_ttl_ns;
   uint64_t instance_id;
   char *secret;
+  int fenced;              /* HA: serves only before serve_until_ns */
+  uint64_t serve_until_ns; /* atomic */
 };
+
+#define NOT_LEADER "this master is not the leader (HA): the next call finds the leader"
+
+/* An unfenced master always serves; a fenced one while its lease holds. */
+static int serving(store_master *m) {
+  return !m->fenced || ferry_now_ns() < __atomic_load_n(&m->serve_until_ns, __ATOMIC_ACQUIRE);
+}
 
 /* ---- one client ----------------------------------------------------------------------------- */
 
@@ -83,6 +92,11 @@ static ferry_status serve_request(client *c, int *registered) {
   uint8_t op = store_get_u8(&r);
   store_writer reply = {0};
   char why[FERRY_WIRE_MAX_REASON] = "";
+  if (!serving(c->master)) { /* the lease may be another's by now: serve nothing */
+    free(body);
+    refusal(c, FERRY_EBUSY, NOT_LEADER);
+    return ferry_fail(FERRY_EBUSY, NOT_LEADER);
+  }
   if (h.type != FERRY_FRAME_STORE || (op == STORE_REGISTER) == *registered) {
     st = FERRY_EPROTO;
     snprintf(why, sizeof why, "%s",
@@ -129,12 +143,11 @@ static void *client_main(void *arg) {
 
 /* ---- the listener --------------------------------------------------------------------------- */
 
-/* Past max_clients, the connection gets a HELLO_REPLY refusing it with
+/* Past max_clients (or at a fenced master past its lease), the connection
+ * gets a HELLO_REPLY refusing it with
  * FERRY_EBUSY and the reason, from the listener (no thread for it), and is
  * closed: its client reads why. */
-static void refuse_client(store_master *m, int fd, const char *peer) {
-  char why[FERRY_WIRE_MAX_REASON];
-  snprintf(why, sizeof why, "%u clients connected, the limit (--max_clients)", m->max_clients);
+static void refuse_client(int fd, const char *peer, const char *why) {
   FERRY_WARN("store master: refused client %s: %s", peer, why);
   ferry_sock sock;
   ferry_sock_init(&sock, fd, peer);
@@ -158,8 +171,10 @@ static void accept_client(store_master *m) {
   pthread_mutex_lock(&m->lock);
   int full = m->client_count >= m->max_clients;
   pthread_mutex_unlock(&m->lock);
-  if (full) {
-    refuse_client(m, fd, peer);
+  char why[FERRY_WIRE_MAX_REASON];
+  snprintf(why, sizeof why, "%u clients connected, the limit (--max_clients)", m->max_clients);
+  if (full || !serving(m)) {
+    refuse_client(fd, peer, full ? why : NOT_LEADER);
     return;
   }
   client *c = calloc(1, sizeof *c);
@@ -250,6 +265,7 @@ ferry_status store_master_start(const store_master_config *cfg, store_master **o
   m->client_ttl_ns = client_ttl_ms * 1000000ull;
   m->max_clients = cfg->max_clients ? cfg->max_clients : MAX_CLIENTS;
   m->instance_id = ferry_random_u64();
+  m->fenced = cfg->fenced;
   m->listen_fd = m->wake[0] = m->wake[1] = -1;
   store_eviction eviction = {
       cfg->eviction_high_watermark_ratio > 0 ? cfg->eviction_high_watermark_ratio : 0.95,
@@ -279,6 +295,12 @@ ferry_status store_master_start(const store_master_config *cfg, store_master **o
 }
 
 uint16_t store_master_port(const store_master *m) { return m->port; }
+
+store_map *store_master_map(store_master *m) { return m->map; }
+
+void store_master_serve_until(store_master *m, uint64_t until_ns) {
+  __atomic_store_n(&m->serve_until_ns, until_ns, __ATOMIC_RELEASE);
+}
 
 void store_master_stop(store_master *m) {
   if (!m)

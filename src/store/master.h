@@ -24,6 +24,9 @@ typedef struct store_master_config {
   /* The SSD tier (disk.h), Mooncake's flags: files in <root_fs_dir>/<cluster_id>. */
   const char *root_fs_dir; /* NULL: none (evicted objects are dropped) */
   const char *cluster_id;  /* NULL: "mooncake_cluster" */
+  /* HA (ha.h): the master starts fenced, serving nothing, and serves only
+   * until the time store_master_serve_until last set. */
+  int fenced;
 } store_master_config;
 
 typedef struct store_master store_master;
@@ -33,6 +36,13 @@ typedef struct store_master store_master;
  * the path and the cause when root_fs_dir cannot be used. */
 ferry_status store_master_start(const store_master_config *cfg, store_master **out);
 uint16_t store_master_port(const store_master *m);
+/* A fenced master serves requests (and takes clients) only before until_ns
+ * (monotonic; 0: none): past it, a request is refused with FERRY_EBUSY and
+ * its connection ends, and a new client is refused before its handshake.
+ * The election (ha.c) moves it on at each renewal of its lease. */
+void store_master_serve_until(store_master *m, uint64_t until_ns);
+/* Its map, for HA's journal and restore (ha.c). */
+struct store_map *store_master_map(store_master *m);
 /* Closes every connection, joins every thread, frees everything. */
 void store_master_stop(store_master *m);
 

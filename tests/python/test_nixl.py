@@ -422,6 +422,57 @@ def test_peer_killed_mid_transfer_is_err(agents, peers):
     a.release_xfer_handle(h)
 
 
+def test_prefill_restarted_mid_session(agents, peers):
+    """vLLM's decode outlives a prefill restart: a READ toward the killed
+    prefill reads ERR, its old descriptor lists keep naming the dead engine
+    (ERR, never the new process's memory), and once the new incarnation's
+    metadata is added (same agent name, another engine) fresh lists READ
+    its blocks byte-exact and its notifications free them."""
+    bb, blocks = 4096, 8
+    decode = agents("decode")
+    kv = [np.zeros(blocks * bb, dtype=np.uint8) for _ in range(2)]
+    decode.register_memory([(t.ctypes.data, t.nbytes, 0, "") for t in kv], "DRAM")
+
+    def prep(peer):
+        assert decode.add_remote_agent(peer.metadata) == b"prefill"
+        local = decode.prep_xfer_dlist("", [(t.ctypes.data + b * bb, bb, 0) for t in kv
+                                            for b in range(blocks)], "DRAM")
+        remote = decode.prep_xfer_dlist("prefill", [(base + b * bb, bb, 0)
+                                                    for base in peer.info["regions"]
+                                                    for b in range(blocks)], "DRAM")
+        return local, remote
+
+    def read(peer, lists, req):
+        ids = peer.cmd(cmd="prefill", req=req, blocks=2)["block_ids"]
+        idx = [r * blocks + b for r in range(2) for b in ids]
+        h = decode.make_prepped_xfer("READ", lists[0], idx, lists[1], idx, f"{req}:1".encode())
+        assert decode.transfer(h) in ("PROC", "DONE")
+        return h, ids
+
+    first = peers("--layers", 1, "--blocks", blocks, "--block-bytes", bb, "--transports", "tcp")
+    old = prep(first)
+    h, _ = read(first, old, 1)
+    assert wait_state(decode, h) == "DONE"
+    decode.release_xfer_handle(h)
+    assert poll_until_freed(first, {1}) == {1}
+    os.kill(first.info["pid"], signal.SIGKILL)
+    first.proc.wait(timeout=30)
+
+    second = peers("--layers", 1, "--blocks", blocks, "--block-bytes", bb, "--transports", "tcp")
+    stale = decode.make_prepped_xfer("READ", old[0], [0], old[1], [0])
+    assert decode.transfer(stale) in ("PROC", "ERR")
+    assert wait_state(decode, stale, bound_s=90) == "ERR"  # the dead engine, not the new one
+    decode.release_xfer_handle(stale)
+    new = prep(second)
+    h, ids = read(second, new, 2)
+    assert wait_state(decode, h) == "DONE", decode.get_xfer_error(h)
+    decode.release_xfer_handle(h)
+    for r in range(2):
+        for j, b in enumerate(ids):
+            assert np.array_equal(kv[r][b * bb:(b + 1) * bb], kv_block(2, r, j, bb))
+    assert poll_until_freed(second, {2}) == {2}
+
+
 class CancelSeen:
     """Stands in for an _Xfer's ferry batch to tell the test when
     release_xfer_handle has cancelled it (a barrier, not a sleep)."""
