@@ -233,6 +233,14 @@ int ferry_cmd_store_master(int argc, char **argv) {
     fprintf(stderr, "store-master: --enable_ha needs --ha_backend_connstring=HOST:PORT (etcd)\n");
     return 2;
   }
+  uint32_t soft = cfg.soft_pin_ttl_ms ? cfg.soft_pin_ttl_ms : 30 * 60 * 1000;
+  uint32_t soft_max = cfg.max_soft_pin_ttl_ms ? cfg.max_soft_pin_ttl_ms : 24 * 60 * 60 * 1000;
+  if (soft > soft_max) { /* Mooncake's master refuses it too */
+    fprintf(stderr,
+            "store-master: --default_kv_soft_pin_ttl=%u is above --max_kv_soft_pin_ttl=%u\n", soft,
+            soft_max);
+    return 2;
+  }
   cfg.secret = getenv("FERRY_SECRET");
   sigset_t stop;
   sigemptyset(&stop);

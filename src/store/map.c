@@ -778,12 +778,14 @@ static ferry_status resolve_soft_pin(store_map *m, put_ask *ask, uint8_t ttl_set
              FERRY_EINVAL;
     return FERRY_OK;
   }
-  if (ttl_set && ttl_ms > m->max_soft_pin_ms)
+  if (!ttl_set)
+    ttl_ms = m->soft_pin_ns / 1000000; /* Mooncake checks the default against the limit too */
+  if (ttl_ms > m->max_soft_pin_ms)
     return snprintf(why, size,
                     "soft_pin_ttl_ms %llu is above the master's max_kv_soft_pin_ttl %llu",
                     (unsigned long long)ttl_ms, (unsigned long long)m->max_soft_pin_ms),
            FERRY_EINVAL;
-  ask->soft_ttl_ns = ttl_set ? ttl_ms * 1000000ull : m->soft_pin_ns;
+  ask->soft_ttl_ns = ttl_ms * 1000000ull;
   return FERRY_OK;
 }
 

@@ -971,7 +971,7 @@ static void a_soft_pin_ttl_holds_until_its_deadline(void **state) {
 static void soft_pin_requests_mooncake_refuses(void **state) {
   (void)state;
   rig t;
-  uint8_t *buf = slots_open(&t, "--max_kv_soft_pin_ttl=1000", NULL);
+  uint8_t *buf = slots_open(&t, "--max_kv_soft_pin_ttl=1000", "--default_kv_soft_pin_ttl=1000");
   static const struct {
     int action, ttl_set;
     uint64_t ttl_ms;

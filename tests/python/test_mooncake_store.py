@@ -279,7 +279,8 @@ def test_soft_pin_actions_reach_the_master():
     Mooncake's: ENABLE pins (evicted only once nothing unpinned is left),
     an upsert with PRESERVE keeps the pin, DISABLE drops it; a TTL without
     ENABLE, or above max_kv_soft_pin_ttl, is refused with -600."""
-    proc, addr = start_master("--eviction_high_watermark_ratio=1", "--max_kv_soft_pin_ttl=600000")
+    proc, addr = start_master("--eviction_high_watermark_ratio=1", "--max_kv_soft_pin_ttl=600000",
+                              "--default_kv_soft_pin_ttl=600000")
     store = MooncakeDistributedStore()
     try:
         assert store.setup("127.0.0.1", "P2PHANDSHAKE", 1 * MiB, 1 * MiB, "tcp", "", addr) == 0
@@ -365,7 +366,9 @@ def test_pins_reach_the_master_and_a_full_pool_evicts(caplog):
 
 
 @pytest.mark.parametrize("flag", ["--eviction_ratio=0", "--eviction_high_watermark_ratio=1.5",
-                                  "--eviction_ratio=lots", "--default_kv_soft_pin_ttl=0"])
+                                  "--eviction_ratio=lots", "--default_kv_soft_pin_ttl=0",
+                                  "--max_kv_soft_pin_ttl=0",
+                                  "--max_kv_soft_pin_ttl=1000"])  # below the 30 min default
 def test_eviction_flags_are_checked(flag):
     done = subprocess.run([tool_or_skip(), "store-master", "--port=0", flag],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
