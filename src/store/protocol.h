@@ -26,8 +26,10 @@
  *   replicas:   u8 n | n * (str segment | u64 addr)
  *
  * A PUT_START entry with status 0 and no replicas: the key is stored
- * already, nothing to write. UPSERT_START always places a new value (a
- * stored key's too: its PUT_END replaces the old one); PUT_END ends both.
+ * already, nothing to write. A soft pin the master refuses (a TTL without
+ * ENABLE, one above its maximum) refuses the whole request (FERRY_EINVAL).
+ * UPSERT_START always places a new value (a stored key's too: its PUT_END
+ * replaces the old one); PUT_END ends both.
  * A GET entry with no replicas and "on disk": the object is in its file
  * only (disk.h). DROP_FILE: the caller found the key's file missing or
  * damaged. Everything decoded comes from the network: the reader fails (and
