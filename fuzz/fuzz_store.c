@@ -71,7 +71,10 @@ static void check_reply(uint8_t op, store_reader req, uint32_t count, const stor
   if (starts) {
     store_get_u8(&req);
     store_get_str(&req, &s, &len, STORE_NAME_MAX);
-    store_get_u8(&req);
+    store_get_u8(&req);  /* pin */
+    store_get_u8(&req);  /* soft pin action */
+    store_get_u8(&req);  /* TTL given */
+    store_get_u64(&req); /* soft pin TTL */
   } else if (op == STORE_REGISTER) {
     store_get_u32(&reply);
     FUZZ_CHECK(store_get_u32(&reply) > 0); /* the ping interval */
