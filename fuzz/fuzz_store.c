@@ -71,7 +71,10 @@ static void check_reply(uint8_t op, store_reader req, uint32_t count, const stor
   if (starts) {
     store_get_u8(&req);
     store_get_str(&req, &s, &len, STORE_NAME_MAX);
-    store_get_u8(&req);
+    store_get_u8(&req);  /* pin */
+    store_get_u8(&req);  /* soft pin action */
+    store_get_u8(&req);  /* TTL given */
+    store_get_u64(&req); /* soft pin TTL */
   } else if (op == STORE_REGISTER) {
     store_get_u32(&reply);
     FUZZ_CHECK(store_get_u32(&reply) > 0); /* the ping interval */
@@ -160,7 +163,7 @@ static const char *scratch_dir(void) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ferry_log_set_level(FERRY_LOG_OFF);
-  store_eviction eviction = {0.95, 0.05, 1000};
+  store_eviction eviction = {0.95, 0.05, 1000, 60000};
   store_map *m = store_map_create(1000, 30000, &eviction);
   FUZZ_CHECK(m != NULL && store_map_set_disk(m, scratch_dir()) == 0);
   memset(clients, 0, sizeof clients);

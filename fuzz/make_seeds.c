@@ -312,7 +312,8 @@ static void add_register(buf *b, int client, const char *segment, uint64_t base,
 }
 
 /* op's entries are the keys k0..k(n-1); PUT_START's and UPSERT_START's
- * ask replicas of size bytes each, PUT_END's commit (odd keys with their
+ * ask replicas of size bytes each (client 2's PUT_STARTs a 1 ms soft
+ * pin), PUT_END's commit (odd keys with their
  * file written). */
 static void add_keys(buf *b, int client, uint8_t op, uint8_t n, uint8_t replicas, uint64_t size) {
   store_writer w = {0};
@@ -322,6 +323,11 @@ static void add_keys(buf *b, int client, uint8_t op, uint8_t n, uint8_t replicas
     store_put_u8(&w, replicas);
     store_put_str(&w, "", 0);
     store_put_u8(&w, FERRY_STORE_PIN_NONE);
+    /* Client 2's puts pin softly for 1 ms, and upserts keep that pin. */
+    int enable = client == 2 && op == STORE_PUT_START;
+    store_put_u8(&w, enable ? FERRY_STORE_SOFT_PIN_ENABLE : FERRY_STORE_SOFT_PIN_PRESERVE);
+    store_put_u8(&w, (uint8_t)enable);
+    store_put_u64(&w, enable);
   }
   for (uint8_t i = 0; i < n; i++) {
     char key[8];

@@ -960,16 +960,31 @@ typedef struct ferry_store_replicate {
   unsigned replicas;             /* 1 to 8, each in a different segment (0: 1) */
   const char *preferred_segment; /* the first replica's segment, if it has room; NULL: any */
   int pin;                       /* FERRY_STORE_PIN_*: how eviction treats the object */
+  int soft_pin_action;           /* FERRY_STORE_SOFT_PIN_*: the soft pin's change (0: PRESERVE) */
+  int soft_pin_ttl_set;          /* nonzero: soft_pin_ttl_ms is given (ENABLE only) */
+  uint64_t soft_pin_ttl_ms;      /* ENABLE's pin lasts this long from the commit */
 } ferry_store_replicate;
 void ferry_store_replicate_init_size(ferry_store_replicate *replicate, size_t size);
 #define ferry_store_replicate_init(rep) ferry_store_replicate_init_size((rep), sizeof *(rep))
 /* NONE: evicted in least-recently-used order. SOFT (Mooncake's
- * with_soft_pin): evicted only when nothing unpinned can be, for the
- * master's default_kv_soft_pin_ttl (30 min) past its last put or get, then
- * as NONE. HARD (with_hard_pin): never evicted; remove it to free it. */
+ * with_soft_pin): as soft_pin_action ENABLE with the master's default TTL.
+ * HARD (with_hard_pin): never evicted; remove it to free it. */
 #define FERRY_STORE_PIN_NONE 0
 #define FERRY_STORE_PIN_SOFT 1
 #define FERRY_STORE_PIN_HARD 2
+/* soft_pin_action (Mooncake's SoftPinAction), applied when the put or
+ * upsert commits. A soft-pinned object is evicted only when nothing
+ * unpinned can be, until its deadline: the commit plus its TTL (gets do
+ * not extend it); then in least-recently-used turn. PRESERVE: an upsert
+ * keeps the old value's pin and deadline (a new key: no soft pin).
+ * ENABLE: pinned for soft_pin_ttl_ms (not set: the master's
+ * default_kv_soft_pin_ttl, 30 min; 0: not pinned; more than its
+ * max_kv_soft_pin_ttl, 24 h: refused). DISABLE: not pinned. A TTL set
+ * with PRESERVE or DISABLE, or SOFT with DISABLE, is refused with
+ * FERRY_EINVAL. */
+#define FERRY_STORE_SOFT_PIN_PRESERVE 0
+#define FERRY_STORE_SOFT_PIN_ENABLE 1
+#define FERRY_STORE_SOFT_PIN_DISABLE 2
 
 /* Copies data[0..length) (any memory) into the store under key. */
 ferry_status ferry_store_put(ferry_store *store, const char *key, const void *data, size_t length,

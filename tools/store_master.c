@@ -42,8 +42,10 @@ static void usage(FILE *out) {
           "  --eviction_high_watermark_ratio=R  evict least recently used objects once this\n"
           "                           share of the pool is in use (0 < R <= 1, default 0.95)\n"
           "  --eviction_ratio=R       ... until R less than that is (0 < R <= 1, default 0.05)\n"
-          "  --default_kv_soft_pin_ttl=MS  a soft pin lasts this long past the object's last\n"
-          "                           put or get (default 1800000: 30 min)\n"
+          "  --default_kv_soft_pin_ttl=MS  a soft pin lasts this long past the object's commit\n"
+          "                           when its put names no TTL (default 1800000: 30 min)\n"
+          "  --max_kv_soft_pin_ttl=MS  a put asking a longer soft pin is refused (default\n"
+          "                           86400000: 24 h)\n"
           "  --root_fs_dir=DIR        the SSD tier: each put also writes its value to a file in\n"
           "                           DIR/CLUSTER_ID, and an evicted object stays there, read\n"
           "                           back on a get (DIR: the same path on every client's host)\n"
@@ -163,6 +165,8 @@ static int parse_flag(store_master_config *cfg, const char *name, const char *va
     return parse_ratio(name, value, &cfg->eviction_ratio);
   if (!strcmp(name, "default_kv_soft_pin_ttl"))
     return parse_positive(name, value, 1, &cfg->soft_pin_ttl_ms);
+  if (!strcmp(name, "max_kv_soft_pin_ttl"))
+    return parse_positive(name, value, 1, &cfg->max_soft_pin_ttl_ms);
   if (!strcmp(name, "root_fs_dir")) { /* "": none, Mooncake's default */
     cfg->root_fs_dir = value && *value ? value : NULL;
     return value ? 0 : -1;
@@ -227,6 +231,14 @@ int ferry_cmd_store_master(int argc, char **argv) {
   }
   if (ha.enable && !ha.connstring) {
     fprintf(stderr, "store-master: --enable_ha needs --ha_backend_connstring=HOST:PORT (etcd)\n");
+    return 2;
+  }
+  uint32_t soft = cfg.soft_pin_ttl_ms ? cfg.soft_pin_ttl_ms : 30 * 60 * 1000;
+  uint32_t soft_max = cfg.max_soft_pin_ttl_ms ? cfg.max_soft_pin_ttl_ms : 24 * 60 * 60 * 1000;
+  if (soft > soft_max) { /* Mooncake's master refuses it too */
+    fprintf(stderr,
+            "store-master: --default_kv_soft_pin_ttl=%u is above --max_kv_soft_pin_ttl=%u\n", soft,
+            soft_max);
     return 2;
   }
   cfg.secret = getenv("FERRY_SECRET");

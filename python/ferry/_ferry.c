@@ -169,6 +169,9 @@ PyMODINIT_FUNC PyInit__ferry(void) {
       {"STORE_PIN_NONE", FERRY_STORE_PIN_NONE},
       {"STORE_PIN_SOFT", FERRY_STORE_PIN_SOFT},
       {"STORE_PIN_HARD", FERRY_STORE_PIN_HARD},
+      {"STORE_SOFT_PIN_PRESERVE", FERRY_STORE_SOFT_PIN_PRESERVE},
+      {"STORE_SOFT_PIN_ENABLE", FERRY_STORE_SOFT_PIN_ENABLE},
+      {"STORE_SOFT_PIN_DISABLE", FERRY_STORE_SOFT_PIN_DISABLE},
   };
   for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++) {
     if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0) {

@@ -7,6 +7,7 @@
  * segment through the engine. */
 #include "_ferry.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -88,8 +89,30 @@ static void store_dealloc(StoreObject *self) {
 
 /* ---- arguments ------------------------------------------------------------------------------ */
 
+/* A put's pin: FERRY_STORE_PIN_* or (pin, FERRY_STORE_SOFT_PIN_*, soft
+ * pin TTL in ms or None). */
+static int pin_get(PyObject *pin, ferry_store_replicate *out) {
+  PyObject *ttl = Py_None;
+  if (!pin)
+    return 0;
+  if (PyTuple_Check(pin)) {
+    if (!PyArg_ParseTuple(pin, "iiO:pin", &out->pin, &out->soft_pin_action, &ttl))
+      return -1;
+  } else {
+    long v = PyLong_AsLong(pin);
+    if (v == -1 && PyErr_Occurred())
+      return -1;
+    out->pin = v < INT_MIN || v > INT_MAX ? -1 : (int)v; /* the call refuses it, naming it */
+  }
+  if (ttl == Py_None)
+    return 0;
+  out->soft_pin_ttl_set = 1;
+  out->soft_pin_ttl_ms = PyLong_AsUnsignedLongLong(ttl);
+  return out->soft_pin_ttl_ms == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
 /* replicas, preferred_segment and pin as a put takes them. */
-static int replicate_get(PyObject *replicas, const char *preferred, int pin,
+static int replicate_get(PyObject *replicas, const char *preferred, PyObject *pin,
                          ferry_store_replicate *out) {
   unsigned long n = replicas ? PyLong_AsUnsignedLong(replicas) : 1;
   if (n == (unsigned long)-1 && PyErr_Occurred())
@@ -97,8 +120,7 @@ static int replicate_get(PyObject *replicas, const char *preferred, int pin,
   ferry_store_replicate_init(out);
   out->replicas = (unsigned)(n > 0xffff ? 0xffff : n);
   out->preferred_segment = preferred && *preferred ? preferred : NULL;
-  out->pin = pin;
-  return 0;
+  return pin_get(pin, out);
 }
 
 /* items_get's and multi_items_get's failure: what they took given back,
@@ -181,9 +203,10 @@ static PyObject *store_put(StoreObject *self, PyObject *args, PyObject *kwds) {
   const char *key, *preferred = NULL;
   Py_buffer data;
   PyObject *replicas = NULL;
-  int pin = FERRY_STORE_PIN_NONE, upsert = 0;
+  PyObject *pin = NULL;
+  int upsert = 0;
   ferry_store_replicate rep;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sy*|Ozip:put", kwlist, &key, &data, &replicas,
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sy*|OzOp:put", kwlist, &key, &data, &replicas,
                                    &preferred, &pin, &upsert))
     return NULL;
   if (replicate_get(replicas, preferred, pin, &rep) < 0 || store_enter(self) < 0) {
@@ -218,10 +241,11 @@ static PyObject *store_batch_put_from(StoreObject *self, PyObject *args, PyObjec
                            "pin",  "upsert", NULL};
   PyObject *keys_o, *addrs_o, *sizes_o, *replicas = NULL, *keys;
   const char *preferred = NULL;
-  int pin = FERRY_STORE_PIN_NONE, upsert = 0;
+  PyObject *pin = NULL;
+  int upsert = 0;
   ferry_store_replicate rep;
   ferry_store_item *items;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|Ozip:batch_put_from", kwlist, &keys_o, &addrs_o,
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|OzOp:batch_put_from", kwlist, &keys_o, &addrs_o,
                                    &sizes_o, &replicas, &preferred, &pin, &upsert) ||
       replicate_get(replicas, preferred, pin, &rep) < 0)
     return NULL;
@@ -359,9 +383,9 @@ static PyObject *store_batch_put_from_multi(StoreObject *self, PyObject *args, P
                            "pin",  NULL};
   PyObject *keys, *addrs, *sizes, *replicas = NULL;
   const char *preferred = NULL;
-  int pin = FERRY_STORE_PIN_NONE;
+  PyObject *pin = NULL;
   ferry_store_replicate rep;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|Ozi:batch_put_from_multi", kwlist, &keys,
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|OzO:batch_put_from_multi", kwlist, &keys,
                                    &addrs, &sizes, &replicas, &preferred, &pin) ||
       replicate_get(replicas, preferred, pin, &rep) < 0)
     return NULL;
@@ -404,10 +428,10 @@ static PyObject *store_put_batch(StoreObject *self, PyObject *args, PyObject *kw
   static char *kwlist[] = {"keys", "values", "replicas", "preferred_segment", "pin", NULL};
   PyObject *keys_o, *values_o, *replicas = NULL, *keys, *values = NULL, *out = NULL;
   const char *preferred = NULL;
-  int pin = FERRY_STORE_PIN_NONE;
+  PyObject *pin = NULL;
   ferry_store_replicate rep;
   ferry_store_item *items;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|Ozi:put_batch", kwlist, &keys_o, &values_o,
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OzO:put_batch", kwlist, &keys_o, &values_o,
                                    &replicas, &preferred, &pin) ||
       replicate_get(replicas, preferred, pin, &rep) < 0)
     return NULL;
@@ -486,7 +510,8 @@ static PyObject *store_get_ranges(StoreObject *self, PyObject *args) {
 static PyMethodDef store_methods[] = {
     {"put", KW(store_put),
      "put(key, data, replicas=1, preferred_segment=None, pin=0, upsert=False): upsert replaces "
-     "a stored value"},
+     "a stored value; pin (every put form): STORE_PIN_* or (STORE_PIN_*, STORE_SOFT_PIN_*, "
+     "soft pin TTL ms or None)"},
     {"get", (PyCFunction)store_get, METH_VARARGS, "get(key) -> bytes"},
     {"batch_put_from", KW(store_batch_put_from),
      "batch_put_from(keys, addrs, sizes, replicas=1, preferred_segment=None, pin=0, "

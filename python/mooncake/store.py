@@ -41,6 +41,7 @@ Not implemented yet (issue 33): the tensor helpers.
 """
 
 import ctypes
+import enum
 import logging
 import os
 import random
@@ -51,7 +52,7 @@ from ferry import _ferry
 
 from mooncake.engine import TransferEngine, _split_host_port
 
-__all__ = ["BufferHandle", "MooncakeDistributedStore", "ReplicateConfig"]
+__all__ = ["BufferHandle", "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,25 +76,68 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 
           "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
 
 
+class SoftPinAction(enum.IntEnum):
+    """What a put or upsert does to the object's soft pin, as Mooncake's enum:
+    PRESERVE keeps an upserted key's pin and its deadline (a new key: none),
+    ENABLE pins it for ``soft_pin_ttl_ms`` from the commit, DISABLE unpins."""
+
+    PRESERVE = _ferry.STORE_SOFT_PIN_PRESERVE
+    ENABLE = _ferry.STORE_SOFT_PIN_ENABLE
+    DISABLE = _ferry.STORE_SOFT_PIN_DISABLE
+
+    def __str__(self):
+        return "SoftPinAction." + self.name
+
+
 class ReplicateConfig:
     """Where a put's replicas go: ``replica_num`` (1 to 8, each in its own
     segment) and ``preferred_segment`` (the first replica's segment, a client's
     ``get_hostname()`` as other clients see it; "" for any); and how eviction
-    treats the object: ``with_soft_pin`` (evicted only when nothing unpinned
-    can be, for the master's ``default_kv_soft_pin_ttl`` past its last use),
+    treats the object: ``soft_pin_action`` (a SoftPinAction, PRESERVE by
+    default) with ``soft_pin_ttl_ms`` (ENABLE only; None: the master's
+    ``default_kv_soft_pin_ttl``; 0: not pinned; above its
+    ``max_kv_soft_pin_ttl``: refused), a soft-pinned object being evicted only
+    when nothing unpinned can be, until the commit plus that TTL (gets do not
+    extend it); ``with_soft_pin`` (ENABLE with the default TTL);
     ``with_hard_pin`` (never evicted)."""
 
     def __init__(self, replica_num=1, preferred_segment="", with_soft_pin=False,
-                 with_hard_pin=False):
+                 with_hard_pin=False, soft_pin_action=SoftPinAction.PRESERVE,
+                 soft_pin_ttl_ms=None):
         self.replica_num = replica_num
         self.preferred_segment = preferred_segment
         self.with_soft_pin = with_soft_pin
         self.with_hard_pin = with_hard_pin
+        self.soft_pin_action = soft_pin_action
+        self.soft_pin_ttl_ms = soft_pin_ttl_ms
+
+    @property
+    def soft_pin_action(self):
+        return self._soft_pin_action
+
+    @soft_pin_action.setter
+    def soft_pin_action(self, action):
+        if not isinstance(action, SoftPinAction):
+            raise TypeError("soft_pin_action: a SoftPinAction, not %r" % (action,))
+        self._soft_pin_action = action
+
+    @property
+    def soft_pin_ttl_ms(self):
+        return self._soft_pin_ttl_ms
+
+    @soft_pin_ttl_ms.setter
+    def soft_pin_ttl_ms(self, ttl):
+        # Mooncake's std::optional<uint64_t>: None or 0 to 2**64 - 1, else TypeError.
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or
+                                not 0 <= ttl < 1 << 64):
+            raise TypeError("soft_pin_ttl_ms: None or an int from 0 to 2**64 - 1, not %r" % (ttl,))
+        self._soft_pin_ttl_ms = ttl
 
     def __repr__(self):
         return ("ReplicateConfig(replica_num=%r, preferred_segment=%r, with_soft_pin=%r, "
-                "with_hard_pin=%r)" % (self.replica_num, self.preferred_segment,
-                                       self.with_soft_pin, self.with_hard_pin))
+                "with_hard_pin=%r, soft_pin_action=%s, soft_pin_ttl_ms=%r)"
+                % (self.replica_num, self.preferred_segment, self.with_soft_pin,
+                   self.with_hard_pin, self.soft_pin_action, self.soft_pin_ttl_ms))
 
 
 class BufferHandle(bytearray):
@@ -145,6 +189,8 @@ def _replicate(config):
     pin = (_ferry.STORE_PIN_HARD if getattr(config, "with_hard_pin", False) else
            _ferry.STORE_PIN_SOFT if getattr(config, "with_soft_pin", False) else
            _ferry.STORE_PIN_NONE)
+    pin = (pin, int(getattr(config, "soft_pin_action", SoftPinAction.PRESERVE)),
+           getattr(config, "soft_pin_ttl_ms", None))
     return (int(getattr(config, "replica_num", 1) or 1),
             getattr(config, "preferred_segment", "") or None, pin)
 

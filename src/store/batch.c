@@ -260,6 +260,10 @@ static ferry_status adopt_replicate(const ferry_store_replicate *in, ferry_store
                       STORE_REPLICAS_MAX);
   if (out->pin < FERRY_STORE_PIN_NONE || out->pin > FERRY_STORE_PIN_HARD)
     return ferry_fail(FERRY_EINVAL, "%s: pin %d is not a FERRY_STORE_PIN_*", call, out->pin);
+  if (out->soft_pin_action < FERRY_STORE_SOFT_PIN_PRESERVE ||
+      out->soft_pin_action > FERRY_STORE_SOFT_PIN_DISABLE)
+    return ferry_fail(FERRY_EINVAL, "%s: soft_pin_action %d is not a FERRY_STORE_SOFT_PIN_*", call,
+                      out->soft_pin_action);
   return FERRY_OK;
 }
 
@@ -271,6 +275,9 @@ static void put_start_request(store_writer *w, uint8_t op, const item *items, si
   store_put_u8(w, (uint8_t)(rep->replicas ? rep->replicas : 1));
   store_put_str(w, pref, strnlen(pref, STORE_NAME_MAX));
   store_put_u8(w, (uint8_t)rep->pin);
+  store_put_u8(w, (uint8_t)rep->soft_pin_action);
+  store_put_u8(w, rep->soft_pin_ttl_set != 0);
+  store_put_u64(w, rep->soft_pin_ttl_ms);
   for (size_t i = 0; i < count; i++) {
     store_put_str(w, items[i].key, strlen(items[i].key));
     store_put_u64(w, items[i].length);

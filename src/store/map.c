@@ -12,16 +12,17 @@
  * retired list until the lease ends (the reader's READ may not have run
  * yet), then the next PUT_START frees it.
  *
- * Eviction: committed objects are threaded on two lists in the order of
- * their last use (commit or GET), oldest first: the plain ones and the
- * soft-pinned ones (hard-pinned and pending objects are on neither, so
- * nothing can take them). A soft pin lasts soft_pin_ttl past the last
- * use, so the soft list is also in the order its pins end. An eviction
- * round walks both lists from their oldest end at once, as a merge: the
- * older head goes, a soft one whose pin still holds only once no plain one
- * is left. Leased objects are passed over (and counted, for the "nothing
- * left to evict" message). Each step is O(1) plus the leased objects it
- * passes.
+ * Eviction: committed objects are threaded on two lists, oldest first:
+ * the plain ones in the order of their last use (commit or GET), and the
+ * soft-pinned ones in the order their pins end (a pin's deadline is fixed
+ * at the commit, as Mooncake's: a GET does not move it). An eviction round
+ * walks both lists from their oldest end at once, as a merge: the older
+ * head by last use goes, a soft one whose pin still holds only once no
+ * plain one is left (so soft ones whose pins ended go in deadline order,
+ * each in its LRU turn against the plain ones). Leased objects are passed
+ * over (and counted, for the "nothing left to evict" message). Each step
+ * is O(1) plus the leased objects it passes; a commit places a soft one by
+ * its deadline from the newest end, O(1) when its TTL is the usual one.
  *
  * The SSD tier (--root_fs_dir, disk.h): an object whose writer reported
  * its file complete is `on_disk`. Eviction then frees its replicas but
@@ -54,7 +55,7 @@ typedef struct replica {
   uint64_t offset;
 } replica;
 
-/* 72 bytes, then 16 per replica and the key: the master's cost of an
+/* 80 bytes, then 16 per replica and the key: the master's cost of an
  * object is that, malloc's header and a bucket or two of the table
  * (docs/store.md counts it). */
 typedef struct object {
@@ -65,15 +66,17 @@ typedef struct object {
   uint64_t writer;         /* nonzero: pending, written by this client */
   uint64_t lease_until_ns; /* a GET's lease; 0: none */
   uint64_t used_ns;        /* committed or last got: the LRU order */
+  uint64_t pin_until_ns;   /* soft-pinned: the pin's deadline; pending: the TTL it asks */
   uint16_t key_len;
-  uint8_t pin;      /* FERRY_STORE_PIN_* */
-  uint8_t room;     /* rep[]'s length: the replicas asked */
-  uint8_t replicas; /* held (a segment that left takes its replica along); 0: disk-only */
-  uint8_t on_disk;  /* its file is complete (--root_fs_dir) */
-  replica rep[];    /* rep[room], then the key (not NUL-terminated) */
+  uint8_t pin;         /* FERRY_STORE_PIN_* */
+  uint8_t soft_action; /* pending: the FERRY_STORE_SOFT_PIN_* its commit applies */
+  uint8_t room;        /* rep[]'s length: the replicas asked */
+  uint8_t replicas;    /* held (a segment that left takes its replica along); 0: disk-only */
+  uint8_t on_disk;     /* its file is complete (--root_fs_dir) */
+  replica rep[];       /* rep[room], then the key (not NUL-terminated) */
 } object;
 
-_Static_assert(sizeof(object) == 72, "the master's bytes per object (docs/store.md)");
+_Static_assert(sizeof(object) == 80, "the master's bytes per object (docs/store.md)");
 
 typedef struct lru {
   object *oldest, *newest;
@@ -81,7 +84,7 @@ typedef struct lru {
 
 struct store_map {
   pthread_mutex_t lock;
-  uint64_t lease_ns, soft_pin_ns;
+  uint64_t lease_ns, soft_pin_ns, max_soft_pin_ms;
   uint32_t lease_ms, ping_ms;
   double high_watermark, eviction_ratio;
   segment *segments;
@@ -113,6 +116,7 @@ store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
   m->high_watermark = eviction->high_watermark;
   m->eviction_ratio = eviction->ratio;
   m->soft_pin_ns = eviction->soft_pin_ttl_ms * 1000000ull;
+  m->max_soft_pin_ms = eviction->max_soft_pin_ttl_ms;
   return m;
 }
 
@@ -214,13 +218,61 @@ static void lru_append(lru *l, object *o) {
   l->newest = o;
 }
 
-/* A committed object was got: it is now the most recently used. */
+/* Puts o on the soft list by its deadline, searching from the newest end. */
+static void soft_insert(lru *l, object *o) {
+  object *after = l->newest;
+  while (after && after->pin_until_ns > o->pin_until_ns)
+    after = after->older;
+  o->older = after;
+  o->newer = after ? after->newer : l->oldest;
+  *(o->newer ? &o->newer->older : &l->newest) = o;
+  *(after ? &after->newer : &l->oldest) = o;
+}
+
+/* A committed object was got: it is now the most recently used (a soft
+ * one keeps its place: its list is in deadline order). */
 static void touch(store_map *m, object *o, uint64_t now) {
   lru *l = list_of(m, o);
   o->used_ns = now;
-  if (l) {
+  if (l == &m->plain) {
     lru_remove(l, o);
     lru_append(l, o);
+  }
+}
+
+/* Puts a committed object on its list (or counts it hard-pinned). */
+static void enlist(store_map *m, object *o) {
+  lru *l = list_of(m, o);
+  if (l == &m->soft)
+    soft_insert(l, o);
+  else if (l)
+    lru_append(l, o);
+  else if (o->replicas)
+    m->hard_pinned++;
+}
+
+/* now + ns, saturating. */
+static uint64_t deadline_after(uint64_t now, uint64_t ns) {
+  return ns > UINT64_MAX - now ? UINT64_MAX : now + ns;
+}
+
+/* o's pin once it commits: its soft pin action against the value it
+ * replaces (old, or NULL). PRESERVE keeps old's soft pin and deadline
+ * while it holds; ENABLE pins for the TTL o asked (pin_until_ns while
+ * pending); DISABLE or a TTL of 0 pins nothing. A hard pin stays. */
+static void settle_pin(object *o, const object *old, uint64_t now) {
+  uint64_t ttl = o->pin_until_ns;
+  o->pin_until_ns = 0;
+  if (o->pin == FERRY_STORE_PIN_HARD)
+    return;
+  o->pin = FERRY_STORE_PIN_NONE;
+  if (o->soft_action == FERRY_STORE_SOFT_PIN_ENABLE && ttl) {
+    o->pin = FERRY_STORE_PIN_SOFT;
+    o->pin_until_ns = deadline_after(now, ttl);
+  } else if (o->soft_action == FERRY_STORE_SOFT_PIN_PRESERVE && old &&
+             old->pin == FERRY_STORE_PIN_SOFT && old->pin_until_ns > now) {
+    o->pin = FERRY_STORE_PIN_SOFT;
+    o->pin_until_ns = old->pin_until_ns;
   }
 }
 
@@ -229,11 +281,7 @@ static void commit(store_map *m, object *o, uint64_t now) {
   o->writer = 0;
   o->used_ns = now;
   m->pending--;
-  lru *l = list_of(m, o);
-  if (l)
-    lru_append(l, o);
-  else
-    m->hard_pinned++;
+  enlist(m, o);
 }
 
 /* ---- the table ------------------------------------------------------------------------------ */
@@ -424,7 +472,7 @@ static object *next_victim(store_map *m, eviction_round *r) {
     r->started = 1;
   }
   object *plain = unleased(r, &r->plain), *soft = unleased(r, &r->soft);
-  int pinned = soft && soft->used_ns + m->soft_pin_ns > r->now;
+  int pinned = soft && soft->pin_until_ns > r->now;
   object *victim = !soft || (plain && (pinned || plain->used_ns <= soft->used_ns)) ? plain : soft;
   if (victim)
     *(victim == plain ? &r->plain : &r->soft) = victim->newer;
@@ -625,7 +673,8 @@ typedef struct put_ask {
   uint64_t client;
   int upsert; /* a stored key gets a new value (else: nothing to write) */
   unsigned replicas;
-  uint8_t pin;
+  uint8_t pin, soft_action; /* FERRY_STORE_PIN_* (NONE or HARD), FERRY_STORE_SOFT_PIN_* */
+  uint64_t soft_ttl_ns;     /* ENABLE's */
   segment *preferred;
 } put_ask;
 
@@ -683,6 +732,8 @@ static ferry_status start_one(store_map *m, const put_ask *ask, eviction_round *
   o->size = size;
   o->writer = ask->client;
   o->pin = ask->pin;
+  o->soft_action = ask->soft_action;
+  o->pin_until_ns = ask->soft_ttl_ns; /* the deadline once it commits */
   o->room = (uint8_t)ask->replicas;
   o->key_len = (uint16_t)len;
   memcpy(key_of(o), key, len);
@@ -706,18 +757,59 @@ static ferry_status start_one(store_map *m, const put_ask *ask, eviction_round *
   return FERRY_OK;
 }
 
+/* The soft pin a put asks (Mooncake's checks): with_soft_pin (pin SOFT)
+ * is ENABLE; only ENABLE takes a TTL, at most max_kv_soft_pin_ttl; none
+ * given: default_kv_soft_pin_ttl. */
+static ferry_status resolve_soft_pin(store_map *m, put_ask *ask, uint8_t ttl_set, uint64_t ttl_ms,
+                                     char *why, size_t size) {
+  static const char *const names[] = {"PRESERVE", "ENABLE", "DISABLE"};
+  if (ask->pin == FERRY_STORE_PIN_SOFT) {
+    if (ask->soft_action == FERRY_STORE_SOFT_PIN_DISABLE)
+      return snprintf(why, size, "a soft pin (with_soft_pin) asked with soft_pin_action DISABLE"),
+             FERRY_EINVAL;
+    ask->pin = FERRY_STORE_PIN_NONE;
+    ask->soft_action = FERRY_STORE_SOFT_PIN_ENABLE;
+  }
+  if (ask->soft_action != FERRY_STORE_SOFT_PIN_ENABLE) {
+    if (ttl_set)
+      return snprintf(why, size,
+                      "soft_pin_ttl_ms %llu given with soft_pin_action %s: only ENABLE takes a TTL",
+                      (unsigned long long)ttl_ms, names[ask->soft_action]),
+             FERRY_EINVAL;
+    return FERRY_OK;
+  }
+  if (!ttl_set)
+    ttl_ms = m->soft_pin_ns / 1000000; /* Mooncake checks the default against the limit too */
+  if (ttl_ms > m->max_soft_pin_ms)
+    return snprintf(why, size,
+                    "soft_pin_ttl_ms %llu is above the master's max_kv_soft_pin_ttl %llu",
+                    (unsigned long long)ttl_ms, (unsigned long long)m->max_soft_pin_ms),
+           FERRY_EINVAL;
+  ask->soft_ttl_ns = ttl_ms * 1000000ull;
+  return FERRY_OK;
+}
+
 static ferry_status serve_put_start(store_map *m, uint64_t client, int upsert, store_reader *r,
                                     uint32_t count, eviction_round *evictions, store_writer *reply,
                                     char *why, size_t size) {
-  put_ask ask = {client, upsert, store_get_u8(r), 0, NULL};
+  ferry_status st;
+  put_ask ask = {client, upsert, store_get_u8(r), 0, 0, 0, NULL};
   const char *pref;
   size_t pref_len;
   store_get_str(r, &pref, &pref_len, STORE_NAME_MAX);
   ask.pin = store_get_u8(r);
+  ask.soft_action = store_get_u8(r);
+  uint8_t ttl_set = store_get_u8(r);
+  uint64_t ttl_ms = store_get_u64(r);
   if (r->bad || ask.replicas == 0 || ask.replicas > STORE_REPLICAS_MAX ||
-      ask.pin > FERRY_STORE_PIN_HARD)
-    return snprintf(why, size, "malformed PUT_START (replicas %u, pin %u)", ask.replicas, ask.pin),
+      ask.pin > FERRY_STORE_PIN_HARD || ask.soft_action > FERRY_STORE_SOFT_PIN_DISABLE ||
+      ttl_set > 1)
+    return snprintf(why, size, "malformed PUT_START (replicas %u, pin %u, soft pin action %u)",
+                    ask.replicas, ask.pin, ask.soft_action),
            FERRY_EPROTO;
+  st = resolve_soft_pin(m, &ask, ttl_set, ttl_ms, why, size);
+  if (st != FERRY_OK)
+    return st;
   ask.preferred = pref_len ? find_segment(m, pref, pref_len) : NULL;
   evictions->now = ferry_now_ns();
   reap_retired(m, evictions->now);
@@ -730,7 +822,7 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, int upsert, s
       return snprintf(why, size, "malformed PUT_START entry %u", i), FERRY_EPROTO;
     object *o = NULL;
     char refused[STORE_REASON_MAX] = "";
-    ferry_status st = start_one(m, &ask, evictions, key, len, bytes, &o, refused, sizeof refused);
+    st = start_one(m, &ask, evictions, key, len, bytes, &o, refused, sizeof refused);
     store_put_u32(reply, (uint32_t)st);
     if (st != FERRY_OK)
       store_put_str(reply, refused, strlen(refused));
@@ -758,12 +850,13 @@ static ferry_status end_one(store_map *m, uint64_t client, const char *key, size
   }
   object *o = *at;
   o->on_disk = m->fs_dir && on_disk;
-  if (journal_object(m, o) != 0) { /* HA: a commit a new leader would not know */
-    unlink_object(m, at);          /* (an upsert's old value stays, and its record) */
-    return FERRY_EMETADATA;
-  }
   uint64_t now = ferry_now_ns();
   object **old = find(m, key, len, COMMITTED);
+  settle_pin(o, old ? *old : NULL, now); /* still pending: on no list yet */
+  if (journal_object(m, o) != 0) {       /* HA: a commit a new leader would not know */
+    unlink_object(m, at);                /* (an upsert's old value stays, and its record) */
+    return FERRY_EMETADATA;
+  }
   if (old)
     retire(m, old, now); /* before the commit: find() must tell them apart; its record is o's now */
   commit(m, o, now);
@@ -1000,11 +1093,9 @@ int store_map_restore_object(store_map *m, const char *key, size_t len, const ch
     *bucket = o;
     m->objects++;
     o->used_ns = ferry_now_ns();
-    lru *l = list_of(m, o);
-    if (l)
-      lru_append(l, o);
-    else if (o->replicas)
-      m->hard_pinned++;
+    if (o->pin == FERRY_STORE_PIN_SOFT) /* the record keeps the pin, not its deadline */
+      o->pin_until_ns = deadline_after(o->used_ns, m->soft_pin_ns);
+    enlist(m, o);
     grow(m);
   }
   pthread_mutex_unlock(&m->lock);

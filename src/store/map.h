@@ -20,11 +20,11 @@ typedef struct store_map store_map;
  * in use pass high_watermark of all segments' bytes, least-recently-used
  * objects go until at most (high_watermark - ratio) are in use; a put that
  * does not fit evicts until it does. A soft pin keeps an object out of
- * both until nothing unpinned is left, for soft_pin_ttl_ms past its last
- * use. */
+ * both until nothing unpinned is left, until its commit plus its TTL: the
+ * put's own (at most max_soft_pin_ttl_ms) or soft_pin_ttl_ms. */
 typedef struct store_eviction {
   double high_watermark, ratio; /* shares of the pool, in (0, 1] */
-  uint32_t soft_pin_ttl_ms;
+  uint32_t soft_pin_ttl_ms, max_soft_pin_ttl_ms;
 } store_eviction;
 
 /* lease_ttl_ms: a GET's lease; client_ttl_ms: the silence that drops a

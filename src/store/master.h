@@ -21,6 +21,7 @@ typedef struct store_master_config {
   double eviction_high_watermark_ratio; /* 0: 0.95 */
   double eviction_ratio;                /* 0: 0.05 */
   uint32_t soft_pin_ttl_ms;             /* default_kv_soft_pin_ttl (0: 30 min) */
+  uint32_t max_soft_pin_ttl_ms;         /* max_kv_soft_pin_ttl (0: 24 h) */
   /* The SSD tier (disk.h), Mooncake's flags: files in <root_fs_dir>/<cluster_id>. */
   const char *root_fs_dir; /* NULL: none (evicted objects are dropped) */
   const char *cluster_id;  /* NULL: "mooncake_cluster" */

@@ -11,7 +11,9 @@
  *                                                                    str files' dir ("": none)
  *   PING        -                               (none)               (none)
  *   PUT_START   u8 replicas, str preferred,     str key | u64 size   i32 status | replicas, or
- *               u8 pin (FERRY_STORE_PIN_*)                           (status != 0) str reason
+ *               u8 pin (FERRY_STORE_PIN_*),                          (status != 0) str reason
+ *               u8 soft pin action, u8 TTL given,
+ *               u64 soft pin TTL ms
  *   UPSERT_START  as PUT_START                                       as PUT_START
  *   PUT_END     -                               str key | i32 outcome i32 status
  *                                               | u8 file written
@@ -24,8 +26,10 @@
  *   replicas:   u8 n | n * (str segment | u64 addr)
  *
  * A PUT_START entry with status 0 and no replicas: the key is stored
- * already, nothing to write. UPSERT_START always places a new value (a
- * stored key's too: its PUT_END replaces the old one); PUT_END ends both.
+ * already, nothing to write. A soft pin the master refuses (a TTL without
+ * ENABLE, one above its maximum) refuses the whole request (FERRY_EINVAL).
+ * UPSERT_START always places a new value (a stored key's too: its PUT_END
+ * replaces the old one); PUT_END ends both.
  * A GET entry with no replicas and "on disk": the object is in its file
  * only (disk.h). DROP_FILE: the caller found the key's file missing or
  * damaged. Everything decoded comes from the network: the reader fails (and
@@ -40,7 +44,8 @@
 #include "wire/wire.h"
 
 #define STORE_PROTOCOL_VERSION                                                                     \
-  3 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START */
+  3 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START,                      \
+       soft pin actions and TTLs */
 #define STORE_KEY_MAX 1024   /* bytes of a key */
 #define STORE_BATCH_MAX 4096 /* entries of one frame; a client cuts larger batches */
 #define STORE_REPLICAS_MAX 8 /* replicas of one object */

@@ -362,6 +362,9 @@ static uint64_t raw_start(raw_client *r, uint8_t op, const char *key, uint64_t s
   store_put_u8(&w, 1);
   store_put_str(&w, where, strlen(where));
   store_put_u8(&w, FERRY_STORE_PIN_NONE);
+  store_put_u8(&w, FERRY_STORE_SOFT_PIN_PRESERVE);
+  store_put_u8(&w, 0); /* no soft pin TTL */
+  store_put_u64(&w, 0);
   store_put_str(&w, key, strlen(key));
   store_put_u64(&w, size);
   uint8_t *body;
@@ -899,7 +902,7 @@ static void soft_pins_go_last_then_the_pool_refuses(void **state) {
   slots_close(&t, buf);
 }
 
-/* A soft pin lasts default_kv_soft_pin_ttl past the last use; after that
+/* A soft pin lasts default_kv_soft_pin_ttl past the commit; after that
  * the object is evicted in its turn: before a newer unpinned one. */
 static void an_ended_soft_pin_is_evicted_in_its_turn(void **state) {
   (void)state;
@@ -911,6 +914,92 @@ static void an_ended_soft_pin_is_evicted_in_its_turn(void **state) {
   put_slots(t.a.store, "new", 0, 1, buf, FERRY_STORE_PIN_NONE);
   expect_gone(t.a.store, "soft00");
   expect_slots(t.a.store, "slot", 1, SLOTS, buf);
+  slots_close(&t, buf);
+}
+
+/* A soft pin with a TTL of its own: SLOT bytes of seed under key. */
+static ferry_status put_soft(ferry_store *s, const char *key, uint8_t *buf, unsigned seed,
+                             int action, int ttl_set, uint64_t ttl_ms, int upsert) {
+  ferry_store_replicate rep = replicate(1, NULL, FERRY_STORE_PIN_NONE);
+  rep.soft_pin_action = action;
+  rep.soft_pin_ttl_set = ttl_set;
+  rep.soft_pin_ttl_ms = ttl_ms;
+  fill(buf, SLOT, seed);
+  return upsert ? ferry_store_upsert_from(s, key, buf, SLOT, &rep)
+                : ferry_store_put_from(s, key, buf, SLOT, &rep);
+}
+
+/* A put's own soft pin TTL holds from its commit (a get does not extend
+ * it; an upsert with PRESERVE keeps it, one with DISABLE ends it) and,
+ * once over, the object goes in its LRU turn; a longer one still holds. */
+static void a_soft_pin_ttl_holds_until_its_deadline(void **state) {
+  (void)state;
+  rig t;
+  uint8_t *buf = slots_open(&t, "--default_kv_lease_ttl=1", "--eviction_high_watermark_ratio=1");
+  const unsigned ttl_ms = 3000;
+  assert_int_equal(put_soft(t.a.store, "short", buf, 1, FERRY_STORE_SOFT_PIN_ENABLE, 1, ttl_ms, 0),
+                   FERRY_OK);
+  uint64_t pinned_ns = ferry_now_ns();
+  assert_int_equal(put_soft(t.a.store, "long", buf, 2, FERRY_STORE_SOFT_PIN_ENABLE, 1, 600000, 0),
+                   FERRY_OK);
+  assert_int_equal(put_soft(t.a.store, "off", buf, 3, FERRY_STORE_SOFT_PIN_ENABLE, 1, 600000, 0),
+                   FERRY_OK);
+  /* PRESERVE keeps short's pin and deadline; DISABLE unpins off. */
+  assert_int_equal(put_soft(t.a.store, "short", buf, 1, FERRY_STORE_SOFT_PIN_PRESERVE, 0, 0, 1),
+                   FERRY_OK);
+  assert_int_equal(put_soft(t.a.store, "off", buf, 3, FERRY_STORE_SOFT_PIN_DISABLE, 0, 0, 1),
+                   FERRY_OK);
+  put_slots(t.a.store, "slot", 3, SLOTS, buf, FERRY_STORE_PIN_NONE); /* full */
+  put_slots(t.a.store, "new", 0, 1, buf, FERRY_STORE_PIN_NONE);
+  expect_gone(t.a.store, "off"); /* unpinned, and the least recently used */
+  put_slots(t.a.store, "new", 1, 2, buf, FERRY_STORE_PIN_NONE);
+  expect_gone(t.a.store, "slot03");
+  if (ferry_store_exists(t.a.store, "short") != FERRY_OK)
+    fail_msg("short went while its pin held (%u ms)", ttl_ms);
+  let_lapse(pinned_ns, ttl_ms);
+  /* short's pin ended: it goes before slot04, used after it. */
+  put_slots(t.a.store, "new", 2, 3, buf, FERRY_STORE_PIN_NONE);
+  expect_gone(t.a.store, "short");
+  expect_slots(t.a.store, "slot", 4, SLOTS, buf);
+  if (ferry_store_exists(t.a.store, "long") != FERRY_OK)
+    fail_msg("long went while its pin held");
+  slots_close(&t, buf);
+}
+
+/* What Mooncake refuses (INVALID_PARAMS): a TTL without ENABLE, one above
+ * max_kv_soft_pin_ttl, with_soft_pin with DISABLE; nothing is stored. */
+static void soft_pin_requests_mooncake_refuses(void **state) {
+  (void)state;
+  rig t;
+  uint8_t *buf = slots_open(&t, "--max_kv_soft_pin_ttl=1000", "--default_kv_soft_pin_ttl=1000");
+  static const struct {
+    int action, ttl_set;
+    uint64_t ttl_ms;
+    const char *says;
+  } bad[] = {
+      {FERRY_STORE_SOFT_PIN_PRESERVE, 1, 10, "only ENABLE takes a TTL"},
+      {FERRY_STORE_SOFT_PIN_DISABLE, 1, 10, "soft_pin_action DISABLE"},
+      {FERRY_STORE_SOFT_PIN_ENABLE, 1, 1001, "above the master's max_kv_soft_pin_ttl 1000"},
+      {7, 0, 0, "soft_pin_action 7 is not"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    for (int upsert = 0; upsert < 2; upsert++) {
+      assert_int_equal(
+          put_soft(t.a.store, "k", buf, 1, bad[i].action, bad[i].ttl_set, bad[i].ttl_ms, upsert),
+          FERRY_EINVAL);
+      if (!strstr(ferry_last_error(), bad[i].says))
+        fail_msg("case %zu: %s", i, ferry_last_error());
+      expect_gone(t.a.store, "k");
+    }
+  ferry_store_replicate rep = replicate(1, NULL, FERRY_STORE_PIN_SOFT);
+  rep.soft_pin_action = FERRY_STORE_SOFT_PIN_DISABLE;
+  assert_int_equal(ferry_store_put_from(t.a.store, "k", buf, SLOT, &rep), FERRY_EINVAL);
+  assert_non_null(strstr(ferry_last_error(), "with_soft_pin"));
+  /* The limit itself and 0 (an ordinary object) are fine. */
+  assert_int_equal(put_soft(t.a.store, "k", buf, 1, FERRY_STORE_SOFT_PIN_ENABLE, 1, 1000, 0),
+                   FERRY_OK);
+  assert_int_equal(put_soft(t.a.store, "z", buf, 1, FERRY_STORE_SOFT_PIN_ENABLE, 1, 0, 0),
+                   FERRY_OK);
   slots_close(&t, buf);
 }
 
@@ -1077,6 +1166,9 @@ static void a_hostile_client_hurts_only_itself(void **state) {
   store_put_u8(&huge, 1);
   store_put_str(&huge, "", 0);
   store_put_u8(&huge, FERRY_STORE_PIN_HARD);
+  store_put_u8(&huge, FERRY_STORE_SOFT_PIN_PRESERVE);
+  store_put_u8(&huge, 0);
+  store_put_u64(&huge, 0);
   store_put_str(&huge, "huge", 4);
   store_put_u64(&huge, UINT64_MAX);
   uint8_t *body;
@@ -2161,6 +2253,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(leased_pending_and_hard_pinned_are_never_evicted),
       cmocka_unit_test(soft_pins_go_last_then_the_pool_refuses),
       cmocka_unit_test(an_ended_soft_pin_is_evicted_in_its_turn),
+      cmocka_unit_test(a_soft_pin_ttl_holds_until_its_deadline),
+      cmocka_unit_test(soft_pin_requests_mooncake_refuses),
       cmocka_unit_test(a_silent_client_is_dropped),
       cmocka_unit_test(the_masters_secret_is_required),
       cmocka_unit_test(a_hostile_client_hurts_only_itself),

@@ -19,7 +19,7 @@ from conftest import ferry_tool
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
-from mooncake.store import MooncakeDistributedStore, ReplicateConfig  # noqa: E402
+from mooncake.store import MooncakeDistributedStore, ReplicateConfig, SoftPinAction  # noqa: E402
 
 MiB = 1 << 20
 PAGE = 64 * 1024  # one K or V page of the host pool
@@ -267,6 +267,67 @@ def test_a_killed_master_restarted_on_its_port_is_rejoined(caplog):
         proc.wait(timeout=30)
 
 
+def soft_config(action, ttl_ms=None, **kw):
+    config = ReplicateConfig(**kw)
+    config.soft_pin_action = action
+    config.soft_pin_ttl_ms = ttl_ms
+    return config
+
+
+def test_soft_pin_actions_reach_the_master():
+    """SoftPinAction and soft_pin_ttl_ms through put, put_batch and upsert, as
+    Mooncake's: ENABLE pins (evicted only once nothing unpinned is left),
+    an upsert with PRESERVE keeps the pin, DISABLE drops it; a TTL without
+    ENABLE, or above max_kv_soft_pin_ttl, is refused with -600."""
+    proc, addr = start_master("--eviction_high_watermark_ratio=1", "--max_kv_soft_pin_ttl=600000",
+                              "--default_kv_soft_pin_ttl=600000")
+    store = MooncakeDistributedStore()
+    try:
+        assert store.setup("127.0.0.1", "P2PHANDSHAKE", 1 * MiB, 1 * MiB, "tcp", "", addr) == 0
+        enable = soft_config(SoftPinAction.ENABLE, 600000)
+        assert store.put("soft", page_bytes(100), enable) == 0
+        assert store.put_batch(["soft_b"], [page_bytes(101)], enable) == 0
+        for i in range(14):
+            assert store.put("plain_%d" % i, page_bytes(i)) == 0
+        assert store.put("more", page_bytes(60)) == 0  # full: the oldest unpinned one goes
+        assert store.is_exist("plain_0") == 0
+        assert store.upsert("soft", page_bytes(102)) == 0  # PRESERVE: still pinned
+        assert store.is_exist("plain_1") == 0
+        # (the old value's space is free once the upsert commits)
+        assert store.upsert("soft_b", page_bytes(103), soft_config(SoftPinAction.DISABLE)) == 0
+        for i in range(20):  # the unpinned ones go, soft_b (unpinned now) among them
+            assert store.put("new_%d" % i, page_bytes(i)) == 0
+        assert store.is_exist("soft_b") == 0
+        assert store.get("soft") == page_bytes(102)
+        refused = [soft_config(SoftPinAction.PRESERVE, 10), soft_config(SoftPinAction.DISABLE, 10),
+                   soft_config(SoftPinAction.ENABLE, 600001),
+                   soft_config(SoftPinAction.DISABLE, with_soft_pin=True)]
+        for config in refused:
+            assert store.upsert("soft", page_bytes(1), config) == -600, config
+            assert store.put("absent", page_bytes(1), config) == -600, config
+        assert store.is_exist("absent") == 0
+        assert store.get("soft") == page_bytes(102)
+    finally:
+        assert store.close() == 0
+        stop_master(proc)
+
+
+def test_replicate_config_soft_pin_fields():
+    """Mooncake's bindings: SoftPinAction values compare, PRESERVE and None by
+    default, soft_pin_ttl_ms takes None or a uint64 (TypeError otherwise)."""
+    config = ReplicateConfig()
+    assert config.soft_pin_action == SoftPinAction.PRESERVE and config.soft_pin_ttl_ms is None
+    config.soft_pin_action = SoftPinAction.ENABLE
+    assert config.soft_pin_action == SoftPinAction.ENABLE != SoftPinAction.DISABLE
+    config.soft_pin_ttl_ms = (1 << 64) - 1
+    for bad in (-1, 1 << 64, 1.5, "1"):
+        with pytest.raises(TypeError):
+            config.soft_pin_ttl_ms = bad
+    with pytest.raises(TypeError):
+        config.soft_pin_action = 1
+    assert "SoftPinAction.ENABLE" in str(config)
+
+
 def test_pins_reach_the_master_and_a_full_pool_evicts(caplog):
     """A 1 MiB pool of sixteen 64 KiB values (the watermark at 1: eviction only
     for a put that does not fit): unpinned values make room, least recently
@@ -305,7 +366,9 @@ def test_pins_reach_the_master_and_a_full_pool_evicts(caplog):
 
 
 @pytest.mark.parametrize("flag", ["--eviction_ratio=0", "--eviction_high_watermark_ratio=1.5",
-                                  "--eviction_ratio=lots", "--default_kv_soft_pin_ttl=0"])
+                                  "--eviction_ratio=lots", "--default_kv_soft_pin_ttl=0",
+                                  "--max_kv_soft_pin_ttl=0",
+                                  "--max_kv_soft_pin_ttl=1000"])  # below the 30 min default
 def test_eviction_flags_are_checked(flag):
     done = subprocess.run([tool_or_skip(), "store-master", "--port=0", flag],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
