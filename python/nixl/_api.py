@@ -347,6 +347,21 @@ class nixl_agent:
     def get_reg_descs(self, descs, mem_type=None):
         return self._public_descs(descs, mem_type, nb.nixlRegDList, "get_reg_descs")
 
+    def query_memory(self, reg_list, backend, mem_type=None):
+        """What NIXL's POSIX backend answers for files named in the
+        descriptors' metadata: per descriptor {"size", "mode", "mtime"}
+        (decimal strings, from stat) or None when the name is empty or
+        stat fails. Other backends answer nothing about memory."""
+        descs = self.get_reg_descs(reg_list, mem_type)
+        if descs is None:
+            raise nb.nixlInvalidParamError("query_memory: the descriptors are not valid (the "
+                                           "nixl logger says why)")
+        self._backend(backend)
+        if backend != "POSIX":
+            raise nb.nixlNotSupportedError(f"query_memory: backend {backend!r} answers no "
+                                           f"queries; POSIX answers for files")
+        return [_file_info(name) for name in descs.metas]
+
     def get_xfer_descs(self, descs, mem_type=None):
         return self._public_descs(descs, mem_type, nb.nixlXferDList, "get_xfer_descs")
 
@@ -1044,6 +1059,16 @@ class nixl_agent:
         if self._listener is not None:
             self._listener[1].join(timeout=10)
 
+
+
+def _file_info(name):
+    if not name:
+        return None
+    try:
+        st = os.stat(name)
+    except OSError:
+        return None
+    return {"size": str(st.st_size), "mode": str(st.st_mode), "mtime": str(int(st.st_mtime))}
 
 def _telemetry_wanted(conf):
     """NIXL_TELEMETRY_ENABLE (y/yes/1/true/on or n/no/0/false/off) decides

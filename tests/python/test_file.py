@@ -124,6 +124,21 @@ def test_nixl_posix_plugin(agent):
     assert "FILE" not in agent.get_plugin_mem_types("UCX")
 
 
+
+def test_nixl_query_memory(agent, tmpfile):
+    """NIXL's query_memory on POSIX: per descriptor, the named file's size,
+    mode and mtime (stat's, as decimal strings), or None for an empty or
+    missing name (NIXL's query_mem_example)."""
+    fd, path = tmpfile
+    os.pwrite(fd, b"x" * 1234, 0)
+    st = os.stat(path)
+    got = agent.query_memory([(0, 0, 0, path), (0, 0, 0, "/nonexistent/ferry"), (0, 0, 0, "")],
+                             "POSIX", mem_type="FILE")
+    assert got == [{"size": "1234", "mode": str(st.st_mode), "mtime": str(int(st.st_mtime))},
+                   None, None]
+    with pytest.raises(nb.nixlNotFoundError, match="was not created"):
+        agent.query_memory([(0, 0, 0, path)], "GDS", mem_type="FILE")
+
 def test_nixl_posix_write_then_read_back(agent, tmpfile):
     """NIXL's POSIX flow: register DRAM and the file, WRITE DRAM -> FILE,
     READ it back FILE -> DRAM, both with the agent itself as the remote."""
