@@ -14,18 +14,19 @@
  * then times, per repetition and interleaved, ferry_store_put_from_batch
  * and ferry_store_get_into_batch of COUNT values of SIZE bytes, and
  * ferry_transfer_sync_batch WRITE/READ of the same entries into memory the
- * holder registered on its engine: the baseline. Before the clock, puts
- * fill the space the timed ones take and are removed, so they write
- * memory already faulted in, as the baseline does. This engine speaks
- * only the protocol named, and fails when the peer used another.
- * The memory row goes through the master's restore path
- * (store_map_restore_object), which builds the same object a commit does.
+ * holder allocated as its segment is (ferry_memory_alloc): the baseline.
+ * Before the clock, puts fill the space the timed ones take and are
+ * removed, so they write memory already faulted in, as the baseline does.
+ * This engine speaks only the protocol named, and fails when the peer used
+ * another.
  * ops runs THREADS threads over one client: 4 KiB put_from of new keys for
  * SECONDS, then get_into of those keys for SECONDS, and reads the master's
  * CPU time (/proc/MASTER_PID/stat) around each phase.
  * memory measures the master's state in this process, as docs/store.md
  * does: glibc's mallinfo2 before and after COUNT committed objects of
- * KEYLEN-byte keys (4 KiB, one replica) in a store_map. */
+ * KEYLEN-byte keys (4 KiB, one replica) in a store_map, made through the
+ * master's restore path (store_map_restore_object), which builds the same
+ * object a commit does. */
 #include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -72,12 +73,10 @@ static holder holder_start(const char *master, size_t seg, size_t base) {
     cfg.segment_size = seg;
     ferry_store *s;
     check(ferry_store_open(e, &cfg, &s), "holder: store open");
-    char *mem = NULL;
+    void *mem = NULL; /* shareable memory, as the segment is (ferry_memory_alloc) */
     if (base) {
-      if (posix_memalign((void **)&mem, 4096, base))
-        fprintf(stderr, "store_bench: holder: no memory\n"), _exit(1);
-      memset(mem, 0, base);
-      check(ferry_memory_register(e, mem, base), "holder: register");
+      check(ferry_memory_alloc(e, base, &mem), "holder: alloc");
+      memset(mem, 0, base); /* its pages faulted in, as the warmed segment's */
     }
     dprintf(up[1], "%s %llu\n", ferry_store_segment(s), (unsigned long long)(uintptr_t)mem);
     close(up[1]);
@@ -86,9 +85,8 @@ static holder holder_start(const char *master, size_t seg, size_t base) {
       ;
     ferry_store_close(s);
     if (mem)
-      ferry_memory_unregister(e, mem);
+      ferry_memory_free(e, mem);
     ferry_engine_destroy(e);
-    free(mem);
     _exit(0);
   }
   close(up[1]);
