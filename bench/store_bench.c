@@ -1,0 +1,338 @@
+/* store_bench.c - the store's rows of bench/run (section store, issue 33):
+ * what a client's batch put/get costs against ferry's own WRITE/READ of the
+ * same bytes, small-object operations per second, the master's CPU per
+ * operation and its memory per object. One JSON line per run.
+ *
+ *   store_bench batch MASTER tcp|shm SIZE COUNT REPS
+ *   store_bench ops MASTER MASTER_PID THREADS SECONDS
+ *   store_bench memory COUNT KEYLEN
+ *
+ * batch and ops fork a holder: a second process (its own engine on
+ * 127.0.0.1, all transports) whose store client contributes the segment
+ * every value goes to (preferred_segment), so each put and get crosses
+ * between two processes; this process's client contributes none. batch
+ * then times, per repetition and interleaved, ferry_store_put_from_batch
+ * and ferry_store_get_into_batch of COUNT values of SIZE bytes, and
+ * ferry_transfer_sync_batch WRITE/READ of the same entries into memory the
+ * holder allocated as its segment is (ferry_memory_alloc): the baseline.
+ * Before the clock, puts fill the space the timed ones take and are
+ * removed, so they write memory already faulted in, as the baseline does.
+ * This engine speaks only the protocol named, and fails when the peer used
+ * another.
+ * ops runs THREADS threads over one client: 4 KiB put_from of new keys for
+ * SECONDS, then get_into of those keys for SECONDS, and reads the master's
+ * CPU time (/proc/MASTER_PID/stat) around each phase.
+ * memory measures the master's state in this process, as docs/store.md
+ * does: glibc's mallinfo2 before and after COUNT committed objects of
+ * KEYLEN-byte keys (4 KiB, one replica) in a store_map, made through the
+ * master's restore path (store_map_restore_object), which builds the same
+ * object a commit does. */
+#include <malloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define BENCH_PROG "store_bench"
+#include "bench_common.h"
+#include "bench_engine.h"
+#include "ferry.h"
+#include "store/map.h"
+
+#define SMALL 4096
+
+/* ---- the holder: the other client, in its own process ---------------------------------- */
+
+typedef struct holder {
+  pid_t pid;
+  int stop_fd;             /* closed to end the holder */
+  char name[128];          /* its segment's (and engine's) name */
+  unsigned long long base; /* its registered baseline memory */
+} holder;
+
+/* Forks the holder: segment of seg bytes and a registered region of base
+ * bytes (0: none), its name and that region's address told through a pipe.
+ * It lives until stop_fd closes. */
+static holder holder_start(const char *master, size_t seg, size_t base) {
+  int up[2], down[2];
+  if (pipe(up) || pipe(down))
+    perror("store_bench: pipe"), exit(1);
+  holder h = {0};
+  h.pid = fork();
+  if (h.pid < 0)
+    perror("store_bench: fork"), exit(1);
+  if (h.pid == 0) {
+    close(up[0]);
+    close(down[1]);
+    ferry_engine *e = engine_with(0);
+    ferry_store_config cfg;
+    ferry_store_config_init(&cfg);
+    cfg.master = master;
+    cfg.segment_size = seg;
+    ferry_store *s;
+    check(ferry_store_open(e, &cfg, &s), "holder: store open");
+    void *mem = NULL; /* shareable memory, as the segment is (ferry_memory_alloc) */
+    if (base) {
+      check(ferry_memory_alloc(e, base, &mem), "holder: alloc");
+      memset(mem, 0, base); /* its pages faulted in, as the warmed segment's */
+    }
+    dprintf(up[1], "%s %llu\n", ferry_store_segment(s), (unsigned long long)(uintptr_t)mem);
+    close(up[1]);
+    char c;
+    while (read(down[0], &c, 1) > 0)
+      ;
+    ferry_store_close(s);
+    if (mem)
+      ferry_memory_free(e, mem);
+    ferry_engine_destroy(e);
+    _exit(0);
+  }
+  close(up[1]);
+  close(down[0]);
+  char line[256];
+  ssize_t n = 0, r;
+  while (n < (ssize_t)sizeof line - 1 && (r = read(up[0], line + n, sizeof line - 1 - n)) > 0)
+    n += r;
+  line[n] = '\0';
+  close(up[0]);
+  if (sscanf(line, "%127s %llu", h.name, &h.base) != 2)
+    fprintf(stderr, "store_bench: the holder did not start\n"), exit(1);
+  h.stop_fd = down[1];
+  return h;
+}
+
+static void holder_stop(holder *h) {
+  close(h->stop_fd);
+  waitpid(h->pid, NULL, 0);
+}
+
+static ferry_store *client(ferry_engine *e, const char *master) {
+  ferry_store_config cfg;
+  ferry_store_config_init(&cfg);
+  cfg.master = master;
+  ferry_store *s;
+  check(ferry_store_open(e, &cfg, &s), "store open");
+  return s;
+}
+
+static double median(double *v, int n) {
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+      double t = v[j];
+      v[j] = v[j - 1], v[j - 1] = t;
+    }
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static double gbps(size_t bytes, uint64_t t0) {
+  return (double)bytes / (double)(ferry_now_ns() - t0);
+}
+
+/* ---- batch: put_from/get_into batches against WRITE/READ batches ------------------------- */
+
+static int batch(const char *master, const char *protocol, size_t size, size_t count, int reps) {
+  unsigned t = !strcmp(protocol, "shm") ? FERRY_TRANSPORT_SHM : FERRY_TRANSPORT_TCP;
+  size_t bytes = size * count;
+  /* leased values stay (a get's lease): room for every repetition's */
+  holder h = holder_start(master, bytes * (size_t)(reps + 1) + (16u << 20), bytes);
+  ferry_engine *e = engine_with(t);
+  ferry_store *s = client(e, master);
+  uint8_t *buf = NULL;
+  if (posix_memalign((void **)&buf, 4096, bytes))
+    fprintf(stderr, "store_bench: no memory\n"), exit(1);
+  memset(buf, 0x5a, bytes);
+  check(ferry_memory_register(e, buf, bytes), "register");
+  ferry_store_item *items = calloc(count, sizeof *items);
+  ferry_entry *entries = calloc(count, sizeof *entries);
+  char(*keys)[32] = calloc(count, sizeof *keys);
+  ferry_store_replicate rep;
+  ferry_store_replicate_init(&rep);
+  rep.preferred_segment = h.name;
+  double *v[4];
+  for (int k = 0; k < 4; k++)
+    v[k] = calloc((size_t)reps, sizeof(double));
+  /* The segment's pages are new: fill the space the timed puts will take
+   * (as the baseline's memory was), then free it (no get: no lease). */
+  for (int r = 0; r <= reps; r++) {
+    for (size_t i = 0; i < count; i++) {
+      snprintf(keys[i], sizeof keys[i], "w%d-%zu", r, i);
+      items[i] = (ferry_store_item){keys[i], buf + i * size, size, 0};
+    }
+    check(ferry_store_put_from_batch(s, items, count, &rep), "warm-up put_from_batch");
+  }
+  check(ferry_store_remove_all(s, NULL), "remove_all");
+  for (int r = 0; r < reps; r++) {
+    for (size_t i = 0; i < count; i++)
+      entries[i] = (ferry_entry){FERRY_OP_WRITE, buf + i * size, h.base + i * size, size};
+    uint64_t t0 = ferry_now_ns();
+    check(ferry_transfer_sync_batch(e, h.name, entries, count, NULL), "batch WRITE");
+    v[0][r] = gbps(bytes, t0);
+    for (size_t i = 0; i < count; i++) {
+      snprintf(keys[i], sizeof keys[i], "r%d-%zu", r, i);
+      items[i] = (ferry_store_item){keys[i], buf + i * size, size, 0};
+    }
+    t0 = ferry_now_ns();
+    check(ferry_store_put_from_batch(s, items, count, &rep), "put_from_batch");
+    v[1][r] = gbps(bytes, t0);
+    for (size_t i = 0; i < count; i++)
+      entries[i].op = FERRY_OP_READ;
+    t0 = ferry_now_ns();
+    check(ferry_transfer_sync_batch(e, h.name, entries, count, NULL), "batch READ");
+    v[2][r] = gbps(bytes, t0);
+    for (size_t i = 0; i < count; i++)
+      items[i].length = size;
+    t0 = ferry_now_ns();
+    check(ferry_store_get_into_batch(s, items, count), "get_into_batch");
+    v[3][r] = gbps(bytes, t0);
+  }
+  unsigned used = 0;
+  check(ferry_peer_transport(e, h.name, &used), "peer transport");
+  if (used != t)
+    fprintf(stderr, "store_bench: %s unavailable here\n", protocol), exit(1);
+  printf("{\"mode\": \"batch\", \"protocol\": \"%s\", \"size\": %zu, \"count\": %zu, "
+         "\"write_gbps\": %.4f, \"put_gbps\": %.4f, \"read_gbps\": %.4f, \"get_gbps\": %.4f}\n",
+         protocol, size, count, median(v[0], reps), median(v[1], reps), median(v[2], reps),
+         median(v[3], reps));
+  ferry_store_close(s);
+  check(ferry_memory_unregister(e, buf), "unregister");
+  ferry_engine_destroy(e);
+  holder_stop(&h);
+  for (int k = 0; k < 4; k++)
+    free(v[k]);
+  free(items), free(entries), free(keys), free(buf);
+  return 0;
+}
+
+/* ---- ops: 4 KiB put/get per second, and the master's CPU ---------------------------------- */
+
+typedef struct worker {
+  pthread_t thread;
+  ferry_store *s;
+  const ferry_store_replicate *rep;
+  unsigned id;
+  uint8_t *buf;   /* SMALL registered bytes */
+  int get;        /* 0: put new keys; 1: get the keys put */
+  uint64_t until; /* ferry_now_ns deadline */
+  size_t puts, gets;
+} worker;
+
+static void *work(void *arg) {
+  worker *w = arg;
+  char key[48];
+  size_t *n = w->get ? &w->gets : &w->puts;
+  do {
+    snprintf(key, sizeof key, "t%02u-%010zu", w->id, w->get ? *n % w->puts : *n);
+    size_t len;
+    ferry_status st = w->get ? ferry_store_get_into(w->s, key, w->buf, SMALL, &len)
+                             : ferry_store_put_from(w->s, key, w->buf, SMALL, w->rep);
+    check(st, w->get ? "get_into" : "put_from");
+    (*n)++;
+  } while (ferry_now_ns() < w->until);
+  return NULL;
+}
+
+/* The master's user + system CPU in seconds (/proc/PID/stat). */
+static double cpu_of(long pid) {
+  char path[64], line[1024];
+  snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f || !fgets(line, sizeof line, f))
+    fprintf(stderr, "store_bench: %s: cannot read\n", path), exit(1);
+  fclose(f);
+  unsigned long long ut = 0, st = 0;
+  char *p = strrchr(line, ')'); /* fields after the name: state is the 3rd */
+  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+    fprintf(stderr, "store_bench: %s: no CPU times\n", path), exit(1);
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* One phase over every worker: ops per second and the master's CPU seconds. */
+static void phase(worker *w, unsigned threads, int get, double seconds, long pid, double *ops_s,
+                  double *cpu) {
+  double c0 = cpu_of(pid);
+  uint64_t t0 = ferry_now_ns();
+  size_t ops = 0;
+  for (unsigned i = 0; i < threads; i++) {
+    w[i].get = get;
+    w[i].until = t0 + (uint64_t)(seconds * 1e9);
+    pthread_create(&w[i].thread, NULL, work, &w[i]);
+  }
+  for (unsigned i = 0; i < threads; i++) {
+    pthread_join(w[i].thread, NULL);
+    ops += get ? w[i].gets : w[i].puts;
+  }
+  *ops_s = (double)ops / ((double)(ferry_now_ns() - t0) / 1e9);
+  *cpu = (cpu_of(pid) - c0) / (double)ops * 1e6;
+}
+
+static int ops(const char *master, long pid, unsigned threads, double seconds) {
+  holder h = holder_start(master, 1ull << 30, 0);
+  ferry_engine *e = engine_with(FERRY_TRANSPORT_TCP);
+  ferry_store *s = client(e, master);
+  uint8_t *buf = NULL;
+  if (posix_memalign((void **)&buf, 4096, (size_t)threads * SMALL))
+    fprintf(stderr, "store_bench: no memory\n"), exit(1);
+  memset(buf, 0x5a, (size_t)threads * SMALL);
+  check(ferry_memory_register(e, buf, (size_t)threads * SMALL), "register");
+  ferry_store_replicate rep;
+  ferry_store_replicate_init(&rep);
+  rep.preferred_segment = h.name;
+  worker *w = calloc(threads, sizeof *w);
+  for (unsigned i = 0; i < threads; i++)
+    w[i] = (worker){.s = s, .rep = &rep, .id = i, .buf = buf + (size_t)i * SMALL};
+  double put_s, put_cpu, get_s, get_cpu;
+  phase(w, threads, 0, seconds, pid, &put_s, &put_cpu);
+  phase(w, threads, 1, seconds, pid, &get_s, &get_cpu);
+  printf("{\"mode\": \"ops\", \"threads\": %u, \"size\": %d, \"put_ops\": %.1f, \"get_ops\": %.1f, "
+         "\"master_cpu_s_per_m_put\": %.3f, \"master_cpu_s_per_m_get\": %.3f}\n",
+         threads, SMALL, put_s, get_s, put_cpu, get_cpu);
+  ferry_store_close(s);
+  check(ferry_memory_unregister(e, buf), "unregister");
+  ferry_engine_destroy(e);
+  holder_stop(&h);
+  free(w), free(buf);
+  return 0;
+}
+
+/* ---- memory: the master's heap per object ------------------------------------------------- */
+
+static int memory(size_t count, size_t keylen) {
+  store_eviction ev = {0.95, 0.05, 30 * 60 * 1000};
+  store_map *m = store_map_create(5000, 10000, &ev);
+  char record[128], key[1100];
+  /* one segment that holds them all, as a master's restore mounts it */
+  snprintf(record, sizeof record, "4096 %llu", (unsigned long long)count * SMALL + SMALL);
+  if (!m || store_map_restore_segment(m, 1, "seg", record))
+    fprintf(stderr, "store_bench: memory: no segment\n"), exit(1);
+  struct mallinfo2 before = mallinfo2();
+  for (size_t i = 0; i < count; i++) {
+    snprintf(key, sizeof key, "%0*zu", (int)keylen, i);
+    /* SIZE PIN ON_DISK REPLICAS, then OFFSET HEXNAME ("seg") */
+    snprintf(record, sizeof record, "%d 0 0 1 %zu 736567", SMALL, i * SMALL);
+    if (store_map_restore_object(m, key, keylen, record))
+      fprintf(stderr, "store_bench: memory: object %zu refused\n", i), exit(1);
+  }
+  struct mallinfo2 after = mallinfo2();
+  double per = (double)(after.uordblks - before.uordblks) / (double)count;
+  printf("{\"mode\": \"memory\", \"objects\": %zu, \"key\": %zu, \"bytes_per_object\": %.1f, "
+         "\"bytes_per_object_less_key\": %.1f}\n",
+         count, keylen, per, per - (double)keylen);
+  store_map_destroy(m);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 7 && !strcmp(argv[1], "batch") &&
+      (!strcmp(argv[3], "tcp") || !strcmp(argv[3], "shm")) && atoi(argv[6]) > 0)
+    return batch(argv[2], argv[3], parse_size(argv[4]), parse_size(argv[5]), atoi(argv[6]));
+  if (argc == 6 && !strcmp(argv[1], "ops") && atoi(argv[4]) > 0)
+    return ops(argv[2], atol(argv[3]), (unsigned)atoi(argv[4]), atof(argv[5]));
+  if (argc == 4 && !strcmp(argv[1], "memory") && parse_size(argv[2]) && atoi(argv[3]) > 0)
+    return memory(parse_size(argv[2]), (size_t)atoi(argv[3]));
+  fprintf(stderr, "usage: store_bench batch MASTER tcp|shm SIZE COUNT REPS\n"
+                  "       store_bench ops MASTER MASTER_PID THREADS SECONDS\n"
+                  "       store_bench memory COUNT KEYLEN\n");
+  return 2;
+}
