@@ -299,7 +299,10 @@ static int ops(const char *master, long pid, unsigned threads, double seconds) {
 /* ---- memory: the master's heap per object ------------------------------------------------- */
 
 static int memory(size_t count, size_t keylen) {
-  store_eviction ev = {0.95, 0.05, 30 * 60 * 1000};
+  store_eviction ev = {.high_watermark = 0.95,
+                       .ratio = 0.05,
+                       .soft_pin_ttl_ms = 30 * 60 * 1000,
+                       .max_soft_pin_ttl_ms = 24 * 60 * 60 * 1000};
   store_map *m = store_map_create(5000, 10000, &ev);
   char record[128], key[1100];
   /* one segment that holds them all, as a master's restore mounts it */
