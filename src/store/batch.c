@@ -465,21 +465,32 @@ typedef struct placement {
   uint8_t from_file; /* read it from there: no replica, or every one failed */
 } placement;
 
+/* One GET reply entry into *p; its status in *st. A malformed reply is
+ * the call's failure (FERRY_EPROTO naming the master). */
+static ferry_status read_get_entry(ferry_store *s, store_reader *r, placement *p,
+                                   ferry_status *st) {
+  *st = (ferry_status)(int32_t)store_get_u32(r);
+  p->size = store_get_u64(r);
+  p->next = 0;
+  ferry_status bad = store_get_replicas(r, p->reps, &p->count, s->master);
+  if (bad)
+    return bad;
+  p->on_disk = store_get_u8(r) != 0;
+  p->from_file = p->on_disk && p->count == 0;
+  if (r->bad)
+    return ferry_fail(FERRY_EPROTO, "store master %s sent a truncated GET reply", s->master);
+  return FERRY_OK;
+}
+
 /* Each item's length becomes its value's size, also when the value does
  * not fit its buffers (the caller may read again with room for it). */
 static ferry_status read_gets(ferry_store *s, store_reader *r, item *items, size_t count,
                               placement *pl, outcome *o) {
   for (size_t i = 0; i < count; i++) {
-    ferry_status st = (ferry_status)(int32_t)store_get_u32(r);
-    pl[i].size = store_get_u64(r);
-    pl[i].next = 0;
-    ferry_status bad = store_get_replicas(r, pl[i].reps, &pl[i].count, s->master);
+    ferry_status st;
+    ferry_status bad = read_get_entry(s, r, &pl[i], &st);
     if (bad)
       return bad;
-    pl[i].on_disk = store_get_u8(r) != 0;
-    pl[i].from_file = pl[i].on_disk && pl[i].count == 0;
-    if (r->bad)
-      return ferry_fail(FERRY_EPROTO, "store master %s sent a truncated GET reply", s->master);
     if (!st && pl[i].size > items[i].length)
       st = ferry_fail(FERRY_EINVAL, "get \"%s\": the value is %llu bytes, the buffer%s %zu",
                       items[i].key, (unsigned long long)pl[i].size,
@@ -614,16 +625,10 @@ static ferry_status read_range_gets(ferry_store *s, store_reader *r, item *items
                                     const ferry_store_range *rg, size_t count, placement *pl,
                                     outcome *o) {
   for (size_t i = 0; i < count; i++) {
-    ferry_status st = (ferry_status)(int32_t)store_get_u32(r);
-    pl[i].size = store_get_u64(r);
-    pl[i].next = 0;
-    ferry_status bad = store_get_replicas(r, pl[i].reps, &pl[i].count, s->master);
+    ferry_status st;
+    ferry_status bad = read_get_entry(s, r, &pl[i], &st);
     if (bad)
       return bad;
-    pl[i].on_disk = store_get_u8(r) != 0;
-    pl[i].from_file = pl[i].on_disk && pl[i].count == 0;
-    if (r->bad)
-      return ferry_fail(FERRY_EPROTO, "store master %s sent a truncated GET reply", s->master);
     if (items[i].status != FERRY_OK) /* refused before the request */
       continue;
     if (!st && (rg[i].offset > pl[i].size || rg[i].length > pl[i].size - rg[i].offset))

@@ -70,13 +70,7 @@ static void master_start(master_proc *m, const char *flag1, const char *flag2) {
 
 /* SIGTERM: the master stops cleanly (under ASan, with its leak check) and
  * exits 0. */
-static void master_stop(master_proc *m) {
-  int status = -1;
-  kill(m->pid, SIGTERM);
-  assert_int_equal(test_wait_exit(m->pid, TEST_SETUP_MS, &status), 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    fail_msg("store-master exited with status 0x%x", status);
-}
+static void master_stop(master_proc *m) { test_stop_expect_clean_exit(m->pid, "store-master"); }
 
 static ferry_engine *engine_over(unsigned transports) {
   ferry_config cfg;

@@ -104,13 +104,7 @@ static void master_start(master_proc *m, const char *expect_role) {
 }
 
 /* SIGTERM: it resigns and exits 0 (under ASan, after its leak check). */
-static void master_stop(master_proc *m) {
-  int status = -1;
-  kill(m->pid, SIGTERM);
-  assert_int_equal(test_wait_exit(m->pid, TEST_SETUP_MS, &status), 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    fail_msg("store-master exited with status 0x%x", status);
-}
+static void master_stop(master_proc *m) { test_stop_expect_clean_exit(m->pid, "store-master"); }
 
 /* The address the leader key names ("" when none leads). */
 static void leader_now(char *addr, size_t size) {

@@ -138,6 +138,14 @@ void test_kill_and_reap(pid_t pid, int timeout_ms) {
   test_wait_exit(pid, timeout_ms, &status);
 }
 
+void test_stop_expect_clean_exit(pid_t pid, const char *what) {
+  int status = -1;
+  kill(pid, SIGTERM);
+  assert_int_equal(test_wait_exit(pid, TEST_SETUP_MS, &status), 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    fail_msg("%s exited with status 0x%x", what, status);
+}
+
 int test_target_stop(test_target *t) {
   if (t->pid <= 0)
     return -1;

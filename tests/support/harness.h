@@ -53,6 +53,10 @@ int test_wait_exit(pid_t pid, int timeout_ms, int *status);
 /* SIGKILL (which also ends a stopped process, without letting it run
  * first), then reaps it, waiting at most timeout_ms. */
 void test_kill_and_reap(pid_t pid, int timeout_ms);
+/* SIGTERM, then fails the running test (cmocka) unless the process, named
+ * what, exits with status 0 within TEST_SETUP_MS (under ASan: after its
+ * leak check). */
+void test_stop_expect_clean_exit(pid_t pid, const char *what);
 /* Monotonic seconds. */
 double test_now_s(void);
 
