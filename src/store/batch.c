@@ -580,43 +580,6 @@ static void read_files(ferry_store *s, item *items, size_t count, placement *pl,
   free(bad_keys);
 }
 
-static ferry_status get_slice(ferry_store *s, item *items, size_t count, outcome *o) {
-  ferry_frame_header h;
-  uint8_t *body;
-  ferry_status st = keys_request(s, STORE_GET, items, count, &h, &body, "store GET");
-  if (st)
-    return st;
-  placement *pl = malloc(count * sizeof *pl);
-  move *mv = malloc(count * sizeof *mv);
-  char(*details)[FERRY_ERROR_MAX] = malloc(count * sizeof *details);
-  store_reader r = {body, (size_t)h.body_len, 0};
-  st = pl && mv && details ? read_gets(s, &r, items, count, pl, o)
-                           : ferry_fail(FERRY_ENOMEM, "store get: out of memory");
-  if (!st) {
-    read_replicas(s, items, count, pl, mv, details, o);
-    read_files(s, items, count, pl, o);
-  }
-  free(details);
-  free(mv);
-  free(pl);
-  free(body);
-  return st;
-}
-
-static ferry_status read_items(ferry_store *s, item *items, size_t count, const char *call) {
-  ferry_status st = check_items(s, items, count, 1, call);
-  if (st)
-    return st;
-  outcome o = {SIZE_MAX, FERRY_OK, ""};
-  for (size_t at = 0; at < count; at += STORE_BATCH_MAX) {
-    size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
-    st = get_slice(s, items + at, n, &o);
-    if (st)
-      slice_failed(&o, items, at, n, st);
-  }
-  return finish(&o);
-}
-
 /* ---- ranges --------------------------------------------------------------------------------- */
 
 /* A GET reply read for ranges: an object of the right size gets its
@@ -681,8 +644,12 @@ static void read_range_files(ferry_store *s, item *items, const ferry_store_rang
   }
 }
 
-static ferry_status ranges_slice(ferry_store *s, ferry_store_range *rg, item *items, size_t count,
-                                 outcome *o) {
+/* ---- gets, of whole values or of ranges ----------------------------------------------------- */
+
+/* One GET request for count items and the reads it answers: whole values
+ * into the items' buffers, or, with rg, the ranges rg[0..count) names. */
+static ferry_status get_slice(ferry_store *s, item *items, const ferry_store_range *rg,
+                              size_t count, outcome *o) {
   ferry_frame_header h;
   uint8_t *body;
   ferry_status st = keys_request(s, STORE_GET, items, count, &h, &body, "store GET");
@@ -692,17 +659,37 @@ static ferry_status ranges_slice(ferry_store *s, ferry_store_range *rg, item *it
   move *mv = malloc(count * sizeof *mv);
   char(*details)[FERRY_ERROR_MAX] = malloc(count * sizeof *details);
   store_reader r = {body, (size_t)h.body_len, 0};
-  st = pl && mv && details ? read_range_gets(s, &r, items, rg, count, pl, o)
-                           : ferry_fail(FERRY_ENOMEM, "store get_into_ranges: out of memory");
+  if (!pl || !mv || !details)
+    st = ferry_fail(FERRY_ENOMEM, "store %s: out of memory", rg ? "get_into_ranges" : "get");
+  else
+    st = rg ? read_range_gets(s, &r, items, rg, count, pl, o)
+            : read_gets(s, &r, items, count, pl, o);
   if (!st) {
     read_replicas(s, items, count, pl, mv, details, o);
-    read_range_files(s, items, rg, count, pl, o);
+    if (rg)
+      read_range_files(s, items, rg, count, pl, o);
+    else
+      read_files(s, items, count, pl, o);
   }
   free(details);
   free(mv);
   free(pl);
   free(body);
   return st;
+}
+
+static ferry_status read_items(ferry_store *s, item *items, size_t count, const char *call) {
+  ferry_status st = check_items(s, items, count, 1, call);
+  if (st)
+    return st;
+  outcome o = {SIZE_MAX, FERRY_OK, ""};
+  for (size_t at = 0; at < count; at += STORE_BATCH_MAX) {
+    size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
+    st = get_slice(s, items + at, NULL, n, &o);
+    if (st)
+      slice_failed(&o, items, at, n, st);
+  }
+  return finish(&o);
 }
 
 ferry_status ferry_store_get_ranges(ferry_store *s, ferry_store_range *rg, size_t count) {
@@ -725,7 +712,7 @@ ferry_status ferry_store_get_ranges(ferry_store *s, ferry_store_range *rg, size_
   }
   for (size_t at = 0; !st && at < count; at += STORE_BATCH_MAX) {
     size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
-    ferry_status sl = ranges_slice(s, rg + at, items + at, n, &o);
+    ferry_status sl = get_slice(s, items + at, rg + at, n, &o);
     if (sl)
       slice_failed(&o, items, at, n, sl);
   }
