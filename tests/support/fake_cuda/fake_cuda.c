@@ -6,7 +6,7 @@
  *
  * It implements exactly the entry points src/memory/kind_cuda.c resolves,
  * plus what a test needs to hold "device memory" as CUDA code would
- * (cuMemAlloc_v2, cuMemFree_v2, synchronous cuMemcpyHtoD_v2/DtoH_v2,
+ * (cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, synchronous cuMemcpyHtoD_v2/DtoH_v2,
  * cuCtxGetCurrent), called through dlsym. One device, cuda:0.
  *
  * Device memory is a memfd mapped twice: the address handed out is a
@@ -453,6 +453,14 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes) {
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes) {
   need_context("cuMemcpyDtoH_v2");
   memcpy(dst, device_view("cuMemcpyDtoH_v2", src, bytes), bytes);
+  return CUDA_SUCCESS;
+}
+
+/* For tests: a 1 GiB device with all of it free (its memory is memfds,
+ * whose pages exist only once touched). */
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+  need_context("cuMemGetInfo_v2");
+  *free_bytes = *total_bytes = (size_t)1 << 30;
   return CUDA_SUCCESS;
 }
 
