@@ -32,20 +32,21 @@ typedef struct outcome {
   size_t first; /* index of the first failed item; SIZE_MAX: none */
   ferry_status status;
   char detail[FERRY_ERROR_MAX];
+  size_t base; /* the caller's index of items[0] of the slice at work */
 } outcome;
 
 static void item_failed(outcome *o, item *items, size_t i, ferry_status st) {
   items[i].status = st;
-  if (i < o->first) {
-    o->first = i;
+  if (o->base + i < o->first) {
+    o->first = o->base + i;
     o->status = st;
     snprintf(o->detail, sizeof o->detail, "%s", ferry_last_error());
   }
 }
 
 /* A slice the master never answered: every item of it fails with st. */
-static void slice_failed(outcome *o, item *items, size_t at, size_t n, ferry_status st) {
-  for (size_t i = at; i < at + n; i++)
+static void slice_failed(outcome *o, item *items, size_t n, ferry_status st) {
+  for (size_t i = 0; i < n; i++)
     if (items[i].status == FERRY_OK)
       item_failed(o, items, i, st);
 }
@@ -434,12 +435,13 @@ static ferry_status write_items(ferry_store *s, uint8_t op, item *items, size_t 
     st = adopt_replicate(replicate, &rep, call);
   if (st)
     return st;
-  outcome o = {SIZE_MAX, FERRY_OK, ""};
+  outcome o = {SIZE_MAX, FERRY_OK, "", 0};
   for (size_t at = 0; at < count; at += STORE_BATCH_MAX) {
     size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
+    o.base = at;
     st = put_slice(s, op, items + at, n, &rep, &o);
     if (st)
-      slice_failed(&o, items, at, n, st);
+      slice_failed(&o, items + at, n, st);
   }
   return finish(&o);
 }
@@ -682,12 +684,13 @@ static ferry_status read_items(ferry_store *s, item *items, size_t count, const 
   ferry_status st = check_items(s, items, count, 1, call);
   if (st)
     return st;
-  outcome o = {SIZE_MAX, FERRY_OK, ""};
+  outcome o = {SIZE_MAX, FERRY_OK, "", 0};
   for (size_t at = 0; at < count; at += STORE_BATCH_MAX) {
     size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
+    o.base = at;
     st = get_slice(s, items + at, NULL, n, &o);
     if (st)
-      slice_failed(&o, items, at, n, st);
+      slice_failed(&o, items + at, n, st);
   }
   return finish(&o);
 }
@@ -696,7 +699,7 @@ ferry_status ferry_store_get_ranges(ferry_store *s, ferry_store_range *rg, size_
   item *items = one_buffer_items(count);
   if (!items)
     return ferry_fail(FERRY_ENOMEM, "ferry_store_get_ranges: out of memory");
-  outcome o = {SIZE_MAX, FERRY_OK, ""};
+  outcome o = {SIZE_MAX, FERRY_OK, "", 0};
   ferry_status st = FERRY_OK;
   for (size_t i = 0; i < count && !st; i++) {
     items[i].key = rg[i].key;
@@ -712,9 +715,10 @@ ferry_status ferry_store_get_ranges(ferry_store *s, ferry_store_range *rg, size_
   }
   for (size_t at = 0; !st && at < count; at += STORE_BATCH_MAX) {
     size_t n = count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX;
+    o.base = at;
     ferry_status sl = get_slice(s, items + at, rg + at, n, &o);
     if (sl)
-      slice_failed(&o, items, at, n, sl);
+      slice_failed(&o, items + at, n, sl);
   }
   for (size_t i = 0; i < count; i++)
     rg[i].status = st ? FERRY_OK : items[i].status;

@@ -579,6 +579,42 @@ static void ranges_and_batches_of_any_memory(void **state) {
   rig_close(&t);
 }
 
+/* A batch larger than one request (4096 keys) is cut into slices; the
+ * error a failed batch returns names its first failed item in the
+ * caller's order, not the first of whichever slice failed last. */
+static void a_large_batch_names_its_first_failure(void **state) {
+  (void)state;
+  rig t;
+  rig_open(&t, NULL, SEGMENT);
+  local_client a = t.a;
+  enum { N = 4096 + 8, WIDTH = 8 };
+  uint8_t *buf;
+  assert_int_equal(ferry_memory_alloc(a.engine, N * WIDTH, (void **)&buf), FERRY_OK);
+  char(*keys)[24] = calloc(N, sizeof *keys);
+  ferry_store_item *items = calloc(N, sizeof *items);
+  assert_non_null(keys);
+  assert_non_null(items);
+  for (size_t i = 0; i < N; i++) {
+    snprintf(keys[i], sizeof keys[i], "large_%zu", i);
+    items[i] = (ferry_store_item){keys[i], buf + i * WIDTH, WIDTH, FERRY_EINVAL};
+  }
+  ferry_store_replicate own = replicate(1, ferry_store_segment(a.store), FERRY_STORE_PIN_NONE);
+  if (ferry_store_put_from_batch(a.store, items, N, &own) != FERRY_OK)
+    fail_msg("put_from_batch: %s", ferry_last_error());
+  /* item 5 of the first slice and item 1 of the second are absent */
+  snprintf(keys[5], sizeof keys[5], "absent_first");
+  snprintf(keys[4096 + 1], sizeof keys[0], "absent_later");
+  assert_int_equal(ferry_store_get_into_batch(a.store, items, N), FERRY_ENOTFOUND);
+  assert_non_null(strstr(ferry_last_error(), "absent_first"));
+  assert_null(strstr(ferry_last_error(), "absent_later"));
+  for (size_t i = 0; i < N; i++)
+    assert_int_equal(items[i].status, i == 5 || i == 4096 + 1 ? FERRY_ENOTFOUND : FERRY_OK);
+  free(items);
+  free(keys);
+  ferry_memory_free(a.engine, buf);
+  rig_close(&t);
+}
+
 /* Between PUT_START and PUT_END the key is invisible; after the writer's
  * connection ends without PUT_END it never appears, and its space and key
  * are free again. */
@@ -2237,6 +2273,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(values_move_between_two_clients),
       cmocka_unit_test(ranges_and_batches_of_any_memory),
+      cmocka_unit_test(a_large_batch_names_its_first_failure),
       cmocka_unit_test(a_put_is_invisible_until_committed),
       cmocka_unit_test(a_dead_clients_replicas_are_gone),
       cmocka_unit_test(a_get_moves_to_the_next_replica),
