@@ -917,6 +917,12 @@ ferry_status ferry_send_batch(ferry_engine *engine, const char *target, const ch
  * master take turns on its one connection, transfers run in parallel. */
 typedef struct ferry_store ferry_store;
 
+/* A store client's settings. It grows as ferry_config does (the ABI rule
+ * above): fill it with ferry_store_config_init, then set what differs.
+ * ferry_store_open refuses a size larger than this libferry's struct (a
+ * newer ferry.h) or smaller than its first form with FERRY_EINVAL naming
+ * it; a smaller one of an older ferry.h gives the fields it lacks their
+ * defaults. */
 typedef struct ferry_store_config {
   size_t size;              /* sizeof, set by ferry_store_config_init */
   const char *master;       /* the master's "host:port" (required), or with HA

@@ -6,6 +6,7 @@
  * when the caller's memory is not registered. */
 #include "store/client.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,8 @@
 
 void ferry_store_config_init_size(ferry_store_config *cfg, size_t size) {
   memset(cfg, 0, size);
-  cfg->size = size;
+  if (size >= sizeof cfg->size)
+    cfg->size = size;
 }
 
 const char *ferry_store_segment(const ferry_store *store) {
@@ -253,21 +255,37 @@ static void *pinger_main(void *arg) {
   return NULL;
 }
 
-static ferry_status check_config(const ferry_store_config *cfg) {
-  if (!cfg || cfg->size < sizeof(ferry_store_config) || !cfg->master || !*cfg->master)
-    return ferry_fail(FERRY_EINVAL, "ferry_store_open: %s",
-                      !cfg || cfg->size < sizeof(ferry_store_config)
-                          ? "config not filled by ferry_store_config_init"
-                          : "no master address (host:port)");
-  if (strlen(cfg->master) >= FERRY_HOST_MAX)
+/* The first form of ferry_store_config, the smallest size accepted. */
+#define CONFIG_MIN_SIZE (offsetof(ferry_store_config, timeout_ms) + sizeof(uint32_t))
+
+/* The caller's config as this libferry's struct (the ABI rule of
+ * ferry_config): the fields an older caller lacks keep their defaults. */
+static ferry_status adopt_config(const ferry_store_config *in, ferry_store_config *out) {
+  ferry_store_config_init(out);
+  if (!in)
+    return ferry_fail(FERRY_EINVAL, "ferry_store_open: no config (fill one with "
+                                    "ferry_store_config_init)");
+  if (in->size < CONFIG_MIN_SIZE || in->size > sizeof *out)
+    return ferry_fail(FERRY_EINVAL,
+                      "ferry_store_open: ferry_store_config.size = %zu is not valid: expected "
+                      "%zu to %zu (fill it with ferry_store_config_init; a larger size means a "
+                      "ferry.h newer than this libferry)",
+                      in->size, (size_t)CONFIG_MIN_SIZE, sizeof *out);
+  memcpy(out, in, in->size);
+  out->size = sizeof *out;
+  if (!out->master || !*out->master)
+    return ferry_fail(FERRY_EINVAL, "ferry_store_open: no master address (host:port)");
+  if (strlen(out->master) >= FERRY_HOST_MAX)
     return ferry_fail(FERRY_EINVAL, "ferry_store_open: master address of %zu bytes is too long",
-                      strlen(cfg->master));
+                      strlen(out->master));
   return FERRY_OK;
 }
 
 ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cfg,
                               ferry_store **out) {
-  ferry_status st = check_config(cfg);
+  ferry_store_config adopted;
+  ferry_status st = adopt_config(cfg, &adopted);
+  cfg = &adopted;
   if (st || !engine || !out)
     return st ? st : ferry_fail(FERRY_EINVAL, "ferry_store_open: engine and out are required");
   ferry_store *s = calloc(1, sizeof *s);

@@ -1290,6 +1290,21 @@ static void bad_arguments_are_refused(void **state) {
   ferry_engine *e = engine_on_loopback();
   ferry_store *s;
   assert_int_equal(store_on(e, t.m.addr, 0, NULL, &s), FERRY_ESOCKET);
+  /* The config carries its caller's sizeof, as ferry_config does: one
+   * from a newer ferry.h (larger), or not filled by the init, is refused
+   * naming the size, before the master is tried. */
+  ferry_store_config cfg;
+  ferry_store_config_init(&cfg);
+  cfg.master = t.m.addr;
+  cfg.size = sizeof cfg + 8;
+  assert_int_equal(ferry_store_open(e, &cfg, &s), FERRY_EINVAL);
+  assert_non_null(strstr(ferry_last_error(), "ferry_store_config.size"));
+  cfg.size = 3;
+  assert_int_equal(ferry_store_open(e, &cfg, &s), FERRY_EINVAL);
+  assert_int_equal(ferry_store_open(e, NULL, &s), FERRY_EINVAL);
+  /* the first form's size (an older ferry.h) is read: the master is tried */
+  cfg.size = offsetof(ferry_store_config, timeout_ms) + sizeof(uint32_t);
+  assert_int_equal(ferry_store_open(e, &cfg, &s), FERRY_ESOCKET);
   ferry_engine_destroy(e);
 }
 
