@@ -85,6 +85,7 @@ class EtcdMetadata:
         self._watches = {}  # agent -> (thread, connection)
         self._lock = threading.Lock()
         self._closed = False
+        self._stopped = threading.Event()  # set by close: ends the waits between tries
         self._worker = threading.Thread(target=self._work, daemon=True,
                                         name=f"nixl-etcd-{agent}")
         self._worker.start()
@@ -160,7 +161,12 @@ class EtcdMetadata:
         if self._closed:
             return
         self._on_blob(agent, blob)
-        self._watch(agent, revision + 1)
+        try:
+            self._watch(agent, revision + 1)
+        except EtcdError as e:
+            log.warning("nixl agent %s: the etcd watch on agent %s did not open (%s)", self.agent,
+                        agent, e)
+            self._watch_again(agent)
 
     # ---- watches: one stream per fetched agent --------------------------------
 
@@ -168,41 +174,86 @@ class EtcdMetadata:
         with self._lock:
             if agent in self._watches or self._closed:
                 return
-            host, port = self.endpoints[0]
-            conn = http.client.HTTPConnection(host, port, timeout=_REQUEST_TIMEOUT_S)
-            prefix = self.key(agent, "")
-            conn.request("POST", "/v3/watch", json.dumps({"create_request": {
-                "key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
-                "start_revision": str(start_revision), "filters": ["NOPUT"]}}))
-            reply = conn.getresponse()
-            conn.sock.settimeout(None)  # a watch waits as long as the agent is known
+            conn, reply = self._open_watch(self.key(agent, ""), start_revision)
             thread = threading.Thread(target=self._watch_main, args=(agent, reply), daemon=True,
                                       name=f"nixl-etcd-watch-{agent}")
             self._watches[agent] = (thread, conn)
             thread.start()
+
+    def _open_watch(self, prefix, start_revision):
+        """A watch stream on prefix from the first endpoint that opens one."""
+        last = None
+        for host, port in self.endpoints:
+            conn = http.client.HTTPConnection(host, port, timeout=_REQUEST_TIMEOUT_S)
+            try:
+                conn.request("POST", "/v3/watch", json.dumps({"create_request": {
+                    "key": _b64(prefix), "range_end": _b64(_prefix_end(prefix)),
+                    "start_revision": str(start_revision), "filters": ["NOPUT"]}}))
+                reply = conn.getresponse()
+                if reply.status == 200:
+                    conn.sock.settimeout(None)  # a watch waits as long as the agent is known
+                    return conn, reply
+                last = f"etcd at {host}:{port}: HTTP {reply.status}"
+            except (OSError, http.client.HTTPException) as e:
+                last = f"etcd at {host}:{port}: {e}"
+            conn.close()
+        raise EtcdError(f"/v3/watch: no etcd endpoint answered ({last})")
 
     def _watch_main(self, agent, reply):
         try:
             for line in iter(reply.readline, b""):
                 events = json.loads(line).get("result", {}).get("events") or []
                 if any(e.get("type") == "DELETE" for e in events):
-                    log.info("nixl agent %s: agent %s's metadata was deleted from etcd; "
-                             "forgetting it", self.agent, agent)
-                    with self._lock:
-                        self._watches.pop(agent, None)
-                    self._on_deleted(agent)
+                    self._forget(agent, "was deleted from etcd")
                     return
         except (OSError, ValueError, http.client.HTTPException) as e:
             if not self._closed:
-                log.error("nixl agent %s: the etcd watch on agent %s ended: %s", self.agent,
-                          agent, e)
+                log.warning("nixl agent %s: the etcd watch on agent %s broke (%s); watching "
+                            "it again", self.agent, agent, e)
         with self._lock:
             self._watches.pop(agent, None)
+        if not self._closed:
+            self._watch_again(agent)
+
+    def _forget(self, agent, why):
+        log.info("nixl agent %s: agent %s's metadata %s; forgetting it", self.agent, agent, why)
+        with self._lock:
+            self._watches.pop(agent, None)
+        self._on_deleted(agent)
+
+    def _watch_again(self, agent):
+        """After a watch stream ended (its etcd member died, or etcd ended
+        it): what etcd holds now decides, so no deletion in between is
+        missed: no key left, the agent is forgotten; else a new watch from
+        this revision, on the first endpoint that answers. Until etcd
+        answers, tried again with a growing pause (2 s at most)."""
+        prefix = self.key(agent, "")
+        pause, failed = 0.05, False
+        while not self._closed:
+            try:
+                reply = self._post("/v3/kv/range", {"key": _b64(prefix),
+                                                    "range_end": _b64(_prefix_end(prefix)),
+                                                    "count_only": True})
+                if int(reply.get("count", 0)) == 0:
+                    self._forget(agent, "is gone from etcd")
+                else:
+                    self._watch(agent, int(reply.get("header", {}).get("revision", 0)) + 1)
+                if failed:
+                    log.info("nixl agent %s: watching agent %s again", self.agent, agent)
+                return
+            except EtcdError as e:
+                if not failed:
+                    log.error("nixl agent %s: cannot watch agent %s (%s); trying until etcd "
+                              "answers", self.agent, agent, e)
+                failed = True
+            self._stopped.wait(pause)
+            pause = min(pause * 2, 2.0)
 
     def close(self):
         with self._lock:
             self._closed = True
             watches, self._watches = list(self._watches.values()), {}
+        self._stopped.set()
         self._jobs.put(None)
         for thread, conn in watches:
             try:

@@ -25,7 +25,6 @@ class Store:
         self.password = password
         self.dir = tempfile.mkdtemp(prefix="ferry-pystore-")
         self.port = free_port()
-        log = open(os.path.join(self.dir, "log"), "w")
         if kind == "redis":
             args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
                     "--dir", self.dir, "--save", "", "--appendonly", "no"]
@@ -40,9 +39,21 @@ class Store:
                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                     "--initial-cluster", "m0=" + peer, "--log-level", "error"]
             self.url = "etcd://127.0.0.1:%d" % self.port
-        self.proc = subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        log.close()
+        self.args = args
+        self._start()
+
+    def _start(self):
+        with open(os.path.join(self.dir, "log"), "a") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL)
         self._wait_ready()
+
+    def restart(self):
+        """Kills the store and starts it again on its port with its data (an
+        etcd member that died and came back)."""
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        self._start()
 
     def _answers(self):
         if self.kind == "redis":

@@ -684,6 +684,29 @@ def test_etcd_publish_fetch_and_invalidate(agents, etcd):
     assert a.check_remote_metadata("decode")  # only the invalidated agent is forgotten
 
 
+def test_etcd_watch_takes_the_endpoint_that_answers_and_outlives_a_restart(agents, etcd,
+                                                                           monkeypatch):
+    """A reader's watch opens on the first endpoint of NIXL_ETCD_ENDPOINTS
+    that answers, not only the first listed; and when its etcd dies and
+    comes back, the watch is made again, so an agent invalidated after the
+    restart is still forgotten."""
+    monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", "http://127.0.0.1:%d,http://127.0.0.1:%d"
+                       % (free_port(), etcd.port))
+    a, b = agents("prefill"), agents("decode")
+    a.send_local_metadata()
+    b.fetch_remote_metadata("prefill")
+    assert wait_until(lambda: b.check_remote_metadata("prefill"))
+    a.invalidate_local_metadata()  # seen by the watch on the second endpoint
+    assert wait_until(lambda: not b.check_remote_metadata("prefill"))
+
+    a.send_local_metadata()
+    b.fetch_remote_metadata("prefill")
+    assert wait_until(lambda: b.check_remote_metadata("prefill"))
+    etcd.restart()
+    a.invalidate_local_metadata()
+    assert wait_until(lambda: not b.check_remote_metadata("prefill"))
+
+
 def test_etcd_refuses_what_it_must(agents, etcd, caplog, monkeypatch):
     """Metadata under one agent's key that names another is not loaded; an
     unreachable etcd is an error naming it."""
