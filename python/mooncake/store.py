@@ -663,8 +663,12 @@ class MooncakeDistributedStore:
             rep = self._rep(config)
             if not upsert:
                 statuses, detail = self._put_direct(items, rep)
-            if ferry.ENOTREG in statuses:  # a tensor's memory is not registered: copy them
-                statuses, detail = self._put_copied(items, rep, upsert)
+            copy = [j for j, st in enumerate(statuses) if st == ferry.ENOTREG]
+            if copy:  # memory not registered (nothing was stored): through a copy
+                again, again_detail = self._put_copied([items[j] for j in copy], rep, upsert)
+                detail = again_detail or detail
+                for j, st in zip(copy, again):
+                    statuses[j] = st
         except ferry.Error as e:
             statuses, detail = [e.code] * len(items), e.detail
         except (TypeError, ValueError, OverflowError) as e:
