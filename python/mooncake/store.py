@@ -575,6 +575,37 @@ class MooncakeDistributedStore:
         tp = (int(tp_size), int(split_dim)) if tp_size > 1 else None
         return self._put_tensors(_call, base_keys, tensors_list, config, tp=tp)
 
+    def put_tensor_with_tp_from(self, key, buffer_ptr, size, tp_rank=0, tp_size=1,
+                                split_dim=0):
+        """A whole tensor in Mooncake's format in a registered buffer, stored
+        as put_tensor_with_tp stores it (tp_size 1: put_tensor_from)."""
+        return self.batch_put_tensor_with_tp_from([key], [buffer_ptr], [size], tp_rank, tp_size,
+                                                  split_dim, _call="put_tensor_with_tp_from")[0]
+
+    def batch_put_tensor_with_tp_from(self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1,
+                                      split_dim=0, _call="batch_put_tensor_with_tp_from"):
+        """Per key 0 or a code; a buffer that is not a tensor fails its key (-600)."""
+        if tp_size <= 1:
+            return self._put_tensor_from(_call, base_keys, buffer_ptrs, sizes)
+        keys, buffer_ptrs, sizes = list(base_keys), list(buffer_ptrs), list(sizes)
+        if not len(keys) == len(buffer_ptrs) == len(sizes):
+            return [self._fail(_call, INVALID_PARAMS, "%d keys, %d buffers, %d sizes"
+                               % (len(keys), len(buffer_ptrs), len(sizes)))] * len(keys)
+        results, wanted, tensors = [INVALID_PARAMS] * len(keys), [], []
+        for i, (key, ptr, size) in enumerate(zip(keys, buffer_ptrs, sizes)):
+            if not ptr or size <= 0:
+                self._fail(_call, INVALID_PARAMS, "key %r: a null or empty buffer" % (key,))
+                continue
+            tensor = self._decode(_call, key, (ctypes.c_ubyte * size).from_address(ptr))
+            if tensor is not None:
+                wanted.append(i)
+                tensors.append(tensor)
+        done = self._put_tensors(_call, [keys[i] for i in wanted], tensors,
+                                 tp=(int(tp_size), int(split_dim)))
+        for i, code in zip(wanted, done):
+            results[i] = code
+        return results
+
     def put_tensor_from(self, key, buffer_ptr, size):
         """A value already in Mooncake's format ([header][bytes], as
         get_tensor_into leaves it) put from a registered buffer; its header is

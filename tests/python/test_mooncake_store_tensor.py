@@ -292,6 +292,18 @@ def test_tensor_parallel_shards_split_and_merge(master, caplog):
         same(into, tensors[1][:1])
         into = reader.batch_get_tensor_with_tp_into(["b0"], [base], [4096], tp_rank=0, tp_size=2)
         same(into[0], t[:2])
+        # A whole tensor in the format in a registered buffer, split by the store.
+        full = header(torch.bfloat16, (4, 6, 3)) + as_bytes(t)
+        src = ctypes.create_string_buffer(full, len(full))
+        assert writer.register_buffer(ctypes.addressof(src), len(full)) == 0
+        assert writer.batch_put_tensor_with_tp_from(
+            ["f", "g"], [ctypes.addressof(src)] * 2, [len(full), 100], tp_size=2,
+            split_dim=1) == [0, -600]
+        assert writer.put_tensor_with_tp_from("h", ctypes.addressof(src), len(full),
+                                              tp_size=2, split_dim=0) == 0
+        same(reader.get_tensor_with_tp("f", tp_rank=1, tp_size=2), t[:, 3:])
+        same(reader.get_tensor_with_tp("h", tp_rank=0, tp_size=2), t[:2])
+        assert reader.batch_is_exist(["g_tp_0", "g_tp_1"]) == [0, 0]
         assert writer.put_tensor_with_tp("whole", t, tp_size=1) == 0
         same(reader.get_tensor_with_tp("whole"), t)
         assert reader.is_exist("whole_tp_0") == 0
