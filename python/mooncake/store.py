@@ -37,7 +37,14 @@ keeps their space). ``batch_put_from_multi_buffers`` and
 per layer, say): the value is their concatenation, each buffer moved straight
 to or from its place in the replica.
 
-Not implemented yet (issue 33): the tensor helpers.
+Tensors (CPU torch tensors, stored in Mooncake's format: a 304-byte header
+with dtype and shape, then the bytes; _tensor.py): ``put_tensor``,
+``get_tensor``, the ``batch_``, ``upsert_``, ``pub_`` (with a
+ReplicateConfig) and ``_with_tp`` forms (shards under ``key_tp_<rank>``),
+``get_tensor_into`` (a tensor viewing the caller's registered buffer) and
+``put_tensor_from`` (a value already in the format). A tensor whose memory is
+registered is put without a copy; others through one copy into a registered
+block (docs/store.md, "Tensors").
 """
 
 import ctypes
@@ -50,6 +57,7 @@ import re
 import ferry
 from ferry import _ferry
 
+from mooncake import _tensor
 from mooncake.engine import TransferEngine, _split_host_port
 
 __all__ = ["BufferHandle", "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction"]
@@ -193,6 +201,11 @@ def _replicate(config):
            getattr(config, "soft_pin_ttl_ms", None))
     return (int(getattr(config, "replica_num", 1) or 1),
             getattr(config, "preferred_segment", "") or None, pin)
+
+
+def _tp_key(key, rank, tp_size):
+    """Where Mooncake's tensor-parallel calls keep rank's shard of key."""
+    return key if tp_size <= 1 else "%s_tp_%d" % (key, rank)
 
 
 def _code(status, detail, busy=OBJECT_HAS_LEASE):
@@ -437,17 +450,16 @@ class MooncakeDistributedStore:
                               len(keys), busy=OBJECT_ALREADY_EXISTS)
         return next((a for a in answers if a < 0), 0)
 
-    def batch_get_buffer(self, keys):
+    def batch_get_buffer(self, keys, _call="batch_get_buffer"):
         """Each key's value in a BufferHandle that the store READ it into, or
         None when it cannot be read (absent, failed: logged)."""
         keys = list(keys)
         if not keys:
             return []
         if self._staging == 0:
-            self._no_staging("batch_get_buffer")
+            self._no_staging(_call)
             return [None] * len(keys)
-        sizes = self._batch("batch_get_buffer", lambda: self._store.batch_exists(keys),
-                            len(keys))
+        sizes = self._batch(_call, lambda: self._store.batch_exists(keys), len(keys))
         wanted = [i for i, n in enumerate(sizes) if n > 0]
         handles = [BufferHandle(sizes[i]) for i in wanted]
         ptrs = [h.ptr() for h in handles]
@@ -456,10 +468,11 @@ class MooncakeDistributedStore:
             return out
         rc = self._engine.batch_register_memory(ptrs, [len(h) for h in handles])
         if rc != 0:
-            self._fail("batch_get_buffer", INVALID_PARAMS, self._engine.last_error())
+            self._fail(_call, INVALID_PARAMS, self._engine.last_error())
             return out
         try:
-            got = self.batch_get_into([keys[i] for i in wanted], ptrs, [len(h) for h in handles])
+            got = self._batch(_call, lambda: self._store.batch_get_into(
+                [keys[i] for i in wanted], ptrs, [len(h) for h in handles]), len(wanted))
         finally:
             self._engine.batch_unregister_memory(ptrs)
         for i, h, n in zip(wanted, handles, got):
@@ -506,6 +519,287 @@ class MooncakeDistributedStore:
             results[i][j][k] = a
         return results
 
+    # ---- tensors (Mooncake's stored-tensor format, _tensor.py) ----------------------------
+    #
+    # A put stores the header and the tensor's bytes as one value. When the
+    # tensor's memory is registered (register_buffer), the header is written
+    # from a small registered block and the bytes straight from the tensor
+    # (a multi-buffer put: no copy); otherwise, and for every upsert (the
+    # multi-buffer form has none), header and bytes are copied into one
+    # registered block first. Puts answer 0 or a negative code per key; gets
+    # answer a torch tensor, or None with the cause logged.
+
+    def put_tensor(self, key, tensor):
+        return self._put_tensors("put_tensor", [key], [tensor])[0]
+
+    def batch_put_tensor(self, keys, tensors_list):
+        return self._put_tensors("batch_put_tensor", keys, tensors_list)
+
+    def upsert_tensor(self, key, tensor):
+        return self._put_tensors("upsert_tensor", [key], [tensor], upsert=True)[0]
+
+    def batch_upsert_tensor(self, keys, tensors_list):
+        return self._put_tensors("batch_upsert_tensor", keys, tensors_list, upsert=True)
+
+    def pub_tensor(self, key, tensor, config=None):
+        return self._put_tensors("pub_tensor", [key], [tensor], config)[0]
+
+    def batch_pub_tensor(self, keys, tensors_list, config=None):
+        return self._put_tensors("batch_pub_tensor", keys, tensors_list, config)
+
+    def upsert_pub_tensor(self, key, tensor, config=None):
+        return self._put_tensors("upsert_pub_tensor", [key], [tensor], config, upsert=True)[0]
+
+    def batch_upsert_pub_tensor(self, keys, tensors_list, config=None):
+        return self._put_tensors("batch_upsert_pub_tensor", keys, tensors_list, config,
+                                 upsert=True)
+
+    def put_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0):
+        """Every rank's shard of tensor (tp_size equal pieces along split_dim)
+        under key_tp_<rank>; tp_rank is accepted for Mooncake's signature.
+        tp_size 1: put_tensor."""
+        return self.batch_pub_tensor_with_tp([key], [tensor], None, tp_rank, tp_size, split_dim,
+                                             _call="put_tensor_with_tp")[0]
+
+    def batch_put_tensor_with_tp(self, base_keys, tensors_list, tp_rank=0, tp_size=1,
+                                 split_dim=0):
+        return self.batch_pub_tensor_with_tp(base_keys, tensors_list, None, tp_rank, tp_size,
+                                             split_dim, _call="batch_put_tensor_with_tp")
+
+    def pub_tensor_with_tp(self, key, tensor, config=None, tp_rank=0, tp_size=1, split_dim=0):
+        return self.batch_pub_tensor_with_tp([key], [tensor], config, tp_rank, tp_size,
+                                             split_dim, _call="pub_tensor_with_tp")[0]
+
+    def batch_pub_tensor_with_tp(self, base_keys, tensors_list, config=None, tp_rank=0,
+                                 tp_size=1, split_dim=0, _call="batch_pub_tensor_with_tp"):
+        tp = (int(tp_size), int(split_dim)) if tp_size > 1 else None
+        return self._put_tensors(_call, base_keys, tensors_list, config, tp=tp)
+
+    def put_tensor_with_tp_from(self, key, buffer_ptr, size, tp_rank=0, tp_size=1,
+                                split_dim=0):
+        """A whole tensor in Mooncake's format in a registered buffer, stored
+        as put_tensor_with_tp stores it (tp_size 1: put_tensor_from)."""
+        return self.batch_put_tensor_with_tp_from([key], [buffer_ptr], [size], tp_rank, tp_size,
+                                                  split_dim, _call="put_tensor_with_tp_from")[0]
+
+    def batch_put_tensor_with_tp_from(self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1,
+                                      split_dim=0, _call="batch_put_tensor_with_tp_from"):
+        """Per key 0 or a code; a buffer that is not a tensor fails its key (-600)."""
+        if tp_size <= 1:
+            return self._put_tensor_from(_call, base_keys, buffer_ptrs, sizes)
+        keys, buffer_ptrs, sizes = list(base_keys), list(buffer_ptrs), list(sizes)
+        if not len(keys) == len(buffer_ptrs) == len(sizes):
+            return [self._fail(_call, INVALID_PARAMS, "%d keys, %d buffers, %d sizes"
+                               % (len(keys), len(buffer_ptrs), len(sizes)))] * len(keys)
+        results, wanted, tensors = [INVALID_PARAMS] * len(keys), [], []
+        for i, (key, ptr, size) in enumerate(zip(keys, buffer_ptrs, sizes)):
+            if not ptr or size <= 0:
+                self._fail(_call, INVALID_PARAMS, "key %r: a null or empty buffer" % (key,))
+                continue
+            tensor = self._decode(_call, key, (ctypes.c_ubyte * size).from_address(ptr))
+            if tensor is not None:
+                wanted.append(i)
+                tensors.append(tensor)
+        done = self._put_tensors(_call, [keys[i] for i in wanted], tensors,
+                                 tp=(int(tp_size), int(split_dim)))
+        for i, code in zip(wanted, done):
+            results[i] = code
+        return results
+
+    def put_tensor_from(self, key, buffer_ptr, size):
+        """A value already in Mooncake's format ([header][bytes], as
+        get_tensor_into leaves it) put from a registered buffer; its header is
+        checked first."""
+        return self._put_tensor_from("put_tensor_from", [key], [buffer_ptr], [size])[0]
+
+    def batch_put_tensor_from(self, keys, buffer_ptrs, sizes):
+        return self._put_tensor_from("batch_put_tensor_from", keys, buffer_ptrs, sizes)
+
+    def upsert_tensor_from(self, key, buffer_ptr, size):
+        return self._put_tensor_from("upsert_tensor_from", [key], [buffer_ptr], [size],
+                                     upsert=True)[0]
+
+    def batch_upsert_tensor_from(self, keys, buffer_ptrs, sizes):
+        return self._put_tensor_from("batch_upsert_tensor_from", keys, buffer_ptrs, sizes,
+                                     upsert=True)
+
+    def get_tensor(self, key):
+        return self._get_tensors("get_tensor", [key])[0]
+
+    def batch_get_tensor(self, keys):
+        return self._get_tensors("batch_get_tensor", keys)
+
+    def get_tensor_with_tp(self, key, tp_rank=0, tp_size=1, split_dim=0):
+        """This rank's shard (key_tp_<tp_rank>); tp_size 1: get_tensor(key)."""
+        return self._get_tensors("get_tensor_with_tp", [_tp_key(key, tp_rank, tp_size)])[0]
+
+    def batch_get_tensor_with_tp(self, base_keys, tp_rank=0, tp_size=1):
+        return self._get_tensors("batch_get_tensor_with_tp",
+                                 [_tp_key(k, tp_rank, tp_size) for k in base_keys])
+
+    def get_tensor_into(self, key, buffer_ptr, size):
+        """The value READ into a registered buffer and returned as a tensor
+        viewing that buffer (no copy: it is valid while the buffer is); None
+        when it cannot be read or is not a tensor (logged)."""
+        return self._get_tensors_into("get_tensor_into", [key], [buffer_ptr], [size])[0]
+
+    def batch_get_tensor_into(self, keys, buffer_ptrs, sizes):
+        return self._get_tensors_into("batch_get_tensor_into", keys, buffer_ptrs, sizes)
+
+    def get_tensor_with_tp_into(self, key, buffer_ptr, size, tp_rank=0, tp_size=1,
+                                split_dim=0):
+        return self._get_tensors_into("get_tensor_with_tp_into",
+                                      [_tp_key(key, tp_rank, tp_size)], [buffer_ptr], [size])[0]
+
+    def batch_get_tensor_with_tp_into(self, base_keys, buffer_ptrs, sizes, tp_rank=0,
+                                      tp_size=1):
+        return self._get_tensors_into("batch_get_tensor_with_tp_into",
+                                      [_tp_key(k, tp_rank, tp_size) for k in base_keys],
+                                      buffer_ptrs, sizes)
+
+    def _put_tensors(self, call, keys, tensors, config=None, upsert=False, tp=None):
+        """Per key 0 or a code; tp=(tp_size, split_dim) stores each tensor's
+        shards under key_tp_<rank> (a key's code: its first failing shard's)."""
+        keys, tensors = list(keys), list(tensors)
+        if len(keys) != len(tensors):
+            return [self._fail(call, INVALID_PARAMS, "%d keys but %d tensors"
+                               % (len(keys), len(tensors)))] * len(keys)
+        results, values = [0] * len(keys), []  # values: (key index, store key, tensor, header)
+        for i, (key, tensor) in enumerate(zip(keys, tensors)):
+            name = "the tensor of key %r" % (key,)
+            try:
+                tensor, code = _tensor.inspect(tensor, name)
+                parts = ([(key, tensor, _tensor.header_of(tensor, code))] if tp is None else
+                         [(_tp_key(key, r, tp[0]),) + s
+                          for r, s in enumerate(_tensor.shards(tensor, code, tp[0], tp[1], name))])
+            except _tensor.TensorFormatError as e:
+                results[i] = self._fail(call, INVALID_PARAMS, str(e))
+                continue
+            values += [(i,) + p for p in parts]
+        codes = self._write_tensors(call, [v[1:] for v in values], config, upsert)
+        for (i, *_), code in zip(values, codes):
+            results[i] = results[i] or code
+        return results
+
+    def _write_tensors(self, call, items, config, upsert):
+        """Stores items [(key, contiguous tensor, header)]: 0 or a code each."""
+        if not items:
+            return []
+        if self._store is None:
+            return [self._fail(call, INVALID_PARAMS, "setup() first, or the store was closed")
+                    ] * len(items)
+        busy = REPLICA_IS_NOT_READY if upsert else OBJECT_ALREADY_EXISTS
+        statuses, detail = [ferry.ENOTREG] * len(items), None
+        try:
+            rep = self._rep(config)
+            if not upsert:
+                statuses, detail = self._put_direct(items, rep)
+            copy = [j for j, st in enumerate(statuses) if st == ferry.ENOTREG]
+            if copy:  # memory not registered (nothing was stored): through a copy
+                again, again_detail = self._put_copied([items[j] for j in copy], rep, upsert)
+                detail = again_detail or detail
+                for j, st in zip(copy, again):
+                    statuses[j] = st
+        except ferry.Error as e:
+            statuses, detail = [e.code] * len(items), e.detail
+        except (TypeError, ValueError, OverflowError) as e:
+            statuses, detail = [ferry.EINVAL] * len(items), str(e)
+        codes = [0 if st >= 0 else _code(st, detail, busy) for st in statuses]
+        if any(codes):
+            self._fail(call, next(c for c in codes if c), detail)
+        return codes
+
+    def _registered(self, block):
+        """Registers a bytearray for one call; ferry.Error when refused."""
+        if self._engine.register_memory(_address(block), len(block)) != 0:
+            raise ferry.Error(ferry.EINVAL, "registering a %d-byte tensor block: %s"
+                              % (len(block), self._engine.last_error()))
+        return _address(block)
+
+    def _put_direct(self, items, rep):
+        """Each header from one registered block, each tensor's bytes from the
+        tensor itself: all ENOTREG when a tensor's memory is not registered
+        (every buffer is checked before the master is asked: nothing was
+        stored)."""
+        size = _tensor.HEADER_SIZE
+        heads = bytearray(b"".join(h for _, _, h in items))
+        base = self._registered(heads)
+        try:
+            addrs, sizes = [], []
+            for j, (_, tensor, _) in enumerate(items):
+                nbytes = tensor.numel() * tensor.element_size()
+                addrs.append([base + j * size] + ([tensor.data_ptr()] if nbytes else []))
+                sizes.append([size] + ([nbytes] if nbytes else []))
+            return self._store.batch_put_from_multi([k for k, _, _ in items], addrs, sizes, *rep)
+        except ferry.Error as e:
+            if e.code != ferry.ENOTREG:
+                raise
+            return [e.code] * len(items), e.detail
+        finally:
+            self._engine.unregister_memory(base)
+
+    def _put_copied(self, items, rep, upsert):
+        """Header and bytes copied into one registered block, then put (or upserted)."""
+        lengths = [len(h) + t.numel() * t.element_size() for _, t, h in items]
+        block = bytearray(sum(lengths))
+        base = self._registered(block)
+        try:
+            at, ptrs = 0, []
+            for (_, tensor, head), length in zip(items, lengths):
+                block[at:at + len(head)] = head
+                ctypes.memmove(base + at + len(head), tensor.data_ptr(), length - len(head))
+                ptrs.append(base + at)
+                at += length
+            return self._store.batch_put_from([k for k, _, _ in items], ptrs, lengths, *rep,
+                                              upsert=upsert)
+        finally:
+            self._engine.unregister_memory(base)
+
+    def _put_tensor_from(self, call, keys, buffer_ptrs, sizes, upsert=False):
+        keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
+        problem = ("%d keys, %d buffers, %d sizes" % (len(keys), len(buffer_ptrs), len(sizes))
+                   if not len(keys) == len(buffer_ptrs) == len(sizes) else None)
+        for key, ptr, size in zip(keys, buffer_ptrs, sizes):
+            if problem:
+                break
+            try:
+                if not ptr:
+                    raise _tensor.TensorFormatError("a null buffer")
+                head = ctypes.string_at(ptr, min(size, _tensor.HEADER_SIZE))
+                _tensor.check(head, size)
+            except _tensor.TensorFormatError as e:
+                problem = "the buffer of key %r: %s" % (key, e)
+        if problem:  # as Mooncake's: one bad buffer refuses the whole batch
+            return [self._fail(call, INVALID_PARAMS, problem)] * len(keys)
+        return self._batch(call, lambda: self._store.batch_put_from(keys, buffer_ptrs, sizes,
+                                                                    upsert=upsert),
+                           len(keys), busy=REPLICA_IS_NOT_READY if upsert else
+                           OBJECT_ALREADY_EXISTS)
+
+    def _get_tensors(self, call, keys):
+        keys = list(keys)
+        handles = self.batch_get_buffer(keys, _call=call)
+        return [None if h is None else self._decode(call, k, h) for k, h in zip(keys, handles)]
+
+    def _get_tensors_into(self, call, keys, buffer_ptrs, sizes):
+        keys, buffer_ptrs, sizes = list(keys), list(buffer_ptrs), list(sizes)
+        if not len(keys) == len(buffer_ptrs) == len(sizes) or not all(buffer_ptrs):
+            return [self._fail(call, INVALID_PARAMS, "%d keys, %d buffers, %d sizes, or a null "
+                               "buffer" % (len(keys), len(buffer_ptrs), len(sizes)))] * len(keys)
+        got = self._batch(call, lambda: self._store.batch_get_into(keys, buffer_ptrs, sizes),
+                          len(keys))
+        return [None if n < 0 else
+                self._decode(call, k, (ctypes.c_ubyte * n).from_address(p) if n else bytearray())
+                for k, p, n in zip(keys, buffer_ptrs, got)]
+
+    def _decode(self, call, key, buffer):
+        """The tensor in a value's buffer (sharing its memory), or None: logged."""
+        try:
+            return _tensor.decode(buffer)
+        except _tensor.TensorFormatError as e:
+            self._fail(call, INVALID_PARAMS, "key %r: %s" % (key, e))
+            return None
+
     # ---- plumbing -------------------------------------------------------------------------
 
     def _rep(self, config):
@@ -551,3 +845,25 @@ class MooncakeDistributedStore:
             if code != OBJECT_NOT_FOUND or call != "batch_is_exist":
                 self._fail(call, code, detail)
         return [a if a >= 0 else _code(a, detail, busy) for a in answers]
+
+
+# ---- Mooncake's module-level tensor serializers ---------------------------------------------
+
+def _serialize_tensor(tensor):
+    """(header bytes, data_ptr, size in bytes, owner) of a CPU tensor in
+    Mooncake's stored-tensor format, owner being the contiguous tensor whose
+    bytes follow the header; ValueError for one the format cannot carry."""
+    owner, code = _tensor.inspect(tensor)
+    return (_tensor.header_of(owner, code), owner.data_ptr(),
+            owner.numel() * owner.element_size(), owner)
+
+
+def _tensor_metadata_size():
+    """The size of the header in Mooncake's stored-tensor format (304)."""
+    return _tensor.HEADER_SIZE
+
+
+def _deserialize_tensor(payload):
+    """The tensor in a header-plus-bytes payload (copied); ValueError when the
+    payload is not one."""
+    return _tensor.decode(bytearray(payload))
