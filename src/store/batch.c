@@ -552,9 +552,29 @@ static void drop_files(ferry_store *s, const char **keys, size_t n) {
     free(body);
 }
 
+/* One object from its file: into the item's buffers, or for a range (rg)
+ * the whole file into a buffer of its own (its crc32c covers the whole
+ * value) and the range copied out. */
+static ferry_status read_file(const char *dir, item *it, const ferry_store_range *rg, uint64_t size,
+                              int *bad) {
+  if (!rg)
+    return store_disk_read(dir, it->key, it->buffers, it->count, (size_t)size, bad);
+  ferry_store_buffer whole = {malloc(size ? (size_t)size : 1), (size_t)size};
+  if (!whole.buf)
+    return ferry_fail(FERRY_ENOMEM, "get_into_ranges \"%s\": no memory for %llu bytes", it->key,
+                      (unsigned long long)size);
+  ferry_status st = store_disk_read(dir, it->key, &whole, 1, whole.length, bad);
+  if (!st)
+    memcpy(rg->buf, (char *)whole.buf + rg->offset, rg->length);
+  free(whole.buf);
+  return st;
+}
+
 /* Reads the items that are in their file only (or whose replicas all
- * failed) from the SSD tier's directory. */
-static void read_files(ferry_store *s, item *items, size_t count, placement *pl, outcome *o) {
+ * failed) from the SSD tier's directory: whole values, or with rg the
+ * ranges it names. Files found damaged are dropped in one request. */
+static void read_files(ferry_store *s, item *items, const ferry_store_range *rg, size_t count,
+                       placement *pl, outcome *o) {
   char dir[STORE_DIR_MAX];
   const char **bad_keys = NULL;
   size_t bad_count = 0;
@@ -566,8 +586,7 @@ static void read_files(ferry_store *s, item *items, size_t count, placement *pl,
       have_dir = store_fs_dir(s, dir);
     int bad = 0;
     ferry_status st =
-        have_dir ? store_disk_read(dir, items[i].key, items[i].buffers, items[i].count,
-                                   (size_t)pl[i].size, &bad)
+        have_dir ? read_file(dir, &items[i], rg ? &rg[i] : NULL, pl[i].size, &bad)
                  : ferry_fail(FERRY_ENOTFOUND,
                               "get \"%s\": the object is on disk only, and store master %s names "
                               "no directory for its files now",
@@ -615,37 +634,6 @@ static ferry_status read_range_gets(ferry_store *s, store_reader *r, item *items
                  : FERRY_OK;
 }
 
-/* The ranges of disk-only objects: the whole file read and checked (its
- * crc32c covers the whole value), then the range copied out. */
-static void read_range_files(ferry_store *s, item *items, const ferry_store_range *rg, size_t count,
-                             placement *pl, outcome *o) {
-  char dir[STORE_DIR_MAX];
-  int have_dir = -1;
-  for (size_t i = 0; i < count; i++) {
-    if (items[i].status != FERRY_OK || !pl[i].from_file)
-      continue;
-    if (have_dir < 0)
-      have_dir = store_fs_dir(s, dir);
-    ferry_store_buffer whole = {malloc(pl[i].size ? (size_t)pl[i].size : 1), (size_t)pl[i].size};
-    int bad = 0;
-    ferry_status st =
-        !have_dir    ? ferry_fail(FERRY_ENOTFOUND,
-                                  "get \"%s\": the object is on disk only, and store master %s "
-                                     "names no directory for its files now",
-                                  rg[i].key, s->master)
-        : !whole.buf ? ferry_fail(FERRY_ENOMEM, "get_into_ranges \"%s\": no memory for %llu bytes",
-                                  rg[i].key, (unsigned long long)pl[i].size)
-                     : store_disk_read(dir, rg[i].key, &whole, 1, whole.length, &bad);
-    if (!st)
-      memcpy(rg[i].buf, (char *)whole.buf + rg[i].offset, rg[i].length);
-    free(whole.buf);
-    if (st)
-      item_failed(o, items, i, st);
-    if (bad)
-      drop_files(s, &items[i].key, 1);
-  }
-}
-
 /* ---- gets, of whole values or of ranges ----------------------------------------------------- */
 
 /* One GET request for count items and the reads it answers: whole values
@@ -668,10 +656,7 @@ static ferry_status get_slice(ferry_store *s, item *items, const ferry_store_ran
             : read_gets(s, &r, items, count, pl, o);
   if (!st) {
     read_replicas(s, items, count, pl, mv, details, o);
-    if (rg)
-      read_range_files(s, items, rg, count, pl, o);
-    else
-      read_files(s, items, count, pl, o);
+    read_files(s, items, rg, count, pl, o);
   }
   free(details);
   free(mv);
