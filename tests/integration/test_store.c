@@ -684,13 +684,19 @@ static void a_dead_clients_replicas_are_gone(void **state) {
   rig_close(&t);
 }
 
-static uint64_t timeouts_of(ferry_engine *e) {
+/* From a snapshot of e's counters: with op < 0 the calls that ended in
+ * FERRY_ETIMEDOUT, else the transfers of op over all links. */
+static uint64_t counted(ferry_engine *e, int op) {
   ferry_stats *stats;
   assert_int_equal(ferry_stats_snapshot(e, &stats), FERRY_OK);
-  uint64_t n = stats->errors[-FERRY_ETIMEDOUT];
+  uint64_t n = op < 0 ? stats->errors[-FERRY_ETIMEDOUT] : 0;
+  for (size_t i = 0; op >= 0 && i < stats->link_count; i++)
+    n += stats->links[i].ops[op];
   ferry_stats_free(stats);
   return n;
 }
+
+static uint64_t timeouts_of(ferry_engine *e) { return counted(e, -1); }
 
 /* Two replicas, one in a stopped client: the get's READ there fails (by
  * its timeout: over tcp, which a stopped process does not serve, unlike
@@ -1537,15 +1543,7 @@ static size_t layout(uint8_t *mem, ferry_store_buffer (*bufs)[LAYERS], int seede
 }
 
 /* Transfer entries e submitted (op), toward every peer. */
-static uint64_t ops_of(ferry_engine *e, ferry_op op) {
-  ferry_stats *stats;
-  assert_int_equal(ferry_stats_snapshot(e, &stats), FERRY_OK);
-  uint64_t n = 0;
-  for (size_t i = 0; i < stats->link_count; i++)
-    n += stats->links[i].ops[op];
-  ferry_stats_free(stats);
-  return n;
-}
+static uint64_t ops_of(ferry_engine *e, ferry_op op) { return counted(e, (int)op); }
 
 /* One key, several buffers (one per layer): the value is their
  * concatenation, each buffer written into and read from its place in the
