@@ -5,6 +5,8 @@
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,4 +213,23 @@ void ferry_cli_rails(ferry_engine *engine, const char *target, char *out, size_t
     if (strcmp(s->rails[i].peer, target) == 0)
       used += (size_t)snprintf(out + used, size - used, "%s%s", used ? ", " : "", s->rails[i].rail);
   ferry_stats_free(s);
+}
+
+int ferry_cli_resolve(const char *prog, const char *host, unsigned port,
+                      struct sockaddr_storage *ss) {
+  struct addrinfo hints = {
+      .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+  struct addrinfo *res = NULL;
+  int rc = getaddrinfo(host, NULL, &hints, &res);
+  if (rc != 0) {
+    fprintf(stderr, "%s: cannot resolve \"%s\": %s\n", prog, host, gai_strerror(rc));
+    return -1;
+  }
+  memcpy(ss, res->ai_addr, res->ai_addrlen);
+  if (ss->ss_family == AF_INET6)
+    ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
+  else
+    ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+  freeaddrinfo(res);
+  return 0;
 }

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/socket.h>
 
 #include "ferry.h"
 
@@ -87,5 +88,10 @@ int ferry_cli_usage_exit(int parse_rc, void (*usage)(FILE *out));
  * for sigwait(). Call it before any thread starts: threads inherit the mask,
  * so only the sigwait can take the signal. */
 void ferry_cli_block_stop_signals(sigset_t *stop);
+
+/* Resolves host (numeric or a name) to its first socket address, with
+ * port; -1 after printing "PROG: cannot resolve ..." to stderr. */
+int ferry_cli_resolve(const char *prog, const char *host, unsigned port,
+                      struct sockaddr_storage *ss);
 
 #endif

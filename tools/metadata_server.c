@@ -622,28 +622,9 @@ static int parse_options(int argc, char **argv, options *opt) {
   return ferry_cli_no_operands(PROG, argc, argv);
 }
 
-/* Resolves host (numeric or a name) to the first usable socket address. */
-static int resolve(const char *host, unsigned port, struct sockaddr_storage *ss) {
-  struct addrinfo hints = {
-      .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
-  struct addrinfo *res = NULL;
-  int rc = getaddrinfo(host, NULL, &hints, &res);
-  if (rc != 0) {
-    fprintf(stderr, PROG ": cannot resolve \"%s\": %s\n", host, gai_strerror(rc));
-    return -1;
-  }
-  memcpy(ss, res->ai_addr, res->ai_addrlen);
-  if (ss->ss_family == AF_INET6)
-    ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
-  else
-    ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
-  freeaddrinfo(res);
-  return 0;
-}
-
 static struct MHD_Daemon *start_daemon(const options *opt, kv_map *map) {
   struct sockaddr_storage ss;
-  if (resolve(opt->host, opt->port, &ss) != 0)
+  if (ferry_cli_resolve(PROG, opt->host, opt->port, &ss) != 0)
     return NULL;
   unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
   if (ss.ss_family == AF_INET6)

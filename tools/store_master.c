@@ -12,17 +12,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/log.h"
 #include "cli.h"
 #include "commands.h"
 #include "store/ha.h"
 #include "store/master.h"
+#include "store/metrics.h"
+#include "store_metrics.h"
+
+#define REPORT_S 10 /* --enable_metric_reporting: a line at most this often */
 
 /* Mooncake's flags this master does not implement yet (issue 33). */
 static const char *const not_yet[] = {
     "enable_offload",
     "allow_evict_soft_pinned_objects",
-    "enable_metric_reporting",
-    "metrics_port",
     "enable_gc",
     "memory_allocator",
     "enable_http_metadata_server",
@@ -57,12 +60,19 @@ static void usage(FILE *out) {
           "  --ha_backend_connstring=HOST:PORT[;HOST:PORT...]  its members (also\n"
           "                           --etcd_endpoints); clients name etcd://HOST:PORT\n"
           "  --ha_lease_ttl=S         the leader's etcd lease, in seconds (default 5)\n"
+          "  --metrics_port=N         serve GET /metrics (Prometheus text, Mooncake's metric\n"
+          "                           names) and /metrics/summary on the --rpc_address host\n"
+          "                           (default: none; Mooncake's master always takes 9003)\n"
+          "  --enable_metric_reporting[=false]  log the summary line every 10 s while the\n"
+          "                           counts change (default true, as Mooncake)\n"
+          "  --max_threads=N, --rpc_thread_num=N  accepted: each client has a thread of its\n"
+          "                           own here (--max_clients caps them)\n"
           "A put that does not fit evicts until it does. The shared secret clients must\n"
           "prove comes from FERRY_SECRET. With HA the leader journals its map in etcd: a\n"
           "new leader keeps every committed object.\n"
           "Prints \"ready master=HOST:PORT\" once it listens (with HA, then \" leader\" or\n"
           "\" standby\"). Not implemented yet, and refused by name: the client-owned SSD\n"
-          "offload (--enable_offload), metrics.\n");
+          "offload (--enable_offload).\n");
 }
 
 /* "--name=value" or "--name value": *name and *value (NULL when absent).
@@ -78,7 +88,7 @@ static int split_flag(int argc, char **argv, int *i, char *name, size_t size, co
     return -1;
   memcpy(name, arg, len);
   name[len] = '\0';
-  int boolean = !strcmp(name, "enable_ha");
+  int boolean = !strcmp(name, "enable_ha") || !strcmp(name, "enable_metric_reporting");
   *value = eq ? eq + 1 : (!boolean && *i + 1 < argc ? argv[++*i] : NULL);
   return 0;
 }
@@ -105,6 +115,49 @@ static int parse_ratio(const char *flag, const char *value, double *out) {
   }
   *out = v;
   return 0;
+}
+
+/* What the master tells about itself (Mooncake's flags). */
+typedef struct report_flags {
+  int metrics_port; /* -1: no endpoint */
+  int reporting;    /* the periodic summary line */
+} report_flags;
+
+static int parse_bool(const char *flag, const char *value, int *out) {
+  if (!value || !strcmp(value, "true") || !strcmp(value, "1"))
+    return *out = 1, 0;
+  if (!strcmp(value, "false") || !strcmp(value, "0"))
+    return *out = 0, 0;
+  fprintf(stderr, "store-master: --%s takes true or false, not \"%s\"\n", flag, value);
+  return -1;
+}
+
+static int parse_report_flag(report_flags *rep, const char *name, const char *value) {
+  unsigned long v;
+  if (!strcmp(name, "enable_metric_reporting"))
+    return parse_bool(name, value, &rep->reporting);
+  if (!strcmp(name, "metrics_port")) {
+    if (!value || ferry_cli_parse_count(value, 0, 65535, &v) != 0) {
+      fprintf(stderr, "store-master: --metrics_port needs a port 0..65535, not \"%s\"\n",
+              value ? value : "");
+      return -1;
+    }
+    rep->metrics_port = (int)v;
+    return 0;
+  }
+  if (!strcmp(name, "max_threads") || !strcmp(name, "rpc_thread_num")) {
+    if (!value || ferry_cli_parse_count(value, 0, 1u << 20, &v) != 0) {
+      fprintf(stderr, "store-master: --%s needs a whole number, not \"%s\"\n", name,
+              value ? value : "");
+      return -1;
+    }
+    fprintf(stderr,
+            "store-master: --%s=%lu changes nothing here: each client is served on a thread of "
+            "its own (--max_clients caps them)\n",
+            name, v);
+    return 0;
+  }
+  return 1; /* not a report flag */
 }
 
 /* --enable_ha's flags (Mooncake's names). */
@@ -187,33 +240,87 @@ static int parse_flag(store_master_config *cfg, const char *name, const char *va
   return -1;
 }
 
-/* Serves until SIGINT or SIGTERM (blocked in every thread: sigwait takes it). */
-static int serve(const store_master_config *cfg, const ha_flags *ha, const sigset_t *stop) {
-  store_master *m = NULL;
-  store_ha *h = NULL;
+/* The master the tool runs: a plain one, or the one HA runs now. */
+typedef struct running {
+  store_master *master;
+  store_ha *ha;
+} running;
+
+static void running_stats(void *arg, store_map_stats *out) {
+  running *r = arg;
+  if (r->ha)
+    store_ha_stats(r->ha, out);
+  else
+    store_master_stats(r->master, out);
+}
+
+/* Whether the work counted moved between two snapshots (not who is
+ * connected: an idle master says nothing). */
+static int moved(const store_map_stats *a, const store_map_stats *b) {
+  return a->keys != b->keys || a->allocated_bytes != b->allocated_bytes ||
+         a->evicted_keys != b->evicted_keys || memcmp(a->ops, b->ops, sizeof a->ops);
+}
+
+/* Waits for SIGINT or SIGTERM; with reporting, logs the summary line every
+ * REPORT_S seconds while the counts move. */
+static void wait_for_stop(running *r, const sigset_t *stop, int reporting) {
+  store_map_stats last = {0}, now;
+  const struct timespec period = {REPORT_S, 0};
+  for (;;) {
+    int sig = reporting ? sigtimedwait(stop, NULL, &period) : sigwaitinfo(stop, NULL);
+    if (sig == SIGINT || sig == SIGTERM)
+      return;
+    if (!reporting)
+      continue;
+    running_stats(r, &now);
+    if (!moved(&now, &last))
+      continue;
+    char line[512];
+    store_metrics_summary(&now, line, sizeof line);
+    FERRY_INFO("store master: %s", line);
+    last = now;
+  }
+}
+
+/* Serves until SIGINT or SIGTERM (blocked in every thread: the main one
+ * takes it). */
+static int serve(const store_master_config *cfg, const ha_flags *ha, const report_flags *rep,
+                 const sigset_t *stop) {
+  running r = {0};
   int leading = 0;
-  ferry_status st = ha->enable ? store_ha_start(cfg, ha->connstring, ha->ttl_s, &h, &leading)
-                               : store_master_start(cfg, &m);
+  ferry_status st = ha->enable ? store_ha_start(cfg, ha->connstring, ha->ttl_s, &r.ha, &leading)
+                               : store_master_start(cfg, &r.master);
   if (st != FERRY_OK) {
     fprintf(stderr, "store-master: %s\n", ferry_last_error());
     return 1;
   }
-  if (h)
-    printf("ready master=%s %s\n", store_ha_address(h), leading ? "leader" : "standby");
-  else
-    printf("ready master=%s:%u\n", cfg->host ? cfg->host : "127.0.0.1", store_master_port(m));
-  fflush(stdout);
-  int sig;
-  while (sigwait(stop, &sig) != 0) {
+  const char *host = cfg->host ? cfg->host : "127.0.0.1";
+  store_metrics_server *metrics = NULL;
+  if (rep->metrics_port >= 0 &&
+      !(metrics = store_metrics_start(host, (unsigned)rep->metrics_port, running_stats, &r))) {
+    store_ha_stop(r.ha);
+    store_master_stop(r.master);
+    return 1;
   }
-  store_ha_stop(h);
-  store_master_stop(m);
+  if (metrics)
+    fprintf(stderr, "store-master: metrics on http://%s:%u/metrics\n", host,
+            store_metrics_port(metrics));
+  if (r.ha)
+    printf("ready master=%s %s\n", store_ha_address(r.ha), leading ? "leader" : "standby");
+  else
+    printf("ready master=%s:%u\n", host, store_master_port(r.master));
+  fflush(stdout);
+  wait_for_stop(&r, stop, rep->reporting);
+  store_metrics_stop(metrics);
+  store_ha_stop(r.ha);
+  store_master_stop(r.master);
   return 0;
 }
 
 int ferry_cmd_store_master(int argc, char **argv) {
   store_master_config cfg = {.port = 50051};
   ha_flags ha = {0};
+  report_flags rep = {-1, 1};
   for (int i = 1; i < argc; i++) {
     char name[64];
     const char *value;
@@ -225,8 +332,9 @@ int ferry_cmd_store_master(int argc, char **argv) {
       fprintf(stderr, "store-master: unexpected argument \"%s\" (see --help)\n", argv[i]);
       return 2;
     }
-    int ha_flag = parse_ha_flag(&ha, name, value);
-    if (ha_flag < 0 || (ha_flag > 0 && parse_flag(&cfg, name, value) != 0))
+    int not_ha = parse_ha_flag(&ha, name, value);
+    int not_report = not_ha > 0 ? parse_report_flag(&rep, name, value) : 0;
+    if (not_ha < 0 || not_report < 0 || (not_report > 0 && parse_flag(&cfg, name, value) != 0))
       return 2;
   }
   if (ha.enable && !ha.connstring) {
@@ -247,5 +355,5 @@ int ferry_cmd_store_master(int argc, char **argv) {
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, NULL); /* before the master's threads start */
-  return serve(&cfg, &ha, &stop);
+  return serve(&cfg, &ha, &rep, &stop);
 }

@@ -198,12 +198,23 @@ static void demote(store_ha *h) {
   h->orphans_until = 0;
   FERRY_WARN("store master %s: lost the lead (%s): stopped serving; standing by", h->address,
              ferry_last_error());
+  pthread_mutex_lock(&h->lock); /* store_ha_stats reads h->master */
   store_master_stop(h->master);
   h->master = NULL;
   ferry_status st = store_master_start(&h->cfg, &h->master);
+  pthread_mutex_unlock(&h->lock);
   if (st)
     FERRY_ERROR("store master %s: cannot listen again as a standby: %s", h->address,
                 ferry_last_error());
+}
+
+void store_ha_stats(store_ha *h, store_map_stats *out) {
+  pthread_mutex_lock(&h->lock);
+  if (h->master)
+    store_master_stats(h->master, out);
+  else
+    memset(out, 0, sizeof *out);
+  pthread_mutex_unlock(&h->lock);
 }
 
 /* The leader's round: renews the lease (moving the fence), drops the

@@ -25,6 +25,8 @@ ferry_status store_ha_start(const store_master_config *cfg, const char *connstri
                             store_ha **out, int *leading);
 /* The address the key names when this master leads ("HOST:PORT"). */
 const char *store_ha_address(const store_ha *h);
+/* The counts of the master it runs now (zero while it could not listen). */
+void store_ha_stats(store_ha *h, struct store_map_stats *out);
 /* Resigns the lead (the key goes at once: a standby takes over without
  * waiting for the lease) and stops the master. */
 void store_ha_stop(store_ha *h);

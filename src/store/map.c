@@ -95,8 +95,17 @@ struct store_map {
   char *fs_dir;                /* the SSD tier's directory (disk.h); NULL: none */
   object *retired;             /* replaced by an upsert, still leased (chained by next) */
   size_t retired_count;
-  store_journal journal; /* HA (ha.c): its functions NULL when off */
+  store_journal journal;                 /* HA (ha.c): its functions NULL when off */
+  store_op_count ops[STORE_COUNT_SLOTS]; /* for the metrics (store_map_stats_get) */
+  uint64_t evicted_keys, evicted_bytes;
 };
+
+/* One item of an operation answered with st (or one request refused
+ * whole), counted for the metrics. Under m->lock. */
+static void count_op(store_map *m, unsigned slot, ferry_status st) {
+  m->ops[slot].requests++;
+  m->ops[slot].failures += st != FERRY_OK;
+}
 
 store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
                             const store_eviction *eviction) {
@@ -484,6 +493,8 @@ static object *next_victim(store_map *m, eviction_round *r) {
 static uint64_t evict(store_map *m, eviction_round *r, object *o, int why) {
   r->objects[why]++;
   r->bytes[why] += footprint(o);
+  m->evicted_keys++;
+  m->evicted_bytes += footprint(o);
   r->on_disk[why] += o->on_disk;
   if (o->on_disk)
     return to_disk_only(m, o, 1);
@@ -823,6 +834,7 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, int upsert, s
     object *o = NULL;
     char refused[STORE_REASON_MAX] = "";
     st = start_one(m, &ask, evictions, key, len, bytes, &o, refused, sizeof refused);
+    count_op(m, upsert ? STORE_UPSERT_START : STORE_PUT_START, st);
     store_put_u32(reply, (uint32_t)st);
     if (st != FERRY_OK)
       store_put_str(reply, refused, strlen(refused));
@@ -884,14 +896,19 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
     if (r->bad)
       return snprintf(why, size, "malformed entry %u", i), FERRY_EPROTO;
     if (op == STORE_PUT_END) {
-      store_put_u32(reply, (uint32_t)end_one(m, client, key, len, outcome, on_disk));
+      ferry_status st = end_one(m, client, key, len, outcome, on_disk);
+      count_op(m, outcome ? STORE_COUNT_REVOKE : STORE_PUT_END, st);
+      store_put_u32(reply, (uint32_t)st);
       continue;
     }
     object **at = find(m, key, len, COMMITTED); /* pending ones are invisible */
     if (op == STORE_REMOVE || op == STORE_DROP_FILE) {
-      store_put_u32(reply, (uint32_t)(op == STORE_REMOVE ? remove_one(m, at) : drop_file(m, at)));
+      ferry_status st = op == STORE_REMOVE ? remove_one(m, at) : drop_file(m, at);
+      count_op(m, op, st);
+      store_put_u32(reply, (uint32_t)st);
       continue;
     }
+    count_op(m, op, at || op == STORE_QUERY ? FERRY_OK : FERRY_ENOTFOUND); /* exists: an answer */
     store_put_u32(reply, (uint32_t)(at ? FERRY_OK : FERRY_ENOTFOUND));
     store_put_u64(reply, at ? (*at)->size : 0);
     if (op != STORE_GET)
@@ -943,11 +960,28 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
     serve_remove_all(m, reply);
   else if (op != STORE_PING)
     st = serve_keys(m, client, op, r, count, reply, why, why_size);
+  if (keyless || st) /* keyed ones counted per item, unless refused whole */
+    count_op(m, op, st);
   pthread_mutex_unlock(&m->lock);
   log_round(&evictions);
   if (st == FERRY_OK && r->left)
     return snprintf(why, why_size, "%zu bytes trail operation %u", r->left, op), FERRY_EPROTO;
   return st;
+}
+
+void store_map_stats_get(store_map *m, store_map_stats *out) {
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&m->lock);
+  out->keys = m->objects;
+  for (segment *s = m->segments; s; s = s->next) {
+    out->segments++;
+    out->capacity_bytes += capacity_of(s);
+    out->allocated_bytes += capacity_of(s) - s->space.free_bytes;
+  }
+  out->evicted_keys = m->evicted_keys;
+  out->evicted_bytes = m->evicted_bytes;
+  memcpy(out->ops, m->ops, sizeof out->ops);
+  pthread_mutex_unlock(&m->lock);
 }
 
 /* ---- a client leaves ------------------------------------------------------------------------ */

@@ -38,6 +38,30 @@ void store_map_destroy(store_map *m);
  * before the first request. -1 without memory. */
 int store_map_set_disk(store_map *m, const char *dir);
 
+/* What the master counts, for its metrics (metrics.h): per operation,
+ * each key of a request (each request for the keyless ones: REGISTER,
+ * PING, REMOVE_ALL, and any request refused whole) and those that failed
+ * (a GET of a missing key fails, an exists of one does not). A PUT_END
+ * that reports a failed write counts as a revoke. */
+enum { STORE_COUNT_REVOKE = STORE_UPSERT_START + 1, STORE_COUNT_SLOTS };
+typedef struct store_op_count {
+  uint64_t requests, failures;
+} store_op_count;
+
+typedef struct store_map_stats {
+  uint64_t keys;                         /* objects in the map, committed or being put */
+  uint64_t segments;                     /* mounted */
+  uint64_t capacity_bytes;               /* of the mounted segments */
+  uint64_t allocated_bytes;              /* of those, held by replicas */
+  uint64_t evicted_keys, evicted_bytes;  /* since start */
+  uint64_t clients;                      /* connected (filled by store_master_stats) */
+  uint64_t serving;                      /* 1; 0 for an HA standby (filled by store_master_stats) */
+  store_op_count ops[STORE_COUNT_SLOTS]; /* by STORE_* operation, and the revokes */
+} store_map_stats;
+
+/* A consistent snapshot of the counts (one lock hold, O(segments)). */
+void store_map_stats_get(store_map *m, store_map_stats *out);
+
 /* The journal (HA, ha.c; docs/store.md "High availability"): told every
  * change a new leader must not lose, under the map's lock, before the
  * request is answered. object: key's record (NULL: the object left);

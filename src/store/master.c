@@ -299,6 +299,15 @@ uint16_t store_master_port(const store_master *m) { return m->port; }
 
 store_map *store_master_map(store_master *m) { return m->map; }
 
+void store_master_stats(store_master *m, store_map_stats *out) {
+  store_map_stats_get(m->map, out);
+  out->serving = (uint64_t)serving(m);
+  pthread_mutex_lock(&m->lock);
+  for (client *c = m->clients; c; c = c->next)
+    out->clients += !__atomic_load_n(&c->finished, __ATOMIC_ACQUIRE);
+  pthread_mutex_unlock(&m->lock);
+}
+
 void store_master_serve_until(store_master *m, uint64_t until_ns) {
   __atomic_store_n(&m->serve_until_ns, until_ns, __ATOMIC_RELEASE);
 }

@@ -44,6 +44,9 @@ uint16_t store_master_port(const store_master *m);
 void store_master_serve_until(store_master *m, uint64_t until_ns);
 /* Its map, for HA's journal and restore (ha.c). */
 struct store_map *store_master_map(store_master *m);
+/* Its counts for the metrics (map.h), with the clients connected now. */
+struct store_map_stats;
+void store_master_stats(store_master *m, struct store_map_stats *out);
 /* Closes every connection, joins every thread, frees everything. */
 void store_master_stop(store_master *m);
 

@@ -614,3 +614,68 @@ def test_a_port_taken_meanwhile_is_tried_again_with_another(master, metadata_ser
         taken.close()
         if store is not None:
             assert store.close() == 0
+
+
+def scrape(port, path="/metrics"):
+    import urllib.request
+    with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=10) as r:
+        return r.read().decode()
+
+
+def metric(text, name):
+    m = re.search(r"^%s (\d+)$" % re.escape(name), text, re.M)
+    assert m, "%s not in the scrape" % name
+    return int(m.group(1))
+
+
+def test_the_master_serves_its_metrics():
+    """--metrics_port (Mooncake's flag) serves the master's counts under
+    Mooncake's metric names, each key of a batch counted, a remove of a
+    missing key counted as failed and an exists of one not; the summary
+    line is served too; --max_threads is accepted; a port in use stops the
+    master with a message naming it."""
+    from conftest import free_port
+    port = free_port()
+    proc, addr = start_master("--default_kv_lease_ttl=500", "--metrics_port=%d" % port,
+                              "--max_threads=2")
+    try:
+        before = scrape(port)
+        assert metric(before, "master_key_count") == 0
+        assert metric(before, "master_serving") == 1
+        a = client(addr)
+        keys = ["metrics_%d" % i for i in range(5)]
+        for k in keys:
+            assert a.put(k, page_bytes(3)) == 0
+        text = scrape(port)
+        assert metric(text, "master_key_count") == 5
+        assert metric(text, "master_put_start_requests_total") == 5
+        assert metric(text, "master_put_start_failures_total") == 0
+        assert metric(text, "master_put_end_requests_total") == 5
+        assert a.batch_is_exist(keys + ["absent"]) == [1] * 5 + [0]
+        after = scrape(port)
+        assert (metric(after, "master_exist_key_requests_total")
+                - metric(text, "master_exist_key_requests_total")) == 6
+        assert metric(after, "master_exist_key_failures_total") == 0
+        assert a.get(keys[0]) == page_bytes(3)
+        assert a.remove(keys[1]) == 0
+        assert a.remove("absent") != 0
+        text = scrape(port)
+        assert (metric(text, "master_get_replica_list_requests_total")
+                - metric(after, "master_get_replica_list_requests_total")) == 1
+        assert metric(text, "master_get_replica_list_failures_total") == 0
+        assert metric(text, "master_remove_requests_total") == 2
+        assert metric(text, "master_remove_failures_total") == 1
+        assert metric(text, "master_key_count") == 4
+        assert metric(text, "master_active_clients") == 1
+        assert metric(text, "master_mounted_segments") == 1
+        assert metric(text, "master_total_capacity_bytes") >= 32 * MiB - 64 * 1024
+        assert metric(text, "master_allocated_bytes") == 4 * PAGE  # one replica each
+        assert "4 keys" in scrape(port, "/metrics/summary")
+        a.close()
+        other = subprocess.run([tool_or_skip(), "store-master", "--port=0",
+                                "--metrics_port=%d" % port], stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=30)
+        assert other.returncode != 0
+        assert "--metrics_port=%d: cannot listen" % port in other.stderr
+    finally:
+        stop_master(proc)
