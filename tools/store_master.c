@@ -4,7 +4,10 @@
  * value) for what it implements and refuses, by name, every other flag
  * Mooncake's master has, rather than run without what was asked. It prints
  * one line "ready master=HOST:PORT" once it listens; with --enable_ha (an
- * election on etcd, src/store/ha.h) " leader" or " standby" follows. */
+ * election on etcd, src/store/ha.h) " leader" or " standby" follows. With
+ * --enable_http_metadata_server it also serves the http metadata store
+ * (metadata_server.c's, as Mooncake's master embeds one) and prints "ready
+ * metadata-server url=..." before that line. */
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -25,9 +28,6 @@ static const char *const not_yet[] = {
     "metrics_port",
     "enable_gc",
     "memory_allocator",
-    "enable_http_metadata_server",
-    "http_metadata_server_port",
-    "http_metadata_server_host",
 };
 
 static void usage(FILE *out) {
@@ -57,6 +57,10 @@ static void usage(FILE *out) {
           "  --ha_backend_connstring=HOST:PORT[;HOST:PORT...]  its members (also\n"
           "                           --etcd_endpoints); clients name etcd://HOST:PORT\n"
           "  --ha_lease_ttl=S         the leader's etcd lease, in seconds (default 5)\n"
+          "  --enable_http_metadata_server  also serve the http metadata store (ferry\n"
+          "                           metadata-server's) at http://HOST:PORT/metadata\n"
+          "  --http_metadata_server_port=N  its port (default 8080)\n"
+          "  --http_metadata_server_host=HOST  its address (default 127.0.0.1)\n"
           "A put that does not fit evicts until it does. The shared secret clients must\n"
           "prove comes from FERRY_SECRET. With HA the leader journals its map in etcd: a\n"
           "new leader keeps every committed object.\n"
@@ -78,7 +82,7 @@ static int split_flag(int argc, char **argv, int *i, char *name, size_t size, co
     return -1;
   memcpy(name, arg, len);
   name[len] = '\0';
-  int boolean = !strcmp(name, "enable_ha");
+  int boolean = !strcmp(name, "enable_ha") || !strcmp(name, "enable_http_metadata_server");
   *value = eq ? eq + 1 : (!boolean && *i + 1 < argc ? argv[++*i] : NULL);
   return 0;
 }
@@ -136,6 +140,45 @@ static int parse_ha_flag(ha_flags *ha, const char *name, const char *value) {
   return 1; /* not an HA flag */
 }
 
+/* A gflags boolean: absent value (the bare flag), true/1 or false/0. */
+static int parse_bool(const char *flag, const char *value, int *out) {
+  if (!value || !strcmp(value, "true") || !strcmp(value, "1"))
+    *out = 1;
+  else if (!strcmp(value, "false") || !strcmp(value, "0"))
+    *out = 0;
+  else {
+    fprintf(stderr, "store-master: --%s needs true or false, not \"%s\"\n", flag, value);
+    return -1;
+  }
+  return 0;
+}
+
+/* --enable_http_metadata_server's flags (Mooncake's names; the host is
+ * 127.0.0.1 by default, not Mooncake's 0.0.0.0: the store has no
+ * authentication, so serving other hosts is asked for by name). */
+typedef struct md_flags {
+  int enable;
+  unsigned long port;
+  const char *host;
+} md_flags;
+
+static int parse_md_flag(md_flags *md, const char *name, const char *value) {
+  if (!strcmp(name, "enable_http_metadata_server"))
+    return parse_bool(name, value, &md->enable);
+  if (!strcmp(name, "http_metadata_server_port")) {
+    if (value && ferry_cli_parse_count(value, 0, 65535, &md->port) == 0)
+      return 0;
+    fprintf(stderr, "store-master: --%s needs a port 0..65535, not \"%s\"\n", name,
+            value ? value : "");
+    return -1;
+  }
+  if (!strcmp(name, "http_metadata_server_host")) {
+    md->host = value;
+    return value && *value ? 0 : -1;
+  }
+  return 1; /* not one of these */
+}
+
 static int parse_flag(store_master_config *cfg, const char *name, const char *value) {
   unsigned long port;
   if (!strcmp(name, "port") || !strcmp(name, "rpc_port")) {
@@ -187,33 +230,50 @@ static int parse_flag(store_master_config *cfg, const char *name, const char *va
   return -1;
 }
 
-/* Serves until SIGINT or SIGTERM (blocked in every thread: sigwait takes it). */
-static int serve(const store_master_config *cfg, const ha_flags *ha, const sigset_t *stop) {
+/* Serves until SIGINT or SIGTERM (blocked in every thread: sigtimedwait
+ * takes it), with the http metadata store beside it when asked. */
+static int serve(const store_master_config *cfg, const ha_flags *ha, const md_flags *mdf,
+                 const sigset_t *stop) {
   store_master *m = NULL;
   store_ha *h = NULL;
+  ferry_md_server *md = NULL;
   int leading = 0;
+  if (mdf->enable && !(md = ferry_md_server_start(mdf->host, (unsigned)mdf->port))) {
+    fprintf(stderr, "store-master: --enable_http_metadata_server: cannot serve it on %s:%lu\n",
+            mdf->host, mdf->port);
+    return 1;
+  }
   ferry_status st = ha->enable ? store_ha_start(cfg, ha->connstring, ha->ttl_s, &h, &leading)
                                : store_master_start(cfg, &m);
   if (st != FERRY_OK) {
     fprintf(stderr, "store-master: %s\n", ferry_last_error());
+    if (md)
+      ferry_md_server_stop(md);
     return 1;
   }
+  if (md) /* before the ready line: a client may start at once */
+    printf("ready metadata-server url=http://%s:%u/metadata\n", mdf->host,
+           ferry_md_server_port(md));
   if (h)
     printf("ready master=%s %s\n", store_ha_address(h), leading ? "leader" : "standby");
   else
     printf("ready master=%s:%u\n", cfg->host ? cfg->host : "127.0.0.1", store_master_port(m));
   fflush(stdout);
-  int sig;
-  while (sigwait(stop, &sig) != 0) {
-  }
+  const struct timespec sweep = {0, 500 * 1000 * 1000L}; /* the metadata store's expiries */
+  while (sigtimedwait(stop, NULL, &sweep) <= 0)
+    if (md)
+      ferry_md_server_sweep(md);
   store_ha_stop(h);
   store_master_stop(m);
+  if (md)
+    ferry_md_server_stop(md);
   return 0;
 }
 
 int ferry_cmd_store_master(int argc, char **argv) {
   store_master_config cfg = {.port = 50051};
   ha_flags ha = {0};
+  md_flags md = {.port = 8080, .host = "127.0.0.1"};
   for (int i = 1; i < argc; i++) {
     char name[64];
     const char *value;
@@ -226,7 +286,8 @@ int ferry_cmd_store_master(int argc, char **argv) {
       return 2;
     }
     int ha_flag = parse_ha_flag(&ha, name, value);
-    if (ha_flag < 0 || (ha_flag > 0 && parse_flag(&cfg, name, value) != 0))
+    int md_flag = ha_flag > 0 ? parse_md_flag(&md, name, value) : 0;
+    if (ha_flag < 0 || md_flag < 0 || (md_flag > 0 && parse_flag(&cfg, name, value) != 0))
       return 2;
   }
   if (ha.enable && !ha.connstring) {
@@ -247,5 +308,5 @@ int ferry_cmd_store_master(int argc, char **argv) {
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, NULL); /* before the master's threads start */
-  return serve(&cfg, &ha, &stop);
+  return serve(&cfg, &ha, &md, &stop);
 }
