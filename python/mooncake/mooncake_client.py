@@ -166,6 +166,7 @@ class _Dummy:
             ipc.unmap(here, size)
             raise ferry.Error(ferry.EINVAL, "register", self.server.engine.last_error())
         self.regions[addr] = _Region(addr, size, here)
+        self.server.count_shared(1)
         return 0
 
     def op_unregister(self, msg, fds):
@@ -179,6 +180,7 @@ class _Dummy:
     def _release(self, r):
         self.server.engine.unregister_memory(r.addr)
         ipc.unmap(r.addr, r.size)
+        self.server.count_shared(-1)
 
     def op_put_from(self, msg, fds):
         rep, keys, upsert = _rep(msg["rep"]), msg["keys"], bool(msg.get("upsert"))
@@ -241,7 +243,7 @@ class _Dummy:
         return self.server.store.remove_all()
 
     def op_status(self, msg, fds):
-        """For tests and operators: dummies served and their regions."""
+        """For tests and operators: dummies connected, regions mapped for them."""
         return self.server.status()
 
     # ---- the connection ---------------------------------------------------------------------
@@ -319,6 +321,7 @@ class RealClient:
         self.lock = threading.Lock()
         self.dummies = []
         self.count = 0
+        self.shared = 0
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.listener.bind(self.name)
@@ -330,8 +333,12 @@ class RealClient:
 
     def status(self):
         with self.lock:
-            return {"dummies": len(self.dummies),
-                    "regions": sum(len(d.regions) for d in self.dummies)}
+            return {"dummies": len(self.dummies), "regions": self.shared}
+
+    def count_shared(self, n):
+        """Regions mapped and registered for dummies, all together."""
+        with self.lock:
+            self.shared += n
 
     def forget(self, dummy):
         with self.lock:
@@ -341,7 +348,10 @@ class RealClient:
     def accept_forever(self):
         uid = os.getuid()
         while True:
-            sock, _ = self.listener.accept()
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:  # closed by shutdown()
+                return
             other = ipc.peer_uid(sock)
             if other != uid:
                 logger.warning("mooncake_client: refused a connection from uid %d (this "
@@ -361,6 +371,10 @@ class RealClient:
 
     def shutdown(self):
         """Ends every dummy's connection, waits for their threads, closes the store."""
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        except OSError:
+            pass
         self.listener.close()
         with self.lock:
             dummies = list(self.dummies)
@@ -390,14 +404,15 @@ def _close_all(fds):
         os.close(fd)
 
 
-def _stop(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    signal.signal(signal.SIGTERM, _stop)
+    # Blocked in every thread (the store's and the dummies' inherit it), taken
+    # by sigwait below: a signal handler would run only when the main thread
+    # wakes, and a thread blocked in accept() is not woken by one delivered
+    # to another thread.
+    stop = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     store = MooncakeDistributedStore()
     rc = store.setup(args.host, args.metadata_server, args.global_segment_size,
                      args.local_buffer_size, args.protocol, args.device_names,
@@ -414,13 +429,11 @@ def main(argv=None):
         return 1
     print("ready mooncake_client=%s segment=%s" % (ipc.printable(real.name), real.hostname),
           flush=True)
-    try:
-        real.accept_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        real.shutdown()
-        store.close()
+    threading.Thread(target=real.accept_forever, name="accept", daemon=True).start()
+    signum = signal.sigwait(stop)
+    logger.info("mooncake_client: signal %d, stopping", signum)
+    real.shutdown()
+    store.close()
     return 0
 
 
