@@ -50,9 +50,17 @@ def start_real_client(master_addr, *flags, env=None):
 
 
 def stop(proc):
+    """SIGTERM, then SIGKILL if it is still there 20 s later (a failed test
+    must not leave a real client behind)."""
     if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
         proc.terminate()
-    proc.communicate(timeout=30)
+    try:
+        proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate(timeout=20)
+        raise
 
 
 @pytest.fixture
@@ -239,7 +247,6 @@ def test_the_real_client_dying_fails_calls_clearly(master, caplog, monkeypatch):
         assert time.monotonic() - started < 10
         assert "no answer within the timeout" in caplog.text
         assert store.put("gone/k2", b"v") == -900  # the connection stays failed
-        proc.send_signal(signal.SIGCONT)
     finally:
         store.close()
         stop(proc)
@@ -268,6 +275,16 @@ def test_a_dummy_without_the_secret_is_refused(monkeypatch, caplog):
         store = dummy(port)  # the right secret
         assert store.put("secret/k", b"v") == 0
         store.close()
+        # The real client refuses a wrong proof itself (a dummy checks the real
+        # client's proof too: below), and a peer that skips the handshake.
+        for hello in ({"op": "hello", "version": ipc.VERSION, "nonce": "00", "proof": "00" * 32},
+                      {"op": "remove_all"}):
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.connect(ipc.socket_name(port))
+            assert ipc.recv(raw)[0]["auth"] is True
+            ipc.send(raw, hello)
+            assert "error" in ipc.recv(raw)[0]
+            raw.close()
         for wrong in ("wrong-secret", None):
             if wrong:
                 monkeypatch.setenv("FERRY_SECRET", wrong)
@@ -277,13 +294,6 @@ def test_a_dummy_without_the_secret_is_refused(monkeypatch, caplog):
             store = MooncakeDistributedStore()
             assert store.setup_dummy(MiB, MiB, "127.0.0.1:%d" % port) == -900
             assert "refused the shared secret's proof" in caplog.text
-        # A peer that skips the handshake is refused too.
-        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        raw.connect(ipc.socket_name(port))
-        ipc.recv(raw)
-        ipc.send(raw, {"op": "remove_all"})
-        assert "error" in ipc.recv(raw)[0]
-        raw.close()
     finally:
         stop(proc)
         stop_master(mproc)
