@@ -222,10 +222,10 @@ class DummyConnection:
         return self.local.addr
 
     def put(self, key, data, replicas=1, preferred_segment=None, pin=0, upsert=False):
-        data = memoryview(data).cast("B")
+        data = data if isinstance(data, bytes) else bytes(data)  # store.py passes bytes
         with self.lock:
             addr = self._local(len(data), "put")
-            ctypes.memmove(addr, bytes(data), len(data))
+            ctypes.memmove(addr, data, len(data))
             answers, detail = self._call("put_from", keys=[key], addrs=[addr], sizes=[len(data)],
                                          rep=[replicas, preferred_segment, pin], upsert=upsert)
         if answers[0] < 0:
