@@ -3,7 +3,8 @@ ferry._ferry), `mooncake` (Mooncake-compatible TransferEngine) and `nixl`
 (NIXL's Python API, on ferry; needs numpy), and the
 `ferry` command-line tool they carry (ferry/ferry-tool, run by `python -m
 ferry`, the `ferry` and `mooncake_http_metadata_server` commands and
-`python -m mooncake.http_metadata_server`).
+`python -m mooncake.http_metadata_server`); `mooncake_client` (`python -m
+mooncake.mooncake_client`) is Python over the binding.
 
 The extension compiles the binding, python/ferry/*.c (one file per concept;
 python/ferry/_ferry.h lists them), together with every libferry source

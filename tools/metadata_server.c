@@ -639,13 +639,65 @@ static struct MHD_Daemon *start_daemon(const options *opt, kv_map *map) {
   return d;
 }
 
-static void print_ready(const options *opt, struct MHD_Daemon *d) {
-  const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-  unsigned port = info ? info->port : opt->port;
-  int v6 = strchr(opt->host, ':') != NULL; /* a literal IPv6 address needs brackets */
-  printf("ready metadata-server url=http://%s%s%s:%u/metadata\n", v6 ? "[" : "", opt->host,
-         v6 ? "]" : "", port);
-  fflush(stdout);
+/* ---- a running server (also embedded in store-master) ------------------- */
+
+struct ferry_md_server {
+  kv_map map;
+  struct MHD_Daemon *daemon;
+  unsigned port; /* bound */
+};
+
+/* Starts serving opt (its map loaded from opt->state); NULL after saying why
+ * on stderr. Block the stop signals first: MHD's threads inherit the mask. */
+static ferry_md_server *md_start(const options *opt) {
+  signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not kill us */
+  ferry_md_server *s = calloc(1, sizeof *s);
+  if (!s || (s->map = (kv_map){.max_value = opt->max_value,
+                               .max_keys = opt->max_keys,
+                               .max_bytes = opt->max_bytes},
+             map_init(&s->map) != 0)) {
+    fprintf(stderr, PROG ": out of memory\n");
+    free(s);
+    return NULL;
+  }
+  if (opt->state && !(s->map.log = md_log_open(opt->state, replay, snapshot, &s->map))) {
+    map_free(&s->map);
+    free(s);
+    return NULL;
+  }
+  if (!(s->daemon = start_daemon(opt, &s->map))) {
+    if (s->map.log)
+      md_log_close(s->map.log);
+    map_free(&s->map);
+    free(s);
+    return NULL;
+  }
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+  s->port = info ? info->port : opt->port;
+  return s;
+}
+
+ferry_md_server *ferry_md_server_start(const char *host, unsigned port) {
+  options opt = {.host = host,
+                 .port = port,
+                 .max_value = DEFAULT_MAX_VALUE,
+                 .max_keys = DEFAULT_MAX_KEYS,
+                 .max_bytes = DEFAULT_MAX_BYTES};
+  return md_start(&opt);
+}
+
+unsigned ferry_md_server_port(const ferry_md_server *s) { return s->port; }
+
+void ferry_md_server_sweep(ferry_md_server *s) { map_sweep(&s->map); }
+
+size_t ferry_md_server_stop(ferry_md_server *s) {
+  MHD_stop_daemon(s->daemon); /* joins the pool threads: no request is left */
+  if (s->map.log)
+    md_log_close(s->map.log); /* writes what the sweep queued */
+  size_t keys = s->map.count;
+  map_free(&s->map);
+  free(s);
+  return keys;
 }
 
 int ferry_cmd_metadata_server(int argc, char **argv) {
@@ -654,39 +706,23 @@ int ferry_cmd_metadata_server(int argc, char **argv) {
   if (rc != 0)
     return ferry_cli_usage_exit(rc, usage);
 
-  /* Before MHD starts its threads, so that they inherit the mask. */
+  /* Before MHD and the state file start their threads, so that they inherit the mask. */
   sigset_t stop;
   ferry_cli_block_stop_signals(&stop);
-  signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not kill us */
-
-  kv_map map = {.max_value = opt.max_value, .max_keys = opt.max_keys, .max_bytes = opt.max_bytes};
-  if (map_init(&map) != 0) {
-    fprintf(stderr, PROG ": out of memory\n");
+  ferry_md_server *s = md_start(&opt);
+  if (!s)
     return 1;
-  }
-  /* The state file's threads start after the mask too. */
-  if (opt.state && !(map.log = md_log_open(opt.state, replay, snapshot, &map))) {
-    map_free(&map);
-    return 1;
-  }
-  struct MHD_Daemon *d = start_daemon(&opt, &map);
-  if (!d) {
-    if (map.log)
-      md_log_close(map.log);
-    map_free(&map);
-    return 1;
-  }
-  print_ready(&opt, d);
+  int v6 = strchr(opt.host, ':') != NULL; /* a literal IPv6 address needs brackets */
+  printf("ready metadata-server url=http://%s%s%s:%u/metadata\n", v6 ? "[" : "", opt.host,
+         v6 ? "]" : "", s->port);
+  fflush(stdout);
 
   /* Expired keys are dropped between signals. */
   const struct timespec sweep = {0, SWEEP_NS};
   int sig;
   while ((sig = sigtimedwait(&stop, NULL, &sweep)) <= 0)
-    map_sweep(&map);
-  MHD_stop_daemon(d); /* joins the pool threads: no request is left */
-  if (map.log)
-    md_log_close(map.log); /* writes what the sweep queued */
-  FERRY_INFO("metadata-server: signal %d, stopped (%zu keys dropped)", sig, map.count);
-  map_free(&map);
+    ferry_md_server_sweep(s);
+  size_t keys = ferry_md_server_stop(s);
+  FERRY_INFO("metadata-server: signal %d, stopped (%zu keys dropped)", sig, keys);
   return 0;
 }

@@ -4,7 +4,10 @@
  * value) for what it implements and refuses, by name, every other flag
  * Mooncake's master has, rather than run without what was asked. It prints
  * one line "ready master=HOST:PORT" once it listens; with --enable_ha (an
- * election on etcd, src/store/ha.h) " leader" or " standby" follows. */
+ * election on etcd, src/store/ha.h) " leader" or " standby" follows. With
+ * --enable_http_metadata_server it also serves the http metadata store
+ * (metadata_server.c's, as Mooncake's master embeds one) and prints "ready
+ * metadata-server url=..." before that line. */
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -12,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "cli.h"
 #include "commands.h"
@@ -28,9 +32,6 @@ static const char *const not_yet[] = {
     "allow_evict_soft_pinned_objects",
     "enable_gc",
     "memory_allocator",
-    "enable_http_metadata_server",
-    "http_metadata_server_port",
-    "http_metadata_server_host",
 };
 
 static void usage(FILE *out) {
@@ -67,6 +68,10 @@ static void usage(FILE *out) {
           "                           counts change (default true, as Mooncake)\n"
           "  --max_threads=N, --rpc_thread_num=N  accepted: each client has a thread of its\n"
           "                           own here (--max_clients caps them)\n"
+          "  --enable_http_metadata_server  also serve the http metadata store (ferry\n"
+          "                           metadata-server's) at http://HOST:PORT/metadata\n"
+          "  --http_metadata_server_port=N  its port (default 8080)\n"
+          "  --http_metadata_server_host=HOST  its address (default 127.0.0.1)\n"
           "A put that does not fit evicts until it does. The shared secret clients must\n"
           "prove comes from FERRY_SECRET. With HA the leader journals its map in etcd: a\n"
           "new leader keeps every committed object.\n"
@@ -88,7 +93,8 @@ static int split_flag(int argc, char **argv, int *i, char *name, size_t size, co
     return -1;
   memcpy(name, arg, len);
   name[len] = '\0';
-  int boolean = !strcmp(name, "enable_ha") || !strcmp(name, "enable_metric_reporting");
+  int boolean = !strcmp(name, "enable_ha") || !strcmp(name, "enable_metric_reporting") ||
+                !strcmp(name, "enable_http_metadata_server");
   *value = eq ? eq + 1 : (!boolean && *i + 1 < argc ? argv[++*i] : NULL);
   return 0;
 }
@@ -189,6 +195,33 @@ static int parse_ha_flag(ha_flags *ha, const char *name, const char *value) {
   return 1; /* not an HA flag */
 }
 
+/* A gflags boolean: absent value (the bare flag), true/1 or false/0. */
+/* --enable_http_metadata_server's flags (Mooncake's names; the host is
+ * 127.0.0.1 by default, not Mooncake's 0.0.0.0: the store has no
+ * authentication, so serving other hosts is asked for by name). */
+typedef struct md_flags {
+  int enable;
+  unsigned long port;
+  const char *host;
+} md_flags;
+
+static int parse_md_flag(md_flags *md, const char *name, const char *value) {
+  if (!strcmp(name, "enable_http_metadata_server"))
+    return parse_bool(name, value, &md->enable);
+  if (!strcmp(name, "http_metadata_server_port")) {
+    if (value && ferry_cli_parse_count(value, 0, 65535, &md->port) == 0)
+      return 0;
+    fprintf(stderr, "store-master: --%s needs a port 0..65535, not \"%s\"\n", name,
+            value ? value : "");
+    return -1;
+  }
+  if (!strcmp(name, "http_metadata_server_host")) {
+    md->host = value;
+    return value && *value ? 0 : -1;
+  }
+  return 1; /* not one of these */
+}
+
 static int parse_flag(store_master_config *cfg, const char *name, const char *value) {
   unsigned long port;
   if (!strcmp(name, "port") || !strcmp(name, "rpc_port")) {
@@ -240,10 +273,12 @@ static int parse_flag(store_master_config *cfg, const char *name, const char *va
   return -1;
 }
 
-/* The master the tool runs: a plain one, or the one HA runs now. */
+/* The master the tool runs (a plain one, or the one HA runs now) and the
+ * metadata store beside it. */
 typedef struct running {
   store_master *master;
   store_ha *ha;
+  ferry_md_server *md;
 } running;
 
 static void running_stats(void *arg, store_map_stats *out) {
@@ -261,59 +296,87 @@ static int moved(const store_map_stats *a, const store_map_stats *b) {
          a->evicted_keys != b->evicted_keys || memcmp(a->ops, b->ops, sizeof a->ops);
 }
 
-/* Waits for SIGINT or SIGTERM; with reporting, logs the summary line every
- * REPORT_S seconds while the counts move. */
+/* With reporting, the summary line when the counts moved since *last. */
+static void report(running *r, store_map_stats *last) {
+  store_map_stats now;
+  running_stats(r, &now);
+  if (!moved(&now, last))
+    return;
+  char line[512];
+  store_metrics_summary(&now, line, sizeof line);
+  FERRY_INFO("store master: %s", line);
+  *last = now;
+}
+
+/* Waits for SIGINT or SIGTERM (blocked in every thread: the main one takes
+ * it); meanwhile sweeps the metadata store's expiries every half second
+ * and, with reporting, logs the summary every REPORT_S seconds while the
+ * counts move. Wakes only for what it has to do. */
 static void wait_for_stop(running *r, const sigset_t *stop, int reporting) {
-  store_map_stats last = {0}, now;
-  const struct timespec period = {REPORT_S, 0};
+  store_map_stats last = {0};
+  const struct timespec sweep = {0, 500 * 1000 * 1000L}, period = {REPORT_S, 0};
+  uint64_t next_report = ferry_now_ns() + REPORT_S * 1000000000ull;
   for (;;) {
-    int sig = reporting ? sigtimedwait(stop, NULL, &period) : sigwaitinfo(stop, NULL);
+    int sig = r->md       ? sigtimedwait(stop, NULL, &sweep)
+              : reporting ? sigtimedwait(stop, NULL, &period)
+                          : sigwaitinfo(stop, NULL);
     if (sig == SIGINT || sig == SIGTERM)
       return;
-    if (!reporting)
-      continue;
-    running_stats(r, &now);
-    if (!moved(&now, &last))
-      continue;
-    char line[512];
-    store_metrics_summary(&now, line, sizeof line);
-    FERRY_INFO("store master: %s", line);
-    last = now;
+    if (r->md)
+      ferry_md_server_sweep(r->md);
+    if (reporting && ferry_now_ns() >= next_report) {
+      report(r, &last);
+      next_report = ferry_now_ns() + REPORT_S * 1000000000ull;
+    }
   }
 }
 
-/* Serves until SIGINT or SIGTERM (blocked in every thread: the main one
- * takes it). */
-static int serve(const store_master_config *cfg, const ha_flags *ha, const report_flags *rep,
-                 const sigset_t *stop) {
+static void running_stop(running *r, store_metrics_server *metrics) {
+  store_metrics_stop(metrics);
+  store_ha_stop(r->ha);
+  store_master_stop(r->master);
+  if (r->md)
+    ferry_md_server_stop(r->md);
+}
+
+/* Serves until SIGINT or SIGTERM, with the http metadata store and the
+ * metrics endpoint beside it when asked. */
+static int serve(const store_master_config *cfg, const ha_flags *ha, const md_flags *mdf,
+                 const report_flags *rep, const sigset_t *stop) {
   running r = {0};
   int leading = 0;
+  if (mdf->enable && !(r.md = ferry_md_server_start(mdf->host, (unsigned)mdf->port))) {
+    fprintf(stderr, "store-master: --enable_http_metadata_server: cannot serve it on %s:%lu\n",
+            mdf->host, mdf->port);
+    return 1;
+  }
   ferry_status st = ha->enable ? store_ha_start(cfg, ha->connstring, ha->ttl_s, &r.ha, &leading)
                                : store_master_start(cfg, &r.master);
   if (st != FERRY_OK) {
     fprintf(stderr, "store-master: %s\n", ferry_last_error());
+    running_stop(&r, NULL);
     return 1;
   }
   const char *host = cfg->host ? cfg->host : "127.0.0.1";
   store_metrics_server *metrics = NULL;
   if (rep->metrics_port >= 0 &&
       !(metrics = store_metrics_start(host, (unsigned)rep->metrics_port, running_stats, &r))) {
-    store_ha_stop(r.ha);
-    store_master_stop(r.master);
+    running_stop(&r, NULL);
     return 1;
   }
   if (metrics)
     fprintf(stderr, "store-master: metrics on http://%s:%u/metrics\n", host,
             store_metrics_port(metrics));
+  if (r.md) /* before the ready line: a client may start at once */
+    printf("ready metadata-server url=http://%s:%u/metadata\n", mdf->host,
+           ferry_md_server_port(r.md));
   if (r.ha)
     printf("ready master=%s %s\n", store_ha_address(r.ha), leading ? "leader" : "standby");
   else
     printf("ready master=%s:%u\n", host, store_master_port(r.master));
   fflush(stdout);
   wait_for_stop(&r, stop, rep->reporting);
-  store_metrics_stop(metrics);
-  store_ha_stop(r.ha);
-  store_master_stop(r.master);
+  running_stop(&r, metrics);
   return 0;
 }
 
@@ -321,6 +384,7 @@ int ferry_cmd_store_master(int argc, char **argv) {
   store_master_config cfg = {.port = 50051};
   ha_flags ha = {0};
   report_flags rep = {-1, 1};
+  md_flags md = {.port = 8080, .host = "127.0.0.1"};
   for (int i = 1; i < argc; i++) {
     char name[64];
     const char *value;
@@ -333,8 +397,10 @@ int ferry_cmd_store_master(int argc, char **argv) {
       return 2;
     }
     int not_ha = parse_ha_flag(&ha, name, value);
-    int not_report = not_ha > 0 ? parse_report_flag(&rep, name, value) : 0;
-    if (not_ha < 0 || not_report < 0 || (not_report > 0 && parse_flag(&cfg, name, value) != 0))
+    int not_md = not_ha > 0 ? parse_md_flag(&md, name, value) : 0;
+    int not_report = not_md > 0 ? parse_report_flag(&rep, name, value) : 0;
+    if (not_ha < 0 || not_md < 0 || not_report < 0 ||
+        (not_report > 0 && parse_flag(&cfg, name, value) != 0))
       return 2;
   }
   if (ha.enable && !ha.connstring) {
@@ -355,5 +421,5 @@ int ferry_cmd_store_master(int argc, char **argv) {
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, NULL); /* before the master's threads start */
-  return serve(&cfg, &ha, &rep, &stop);
+  return serve(&cfg, &ha, &md, &rep, &stop);
 }

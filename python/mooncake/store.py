@@ -45,6 +45,15 @@ ReplicateConfig) and ``_with_tp`` forms (shards under ``key_tp_<rank>``),
 ``put_tensor_from`` (a value already in the format). A tensor whose memory is
 registered is put without a copy; others through one copy into a registered
 block (docs/store.md, "Tensors").
+
+``setup_dummy(mem_pool_size, local_buffer_size, server_address)`` makes a
+*dummy client* instead, as Mooncake's does: no engine, segment or master
+connection of its own; every call goes to the real client (``mooncake_client``)
+on this host whose ``--port`` server_address names, over a local socket,
+and the values move through memory the two share (memfds): the local
+buffer, and ``alloc_from_mem_pool(size)`` allocations, which
+``register_buffer`` shares whole. ``get_hostname()`` is the real client's
+segment. Details: mooncake._dummy_client, docs/store.md.
 """
 
 import ctypes
@@ -58,6 +67,7 @@ import ferry
 from ferry import _ferry
 
 from mooncake import _tensor
+from mooncake._dummy_client import DummyConnection
 from mooncake.engine import TransferEngine, _split_host_port
 
 __all__ = ["BufferHandle", "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction"]
@@ -218,7 +228,7 @@ def _code(status, detail, busy=OBJECT_HAS_LEASE):
         return INVALID_PARAMS
     if status == ferry.EBUSY:
         return busy
-    if detail and "store master" in detail:
+    if detail and ("store master" in detail or "real client" in detail):
         return RPC_FAIL
     return TRANSFER_FAIL
 
@@ -233,6 +243,7 @@ class MooncakeDistributedStore:
         self._hostname = None
         self._bare_hostname = None
         self._staging = None
+        self._dummy = None
 
     # ---- lifetime -------------------------------------------------------------------------
 
@@ -304,6 +315,45 @@ class MooncakeDistributedStore:
                 return engine, rc
         return engine, rc
 
+    def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
+        """A dummy client of the real client (mooncake_client) whose --port
+        server_address ("HOST:PORT", this host) names: 0, or a negative code."""
+        if self._store is not None:
+            return self._fail("setup_dummy", INVALID_PARAMS, "this store is set up already")
+        try:
+            pool = _size(mem_pool_size, "mem_pool_size")
+            staging = _size(local_buffer_size, "local_buffer_size")
+            port = _split_host_port(str(server_address))[1]
+            if port is None or not 0 < port < 65536:
+                raise ValueError("server_address %r has no port (the real client's --port)"
+                                 % (server_address,))
+        except ValueError as e:
+            return self._fail("setup_dummy", INVALID_PARAMS, str(e))
+        try:
+            dummy = DummyConnection(port, pool, staging)
+        except ferry.Error as e:
+            return self._fail("setup_dummy", _code(e.code, e.detail), e.detail)
+        except OSError as e:
+            return self._fail("setup_dummy", INTERNAL_ERROR, "the local buffer (%d bytes): %s"
+                              % (staging, e.strerror))
+        self._store = self._engine = self._dummy = dummy
+        self._own_engine = False
+        self._hostname = dummy.segment
+        self._staging = staging
+        return 0
+
+    def alloc_from_mem_pool(self, size):
+        """A dummy's shared memory: the address of size bytes, or 0 (logged)."""
+        if self._dummy is None:
+            self._fail("alloc_from_mem_pool", INVALID_PARAMS, "a dummy client's call: "
+                       "setup_dummy() first")
+            return 0
+        try:
+            return self._dummy.alloc(size)
+        except ValueError as e:
+            self._fail("alloc_from_mem_pool", NO_AVAILABLE_HANDLE, str(e))
+            return 0
+
     def init_all(self, protocol, device_name, mount_segment_size=16 * 1024 * 1024):
         return self._fail("init_all", INVALID_PARAMS, "not implemented; use setup()")
 
@@ -313,7 +363,7 @@ class MooncakeDistributedStore:
             self._store = None
         if self._own_engine and self._engine is not None:
             self._engine.close()
-        self._engine = None
+        self._engine = self._dummy = None
         return 0
 
     def health_check(self):
@@ -459,7 +509,12 @@ class MooncakeDistributedStore:
         if self._staging == 0:
             self._no_staging(_call)
             return [None] * len(keys)
-        sizes = self._batch(_call, lambda: self._store.batch_exists(keys), len(keys))
+        if self._dummy is not None:  # its memory is the shared local buffer: get copies out
+            values = [self._call(_call, lambda k=k: self._store.get(k),
+                                 quiet_missing=True) for k in keys]
+            return [BufferHandle(v) if isinstance(v, bytes) else None for v in values]
+        sizes = self._batch(_call, lambda: self._store.batch_exists(keys),
+                            len(keys))
         wanted = [i for i, n in enumerate(sizes) if n > 0]
         handles = [BufferHandle(sizes[i]) for i in wanted]
         ptrs = [h.ptr() for h in handles]
