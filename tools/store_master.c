@@ -134,7 +134,7 @@ static int parse_bool(const char *flag, const char *value, int *out) {
     return *out = 1, 0;
   if (!strcmp(value, "false") || !strcmp(value, "0"))
     return *out = 0, 0;
-  fprintf(stderr, "store-master: --%s takes true or false, not \"%s\"\n", flag, value);
+  fprintf(stderr, "store-master: --%s needs true or false, not \"%s\"\n", flag, value);
   return -1;
 }
 
