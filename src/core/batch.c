@@ -133,7 +133,7 @@ static long device_entry(ferry_engine *e, const ferry_entry *entries, size_t cou
 }
 
 /* A batch with local device memory goes only over a transport that can
- * carry it (carries_device_memory: tcp, staged): the peer's, or another
+ * carry it (carries_device_memory: tcp, staged; shm, copied directly): the peer's, or another
  * usable toward it; else it is refused here, before any transport could
  * touch the memory with the CPU. */
 static ferry_status place_device_memory(ferry_batch *b) {
