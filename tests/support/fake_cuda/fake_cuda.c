@@ -300,7 +300,8 @@ static CUresult release_any(const char *call, const void *p, int device, int imp
 /* Device memory over the memfd fd (taken): a PROT_NONE mapping for the
  * caller, a read-write one for the fake. */
 static CUresult device_map(int fd, size_t bytes, int imported, int vmm, CUdeviceptr *out) {
-  void *device = mmap(NULL, bytes, PROT_NONE, MAP_SHARED, fd, 0);
+  void *at = (void *)(uintptr_t)*out; /* NULL, or where the caller wants it */
+  void *device = mmap(at, bytes, PROT_NONE, MAP_SHARED | (at ? MAP_FIXED_NOREPLACE : 0), fd, 0);
   void *private = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   pthread_mutex_lock(&lock);
   fake_allocation *a = device != MAP_FAILED && private != MAP_FAILED ? free_slot() : NULL;
@@ -319,6 +320,7 @@ static CUresult device_map(int fd, size_t bytes, int imported, int vmm, CUdevice
   return CUDA_SUCCESS;
 }
 
+/* *out: 0, or the address the allocation must have. */
 static CUresult device_alloc(const char *call, CUdeviceptr *out, size_t bytes, int vmm) {
   need_context(call);
   if (!bytes)
@@ -335,11 +337,19 @@ static CUresult device_alloc(const char *call, CUdeviceptr *out, size_t bytes, i
 /* For tests: device memory, a PROT_NONE mapping of a memfd whose
  * read-write mapping only the fake holds. */
 CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t bytes) {
+  *out = 0;
   return device_alloc("cuMemAlloc_v2", out, bytes, 0);
+}
+
+/* For tests: device memory at the address *at, as a caching allocator or
+ * the driver may hand out an address again once it was freed. */
+CUresult fakeMemAllocAt(CUdeviceptr *at, size_t bytes) {
+  return device_alloc("fakeMemAllocAt", at, bytes, 0);
 }
 
 /* For tests: device memory standing for a VMM allocation. */
 CUresult fakeMemAllocVmm(CUdeviceptr *out, size_t bytes) {
+  *out = 0;
   return device_alloc("fakeMemAllocVmm", out, bytes, 1);
 }
 
@@ -364,6 +374,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle handle, unsigned
       close(fd);
     return CUDA_ERROR_INVALID_VALUE; /* the allocation is gone */
   }
+  *out = 0;
   CUresult r = device_map(fd, ipc.size, 1, 0, out);
   pthread_mutex_lock(&lock);
   ipc_opens += r == CUDA_SUCCESS;
