@@ -8,7 +8,9 @@
  * kind's driver) and the registry keeps it. A transport that can only touch
  * host memory (tcp) moves a region the CPU cannot reach through a copier:
  * pinned host bounce buffers that the kind fills and drains asynchronously
- * (staging.h pipelines them with the network). */
+ * (staging.h pipelines them with the network). A transport that maps a
+ * peer's memory (shm) imports the peer's exported allocation and copies
+ * with copy_direct, with no bounce. */
 #ifndef FERRY_KIND_H
 #define FERRY_KIND_H
 

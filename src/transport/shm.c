@@ -43,6 +43,18 @@
  * chunk being completed and every later checkout of the channel, and the
  * next transfer reconnects (ping + new link) or fails with the reason.
  *
+ * Device memory. The table says where each region lives (shm.h: place);
+ * a target's device allocation is imported once per link (EXPORT: its
+ * CUDA IPC handle, memory/kind.h import_open) and kept under maps_lock
+ * like a buffer's mapping. Segments with device memory on either side are
+ * copied by the device (copy_direct on the channel's copier: its own
+ * stream), and the copies' events are waited for before the slot is
+ * cleared, so the fence above covers them and done means landed. A local
+ * device range and a remote one reached with CMA meet in the copier's
+ * bounce buffer. Imports are closed under maps_lock held for writing,
+ * once the table no longer lists their allocation's id (a new id follows
+ * a re-registration), and when the link ends.
+ *
  * Notifications still go over the control connection after the data; done
  * means the copy finished, so the bytes are in the target's memory. There
  * is no network to guard, so checksum mode does not apply here.
