@@ -470,6 +470,17 @@ static void shm_remote_device(void **state) {
   device_rig_stop(&d);
 }
 
+/* FERRY_STAGING=never on both: shm stages nothing, so it still carries
+ * device memory (tcp beside it would not). */
+static void shm_device_under_staging_never(void **state) {
+  device_rig d;
+  device_rig_start(&d, FERRY_TRANSPORT_SHM | FERRY_TRANSPORT_TCP, NULL, FERRY_STAGING_NEVER,
+                   FERRY_STAGING_NEVER);
+  device_round_trip(&d, 5, SLOT + 9, 21);
+  assert_int_equal(test_rig_transport_bytes(&d.r, "shm"), 2 * (SLOT + 9));
+  device_rig_stop(&d);
+}
+
 /* With tcp beside shm, device memory now stays on shm too. */
 static void shm_with_tcp_keeps_shm(void **state) {
   device_rig d;
@@ -809,6 +820,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(shm_many_entries_mapped),
       cmocka_unit_test(shm_many_entries_cma),
       cmocka_unit_test(shm_with_tcp_keeps_shm),
+      cmocka_unit_test(shm_device_under_staging_never),
       cmocka_unit_test(shm_unregister_waits_for_device_copy),
       cmocka_unit_test(shm_import_both_ways),
       cmocka_unit_test(shm_import_after_reregister),
