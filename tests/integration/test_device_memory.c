@@ -574,14 +574,17 @@ static int child_register(ferry_engine *e, devptr a) {
 }
 
 /* One command from the parent: put/check ADDR LEN SEED (device memory or
- * the child's host buffer), or rereg (free, allocate at the same address,
- * register the regions again). */
+ * the child's host buffer), unreg ADDR (answered once unregister returned),
+ * or rereg (free, allocate at the same address, register the regions
+ * again). */
 static int child_command(ferry_engine *e, char *line, devptr *a, uint8_t *host) {
   unsigned long long addr = 0, len = 0, seed = 0;
   char verb[16] = "";
   sscanf(line, "%15s %llx %llu %llu", verb, &addr, &len, &seed);
   uint8_t *p = (uint8_t *)(uintptr_t)addr;
   int on_host = p >= host && p < host + HOST_BYTES;
+  if (!strcmp(verb, "unreg"))
+    return ferry_memory_unregister(e, p) ? -1 : 0;
   if (!strcmp(verb, "rereg")) {
     uint8_t *base = (uint8_t *)(uintptr_t)*a;
     if (ferry_memory_unregister(e, base + R1_AT) || ferry_memory_unregister(e, base + R2_AT) ||
@@ -791,6 +794,43 @@ static void shm_import_after_reregister(void **state) {
   child_stop(&c);
 }
 
+/* A WRITE through the import held in flight (its source's second half
+ * stalls the device copy): the child's unregister of the region does not
+ * return (no answer) until the copy ended; then it does. */
+static void shm_import_unregister_waits(void **state) {
+  need_driver();
+  page_stall src;
+  if (page_stall_create(&src, 2 * 1024 * KiB, 1024 * KiB, 0x5a) != 0) {
+    print_message("no userfaultfd here: cannot hold a copy in flight\n");
+    skip();
+  }
+  child_target c;
+  child_start(&c);
+  assert_int_equal(ferry_memory_register(c.initiator, src.base, src.size), FERRY_OK);
+  uint64_t region = c.alloc + R1_AT;
+  ferry_entry entry = {FERRY_OP_WRITE, src.base, region, src.size};
+  ferry_batch *b;
+  assert_int_equal(ferry_batch_submit(c.initiator, c.name, &entry, 1, NULL, &b), FERRY_OK);
+  assert_int_equal(page_stall_wait(&src, 10000), 0); /* the device copy runs, and is stuck */
+  char line[64];
+  int n = snprintf(line, sizeof line, "unreg %" PRIx64 "\n", region);
+  assert_int_equal(write(c.to, line, (size_t)n), n);
+  /* A fence cannot answer now; give a broken one time to show it. */
+  int early = test_read_line(c.from, line, sizeof line, 200) == 0;
+  assert_int_equal(page_stall_release(&src, 0x5a), 0);
+  if (!early && test_read_line(c.from, line, sizeof line, TEST_SETUP_MS) != 0)
+    fail_msg("the child's unregister did not return after the copy ended");
+  ferry_status st = ferry_batch_wait(b, -1);
+  ferry_batch_free(b);
+  print_message("the child's unregister returned %s the stalled copy ended; batch: %s\n",
+                early ? "BEFORE" : "after", st ? ferry_last_error() : "completed");
+  assert_false(early);
+  assert_string_equal(line, "ok");
+  assert_int_equal(st, FERRY_OK);
+  child_stop(&c);
+  page_stall_destroy(&src);
+}
+
 /* A VMM allocation has no IPC handle: refused, saying so. */
 static void shm_import_vmm_refused(void **state) {
   child_target c;
@@ -824,6 +864,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(shm_unregister_waits_for_device_copy),
       cmocka_unit_test(shm_import_both_ways),
       cmocka_unit_test(shm_import_after_reregister),
+      cmocka_unit_test(shm_import_unregister_waits),
       cmocka_unit_test(shm_import_vmm_refused),
       cmocka_unit_test(fabric_with_tcp_stages_over_tcp),
       cmocka_unit_test(shm_remote_device),
