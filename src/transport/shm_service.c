@@ -15,8 +15,9 @@
  * memfd of one ferry_memory_alloc buffer that is registered now) and
  * EXPORT (the handle of a registered device region's allocation, from its
  * memory kind: a CUDA IPC handle; shm.h says how allocations are
- * numbered). The data never passes here. The thread never blocks on a peer: sockets are
- * non-blocking and a peer that does not take a reply is dropped.
+ * numbered). The data never passes here. The thread never blocks on a
+ * peer: sockets are non-blocking and a peer that does not take a reply is
+ * dropped.
  *
  * The table is rewritten under a seqlock whenever it is stale (the registry
  * or the allocation list changed) and an initiator asks, and eagerly by
@@ -306,8 +307,9 @@ static uint64_t region_ino(const alloc_info *allocs, size_t n, const ferry_regio
   return off < a->length && r->length <= a->length - off ? a->ino : 0;
 }
 
-/* The id of the device allocation at base: the one it had in the last
- * table, or a new one (next); -1 when out of memory. */
+/* The id of the device allocation at base: the one it has in this table
+ * already (now) or had in the last (old), else a new one (++*next); now
+ * gets it. */
 static uint64_t device_id(const svc_device *old, size_t nold, svc_device *now, size_t *nnow,
                           uint64_t base, uint64_t *next) {
   for (size_t i = 0; i < *nnow; i++)
