@@ -308,7 +308,7 @@ typedef struct ferry_config {
    * the network transfer of the one before. AUTO (the default) stages only
    * such memory; ALWAYS stages host memory too (it tests the pipeline and
    * costs a copy); NEVER stages nothing (device memory then fails with
-   * FERRY_EFAULT on tcp). */
+   * FERRY_EFAULT on tcp; shm, which copies it directly, still carries it). */
   int staging;
   /* FILE memory (ferry_file_*): operations one file batch keeps in flight
    * at once, each a preadv or pwritev on a worker thread

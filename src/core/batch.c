@@ -133,9 +133,10 @@ static long device_entry(ferry_engine *e, const ferry_entry *entries, size_t cou
 }
 
 /* A batch with local device memory goes only over a transport that can
- * carry it (carries_device_memory: tcp, staged): the peer's, or another
- * usable toward it; else it is refused here, before any transport could
- * touch the memory with the CPU. */
+ * carry it (carries_device_memory: tcp, staged; shm, copied directly; under
+ * FERRY_STAGING=never only the direct one): the peer's, or another usable
+ * toward it; else it is refused here, before any transport could touch the
+ * memory with the CPU. */
 static ferry_status place_device_memory(ferry_batch *b) {
   ferry_where where;
   long i = device_entry(b->engine, b->entries, b->count, &where);
@@ -144,15 +145,16 @@ static ferry_status place_device_memory(ferry_batch *b) {
   const ferry_entry *en = &b->entries[i];
   char place[64];
   ferry_where_format(&where, place, sizeof place);
-  if (b->engine->cfg.staging == FERRY_STAGING_NEVER)
+  int never = b->engine->cfg.staging == FERRY_STAGING_NEVER;
+  b->needs |= FERRY_NEEDS_DEVICE_MEMORY | (never ? FERRY_NEEDS_DIRECT_DEVICE : 0);
+  if (ferry_peer_transport_for(b->peer, b->needs, &b->transport))
+    return FERRY_OK;
+  if (never)
     return ferry_fail(FERRY_EFAULT,
                       "transfer to %s: local buffer %p (+%zu bytes) is %s memory, which no "
                       "transport can carry under FERRY_STAGING=never (tcp stages it under auto "
-                      "or always)",
+                      "or always; shm copies it directly, toward a peer on this host)",
                       b->address, en->local, en->length, place);
-  b->needs |= FERRY_NEEDS_DEVICE_MEMORY;
-  if (ferry_peer_transport_for(b->peer, b->needs, &b->transport))
-    return FERRY_OK;
   return ferry_fail(FERRY_EFAULT,
                     "local buffer %p (+%zu bytes) is %s memory, which the %s transport cannot "
                     "carry yet (tcp stages it; enable tcp toward %s)",

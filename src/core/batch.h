@@ -47,6 +47,7 @@ struct ferry_channel;
 /* ferry_batch.needs */
 #define FERRY_NEEDS_POOL_WRITES 1u   /* pool_writes_bounded (transport.h) */
 #define FERRY_NEEDS_DEVICE_MEMORY 2u /* carries_device_memory (transport.h) */
+#define FERRY_NEEDS_DIRECT_DEVICE 4u /* carries_device_memory == FERRY_DEVICE_DIRECT */
 
 struct ferry_batch {
   ferry_engine *engine;

@@ -718,7 +718,8 @@ static const ferry_transport *carrier_locked(const ferry_peer *p, unsigned exclu
 
 int ferry_transport_meets(const ferry_transport *t, unsigned needs) {
   return (!(needs & FERRY_NEEDS_POOL_WRITES) || t->pool_writes_bounded) &&
-         (!(needs & FERRY_NEEDS_DEVICE_MEMORY) || t->carries_device_memory);
+         (!(needs & FERRY_NEEDS_DEVICE_MEMORY) || t->carries_device_memory) &&
+         (!(needs & FERRY_NEEDS_DIRECT_DEVICE) || t->carries_device_memory == FERRY_DEVICE_DIRECT);
 }
 
 /* The rails a batch with these needs (batch.h) may not use (rail_choice.h):

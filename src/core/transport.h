@@ -122,6 +122,10 @@ typedef struct ferry_channel {
   struct ferry_channel *next_all;
 } ferry_channel;
 
+/* ferry_transport.carries_device_memory */
+#define FERRY_DEVICE_STAGED 1
+#define FERRY_DEVICE_DIRECT 2
+
 struct ferry_transport {
   const char *name;
   unsigned id; /* FERRY_TRANSPORT_* bit */
@@ -153,11 +157,13 @@ struct ferry_transport {
    * registers pools for remote READ only (FERRY_REGISTER_POOL). */
   int pool_writes_bounded;
   /* Nonzero when a batch's local buffers may be memory the CPU cannot
-   * touch (device memory, memory/kind.h): tcp moves it through the staging
-   * pipeline (staging.h), so not under FERRY_STAGING=never. Zero (shm,
-   * fabric for now): core never hands it such a batch, nor a chunk of one
-   * to move again on its rails (batch.c), since its copies or its
-   * provider's would touch the memory with the CPU. */
+   * touch (device memory, memory/kind.h): FERRY_DEVICE_STAGED (tcp) moves
+   * it through the staging pipeline (staging.h), so not under
+   * FERRY_STAGING=never; FERRY_DEVICE_DIRECT (shm) by the device's own
+   * copies, under any staging mode. Zero (fabric for now): core never hands
+   * it such a batch, nor a chunk of one to move again on its rails
+   * (batch.c), since its provider's copies would touch the memory with the
+   * CPU. */
   int carries_device_memory;
   /* Optional (NULL: none). Posts a batch's after-landed message to the
    * target incarnation `instance` on the transport's own path, called by

@@ -37,6 +37,9 @@ typedef struct CUipcMemHandle {
 #define CU_STREAM_NON_BLOCKING 1
 #define CU_EVENT_DISABLE_TIMING 2
 #define CU_MEMHOSTALLOC_PORTABLE 1
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1
+
+typedef unsigned long long CUmemGenericAllocationHandle;
 
 /* The entry points, each looked up under the name given in kind_cuda.c
  * (the _v2 names where the API has them). */
@@ -62,6 +65,11 @@ typedef struct ferry_cuda_api {
   CUresult (*IpcGetMemHandle)(CUipcMemHandle *handle, CUdeviceptr ptr);
   CUresult (*GetErrorName)(CUresult error, const char **name);
   CUresult (*GetErrorString)(CUresult error, const char **text);
+  CUresult (*IpcOpenMemHandle)(CUdeviceptr *ptr, CUipcMemHandle handle, unsigned flags);
+  CUresult (*IpcCloseMemHandle)(CUdeviceptr ptr);
+  CUresult (*MemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
+  CUresult (*MemRetainAllocationHandle)(CUmemGenericAllocationHandle *handle, void *addr);
+  CUresult (*MemRelease)(CUmemGenericAllocationHandle handle);
 } ferry_cuda_api;
 
 #endif

@@ -8,7 +8,9 @@
  * kind's driver) and the registry keeps it. A transport that can only touch
  * host memory (tcp) moves a region the CPU cannot reach through a copier:
  * pinned host bounce buffers that the kind fills and drains asynchronously
- * (staging.h pipelines them with the network). */
+ * (staging.h pipelines them with the network). A transport that maps a
+ * peer's memory (shm) imports the peer's exported allocation and copies
+ * with copy_direct, with no bounce. */
 #ifndef FERRY_KIND_H
 #define FERRY_KIND_H
 
@@ -66,6 +68,19 @@ typedef struct ferry_memory_kind {
    * allocation (out: up to *len bytes; *len set to the size used). NULL:
    * this kind cannot export (host memory: its peers map memfds instead). */
   ferry_status (*export_handle)(const ferry_where *where, void *out, size_t *len);
+  /* Maps the allocation another process of this host exported with
+   * export_handle (handle, len bytes) into this process, in the primary
+   * context of device; *addr gets where its first byte is. Each open is
+   * closed with import_close, once no copy through it runs. NULL: this
+   * kind cannot import. */
+  ferry_status (*import_open)(int device, const void *handle, size_t len, uint64_t *addr);
+  void (*import_close)(int device, uint64_t addr);
+  /* Starts one copy of len bytes from src to dst, either of which may be
+   * this kind's memory (its own or imported) or host memory, on c's device
+   * (no bounce buffer): complete only once copy_wait(slot) returned
+   * FERRY_OK. NULL: this kind has no such copy. */
+  ferry_status (*copy_direct)(ferry_copier *c, unsigned slot, uint64_t dst, uint64_t src,
+                              size_t len);
 } ferry_memory_kind;
 
 extern const ferry_memory_kind ferry_kind_host;

@@ -53,6 +53,11 @@ static const ferry_library_symbol symbols[] = {
     SYMBOL(IpcGetMemHandle, "cuIpcGetMemHandle"),
     SYMBOL(GetErrorName, "cuGetErrorName"),
     SYMBOL(GetErrorString, "cuGetErrorString"),
+    SYMBOL(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2"),
+    SYMBOL(IpcCloseMemHandle, "cuIpcCloseMemHandle"),
+    SYMBOL(MemcpyAsync, "cuMemcpyAsync"),
+    SYMBOL(MemRetainAllocationHandle, "cuMemRetainAllocationHandle"),
+    SYMBOL(MemRelease, "cuMemRelease"),
 };
 
 /* "CUDA_ERROR_INVALID_VALUE (invalid argument)" */
@@ -207,7 +212,8 @@ static CUresult copier_resources(cuda_copier *cc, unsigned slots, size_t slot_si
   for (; cc->head.slots < slots; cc->head.slots++) {
     void *bounce = NULL;
     *call = "cuMemHostAlloc";
-    if ((r = cu.MemHostAlloc(&bounce, slot_size, CU_MEMHOSTALLOC_PORTABLE)) != CUDA_SUCCESS)
+    if (slot_size && /* none: a copier for copy_direct only */
+        (r = cu.MemHostAlloc(&bounce, slot_size, CU_MEMHOSTALLOC_PORTABLE)) != CUDA_SUCCESS)
       return r;
     cc->head.bounce[cc->head.slots] = bounce;
     *call = "cuEventCreate";
@@ -267,7 +273,38 @@ static ferry_status cuda_copy_wait(ferry_copier *c, unsigned slot) {
   return r == CUDA_SUCCESS ? FERRY_OK : cuda_fail(r, "cuEventSynchronize", c->device);
 }
 
-/* A CUDA IPC handle of the region's allocation (device memory only). */
+/* One copy between any two of: this process's device memory, an imported
+ * allocation, host memory (unified addressing tells the driver which), on
+ * the copier's own stream; its event says when it landed. */
+static ferry_status cuda_copy_direct(ferry_copier *c, unsigned slot, uint64_t dst, uint64_t src,
+                                     size_t len) {
+  cuda_copier *cc = (cuda_copier *)c;
+  ferry_status st = cuda_enter(c->device);
+  if (st)
+    return st;
+  const char *call = "cuMemcpyAsync";
+  CUresult r = cu.MemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, len, cc->stream);
+  if (r == CUDA_SUCCESS) {
+    call = "cuEventRecord";
+    r = cu.EventRecord(cc->done[slot], cc->stream);
+  }
+  cuda_leave();
+  return r == CUDA_SUCCESS ? FERRY_OK : cuda_fail(r, call, c->device);
+}
+
+/* A VMM allocation (cuMemCreate + cuMemMap: PyTorch's expandable
+ * segments) has no CUDA IPC handle; only for those does the driver hand
+ * out an allocation handle. Context current. */
+static int is_vmm(uint64_t addr) {
+  CUmemGenericAllocationHandle h;
+  if (cu.MemRetainAllocationHandle(&h, (void *)(uintptr_t)addr) != CUDA_SUCCESS)
+    return 0;
+  cu.MemRelease(h);
+  return 1;
+}
+
+/* A CUDA IPC handle of the region's allocation (device memory only; not
+ * VMM allocations, refused with FERRY_ENOTIMPL saying so). */
 static ferry_status cuda_export(const ferry_where *where, void *out, size_t *len) {
   if (where->cpu_access || !where->base)
     return ferry_fail(FERRY_ENOTIMPL, "cuda:%d: only device memory has an IPC handle",
@@ -278,13 +315,56 @@ static ferry_status cuda_export(const ferry_where *where, void *out, size_t *len
   if (st)
     return st;
   CUipcMemHandle handle;
-  CUresult r = cu.IpcGetMemHandle(&handle, (CUdeviceptr)where->base);
+  int vmm = is_vmm(where->base);
+  CUresult r = vmm ? CUDA_SUCCESS : cu.IpcGetMemHandle(&handle, (CUdeviceptr)where->base);
   cuda_leave();
+  if (vmm)
+    return ferry_fail(FERRY_ENOTIMPL,
+                      "cuda:%d allocation 0x%llx (+%llu bytes) is a CUDA VMM allocation "
+                      "(cuMemCreate, as PyTorch's expandable segments make): ferry does not "
+                      "export those to same-host peers (no CUDA IPC handle; POSIX fd export is "
+                      "not implemented), so only tcp (staged) carries it",
+                      where->device, (unsigned long long)where->base,
+                      (unsigned long long)where->size);
   if (r != CUDA_SUCCESS)
     return cuda_fail(r, "cuIpcGetMemHandle", where->device);
   memcpy(out, &handle, sizeof handle);
   *len = sizeof handle;
   return FERRY_OK;
+}
+
+/* Opens a peer's IPC handle in device's primary context (peer access
+ * enabled lazily, should the allocation live on another device). The
+ * driver refuses a handle of this very process: the caller uses the
+ * address itself then. */
+static ferry_status cuda_import_open(int device, const void *handle, size_t len, uint64_t *addr) {
+  if (len != sizeof(CUipcMemHandle))
+    return ferry_fail(FERRY_EPROTO, "a CUDA IPC handle has %zu bytes, not %zu",
+                      sizeof(CUipcMemHandle), len);
+  CUipcMemHandle h;
+  memcpy(&h, handle, sizeof h);
+  ferry_status st = cuda_enter(device);
+  if (st)
+    return st;
+  CUdeviceptr p = 0;
+  CUresult r = cu.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  cuda_leave();
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(r, "cuIpcOpenMemHandle", device);
+  *addr = p;
+  return FERRY_OK;
+}
+
+static void cuda_import_close(int device, uint64_t addr) {
+  if (cuda_enter(device) != FERRY_OK)
+    return;
+  CUresult r = cu.IpcCloseMemHandle((CUdeviceptr)addr);
+  cuda_leave();
+  if (r != CUDA_SUCCESS) {
+    char text[160];
+    FERRY_WARN("cuIpcCloseMemHandle on cuda:%d of 0x%llx failed: %s", device,
+               (unsigned long long)addr, cuda_error(r, text, sizeof text));
+  }
 }
 
 const ferry_memory_kind ferry_kind_cuda = {
@@ -297,4 +377,7 @@ const ferry_memory_kind ferry_kind_cuda = {
     .copy_wait = cuda_copy_wait,
     .copier_close = cuda_copier_close,
     .export_handle = cuda_export,
+    .import_open = cuda_import_open,
+    .import_close = cuda_import_close,
+    .copy_direct = cuda_copy_direct,
 };

@@ -43,6 +43,18 @@
  * chunk being completed and every later checkout of the channel, and the
  * next transfer reconnects (ping + new link) or fails with the reason.
  *
+ * Device memory. The table says where each region lives (shm.h: place);
+ * a target's device allocation is imported once per link (EXPORT: its
+ * CUDA IPC handle, memory/kind.h import_open) and kept under maps_lock
+ * like a buffer's mapping. Segments with device memory on either side are
+ * copied by the device (copy_direct on the channel's copier: its own
+ * stream), and the copies' events are waited for before the slot is
+ * cleared, so the fence above covers them and done means landed. A local
+ * device range and a remote one reached with CMA meet in the copier's
+ * bounce buffer. Imports are closed under maps_lock held for writing,
+ * once the table no longer lists their allocation's id (a new id follows
+ * a re-registration), and when the link ends.
+ *
  * Notifications still go over the control connection after the data; done
  * means the copy finished, so the bytes are in the target's memory. There
  * is no network to guard, so checksum mode does not apply here.
@@ -86,6 +98,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "base/sync.h"
+#include "memory/kind.h"
 #include "transport/shm.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -111,6 +124,19 @@ typedef struct shm_map {
   uint8_t *local;
 } shm_map;
 
+/* An import of one of the target's device allocations (shm.h: place). */
+typedef struct shm_import {
+  uint64_t id;         /* the allocation's id in the target's table */
+  uint64_t base, size; /* the allocation in the target */
+  uint64_t place;      /* SHM_PLACE: its kind and device */
+  uint64_t local;      /* where it is mapped here */
+  int opened;          /* 0: the target is this process, local is base */
+} shm_import;
+
+/* Most (kind, device) pairs one channel copies with at once. */
+#define SHM_COPIERS 8
+#define SHM_BOUNCE (1u << 20) /* device memory to or from a region reached with CMA */
+
 typedef struct shm_link {
   int fd; /* SOCK_SEQPACKET connection to the target's service */
   pid_t pid;
@@ -127,6 +153,8 @@ typedef struct shm_link {
   pthread_rwlock_t maps_lock; /* held for reading while copying */
   shm_map *maps;
   size_t map_count, map_cap;
+  shm_import *imports; /* under maps_lock too: closed only while no copy runs */
+  size_t import_count, import_cap;
 
   shm_post *post;            /* NULL: the target offered no post page */
   int efd;                   /* wakes the target's service */
@@ -143,6 +171,14 @@ typedef struct shm_channel {
   unsigned slot;
   ferry_chunk chunk;
   uint8_t *mapped[FERRY_CHUNK_MAX_SEGMENTS]; /* per segment; NULL: reached with CMA */
+  uint64_t device[FERRY_CHUNK_MAX_SEGMENTS]; /* per segment: remote device memory, mapped
+                                                here (imported); 0: host memory */
+  uint64_t place[FERRY_CHUNK_MAX_SEGMENTS];  /* and its SHM_PLACE */
+  struct {
+    unsigned kind;
+    int device, used; /* used: copies started in this chunk */
+    ferry_copier *copier;
+  } copiers[SHM_COPIERS]; /* opened on first use, one per kind and device */
   struct iovec cma_local[FERRY_CHUNK_MAX_SEGMENTS];
   struct iovec cma_remote[FERRY_CHUNK_MAX_SEGMENTS];
 } shm_channel;
@@ -243,7 +279,7 @@ static ferry_status cma_fault(ferry_engine *e, const shm_link *l, int write,
   uint64_t addr = (uint64_t)(uintptr_t)remote->iov_base;
   shm_table_entry en;
   if (!table_find(l->table, addr, 1, &en)) /* for the message only: a torn read misnames it */
-    en = (shm_table_entry){addr, 0, 0};
+    en = (shm_table_entry){addr, 0, 0, 0};
   return ferry_fail(FERRY_EFAULT,
                     "%s peer %s: its region 0x%llx (+%llu bytes) cannot be %s at 0x%llx: its "
                     "process unmapped or protected it since it registered it (%s failed: Bad "
@@ -291,7 +327,8 @@ static int table_find(const shm_table *t, uint64_t addr, uint64_t length, shm_ta
   if (lo == 0)
     return 0;
   const shm_table_entry *e = &t->entries[lo - 1];
-  *out = (shm_table_entry){load64(&e->addr), load64(&e->length), load64(&e->ino)};
+  *out =
+      (shm_table_entry){load64(&e->addr), load64(&e->length), load64(&e->ino), load64(&e->place)};
   uint64_t off = addr - out->addr;
   return off < out->length && length <= out->length - off;
 }
@@ -392,10 +429,12 @@ static const shm_map *map_find(const shm_link *l, uint64_t ino) {
   return NULL;
 }
 
-static int table_lists_ino(const shm_table *t, uint64_t ino) {
+/* Whether the table lists a buffer (place 0) or a device allocation
+ * (place nonzero) with this inode or id. */
+static int table_lists(const shm_table *t, uint64_t ino, int device) {
   uint64_t count = load64(&t->count);
   for (size_t i = 0; i < count && i < SHM_TABLE_CAPACITY; i++)
-    if (load64(&t->entries[i].ino) == ino)
+    if (load64(&t->entries[i].ino) == ino && !load64(&t->entries[i].place) == !device)
       return 1;
   return 0;
 }
@@ -407,7 +446,7 @@ static void maps_prune(shm_link *l) {
   if (load64(&l->table->seq) & 1)
     return;
   for (size_t i = l->map_count; i-- > 0;) {
-    if (table_lists_ino(l->table, l->maps[i].ino))
+    if (table_lists(l->table, l->maps[i].ino, 0))
       continue;
     munmap(l->maps[i].local, l->maps[i].length);
     l->maps[i] = l->maps[--l->map_count];
@@ -470,9 +509,194 @@ static ferry_status link_map(shm_link *l, const shm_table_entry *want) {
   return maps_add(l, &m);
 }
 
+/* ---- device memory ------------------------------------------------------------------- */
+
+static const shm_import *import_find(const shm_link *l, uint64_t id) {
+  for (size_t i = 0; i < l->import_count; i++)
+    if (l->imports[i].id == id)
+      return &l->imports[i];
+  return NULL;
+}
+
+static void import_close(const shm_import *im) {
+  if (im->opened)
+    ferry_kind_get(SHM_PLACE_KIND(im->place))->import_close(SHM_PLACE_DEVICE(im->place), im->local);
+}
+
+/* Closes the imports of allocations the target no longer lists (all their
+ * regions unregistered: a later registration there gets a new id). Caller
+ * holds maps_lock for writing: no copy through them runs (the fence). */
+static void imports_prune(shm_link *l) {
+  if (load64(&l->table->seq) & 1)
+    return;
+  for (size_t i = l->import_count; i-- > 0;) {
+    if (table_lists(l->table, l->imports[i].id, 1))
+      continue;
+    import_close(&l->imports[i]);
+    l->imports[i] = l->imports[--l->import_count];
+  }
+}
+
+/* Opens the import (or, for a target in this very process, takes the
+ * address as it is) and keeps it; caller holds maps_lock for writing. */
+static ferry_status import_add(shm_link *l, const shm_msg *reply) {
+  if (import_find(l, reply->ino))
+    return FERRY_OK; /* another channel was faster */
+  imports_prune(l);
+  if (l->import_count == l->import_cap) {
+    size_t cap = l->import_cap ? l->import_cap * 2 : 4;
+    shm_import *grown = realloc(l->imports, cap * sizeof *grown);
+    if (!grown)
+      return ferry_fail(FERRY_ENOMEM, "peer %s: no memory to track an import", l->address);
+    l->imports = grown;
+    l->import_cap = cap;
+  }
+  shm_import im = {reply->ino, reply->addr, reply->length, reply->place, reply->addr, 0};
+  if (l->pid != getpid()) {
+    const ferry_memory_kind *k = ferry_kind_get(SHM_PLACE_KIND(reply->place));
+    ferry_status st =
+        k->import_open(SHM_PLACE_DEVICE(reply->place), reply->handle, reply->handle_len, &im.local);
+    if (st)
+      return ferry_fail(st, "peer %s: cannot import its device allocation 0x%llx: %s", l->address,
+                        (unsigned long long)reply->addr, ferry_last_error());
+    im.opened = 1;
+  }
+  l->imports[l->import_count++] = im;
+  return FERRY_OK;
+}
+
+/* Asks for the handle of the device allocation holding the region `want`
+ * (its id in want->ino) and imports it: once per allocation and link. */
+static ferry_status link_import(shm_link *l, const shm_table_entry *want) {
+  const ferry_memory_kind *k = ferry_kind_get(SHM_PLACE_KIND(want->place));
+  char why[256];
+  if (k->id == FERRY_KIND_HOST || !k->import_open || !k->available(why, sizeof why))
+    return ferry_fail(FERRY_ENOTIMPL,
+                      "peer %s: its region 0x%llx (+%llu bytes) is %s:%d memory, which this "
+                      "process cannot map (%s)",
+                      l->address, (unsigned long long)want->addr, (unsigned long long)want->length,
+                      k->name, SHM_PLACE_DEVICE(want->place),
+                      k->id == FERRY_KIND_HOST ? "an unknown memory kind" : why);
+  shm_msg req, reply;
+  shm_msg_init(&req, SHM_EXPORT);
+  req.ino = want->ino;
+  req.addr = want->addr;
+  req.length = want->length;
+  ferry_status st = link_call(l, &req, &reply, NULL, NULL);
+  if (st)
+    return st;
+  if (reply.status == FERRY_ENOTREG)
+    return FERRY_ENOTREG; /* unregistered meanwhile: the caller refreshes the table */
+  reply.name[sizeof reply.name - 1] = '\0';
+  if (reply.status)
+    return ferry_fail((ferry_status)reply.status,
+                      "peer %s: its device region 0x%llx (+%llu bytes) cannot be shared with "
+                      "this process: %s",
+                      l->address, (unsigned long long)want->addr, (unsigned long long)want->length,
+                      reply.name);
+  if (reply.ino != want->ino || reply.place != want->place ||
+      reply.handle_len > sizeof reply.handle || want->addr < reply.addr ||
+      want->addr - reply.addr > reply.length ||
+      want->length > reply.length - (want->addr - reply.addr))
+    return ferry_fail(FERRY_EPROTO, "peer %s: its export of region 0x%llx does not hold it",
+                      l->address, (unsigned long long)want->addr);
+  pthread_rwlock_wrlock(&l->maps_lock);
+  st = import_add(l, &reply);
+  pthread_rwlock_unlock(&l->maps_lock);
+  return st;
+}
+
+/* This channel's copier for (kind, device), opened on first use: one
+ * stream, one event, one bounce buffer; *index: its place in copiers. */
+static ferry_status channel_copier(shm_channel *ch, unsigned kind, int device, int *index) {
+  for (int i = 0; i < SHM_COPIERS; i++) {
+    *index = i;
+    if (ch->copiers[i].copier && ch->copiers[i].kind == kind && ch->copiers[i].device == device)
+      return FERRY_OK;
+    if (ch->copiers[i].copier)
+      continue;
+    const ferry_memory_kind *k = ferry_kind_get(kind);
+    if (!k->copy_direct)
+      return ferry_fail(FERRY_ENOTIMPL, "%s memory cannot be copied directly", k->name);
+    ferry_status st = k->copier_open(device, 1, SHM_BOUNCE, &ch->copiers[i].copier);
+    ch->copiers[i].kind = kind;
+    ch->copiers[i].device = device;
+    return st;
+  }
+  return ferry_fail(FERRY_ENOTIMPL, "a shm channel copies with at most %d devices at once",
+                    SHM_COPIERS);
+}
+
+/* Waits for every copy this chunk started (done means landed); the first
+ * failure. Every copier is waited for, so none runs after the chunk. */
+static ferry_status copiers_wait(shm_channel *ch) {
+  ferry_status first = FERRY_OK;
+  for (int i = 0; i < SHM_COPIERS; i++) {
+    if (!ch->copiers[i].used)
+      continue;
+    ch->copiers[i].used = 0;
+    ferry_copier *c = ch->copiers[i].copier;
+    ferry_status st = c->kind->copy_wait(c, 0);
+    if (st && !first)
+      first = st;
+  }
+  return first;
+}
+
+static void copiers_close(shm_channel *ch) {
+  for (int i = 0; i < SHM_COPIERS; i++)
+    if (ch->copiers[i].copier)
+      ch->copiers[i].copier->kind->copier_close(ch->copiers[i].copier);
+}
+
+/* Local device memory to or from a remote region reached with CMA: through
+ * the copier's bounce buffer, a slice at a time (the one path with a host
+ * bounce: the region is not mapped here). */
+static ferry_status bounce_move(shm_channel *ch, ferry_copier *c, int write, uint8_t *local,
+                                uint64_t remote, size_t len) {
+  const ferry_memory_kind *k = c->kind;
+  for (size_t off = 0; off < len;) {
+    size_t n = len - off < c->slot_size ? len - off : c->slot_size;
+    struct iovec here = {c->bounce[0], n}, there = {(void *)(uintptr_t)(remote + off), n};
+    ferry_status st = FERRY_OK;
+    if (write && !(st = k->copy_start(c, 0, (uint64_t)(uintptr_t)(local + off), n, 1)))
+      st = k->copy_wait(c, 0);
+    if (!st)
+      st = cma_move(ch->base.peer->engine, ch->link, write, &here, &there, 1);
+    if (!write && !st && !(st = k->copy_start(c, 0, (uint64_t)(uintptr_t)(local + off), n, 0)))
+      st = k->copy_wait(c, 0);
+    if (st)
+      return st;
+    off += n;
+  }
+  return FERRY_OK;
+}
+
+/* One segment with device memory on either side: a direct copy on the
+ * copier of the remote allocation's device (or the local memory's), started
+ * here and waited for by copiers_wait. */
+static ferry_status device_segment(shm_channel *ch, const ferry_chunk *c, uint32_t i,
+                                   const ferry_where *mine) {
+  int write = c->op == FERRY_OP_WRITE, index;
+  uint8_t *local = c->local[i].iov_base;
+  size_t len = c->local[i].iov_len;
+  unsigned kind = ch->place[i] ? SHM_PLACE_KIND(ch->place[i]) : mine->kind;
+  int device = ch->place[i] ? SHM_PLACE_DEVICE(ch->place[i]) : mine->device;
+  ferry_status st = channel_copier(ch, kind, device, &index);
+  if (st)
+    return st;
+  ferry_copier *cp = ch->copiers[index].copier;
+  uint64_t remote = ch->device[i] ? ch->device[i] : (uint64_t)(uintptr_t)ch->mapped[i];
+  if (!remote) /* local device memory, remote host memory reached with CMA */
+    return bounce_move(ch, cp, write, local, c->remote[i].addr, len);
+  ch->copiers[index].used = 1;
+  uint64_t here = (uint64_t)(uintptr_t)local;
+  return cp->kind->copy_direct(cp, 0, write ? remote : here, write ? here : remote, len);
+}
+
 /* ---- one chunk ------------------------------------------------------------------------ */
 
-typedef enum resolve_result { RESOLVED, MISSING, NEED_MAP } resolve_result;
+typedef enum resolve_result { RESOLVED, MISSING, NEED_MAP, NEED_IMPORT } resolve_result;
 
 /* Finds every segment in the table and its mapping (if any). Caller holds
  * maps_lock for reading and is inside its slot. */
@@ -487,6 +711,22 @@ static resolve_result resolve(shm_channel *ch, const ferry_chunk *c, uint32_t *b
       return MISSING;
     }
     ch->mapped[i] = NULL;
+    ch->device[i] = ch->place[i] = 0;
+    if (en.place) {
+      const shm_import *im = import_find(l, en.ino);
+      if (!im) {
+        *bad = i;
+        *need = en;
+        return NEED_IMPORT;
+      }
+      if (addr < im->base || addr - im->base > im->size || len > im->size - (addr - im->base)) {
+        *bad = i;
+        return MISSING;
+      }
+      ch->device[i] = im->local + (addr - im->base);
+      ch->place[i] = im->place;
+      continue;
+    }
     if (!en.ino)
       continue;
     const shm_map *m = map_find(l, en.ino);
@@ -504,12 +744,30 @@ static resolve_result resolve(shm_channel *ch, const ferry_chunk *c, uint32_t *b
   return RESOLVED;
 }
 
-/* Copies a resolved chunk: mapped segments by memcpy, the rest by CMA. */
+/* Whether this local range is device memory (*where then says whose). */
+static int local_device(ferry_engine *e, const struct iovec *local, ferry_where *where) {
+  return ferry_registry_device_regions(e->registry) &&
+         ferry_registry_where(e->registry, (uint64_t)(uintptr_t)local->iov_base, local->iov_len,
+                              where) &&
+         !where->cpu_access;
+}
+
+/* Copies a resolved chunk: segments with device memory on either side by
+ * the device's copies (waited for before the chunk ends: the fence covers
+ * them), mapped segments by memcpy, the rest by CMA. */
 static ferry_status move(shm_channel *ch, const ferry_chunk *c) {
+  ferry_engine *e = ch->base.peer->engine;
   int write = c->op == FERRY_OP_WRITE, n = 0;
+  ferry_status st = FERRY_OK;
   for (uint32_t i = 0; i < c->count; i++) {
     void *local = c->local[i].iov_base;
     size_t len = c->local[i].iov_len;
+    ferry_where mine = {0};
+    if (ch->device[i] || local_device(e, &c->local[i], &mine)) {
+      if (!st)
+        st = device_segment(ch, c, i, &mine);
+      continue;
+    }
     if (ch->mapped[i]) {
       copy_bytes(write ? (void *)ch->mapped[i] : local, write ? local : ch->mapped[i], len);
       continue;
@@ -517,8 +775,12 @@ static ferry_status move(shm_channel *ch, const ferry_chunk *c) {
     ch->cma_local[n] = c->local[i];
     ch->cma_remote[n++] = (struct iovec){(void *)(uintptr_t)c->remote[i].addr, len};
   }
-  return n ? cma_move(ch->base.peer->engine, ch->link, write, ch->cma_local, ch->cma_remote, n)
-           : FERRY_OK;
+  ferry_status waited = copiers_wait(ch);
+  if (!st)
+    st = waited;
+  if (!st && n)
+    st = cma_move(e, ch->link, write, ch->cma_local, ch->cma_remote, n);
+  return st;
 }
 
 static ferry_status refuse(const shm_link *l, const ferry_chunk *c, uint32_t i) {
@@ -535,7 +797,7 @@ static ferry_status copy_chunk(shm_channel *ch, const ferry_chunk *c, uint64_t d
   for (unsigned tries = 0; tries < SHM_RESOLVE_TRIES; tries++) {
     uint32_t bad = 0;
     uint64_t seq = 0;
-    shm_table_entry need = {0, 0, 0};
+    shm_table_entry need = {0, 0, 0, 0};
     pthread_rwlock_rdlock(&l->maps_lock);
     ferry_status st = slot_enter(ch, deadline_ns, &seq);
     resolve_result r = st ? MISSING : resolve(ch, c, &bad, &need);
@@ -549,6 +811,11 @@ static ferry_status copy_chunk(shm_channel *ch, const ferry_chunk *c, uint64_t d
     if (!stable)
       continue; /* the table changed while we read it */
     if (r == NEED_MAP && (st = link_map(l, &need)) != FERRY_ENOTREG) {
+      if (st)
+        return st;
+      continue;
+    }
+    if (r == NEED_IMPORT && (st = link_import(l, &need)) != FERRY_ENOTREG) {
       if (st)
         return st;
       continue;
@@ -798,6 +1065,9 @@ static void link_destroy(shm_link *l) {
   for (size_t i = 0; i < l->map_count; i++)
     munmap(l->maps[i].local, l->maps[i].length);
   free(l->maps);
+  for (size_t i = 0; i < l->import_count; i++)
+    import_close(&l->imports[i]);
+  free(l->imports);
   if (l->table)
     munmap((void *)l->table, SHM_TABLE_BYTES);
   if (l->slots)
@@ -1094,6 +1364,7 @@ static void chan_shutdown(ferry_channel *base) {
 
 static void chan_close(ferry_channel *base) {
   shm_channel *ch = (shm_channel *)base;
+  copiers_close(ch);
   link_leave(ch->link, ch->slot);
   free(ch);
 }
@@ -1106,7 +1377,8 @@ const ferry_transport ferry_transport_shm = {
     .channel_open = chan_open,
     .channel_drive = chan_drive,
     .post_after = shm_post_after,
-    .pool_writes_bounded = 1, /* the same user only (shm_service.c) */
+    .pool_writes_bounded = 1,                     /* the same user only (shm_service.c) */
+    .carries_device_memory = FERRY_DEVICE_DIRECT, /* imports of the target's allocations */
     .take_credits = shm_take_credits,
     .channel_alive = chan_alive,
     .channel_shutdown = chan_shutdown,

@@ -16,8 +16,9 @@
 
 #define SHM_MAGIC 0x4d485346u /* "FSHM" */
 /* 2: refusals in GREETING, MAP names the region; 3: the post page; 4: its
- * reclaim count; 5: the credit eventfd */
-#define SHM_VERSION 5
+ * reclaim count; 5: the credit eventfd; 6: device regions in the table,
+ * EXPORT */
+#define SHM_VERSION 6
 #define SHM_TABLE_CAPACITY (1u << 20) /* regions the shared table can list */
 #define SHM_SLOTS 256                 /* copying channels per link */
 #define SHM_MAX_FDS 5
@@ -31,10 +32,23 @@
  * a seqlock: odd while the table is rewritten, bumped by 2 per version.
  * Entries are sorted by addr and disjoint. ino != 0: the region lies in a
  * ferry_memory_alloc buffer (a memfd with that inode) that initiators map;
- * ino == 0: plain memory, reached with process_vm_writev/readv. */
+ * ino == 0: plain memory, reached with process_vm_writev/readv.
+ *
+ * place != 0: device memory (SHM_PLACE: its memory kind and device), which
+ * the CPU cannot touch; ino is then the id of its allocation (not an
+ * inode): the service numbers each device allocation holding registered
+ * regions, and gives it a new number once none of its regions stays
+ * registered, so an initiator's import of an older number is never used
+ * for memory registered since. The initiator asks EXPORT for the
+ * allocation's handle (memory/kind.h: export_handle) and imports it once
+ * per id. */
 typedef struct shm_table_entry {
-  uint64_t addr, length, ino;
+  uint64_t addr, length, ino, place;
 } shm_table_entry;
+
+#define SHM_PLACE(kind, device) ((uint64_t)(kind) << 32 | (uint32_t)(device))
+#define SHM_PLACE_KIND(place) ((unsigned)((place) >> 32))
+#define SHM_PLACE_DEVICE(place) ((int)(uint32_t)(place))
 
 typedef struct shm_table {
   uint64_t seq;
@@ -135,7 +149,13 @@ typedef enum shm_msg_type {
   SHM_SYNCED = 5,   /* service: seq */
   SHM_MAP = 6,      /* initiator: ino of an allocation, addr/length: the region it wants */
   SHM_MAPPED = 7,   /* service: status, ino, addr, length; fd = the memfd */
+  SHM_EXPORT = 8,   /* initiator: ino (an allocation id), addr/length: the device region
+                       it wants */
+  SHM_EXPORTED = 9, /* service: status (and name: why not), ino, place, addr/length: the
+                       allocation (the region's offset in it: its addr - addr), handle */
 } shm_msg_type;
+
+#define SHM_HANDLE_MAX 64 /* bytes of an exported allocation's handle */
 
 typedef struct shm_msg {
   uint32_t magic;
@@ -150,6 +170,9 @@ typedef struct shm_msg {
   uint8_t nonce[FERRY_WIRE_NONCE_SIZE];
   uint8_t proof[FERRY_WIRE_PROOF_SIZE];
   char name[FERRY_WIRE_MAX_NAME + 1]; /* HELLO: the initiator engine's name */
+  uint64_t place;                     /* EXPORTED: SHM_PLACE */
+  uint32_t handle_len;
+  uint8_t handle[SHM_HANDLE_MAX]; /* EXPORTED */
 } shm_msg;
 
 /* Fills the fixed fields of a message of `type`. */

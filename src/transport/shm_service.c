@@ -12,9 +12,12 @@
  * by SCM_RIGHTS, the region table (a memfd sealed against writing: no
  * reopened descriptor maps it writable) and a page of slots for that
  * link; later the service answers SYNC (refresh the table) and MAP (the
- * memfd of one ferry_memory_alloc buffer that is registered now). The
- * data never passes here. The thread never blocks on a peer: sockets are
- * non-blocking and a peer that does not take a reply is dropped.
+ * memfd of one ferry_memory_alloc buffer that is registered now) and
+ * EXPORT (the handle of a registered device region's allocation, from its
+ * memory kind: a CUDA IPC handle; shm.h says how allocations are
+ * numbered). The data never passes here. The thread never blocks on a
+ * peer: sockets are non-blocking and a peer that does not take a reply is
+ * dropped.
  *
  * The table is rewritten under a seqlock whenever it is stale (the registry
  * or the allocation list changed) and an initiator asks, and eagerly by
@@ -68,7 +71,13 @@
 #include "base/log.h"
 #include "core/counters.h"
 #include "core/pool.h"
+#include "memory/kind.h"
 #include "transport/shm.h"
+
+/* A device allocation the table lists, and the id initiators know it by. */
+typedef struct svc_device {
+  uint64_t base, id;
+} svc_device;
 
 typedef struct svc_conn {
   int fd;
@@ -115,6 +124,9 @@ struct ferry_shm_service {
   uint64_t built_generation;
   size_t built_allocs;
   int warned_truncated;
+  svc_device *devices; /* device allocations holding registered regions, by base */
+  size_t ndevices;
+  uint64_t device_ids; /* the last id given */
 };
 
 /* ---- messages (shared with shm.c) --------------------------------------------- */
@@ -295,6 +307,39 @@ static uint64_t region_ino(const alloc_info *allocs, size_t n, const ferry_regio
   return off < a->length && r->length <= a->length - off ? a->ino : 0;
 }
 
+/* The id of the device allocation at base: the one it has in this table
+ * already (now) or had in the last (old), else a new one (++*next); now
+ * gets it. */
+static uint64_t device_id(const svc_device *old, size_t nold, svc_device *now, size_t *nnow,
+                          uint64_t base, uint64_t *next) {
+  for (size_t i = 0; i < *nnow; i++)
+    if (now[i].base == base)
+      return now[i].id;
+  uint64_t id = 0;
+  for (size_t i = 0; i < nold && !id; i++)
+    if (old[i].base == base)
+      id = old[i].id;
+  if (!id)
+    id = ++*next;
+  now[(*nnow)++] = (svc_device){base, id};
+  return id;
+}
+
+/* Where a region lives: 0 for memory the CPU reaches, else SHM_PLACE,
+ * with *id its allocation's id (from devices, the allocations listed so
+ * far in this table, and s->devices, the last table's; -1: out of
+ * memory for the list, so the region is left out of the table, never
+ * listed under a stale id). */
+static uint64_t region_place(ferry_shm_service *s, const ferry_region *r, svc_device *devices,
+                             size_t *ndevices, uint64_t *id) {
+  ferry_where w;
+  if (!ferry_registry_where(s->engine->registry, r->addr, r->length, &w) || w.cpu_access || !w.base)
+    return 0;
+  *id = devices ? device_id(s->devices, s->ndevices, devices, ndevices, w.base, &s->device_ids)
+                : (uint64_t)-1;
+  return SHM_PLACE(w.kind, w.device);
+}
+
 /* Seqlock write: odd while entries change; readers that saw the old even
  * value notice the change and look again. */
 static uint64_t table_publish(ferry_shm_service *s, const ferry_region *regions, size_t count,
@@ -302,15 +347,30 @@ static uint64_t table_publish(ferry_shm_service *s, const ferry_region *regions,
   shm_table *t = s->table;
   uint64_t seq = __atomic_load_n(&t->seq, __ATOMIC_RELAXED);
   size_t n = count < SHM_TABLE_CAPACITY ? count : SHM_TABLE_CAPACITY;
+  /* The device allocations this table lists replace the last table's:
+   * one no region holds any more loses its id. */
+  int device_memory = ferry_registry_device_regions(s->engine->registry) != 0;
+  svc_device *devices = device_memory ? malloc((n ? n : 1) * sizeof *devices) : NULL;
+  size_t ndevices = 0;
+  if (device_memory && !devices)
+    FERRY_WARN("shm: no memory to number device allocations; same-host peers are refused "
+               "device memory until the next table");
   __atomic_store_n(&t->seq, seq + 1, __ATOMIC_SEQ_CST);
   /* Release stores (plain moves on x86): a reader that sees new data also
    * sees the odd seq before it. */
   for (size_t i = 0; i < n; i++) {
+    uint64_t id = 0;
+    uint64_t place = device_memory ? region_place(s, &regions[i], devices, &ndevices, &id) : 0;
     __atomic_store_n(&t->entries[i].addr, regions[i].addr, __ATOMIC_RELEASE);
-    __atomic_store_n(&t->entries[i].length, regions[i].length, __ATOMIC_RELEASE);
-    __atomic_store_n(&t->entries[i].ino, region_ino(allocs, nallocs, &regions[i]),
+    __atomic_store_n(&t->entries[i].length, id == (uint64_t)-1 ? 0 : regions[i].length,
                      __ATOMIC_RELEASE);
+    __atomic_store_n(&t->entries[i].ino, place ? id : region_ino(allocs, nallocs, &regions[i]),
+                     __ATOMIC_RELEASE);
+    __atomic_store_n(&t->entries[i].place, place, __ATOMIC_RELEASE);
   }
+  free(s->devices);
+  s->devices = devices;
+  s->ndevices = ndevices;
   __atomic_store_n(&t->count, (uint64_t)n, __ATOMIC_RELEASE);
   __atomic_store_n(&t->truncated, (uint64_t)(n < count), __ATOMIC_RELEASE);
   __atomic_store_n(&t->seq, seq + 2, __ATOMIC_SEQ_CST);
@@ -587,6 +647,48 @@ static int serve_map(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
   return rc;
 }
 
+/* The id the table gives the device allocation at base; 0: none. */
+static uint64_t listed_device(ferry_shm_service *s, uint64_t base) {
+  uint64_t id = 0;
+  pthread_mutex_lock(&s->table_lock);
+  for (size_t i = 0; i < s->ndevices && !id; i++)
+    if (s->devices[i].base == base)
+      id = s->devices[i].id;
+  pthread_mutex_unlock(&s->table_lock);
+  return id;
+}
+
+/* The handle of the allocation holding a device region registered now,
+ * under the id the table gives it (an initiator asking for an older id
+ * gets FERRY_ENOTREG and refreshes its table). A kind that cannot export
+ * it says why in name. */
+static int serve_export(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
+  shm_msg m;
+  shm_msg_init(&m, SHM_EXPORTED);
+  m.ino = req->ino;
+  ferry_where w;
+  m.status = FERRY_ENOTREG;
+  if (req->length && ferry_registry_where(s->engine->registry, req->addr, req->length, &w) &&
+      !w.cpu_access && w.base && listed_device(s, w.base) == req->ino) {
+    const ferry_memory_kind *k = ferry_kind_get(w.kind);
+    size_t len = sizeof m.handle;
+    ferry_status st = k->export_handle
+                          ? k->export_handle(&w, m.handle, &len)
+                          : ferry_fail(FERRY_ENOTIMPL, "%s memory has no export", k->name);
+    m.status = st;
+    if (st) {
+      snprintf(m.name, sizeof m.name, "%s", ferry_last_error());
+      FERRY_DEBUG("shm: refused pid %d an export: %s", (int)c->cred.pid, m.name);
+    } else {
+      m.handle_len = (uint32_t)len;
+      m.place = SHM_PLACE(w.kind, w.device);
+      m.addr = w.base;
+      m.length = w.size;
+    }
+  }
+  return shm_msg_send(c->fd, &m, NULL, 0, MSG_DONTWAIT);
+}
+
 /* One request; nonzero drops the connection. */
 static int serve_request(ferry_shm_service *s, svc_conn *c) {
   shm_msg req;
@@ -598,6 +700,8 @@ static int serve_request(ferry_shm_service *s, svc_conn *c) {
     return -1;
   if (req.type == SHM_MAP)
     return serve_map(s, c, &req);
+  if (req.type == SHM_EXPORT)
+    return serve_export(s, c, &req);
   if (req.type != SHM_SYNC)
     return -1;
   shm_msg m;
@@ -1037,6 +1141,7 @@ static void service_free(ferry_shm_service *s) {
   pthread_cond_destroy(&s->held_cond);
   pthread_mutex_destroy(&s->table_lock);
   free(s->allowed_uids);
+  free(s->devices);
   free(s);
 }
 

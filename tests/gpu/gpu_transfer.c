@@ -13,7 +13,8 @@
  * CUDA context exists here, driven by lines on its stdin and answering on
  * its stdout, so the initiator can have it fill, check, unregister and die
  * at chosen steps. Usage: gpu_transfer [--bench] | gpu_transfer --target
- * BYTES */
+ * BYTES. FERRY_GPU_TEST_TRANSPORT=shm runs it all over the shm transport
+ * (CUDA IPC between the two processes) instead of tcp. */
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -159,13 +160,20 @@ static long long buffer_check(buffer *b, size_t off, size_t len, unsigned seed) 
   return -1;
 }
 
+/* tcp (staged through bounce buffers), or shm where
+ * FERRY_GPU_TEST_TRANSPORT says so (imports of the peer's allocation). */
+static int over_shm(void) {
+  const char *t = getenv("FERRY_GPU_TEST_TRANSPORT");
+  return t && !strcmp(t, "shm");
+}
+
 static ferry_engine *engine_start(void) {
   ferry_config cfg;
   ferry_engine *e;
   ferry_config_init(&cfg);
   cfg.bind_host = "127.0.0.1";
   cfg.advertise_host = "127.0.0.1";
-  cfg.transports = FERRY_TRANSPORT_TCP; /* device memory moves over tcp, staged */
+  cfg.transports = over_shm() ? FERRY_TRANSPORT_SHM : FERRY_TRANSPORT_TCP;
   if (ferry_engine_create(&cfg, &e) != FERRY_OK)
     die("ferry_engine_create: %s", ferry_last_error());
   return e;
@@ -379,14 +387,16 @@ static void case_staged(rig *r) {
 }
 
 /* Submits a WRITE of len device bytes and returns once its first bytes
- * went through this engine's bounce buffers: the transfer is under way. */
+ * went through this engine's bounce buffers: the transfer is under way
+ * (over shm, nothing is staged: it returns once submitted). */
 static ferry_batch *write_under_way(rig *r, const char *target, uint64_t remote, size_t len) {
   ferry_entry entry = {FERRY_OP_WRITE, buffer_addr(&r->local[1]), remote, len};
   ferry_batch *batch;
   uint64_t before = staged_total(r->e);
   if (ferry_batch_submit(r->e, target, &entry, 1, NULL, &batch) != FERRY_OK)
     die("ferry_batch_submit: %s", ferry_last_error());
-  while (staged_total(r->e) == before && ferry_batch_status(batch, NULL) == FERRY_BATCH_PENDING)
+  while (!over_shm() && staged_total(r->e) == before &&
+         ferry_batch_status(batch, NULL) == FERRY_BATCH_PENDING)
     usleep(200);
   return batch;
 }
@@ -425,8 +435,10 @@ static void case_killed_peer(rig *r, size_t len) {
   ferry_batch *batch = write_under_way(r, victim.name, victim.dev_addr, len);
   kill(victim.pid, SIGKILL);
   ferry_status s = ferry_batch_wait(batch, -1);
-  report(s != FERRY_OK, "WRITE to a target killed mid-transfer fails: %s (%.2f s)",
-         s ? ferry_last_error() : "it succeeded", now_s() - t0);
+  /* Over shm nothing says the copy is under way: it may end before the
+   * kill; what counts there is that the call ends and the engine goes on. */
+  report(s != FERRY_OK || over_shm(), "WRITE to a target killed mid-transfer %s: %s (%.2f s)",
+         over_shm() ? "ends" : "fails", s ? ferry_last_error() : "it succeeded", now_s() - t0);
   ferry_batch_free(batch);
   peer_stop(&victim);
   case_roundtrip(r, 1, 1, MIB, 91);
@@ -464,10 +476,15 @@ static void bench_rows(rig *r) {
       qsort(g[0], REPS, sizeof g[0][0], by_value);
       qsort(g[1], REPS, sizeof g[1][0], by_value);
       double ratio = g[1][REPS / 2] / g[0][REPS / 2];
-      printf("BENCH tcp %s %3zu MiB: cuda:0->cuda:0 (staged) %.2f GB/s, host->host %.2f GB/s, "
-             "ratio %.2fx (issue 30 asks >= 0.8x: %s)\n",
-             op ? "WRITE" : "READ ", sizes[i] / MIB, g[1][REPS / 2], g[0][REPS / 2], ratio,
-             ratio >= 0.8 ? "met" : "missed");
+      if (over_shm())
+        printf("BENCH shm %s %3zu MiB: cuda:0->cuda:0 (IPC) %.2f GB/s, host->host %.2f GB/s, "
+               "ratio %.2fx\n",
+               op ? "WRITE" : "READ ", sizes[i] / MIB, g[1][REPS / 2], g[0][REPS / 2], ratio);
+      else
+        printf("BENCH tcp %s %3zu MiB: cuda:0->cuda:0 (staged) %.2f GB/s, host->host %.2f GB/s, "
+               "ratio %.2fx (issue 30 asks >= 0.8x: %s)\n",
+               op ? "WRITE" : "READ ", sizes[i] / MIB, g[1][REPS / 2], g[0][REPS / 2], ratio,
+               ratio >= 0.8 ? "met" : "missed");
       fflush(stdout);
     }
   }
@@ -542,7 +559,8 @@ int main(int argc, char **argv) {
       case_roundtrip(&r, 0, 1, sizes[i], seed += 2);
       case_roundtrip(&r, 1, 0, sizes[i], seed += 2);
     }
-    case_staged(&r);
+    if (!over_shm())
+      case_staged(&r);
     case_unregister_during_write(&r, largest);
     case_killed_peer(&r, largest);
   }

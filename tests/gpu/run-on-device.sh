@@ -12,7 +12,8 @@
 #      headers and libraries, each failure logged with its cause;
 #   3. runs tests/gpu/gpu_transfer, tests/gpu/test_gpu_torch.py and
 #      `gpu_transfer --bench` (staged device<->device against host<->host,
-#      1 and 64 MiB, one run), each under a timeout;
+#      1 and 64 MiB, one run), then gpu_transfer and its bench over shm
+#      (FERRY_GPU_TEST_TRANSPORT=shm: CUDA IPC), each under a timeout;
 # and writes $OUT/summary.txt (every PASS/FAIL/BENCH line, each step's
 # verdict) and one log per step. Without a pack it builds from source when
 # the machine has cmake and ferry's libraries (a GPU machine will not).
@@ -165,6 +166,10 @@ else
 fi
 if [ -n "$BIN" ]; then
   step gpu_bench 150 "${RUN[@]}" "$BIN/gpu_transfer" --bench
+  # The same over shm (CUDA IPC between the two processes), sizes to 64 MiB.
+  step gpu_transfer_shm 90 env FERRY_GPU_TEST_TRANSPORT=shm FERRY_GPU_TEST_MAX_BYTES=67108864 \
+    "${RUN[@]}" "$BIN/gpu_transfer"
+  step gpu_bench_shm 60 env FERRY_GPU_TEST_TRANSPORT=shm "${RUN[@]}" "$BIN/gpu_transfer" --bench
 fi
 
 say "done in $((470 - $(left))) s; $([ $FAILED = 0 ] && echo 'no step failed' || echo 'a step FAILED')"

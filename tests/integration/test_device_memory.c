@@ -12,20 +12,33 @@
  *  - FERRY_STAGING=never: the initiator refuses its own device memory,
  *    the target refuses a request for its own, both with FERRY_EFAULT
  *    naming the memory, and the connection serves the next request.
- *  - shm and fabric cannot carry device memory yet: a batch with local
- *    device memory is refused before any transport sees it (FERRY_EFAULT
- *    naming the buffer, "cuda:0" and the transport), plans included; with
- *    tcp usable beside them, the batch goes over tcp instead.
- *  - device memory at the target, over shm or fabric: the peer's region
- *    table does not say where a region lives, so only the target's side
- *    can refuse: it does, and neither side crashes (fabric's initiator did,
- *    on libfabric 1.17 shm's error completion that names no operation).
+ *  - fabric cannot carry device memory yet: a batch with local device
+ *    memory is refused before any transport sees it (FERRY_EFAULT naming
+ *    the buffer, "cuda:0" and the transport), plans included; with tcp
+ *    usable beside it, the batch goes over tcp instead.
+ *  - device memory at the target, over fabric: the peer's region table
+ *    does not say where a region lives, so only the target's side can
+ *    refuse: it does, and neither side crashes (fabric's initiator did, on
+ *    libfabric 1.17 shm's error completion that names no operation).
+ *  - shm carries device memory: device to device, host to device and back
+ *    (the peer's memfd buffers and its CMA-reached memory), the target's
+ *    unregister waiting for a copy in flight into its device memory; and,
+ *    with the target in a child process (device_target), through imports
+ *    of its allocations: one open per allocation, regions at offsets in
+ *    it, 1 B to 8 MiB, a re-registered allocation never written through
+ *    the stale import, a VMM allocation refused naming why.
  *
- * Both engines live in this process, on 127.0.0.1. */
+ * Both engines live in this process, on 127.0.0.1, but for the child's. */
 #include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -35,8 +48,10 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
+#include "child.h"
 #include "ferry.h"
 #include "harness.h"
+#include "pagestall.h"
 #include "rig.h"
 
 #define KiB 1024ull
@@ -58,6 +73,10 @@ static struct {
   int (*MemFree)(devptr);
   int (*HtoD)(devptr, const void *, size_t);
   int (*DtoH)(void *, devptr, size_t);
+  int (*MemAllocVmm)(devptr *, size_t);
+  int (*MemAllocAt)(devptr *, size_t);
+  unsigned (*IpcOpens)(void);
+  unsigned (*IpcImports)(void);
   void *ctx;
 } cu;
 
@@ -75,6 +94,10 @@ static int load_driver(void) {
   *(void **)&cu.MemFree = dlsym(lib, "cuMemFree_v2");
   *(void **)&cu.HtoD = dlsym(lib, "cuMemcpyHtoD_v2");
   *(void **)&cu.DtoH = dlsym(lib, "cuMemcpyDtoH_v2");
+  *(void **)&cu.MemAllocVmm = dlsym(lib, "fakeMemAllocVmm");
+  *(void **)&cu.MemAllocAt = dlsym(lib, "fakeMemAllocAt");
+  *(void **)&cu.IpcOpens = dlsym(lib, "fakeIpcOpens");
+  *(void **)&cu.IpcImports = dlsym(lib, "fakeIpcImports");
   int device;
   return !cu.Init(0) && !cu.DeviceGet(&device, 0) && !cu.PrimaryCtxRetain(&cu.ctx, device);
 }
@@ -228,10 +251,12 @@ static void tcp_device_both_ends(void **state) {
 }
 
 /* One batch of many entries, device and host memory alternating on both
- * ends, each range through its own kind's copier; then read back. */
-static void tcp_many_entries_mixed(void **state) {
+ * ends, each range through its own kind's copier (tcp) or copies (shm);
+ * then read back. mapped: the target's host memory is a ferry_memory_alloc
+ * buffer (shm maps it), else malloc'd (shm reaches it with CMA). */
+static void many_entries_mixed(unsigned transports, int mapped) {
   device_rig d;
-  device_rig_start(&d, FERRY_TRANSPORT_TCP, NULL, FERRY_STAGING_AUTO, FERRY_STAGING_AUTO);
+  device_rig_start(&d, transports, NULL, FERRY_STAGING_AUTO, FERRY_STAGING_AUTO);
   enum { N = 200, PIECE = 4099 };
   static ferry_entry write[N], read[N];
   uint8_t *want = malloc(N * PIECE), *got = malloc(N * PIECE);
@@ -240,7 +265,10 @@ static void tcp_many_entries_mixed(void **state) {
   test_fill_random(want, N * PIECE, 42);
   device_put(d.local, want, N * PIECE);
   memcpy(d.r.out, want, N * PIECE);
-  uint64_t remote_host = (uint64_t)(uintptr_t)d.r.memory;
+  void *allocated = NULL;
+  if (mapped)
+    assert_int_equal(ferry_memory_alloc(d.r.target, HOST_BYTES, &allocated), FERRY_OK);
+  uint64_t remote_host = (uint64_t)(uintptr_t)(mapped ? allocated : d.r.memory);
   for (size_t i = 0; i < N; i++) {
     size_t at = i * PIECE;
     int device_here = i % 2, device_there = i % 3 != 0;
@@ -265,6 +293,8 @@ static void tcp_many_entries_mixed(void **state) {
   free(got);
   device_rig_stop(&d);
 }
+
+static void tcp_many_entries_mixed(void **state) { many_entries_mixed(FERRY_TRANSPORT_TCP, 0); }
 
 /* FERRY_STAGING=never on the initiator: its device memory is refused
  * before anything is sent; a host transfer still works. */
@@ -333,8 +363,6 @@ static void refused_on(unsigned transports, const char *provider, const char *na
   device_rig_stop(&d);
 }
 
-static void shm_refuses_device(void **state) { refused_on(FERRY_TRANSPORT_SHM, NULL, "shm"); }
-
 static void fabric_shm_refuses_device(void **state) {
   refused_on(FERRY_TRANSPORT_FABRIC, "shm", "fabric");
 }
@@ -367,7 +395,6 @@ static void remote_device_on(unsigned transports, const char *provider) {
   device_rig_stop(&d);
 }
 
-static void shm_remote_device(void **state) { remote_device_on(FERRY_TRANSPORT_SHM, NULL); }
 static void fabric_shm_remote_device(void **state) {
   remote_device_on(FERRY_TRANSPORT_FABRIC, "shm");
 }
@@ -393,15 +420,432 @@ static void moved_over_tcp_beside(unsigned other, const char *provider, const ch
   device_rig_stop(&d);
 }
 
-static void shm_with_tcp_stages_over_tcp(void **state) {
-  moved_over_tcp_beside(FERRY_TRANSPORT_SHM, NULL, "shm");
-}
-
 static void fabric_with_tcp_stages_over_tcp(void **state) {
   moved_over_tcp_beside(FERRY_TRANSPORT_FABRIC, "tcp;ofi_rxm", "fabric");
 }
 
-int main(void) {
+/* ---- shm: device memory, target in this process ------------------------------------- */
+
+/* Device memory on both ends over shm (the target's device addresses are
+ * this process's own: no import), 1 B to 1 MiB at odd offsets, every byte
+ * counted on shm and none staged; no context left current. */
+static void shm_device_both_ends(void **state) {
+  device_rig d;
+  device_rig_start(&d, FERRY_TRANSPORT_SHM, NULL, FERRY_STAGING_AUTO, FERRY_STAGING_AUTO);
+  const size_t sizes[] = {1, 4095, 64 * KiB + 3, SLOT + 1, DEVICE_BYTES / 2 - 8};
+  uint64_t moved = 0;
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    device_round_trip(&d, i * 3, sizes[i], i + 11);
+    moved += sizes[i];
+  }
+  assert_int_equal(test_rig_transport_bytes(&d.r, "shm"), 2 * moved);
+  uint64_t staged[2];
+  staged_bytes(d.r.initiator, staged);
+  assert_int_equal(staged[FERRY_OP_WRITE] + staged[FERRY_OP_READ], 0);
+  assert_no_context();
+  device_rig_stop(&d);
+}
+
+/* Host and device memory mixed on both ends in one batch, the target's
+ * host memory mapped (one copy) or reached with CMA (through a bounce). */
+static void shm_many_entries_mapped(void **state) { many_entries_mixed(FERRY_TRANSPORT_SHM, 1); }
+static void shm_many_entries_cma(void **state) { many_entries_mixed(FERRY_TRANSPORT_SHM, 0); }
+
+/* Host memory here, device memory at the target: WRITE and READ land. */
+static void shm_remote_device(void **state) {
+  device_rig d;
+  device_rig_start(&d, FERRY_TRANSPORT_SHM, NULL, FERRY_STAGING_AUTO, FERRY_STAGING_AUTO);
+  test_fill_random(d.r.out, 2 * SLOT, 5);
+  if (ferry_transfer_sync(d.r.initiator, d.r.name, FERRY_OP_WRITE, d.r.out, remote_of(&d, 64),
+                          2 * SLOT) ||
+      ferry_transfer_sync(d.r.initiator, d.r.name, FERRY_OP_READ, d.r.in, remote_of(&d, 64),
+                          2 * SLOT))
+    fail_msg("%s", ferry_last_error());
+  assert_memory_equal(d.r.in, d.r.out, 2 * SLOT);
+  uint8_t *got = malloc(2 * SLOT);
+  device_get(got, d.remote + 64, 2 * SLOT);
+  assert_memory_equal(got, d.r.out, 2 * SLOT);
+  free(got);
+  assert_no_context();
+  device_rig_stop(&d);
+}
+
+/* FERRY_STAGING=never on both: shm stages nothing, so it still carries
+ * device memory (tcp beside it would not). */
+static void shm_device_under_staging_never(void **state) {
+  device_rig d;
+  device_rig_start(&d, FERRY_TRANSPORT_SHM | FERRY_TRANSPORT_TCP, NULL, FERRY_STAGING_NEVER,
+                   FERRY_STAGING_NEVER);
+  device_round_trip(&d, 5, SLOT + 9, 21);
+  assert_int_equal(test_rig_transport_bytes(&d.r, "shm"), 2 * (SLOT + 9));
+  device_rig_stop(&d);
+}
+
+/* With tcp beside shm, device memory now stays on shm too. */
+static void shm_with_tcp_keeps_shm(void **state) {
+  device_rig d;
+  device_rig_start(&d, FERRY_TRANSPORT_SHM | FERRY_TRANSPORT_TCP, NULL, FERRY_STAGING_AUTO,
+                   FERRY_STAGING_AUTO);
+  device_round_trip(&d, 0, 3 * SLOT + 5, 7);
+  assert_int_equal(test_rig_transport_bytes(&d.r, "shm"), 2 * (3 * SLOT + 5));
+  assert_int_equal(test_rig_transport_bytes(&d.r, "tcp"), 0);
+  device_rig_stop(&d);
+}
+
+typedef struct unregister_call {
+  ferry_engine *engine;
+  void *addr;
+  int returned;
+} unregister_call;
+
+static void *unregister_thread(void *arg) {
+  unregister_call *u = arg;
+  ferry_memory_unregister(u->engine, u->addr);
+  __atomic_store_n(&u->returned, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* A WRITE into the target's device memory held in flight (its source's
+ * second half stalls the copy): the target's unregister does not return
+ * until the copy ended, and the bytes landed whole. */
+static void shm_unregister_waits_for_device_copy(void **state) {
+  need_driver();
+  page_stall src;
+  if (page_stall_create(&src, DEVICE_BYTES, DEVICE_BYTES / 2, 0x77) != 0) {
+    print_message("no userfaultfd here: cannot hold a copy in flight\n");
+    skip();
+  }
+  device_rig d;
+  device_rig_start(&d, FERRY_TRANSPORT_SHM, NULL, FERRY_STAGING_AUTO, FERRY_STAGING_AUTO);
+  assert_int_equal(ferry_memory_register(d.r.initiator, src.base, src.size), FERRY_OK);
+  ferry_entry entry = {FERRY_OP_WRITE, src.base, remote_of(&d, 0), src.size};
+  ferry_batch *b;
+  assert_int_equal(ferry_batch_submit(d.r.initiator, d.r.name, &entry, 1, NULL, &b), FERRY_OK);
+  assert_int_equal(page_stall_wait(&src, 10000), 0); /* the device copy runs, and is stuck */
+  unregister_call u = {d.r.target, d.remote, 0};
+  pthread_t thread;
+  assert_int_equal(pthread_create(&thread, NULL, unregister_thread, &u), 0);
+  double t0 = test_now_s(); /* a fence cannot return now; give a broken one time to show it */
+  while (!__atomic_load_n(&u.returned, __ATOMIC_ACQUIRE) && test_now_s() - t0 < 0.2)
+    sched_yield();
+  int early = __atomic_load_n(&u.returned, __ATOMIC_ACQUIRE);
+  assert_int_equal(page_stall_release(&src, 0x77), 0);
+  pthread_join(thread, NULL);
+  ferry_status st = ferry_batch_wait(b, -1);
+  ferry_batch_free(b);
+  print_message("unregister returned %s the stalled device copy ended; batch: %s\n",
+                early ? "BEFORE" : "after", st ? ferry_last_error() : "completed");
+  assert_false(early);
+  assert_int_equal(st, FERRY_OK);
+  uint8_t *got = malloc(src.size);
+  device_get(got, d.remote, src.size);
+  assert_memory_equal(got, src.base, src.size);
+  free(got);
+  device_rig_stop(&d);
+  page_stall_destroy(&src);
+}
+
+/* ---- shm: device memory, target in a child process (imports) ---------------------------- */
+
+#define CHILD_ALLOC (20 * 1024 * KiB) /* the child's device allocation */
+#define R1_AT (4 * KiB)               /* its two regions inside it */
+#define R2_AT (9 * 1024 * KiB)
+#define R_LEN (8 * 1024 * KiB + 64)
+#define VMM_BYTES (64 * KiB)
+
+enum { ALLOC, ALLOC_VMM, ALLOC_AT, FREE };
+
+/* Without cmocka (the child is in no test case): 0 or a CUDA error. */
+static int raw_device(devptr *p, size_t size, int how) {
+  int r = cu.CtxPush(cu.ctx);
+  if (!r)
+    r = how == FREE        ? cu.MemFree(*p)
+        : how == ALLOC_VMM ? cu.MemAllocVmm(p, size)
+        : how == ALLOC_AT  ? cu.MemAllocAt(p, size)
+                           : cu.MemAlloc(p, size);
+  cu.CtxPop(NULL);
+  return r;
+}
+
+static int child_register(ferry_engine *e, devptr a) {
+  uint8_t *base = (uint8_t *)(uintptr_t)a;
+  return ferry_memory_register_at(e, base + R1_AT, R_LEN, "cuda:0") ||
+         ferry_memory_register_at(e, base + R2_AT, R_LEN, "cuda:0");
+}
+
+/* One command from the parent: put/check ADDR LEN SEED (device memory or
+ * the child's host buffer), unreg ADDR (answered once unregister returned),
+ * or rereg (free, allocate at the same address, register the regions
+ * again). */
+static int child_command(ferry_engine *e, char *line, devptr *a, uint8_t *host) {
+  unsigned long long addr = 0, len = 0, seed = 0;
+  char verb[16] = "";
+  sscanf(line, "%15s %llx %llu %llu", verb, &addr, &len, &seed);
+  uint8_t *p = (uint8_t *)(uintptr_t)addr;
+  int on_host = p >= host && p < host + HOST_BYTES;
+  if (!strcmp(verb, "unreg"))
+    return ferry_memory_unregister(e, p) ? -1 : 0;
+  if (!strcmp(verb, "rereg")) {
+    uint8_t *base = (uint8_t *)(uintptr_t)*a;
+    if (ferry_memory_unregister(e, base + R1_AT) || ferry_memory_unregister(e, base + R2_AT) ||
+        raw_device(a, 0, FREE) || raw_device(a, CHILD_ALLOC, ALLOC_AT) || child_register(e, *a))
+      return -1;
+    printf("%llx\n", (unsigned long long)*a);
+    return 1;
+  }
+  uint8_t *want = malloc(len), *got = malloc(len);
+  int bad = !want || !got;
+  if (!bad)
+    test_fill_random(want, len, seed);
+  if (!bad && !strcmp(verb, "put")) {
+    if (on_host)
+      memcpy(p, want, len);
+    else if (cu.CtxPush(cu.ctx) || cu.HtoD(addr, want, len) || cu.CtxPop(NULL))
+      bad = 1;
+  } else if (!bad && !strcmp(verb, "check")) {
+    if (on_host)
+      memcpy(got, p, len);
+    else if (cu.CtxPush(cu.ctx) || cu.DtoH(got, addr, len) || cu.CtxPop(NULL))
+      bad = 1;
+    bad = bad || memcmp(got, want, len) != 0;
+  } else {
+    bad = 1;
+  }
+  free(want);
+  free(got);
+  return bad ? -1 : 0;
+}
+
+/* The child: an shm-only engine with a device allocation holding two
+ * registered regions, a VMM allocation and a host buffer; says
+ * "PORT ALLOC HOST VMM" and serves commands (a line each, answered "ok",
+ * "bad" or, for rereg, the new allocation) until its stdin closes. */
+static int device_target(int argc, char **argv) {
+  (void)argc, (void)argv;
+  setvbuf(stdout, NULL, _IONBF, 0);
+  if (!load_driver())
+    return 2;
+  ferry_config cfg;
+  test_config(&cfg);
+  cfg.transports = FERRY_TRANSPORT_SHM;
+  cfg.timeout_ms = TEST_SETUP_MS;
+  ferry_engine *e = NULL;
+  devptr a = 0, vmm = 0;
+  void *host = NULL;
+  if (ferry_engine_create(&cfg, &e) || raw_device(&a, CHILD_ALLOC, ALLOC) ||
+      raw_device(&vmm, VMM_BYTES, ALLOC_VMM) || child_register(e, a) ||
+      ferry_memory_register_at(e, (void *)(uintptr_t)vmm, VMM_BYTES, "cuda:0") ||
+      ferry_memory_alloc(e, HOST_BYTES, &host))
+    return 3;
+  printf("%u %llx %llx %llx\n", ferry_engine_port(e), (unsigned long long)a,
+         (unsigned long long)(uintptr_t)host, (unsigned long long)vmm);
+  char line[256];
+  while (fgets(line, sizeof line, stdin)) {
+    int rc = child_command(e, line, &a, host);
+    if (rc <= 0)
+      printf("%s\n", rc ? "bad" : "ok");
+  }
+  ferry_engine_destroy(e);
+  return 0;
+}
+
+typedef struct child_target {
+  pid_t pid;
+  int to, from;
+  char name[64];
+  uint64_t alloc, host, vmm;
+  ferry_engine *initiator;
+  uint8_t *local;    /* device memory here, DEVICE_BYTES * 5 */
+  uint8_t *out, *in; /* host memory here */
+} child_target;
+
+#define LOCAL_BYTES (10 * 1024 * KiB)
+
+static void child_start(child_target *c) {
+  need_driver();
+  memset(c, 0, sizeof *c);
+  c->pid = test_child_start("device-target", NULL, &c->to, &c->from);
+  assert_true(c->pid > 0);
+  char line[256];
+  unsigned port = 0;
+  if (test_read_line(c->from, line, sizeof line, TEST_SETUP_MS) != 0 ||
+      sscanf(line, "%u %" SCNx64 " %" SCNx64 " %" SCNx64, &port, &c->alloc, &c->host, &c->vmm) != 4)
+    fail_msg("the child target did not start");
+  snprintf(c->name, sizeof c->name, "127.0.0.1:%u", port);
+  c->initiator = engine_with(FERRY_TRANSPORT_SHM, FERRY_STAGING_AUTO, NULL);
+  c->local = device_alloc(LOCAL_BYTES);
+  c->out = malloc(LOCAL_BYTES);
+  c->in = malloc(LOCAL_BYTES);
+  assert_true(c->out && c->in);
+  assert_int_equal(ferry_memory_register_at(c->initiator, c->local, LOCAL_BYTES, "cuda:0"),
+                   FERRY_OK);
+  assert_int_equal(ferry_memory_register(c->initiator, c->out, LOCAL_BYTES), FERRY_OK);
+  assert_int_equal(ferry_memory_register(c->initiator, c->in, LOCAL_BYTES), FERRY_OK);
+}
+
+static void child_stop(child_target *c) {
+  ferry_engine_destroy(c->initiator);
+  close(c->to); /* the child destroys its engine and exits */
+  int status = -1;
+  assert_int_equal(test_wait_exit(c->pid, TEST_SETUP_MS, &status), 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    fail_msg("the device target exited with status 0x%x", status);
+  close(c->from);
+  device_free(c->local);
+  free(c->out);
+  free(c->in);
+}
+
+/* A command to the child; its answer in reply. */
+static void child_ask(child_target *c, char *reply, size_t size, const char *fmt, ...) {
+  char line[256];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+  va_end(ap);
+  line[n++] = '\n';
+  assert_int_equal(write(c->to, line, (size_t)n), n);
+  if (test_read_line(c->from, reply, size, TEST_SETUP_MS) != 0)
+    fail_msg("the child target did not answer \"%.*s\"", n - 1, line);
+}
+
+/* The child's bytes at addr are those of seed. */
+static void child_check(child_target *c, uint64_t addr, size_t len, uint64_t seed) {
+  char reply[64];
+  child_ask(c, reply, sizeof reply, "check %" PRIx64 " %zu %" PRIu64, addr, len, seed);
+  if (strcmp(reply, "ok"))
+    fail_msg("the child's %zu bytes at 0x%" PRIx64 " are not what was written", len, addr);
+}
+
+static void child_put(child_target *c, uint64_t addr, size_t len, uint64_t seed) {
+  char reply[64];
+  child_ask(c, reply, sizeof reply, "put %" PRIx64 " %zu %" PRIu64, addr, len, seed);
+  assert_string_equal(reply, "ok");
+}
+
+static void transfer(child_target *c, ferry_op op, void *local, uint64_t remote, size_t len) {
+  if (ferry_transfer_sync(c->initiator, c->name, op, local, remote, len))
+    fail_msg("%s of %zu bytes: %s", op == FERRY_OP_WRITE ? "WRITE" : "READ", len,
+             ferry_last_error());
+}
+
+/* WRITE local (device or host) memory filled from seed into the child at
+ * remote, and READ what the child put at remote2 back: both intact. */
+static void child_both_ways(child_target *c, uint8_t *local, int local_device, uint64_t remote,
+                            uint64_t remote2, size_t len, uint64_t seed) {
+  uint8_t *want = malloc(len), *got = malloc(len);
+  assert_true(want && got);
+  test_fill_random(want, len, seed);
+  if (local_device)
+    device_put(local, want, len);
+  else
+    memcpy(local, want, len);
+  transfer(c, FERRY_OP_WRITE, local, remote, len);
+  child_check(c, remote, len, seed);
+  child_put(c, remote2, len, seed + 1000);
+  transfer(c, FERRY_OP_READ, local, remote2, len);
+  test_fill_random(want, len, seed + 1000);
+  if (local_device)
+    device_get(got, local, len);
+  else
+    memcpy(got, local, len);
+  assert_memory_equal(got, want, len);
+  free(want);
+  free(got);
+}
+
+/* Device to device both ways, 1 B to 8 MiB at offsets inside both regions
+ * of one allocation; host here to device there and back; device here to
+ * the child's mapped host buffer and back. One import for it all. */
+static void shm_import_both_ways(void **state) {
+  child_target c;
+  child_start(&c);
+  unsigned opens = cu.IpcOpens();
+  const size_t sizes[] = {1, 4097, 1024 * KiB + 3, 8 * 1024 * KiB};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    uint64_t r1 = c.alloc + R1_AT + 13 + i, r2 = c.alloc + R2_AT + 5 * i;
+    child_both_ways(&c, c.local + 7 * i, 1, r1, r2, sizes[i], 100 + i);
+    child_both_ways(&c, c.out + i, 0, r2, r1, sizes[i], 200 + i);
+  }
+  child_both_ways(&c, c.local + 3, 1, c.host + 11, c.host + 4096, 64 * KiB + 1, 300);
+  assert_int_equal(cu.IpcOpens() - opens, 1); /* one allocation: one open */
+  assert_int_equal(cu.IpcImports(), 1);
+  assert_no_context();
+  child_stop(&c);
+  assert_int_equal(cu.IpcImports(), 0); /* closed with the link */
+}
+
+/* The child frees its allocation and registers new memory at the same
+ * address (as a caching allocator may): a WRITE lands in the new memory,
+ * never through the old import, which is closed. */
+static void shm_import_after_reregister(void **state) {
+  child_target c;
+  child_start(&c);
+  unsigned opens = cu.IpcOpens();
+  child_both_ways(&c, c.local, 1, c.alloc + R1_AT, c.alloc + R2_AT, 64 * KiB, 1);
+  char reply[64];
+  child_ask(&c, reply, sizeof reply, "rereg");
+  uint64_t fresh = strtoull(reply, NULL, 16);
+  assert_true(fresh != 0);
+  assert_true(fresh == c.alloc);
+  child_both_ways(&c, c.local, 1, c.alloc + R1_AT, c.alloc + R2_AT, 64 * KiB, 2);
+  assert_int_equal(cu.IpcOpens() - opens, 2);
+  assert_int_equal(cu.IpcImports(), 1); /* the stale one closed */
+  child_stop(&c);
+}
+
+/* A WRITE through the import held in flight (its source's second half
+ * stalls the device copy): the child's unregister of the region does not
+ * return (no answer) until the copy ended; then it does. */
+static void shm_import_unregister_waits(void **state) {
+  need_driver();
+  page_stall src;
+  if (page_stall_create(&src, 2 * 1024 * KiB, 1024 * KiB, 0x5a) != 0) {
+    print_message("no userfaultfd here: cannot hold a copy in flight\n");
+    skip();
+  }
+  child_target c;
+  child_start(&c);
+  assert_int_equal(ferry_memory_register(c.initiator, src.base, src.size), FERRY_OK);
+  uint64_t region = c.alloc + R1_AT;
+  ferry_entry entry = {FERRY_OP_WRITE, src.base, region, src.size};
+  ferry_batch *b;
+  assert_int_equal(ferry_batch_submit(c.initiator, c.name, &entry, 1, NULL, &b), FERRY_OK);
+  assert_int_equal(page_stall_wait(&src, 10000), 0); /* the device copy runs, and is stuck */
+  char line[64];
+  int n = snprintf(line, sizeof line, "unreg %" PRIx64 "\n", region);
+  assert_int_equal(write(c.to, line, (size_t)n), n);
+  /* A fence cannot answer now; give a broken one time to show it. */
+  int early = test_read_line(c.from, line, sizeof line, 200) == 0;
+  assert_int_equal(page_stall_release(&src, 0x5a), 0);
+  if (!early && test_read_line(c.from, line, sizeof line, TEST_SETUP_MS) != 0)
+    fail_msg("the child's unregister did not return after the copy ended");
+  ferry_status st = ferry_batch_wait(b, -1);
+  ferry_batch_free(b);
+  print_message("the child's unregister returned %s the stalled copy ended; batch: %s\n",
+                early ? "BEFORE" : "after", st ? ferry_last_error() : "completed");
+  assert_false(early);
+  assert_string_equal(line, "ok");
+  assert_int_equal(st, FERRY_OK);
+  child_stop(&c);
+  page_stall_destroy(&src);
+}
+
+/* A VMM allocation has no IPC handle: refused, saying so. */
+static void shm_import_vmm_refused(void **state) {
+  child_target c;
+  child_start(&c);
+  assert_int_equal(
+      ferry_transfer_sync(c.initiator, c.name, FERRY_OP_WRITE, c.local, c.vmm + 64, 4096),
+      FERRY_ENOTIMPL);
+  assert_detail_has("is a CUDA VMM allocation");
+  child_both_ways(&c, c.local, 1, c.alloc + R1_AT, c.alloc + R2_AT, 4096, 3); /* the link works */
+  child_stop(&c);
+}
+
+int main(int argc, char **argv) {
+  static const test_child_role roles[] = {{"device-target", device_target}};
+  test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
   const char *filter = getenv("FERRY_TEST_FILTER"); /* one case, by name (a glob) */
   if (filter && *filter)
     cmocka_set_test_filter(filter);
@@ -410,10 +854,18 @@ int main(void) {
       cmocka_unit_test(tcp_many_entries_mixed),
       cmocka_unit_test(never_refused_at_initiator),
       cmocka_unit_test(never_refused_at_target),
-      cmocka_unit_test(shm_refuses_device),
       cmocka_unit_test(fabric_shm_refuses_device),
       cmocka_unit_test(fabric_tcp_refuses_device),
-      cmocka_unit_test(shm_with_tcp_stages_over_tcp),
+      cmocka_unit_test(shm_device_both_ends),
+      cmocka_unit_test(shm_many_entries_mapped),
+      cmocka_unit_test(shm_many_entries_cma),
+      cmocka_unit_test(shm_with_tcp_keeps_shm),
+      cmocka_unit_test(shm_device_under_staging_never),
+      cmocka_unit_test(shm_unregister_waits_for_device_copy),
+      cmocka_unit_test(shm_import_both_ways),
+      cmocka_unit_test(shm_import_after_reregister),
+      cmocka_unit_test(shm_import_unregister_waits),
+      cmocka_unit_test(shm_import_vmm_refused),
       cmocka_unit_test(fabric_with_tcp_stages_over_tcp),
       cmocka_unit_test(shm_remote_device),
       cmocka_unit_test(fabric_shm_remote_device),

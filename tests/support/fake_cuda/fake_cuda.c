@@ -20,6 +20,17 @@
  * bounce buffer before its copy's event, or reuses one whose copy is still
  * queued, sees wrong bytes, as it would on a GPU.
  *
+ * IPC across processes: an allocation keeps its memfd open, and its IPC
+ * handle names the exporting pid, that descriptor and its inode; another
+ * process reopens it through /proc/<pid>/fd (the same user's, as ferry's
+ * shm service admits) and maps it as it maps its own device memory
+ * (PROT_NONE for the caller, a private read-write view for copies). As
+ * the real driver, it refuses a handle of the calling process itself and a
+ * handle whose allocation is gone (the inode differs). Tests count the
+ * opens (fakeIpcOpens) and the imports still open (fakeIpcImports).
+ * fakeMemAllocVmm makes device memory that stands for a VMM allocation
+ * (cuMemRetainAllocationHandle succeeds on it, cuIpcGetMemHandle not).
+ *
  * Any entry point used wrongly (no context current where one is needed, a
  * context popped that was never pushed, a copy that leaves its device
  * allocation or its pinned host buffer, an unknown attribute, a handle
@@ -28,12 +39,14 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -53,6 +66,7 @@ enum {
   CUDA_ERROR_OUT_OF_MEMORY = 2,
   CUDA_ERROR_NOT_INITIALIZED = 3,
   CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_INVALID_CONTEXT = 201,
   CUDA_ERROR_NOT_FOUND = 500,
 };
 enum { ATTR_MEMORY_TYPE = 2, ATTR_IS_MANAGED = 8, ATTR_DEVICE_ORDINAL = 9 };
@@ -87,8 +101,21 @@ typedef struct fake_allocation {
   uint8_t *addr;    /* what the caller holds: PROT_NONE for device memory */
   uint8_t *private; /* the fake's own read-write view (device memory) */
   size_t size;
-  int device; /* 1: device memory; 0: pinned host memory */
+  int device;   /* 1: device memory; 0: pinned host memory */
+  int fd;       /* device memory: its memfd, named by its IPC handle */
+  int imported; /* opened from another process's IPC handle */
+  int vmm;      /* stands for a VMM allocation */
 } fake_allocation;
+
+/* What an IPC handle holds here: who exported which memfd. */
+typedef struct fake_ipc {
+  uint64_t magic;
+  int64_t pid, fd;
+  uint64_t ino, size;
+} fake_ipc;
+#define FAKE_IPC_MAGIC 0x4650494b45435544ull
+
+static unsigned ipc_opens, ipc_imports; /* under lock */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static fake_allocation allocations[FAKE_MAX_ALLOCATIONS];
@@ -231,21 +258,71 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr) {
   need_context("cuIpcGetMemHandle");
   pthread_mutex_lock(&lock);
   fake_allocation *a = holding((const void *)(uintptr_t)ptr, 1, 1);
-  int base = a && a->addr == (uint8_t *)(uintptr_t)ptr;
+  int base = a && a->addr == (uint8_t *)(uintptr_t)ptr && !a->vmm && !a->imported;
+  struct stat st;
+  fake_ipc ipc = {0};
+  if (base && fstat(a->fd, &st) == 0)
+    ipc = (fake_ipc){FAKE_IPC_MAGIC, getpid(), a->fd, (uint64_t)st.st_ino, a->size};
   pthread_mutex_unlock(&lock);
-  if (!base)
+  if (!ipc.magic)
     return CUDA_ERROR_INVALID_VALUE; /* handles are per allocation, named by its base */
   memset(handle, 0, sizeof *handle);
-  memcpy(handle->reserved, &ptr, sizeof ptr);
+  memcpy(handle->reserved, &ipc, sizeof ipc);
+  return CUDA_SUCCESS;
+}
+
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+/* Succeeds only for VMM allocations, as the driver's does. */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+  need_init("cuMemRetainAllocationHandle");
+  pthread_mutex_lock(&lock);
+  fake_allocation *a = holding(addr, 1, 1);
+  int vmm = a && a->vmm;
+  pthread_mutex_unlock(&lock);
+  if (!vmm)
+    return CUDA_ERROR_INVALID_VALUE;
+  *handle = (CUmemGenericAllocationHandle)(uintptr_t)a->addr;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  need_init("cuMemRelease");
+  if (!handle)
+    misuse("cuMemRelease", "no handle");
   return CUDA_SUCCESS;
 }
 
 /* ---- allocation ------------------------------------------------------------------------ */
 
-/* For tests: device memory, a PROT_NONE mapping of a memfd whose
- * read-write mapping only the fake holds. */
-CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t bytes) {
-  need_context("cuMemAlloc_v2");
+static CUresult release_any(const char *call, const void *p, int device, int imported);
+
+/* Device memory over the memfd fd (taken): a PROT_NONE mapping for the
+ * caller, a read-write one for the fake. */
+static CUresult device_map(int fd, size_t bytes, int imported, int vmm, CUdeviceptr *out) {
+  void *at = (void *)(uintptr_t)*out; /* NULL, or where the caller wants it */
+  void *device = mmap(at, bytes, PROT_NONE, MAP_SHARED | (at ? MAP_FIXED_NOREPLACE : 0), fd, 0);
+  void *private = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  pthread_mutex_lock(&lock);
+  fake_allocation *a = device != MAP_FAILED && private != MAP_FAILED ? free_slot() : NULL;
+  if (a)
+    *a = (fake_allocation){device, private, bytes, 1, fd, imported, vmm};
+  pthread_mutex_unlock(&lock);
+  if (!a) {
+    if (device != MAP_FAILED)
+      munmap(device, bytes);
+    if (private != MAP_FAILED)
+      munmap(private, bytes);
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *out = (CUdeviceptr)(uintptr_t)device;
+  return CUDA_SUCCESS;
+}
+
+/* *out: 0, or the address the allocation must have. */
+static CUresult device_alloc(const char *call, CUdeviceptr *out, size_t bytes, int vmm) {
+  need_context(call);
   if (!bytes)
     return CUDA_ERROR_INVALID_VALUE;
   int fd = memfd_create("fake-cuda-device", MFD_CLOEXEC);
@@ -254,29 +331,88 @@ CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t bytes) {
       close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  void *device = mmap(NULL, bytes, PROT_NONE, MAP_SHARED, fd, 0);
-  void *private = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  pthread_mutex_lock(&lock);
-  fake_allocation *a = device != MAP_FAILED && private != MAP_FAILED ? free_slot() : NULL;
-  if (a)
-    *a = (fake_allocation){device, private, bytes, 1};
-  pthread_mutex_unlock(&lock);
-  if (!a) {
-    if (device != MAP_FAILED)
-      munmap(device, bytes);
-    if (private != MAP_FAILED)
-      munmap(private, bytes);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  *out = (CUdeviceptr)(uintptr_t)device;
-  return CUDA_SUCCESS;
+  return device_map(fd, bytes, 0, vmm, out);
 }
 
-static CUresult release(const char *call, const void *p, int device) {
+/* For tests: device memory, a PROT_NONE mapping of a memfd whose
+ * read-write mapping only the fake holds. */
+CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t bytes) {
+  *out = 0;
+  return device_alloc("cuMemAlloc_v2", out, bytes, 0);
+}
+
+/* For tests: device memory at the address *at, as a caching allocator or
+ * the driver may hand out an address again once it was freed. */
+CUresult fakeMemAllocAt(CUdeviceptr *at, size_t bytes) {
+  return device_alloc("fakeMemAllocAt", at, bytes, 0);
+}
+
+/* For tests: device memory standing for a VMM allocation. */
+CUresult fakeMemAllocVmm(CUdeviceptr *out, size_t bytes) {
+  *out = 0;
+  return device_alloc("fakeMemAllocVmm", out, bytes, 1);
+}
+
+/* Reopens the exporter's memfd, checking it is still that allocation. */
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle handle, unsigned flags) {
+  need_context("cuIpcOpenMemHandle_v2");
+  if (flags != 1)
+    misuse("cuIpcOpenMemHandle_v2", "flags must be CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS");
+  fake_ipc ipc;
+  memcpy(&ipc, handle.reserved, sizeof ipc);
+  if (ipc.magic != FAKE_IPC_MAGIC)
+    misuse("cuIpcOpenMemHandle_v2", "not a handle from cuIpcGetMemHandle");
+  if (ipc.pid == getpid())
+    return CUDA_ERROR_INVALID_CONTEXT; /* the driver refuses its own process's handles */
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%lld/fd/%lld", (long long)ipc.pid, (long long)ipc.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_ino != ipc.ino ||
+      (uint64_t)st.st_size < ipc.size) {
+    if (fd >= 0)
+      close(fd);
+    return CUDA_ERROR_INVALID_VALUE; /* the allocation is gone */
+  }
+  *out = 0;
+  CUresult r = device_map(fd, ipc.size, 1, 0, out);
+  pthread_mutex_lock(&lock);
+  ipc_opens += r == CUDA_SUCCESS;
+  ipc_imports += r == CUDA_SUCCESS;
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr ptr) {
+  need_context("cuIpcCloseMemHandle");
+  pthread_mutex_lock(&lock);
+  fake_allocation *a = holding((const void *)(uintptr_t)ptr, 1, 1);
+  if (!a || !a->imported || a->addr != (uint8_t *)(uintptr_t)ptr)
+    misuse("cuIpcCloseMemHandle", "not an address from cuIpcOpenMemHandle");
+  ipc_imports--;
+  pthread_mutex_unlock(&lock);
+  return release_any("cuIpcCloseMemHandle", (const void *)(uintptr_t)ptr, 1, 1);
+}
+
+/* For tests: IPC handles opened so far, and imports still open. */
+unsigned fakeIpcOpens(void) {
+  pthread_mutex_lock(&lock);
+  unsigned n = ipc_opens;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+unsigned fakeIpcImports(void) {
+  pthread_mutex_lock(&lock);
+  unsigned n = ipc_imports;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+static CUresult release_any(const char *call, const void *p, int device, int imported) {
   pthread_mutex_lock(&lock);
   fake_allocation *a = holding(p, 1, device);
-  if (!a || a->addr != p)
+  if (!a || a->addr != p || a->imported != imported)
     misuse(call, "not the start of an allocation of this kind");
   fake_allocation gone = *a;
   memset(a, 0, sizeof *a);
@@ -284,7 +420,13 @@ static CUresult release(const char *call, const void *p, int device) {
   munmap(gone.addr, gone.size);
   if (gone.private)
     munmap(gone.private, gone.size);
+  if (gone.device)
+    close(gone.fd);
   return CUDA_SUCCESS;
+}
+
+static CUresult release(const char *call, const void *p, int device) {
+  return release_any(call, p, device, 0);
 }
 
 CUresult cuMemFree_v2(CUdeviceptr ptr) {
@@ -301,7 +443,7 @@ CUresult cuMemHostAlloc(void **p, size_t bytes, unsigned flags) {
   pthread_mutex_lock(&lock);
   fake_allocation *a = free_slot();
   if (a)
-    *a = (fake_allocation){host, NULL, bytes, 0};
+    *a = (fake_allocation){.addr = host, .size = bytes, .fd = -1};
   pthread_mutex_unlock(&lock);
   if (!a) {
     munmap(host, bytes);
@@ -443,6 +585,24 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CU
   return CUDA_SUCCESS;
 }
 
+/* The fake's view of p for a unified copy: device memory (its own or
+ * imported) through its private mapping, anything else as host memory. */
+static uint8_t *unified_view(const char *call, CUdeviceptr p, size_t bytes) {
+  pthread_mutex_lock(&lock);
+  int device = holding((const void *)(uintptr_t)p, 1, 1) != NULL;
+  pthread_mutex_unlock(&lock);
+  return device ? device_view(call, p, bytes) : (uint8_t *)(uintptr_t)p;
+}
+
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  need_context("cuMemcpyAsync");
+  check_stream("cuMemcpyAsync", stream);
+  uint8_t *to = unified_view("cuMemcpyAsync", dst, bytes);
+  const uint8_t *from = unified_view("cuMemcpyAsync", src, bytes);
+  enqueue("cuMemcpyAsync", stream, (fake_op){to, from, bytes, NULL});
+  return CUDA_SUCCESS;
+}
+
 /* For tests: synchronous copies from and to any host memory. */
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes) {
   need_context("cuMemcpyHtoD_v2");
@@ -475,6 +635,7 @@ static const struct {
     {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
     {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
 };
 
