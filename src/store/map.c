@@ -47,6 +47,7 @@ typedef struct segment {
   uint64_t client;
   char name[STORE_NAME_MAX + 1];
   uint64_t base, size;
+  uint64_t nonce; /* its client's name for this memory (REGISTER); 0: not known */
   store_extents space;
 } segment;
 
@@ -544,7 +545,7 @@ static segment *find_segment(store_map *m, const char *name, size_t len) {
 }
 
 static segment *mount(store_map *m, uint64_t client, const char *name, size_t name_len,
-                      uint64_t base, uint64_t length) {
+                      uint64_t base, uint64_t length, uint64_t nonce) {
   segment *s = calloc(1, sizeof *s);
   if (!s || store_extents_init(&s->space, length) != 0) {
     free(s);
@@ -554,33 +555,46 @@ static segment *mount(store_map *m, uint64_t client, const char *name, size_t na
   memcpy(s->name, name, name_len);
   s->base = base;
   s->size = length;
+  s->nonce = nonce;
   s->next = m->segments;
   m->segments = s;
   return s;
 }
 
-/* s's record, "BASE SIZE"; NULL record: it left. */
+/* s's record, "BASE SIZE NONCE"; NULL record: it left. */
 static int journal_segment(store_map *m, segment *s) {
   if (!m->journal.segment)
     return 0;
-  char rec[48];
-  snprintf(rec, sizeof rec, "%llu %llu", (unsigned long long)s->base, (unsigned long long)s->size);
+  char rec[72];
+  snprintf(rec, sizeof rec, "%llu %llu %llu", (unsigned long long)s->base,
+           (unsigned long long)s->size, (unsigned long long)s->nonce);
   return m->journal.segment(m->journal.ctx, s->name, rec);
 }
 
+/* Whether a REGISTER of (base, length, nonce) is the memory of a segment
+ * the journal restored. A record of a master older than the nonce (0)
+ * is matched by address and length alone. */
+static int adopts(const segment *s, uint64_t base, uint64_t length, uint64_t nonce) {
+  return s->base == base && s->size == length && (!s->nonce || s->nonce == nonce);
+}
+
+static size_t drop_client(store_map *m, uint64_t client);
+
 static ferry_status serve_register(store_map *m, uint64_t client, store_reader *r,
                                    store_writer *reply, char *why, size_t size) {
+  /* The version first: another version's fields may differ. */
   uint16_t version = store_get_u16(r);
+  if (!r->bad && version != STORE_PROTOCOL_VERSION)
+    return snprintf(why, size, "store protocol version %u; this master speaks %d", version,
+                    STORE_PROTOCOL_VERSION),
+           FERRY_EVERSION;
   uint64_t base = store_get_u64(r), length = store_get_u64(r);
   const char *name;
   size_t name_len;
   store_get_str(r, &name, &name_len, STORE_NAME_MAX);
+  uint64_t nonce = store_get_u64(r);
   if (r->bad || r->left)
     return snprintf(why, size, "malformed REGISTER"), FERRY_EPROTO;
-  if (version != STORE_PROTOCOL_VERSION)
-    return snprintf(why, size, "store protocol version %u; this master speaks %d", version,
-                    STORE_PROTOCOL_VERSION),
-           FERRY_EVERSION;
   if (length > 0) {
     if (name_len == 0 || memchr(name, '\0', name_len) || base + length < base)
       return snprintf(why, size,
@@ -589,13 +603,24 @@ static ferry_status serve_register(store_map *m, uint64_t client, store_reader *
                       (unsigned long long)length, (unsigned long long)base),
              FERRY_EINVAL;
     segment *s = find_segment(m, name, name_len);
-    if (s && s->client & STORE_ORPHAN && s->base == base && s->size == length)
+    if (s && s->client & STORE_ORPHAN && !adopts(s, base, length, nonce)) {
+      /* HA: a client of the same name whose memory is not the one the
+       * journal named (restarted, the same address maybe): what lived
+       * there is gone with the old process, not in this memory. */
+      size_t dropped = drop_client(m, s->client);
+      FERRY_WARN("store master: segment %.*s registered again by other memory than the journal "
+                 "named (not the same client process): dropped it and %zu object(s) with "
+                 "replicas there",
+                 (int)name_len, name, dropped);
+      s = NULL;
+    }
+    if (s && s->client & STORE_ORPHAN)
       s->client = client; /* HA: the segment the journal named, back with its objects */
     else if (s)
       return snprintf(why, size, "segment %.*s is mounted already, by another client",
                       (int)name_len, name),
              FERRY_EBUSY;
-    else if (!(s = mount(m, client, name, name_len, base, length)))
+    else if (!(s = mount(m, client, name, name_len, base, length, nonce)))
       return snprintf(why, size, "master out of memory"), FERRY_ENOMEM;
     else if (journal_segment(m, s) != 0) {
       m->segments = s->next;
@@ -988,8 +1013,15 @@ static int loses_client(store_map *m, object *o, uint64_t client) {
 }
 
 size_t store_map_drop_client(store_map *m, uint64_t client) {
-  size_t dropped = 0;
   pthread_mutex_lock(&m->lock);
+  size_t dropped = drop_client(m, client);
+  pthread_mutex_unlock(&m->lock);
+  return dropped;
+}
+
+/* Under m->lock. */
+static size_t drop_client(store_map *m, uint64_t client) {
+  size_t dropped = 0;
   for (size_t b = 0; b < m->bucket_count; b++)
     for (object **at = &m->buckets[b]; *at;) {
       if (loses_client(m, *at, client)) {
@@ -1021,19 +1053,18 @@ size_t store_map_drop_client(store_map *m, uint64_t client) {
       at = &s->next;
     }
   }
-  pthread_mutex_unlock(&m->lock);
   return dropped;
 }
 
 /* ---- a new leader's restore (HA) ------------------------------------------------------------ */
 
 int store_map_restore_segment(store_map *m, uint64_t orphan, const char *name, const char *record) {
-  unsigned long long base, size;
+  unsigned long long base, size, nonce = 0; /* no nonce: a record of an older master */
   size_t len = strlen(name);
-  if (sscanf(record, "%llu %llu", &base, &size) != 2 || !len || len > STORE_NAME_MAX)
+  if (sscanf(record, "%llu %llu %llu", &base, &size, &nonce) < 2 || !len || len > STORE_NAME_MAX)
     return -1;
   pthread_mutex_lock(&m->lock);
-  int rc = find_segment(m, name, len) || !mount(m, orphan, name, len, base, size) ? -1 : 0;
+  int rc = find_segment(m, name, len) || !mount(m, orphan, name, len, base, size, nonce) ? -1 : 0;
   pthread_mutex_unlock(&m->lock);
   return rc;
 }
