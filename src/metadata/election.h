@@ -33,6 +33,12 @@ ferry_status ferry_election_keep(ferry_election *e, uint64_t *until_ns);
  * handle's lease, in one transaction, so a deposed leader writes nothing.
  * FERRY_ENOTFOUND when it does not lead (any more). */
 ferry_status ferry_election_write(ferry_election *e, const char *key, const char *value);
+/* The same for n keys in one transaction: all written, or none. etcd
+ * refuses more operations per transaction than its --max-txn-ops (128 by
+ * default) and the same key twice. */
+#define FERRY_ELECTION_TXN_MAX 128
+ferry_status ferry_election_write_many(ferry_election *e, size_t n, const char *const *keys,
+                                       const char *const *values);
 /* Calls each(ctx, key, value) for every key under prefix. */
 ferry_status ferry_election_scan(ferry_election *e, const char *prefix,
                                  void (*each)(void *ctx, const char *key, const char *value),

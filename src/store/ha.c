@@ -83,12 +83,21 @@ static long unhex(char *text) {
   return (long)n;
 }
 
-static int journal_write(store_ha *h, const char *kind, const char *name, size_t len,
-                         const char *record) {
-  char *key = journal_key(h, kind, name, len);
-  ferry_status st = key ? ferry_election_write(h->election, key, record)
-                        : ferry_fail(FERRY_ENOMEM, "store master: out of memory");
-  free(key);
+_Static_assert(STORE_JOURNAL_BATCH <= FERRY_ELECTION_TXN_MAX, "a journal batch is one transaction");
+
+/* n records of one kind (NULL: the key's record goes) in one transaction. */
+static int journal_write(store_ha *h, const char *kind, size_t n, const char *const *names,
+                         const size_t *lens, const char *const *records) {
+  char *keys[FERRY_ELECTION_TXN_MAX];
+  size_t made = 0;
+  while (made < n && made < FERRY_ELECTION_TXN_MAX &&
+         (keys[made] = journal_key(h, kind, names[made], lens[made])))
+    made++;
+  ferry_status st =
+      made == n ? ferry_election_write_many(h->election, n, (const char *const *)keys, records)
+                : ferry_fail(FERRY_ENOMEM, "store master: out of memory");
+  while (made)
+    free(keys[--made]);
   int failing = st != FERRY_OK;
   if (failing && !__atomic_exchange_n(&h->journal_failing, 1, __ATOMIC_RELAXED))
     FERRY_WARN("store master %s: cannot journal to etcd: %s (commits and new segments are "
@@ -99,12 +108,14 @@ static int journal_write(store_ha *h, const char *kind, const char *name, size_t
   return failing ? -1 : 0;
 }
 
-static int journal_object(void *ctx, const char *key, size_t len, const char *record) {
-  return journal_write(ctx, "objects/", key, len, record);
+static int journal_objects(void *ctx, size_t n, const char *const *keys, const size_t *lens,
+                           const char *const *records) {
+  return journal_write(ctx, "objects/", n, keys, lens, records);
 }
 
 static int journal_segment(void *ctx, const char *name, const char *record) {
-  return journal_write(ctx, "segments/", name, strlen(name), record);
+  size_t len = strlen(name);
+  return journal_write(ctx, "segments/", 1, &name, &len, &record);
 }
 
 typedef struct restoring {
@@ -151,7 +162,7 @@ static int restore(store_ha *h) {
                ferry_last_error());
     return -1;
   }
-  store_journal journal = {h, journal_object, journal_segment};
+  store_journal journal = {h, journal_objects, journal_segment};
   store_map_set_journal(map, &journal);
   uint32_t client_ttl_ms = h->cfg.client_ttl_ms ? h->cfg.client_ttl_ms : 10000;
   h->orphans_until = segs.done ? ferry_now_ns() + client_ttl_ms * 1000000ull : 0;
