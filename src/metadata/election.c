@@ -21,6 +21,7 @@ struct ferry_election {
   char *key;
   uint32_t ttl_s;
   long long lease; /* 0: not leading (atomic: the journal's writers read it) */
+  long long seen;  /* etcd's revision at the last read of the key (the campaigning thread's) */
 };
 
 ferry_status ferry_election_open(const char *endpoints, const char *key, uint32_t ttl_s,
@@ -67,6 +68,8 @@ static ferry_status read_key(ferry_election *e, char **value, long long *lease) 
   ferry_status st =
       ferry_etcd_call(e->etcd, "kv/range", ferry_etcd_key_request(e->key, NULL, 0), &reply);
   *value = st ? NULL : first_value(reply, lease);
+  if (!st)
+    e->seen = ferry_etcd_int64(json_object_get(reply, "header"), "revision");
   json_decref(reply);
   return st;
 }
@@ -136,6 +139,12 @@ ferry_status ferry_election_campaign(ferry_election *e, const char *value, char 
   __atomic_store_n(&e->lease, lease, __ATOMIC_RELEASE);
   *until_ns = sent + (uint64_t)ttl * 1000000000ull;
   return FERRY_OK;
+}
+
+ferry_status ferry_election_watch(ferry_election *e, uint32_t wait_ms) {
+  if (!e->seen)
+    return ferry_fail(FERRY_EINVAL, "leader election: %s not read yet", e->key);
+  return ferry_etcd_watch(e->etcd, e->key, e->seen, wait_ms);
 }
 
 ferry_status ferry_election_keep(ferry_election *e, uint64_t *until_ns) {

@@ -23,6 +23,12 @@ ferry_status ferry_election_open(const char *endpoints, const char *key, uint32_
  * asked, its value, malloc'd). Else etcd was not reached (the detail). */
 ferry_status ferry_election_campaign(ferry_election *e, const char *value, char **holder,
                                      uint64_t *until_ns);
+/* A standby's wait: returns once the key changed after the last
+ * campaign's read of it (FERRY_OK: campaign again), FERRY_ETIMEDOUT after
+ * wait_ms without a change, else etcd's failure. An etcd watch, so a
+ * standby wakes when the key goes instead of reading it in a loop. Call
+ * it from the thread that campaigns. */
+ferry_status ferry_election_watch(ferry_election *e, uint32_t wait_ms);
 /* The leader's keep-alive: FERRY_OK pushes *until_ns on (send time plus the
  * ttl etcd answered); FERRY_ENOTFOUND: the lease or the key is gone (lost
  * the lead: stop at once); else etcd was not reached (the old *until_ns

@@ -18,7 +18,12 @@
 #include "metadata/metadata.h"
 #include "store/map.h"
 
-#define STANDBY_POLL_MS 200 /* how often a standby looks at the leader key */
+/* A standby watches the leader key (etcd watch) and campaigns when it
+ * changes; at most STANDBY_WATCH_MS apart it reads the key anyway (a
+ * watch's end bounds how long stopping a standby waits). While watching
+ * fails (etcd down), it reads every STANDBY_POLL_MS instead. */
+#define STANDBY_WATCH_MS 1000
+#define STANDBY_POLL_MS 200
 
 struct store_ha {
   store_master_config cfg; /* the port fixed once the first master listens */
@@ -34,6 +39,7 @@ struct store_ha {
   uint64_t margin_ns; /* the fence ends this much before etcd's lease may */
   int leading;
   int reported; /* the role last logged: 1 standby, 2 etcd unreachable (the thread's) */
+  int watching; /* the standby's last watch worked (the thread's) */
   pthread_t thread;
   pthread_mutex_t lock;
   pthread_cond_t wake;
@@ -254,13 +260,17 @@ static void *ha_main(void *arg) {
   store_ha *h = arg;
   int unreachable = 0;
   pthread_mutex_lock(&h->lock);
-  while (!pause_ms(h, h->leading ? h->ttl_s * 1000ull / 3 : STANDBY_POLL_MS)) {
+  while (!pause_ms(h, h->leading                 ? h->ttl_s * 1000ull / 3
+                      : h->master && h->watching ? 0
+                                                 : STANDBY_POLL_MS)) {
     pthread_mutex_unlock(&h->lock);
     if (!h->master)
       ; /* could not listen again: nothing to lead with */
-    else if (!h->leading)
+    else if (!h->leading) {
+      ferry_status st = ferry_election_watch(h->election, STANDBY_WATCH_MS);
+      h->watching = st == FERRY_OK || st == FERRY_ETIMEDOUT;
       campaign(h);
-    else {
+    } else {
       keep_lead(h, &unreachable);
     }
     pthread_mutex_lock(&h->lock);

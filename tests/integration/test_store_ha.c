@@ -486,6 +486,53 @@ static void a_restarted_client_does_not_adopt_a_segment_not_its_memory(void **st
   master_stop(&b);
 }
 
+/* etcd's count of key reads so far (etcd_mvcc_range_total on its
+ * /metrics), by a plain HTTP/1.0 GET. */
+static double etcd_reads(void) {
+  int fd;
+  assert_int_equal(ferry_net_connect("127.0.0.1", etcd.port[0],
+                                     ferry_now_ns() + TEST_SETUP_MS * 1000000ull, &fd),
+                   FERRY_OK);
+  const char get[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  assert_int_equal(write(fd, get, sizeof get - 1), (ssize_t)(sizeof get - 1));
+  static char page[4 << 20];
+  size_t len = 0;
+  ssize_t n;
+  while (len < sizeof page - 1 && (n = read(fd, page + len, sizeof page - 1 - len)) > 0)
+    len += (size_t)n;
+  close(fd);
+  page[len] = '\0';
+  const char *at = strstr(page, "\netcd_mvcc_range_total ");
+  if (!at)
+    fail_msg("etcd's /metrics has no etcd_mvcc_range_total");
+  return strtod(at + strlen("\netcd_mvcc_range_total "), NULL);
+}
+
+/* A standby watches the leader key (an etcd watch) rather than reading it
+ * every 200 ms: over 3 s with a leader and a standby idle, etcd serves
+ * the leader's reads after its renewals (every third of its 2 s lease)
+ * and the standby's one read per watch that ends without a change (1 s),
+ * about 8; a standby reading every 200 ms alone makes 15. When the leader
+ * stops, the standby still leads at once. */
+static void a_standby_watches_the_leader_key(void **state) {
+  (void)state;
+  use_cluster("ha-watch");
+  master_proc a, b;
+  master_start(&a, "leader");
+  master_start(&b, "standby");
+  double before = etcd_reads(), from = test_now_s();
+  poll(NULL, 0, 3000); /* a window to count reads in, not an ordering */
+  double reads = etcd_reads() - before - 1, took = test_now_s() - from;
+  print_message("etcd reads in %.1f s with a leader and a standby: %.0f\n", took, reads);
+  if (reads > 12 * took / 3)
+    fail_msg("%.0f reads of etcd in %.1f s: the standby polls", reads, took);
+  double stopped = test_now_s();
+  master_stop(&a);
+  wait_for_leader(b.addr);
+  print_message("handover after SIGTERM with a watching standby: %.3f s\n", test_now_s() - stopped);
+  master_stop(&b);
+}
+
 /* A client given etcd://... with no master leading, or an etcd that does
  * not answer, fails at open naming why. */
 static void an_etcd_url_without_a_leader_is_refused(void **state) {
@@ -542,6 +589,7 @@ int main(void) {
       cmocka_unit_test(a_standby_serves_nobody),
       cmocka_unit_test(a_stalled_leader_serves_nothing_when_it_wakes),
       cmocka_unit_test(a_leader_that_stops_hands_over_at_once),
+      cmocka_unit_test(a_standby_watches_the_leader_key),
       cmocka_unit_test(an_etcd_url_without_a_leader_is_refused),
       cmocka_unit_test(a_commit_etcd_did_not_take_is_refused),
       cmocka_unit_test(a_restarted_client_does_not_adopt_a_segment_not_its_memory),
