@@ -308,6 +308,7 @@ static void add_register(buf *b, int client, const char *segment, uint64_t base,
   store_put_u64(&w, base);
   store_put_u64(&w, size);
   store_put_str(&w, segment, strlen(segment));
+  store_put_u64(&w, base ^ 0x5eed); /* the segment's nonce */
   add_request(b, client, 0, &w);
 }
 

@@ -21,6 +21,7 @@ struct ferry_election {
   char *key;
   uint32_t ttl_s;
   long long lease; /* 0: not leading (atomic: the journal's writers read it) */
+  long long seen;  /* etcd's revision at the last read of the key (the campaigning thread's) */
 };
 
 ferry_status ferry_election_open(const char *endpoints, const char *key, uint32_t ttl_s,
@@ -67,6 +68,8 @@ static ferry_status read_key(ferry_election *e, char **value, long long *lease) 
   ferry_status st =
       ferry_etcd_call(e->etcd, "kv/range", ferry_etcd_key_request(e->key, NULL, 0), &reply);
   *value = st ? NULL : first_value(reply, lease);
+  if (!st)
+    e->seen = ferry_etcd_int64(json_object_get(reply, "header"), "revision");
   json_decref(reply);
   return st;
 }
@@ -138,6 +141,12 @@ ferry_status ferry_election_campaign(ferry_election *e, const char *value, char 
   return FERRY_OK;
 }
 
+ferry_status ferry_election_watch(ferry_election *e, uint32_t wait_ms) {
+  if (!e->seen)
+    return ferry_fail(FERRY_EINVAL, "leader election: %s not read yet", e->key);
+  return ferry_etcd_watch(e->etcd, e->key, e->seen, wait_ms);
+}
+
 ferry_status ferry_election_keep(ferry_election *e, uint64_t *until_ns) {
   long long lease = __atomic_load_n(&e->lease, __ATOMIC_ACQUIRE);
   if (!lease)
@@ -168,25 +177,42 @@ ferry_status ferry_election_keep(ferry_election *e, uint64_t *until_ns) {
 }
 
 ferry_status ferry_election_write(ferry_election *e, const char *key, const char *value) {
+  return ferry_election_write_many(e, 1, &key, &value);
+}
+
+/* {"request_put": key=value} or {"request_delete_range": key}; NULL: no memory. */
+static json_t *write_op(const char *key, const char *value) {
+  json_t *req = ferry_etcd_key_request(key, value, 0);
+  json_t *op = req ? json_object() : NULL;
+  if (op && !json_object_set_new(op, value ? "request_put" : "request_delete_range", req))
+    return op;
+  json_decref(op);
+  json_decref(req);
+  return NULL;
+}
+
+ferry_status ferry_election_write_many(ferry_election *e, size_t n, const char *const *keys,
+                                       const char *const *values) {
   long long lease = __atomic_load_n(&e->lease, __ATOMIC_ACQUIRE);
   if (!lease)
     return ferry_fail(FERRY_ENOTFOUND, "leader election: %s is not held", e->key);
   json_t *cmp = ferry_etcd_key_request(e->key, NULL, lease);
-  json_t *op = ferry_etcd_key_request(key, value, 0);
-  if (!cmp || !op || json_object_set_new(cmp, "target", json_string("LEASE")) ||
-      json_object_set_new(cmp, "result", json_string("EQUAL"))) {
+  json_t *ops = json_array();
+  int bad = !cmp || !ops || json_object_set_new(cmp, "target", json_string("LEASE")) ||
+            json_object_set_new(cmp, "result", json_string("EQUAL"));
+  for (size_t i = 0; i < n && !bad; i++)
+    bad = json_array_append_new(ops, write_op(keys[i], values[i])) != 0;
+  if (bad) {
     json_decref(cmp);
-    json_decref(op);
+    json_decref(ops);
     return ferry_fail(FERRY_ENOMEM, "leader election: out of memory");
   }
   json_t *reply = NULL;
-  ferry_status st = ferry_etcd_call(e->etcd, "kv/txn",
-                                    json_pack("{s:[o],s:[{s:o}]}", "compare", cmp, "success",
-                                              value ? "request_put" : "request_delete_range", op),
-                                    &reply);
+  ferry_status st = ferry_etcd_call(
+      e->etcd, "kv/txn", json_pack("{s:[o],s:o}", "compare", cmp, "success", ops), &reply);
   if (!st && !json_is_true(json_object_get(reply, "succeeded")))
-    st = ferry_fail(FERRY_ENOTFOUND, "leader election: not writing %s: %s is no longer ours", key,
-                    e->key);
+    st = ferry_fail(FERRY_ENOTFOUND, "leader election: not writing %s%s: %s is no longer ours",
+                    keys[0], n > 1 ? " and the rest of its batch" : "", e->key);
   json_decref(reply);
   return st;
 }

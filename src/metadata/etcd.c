@@ -336,6 +336,43 @@ ferry_status ferry_etcd_call(void *state, const char *path, json_t *req, json_t 
   return call(state, path, req, out);
 }
 
+/* A watch's reply so far tells of a change of the key: an event, or the
+ * watch cancelled (its start compacted away: the caller reads again). */
+static int watch_saw_change(const ferry_http_reply *r, void *arg) {
+  (void)arg;
+  return strstr(r->data, "\"events\"") || strstr(r->data, "\"canceled\"");
+}
+
+ferry_status ferry_etcd_watch(void *state, const char *key, long long after, long wait_ms) {
+  etcd_store *s = state;
+  json_t *req = key_request(key, NULL, 0);
+  char rev[24];
+  snprintf(rev, sizeof rev, "%lld", after + 1);
+  char *body = NULL;
+  if (req && !json_object_set_new(req, "start_revision", json_string(rev))) {
+    json_t *watch = json_pack("{s:O}", "create_request", req);
+    body = watch ? json_dumps(watch, JSON_COMPACT) : NULL;
+    json_decref(watch);
+  }
+  json_decref(req);
+  if (!body)
+    return ferry_fail(FERRY_ENOMEM, "metadata %s watch: out of memory", s->url);
+  char url[512];
+  snprintf(url, sizeof url, "%s/v3/watch",
+           s->endpoints[__atomic_load_n(&s->current, __ATOMIC_RELAXED)]);
+  ferry_http_reply r = {.timeout_ms = wait_ms, .enough = watch_saw_change};
+  CURLcode rc = ferry_httpc_perform(s->pool, "POST", url, body, "application/json", &r);
+  free(body);
+  free(r.data);
+  if (r.stopped)
+    return FERRY_OK;
+  if (rc == CURLE_OPERATION_TIMEDOUT)
+    return ferry_fail(FERRY_ETIMEDOUT, "metadata %s (%s): no change of the key in %ld ms", s->url,
+                      url, wait_ms);
+  return ferry_fail(FERRY_EMETADATA, "metadata %s (%s): %s", s->url, url,
+                    rc == CURLE_OK ? "the watch ended" : ferry_httpc_strerror(rc));
+}
+
 json_t *ferry_etcd_key_request(const char *key, const char *value, long long lease) {
   return key_request(key, value, lease);
 }

@@ -11,6 +11,11 @@
 
 /* POSTs req (consumed) to /v3/<path>; *out the reply object. */
 ferry_status ferry_etcd_call(void *state, const char *path, json_t *req, json_t **out);
+/* Watches key from revision after + 1 (on the member that answered last):
+ * FERRY_OK once it changed (put, delete, or the watch cancelled),
+ * FERRY_ETIMEDOUT when nothing changed within wait_ms, else
+ * FERRY_EMETADATA naming the member. */
+ferry_status ferry_etcd_watch(void *state, const char *key, long long after, long wait_ms);
 /* {"key": base64(key)}, plus "value" and "lease" when given (NULL, 0: none). */
 json_t *ferry_etcd_key_request(const char *key, const char *value, long long lease);
 /* An int64 field the gateway sends as a string; 0 when absent. */

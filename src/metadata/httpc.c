@@ -145,6 +145,10 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata) {
   memcpy(r->data + r->len, ptr, n);
   r->len += n;
   r->data[r->len] = '\0';
+  if (r->enough && r->enough(r, r->enough_arg)) {
+    r->stopped = 1;
+    return 0;
+  }
   return n;
 }
 
@@ -156,7 +160,7 @@ CURLcode ferry_httpc_perform(ferry_httpc *h, const char *method, const char *url
   curl.easy_setopt(c, CURLOPT_URL, url);
   curl.easy_setopt(c, CURLOPT_NOSIGNAL, 1L); /* no SIGALRM in a threaded process */
   curl.easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, h->connect_ms);
-  curl.easy_setopt(c, CURLOPT_TIMEOUT_MS, h->total_ms);
+  curl.easy_setopt(c, CURLOPT_TIMEOUT_MS, r->timeout_ms ? r->timeout_ms : h->total_ms);
   curl.easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
   curl.easy_setopt(c, CURLOPT_WRITEDATA, r);
   if (strcmp(method, "GET") == 0)

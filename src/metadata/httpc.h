@@ -11,12 +11,21 @@
 
 typedef struct ferry_httpc ferry_httpc;
 
-typedef struct ferry_http_reply {
+typedef struct ferry_http_reply ferry_http_reply;
+struct ferry_http_reply {
   char *data; /* NUL-terminated body, malloc'd; NULL when empty */
   size_t len, cap;
   int too_big;
   long code; /* HTTP status, 0 when no answer came */
-} ferry_http_reply;
+  /* In: bounds this request instead of the pool's total_ms (0: the pool's). */
+  long timeout_ms;
+  /* In, for a streamed reply (an etcd watch): called after each piece with
+   * the body so far; nonzero ends the request there, with `stopped` set
+   * (curl's result is then CURLE_WRITE_ERROR). */
+  int (*enough)(const struct ferry_http_reply *r, void *arg);
+  void *enough_arg;
+  int stopped;
+};
 
 /* Loads libcurl and runs curl_global_init, once; FERRY_OK, FERRY_ENOTIMPL
  * (no libcurl here) or FERRY_EMETADATA naming url. Before any call below. */

@@ -67,6 +67,10 @@ static ferry_status exchange(ferry_store *s, store_writer *w, uint32_t count, fe
   return FERRY_OK;
 }
 
+/* What a master of store protocol 3 or older answers a REGISTER with the
+ * fields it does not know (its version check comes after the parse). */
+#define OLD_MASTERS_REFUSAL "malformed REGISTER"
+
 static ferry_status register_segment(ferry_store *s) {
   store_writer w = {0};
   const char *name = ferry_engine_name(s->engine);
@@ -75,13 +79,21 @@ static ferry_status register_segment(ferry_store *s) {
   store_put_u64(&w, (uint64_t)(uintptr_t)s->segment);
   store_put_u64(&w, s->segment_size);
   store_put_str(&w, name, strnlen(name, STORE_NAME_MAX));
+  store_put_u64(&w, s->segment_nonce);
   ferry_frame_header h;
   uint8_t *body;
   ferry_status st = exchange(s, &w, 0, &h, &body, "store REGISTER");
   if (st)
     return st;
   store_reader r = {body, (size_t)h.body_len, 0};
-  if (h.status)
+  if (h.status == FERRY_EPROTO && h.body_len == strlen(OLD_MASTERS_REFUSAL) &&
+      !memcmp(body, OLD_MASTERS_REFUSAL, h.body_len))
+    st = ferry_fail(FERRY_EVERSION,
+                    "store REGISTER refused by store master %s: it speaks an older store protocol "
+                    "than this client's %d (it cannot read the REGISTER: \"%s\"); run the same "
+                    "ferry on the master and its clients",
+                    s->master, STORE_PROTOCOL_VERSION, OLD_MASTERS_REFUSAL);
+  else if (h.status)
     st = ferry_fail((ferry_status)h.status, "store REGISTER refused by store master %s: %.*s%s",
                     s->master, (int)h.body_len, (const char *)body,
                     h.status == FERRY_EBUSY && s->conn
@@ -313,6 +325,10 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
     st = ferry_fail(FERRY_ENOMEM, "ferry_store_open: out of memory");
   if (!st && s->segment_size)
     st = ferry_memory_alloc(engine, s->segment_size, &s->segment);
+  /* Names this segment's memory (not its address: a client restarted on
+   * the same name may get the same one) for as long as it lives. */
+  while (!st && s->segment_size && !s->segment_nonce)
+    s->segment_nonce = ferry_random_u64();
   if (!st)
     st = ferry_memory_alloc(engine, s->staging_size, &s->staging);
   if (!st) {

@@ -33,6 +33,7 @@ struct ferry_store {
   /* This client's segment, registered on engine (NULL when none). */
   void *segment;
   size_t segment_size;
+  uint64_t segment_nonce; /* random, chosen at open; REGISTER sends it (HA's adoption) */
   /* Staging for put/get of memory that is not registered. */
   pthread_mutex_t staging_lock;
   void *staging;

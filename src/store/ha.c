@@ -18,7 +18,12 @@
 #include "metadata/metadata.h"
 #include "store/map.h"
 
-#define STANDBY_POLL_MS 200 /* how often a standby looks at the leader key */
+/* A standby watches the leader key (etcd watch) and campaigns when it
+ * changes; at most STANDBY_WATCH_MS apart it reads the key anyway (a
+ * watch's end bounds how long stopping a standby waits). While watching
+ * fails (etcd down), it reads every STANDBY_POLL_MS instead. */
+#define STANDBY_WATCH_MS 1000
+#define STANDBY_POLL_MS 200
 
 struct store_ha {
   store_master_config cfg; /* the port fixed once the first master listens */
@@ -34,6 +39,7 @@ struct store_ha {
   uint64_t margin_ns; /* the fence ends this much before etcd's lease may */
   int leading;
   int reported; /* the role last logged: 1 standby, 2 etcd unreachable (the thread's) */
+  int watching; /* the standby's last watch worked (the thread's) */
   pthread_t thread;
   pthread_mutex_t lock;
   pthread_cond_t wake;
@@ -83,12 +89,21 @@ static long unhex(char *text) {
   return (long)n;
 }
 
-static int journal_write(store_ha *h, const char *kind, const char *name, size_t len,
-                         const char *record) {
-  char *key = journal_key(h, kind, name, len);
-  ferry_status st = key ? ferry_election_write(h->election, key, record)
-                        : ferry_fail(FERRY_ENOMEM, "store master: out of memory");
-  free(key);
+_Static_assert(STORE_JOURNAL_BATCH <= FERRY_ELECTION_TXN_MAX, "a journal batch is one transaction");
+
+/* n records of one kind (NULL: the key's record goes) in one transaction. */
+static int journal_write(store_ha *h, const char *kind, size_t n, const char *const *names,
+                         const size_t *lens, const char *const *records) {
+  char *keys[FERRY_ELECTION_TXN_MAX];
+  size_t made = 0;
+  while (made < n && made < FERRY_ELECTION_TXN_MAX &&
+         (keys[made] = journal_key(h, kind, names[made], lens[made])))
+    made++;
+  ferry_status st =
+      made == n ? ferry_election_write_many(h->election, n, (const char *const *)keys, records)
+                : ferry_fail(FERRY_ENOMEM, "store master: out of memory");
+  while (made)
+    free(keys[--made]);
   int failing = st != FERRY_OK;
   if (failing && !__atomic_exchange_n(&h->journal_failing, 1, __ATOMIC_RELAXED))
     FERRY_WARN("store master %s: cannot journal to etcd: %s (commits and new segments are "
@@ -99,12 +114,14 @@ static int journal_write(store_ha *h, const char *kind, const char *name, size_t
   return failing ? -1 : 0;
 }
 
-static int journal_object(void *ctx, const char *key, size_t len, const char *record) {
-  return journal_write(ctx, "objects/", key, len, record);
+static int journal_objects(void *ctx, size_t n, const char *const *keys, const size_t *lens,
+                           const char *const *records) {
+  return journal_write(ctx, "objects/", n, keys, lens, records);
 }
 
 static int journal_segment(void *ctx, const char *name, const char *record) {
-  return journal_write(ctx, "segments/", name, strlen(name), record);
+  size_t len = strlen(name);
+  return journal_write(ctx, "segments/", 1, &name, &len, &record);
 }
 
 typedef struct restoring {
@@ -151,7 +168,7 @@ static int restore(store_ha *h) {
                ferry_last_error());
     return -1;
   }
-  store_journal journal = {h, journal_object, journal_segment};
+  store_journal journal = {h, journal_objects, journal_segment};
   store_map_set_journal(map, &journal);
   uint32_t client_ttl_ms = h->cfg.client_ttl_ms ? h->cfg.client_ttl_ms : 10000;
   h->orphans_until = segs.done ? ferry_now_ns() + client_ttl_ms * 1000000ull : 0;
@@ -254,13 +271,17 @@ static void *ha_main(void *arg) {
   store_ha *h = arg;
   int unreachable = 0;
   pthread_mutex_lock(&h->lock);
-  while (!pause_ms(h, h->leading ? h->ttl_s * 1000ull / 3 : STANDBY_POLL_MS)) {
+  while (!pause_ms(h, h->leading                 ? h->ttl_s * 1000ull / 3
+                      : h->master && h->watching ? 0
+                                                 : STANDBY_POLL_MS)) {
     pthread_mutex_unlock(&h->lock);
     if (!h->master)
       ; /* could not listen again: nothing to lead with */
-    else if (!h->leading)
+    else if (!h->leading) {
+      ferry_status st = ferry_election_watch(h->election, STANDBY_WATCH_MS);
+      h->watching = st == FERRY_OK || st == FERRY_ETIMEDOUT;
       campaign(h);
-    else {
+    } else {
       keep_lead(h, &unreachable);
     }
     pthread_mutex_lock(&h->lock);

@@ -47,6 +47,7 @@ typedef struct segment {
   uint64_t client;
   char name[STORE_NAME_MAX + 1];
   uint64_t base, size;
+  uint64_t nonce; /* its client's name for this memory (REGISTER); 0: not known */
   store_extents space;
 } segment;
 
@@ -145,15 +146,14 @@ void store_map_set_journal(store_map *m, const store_journal *journal) {
   pthread_mutex_unlock(&m->lock);
 }
 
-/* o's record: "SIZE PIN ON_DISK N", then " OFFSET HEX(SEGMENT NAME)" per
- * replica (a name may hold any byte but NUL). 0 when journaled or off. */
-static int journal_object(store_map *m, object *o) {
-  if (!m->journal.object)
-    return 0;
+/* o's record (malloc'd; NULL: no memory): "SIZE PIN ON_DISK N", then
+ * " OFFSET HEX(SEGMENT NAME)" per replica (a name may hold any byte but
+ * NUL). */
+static char *record_of(const object *o) {
   size_t cap = 64 + o->replicas * (24 + 2 * STORE_NAME_MAX);
   char *rec = malloc(cap);
   if (!rec)
-    return -1;
+    return NULL;
   size_t n = (size_t)snprintf(rec, cap, "%llu %u %u %u", (unsigned long long)o->size, o->pin,
                               o->on_disk, o->replicas);
   for (unsigned i = 0; i < o->replicas; i++) {
@@ -161,15 +161,37 @@ static int journal_object(store_map *m, object *o) {
     for (const char *c = o->rep[i].seg->name; *c; c++)
       n += (size_t)snprintf(rec + n, cap - n, "%02x", (uint8_t)*c);
   }
-  int rc = m->journal.object(m->journal.ctx, key_of(o), o->key_len, rec);
-  free(rec);
+  return rec;
+}
+
+/* n objects' records (gone: NULL records, they left), in one write of the
+ * journal. 0 when journaled or off. */
+static int journal_batch(store_map *m, object *const *os, size_t n, int gone) {
+  if (!m->journal.objects || n == 0)
+    return 0;
+  const char *keys[STORE_JOURNAL_BATCH] = {0};
+  size_t lens[STORE_JOURNAL_BATCH] = {0};
+  char *recs[STORE_JOURNAL_BATCH] = {0};
+  int rc = 0;
+  for (size_t i = 0; i < n; i++) {
+    keys[i] = key_of(os[i]);
+    lens[i] = os[i]->key_len;
+    if (!gone && !(recs[i] = record_of(os[i])))
+      rc = -1;
+  }
+  if (rc == 0)
+    rc = m->journal.objects(m->journal.ctx, n, keys, lens, (const char *const *)recs);
+  for (size_t i = 0; i < n; i++)
+    free(recs[i]);
   return rc;
 }
 
+static int journal_object(store_map *m, object *o) { return journal_batch(m, &o, 1, 0); }
+
 /* A committed object left the map: its record goes (a pending one has none). */
 static void journal_gone(store_map *m, object *o) {
-  if (m->journal.object && !o->writer)
-    m->journal.object(m->journal.ctx, key_of(o), o->key_len, NULL);
+  if (!o->writer)
+    journal_batch(m, &o, 1, 1);
 }
 
 /* Gives the replicas' space back; returns the largest free extent that
@@ -555,7 +577,7 @@ static segment *find_segment(store_map *m, const char *name, size_t len) {
 }
 
 static segment *mount(store_map *m, uint64_t client, const char *name, size_t name_len,
-                      uint64_t base, uint64_t length) {
+                      uint64_t base, uint64_t length, uint64_t nonce) {
   segment *s = calloc(1, sizeof *s);
   if (!s || store_extents_init(&s->space, length) != 0) {
     free(s);
@@ -565,33 +587,46 @@ static segment *mount(store_map *m, uint64_t client, const char *name, size_t na
   memcpy(s->name, name, name_len);
   s->base = base;
   s->size = length;
+  s->nonce = nonce;
   s->next = m->segments;
   m->segments = s;
   return s;
 }
 
-/* s's record, "BASE SIZE"; NULL record: it left. */
+/* s's record, "BASE SIZE NONCE"; NULL record: it left. */
 static int journal_segment(store_map *m, segment *s) {
   if (!m->journal.segment)
     return 0;
-  char rec[48];
-  snprintf(rec, sizeof rec, "%llu %llu", (unsigned long long)s->base, (unsigned long long)s->size);
+  char rec[72];
+  snprintf(rec, sizeof rec, "%llu %llu %llu", (unsigned long long)s->base,
+           (unsigned long long)s->size, (unsigned long long)s->nonce);
   return m->journal.segment(m->journal.ctx, s->name, rec);
 }
 
+/* Whether a REGISTER of (base, length, nonce) is the memory of a segment
+ * the journal restored. A record of a master older than the nonce (0)
+ * is matched by address and length alone. */
+static int adopts(const segment *s, uint64_t base, uint64_t length, uint64_t nonce) {
+  return s->base == base && s->size == length && (!s->nonce || s->nonce == nonce);
+}
+
+static size_t drop_client(store_map *m, uint64_t client);
+
 static ferry_status serve_register(store_map *m, uint64_t client, store_reader *r,
                                    store_writer *reply, char *why, size_t size) {
+  /* The version first: another version's fields may differ. */
   uint16_t version = store_get_u16(r);
+  if (!r->bad && version != STORE_PROTOCOL_VERSION)
+    return snprintf(why, size, "store protocol version %u; this master speaks %d", version,
+                    STORE_PROTOCOL_VERSION),
+           FERRY_EVERSION;
   uint64_t base = store_get_u64(r), length = store_get_u64(r);
   const char *name;
   size_t name_len;
   store_get_str(r, &name, &name_len, STORE_NAME_MAX);
+  uint64_t nonce = store_get_u64(r);
   if (r->bad || r->left)
     return snprintf(why, size, "malformed REGISTER"), FERRY_EPROTO;
-  if (version != STORE_PROTOCOL_VERSION)
-    return snprintf(why, size, "store protocol version %u; this master speaks %d", version,
-                    STORE_PROTOCOL_VERSION),
-           FERRY_EVERSION;
   if (length > 0) {
     if (name_len == 0 || memchr(name, '\0', name_len) || base + length < base)
       return snprintf(why, size,
@@ -600,13 +635,24 @@ static ferry_status serve_register(store_map *m, uint64_t client, store_reader *
                       (unsigned long long)length, (unsigned long long)base),
              FERRY_EINVAL;
     segment *s = find_segment(m, name, name_len);
-    if (s && s->client & STORE_ORPHAN && s->base == base && s->size == length)
+    if (s && s->client & STORE_ORPHAN && !adopts(s, base, length, nonce)) {
+      /* HA: a client of the same name whose memory is not the one the
+       * journal named (restarted, the same address maybe): what lived
+       * there is gone with the old process, not in this memory. */
+      size_t dropped = drop_client(m, s->client);
+      FERRY_WARN("store master: segment %.*s registered again by other memory than the journal "
+                 "named (not the same client process): dropped it and %zu object(s) with "
+                 "replicas there",
+                 (int)name_len, name, dropped);
+      s = NULL;
+    }
+    if (s && s->client & STORE_ORPHAN)
       s->client = client; /* HA: the segment the journal named, back with its objects */
     else if (s)
       return snprintf(why, size, "segment %.*s is mounted already, by another client",
                       (int)name_len, name),
              FERRY_EBUSY;
-    else if (!(s = mount(m, client, name, name_len, base, length)))
+    else if (!(s = mount(m, client, name, name_len, base, length, nonce)))
       return snprintf(why, size, "master out of memory"), FERRY_ENOMEM;
     else if (journal_segment(m, s) != 0) {
       m->segments = s->next;
@@ -848,30 +894,98 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, int upsert, s
   return FERRY_OK;
 }
 
-/* PUT_END: outcome 0 commits the writer's pending object (an upsert's
- * replaces the committed one; on_disk: its writer wrote its file), else
- * frees it. */
-static ferry_status end_one(store_map *m, uint64_t client, const char *key, size_t len,
-                            int32_t outcome, uint8_t on_disk) {
+/* A PUT_END's commits, journaled STORE_JOURNAL_BATCH at a time (HA: one
+ * etcd transaction each, not one per key). Until then each object's writer
+ * carries ENDING, so find() by its writer no longer sees it (as once it is
+ * committed: the same key twice in one PUT_END ends it once). */
+#define ENDING (1ull << 62)
+
+typedef struct ending {
+  object *o[STORE_JOURNAL_BATCH];
+  int32_t *status[STORE_JOURNAL_BATCH]; /* each one's reply entry */
+  size_t n;
+} ending;
+
+/* Journals the collected commits in one write, then commits them all, or
+ * (not journaled: a new leader would not know them) frees them all, each
+ * answered FERRY_EMETADATA (an upsert's old value stays, and its record). */
+static void commit_ending(store_map *m, ending *e, uint64_t client) {
+  int journaled = journal_batch(m, e->o, e->n, 0) == 0;
+  uint64_t now = ferry_now_ns();
+  for (size_t i = 0; i < e->n; i++) {
+    object *o = e->o[i];
+    o->writer = client;
+    object **at = find(m, key_of(o), o->key_len, client), **old;
+    if (!journaled) {
+      unlink_object(m, at);
+      *e->status[i] = FERRY_EMETADATA;
+      continue;
+    }
+    /* Retired before the commit: find() must tell them apart; its record is o's now. */
+    if ((old = find(m, key_of(o), o->key_len, COMMITTED)))
+      retire(m, old, now);
+    commit(m, o, now);
+  }
+  e->n = 0;
+}
+
+/* One PUT_END entry: outcome 0 readies the writer's pending object for
+ * its commit (an upsert's replaces the committed one; on_disk: its writer
+ * wrote its file), else frees it. */
+static void end_one(store_map *m, uint64_t client, const char *key, size_t len, int32_t outcome,
+                    uint8_t on_disk, ending *e, int32_t *status) {
   object **at = find(m, key, len, client);
-  if (!at)
-    return FERRY_ENOTFOUND; /* revoked: its segment left, or never started here */
-  if (outcome != 0) {
-    unlink_object(m, at);
-    return FERRY_OK;
+  *status = at ? FERRY_OK : FERRY_ENOTFOUND; /* revoked: its segment left, or never started here */
+  if (!at || outcome != 0) {
+    if (at)
+      unlink_object(m, at);
+    return;
   }
   object *o = *at;
   o->on_disk = m->fs_dir && on_disk;
-  uint64_t now = ferry_now_ns();
   object **old = find(m, key, len, COMMITTED);
-  settle_pin(o, old ? *old : NULL, now); /* still pending: on no list yet */
-  if (journal_object(m, o) != 0) {       /* HA: a commit a new leader would not know */
-    unlink_object(m, at);                /* (an upsert's old value stays, and its record) */
-    return FERRY_EMETADATA;
+  settle_pin(o, old ? *old : NULL, ferry_now_ns()); /* still pending: on no list yet */
+  o->writer |= ENDING;
+  e->o[e->n] = o;
+  e->status[e->n++] = status;
+  if (e->n == STORE_JOURNAL_BATCH)
+    commit_ending(m, e, client);
+}
+
+static ferry_status serve_put_end(store_map *m, uint64_t client, store_reader *r, uint32_t count,
+                                  store_writer *reply, char *why, size_t size) {
+  int32_t *status = calloc(count ? count : 1, sizeof *status);
+  uint8_t *revoked = calloc(count ? count : 1, 1); /* for the metrics: a failed write's end */
+  ending *e = malloc(sizeof *e);
+  if (!status || !revoked || !e) {
+    free(status);
+    free(revoked);
+    free(e);
+    return snprintf(why, size, "master out of memory"), FERRY_ENOMEM;
   }
-  if (old)
-    retire(m, old, now); /* before the commit: find() must tell them apart; its record is o's now */
-  commit(m, o, now);
+  e->n = 0;
+  uint32_t i;
+  for (i = 0; i < count; i++) {
+    const char *key;
+    size_t len;
+    store_get_str(r, &key, &len, STORE_KEY_MAX);
+    int32_t outcome = (int32_t)store_get_u32(r);
+    uint8_t on_disk = store_get_u8(r);
+    if (r->bad)
+      break;
+    revoked[i] = outcome != 0;
+    end_one(m, client, key, len, outcome, on_disk, e, &status[i]);
+  }
+  commit_ending(m, e, client); /* the entries before a malformed one too */
+  for (uint32_t j = 0; j < i; j++)
+    count_op(m, revoked[j] ? STORE_COUNT_REVOKE : STORE_PUT_END, status[j]);
+  for (uint32_t j = 0; j < i && !r->bad; j++)
+    store_put_u32(reply, (uint32_t)status[j]);
+  free(revoked);
+  free(status);
+  free(e);
+  if (r->bad)
+    return snprintf(why, size, "malformed entry %u", i), FERRY_EPROTO;
   return FERRY_OK;
 }
 
@@ -884,23 +998,17 @@ static ferry_status remove_one(store_map *m, object **at) {
   return FERRY_OK;
 }
 
-/* Entries of one key each (PUT_END, GET, QUERY, REMOVE, DROP_FILE). */
+/* Entries of one key each (GET, QUERY, REMOVE, DROP_FILE; PUT_END: serve_put_end). */
 static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_reader *r,
                                uint32_t count, store_writer *reply, char *why, size_t size) {
+  if (op == STORE_PUT_END)
+    return serve_put_end(m, client, r, count, reply, why, size);
   for (uint32_t i = 0; i < count; i++) {
     const char *key;
     size_t len;
     store_get_str(r, &key, &len, STORE_KEY_MAX);
-    int32_t outcome = op == STORE_PUT_END ? (int32_t)store_get_u32(r) : 0;
-    uint8_t on_disk = op == STORE_PUT_END ? store_get_u8(r) : 0;
     if (r->bad)
       return snprintf(why, size, "malformed entry %u", i), FERRY_EPROTO;
-    if (op == STORE_PUT_END) {
-      ferry_status st = end_one(m, client, key, len, outcome, on_disk);
-      count_op(m, outcome ? STORE_COUNT_REVOKE : STORE_PUT_END, st);
-      store_put_u32(reply, (uint32_t)st);
-      continue;
-    }
     object **at = find(m, key, len, COMMITTED); /* pending ones are invisible */
     if (op == STORE_REMOVE || op == STORE_DROP_FILE) {
       ferry_status st = op == STORE_REMOVE ? remove_one(m, at) : drop_file(m, at);
@@ -1022,8 +1130,15 @@ static int loses_client(store_map *m, object *o, uint64_t client) {
 }
 
 size_t store_map_drop_client(store_map *m, uint64_t client) {
-  size_t dropped = 0;
   pthread_mutex_lock(&m->lock);
+  size_t dropped = drop_client(m, client);
+  pthread_mutex_unlock(&m->lock);
+  return dropped;
+}
+
+/* Under m->lock. */
+static size_t drop_client(store_map *m, uint64_t client) {
+  size_t dropped = 0;
   for (size_t b = 0; b < m->bucket_count; b++)
     for (object **at = &m->buckets[b]; *at;) {
       if (loses_client(m, *at, client)) {
@@ -1055,19 +1170,18 @@ size_t store_map_drop_client(store_map *m, uint64_t client) {
       at = &s->next;
     }
   }
-  pthread_mutex_unlock(&m->lock);
   return dropped;
 }
 
 /* ---- a new leader's restore (HA) ------------------------------------------------------------ */
 
 int store_map_restore_segment(store_map *m, uint64_t orphan, const char *name, const char *record) {
-  unsigned long long base, size;
+  unsigned long long base, size, nonce = 0; /* no nonce: a record of an older master */
   size_t len = strlen(name);
-  if (sscanf(record, "%llu %llu", &base, &size) != 2 || !len || len > STORE_NAME_MAX)
+  if (sscanf(record, "%llu %llu %llu", &base, &size, &nonce) < 2 || !len || len > STORE_NAME_MAX)
     return -1;
   pthread_mutex_lock(&m->lock);
-  int rc = find_segment(m, name, len) || !mount(m, orphan, name, len, base, size) ? -1 : 0;
+  int rc = find_segment(m, name, len) || !mount(m, orphan, name, len, base, size, nonce) ? -1 : 0;
   pthread_mutex_unlock(&m->lock);
   return rc;
 }

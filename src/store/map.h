@@ -64,15 +64,19 @@ void store_map_stats_get(store_map *m, store_map_stats *out);
 
 /* The journal (HA, ha.c; docs/store.md "High availability"): told every
  * change a new leader must not lose, under the map's lock, before the
- * request is answered. object: key's record (NULL: the object left);
+ * request is answered. objects: n keys' records (NULL: the object left),
+ * all or none (HA: one etcd transaction; n at most STORE_JOURNAL_BATCH);
  * segment: a mounted segment's record (NULL: it left). A record is one
  * line that store_map_restore_* read back. Each returns 0, or -1 when the
  * change is not journaled: a commit or a REGISTER is then refused (the
  * put fails, nothing is committed); a removal goes on (its record stays
- * behind, and a new leader restores an object that was removed). */
+ * behind, and a new leader restores an object that was removed). A
+ * PUT_END of many keys journals its commits STORE_JOURNAL_BATCH at a time. */
+#define STORE_JOURNAL_BATCH 128 /* etcd's --max-txn-ops by default */
 typedef struct store_journal {
   void *ctx;
-  int (*object)(void *ctx, const char *key, size_t len, const char *record);
+  int (*objects)(void *ctx, size_t n, const char *const *keys, const size_t *lens,
+                 const char *const *records);
   int (*segment)(void *ctx, const char *name, const char *record);
 } store_journal;
 /* NULL turns it off (before a master that lost the lead drops everything). */

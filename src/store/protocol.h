@@ -7,7 +7,7 @@
  *
  *   op          fields                          entry                reply entry
  *   REGISTER    u16 version, u64 base, u64 size,
- *               str segment name                (none)               u32 lease ms | u32 ping ms |
+ *               str segment name, u64 nonce     (none)               u32 lease ms | u32 ping ms |
  *                                                                    str files' dir ("": none)
  *   PING        -                               (none)               (none)
  *   PUT_START   u8 replicas, str preferred,     str key | u64 size   i32 status | replicas, or
@@ -30,6 +30,12 @@
  * ENABLE, one above its maximum) refuses the whole request (FERRY_EINVAL).
  * UPSERT_START always places a new value (a stored key's too: its PUT_END
  * replaces the old one); PUT_END ends both.
+ * REGISTER's nonce: random, chosen by the client for its segment's memory
+ * at open and kept across its reconnects (0: no segment); after an HA
+ * failover the new leader gives a restored segment back only to a REGISTER
+ * of its name, address, size and nonce. The version is read first: a
+ * REGISTER of another version is refused with FERRY_EVERSION whatever
+ * follows it.
  * A GET entry with no replicas and "on disk": the object is in its file
  * only (disk.h). DROP_FILE: the caller found the key's file missing or
  * damaged. Everything decoded comes from the network: the reader fails (and
@@ -44,8 +50,8 @@
 #include "wire/wire.h"
 
 #define STORE_PROTOCOL_VERSION                                                                     \
-  3 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START,                      \
-       soft pin actions and TTLs */
+  4 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START,                      \
+       soft pin actions and TTLs; 4: REGISTER's segment nonce */
 #define STORE_KEY_MAX 1024   /* bytes of a key */
 #define STORE_BATCH_MAX 4096 /* entries of one frame; a client cuts larger batches */
 #define STORE_REPLICAS_MAX 8 /* replicas of one object */

@@ -335,6 +335,7 @@ static void raw_register(store_writer *w, uint16_t version) {
   store_put_u64(w, 0);
   store_put_u64(w, 0);
   store_put_str(w, "", 0);
+  store_put_u64(w, 0); /* nonce: no segment */
 }
 
 /* Connects and registers without a segment. */
@@ -1169,11 +1170,15 @@ static void a_hostile_client_hurts_only_itself(void **state) {
     assert_false(raw_survives(&r, frames[i].count, frames[i].body, frames[i].len));
     close(r.fd);
   }
-  /* A client of the store protocol before this one: refused by version,
-   * its connection kept. */
+  /* A client of the store protocol before this one (its REGISTER had no
+   * nonce): refused by version, not as malformed, its connection kept. */
   raw_connect(&r, t.m.addr);
   store_writer old = {0};
-  raw_register(&old, STORE_PROTOCOL_VERSION - 1);
+  store_put_u8(&old, STORE_REGISTER);
+  store_put_u16(&old, STORE_PROTOCOL_VERSION - 1);
+  store_put_u64(&old, 0x100000000ull);
+  store_put_u64(&old, 1 * MiB);
+  store_put_str(&old, "old", 3);
   assert_int_equal(store_send(&r.sock, FERRY_FRAME_STORE, 0, 0, &old, "old REGISTER"), FERRY_OK);
   ferry_frame_header h;
   uint8_t *refusal;
@@ -1188,6 +1193,7 @@ static void a_hostile_client_hurts_only_itself(void **state) {
   store_put_u64(&nul, 0x100000000ull);
   store_put_u64(&nul, 1 * MiB);
   store_put_str(&nul, "\0ab", 3);
+  store_put_u64(&nul, 1);
   assert_int_equal(store_send(&r.sock, FERRY_FRAME_STORE, 0, 0, &nul, "NUL REGISTER"), FERRY_OK);
   assert_int_equal(store_recv(&r.sock, &h, &refusal, "refusal"), FERRY_OK);
   assert_int_equal(h.status, FERRY_EINVAL);

@@ -29,6 +29,11 @@
 #include "ferry.h"
 #include "harness.h"
 #include "metadata/metadata.h"
+#include "net/auth.h"
+#include "net/net.h"
+#include "store/client.h"
+#include "store/handshake.h"
+#include "store/protocol.h"
 #include "stores.h"
 
 #define KiB 1024ull
@@ -241,6 +246,39 @@ static void a_client_follows_a_failover_mid_workload(void **state) {
   master_stop(&b);
 }
 
+/* A batch's commits are journaled in one etcd transaction per 128 keys (not
+ * one write per key): 200 keys put in one call, then the leader is killed;
+ * the new leader restored every one (two transactions, the second partly
+ * full), and each reads back byte-exact. */
+static void a_batch_commit_outlives_its_leader(void **state) {
+  (void)state;
+  master_proc a, b;
+  client c;
+  leader_standby_client("ha-batch", &a, &b, &c);
+  enum { KEYS = 200 };
+  static uint8_t values[KEYS][VALUE];
+  static char keys[KEYS][32];
+  ferry_store_item items[KEYS];
+  for (int i = 0; i < KEYS; i++) {
+    key_of(i, keys[i], sizeof keys[i]);
+    value_of(i, values[i]);
+    items[i] = (ferry_store_item){.key = keys[i], .buf = values[i], .length = VALUE};
+  }
+  if (ferry_store_put_batch(c.store, items, KEYS, NULL) != FERRY_OK)
+    fail_msg("put of %d keys: %s", KEYS, ferry_last_error());
+  test_kill_and_reap(a.pid, TEST_SETUP_MS);
+  wait_for_leader(b.addr);
+  double end = test_now_s() + FAILOVER_MS / 1000.0;
+  ferry_status st;
+  while ((st = ferry_store_exists(c.store, keys[0])) != FERRY_OK && st != FERRY_ENOTFOUND &&
+         test_now_s() < end)
+    poll(NULL, 0, 20); /* the calls that fail on the dead leader's connection, then reconnect */
+  for (int i = 0; i < KEYS; i++)
+    check_value(c.store, i);
+  client_close(&c);
+  master_stop(&b);
+}
+
 /* An upsert committed at a leader outlives it: its commit replaced the
  * key's record in the journal (the old value's record is not erased with
  * the old value), so after the leader's kill the new leader serves the new
@@ -365,6 +403,136 @@ static void a_leader_that_stops_hands_over_at_once(void **state) {
   master_stop(&b);
 }
 
+/* REGISTER of a segment by hand, as a restarted client sends it: name,
+ * address and size of the segment, and the nonce of its memory. The
+ * connection stays open (the master keeps the segment while it does);
+ * returns its socket, or fails the case when refused. */
+static int raw_register(const char *master, const char *name, uint64_t base, uint64_t size,
+                        uint64_t nonce) {
+  char host[FERRY_HOST_MAX];
+  uint16_t port;
+  int fd;
+  assert_int_equal(ferry_net_parse_target(master, host, &port), FERRY_OK);
+  assert_int_equal(ferry_net_connect(host, port, ferry_now_ns() + TEST_SETUP_MS * 1000000ull, &fd),
+                   FERRY_OK);
+  ferry_sock sock;
+  ferry_session session;
+  ferry_sock_init(&sock, fd, master);
+  store_identity self = {ferry_random_u64(), "raw", NULL};
+  uint64_t master_id;
+  assert_int_equal(store_handshake_connect(&sock, &session, &self, &master_id), FERRY_OK);
+  store_writer w = {0};
+  store_put_u8(&w, STORE_REGISTER);
+  store_put_u16(&w, STORE_PROTOCOL_VERSION);
+  store_put_u64(&w, base);
+  store_put_u64(&w, size);
+  store_put_str(&w, name, strlen(name));
+  store_put_u64(&w, nonce);
+  ferry_frame_header h;
+  uint8_t *body;
+  assert_int_equal(store_send(&sock, FERRY_FRAME_STORE, 0, 0, &w, "REGISTER"), FERRY_OK);
+  assert_int_equal(store_recv(&sock, &h, &body, "REGISTER reply"), FERRY_OK);
+  if (h.status)
+    fail_msg("REGISTER of %s refused: %.*s", name, (int)h.body_len, (const char *)body);
+  free(body);
+  return fd;
+}
+
+/* After a failover the new leader restores a client's segment from the
+ * journal and keeps it for that client to register again. A process that
+ * registers the same name, address and size (a client restarted on the
+ * same port, whose allocator gave the same address) but whose memory is
+ * another (its nonce differs) must not get the segment: the objects the
+ * journal placed there are not in its memory. They are dropped, and it
+ * mounts an empty segment. The client that put them talks to the first
+ * leader directly, so it does not follow the failover by itself. */
+static void a_restarted_client_does_not_adopt_a_segment_not_its_memory(void **state) {
+  (void)state;
+  use_cluster("ha-nonce");
+  master_proc a, b;
+  master_start(&a, "leader");
+  master_start(&b, "standby");
+  client c, y;
+  if (client_open(&c, a.addr) != FERRY_OK)
+    fail_msg("ferry_store_open(%s): %s", a.addr, ferry_last_error());
+  assert_int_equal(put_value(c.store, 1), FERRY_OK); /* the only segment: c's */
+  test_kill_and_reap(a.pid, TEST_SETUP_MS);
+  wait_for_leader(b.addr);
+  if (client_open(&y, client_url) != FERRY_OK) /* a segment of its own: put here below */
+    fail_msg("ferry_store_open(%s): %s", client_url, ferry_last_error());
+  char key[32];
+  key_of(1, key, sizeof key);
+  assert_int_equal(ferry_store_exists(y.store, key), FERRY_OK); /* restored, kept for c */
+
+  uint64_t nonce = c.store->segment_nonce;
+  int fd = raw_register(b.addr, ferry_store_segment(c.store), (uint64_t)(uintptr_t)c.store->segment,
+                        c.store->segment_size, nonce + 1);
+  ferry_status st = ferry_store_exists(y.store, key);
+  if (st != FERRY_ENOTFOUND)
+    fail_msg("%s is still stored (%d) after another memory registered its segment", key, (int)st);
+  /* Mounted anew, empty: a put placed there works (its bytes land in c's
+   * memory, at the address the raw REGISTER named). */
+  ferry_store_replicate there;
+  ferry_store_replicate_init(&there);
+  there.preferred_segment = ferry_store_segment(c.store);
+  static uint8_t buf[VALUE];
+  value_of(3, buf);
+  key_of(3, key, sizeof key);
+  assert_int_equal(ferry_store_put(y.store, key, buf, VALUE, &there), FERRY_OK);
+  check_value(y.store, 3);
+  close(fd);
+  client_close(&c);
+  client_close(&y);
+  master_stop(&b);
+}
+
+/* etcd's count of key reads so far (etcd_mvcc_range_total on its
+ * /metrics), by a plain HTTP/1.0 GET. */
+static double etcd_reads(void) {
+  int fd;
+  assert_int_equal(ferry_net_connect("127.0.0.1", etcd.port[0],
+                                     ferry_now_ns() + TEST_SETUP_MS * 1000000ull, &fd),
+                   FERRY_OK);
+  const char get[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  assert_int_equal(write(fd, get, sizeof get - 1), (ssize_t)(sizeof get - 1));
+  static char page[4 << 20];
+  size_t len = 0;
+  ssize_t n;
+  while (len < sizeof page - 1 && (n = read(fd, page + len, sizeof page - 1 - len)) > 0)
+    len += (size_t)n;
+  close(fd);
+  page[len] = '\0';
+  const char *at = strstr(page, "\netcd_mvcc_range_total ");
+  if (!at)
+    fail_msg("etcd's /metrics has no etcd_mvcc_range_total");
+  return strtod(at + strlen("\netcd_mvcc_range_total "), NULL);
+}
+
+/* A standby watches the leader key (an etcd watch) rather than reading it
+ * every 200 ms: over 3 s with a leader and a standby idle, etcd serves
+ * the leader's reads after its renewals (every third of its 2 s lease)
+ * and the standby's one read per watch that ends without a change (1 s),
+ * about 8; a standby reading every 200 ms alone makes 15. When the leader
+ * stops, the standby still leads at once. */
+static void a_standby_watches_the_leader_key(void **state) {
+  (void)state;
+  use_cluster("ha-watch");
+  master_proc a, b;
+  master_start(&a, "leader");
+  master_start(&b, "standby");
+  double before = etcd_reads(), from = test_now_s();
+  poll(NULL, 0, 3000); /* a window to count reads in, not an ordering */
+  double reads = etcd_reads() - before - 1, took = test_now_s() - from;
+  print_message("etcd reads in %.1f s with a leader and a standby: %.0f\n", took, reads);
+  if (reads > 12 * took / 3)
+    fail_msg("%.0f reads of etcd in %.1f s: the standby polls", reads, took);
+  double stopped = test_now_s();
+  master_stop(&a);
+  wait_for_leader(b.addr);
+  print_message("handover after SIGTERM with a watching standby: %.3f s\n", test_now_s() - stopped);
+  master_stop(&b);
+}
+
 /* A client given etcd://... with no master leading, or an etcd that does
  * not answer, fails at open naming why. */
 static void an_etcd_url_without_a_leader_is_refused(void **state) {
@@ -417,11 +585,14 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_client_follows_a_failover_mid_workload),
       cmocka_unit_test(an_upsert_outlives_its_leader),
+      cmocka_unit_test(a_batch_commit_outlives_its_leader),
       cmocka_unit_test(a_standby_serves_nobody),
       cmocka_unit_test(a_stalled_leader_serves_nothing_when_it_wakes),
       cmocka_unit_test(a_leader_that_stops_hands_over_at_once),
+      cmocka_unit_test(a_standby_watches_the_leader_key),
       cmocka_unit_test(an_etcd_url_without_a_leader_is_refused),
       cmocka_unit_test(a_commit_etcd_did_not_take_is_refused),
+      cmocka_unit_test(a_restarted_client_does_not_adopt_a_segment_not_its_memory),
   };
   const char *only = getenv("FERRY_TEST_FILTER");
   if (only && *only)
