@@ -10,6 +10,7 @@ int ferry_cmd_probe(int argc, char **argv);
 int ferry_cmd_metadata_server(int argc, char **argv);
 int ferry_cmd_doctor(int argc, char **argv);
 int ferry_cmd_store_master(int argc, char **argv);
+int ferry_cmd_transfer_engine_bench(int argc, char **argv);
 
 /* first_contact.c: `ferry bench --first-contact N` (opts is cli.h's). */
 struct ferry_cli_engine_opts;

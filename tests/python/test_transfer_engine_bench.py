@@ -1,0 +1,203 @@
+"""test_transfer_engine_bench.py - `transfer_engine_bench`, Mooncake's transfer
+engine benchmark on ferry, as operators run it: a `--mode=target` process and
+a `--mode=initiator` one, started through the console command's function
+(ferry.__main__.transfer_engine_bench), over tcp on 127.0.0.1, found by
+P2PHANDSHAKE address and through the HTTP metadata server. The initiator's
+result line is Mooncake's, and what it counts is what the target served (its
+Prometheus counters, by operation). Bad flags and an unknown segment fail
+with the flag or the segment named. Only 127.0.0.1 is used.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+import ferry
+from conftest import ROOT, LineReader
+
+PYTHON_DIR = os.path.join(ROOT, "python")
+RESULT = re.compile(r"^Test completed: duration (\d+\.\d\d), batch count (\d+), "
+                    r"throughput (\d+\.\d+) (\w+)/s$", re.M)
+# A short run: 2 threads of 4 entries of 64 KiB in a 4 MiB buffer.
+RUN = ["--protocol=tcp", "--duration=1", "--threads=2", "--batch_size=4", "--block_size=65536",
+       "--buffer_size=4M"]
+BLOCK_BYTES = 4 * 65536
+
+
+def bench_argv(*flags):
+    code = ("import sys; from ferry.__main__ import transfer_engine_bench; "
+            "sys.exit(transfer_engine_bench())")
+    return [sys.executable, "-c", code] + list(flags)
+
+
+def bench_env(**extra):
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR, FERRY_LOG="warn")
+    env.update(extra)
+    return env
+
+
+def initiator(*flags):
+    return subprocess.run(bench_argv("--mode=initiator", *flags), env=bench_env(),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+
+
+class BenchTarget:
+    """A `transfer_engine_bench --mode=target` process serving its metrics."""
+
+    def __init__(self, *flags):
+        self.proc = subprocess.Popen(
+            bench_argv("--mode=target", "--protocol=tcp", "--buffer_size=4M", *flags),
+            env=bench_env(FERRY_LOG="info", FERRY_METRICS_PORT="0"), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.err = err = LineReader(self.proc.stderr)
+        ready = LineReader(self.proc.stdout).get(30) or ""
+        m = re.match(r"ready segment_id=(\S+) buffer_size=4194304$", ready)
+        assert m, (ready, self.stop())
+        self.segment = m.group(1)
+        self.metrics, self.said = None, []
+        while self.metrics is None:
+            line = err.get(30)
+            assert line is not None, "the target named no metrics endpoint"
+            self.said.append(line)
+            found = re.search(r"serves metrics on (http://\S+/metrics)", line)
+            self.metrics = found and found.group(1)
+
+    def served(self):
+        """Bytes the target served, by operation."""
+        with urllib.request.urlopen(self.metrics, timeout=10) as resp:
+            text = resp.read().decode()
+        out = {"read": 0, "write": 0}
+        for op, n in re.findall(r'^ferry_served_bytes_total\{op="(\w+)",[^}]*\} (\d+)$', text,
+                                re.M):
+            out[op] += int(n)
+        return out
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            rc = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait(timeout=10)
+        lines = self.said
+        while lines[-1:] != [None]:
+            lines.append(self.err.get(10))
+        return rc, "".join(lines[:-1])
+
+
+@pytest.fixture(scope="module")
+def metadata_url():
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake.http_metadata_server", "--port", "0"],
+                            env=bench_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = LineReader(proc.stdout).get(30) or ""
+    m = re.search(r"url=(\S+)", line)
+    try:
+        assert m, line
+        yield m.group(1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("metadata", ["P2PHANDSHAKE", "http"])
+def test_initiator_reports_what_the_target_served(metadata, request):
+    if metadata == "P2PHANDSHAKE":
+        target = BenchTarget("--metadata_server=P2PHANDSHAKE")
+        lookup = ["--metadata_server=P2PHANDSHAKE", "--segment_id=" + target.segment]
+    else:
+        url = request.getfixturevalue("metadata_url")
+        # The name is the segment's and the host's (it must resolve).
+        target = BenchTarget("--metadata_server=" + url, "--local_server_name=localhost")
+        assert target.segment == "localhost"
+        lookup = ["--metadata_server=" + url, "--segment_id=localhost",
+                  "--local_server_name=127.0.0.1"]
+    try:
+        before = target.served()
+        for op in ("read", "write"):
+            done = initiator("--operation=" + op, *(RUN + lookup))
+            assert done.returncode == 0, done.stderr
+            m = RESULT.search(done.stdout)
+            assert m, done.stdout
+            seconds, batches, rate, unit = float(m[1]), int(m[2]), float(m[3]), m[4]
+            assert unit == "GB" and batches > 0 and rate > 0 and 1 <= seconds < 10
+            # duration is printed rounded to 0.01 s
+            assert rate == pytest.approx(batches * BLOCK_BYTES / seconds / 1e9, rel=0.01, abs=0.006)
+            after = target.served()
+            other = "write" if op == "read" else "read"
+            assert after[op] - before[op] == batches * BLOCK_BYTES, (before, after)
+            assert after[other] == before[other], (op, before, after)
+            before = after
+    finally:
+        rc, err = target.stop()
+    assert rc == 0, err
+
+
+def test_report_unit_and_precision():
+    target = BenchTarget()
+    try:
+        done = initiator("--segment_id=" + target.segment, "--report_unit=MiB",
+                         "--report_precision=4", *RUN)
+    finally:
+        target.stop()
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"throughput \d+\.\d{4} MiB/s$", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--segment_id=x", "--frobnicate=1"], "unknown flag --frobnicate"),
+    (["--segment_id=x", "--threads=0"],
+     'invalid value "0" for --threads: expected a whole number, 1 to 1024'),
+    (["--segment_id=x", "--block_size=1X"], 'invalid value "1X" for --block_size'),
+    (["--segment_id=x", "--operation=copy"], 'invalid value "copy" for --operation'),
+    (["--segment_id=x", "--report_unit=TB"], 'invalid value "TB" for --report_unit'),
+    (["--segment_id=x", "--block_size=1M", "--batch_size=8", "--threads=2",
+      "--buffer_size=8M"], "1048576 * 8 * 2 bytes is more than --buffer_size=8388608"),
+    (["--segment_id=x", "--gpu_id=-1"], "--gpu_id=-1"),
+    (["--segment_id=x", "--protocol=hccl"], "--protocol=hccl"),
+    (["--segment_id=x", "--use_vram=maybe"], '--use_vram takes true or false, not "maybe"'),
+    ([], "needs --segment_id"),
+])
+def test_bad_flags_are_named(flags, said):
+    done = initiator(*flags)
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr, done.stderr
+    assert "Test completed" not in done.stdout
+
+
+def test_use_vram_without_a_cuda_device_is_refused():
+    if ferry.cuda_available()[0]:
+        pytest.skip("this host has a CUDA device")
+    done = initiator("--segment_id=x", "--use_vram=true", *RUN)
+    assert done.returncode == 2
+    assert "--use_vram=true needs a CUDA device, and ferry found none" in done.stderr
+
+
+def test_unknown_segment_names_it_and_the_cause(metadata_url):
+    done = initiator("--metadata_server=" + metadata_url, "--segment_id=no-such-segment", *RUN)
+    assert done.returncode == 1, done.stderr
+    assert 'cannot open segment "no-such-segment" (--segment_id)' in done.stderr, done.stderr
+    assert "ferry_status -" in done.stderr and "Test completed" not in done.stdout
+
+
+def test_a_target_that_is_gone_fails_the_run():
+    done = initiator("--segment_id=127.0.0.1:1", *RUN)
+    assert done.returncode == 1
+    assert "Connection refused" in done.stderr and "127.0.0.1:1" in done.stderr, done.stderr
+
+
+def test_harmless_flags_are_accepted_with_a_note():
+    target = BenchTarget("--auto_discovery", "--backend=tent")
+    try:
+        done = initiator("--segment_id=" + target.segment, "--nic_priority_matrix=m.json", *RUN)
+    finally:
+        _, err = target.stop()
+    assert done.returncode == 0, done.stderr
+    assert "--nic_priority_matrix=m.json changes nothing" in done.stderr
+    assert "--auto_discovery changes nothing" in err and "--backend=tent" in err, err
