@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 import ferry
-from conftest import ROOT, LineReader
+from conftest import ROOT, LineReader, ferry_tool
 
 PYTHON_DIR = os.path.join(ROOT, "python")
 RESULT = re.compile(r"^Test completed: duration (\d+\.\d\d), batch count (\d+), "
@@ -40,24 +40,25 @@ def bench_env(**extra):
     return env
 
 
-def initiator(*flags):
-    return subprocess.run(bench_argv("--mode=initiator", *flags), env=bench_env(),
+def initiator(*flags, **env):
+    return subprocess.run(bench_argv("--mode=initiator", *flags), env=bench_env(**env),
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
 
 
 class BenchTarget:
     """A `transfer_engine_bench --mode=target` process serving its metrics."""
 
-    def __init__(self, *flags):
+    def __init__(self, *flags, **env):
         self.proc = subprocess.Popen(
             bench_argv("--mode=target", "--protocol=tcp", "--buffer_size=4M", *flags),
-            env=bench_env(FERRY_LOG="info", FERRY_METRICS_PORT="0"), stdin=subprocess.DEVNULL,
+            env=bench_env(FERRY_LOG="info", FERRY_METRICS_PORT="0", **env),
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.err = err = LineReader(self.proc.stderr)
         ready = LineReader(self.proc.stdout).get(30) or ""
-        m = re.match(r"ready segment_id=(\S+) buffer_size=4194304$", ready)
+        m = re.match(r"ready segment_id=(\S+) buffer_size=4194304( vram)?$", ready)
         assert m, (ready, self.stop())
-        self.segment = m.group(1)
+        self.segment, self.vram = m.group(1), bool(m.group(2))
         self.metrics, self.said = None, []
         while self.metrics is None:
             line = err.get(30)
@@ -66,13 +67,13 @@ class BenchTarget:
             found = re.search(r"serves metrics on (http://\S+/metrics)", line)
             self.metrics = found and found.group(1)
 
-    def served(self):
-        """Bytes the target served, by operation."""
+    def served(self, metric="ferry_served_bytes_total"):
+        """Bytes the target served (or staged: ferry_staged_bytes_total), by
+        operation."""
         with urllib.request.urlopen(self.metrics, timeout=10) as resp:
             text = resp.read().decode()
         out = {"read": 0, "write": 0}
-        for op, n in re.findall(r'^ferry_served_bytes_total\{op="(\w+)",[^}]*\} (\d+)$', text,
-                                re.M):
+        for op, n in re.findall(r'^%s\{op="(\w+)"[^}]*\} (\d+)$' % metric, text, re.M):
             out[op] += int(n)
         return out
 
@@ -171,6 +172,30 @@ def test_bad_flags_are_named(flags, said):
     assert "Test completed" not in done.stdout
 
 
+def test_use_vram_is_the_default_where_cuda_finds_a_device():
+    """With the CUDA driver's test double (device memory the CPU cannot
+    touch), both sides allocate on the device unasked and their transfers
+    go through ferry's staging; --use_vram=false keeps host memory."""
+    fake = os.path.join(os.path.dirname(ferry_tool() or ""), "tests", "fake_cuda")
+    if not os.path.isfile(os.path.join(fake, "libcuda.so.1")):
+        pytest.skip("no fake CUDA driver built (build/tests/fake_cuda)")
+    target = BenchTarget(LD_LIBRARY_PATH=fake)
+    try:
+        assert target.vram
+        for vram in ("true", "false"):
+            before = target.served("ferry_staged_bytes_total")
+            done = initiator("--segment_id=" + target.segment, "--use_vram=" + vram, *RUN,
+                             LD_LIBRARY_PATH=fake)
+            assert done.returncode == 0, done.stderr
+            batches = int(RESULT.search(done.stdout)[2])
+            after = target.served("ferry_staged_bytes_total")
+            # The target stages every byte it serves from device memory.
+            assert after["read"] - before["read"] == batches * BLOCK_BYTES, (before, after)
+    finally:
+        rc, err = target.stop()
+    assert rc == 0, err
+
+
 def test_use_vram_without_a_cuda_device_is_refused():
     if ferry.cuda_available()[0]:
         pytest.skip("this host has a CUDA device")
@@ -201,3 +226,26 @@ def test_harmless_flags_are_accepted_with_a_note():
     assert done.returncode == 0, done.stderr
     assert "--nic_priority_matrix=m.json changes nothing" in done.stderr
     assert "--auto_discovery changes nothing" in err and "--backend=tent" in err, err
+
+
+@pytest.mark.timeout_s(60)
+def test_a_target_killed_mid_run_fails_the_run_with_ferrys_error():
+    target = BenchTarget()
+    flags = [f for f in RUN if not f.startswith("--duration")] + ["--duration=30"]
+    bench = subprocess.Popen(bench_argv("--mode=initiator", "--segment_id=" + target.segment,
+                                        *flags), env=bench_env(), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while target.served()["read"] == 0:  # the run is under way once bytes moved
+            assert bench.poll() is None, bench.communicate()
+        target.proc.kill()
+        out, err = bench.communicate(timeout=20)  # well before --duration ends
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.communicate()
+        target.stop()
+    assert bench.returncode == 1, (out, err)
+    assert "Test completed" not in out
+    assert re.search(r"thread \d: transfer with %s failed: .* \(ferry_status -\d+\): \S"
+                     % re.escape(target.segment), err), err
