@@ -297,15 +297,19 @@ static int split_server_name(const char *text, char *host, size_t size, unsigned
   return *rest ? ferry_cli_parse_count(rest + 1, 0, 65535, port) : 0;
 }
 
+/* The transports FERRY_TRANSPORTS allows (all when unset). */
+static unsigned allowed_transports(void) {
+  const char *env = getenv("FERRY_TRANSPORTS");
+  return env ? ferry_transport_parse(env) : FERRY_TRANSPORT_ALL;
+}
+
 /* --protocol into the engine's transports; *fabric: the fabric transport
  * was asked for (rdma, efa). */
 static int apply_protocol(const te_flags *f, ferry_cli_engine_opts *e, int *fabric) {
   const char *p = f->protocol;
-  unsigned allowed = getenv("FERRY_TRANSPORTS") ? ferry_transport_parse(getenv("FERRY_TRANSPORTS"))
-                                                : FERRY_TRANSPORT_ALL;
   *fabric = 0;
   if (!strcasecmp(p, "rdma") || !strcasecmp(p, "efa")) {
-    if (!(allowed & FERRY_TRANSPORT_FABRIC)) {
+    if (!(allowed_transports() & FERRY_TRANSPORT_FABRIC)) {
       fprintf(stderr,
               "%s: WARNING: protocol '%s': FERRY_TRANSPORTS leaves ferry's fabric "
               "transport out; using ferry's own transports (tcp, shm)\n",
@@ -336,6 +340,24 @@ static int apply_protocol(const te_flags *f, ferry_cli_engine_opts *e, int *fabr
   if (ferry_cli_parse_protocol(p, &e->transports) != 0)
     return bad("protocol", p, "rdma, efa or tcp (Mooncake's), shm, fabric or all (ferry's)");
   return 0;
+}
+
+/* The Python drop-in's warning (mooncake/engine.py, _warn_no_device), word
+ * for word: rdma/efa found no device, the engine runs on transports. */
+static void warn_no_device(const char *protocol, const char *reason, unsigned transports) {
+  char names[32] = "";
+  if (transports & FERRY_TRANSPORT_TCP)
+    strcat(names, "tcp");
+  if (transports & FERRY_TRANSPORT_SHM)
+    strcat(names, *names ? "/shm" : "shm");
+  const char *what = strstr(reason, "which cannot be loaded on this host")
+                         ? "ferry's fabric transport is not available"
+                     : !strcasecmp(protocol, "efa") ? "no EFA device here"
+                                                    : "no RDMA device here";
+  fprintf(stderr,
+          "%s: WARNING: protocol '%s': %s (%s); using %s; pass protocol 'tcp' to choose this "
+          "(see docs/errors.md#warnings-that-are-not-errors)\n",
+          PROG, protocol, what, reason, names);
 }
 
 /* libferry's refusal of a fabric provider that has no device here. */
@@ -373,23 +395,13 @@ static ferry_engine *create_engine(const te_flags *f, ferry_cli_engine_opts *e, 
   if (st != FERRY_OK && fabric && no_rdma_device(st, ferry_last_error())) {
     char reason[512];
     const char *detail = ferry_last_error();
-    if (!strncmp(detail, "engine start failed: ", 21))
+    if (!strncmp(detail, "engine start failed: ", 21)) /* libferry's step, not the cause */
       detail += 21;
     snprintf(reason, sizeof reason, "%s", detail);
     e->fabric_provider = e->fabric_device = NULL;
-    e->transports = (getenv("FERRY_TRANSPORTS") ? ferry_transport_parse(getenv("FERRY_TRANSPORTS"))
-                                                : FERRY_TRANSPORT_ALL) &
-                    ~(unsigned)FERRY_TRANSPORT_FABRIC;
+    e->transports = allowed_transports() & ~(unsigned)FERRY_TRANSPORT_FABRIC;
     if (e->transports != 0 && (st = ferry_cli_engine_try(e, &engine)) == FERRY_OK)
-      fprintf(stderr,
-              "%s: WARNING: protocol '%s': %s (%s); using tcp/shm; pass protocol 'tcp' to "
-              "choose this (see docs/errors.md#warnings-that-are-not-errors)\n",
-              PROG, f->protocol,
-              strstr(reason, "which cannot be loaded on this host")
-                  ? "ferry's fabric transport is not available"
-              : !strcasecmp(f->protocol, "efa") ? "no EFA device here"
-                                                : "no RDMA device here",
-              reason);
+      warn_no_device(f->protocol, reason, e->transports);
   }
   if (st != FERRY_OK) {
     ferry_cli_report(PROG, "cannot create engine", st);

@@ -8,6 +8,7 @@ Prometheus counters, by operation). Bad flags and an unknown segment fail
 with the flag or the segment named. Only 127.0.0.1 is used.
 """
 
+import logging
 import os
 import re
 import subprocess
@@ -249,3 +250,29 @@ def test_a_target_killed_mid_run_fails_the_run_with_ferrys_error():
     assert "Test completed" not in out
     assert re.search(r"thread \d: transfer with %s failed: .* \(ferry_status -\d+\): \S"
                      % re.escape(target.segment), err), err
+
+
+def test_rdma_without_a_device_falls_back_with_the_drop_ins_warning(caplog):
+    """--protocol=rdma (Mooncake's default) on a host without an RDMA device:
+    tcp/shm, with the warning the Python drop-in logs, word for word."""
+    rdma = os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband")
+    if os.environ.get("FERRY_FABRIC_PROVIDER") or rdma:
+        pytest.skip("an RDMA device or a forced fabric provider: nothing falls back")
+    from mooncake.engine import TransferEngine
+    caplog.set_level(logging.WARNING, logger="mooncake.engine")
+    te = TransferEngine()
+    try:
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
+    finally:
+        te.close()
+    drop_in = [r.getMessage() for r in caplog.records if "no RDMA device here" in r.getMessage()]
+    assert len(drop_in) == 1, caplog.records
+    target = BenchTarget("--protocol=rdma")
+    try:
+        done = initiator("--segment_id=" + target.segment,
+                         *[f for f in RUN if f != "--protocol=tcp"])
+    finally:
+        _, err = target.stop()
+    assert done.returncode == 0, done.stderr
+    for said in (done.stderr, err):
+        assert "transfer_engine_bench: WARNING: " + drop_in[0] + "\n" in said, said
