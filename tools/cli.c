@@ -240,6 +240,13 @@ int ferry_cli_resolve(const char *prog, const char *host, unsigned port,
   return 0;
 }
 
+static int listed(const char *const *names, const char *name) {
+  for (const char *const *n = names; n && *n; n++)
+    if (strcmp(*n, name) == 0)
+      return 1;
+  return 0;
+}
+
 int ferry_cli_gflag(int argc, char **argv, int *i, const char *const *booleans, char *name,
                     size_t size, const char **value) {
   const char *arg = argv[*i];
@@ -252,10 +259,12 @@ int ferry_cli_gflag(int argc, char **argv, int *i, const char *const *booleans, 
     return -1;
   memcpy(name, arg, len);
   name[len] = '\0';
-  int boolean = 0;
-  for (const char *const *b = booleans; b && *b && !boolean; b++)
-    boolean = strcmp(*b, name) == 0;
-  *value = eq ? eq + 1 : (!boolean && *i + 1 < argc ? argv[++*i] : NULL);
+  if (!eq && strncmp(name, "no", 2) == 0 && listed(booleans, name + 2)) {
+    memmove(name, name + 2, len - 1); /* --noflag: flag=false */
+    *value = "false";
+    return 0;
+  }
+  *value = eq ? eq + 1 : (!listed(booleans, name) && *i + 1 < argc ? argv[++*i] : NULL);
   return 0;
 }
 

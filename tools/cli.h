@@ -98,9 +98,8 @@ void ferry_cli_block_stop_signals(sigset_t *stop);
 /* Mooncake's flag spelling (gflags): argv[*i] is "--name=value", "--name
  * value", or the same with one dash. A flag named in booleans (a NULL-ended
  * list) takes its value only after '=' ("--flag" alone: *value NULL, read as
- * true). Copies the name into name (size bytes), points *value at the value
- * and advances *i past a separate one. Returns -1 for an argument that is no
- * flag. */
+ * true; "--noflag": *value "false"). Copies the name into name (size bytes), points *value at the
+ * value and advances *i past a separate one. Returns -1 for an argument that is no flag. */
 int ferry_cli_gflag(int argc, char **argv, int *i, const char *const *booleans, char *name,
                     size_t size, const char **value);
 

@@ -96,6 +96,7 @@ static void usage(FILE *out) {
           "  --init_mem[=false]       fill the buffers before use (default true)\n"
           "  --auto_discovery, --nic_priority_matrix=F, --backend=classic|tent: accepted,\n"
           "                           with a note: ferry discovers its transports itself\n"
+          "  --logtostderr, --v=N, ... (glog's): accepted, with a note: FERRY_LOG sets the level\n"
           "Sizes take K/M/G suffixes too. The target prints \"ready segment_id=NAME\"; the\n"
           "initiator \"Test completed: duration D, batch count N, throughput X UNIT/s\".\n");
 }
@@ -130,16 +131,39 @@ static int parse_unit(te_flags *f, const char *value) {
   return bad("report_unit", value, "GB, GiB, Gb, MB, MiB, Mb, KB, KiB or Kb");
 }
 
+/* glog's flags (Mooncake's tools log through glog): ferry logs through
+ * FERRY_LOG instead. */
+static const char *const glog_flags[] = {
+    "logtostderr", "alsologtostderr", "colorlogtostderr", "stderrthreshold", "minloglevel",
+    "v",           "log_dir",
+};
+
+/* The flags that take their value only after '=' (ferry_cli_gflag). */
+static const char *const booleans[] = {"use_vram",    "init_mem",        "auto_discovery",
+                                       "logtostderr", "alsologtostderr", "colorlogtostderr",
+                                       NULL};
+
 /* The flags that change nothing here: a note each, so nobody believes
  * they did. 1: not one of them. */
 static int accept_with_note(const char *name, const char *value) {
-  if (!strcmp(name, "auto_discovery") || !strcmp(name, "nic_priority_matrix")) {
+  int on = 1;
+  if (!strcmp(name, "auto_discovery") && ferry_cli_gflag_bool(PROG, name, value, &on) != 0)
+    return -1;
+  if ((!strcmp(name, "auto_discovery") && on) || !strcmp(name, "nic_priority_matrix")) {
     fprintf(stderr,
             "%s: note: --%s%s%s changes nothing: ferry finds its transports and NICs itself "
             "(--device_name picks the NICs for rdma/efa)\n",
             PROG, name, value ? "=" : "", value ? value : "");
     return 0;
   }
+  if (!strcmp(name, "auto_discovery"))
+    return 0; /* =false: Mooncake's default, and ferry's way anyway */
+  for (size_t i = 0; i < sizeof glog_flags / sizeof *glog_flags; i++)
+    if (!strcmp(name, glog_flags[i])) {
+      fprintf(stderr, "%s: note: --%s is glog's; ferry logs to stderr, FERRY_LOG sets the level\n",
+              PROG, name);
+      return 0;
+    }
   if (!strcmp(name, "backend")) {
     if (value && !strcmp(value, "classic"))
       return 0;
@@ -212,7 +236,6 @@ static int parse_flag(te_flags *f, const char *name, const char *value) {
 
 /* Returns 0 to run, 1 for --help, 2 on a usage error. */
 static int parse_args(int argc, char **argv, te_flags *f) {
-  static const char *const booleans[] = {"use_vram", "init_mem", "auto_discovery", NULL};
   *f = (te_flags){.local_server_name = "127.0.0.1",
                   .metadata_server = P2PHANDSHAKE,
                   .protocol = "rdma",
@@ -236,13 +259,6 @@ static int parse_args(int argc, char **argv, te_flags *f) {
     if (ferry_cli_gflag(argc, argv, &i, booleans, name, sizeof name, &value) != 0) {
       fprintf(stderr, "%s: unexpected argument \"%s\" (see --help)\n", PROG, argv[i]);
       return 2;
-    }
-    /* gflags' --noflag for a boolean */
-    if (!value && !strncmp(name, "no", 2) &&
-        (!strcmp(name + 2, "use_vram") || !strcmp(name + 2, "init_mem") ||
-         !strcmp(name + 2, "auto_discovery"))) {
-      memmove(name, name + 2, strlen(name + 2) + 1);
-      value = "false";
     }
     if (parse_flag(f, name, value) != 0)
       return 2;

@@ -141,11 +141,12 @@ def test_initiator_reports_what_the_target_served(metadata, request):
     assert rc == 0, err
 
 
-def test_report_unit_and_precision():
+def test_report_unit_and_precision_in_any_gflags_spelling():
     target = BenchTarget()
     try:
-        done = initiator("--segment_id=" + target.segment, "--report_unit=MiB",
-                         "--report_precision=4", *RUN)
+        # gflags' spellings: -flag value, --flag value, --noflag
+        done = initiator("--segment_id=" + target.segment, *RUN + ["-report_unit", "MiB",
+                         "--report_precision", "4", "--noinit_mem"])
     finally:
         target.stop()
     assert done.returncode == 0, done.stderr
@@ -164,6 +165,13 @@ def test_report_unit_and_precision():
     (["--segment_id=x", "--gpu_id=-1"], "--gpu_id=-1"),
     (["--segment_id=x", "--protocol=hccl"], "--protocol=hccl"),
     (["--segment_id=x", "--use_vram=maybe"], '--use_vram takes true or false, not "maybe"'),
+    (["--segment_id=x", "--backend=fast"], 'invalid value "fast" for --backend'),
+    (["--segment_id=x", "--local_server_name=[::1"], "for --local_server_name"),
+    (["--segment_id=x", "--local_server_name=h:99999"], "for --local_server_name"),
+    (["--segment_id=x", "--duration=0"], 'invalid value "0" for --duration'),
+    (["--segment_id=x", "--batch_size=-5"], 'invalid value "-5" for --batch_size'),
+    (["--segment_id=n", "--local_server_name=n", "--metadata_server=http://127.0.0.1:1/m"],
+     "would publish over the target's segment"),
     ([], "needs --segment_id"),
 ])
 def test_bad_flags_are_named(flags, said):
@@ -221,11 +229,14 @@ def test_a_target_that_is_gone_fails_the_run():
 def test_harmless_flags_are_accepted_with_a_note():
     target = BenchTarget("--auto_discovery", "--backend=tent")
     try:
-        done = initiator("--segment_id=" + target.segment, "--nic_priority_matrix=m.json", *RUN)
+        done = initiator("--segment_id=" + target.segment, "--nic_priority_matrix=m.json",
+                         "--logtostderr", "--noauto_discovery", *RUN)
     finally:
         _, err = target.stop()
     assert done.returncode == 0, done.stderr
     assert "--nic_priority_matrix=m.json changes nothing" in done.stderr
+    assert "--logtostderr is glog's" in done.stderr
+    assert "auto_discovery" not in done.stderr  # =false is Mooncake's default: nothing to say
     assert "--auto_discovery changes nothing" in err and "--backend=tent" in err, err
 
 
