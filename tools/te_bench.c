@@ -276,9 +276,8 @@ static int parse_args(int argc, char **argv, te_flags *f) {
     return 2;
   }
   uint64_t need;
-  if (f->initiator &&
-      (__builtin_mul_overflow((uint64_t)f->block_size * f->batch_size, f->threads, &need) ||
-       need > f->buffer_size)) {
+  if (f->initiator && (__builtin_mul_overflow((uint64_t)f->block_size, f->batch_size, &need) ||
+                       __builtin_mul_overflow(need, f->threads, &need) || need > f->buffer_size)) {
     fprintf(stderr,
             "%s: --block_size * --batch_size * --threads = %zu * %lu * %lu bytes is more than "
             "--buffer_size=%zu: raise --buffer_size or lower one of them\n",

@@ -162,6 +162,8 @@ def test_report_unit_and_precision_in_any_gflags_spelling():
     (["--segment_id=x", "--report_unit=TB"], 'invalid value "TB" for --report_unit'),
     (["--segment_id=x", "--block_size=1M", "--batch_size=8", "--threads=2",
       "--buffer_size=8M"], "1048576 * 8 * 2 bytes is more than --buffer_size=8388608"),
+    (["--segment_id=x", "--block_size=16000000T", "--batch_size=1048576", "--threads=1024"],
+     "bytes is more than --buffer_size"),  # a product past 2^64 does not wrap into a fit
     (["--segment_id=x", "--gpu_id=-1"], "--gpu_id=-1"),
     (["--segment_id=x", "--protocol=hccl"], "--protocol=hccl"),
     (["--segment_id=x", "--use_vram=maybe"], '--use_vram takes true or false, not "maybe"'),
