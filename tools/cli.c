@@ -112,8 +112,7 @@ void ferry_cli_engine_opts_init(ferry_cli_engine_opts *opts) {
   opts->metrics_port = -1;
 }
 
-ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_opts *opts,
-                                     ferry_engine **out) {
+ferry_status ferry_cli_engine_try(const ferry_cli_engine_opts *opts, ferry_engine **out) {
   ferry_config cfg;
   ferry_config_init(&cfg);
   cfg.bind_host = opts->host;
@@ -131,11 +130,18 @@ ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_op
     cfg.metadata_ttl_ms = opts->metadata_ttl_ms;
   if (opts->metrics_port >= 0)
     cfg.metrics_port = opts->metrics_port;
+  cfg.fabric_provider = opts->fabric_provider;
+  cfg.fabric_device = opts->fabric_device;
   /* A client's output is its result: its engine's info lines (listening,
    * transport chosen) only when FERRY_LOG asks for them. */
   if (opts->client && ferry_log_get_level() == FERRY_LOG_INFO && !getenv("FERRY_LOG"))
     ferry_log_set_level(FERRY_LOG_WARN);
-  ferry_status st = ferry_engine_create(&cfg, out);
+  return ferry_engine_create(&cfg, out);
+}
+
+ferry_status ferry_cli_engine_create(const char *prog, const ferry_cli_engine_opts *opts,
+                                     ferry_engine **out) {
+  ferry_status st = ferry_cli_engine_try(opts, out);
   if (st != FERRY_OK)
     ferry_cli_report(prog, "cannot create engine", st);
   return st;
@@ -232,4 +238,41 @@ int ferry_cli_resolve(const char *prog, const char *host, unsigned port,
     ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
   freeaddrinfo(res);
   return 0;
+}
+
+static int listed(const char *const *names, const char *name) {
+  for (const char *const *n = names; n && *n; n++)
+    if (strcmp(*n, name) == 0)
+      return 1;
+  return 0;
+}
+
+int ferry_cli_gflag(int argc, char **argv, int *i, const char *const *booleans, char *name,
+                    size_t size, const char **value) {
+  const char *arg = argv[*i];
+  if (arg[0] != '-' || arg[1] == '\0')
+    return -1;
+  arg += arg[1] == '-' ? 2 : 1;
+  const char *eq = strchr(arg, '=');
+  size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+  if (len == 0 || len >= size)
+    return -1;
+  memcpy(name, arg, len);
+  name[len] = '\0';
+  if (!eq && strncmp(name, "no", 2) == 0 && listed(booleans, name + 2)) {
+    memmove(name, name + 2, len - 1); /* --noflag: flag=false */
+    *value = "false";
+    return 0;
+  }
+  *value = eq ? eq + 1 : (!listed(booleans, name) && *i + 1 < argc ? argv[++*i] : NULL);
+  return 0;
+}
+
+int ferry_cli_gflag_bool(const char *prog, const char *flag, const char *value, int *out) {
+  if (!value || !strcmp(value, "true") || !strcmp(value, "1"))
+    return *out = 1, 0;
+  if (!strcmp(value, "false") || !strcmp(value, "0"))
+    return *out = 0, 0;
+  fprintf(stderr, "%s: --%s takes true or false, not \"%s\"\n", prog, flag, value);
+  return -1;
 }

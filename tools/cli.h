@@ -36,17 +36,23 @@ typedef struct ferry_cli_engine_opts {
   const char *secret;
   unsigned transports;
   unsigned connections;
-  const char *metadata_url; /* --metadata: publish / look up segments there */
-  const char *segment_name; /* --segment: the name published */
-  uint32_t metadata_ttl_ms; /* --metadata-ttl: lease on published keys */
-  int metrics_port;         /* --metrics-port: -1 keeps the library's default */
-  int client;               /* the engine only initiates: warnings and errors
-                               only, unless FERRY_LOG says otherwise */
+  const char *metadata_url;    /* --metadata: publish / look up segments there */
+  const char *segment_name;    /* --segment: the name published */
+  uint32_t metadata_ttl_ms;    /* --metadata-ttl: lease on published keys */
+  int metrics_port;            /* --metrics-port: -1 keeps the library's default */
+  int client;                  /* the engine only initiates: warnings and errors
+                                  only, unless FERRY_LOG says otherwise */
+  const char *fabric_provider; /* NULL: the library's choice */
+  const char *fabric_device;
 } ferry_cli_engine_opts;
 
 /* Fills opts with the tools' defaults (host 127.0.0.1, everything else the
  * library's). */
 void ferry_cli_engine_opts_init(ferry_cli_engine_opts *opts);
+
+/* Creates the engine and prints nothing: for a caller that tries another
+ * configuration when this one fails. */
+ferry_status ferry_cli_engine_try(const ferry_cli_engine_opts *opts, ferry_engine **out);
 
 /* Creates the engine; on failure prints "PROG: ...: cause: detail" to stderr
  * and returns the status. */
@@ -88,6 +94,19 @@ int ferry_cli_usage_exit(int parse_rc, void (*usage)(FILE *out));
  * for sigwait(). Call it before any thread starts: threads inherit the mask,
  * so only the sigwait can take the signal. */
 void ferry_cli_block_stop_signals(sigset_t *stop);
+
+/* Mooncake's flag spelling (gflags): argv[*i] is "--name=value", "--name
+ * value", or the same with one dash. A flag named in booleans (a NULL-ended
+ * list) takes its value only after '=' ("--flag" alone: *value NULL, read as
+ * true; "--noflag": *value "false"). Copies the name into name (size bytes), points *value at the
+ * value and advances *i past a separate one. Returns -1 for an argument that is no flag. */
+int ferry_cli_gflag(int argc, char **argv, int *i, const char *const *booleans, char *name,
+                    size_t size, const char **value);
+
+/* A gflags boolean: NULL (the bare flag), "true" or "1" set *out to 1,
+ * "false" or "0" to 0; else prints "PROG: --FLAG takes true or false, not
+ * "VALUE"" and returns -1. */
+int ferry_cli_gflag_bool(const char *prog, const char *flag, const char *value, int *out);
 
 /* Resolves host (numeric or a name) to its first socket address, with
  * port; -1 after printing "PROG: cannot resolve ..." to stderr. */

@@ -12,6 +12,7 @@ int ferry_cmd_probe(int argc, char **argv);
 int ferry_cmd_metadata_server(int argc, char **argv);
 int ferry_cmd_doctor(int argc, char **argv);
 int ferry_cmd_store_master(int argc, char **argv);
+int ferry_cmd_transfer_engine_bench(int argc, char **argv);
 
 /* metadata_server.c: the http metadata store, for store-master's
  * --enable_http_metadata_server too. start: NULL after saying why on stderr

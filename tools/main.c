@@ -29,6 +29,8 @@ static const command commands[] = {
     {"metadata-server", ferry_cmd_metadata_server, "run an HTTP metadata service"},
     {"doctor", ferry_cmd_doctor, "check what ferry can do on this host (and reach a target)"},
     {"store-master", ferry_cmd_store_master, "run a store master (also as mooncake_master)"},
+    {"transfer-engine-bench", ferry_cmd_transfer_engine_bench,
+     "Mooncake's transfer_engine_bench, its flags (also as transfer_engine_bench)"},
     {"version", cmd_version, "print the library version"},
     {"help", cmd_help, "show this help"},
 };
@@ -60,11 +62,16 @@ static const command *find_command(const char *name) {
 }
 
 int main(int argc, char **argv) {
-  /* Installed or linked as mooncake_master, it is the store's master. */
+  /* Installed or linked as mooncake_master or transfer_engine_bench, it is
+   * that command. */
   const char *self = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
   if (strcmp(self, "mooncake_master") == 0) {
     signal(SIGPIPE, SIG_IGN);
     return ferry_cmd_store_master(argc, argv);
+  }
+  if (strcmp(self, "transfer_engine_bench") == 0) {
+    signal(SIGPIPE, SIG_IGN);
+    return ferry_cmd_transfer_engine_bench(argc, argv);
   }
   if (argc < 2) {
     usage(stderr);

@@ -80,24 +80,9 @@ static void usage(FILE *out) {
           "offload (--enable_offload).\n");
 }
 
-/* "--name=value" or "--name value": *name and *value (NULL when absent).
- * A boolean flag takes its value only after '='. */
-static int split_flag(int argc, char **argv, int *i, char *name, size_t size, const char **value) {
-  const char *arg = argv[*i];
-  if (strncmp(arg, "--", 2) != 0)
-    return -1;
-  arg += 2;
-  const char *eq = strchr(arg, '=');
-  size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-  if (len == 0 || len >= size)
-    return -1;
-  memcpy(name, arg, len);
-  name[len] = '\0';
-  int boolean = !strcmp(name, "enable_ha") || !strcmp(name, "enable_metric_reporting") ||
-                !strcmp(name, "enable_http_metadata_server");
-  *value = eq ? eq + 1 : (!boolean && *i + 1 < argc ? argv[++*i] : NULL);
-  return 0;
-}
+/* The flags that take their value only after '=' (ferry_cli_gflag). */
+static const char *const booleans[] = {"enable_ha", "enable_metric_reporting",
+                                       "enable_http_metadata_server", NULL};
 
 static int parse_positive(const char *flag, const char *value, unsigned long scale, uint32_t *out) {
   unsigned long v;
@@ -129,19 +114,10 @@ typedef struct report_flags {
   int reporting;    /* the periodic summary line */
 } report_flags;
 
-static int parse_bool(const char *flag, const char *value, int *out) {
-  if (!value || !strcmp(value, "true") || !strcmp(value, "1"))
-    return *out = 1, 0;
-  if (!strcmp(value, "false") || !strcmp(value, "0"))
-    return *out = 0, 0;
-  fprintf(stderr, "store-master: --%s needs true or false, not \"%s\"\n", flag, value);
-  return -1;
-}
-
 static int parse_report_flag(report_flags *rep, const char *name, const char *value) {
   unsigned long v;
   if (!strcmp(name, "enable_metric_reporting"))
-    return parse_bool(name, value, &rep->reporting);
+    return ferry_cli_gflag_bool("store-master", name, value, &rep->reporting);
   if (!strcmp(name, "metrics_port")) {
     if (!value || ferry_cli_parse_count(value, 0, 65535, &v) != 0) {
       fprintf(stderr, "store-master: --metrics_port needs a port 0..65535, not \"%s\"\n",
@@ -207,7 +183,7 @@ typedef struct md_flags {
 
 static int parse_md_flag(md_flags *md, const char *name, const char *value) {
   if (!strcmp(name, "enable_http_metadata_server"))
-    return parse_bool(name, value, &md->enable);
+    return ferry_cli_gflag_bool("store-master", name, value, &md->enable);
   if (!strcmp(name, "http_metadata_server_port")) {
     if (value && ferry_cli_parse_count(value, 0, 65535, &md->port) == 0)
       return 0;
@@ -392,7 +368,7 @@ int ferry_cmd_store_master(int argc, char **argv) {
       usage(stdout);
       return 0;
     }
-    if (split_flag(argc, argv, &i, name, sizeof name, &value) != 0) {
+    if (ferry_cli_gflag(argc, argv, &i, booleans, name, sizeof name, &value) != 0) {
       fprintf(stderr, "store-master: unexpected argument \"%s\" (see --help)\n", argv[i]);
       return 2;
     }

@@ -1,7 +1,8 @@
 """python -m ferry COMMAND [ARGS] - the `ferry` command-line tool for
 Python-only installs: `metadata-server`, `doctor`, `bench`, `serve`,
-`probe`, `version` (`python -m ferry help` lists them). Also the `ferry`
-and `mooncake_master` console commands that `pip install .` creates.
+`probe`, `version` (`python -m ferry help` lists them). Also the `ferry`,
+`mooncake_master` and `transfer_engine_bench` console commands that `pip
+install .` creates.
 
 It runs the tool built with this package (ferry/ferry-tool, the same program
 CMake builds as build/ferry), replacing this process, so signals, output
@@ -42,6 +43,12 @@ def main():
 def mooncake_master():
     """The `mooncake_master` console command: the store's master (docs/store.md)."""
     return run(["store-master"] + sys.argv[1:])
+
+
+def transfer_engine_bench():
+    """The `transfer_engine_bench` console command: Mooncake's transfer engine
+    benchmark, its flags (`--mode=target|initiator`, README "Command line")."""
+    return run(["transfer-engine-bench"] + sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -366,4 +366,4 @@ def test_the_master_serves_the_http_metadata_store(tmp_path):
     bad = subprocess.run([tool_or_skip(), "store-master",
                           "--enable_http_metadata_server=maybe"], capture_output=True, text=True,
                          timeout=30)
-    assert bad.returncode == 2 and "needs true or false" in bad.stderr
+    assert bad.returncode == 2 and "takes true or false" in bad.stderr

@@ -76,6 +76,25 @@ def test_quick_start_runs_from_the_wheel(venv, tmp_path, index):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize("command, args, said", [
+    ("ferry", ["version"], "ferry "),
+    ("mooncake_master", ["--help"], "usage: ferry store-master"),
+    ("transfer_engine_bench", ["--help"], "usage: transfer_engine_bench"),
+])
+def test_console_commands_are_on_path(venv, tmp_path, command, args, said):
+    """The wheel's console commands (pyproject.toml [project.scripts]), as
+    Mooncake's wheel test finds its own: on PATH, and running the tool."""
+    python, _ = venv
+    bindir = os.path.dirname(python)
+    found = shutil.which(command, path=bindir)
+    assert found == os.path.join(bindir, command), os.listdir(bindir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "FERRY_"))}
+    done = subprocess.run([found] + args, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert said in done.stdout, done.stdout
+
+
 def needed(path):
     out = subprocess.run(["readelf", "-d", path], check=True, capture_output=True,
                          text=True).stdout
