@@ -1,0 +1,376 @@
+/* test_stream_order.c - stream-ordered transfers (ferry_batch_submit_on_stream)
+ * without a GPU, through the test double of the CUDA driver (support/fake_cuda,
+ * libcuda.so.1 from LD_LIBRARY_PATH), whose streams run in order and only
+ * when waited for, so a missing wait shows as wrong bytes:
+ *
+ *  - the work queued on the stream before the call is seen by the transfer
+ *    (a copy into its source lands first), and the work queued after sees
+ *    the landed bytes: while the target's landing is held (fake_cuda_hold),
+ *    the stream's later copy has not run (cuEventQuery: not ready);
+ *  - the same for a READ into device memory;
+ *  - a transfer that fails (the target unregistered its memory meanwhile)
+ *    releases the stream, and its batch says why;
+ *  - with no handle (out NULL, Mooncake's *_on_cuda) the bytes land and
+ *    the stream goes on;
+ *  - a transfer refused by the checks queues nothing on the stream;
+ *  - no CUDA context is left current on the calling thread.
+ *
+ * ctest runs it twice: as is (the stream waits with cuStreamWaitValue32)
+ * and with FAKE_CUDA_NO_STREAM_MEMOPS=1 (the driver lacks stream memory
+ * operations: a host function holds the stream). Both engines live in this
+ * process, on 127.0.0.1, over tcp (device memory staged). */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* cmocka needs the headers above first. */
+#include <cmocka.h>
+
+#include "ferry.h"
+#include "harness.h"
+#include "rig.h"
+
+#define SIZE (600 * 1024) /* more than two of the staging pipeline's slots */
+#define CUDA_ERROR_NOT_READY 600
+
+typedef unsigned long long devptr;
+static struct {
+  int (*Init)(unsigned);
+  int (*DeviceGet)(int *, int);
+  int (*PrimaryCtxRetain)(void **, int);
+  int (*CtxPush)(void *);
+  int (*CtxPop)(void **);
+  int (*CtxGetCurrent)(void **);
+  int (*MemAlloc)(devptr *, size_t);
+  int (*MemFree)(devptr);
+  int (*MemHostAlloc)(void **, size_t, unsigned);
+  int (*MemFreeHost)(void *);
+  int (*HtoD)(devptr, const void *, size_t);
+  int (*DtoH)(void *, devptr, size_t);
+  int (*HtoDAsync)(devptr, const void *, size_t, void *);
+  int (*DtoHAsync)(void *, devptr, size_t, void *);
+  int (*StreamCreate)(void **, unsigned);
+  int (*StreamDestroy)(void *);
+  int (*EventCreate)(void **, unsigned);
+  int (*EventRecord)(void *, void *);
+  int (*EventQuery)(void *);
+  int (*EventSynchronize)(void *);
+  int (*EventDestroy)(void *);
+  void (*Hold)(devptr, int);
+  void (*HeldWait)(void);
+  void *ctx;
+} cu;
+
+static int load_driver(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib || !dlsym(lib, "fake_cuda_hold"))
+    return 0;
+  const struct {
+    void *field;
+    const char *name;
+  } names[] = {
+      {&cu.Init, "cuInit"},
+      {&cu.DeviceGet, "cuDeviceGet"},
+      {&cu.PrimaryCtxRetain, "cuDevicePrimaryCtxRetain"},
+      {&cu.CtxPush, "cuCtxPushCurrent_v2"},
+      {&cu.CtxPop, "cuCtxPopCurrent_v2"},
+      {&cu.CtxGetCurrent, "cuCtxGetCurrent"},
+      {&cu.MemAlloc, "cuMemAlloc_v2"},
+      {&cu.MemFree, "cuMemFree_v2"},
+      {&cu.MemHostAlloc, "cuMemHostAlloc"},
+      {&cu.MemFreeHost, "cuMemFreeHost"},
+      {&cu.HtoD, "cuMemcpyHtoD_v2"},
+      {&cu.DtoH, "cuMemcpyDtoH_v2"},
+      {&cu.HtoDAsync, "cuMemcpyHtoDAsync_v2"},
+      {&cu.DtoHAsync, "cuMemcpyDtoHAsync_v2"},
+      {&cu.StreamCreate, "cuStreamCreate"},
+      {&cu.StreamDestroy, "cuStreamDestroy_v2"},
+      {&cu.EventCreate, "cuEventCreate"},
+      {&cu.EventRecord, "cuEventRecord"},
+      {&cu.EventQuery, "cuEventQuery"},
+      {&cu.EventSynchronize, "cuEventSynchronize"},
+      {&cu.EventDestroy, "cuEventDestroy_v2"},
+      {&cu.Hold, "fake_cuda_hold"},
+      {&cu.HeldWait, "fake_cuda_held_wait"},
+  };
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+    if (!(*(void **)names[i].field = dlsym(lib, names[i].name)))
+      return 0;
+  int device;
+  return !cu.Init(0) && !cu.DeviceGet(&device, 0) && !cu.PrimaryCtxRetain(&cu.ctx, device);
+}
+
+static void need_driver(void) {
+  static int loaded = -1;
+  if (loaded < 0)
+    loaded = load_driver();
+  char why[256] = "";
+  if (!loaded || !ferry_memory_cuda_available(why, sizeof why)) {
+    print_message("no fake CUDA driver: LD_LIBRARY_PATH must name build/tests/fake_cuda (%s)\n",
+                  why);
+    skip();
+  }
+}
+
+/* Each driver call in the test's own context, popped again. */
+#define IN_CONTEXT(call)                                                                           \
+  do {                                                                                             \
+    assert_int_equal(cu.CtxPush(cu.ctx), 0);                                                       \
+    assert_int_equal((call), 0);                                                                   \
+    assert_int_equal(cu.CtxPop(NULL), 0);                                                          \
+  } while (0)
+
+static void assert_no_context(void) {
+  void *current = (void *)1;
+  assert_int_equal(cu.CtxGetCurrent(&current), 0);
+  assert_null(current);
+}
+
+static int memops(void) {
+  const char *off = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
+  return !(off && *off == '1');
+}
+
+/* ---- the rig: two engines, device memory on both, the application's stream ---------- */
+
+typedef struct stream_rig {
+  test_rig r;
+  uint8_t *remote, *local; /* device memory: the target's, the initiator's */
+  uint8_t *staged;         /* pinned host memory the stream copies from and to */
+  void *stream;
+} stream_rig;
+
+static ferry_engine *engine(void) {
+  ferry_config cfg;
+  test_config(&cfg);
+  cfg.transports = FERRY_TRANSPORT_TCP;
+  cfg.timeout_ms = TEST_SETUP_MS;
+  return test_engine_create(&cfg);
+}
+
+static void rig_start(stream_rig *s) {
+  need_driver();
+  test_rig_start(&s->r, engine(), engine(), 4096);
+  devptr remote, local;
+  IN_CONTEXT(cu.MemAlloc(&remote, SIZE));
+  IN_CONTEXT(cu.MemAlloc(&local, SIZE));
+  IN_CONTEXT(cu.MemHostAlloc((void **)&s->staged, SIZE, 0));
+  IN_CONTEXT(cu.StreamCreate(&s->stream, 1));
+  s->remote = (uint8_t *)(uintptr_t)remote;
+  s->local = (uint8_t *)(uintptr_t)local;
+  assert_int_equal(ferry_memory_register_at(s->r.target, s->remote, SIZE, "cuda:0"), FERRY_OK);
+  assert_int_equal(ferry_memory_register_at(s->r.initiator, s->local, SIZE, "cuda:0"), FERRY_OK);
+}
+
+static void rig_stop(stream_rig *s) {
+  test_rig_stop(&s->r);
+  IN_CONTEXT(cu.StreamDestroy(s->stream));
+  IN_CONTEXT(cu.MemFree((devptr)(uintptr_t)s->remote));
+  IN_CONTEXT(cu.MemFree((devptr)(uintptr_t)s->local));
+  IN_CONTEXT(cu.MemFreeHost(s->staged));
+}
+
+static void put(uint8_t *dev, uint64_t seed) {
+  uint8_t *bytes = malloc(SIZE);
+  assert_non_null(bytes);
+  test_fill_random(bytes, SIZE, seed);
+  IN_CONTEXT(cu.HtoD((devptr)(uintptr_t)dev, bytes, SIZE));
+  free(bytes);
+}
+
+/* Asserts the device memory (host: NULL) or host memory holds seed's bytes. */
+static void assert_holds(const uint8_t *dev, const uint8_t *host, uint64_t seed) {
+  uint8_t *want = malloc(SIZE), *got = malloc(SIZE);
+  assert_non_null(want);
+  assert_non_null(got);
+  test_fill_random(want, SIZE, seed);
+  if (dev)
+    IN_CONTEXT(cu.DtoH(got, (devptr)(uintptr_t)dev, SIZE));
+  else
+    memcpy(got, host, SIZE);
+  if (memcmp(got, want, SIZE))
+    fail_msg("the bytes are not seed %llu's", (unsigned long long)seed);
+  free(want);
+  free(got);
+}
+
+/* Queues on the stream a copy of dev into the pinned buffer, and an event
+ * after it. */
+static void *queue_after(stream_rig *s, const uint8_t *dev) {
+  void *event;
+  IN_CONTEXT(cu.EventCreate(&event, 2));
+  IN_CONTEXT(cu.DtoHAsync(s->staged, (devptr)(uintptr_t)dev, SIZE, s->stream));
+  IN_CONTEXT(cu.EventRecord(event, s->stream));
+  return event;
+}
+
+/* The stream reached event. With stream memory operations a query runs
+ * the stream as far as it can; a host function it does not run (it may
+ * block), so then the test waits. */
+static void assert_reached(void *event) {
+  if (!memops()) {
+    IN_CONTEXT(cu.EventSynchronize(event));
+    return;
+  }
+  assert_int_equal(cu.CtxPush(cu.ctx), 0);
+  int r = cu.EventQuery(event);
+  assert_int_equal(cu.CtxPop(NULL), 0);
+  if (r)
+    fail_msg("the stream still waits after the transfer ended (cuEventQuery: %d)", r);
+}
+
+static void assert_not_reached(void *event) {
+  assert_int_equal(cu.CtxPush(cu.ctx), 0);
+  int r = cu.EventQuery(event);
+  assert_int_equal(cu.CtxPop(NULL), 0);
+  if (r != CUDA_ERROR_NOT_READY)
+    fail_msg("the work queued after the transfer ran before it landed (cuEventQuery: %d)", r);
+}
+
+/* ---- cases ------------------------------------------------------------------------------- */
+
+/* WRITE: a copy queued before the call fills the source (the transfer
+ * must carry those bytes); a copy queued after reads the target, and must
+ * not run while the target's landing is held. */
+static void write_between_stream_work(void **state) {
+  (void)state;
+  stream_rig s;
+  rig_start(&s);
+  put(s.local, 1);  /* what the source held before the stream's work */
+  put(s.remote, 2); /* and the target */
+  test_fill_random(s.staged, SIZE, 3);
+  IN_CONTEXT(cu.HtoDAsync((devptr)(uintptr_t)s.local, s.staged, SIZE, s.stream));
+  cu.Hold((devptr)(uintptr_t)s.remote, 1);
+  ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
+  ferry_batch *b;
+  if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
+    fail_msg("%s", ferry_last_error());
+  assert_no_context();
+  void *after = queue_after(&s, s.remote);
+  cu.HeldWait(); /* the transfer is landing: the work before it ran */
+  assert_not_reached(after);
+  cu.Hold((devptr)(uintptr_t)s.remote, 0);
+  assert_int_equal(ferry_batch_wait(b, -1), FERRY_OK);
+  ferry_batch_free(b);
+  IN_CONTEXT(cu.EventSynchronize(after));
+  assert_holds(NULL, s.staged, 3); /* the later copy saw the landed bytes */
+  assert_holds(s.remote, NULL, 3);
+  IN_CONTEXT(cu.EventDestroy(after));
+  rig_stop(&s);
+}
+
+/* READ into device memory: the work after waits for the copy into it. */
+static void read_lands_before_later_work(void **state) {
+  (void)state;
+  stream_rig s;
+  rig_start(&s);
+  put(s.remote, 4);
+  put(s.local, 5);
+  cu.Hold((devptr)(uintptr_t)s.local, 1);
+  ferry_entry entry = {FERRY_OP_READ, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
+  ferry_batch *b;
+  if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
+    fail_msg("%s", ferry_last_error());
+  void *after = queue_after(&s, s.local);
+  cu.HeldWait();
+  assert_not_reached(after);
+  cu.Hold((devptr)(uintptr_t)s.local, 0);
+  assert_int_equal(ferry_batch_wait(b, -1), FERRY_OK);
+  ferry_batch_free(b);
+  IN_CONTEXT(cu.EventSynchronize(after));
+  assert_holds(NULL, s.staged, 4);
+  IN_CONTEXT(cu.EventDestroy(after));
+  assert_no_context();
+  rig_stop(&s);
+}
+
+/* The target unregisters its memory while the stream's earlier work still
+ * runs: the transfer fails, the stream goes on, the batch says why. */
+static void failure_releases_stream(void **state) {
+  (void)state;
+  stream_rig s;
+  rig_start(&s);
+  put(s.remote, 6);
+  test_fill_random(s.staged, SIZE, 7);
+  cu.Hold((devptr)(uintptr_t)s.local, 1); /* the work before: held */
+  IN_CONTEXT(cu.HtoDAsync((devptr)(uintptr_t)s.local, s.staged, SIZE, s.stream));
+  ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
+  ferry_batch *b;
+  if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
+    fail_msg("%s", ferry_last_error());
+  void *after = queue_after(&s, s.remote);
+  cu.HeldWait(); /* ferry's thread waits for the work before */
+  assert_int_equal(ferry_memory_unregister(s.r.target, s.remote), FERRY_OK);
+  cu.Hold((devptr)(uintptr_t)s.local, 0);
+  ferry_status st = ferry_batch_wait(b, -1);
+  if (st == FERRY_OK)
+    fail_msg("a WRITE into unregistered memory succeeded");
+  if (!strstr(ferry_last_error(), "not registered"))
+    fail_msg("detail \"%s\" does not say why", ferry_last_error());
+  ferry_batch_free(b);
+  assert_reached(after); /* released, not waiting forever */
+  assert_holds(NULL, s.staged, 6);
+  IN_CONTEXT(cu.EventDestroy(after));
+  rig_stop(&s);
+}
+
+/* No handle: the bytes land before the work after, as with one. */
+static void unwatched_lands(void **state) {
+  (void)state;
+  stream_rig s;
+  rig_start(&s);
+  put(s.local, 8);
+  put(s.remote, 9);
+  ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
+  if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, NULL))
+    fail_msg("%s", ferry_last_error());
+  void *after = queue_after(&s, s.remote);
+  IN_CONTEXT(cu.EventSynchronize(after));
+  assert_holds(NULL, s.staged, 8);
+  IN_CONTEXT(cu.EventDestroy(after));
+  rig_stop(&s);
+}
+
+/* Refused by the checks: an error at once, and nothing queued. */
+static void refused_queues_nothing(void **state) {
+  (void)state;
+  stream_rig s;
+  rig_start(&s);
+  ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote + SIZE, 64};
+  ferry_batch *b = NULL;
+  assert_int_not_equal(
+      ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b),
+      FERRY_OK);
+  assert_null(b);
+  entry = (ferry_entry){FERRY_OP_WRITE, s.local + 1, 0, SIZE};
+  assert_int_equal(
+      ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b),
+      FERRY_ENOTREG);
+  void *event;
+  IN_CONTEXT(cu.EventCreate(&event, 2));
+  IN_CONTEXT(cu.EventRecord(event, s.stream));
+  assert_int_equal(cu.CtxPush(cu.ctx), 0);
+  assert_int_equal(cu.EventQuery(event), 0); /* no wait was queued */
+  assert_int_equal(cu.CtxPop(NULL), 0);
+  IN_CONTEXT(cu.EventDestroy(event));
+  assert_no_context();
+  rig_stop(&s);
+}
+
+int main(void) {
+  const char *filter = getenv("FERRY_TEST_FILTER");
+  if (filter && *filter)
+    cmocka_set_test_filter(filter);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(write_between_stream_work), cmocka_unit_test(read_lands_before_later_work),
+      cmocka_unit_test(failure_releases_stream),   cmocka_unit_test(unwatched_lands),
+      cmocka_unit_test(refused_queues_nothing),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
