@@ -107,6 +107,7 @@ struct fake_stream {
 
 struct fake_event {
   CUstream stream; /* where it was last recorded; NULL: none pending */
+  int destroyed;   /* cuEventDestroy_v2 while pending: freed when its mark runs */
 };
 
 typedef struct fake_allocation {
@@ -392,7 +393,12 @@ static int run_op(fake_op *op, int blocking) {
     }
     memcpy(op->dst, op->src, op->bytes);
     return 1;
-  case OP_MARK: op->event->stream = NULL; return 1;
+  case OP_MARK:
+    if (op->event->destroyed)
+      free(op->event);
+    else
+      op->event->stream = NULL;
+    return 1;
   case OP_WAIT_VALUE:
     /* The GPU polls the word; so does the fake (the driver's behaviour,
      * not a test ordering events by time). */
@@ -534,9 +540,19 @@ CUresult cuEventSynchronize(CUevent event) {
   return CUDA_SUCCESS;
 }
 
+/* As the driver: returns at once; a pending event is freed once reached
+ * (destroying it waits for nothing). */
 CUresult cuEventDestroy_v2(CUevent event) {
-  event_wait("cuEventDestroy_v2", event);
-  free(event);
+  need_context("cuEventDestroy_v2");
+  if (!event)
+    misuse("cuEventDestroy_v2", "no event");
+  pthread_mutex_lock(&lock);
+  int pending = event->stream != NULL;
+  if (pending)
+    event->destroyed = 1;
+  pthread_mutex_unlock(&lock);
+  if (!pending)
+    free(event);
   return CUDA_SUCCESS;
 }
 
