@@ -250,8 +250,9 @@ def case_mooncake_on_cuda():
             a.transfer_read_on_cuda(target, src, dst, SIZE, stream_ptr=stream)
         ev = _after(stream, held, staged, SIZE)
         cu.fake_cuda_held_wait()
-        assert cu.cuEventQuery(ev) == NOT_READY, "the work after ran before the bytes landed"
-        cu.fake_cuda_hold(held, 0)
+        early = cu.cuEventQuery(ev) != NOT_READY
+        cu.fake_cuda_hold(held, 0)  # first: a failing case must not leave ferry held
+        assert not early, "the work after ran before the bytes landed"
         check(cu.cuEventSynchronize(ev), "cuEventSynchronize")
         want = pattern(SIZE, 20) if write else pattern(SIZE, 11)
         assert ctypes.string_at(staged, SIZE) == want, "wrong bytes after the %s" % (
