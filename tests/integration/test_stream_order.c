@@ -19,7 +19,6 @@
  * and with FAKE_CUDA_NO_STREAM_MEMOPS=1 (the driver lacks stream memory
  * operations: a host function holds the stream). Both engines live in this
  * process, on 127.0.0.1, over tcp (device memory staged). */
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,105 +31,12 @@
 /* cmocka needs the headers above first. */
 #include <cmocka.h>
 
+#include "cuda_double.h"
 #include "ferry.h"
 #include "harness.h"
 #include "rig.h"
 
 #define SIZE (600 * 1024) /* more than two of the staging pipeline's slots */
-#define CUDA_ERROR_NOT_READY 600
-
-typedef unsigned long long devptr;
-static struct {
-  int (*Init)(unsigned);
-  int (*DeviceGet)(int *, int);
-  int (*PrimaryCtxRetain)(void **, int);
-  int (*CtxPush)(void *);
-  int (*CtxPop)(void **);
-  int (*CtxGetCurrent)(void **);
-  int (*MemAlloc)(devptr *, size_t);
-  int (*MemFree)(devptr);
-  int (*MemHostAlloc)(void **, size_t, unsigned);
-  int (*MemFreeHost)(void *);
-  int (*HtoD)(devptr, const void *, size_t);
-  int (*DtoH)(void *, devptr, size_t);
-  int (*HtoDAsync)(devptr, const void *, size_t, void *);
-  int (*DtoHAsync)(void *, devptr, size_t, void *);
-  int (*StreamCreate)(void **, unsigned);
-  int (*StreamDestroy)(void *);
-  int (*EventCreate)(void **, unsigned);
-  int (*EventRecord)(void *, void *);
-  int (*EventQuery)(void *);
-  int (*EventSynchronize)(void *);
-  int (*EventDestroy)(void *);
-  void (*Hold)(devptr, int);
-  void (*HeldWait)(void);
-  void *ctx;
-} cu;
-
-static int load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib || !dlsym(lib, "fake_cuda_hold"))
-    return 0;
-  const struct {
-    void *field;
-    const char *name;
-  } names[] = {
-      {&cu.Init, "cuInit"},
-      {&cu.DeviceGet, "cuDeviceGet"},
-      {&cu.PrimaryCtxRetain, "cuDevicePrimaryCtxRetain"},
-      {&cu.CtxPush, "cuCtxPushCurrent_v2"},
-      {&cu.CtxPop, "cuCtxPopCurrent_v2"},
-      {&cu.CtxGetCurrent, "cuCtxGetCurrent"},
-      {&cu.MemAlloc, "cuMemAlloc_v2"},
-      {&cu.MemFree, "cuMemFree_v2"},
-      {&cu.MemHostAlloc, "cuMemHostAlloc"},
-      {&cu.MemFreeHost, "cuMemFreeHost"},
-      {&cu.HtoD, "cuMemcpyHtoD_v2"},
-      {&cu.DtoH, "cuMemcpyDtoH_v2"},
-      {&cu.HtoDAsync, "cuMemcpyHtoDAsync_v2"},
-      {&cu.DtoHAsync, "cuMemcpyDtoHAsync_v2"},
-      {&cu.StreamCreate, "cuStreamCreate"},
-      {&cu.StreamDestroy, "cuStreamDestroy_v2"},
-      {&cu.EventCreate, "cuEventCreate"},
-      {&cu.EventRecord, "cuEventRecord"},
-      {&cu.EventQuery, "cuEventQuery"},
-      {&cu.EventSynchronize, "cuEventSynchronize"},
-      {&cu.EventDestroy, "cuEventDestroy_v2"},
-      {&cu.Hold, "fake_cuda_hold"},
-      {&cu.HeldWait, "fake_cuda_held_wait"},
-  };
-  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-    if (!(*(void **)names[i].field = dlsym(lib, names[i].name)))
-      return 0;
-  int device;
-  return !cu.Init(0) && !cu.DeviceGet(&device, 0) && !cu.PrimaryCtxRetain(&cu.ctx, device);
-}
-
-static void need_driver(void) {
-  static int loaded = -1;
-  if (loaded < 0)
-    loaded = load_driver();
-  char why[256] = "";
-  if (!loaded || !ferry_memory_cuda_available(why, sizeof why)) {
-    print_message("no fake CUDA driver: LD_LIBRARY_PATH must name build/tests/fake_cuda (%s)\n",
-                  why);
-    skip();
-  }
-}
-
-/* Each driver call in the test's own context, popped again. */
-#define IN_CONTEXT(call)                                                                           \
-  do {                                                                                             \
-    assert_int_equal(cu.CtxPush(cu.ctx), 0);                                                       \
-    assert_int_equal((call), 0);                                                                   \
-    assert_int_equal(cu.CtxPop(NULL), 0);                                                          \
-  } while (0)
-
-static void assert_no_context(void) {
-  void *current = (void *)1;
-  assert_int_equal(cu.CtxGetCurrent(&current), 0);
-  assert_null(current);
-}
 
 static int memops(void) {
   const char *off = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
@@ -155,32 +61,29 @@ static ferry_engine *engine(void) {
 }
 
 static void rig_start(stream_rig *s) {
-  need_driver();
+  cuda_double_need();
   test_rig_start(&s->r, engine(), engine(), 4096);
-  devptr remote, local;
-  IN_CONTEXT(cu.MemAlloc(&remote, SIZE));
-  IN_CONTEXT(cu.MemAlloc(&local, SIZE));
-  IN_CONTEXT(cu.MemHostAlloc((void **)&s->staged, SIZE, 0));
-  IN_CONTEXT(cu.StreamCreate(&s->stream, 1));
-  s->remote = (uint8_t *)(uintptr_t)remote;
-  s->local = (uint8_t *)(uintptr_t)local;
+  s->remote = cuda_double_alloc(SIZE);
+  s->local = cuda_double_alloc(SIZE);
+  s->staged = cuda_double_pinned(SIZE);
+  s->stream = cuda_double_stream();
   assert_int_equal(ferry_memory_register_at(s->r.target, s->remote, SIZE, "cuda:0"), FERRY_OK);
   assert_int_equal(ferry_memory_register_at(s->r.initiator, s->local, SIZE, "cuda:0"), FERRY_OK);
 }
 
 static void rig_stop(stream_rig *s) {
   test_rig_stop(&s->r);
-  IN_CONTEXT(cu.StreamDestroy(s->stream));
-  IN_CONTEXT(cu.MemFree((devptr)(uintptr_t)s->remote));
-  IN_CONTEXT(cu.MemFree((devptr)(uintptr_t)s->local));
-  IN_CONTEXT(cu.MemFreeHost(s->staged));
+  cuda_double_stream_destroy(s->stream);
+  cuda_double_free(s->remote);
+  cuda_double_free(s->local);
+  cuda_double_free_pinned(s->staged);
 }
 
 static void put(uint8_t *dev, uint64_t seed) {
   uint8_t *bytes = malloc(SIZE);
   assert_non_null(bytes);
   test_fill_random(bytes, SIZE, seed);
-  IN_CONTEXT(cu.HtoD((devptr)(uintptr_t)dev, bytes, SIZE));
+  cuda_double_put(dev, bytes, SIZE);
   free(bytes);
 }
 
@@ -191,7 +94,7 @@ static void assert_holds(const uint8_t *dev, const uint8_t *host, uint64_t seed)
   assert_non_null(got);
   test_fill_random(want, SIZE, seed);
   if (dev)
-    IN_CONTEXT(cu.DtoH(got, (devptr)(uintptr_t)dev, SIZE));
+    cuda_double_get(got, dev, SIZE);
   else
     memcpy(got, host, SIZE);
   if (memcmp(got, want, SIZE))
@@ -202,34 +105,26 @@ static void assert_holds(const uint8_t *dev, const uint8_t *host, uint64_t seed)
 
 /* Queues on the stream a copy of dev into the pinned buffer, and an event
  * after it. */
-static void *queue_after(stream_rig *s, const uint8_t *dev) {
-  void *event;
-  IN_CONTEXT(cu.EventCreate(&event, 2));
-  IN_CONTEXT(cu.DtoHAsync(s->staged, (devptr)(uintptr_t)dev, SIZE, s->stream));
-  IN_CONTEXT(cu.EventRecord(event, s->stream));
-  return event;
+static void *queue_after(stream_rig *s, uint8_t *dev) {
+  cuda_double_copy_async(dev, s->staged, SIZE, 0, s->stream);
+  return cuda_double_record(s->stream);
 }
 
-/* The stream reached event. With stream memory operations a query runs
- * the stream as far as it can; a host function it does not run (it may
- * block), so then the test waits. */
+/* The stream reached event (and the event is gone). With stream memory
+ * operations a query runs the stream as far as it can; a host function it
+ * does not run (it may block), so then the test waits. */
 static void assert_reached(void *event) {
-  if (!memops()) {
-    IN_CONTEXT(cu.EventSynchronize(event));
-    return;
+  if (memops()) {
+    int r = cuda_double_query(event);
+    if (r)
+      fail_msg("the stream still waits after the transfer ended (cuEventQuery: %d)", r);
   }
-  assert_int_equal(cu.CtxPush(cu.ctx), 0);
-  int r = cu.EventQuery(event);
-  assert_int_equal(cu.CtxPop(NULL), 0);
-  if (r)
-    fail_msg("the stream still waits after the transfer ended (cuEventQuery: %d)", r);
+  cuda_double_wait(event);
 }
 
 static void assert_not_reached(void *event) {
-  assert_int_equal(cu.CtxPush(cu.ctx), 0);
-  int r = cu.EventQuery(event);
-  assert_int_equal(cu.CtxPop(NULL), 0);
-  if (r != CUDA_ERROR_NOT_READY)
+  int r = cuda_double_query(event);
+  if (r != CUDA_DOUBLE_NOT_READY)
     fail_msg("the work queued after the transfer ran before it landed (cuEventQuery: %d)", r);
 }
 
@@ -245,23 +140,22 @@ static void write_between_stream_work(void **state) {
   put(s.local, 1);  /* what the source held before the stream's work */
   put(s.remote, 2); /* and the target */
   test_fill_random(s.staged, SIZE, 3);
-  IN_CONTEXT(cu.HtoDAsync((devptr)(uintptr_t)s.local, s.staged, SIZE, s.stream));
-  cu.Hold((devptr)(uintptr_t)s.remote, 1);
+  cuda_double_copy_async(s.local, s.staged, SIZE, 1, s.stream);
+  cuda_double_hold(s.remote, 1);
   ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
   ferry_batch *b;
   if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
     fail_msg("%s", ferry_last_error());
-  assert_no_context();
+  cuda_double_no_context();
   void *after = queue_after(&s, s.remote);
-  cu.HeldWait(); /* the transfer is landing: the work before it ran */
+  cuda_double_held_wait(); /* the transfer is landing: the work before it ran */
   assert_not_reached(after);
-  cu.Hold((devptr)(uintptr_t)s.remote, 0);
+  cuda_double_hold(s.remote, 0);
   assert_int_equal(ferry_batch_wait(b, -1), FERRY_OK);
   ferry_batch_free(b);
-  IN_CONTEXT(cu.EventSynchronize(after));
+  cuda_double_wait(after);
   assert_holds(NULL, s.staged, 3); /* the later copy saw the landed bytes */
   assert_holds(s.remote, NULL, 3);
-  IN_CONTEXT(cu.EventDestroy(after));
   rig_stop(&s);
 }
 
@@ -272,21 +166,20 @@ static void read_lands_before_later_work(void **state) {
   rig_start(&s);
   put(s.remote, 4);
   put(s.local, 5);
-  cu.Hold((devptr)(uintptr_t)s.local, 1);
+  cuda_double_hold(s.local, 1);
   ferry_entry entry = {FERRY_OP_READ, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
   ferry_batch *b;
   if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
     fail_msg("%s", ferry_last_error());
   void *after = queue_after(&s, s.local);
-  cu.HeldWait();
+  cuda_double_held_wait();
   assert_not_reached(after);
-  cu.Hold((devptr)(uintptr_t)s.local, 0);
+  cuda_double_hold(s.local, 0);
   assert_int_equal(ferry_batch_wait(b, -1), FERRY_OK);
   ferry_batch_free(b);
-  IN_CONTEXT(cu.EventSynchronize(after));
+  cuda_double_wait(after);
   assert_holds(NULL, s.staged, 4);
-  IN_CONTEXT(cu.EventDestroy(after));
-  assert_no_context();
+  cuda_double_no_context();
   rig_stop(&s);
 }
 
@@ -298,16 +191,16 @@ static void failure_releases_stream(void **state) {
   rig_start(&s);
   put(s.remote, 6);
   test_fill_random(s.staged, SIZE, 7);
-  cu.Hold((devptr)(uintptr_t)s.local, 1); /* the work before: held */
-  IN_CONTEXT(cu.HtoDAsync((devptr)(uintptr_t)s.local, s.staged, SIZE, s.stream));
+  cuda_double_hold(s.local, 1); /* the work before: held */
+  cuda_double_copy_async(s.local, s.staged, SIZE, 1, s.stream);
   ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
   ferry_batch *b;
   if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
     fail_msg("%s", ferry_last_error());
   void *after = queue_after(&s, s.remote);
-  cu.HeldWait(); /* ferry's thread waits for the work before */
+  cuda_double_held_wait(); /* ferry's thread waits for the work before */
   assert_int_equal(ferry_memory_unregister(s.r.target, s.remote), FERRY_OK);
-  cu.Hold((devptr)(uintptr_t)s.local, 0);
+  cuda_double_hold(s.local, 0);
   ferry_status st = ferry_batch_wait(b, -1);
   if (st == FERRY_OK)
     fail_msg("a WRITE into unregistered memory succeeded");
@@ -316,7 +209,6 @@ static void failure_releases_stream(void **state) {
   ferry_batch_free(b);
   assert_reached(after); /* released, not waiting forever */
   assert_holds(NULL, s.staged, 6);
-  IN_CONTEXT(cu.EventDestroy(after));
   rig_stop(&s);
 }
 
@@ -331,9 +223,8 @@ static void unwatched_lands(void **state) {
   if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, NULL))
     fail_msg("%s", ferry_last_error());
   void *after = queue_after(&s, s.remote);
-  IN_CONTEXT(cu.EventSynchronize(after));
+  cuda_double_wait(after);
   assert_holds(NULL, s.staged, 8);
-  IN_CONTEXT(cu.EventDestroy(after));
   rig_stop(&s);
 }
 
@@ -352,14 +243,10 @@ static void refused_queues_nothing(void **state) {
   assert_int_equal(
       ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b),
       FERRY_ENOTREG);
-  void *event;
-  IN_CONTEXT(cu.EventCreate(&event, 2));
-  IN_CONTEXT(cu.EventRecord(event, s.stream));
-  assert_int_equal(cu.CtxPush(cu.ctx), 0);
-  assert_int_equal(cu.EventQuery(event), 0); /* no wait was queued */
-  assert_int_equal(cu.CtxPop(NULL), 0);
-  IN_CONTEXT(cu.EventDestroy(event));
-  assert_no_context();
+  void *event = cuda_double_record(s.stream);
+  assert_int_equal(cuda_double_query(event), 0); /* no wait was queued */
+  cuda_double_wait(event);
+  cuda_double_no_context();
   rig_stop(&s);
 }
 
