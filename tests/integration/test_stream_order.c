@@ -13,12 +13,16 @@
  *  - with no handle (out NULL, Mooncake's *_on_cuda) the bytes land and
  *    the stream goes on;
  *  - a transfer refused by the checks queues nothing on the stream;
+ *  - shutdown while ferry waits for the stream's earlier work fails the
+ *    batch once that work completed, and releases the stream;
  *  - no CUDA context is left current on the calling thread.
  *
  * ctest runs it twice: as is (the stream waits with cuStreamWaitValue32)
  * and with FAKE_CUDA_NO_STREAM_MEMOPS=1 (the driver lacks stream memory
  * operations: a host function holds the stream). Both engines live in this
  * process, on 127.0.0.1, over tcp (device memory staged). */
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,6 +254,41 @@ static void refused_queues_nothing(void **state) {
   rig_stop(&s);
 }
 
+/* Shutdown while ferry's thread waits for the stream's earlier work: once
+ * that completes the batch fails (FERRY_ECLOSED, saying so) instead of
+ * starting, and the stream goes on. */
+static void *shut_down(void *engine) {
+  ferry_engine_shutdown(engine);
+  return NULL;
+}
+
+static void shutdown_fails_waiting_batch(void **state) {
+  (void)state;
+  stream_rig s;
+  rig_start(&s);
+  cuda_double_hold(s.local, 1); /* the work before: held */
+  cuda_double_copy_async(s.local, s.staged, SIZE, 1, s.stream);
+  ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
+  ferry_batch *b;
+  if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
+    fail_msg("%s", ferry_last_error());
+  void *after = queue_after(&s, s.remote);
+  cuda_double_held_wait();
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, shut_down, s.r.initiator), 0);
+  /* the gate refuses calls once the shutdown began */
+  while (ferry_memory_check(s.r.initiator, s.local, 1) != FERRY_ECLOSED)
+    sched_yield();
+  cuda_double_hold(s.local, 0);
+  pthread_join(t, NULL);
+  assert_int_equal(ferry_batch_wait(b, -1), FERRY_ECLOSED);
+  if (!strstr(ferry_last_error(), "shut down before the stream-ordered transfer"))
+    fail_msg("detail \"%s\" does not say why", ferry_last_error());
+  ferry_batch_free(b);
+  assert_reached(after);
+  rig_stop(&s);
+}
+
 int main(void) {
   const char *filter = getenv("FERRY_TEST_FILTER");
   if (filter && *filter)
@@ -257,7 +296,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(write_between_stream_work), cmocka_unit_test(read_lands_before_later_work),
       cmocka_unit_test(failure_releases_stream),   cmocka_unit_test(unwatched_lands),
-      cmocka_unit_test(refused_queues_nothing),
+      cmocka_unit_test(refused_queues_nothing),    cmocka_unit_test(shutdown_fails_waiting_batch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
