@@ -83,3 +83,13 @@ def test_not_an_array(pair):
     with pytest.raises(TypeError) as e:
         a.register(object())
     assert "__cuda_array_interface__ or __dlpack__" in str(e.value)
+
+
+def test_send_torch_tensor(pair):
+    a, b = pair
+    pool = b.create_pool("emb", 1 << 20)
+    t = torch.arange(1000, dtype=torch.float32)
+    a.send(b.name, "emb", b"req-1", t)
+    with b.recv(pool, b"req-1", timeout=30) as m:
+        assert bytes(m) == t.numpy().tobytes()
+    pool.close()
