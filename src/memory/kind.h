@@ -122,7 +122,5 @@ ferry_status ferry_stream_fence_wait(ferry_stream_fence *fence);
 void ferry_stream_fence_release(ferry_stream_fence *fence);
 /* "cuda:0 stream 0x..." for messages. */
 const char *ferry_stream_fence_name(const ferry_stream_fence *fence);
-/* How the stream waits: "stream memory operations" or "a host function". */
-const char *ferry_stream_fence_mode(const ferry_stream_fence *fence);
 
 #endif

@@ -493,7 +493,3 @@ void ferry_stream_fence_release(ferry_stream_fence *f) {
 }
 
 const char *ferry_stream_fence_name(const ferry_stream_fence *f) { return f->name; }
-
-const char *ferry_stream_fence_mode(const ferry_stream_fence *f) {
-  return f->word >= 0 ? "stream memory operations" : "a host function";
-}
