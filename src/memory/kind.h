@@ -113,8 +113,8 @@ typedef struct ferry_stream_fence ferry_stream_fence;
  * FERRY_EFAULT naming the call and the device when the driver refuses. */
 ferry_status ferry_stream_fence_open(void *stream, ferry_stream_fence **out);
 /* Blocks until the work queued on the stream before the fence completed
- * (any thread); FERRY_EFAULT naming the device if it failed. Called once,
- * before release. */
+ * (any thread); FERRY_EFAULT naming the device if it failed. Called once
+ * per fence, before or after its release: each drops its own hold. */
 ferry_status ferry_stream_fence_wait(ferry_stream_fence *fence);
 /* The transfer ended (landed or failed): the stream goes on. Once; no
  * CUDA call, so it may be called under a lock. The fence is freed once

@@ -463,20 +463,24 @@ ferry_status ferry_stream_fence_open(void *stream, ferry_stream_fence **out) {
     fence_put(f);
     return st;
   }
+  f->refs++; /* the waiter's: a release may come first (a cancelled batch) */
   *out = f;
   return FERRY_OK;
 }
 
 ferry_status ferry_stream_fence_wait(ferry_stream_fence *f) {
   CUresult r = cu.CtxPushCurrent(f->ctx);
-  if (r != CUDA_SUCCESS)
+  if (r != CUDA_SUCCESS) {
+    fence_put(f);
     return cuda_fail(r, "cuCtxPushCurrent", f->device);
+  }
   r = cu.EventSynchronize(f->before);
   cu.EventDestroy(f->before);
-  f->before = NULL;
   cuda_leave();
+  int device = f->device;
+  fence_put(f);
   if (r != CUDA_SUCCESS)
-    return cuda_fail(r, "cuEventSynchronize (the work queued before the transfer)", f->device);
+    return cuda_fail(r, "cuEventSynchronize (the work queued before the transfer)", device);
   return FERRY_OK;
 }
 

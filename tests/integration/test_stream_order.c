@@ -13,6 +13,8 @@
  *  - with no handle (out NULL, Mooncake's *_on_cuda) the bytes land and
  *    the stream goes on;
  *  - a transfer refused by the checks queues nothing on the stream;
+ *  - a batch cancelled while ferry waits for the stream's earlier work
+ *    releases the stream and never starts;
  *  - shutdown while ferry waits for the stream's earlier work fails the
  *    batch once that work completed, and releases the stream;
  *  - no CUDA context is left current on the calling thread.
@@ -254,6 +256,32 @@ static void refused_queues_nothing(void **state) {
   rig_stop(&s);
 }
 
+/* Cancelled while ferry waits for the stream's earlier work: the stream
+ * is released at once, and the batch never starts. */
+static void cancel_while_waiting(void **state) {
+  (void)state;
+  stream_rig s;
+  rig_start(&s);
+  put(s.remote, 12);
+  cuda_double_hold(s.local, 1); /* the work before: held */
+  cuda_double_copy_async(s.local, s.staged, SIZE, 1, s.stream);
+  ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
+  ferry_batch *b;
+  if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
+    fail_msg("%s", ferry_last_error());
+  cuda_double_held_wait();
+  assert_int_equal(ferry_batch_cancel(b), FERRY_OK);
+  assert_int_equal(ferry_batch_wait(b, -1), FERRY_ECANCELED);
+  ferry_batch_free(b);
+  cuda_double_hold(s.local, 0);
+  void *after = queue_after(&s, s.remote);
+  /* ferry's thread may still be running the stream's earlier work: wait
+   * (a stream left waiting hangs here, past ctest's timeout) */
+  cuda_double_wait(after);
+  assert_holds(NULL, s.staged, 12); /* nothing was written */
+  rig_stop(&s);
+}
+
 /* Shutdown while ferry's thread waits for the stream's earlier work: once
  * that completes the batch fails (FERRY_ECLOSED, saying so) instead of
  * starting, and the stream goes on. */
@@ -297,6 +325,7 @@ int main(void) {
       cmocka_unit_test(write_between_stream_work), cmocka_unit_test(read_lands_before_later_work),
       cmocka_unit_test(failure_releases_stream),   cmocka_unit_test(unwatched_lands),
       cmocka_unit_test(refused_queues_nothing),    cmocka_unit_test(shutdown_fails_waiting_batch),
+      cmocka_unit_test(cancel_while_waiting),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
