@@ -316,6 +316,29 @@ def case_ferry_submit_on_stream_failure():
     b.close()
 
 
+def case_gpu_pool():
+    """A receive pool over device memory (an array object): an embedding
+    sent from device memory lands in it; the message gives its device
+    address and refuses the CPU a view of it."""
+    a, b = engines()
+    pool_memory, emb = device_alloc(1 << 20), device_alloc(SIZE)
+    pool = b.create_pool("prefill", CudaArray(pool_memory, (1 << 20,)))
+    put(emb, pattern(SIZE, 5))
+    a.register(CudaArray(emb, (SIZE,)))
+    a.send(b.name, "prefill", b"req-7", CudaArray(emb, (SIZE,)))
+    with b.recv(pool, b"req-7", timeout=30) as m:
+        assert pool_memory <= m.addr and m.addr + len(m) <= pool_memory + (1 << 20)
+        assert len(m) == SIZE and get(m.addr, SIZE) == pattern(SIZE, 5)
+        try:
+            memoryview(m)
+            raise AssertionError("a CPU view of device memory was made")
+        except BufferError as e:
+            assert "CUDA memory" in str(e), e
+    pool.close()
+    a.close()
+    b.close()
+
+
 if __name__ == "__main__":
     setup_driver()
     globals()["case_" + sys.argv[1]]()

@@ -8,7 +8,8 @@ drop-in's stream-ordered calls (issue 30 §3):
     with __cuda_array_interface__ or __dlpack__ of device memory, the
     location they imply checked against the driver; Mooncake's *_on_cuda
     calls in stream order, and their refusals; ferry.Engine.submit_on_stream
-    releasing the stream when the transfer fails.
+    releasing the stream when the transfer fails; a receive pool over
+    device memory (its messages give .addr, and no CPU view).
 
 The fake tests ferry's logic around device memory, not the GPU path
 (tests/gpu/test_gpu_torch.py does, with torch.cuda).
@@ -29,7 +30,7 @@ FAKE = os.path.join(ROOT, os.environ.get("FERRY_BUILD", "build"), "tests", "fake
 
 @pytest.mark.parametrize("case", ["cuda_array_interface", "dlpack_device", "non_contiguous",
                                   "mooncake_on_cuda", "mooncake_on_cuda_errors",
-                                  "ferry_submit_on_stream_failure"])
+                                  "ferry_submit_on_stream_failure", "gpu_pool"])
 def test_with_fake_driver(case):
     if not os.path.exists(os.path.join(FAKE, "libcuda.so.1")):
         pytest.skip("no fake CUDA driver: build it (make build) into %s" % FAKE)
