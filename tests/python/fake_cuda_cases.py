@@ -293,7 +293,8 @@ def case_mooncake_on_cuda_errors():
 
 def case_ferry_submit_on_stream_failure():
     """ferry.Engine.submit_on_stream: a transfer failing after it was queued
-    (the target unregistered) releases the stream; its Batch says why."""
+    (the target unregistered) releases the stream; its Batch says why, and
+    without a Batch (watch=False) the log does."""
     a, b = engines()
     src, dst = device_alloc(SIZE), device_alloc(SIZE)
     a.register(src, SIZE, "cuda:0")
@@ -312,6 +313,25 @@ def case_ferry_submit_on_stream_failure():
     except ferry.Error as e:
         assert "not registered" in str(e), e
     check(cu.cuEventSynchronize(ev), "the stream waits forever")
+    # Unwatched (the drop-in's way): the failure is logged, naming the stream.
+    import logging
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("ferry").addHandler(handler)
+    cu.fake_cuda_hold(src, 1)
+    check(cu.cuMemcpyHtoDAsync_v2(src, staged, SIZE, stream), "HtoDAsync")
+    b.register(dst, SIZE, "cuda:0")
+    assert a.submit_on_stream(b.name, ferry.OP_WRITE, [src], [dst], [SIZE], stream=stream,
+                              watch=False) is None
+    ev = _after(stream, dst, staged, SIZE)
+    cu.fake_cuda_held_wait()
+    b.unregister(dst)
+    cu.fake_cuda_hold(src, 0)
+    check(cu.cuEventSynchronize(ev), "the stream waits forever")
+    ferry.flush_log()
+    assert any("stream-ordered transfer on cuda:0 stream" in x and "not registered" in x
+               for x in lines), lines
     a.close()
     b.close()
 
