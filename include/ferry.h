@@ -492,6 +492,31 @@ ferry_status ferry_batch_cancel(ferry_batch *batch);
 /* Frees a batch; a pending one is waited for first (bounded by its deadline). */
 void ferry_batch_free(ferry_batch *batch);
 
+/* ferry_batch_submit ordered on a CUDA stream (cuda_stream: a CUstream, as
+ * torch.cuda.Stream.cuda_stream gives it; NULL: the legacy default stream
+ * of the calling thread's current context). The transfer starts only once
+ * the work queued on that stream before the call completed, and work
+ * queued on it after the call waits until the transfer ended: done means
+ * landed (a READ into device memory: the copy into it completed). The call
+ * returns at once, after the checks ferry_batch_submit makes (their errors
+ * are returned, and nothing is queued on the stream): an event is recorded
+ * on the stream, and the stream is made to wait with cuStreamWaitValue32
+ * on a word of pinned memory that ferry writes when the batch ends (where
+ * the driver lacks stream memory operations: a host function that blocks
+ * until then, cuLaunchHostFunc, which holds one of the driver's callback
+ * threads). One ferry thread per engine, never the caller's, waits for the
+ * events in submission order and starts the batches; the batch's deadline
+ * counts from its start. A failed batch releases the stream too: the work
+ * after it runs on whatever the memory holds; *out (a ferry_batch as
+ * ferry_batch_submit's) says the outcome, and with out NULL a failure is
+ * logged (error level) with its detail. No CUDA context is left current
+ * on the calling thread. FERRY_ENOTIMPL without a CUDA driver. Shutdown
+ * fails batches whose stream work had not completed yet, once it has. */
+ferry_status ferry_batch_submit_on_stream(ferry_engine *engine, const char *target,
+                                          const ferry_entry *entries, size_t count,
+                                          const ferry_notification *notify, void *cuda_stream,
+                                          ferry_batch **out);
+
 /* Synchronous helpers: submit, wait, free. */
 ferry_status ferry_transfer_sync(ferry_engine *engine, const char *target, ferry_op op, void *local,
                                  uint64_t remote, size_t length);

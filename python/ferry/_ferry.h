@@ -73,12 +73,15 @@ int as_size(PyObject *o, size_t *out);
 #define READ_DESTINATION "the destination of a READ (the READ writes into it)"
 #define REGION "registered: peers may WRITE into registered memory"
 
-/* A local memory argument: an int address or a contiguous buffer object. */
+/* A local memory argument: an int address, a contiguous buffer object, or
+ * an array object (device.c: the view owns it; buf is its address, which
+ * may be device memory: never read). */
 typedef struct {
   void *ptr;
   size_t len; /* buffer length; 0 for an address */
   int has_view;
   Py_buffer view;
+  char location[24]; /* where an array object says it lives ("cuda:0"); "" otherwise */
 } LocalArg;
 
 int local_get(PyObject *obj, const char *writes, LocalArg *la);
@@ -87,6 +90,12 @@ int local_get_with_length(PyObject *obj, const char *writes, PyObject *length_ob
                           size_t *len);
 
 PyObject *to_bytes(PyObject *o);
+
+/* ---- device.c: array objects (__cuda_array_interface__, __dlpack__) ---- */
+
+/* 1 with la filled (a view owning obj) when obj is such an array; 0 when it
+ * is not one; -1 with an exception (non-contiguous, unknown device, ...). */
+int device_array_get(PyObject *obj, const char *writes, LocalArg *la);
 
 /* ---- engine.c: the Engine object -------------------------------------- */
 
@@ -132,6 +141,7 @@ PyObject *engine_transfer_batch(EngineObject *self, PyObject *args, PyObject *kw
 PyObject *engine_submit(EngineObject *self, PyObject *args, PyObject *kwds);
 PyObject *engine_transfer_arrays(EngineObject *self, PyObject *args, PyObject *kwds);
 PyObject *engine_submit_arrays(EngineObject *self, PyObject *args, PyObject *kwds);
+PyObject *engine_submit_on_stream(EngineObject *self, PyObject *args, PyObject *kwds);
 
 PyObject *engine_stats(EngineObject *self, PyObject *Py_UNUSED(noargs));
 PyObject *engine_stats_text(EngineObject *self, PyObject *Py_UNUSED(noargs));

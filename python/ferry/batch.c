@@ -386,8 +386,19 @@ void batch_object_keep_entries(PyObject *batch, EntryList *l) {
   memset(l, 0, sizeof *l);
 }
 
+/* How a batch is submitted: ferry_batch_submit, or ordered on a CUDA
+ * stream (ferry_batch_submit_on_stream), with a handle or none. */
+typedef struct {
+  int on_stream;
+  uint64_t stream;
+  int watch; /* 0: no Batch (the library logs a failure) */
+} SubmitMode;
+
+static const SubmitMode PLAIN_SUBMIT = {0, 0, 1};
+
 /* Submits a parsed entry list; the Batch takes l's views and na. */
-static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l, NotifyArg *na) {
+static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l, NotifyArg *na,
+                            const SubmitMode *how) {
   PyObject *b = batch_object_new();
   if (!b) {
     request_release(l, na);
@@ -400,15 +411,25 @@ static PyObject *run_submit(EngineObject *self, const char *target, EntryList *l
   }
   ferry_batch *fb = NULL;
   CallResult r;
-  ENGINE_CALL(self, r,
-              ferry_batch_submit(self->eng, target, l->e, l->n, na->present ? &na->n : NULL, &fb));
+  const ferry_notification *note = na->present ? &na->n : NULL;
+  if (how->on_stream)
+    ENGINE_CALL(self, r,
+                ferry_batch_submit_on_stream(self->eng, target, l->e, l->n, note,
+                                             (void *)(uintptr_t)how->stream,
+                                             how->watch ? &fb : NULL));
+  else
+    ENGINE_CALL(self, r, ferry_batch_submit(self->eng, target, l->e, l->n, note, &fb));
   /* The library copied the entries; keep only the buffer views. */
   PyMem_Free(l->e);
   l->e = NULL;
-  if (r.st != FERRY_OK) {
+  if (r.st != FERRY_OK || !how->watch) {
+    /* unwatched: the views go now; the memory must outlive the transfer,
+     * as an address's must (the caller's arrays are the memory) */
     request_release(l, na);
     Py_DECREF(b);
-    return raise_result(&r);
+    if (r.st != FERRY_OK)
+      return raise_result(&r);
+    Py_RETURN_NONE;
   }
   ((BatchObject *)b)->entries = *l;
   memset(l, 0, sizeof *l);
@@ -448,7 +469,8 @@ static PyObject *engine_request(EngineObject *self, PyObject *args, PyObject *kw
     notify_release(&na);
     return NULL;
   }
-  return mode == SUBMIT_BATCH ? run_submit(self, target, &l, &na) : run_sync(self, target, &l, &na);
+  return mode == SUBMIT_BATCH ? run_submit(self, target, &l, &na, &PLAIN_SUBMIT)
+                              : run_sync(self, target, &l, &na);
 }
 
 PyObject *engine_transfer_batch(EngineObject *self, PyObject *args, PyObject *kwds) {
@@ -465,6 +487,36 @@ PyObject *engine_transfer_arrays(EngineObject *self, PyObject *args, PyObject *k
 
 PyObject *engine_submit_arrays(EngineObject *self, PyObject *args, PyObject *kwds) {
   return engine_request(self, args, kwds, "sOOOO|O:submit_arrays", PARALLEL_ARRAYS, SUBMIT_BATCH);
+}
+
+PyObject *engine_submit_on_stream(EngineObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"target", "op",    "local_addrs", "remote_addrs", "lengths", "stream",
+                           "notify", "watch", NULL};
+  const char *target;
+  PyObject *op, *locals, *remotes, *lengths, *stream_o = Py_None, *notify = Py_None;
+  int watch = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sOOOO|OOp:submit_on_stream", kwlist, &target, &op,
+                                   &locals, &remotes, &lengths, &stream_o, &notify, &watch))
+    return NULL;
+  SubmitMode how = {1, 0, watch};
+  if (stream_o != Py_None) { /* an int handle, or an object with .cuda_stream (torch) */
+    PyObject *handle = PyObject_HasAttrString(stream_o, "cuda_stream")
+                           ? PyObject_GetAttrString(stream_o, "cuda_stream")
+                           : (Py_INCREF(stream_o), stream_o);
+    int bad = !handle || as_u64(handle, &how.stream) < 0;
+    Py_XDECREF(handle);
+    if (bad)
+      return NULL;
+  }
+  NotifyArg na;
+  if (notify_get(notify, &na) < 0)
+    return NULL;
+  EntryList l;
+  if (arrays_parse(op, locals, remotes, lengths, &l) < 0) {
+    notify_release(&na);
+    return NULL;
+  }
+  return run_submit(self, target, &l, &na, &how);
 }
 
 /* ---- Batch ------------------------------------------------------------ */

@@ -1,6 +1,7 @@
 /* convert.c - Python arguments as libferry's: any int-like as a 64-bit
- * value or a length; local memory given as an int address or a contiguous
- * buffer object (the buffer protocol; a read-only buffer is refused, naming
+ * value or a length; local memory given as an int address, an array object
+ * (device.c: torch tensors, CuPy, DLPack) or a contiguous buffer object (the
+ * buffer protocol; a read-only buffer is refused, naming
  * what would write it, where the memory will be written); str or bytes-like
  * as bytes. Shared by the memory, transfer and pool methods, so each kind of
  * argument is accepted and refused the same way everywhere. */
@@ -62,12 +63,15 @@ static int refuse_read_only(PyObject *obj, const char *writes) {
 int local_get(PyObject *obj, const char *writes, LocalArg *la) {
   la->has_view = 0;
   la->len = 0;
+  la->location[0] = 0;
+  int scalar = 0;
   if (!PyLong_Check(obj) && PyObject_CheckBuffer(obj)) {
     if (PyObject_GetBuffer(obj, &la->view, PyBUF_ANY_CONTIGUOUS | (writes ? PyBUF_WRITABLE : 0)) <
         0)
       return writes ? refuse_read_only(obj, writes) : -1;
     if (la->view.ndim == 0 && PyIndex_Check(obj)) {
       PyBuffer_Release(&la->view); /* a numpy integer scalar: an address */
+      scalar = 1;
     } else {
       la->has_view = 1;
       la->ptr = la->view.buf;
@@ -75,9 +79,16 @@ int local_get(PyObject *obj, const char *writes, LocalArg *la) {
       return 0;
     }
   }
+  if (!PyLong_Check(obj) && !scalar) {
+    /* before the int check: a torch tensor has __index__ too */
+    int array = device_array_get(obj, writes, la);
+    if (array)
+      return array < 0 ? -1 : 0;
+  }
   if (!PyLong_Check(obj) && !PyIndex_Check(obj)) {
     PyErr_Format(PyExc_TypeError,
-                 "local memory must be an int address or a contiguous buffer object, not %.100s",
+                 "local memory must be an int address, a contiguous buffer object or an array "
+                 "with __cuda_array_interface__ or __dlpack__, not %.100s",
                  Py_TYPE(obj)->tp_name);
     return -1;
   }

@@ -432,6 +432,12 @@ static PyMethodDef engine_methods[] = {
      "transfer_batch with one op and three parallel integer sequences (fast path)."},
     {"submit_arrays", KW(engine_submit_arrays),
      "submit_arrays(target, op, local_addrs, remote_addrs, lengths, notify=None) -> Batch"},
+    {"submit_on_stream", KW(engine_submit_on_stream),
+     "submit_on_stream(target, op, local_addrs, remote_addrs, lengths, stream=None, "
+     "notify=None, watch=True) -> Batch or None\n\nsubmit_arrays ordered on a CUDA stream (an "
+     "int handle or a torch.cuda.Stream; None: the default stream): the transfer starts after "
+     "the work queued on it before, and work queued on it after waits until the transfer "
+     "ended. watch=False: no Batch; a failure is logged."},
     {"plan", KW(engine_plan),
      "plan(target, local, remote) -> Plan: descriptor lists checked once, transferred by "
      "index\n\nlocal, remote: (addr, length) pairs, or an N x 2 array of integers."},

@@ -74,6 +74,8 @@ PyObject *engine_register(EngineObject *self, PyObject *args, PyObject *kwds) {
     local_release(&la);
     return NULL;
   }
+  if (!location && la.location[0])
+    location = la.location; /* where the array says it lives, checked */
   CallResult r;
   ENGINE_CALL(self, r, ferry_memory_register_at(self->eng, la.ptr, len, location));
   if (r.st != FERRY_OK) {
@@ -183,13 +185,14 @@ PyObject *engine_register_batch(EngineObject *self, PyObject *args, PyObject *kw
                               &lengths[got]) < 0)
       goto out;
     addrs[got] = las[got].ptr;
+    if (!locations[got] && las[got].location[0])
+      locations[got] = las[got].location; /* where the array says it lives */
   }
   if (eng_enter(self) < 0)
     goto out;
   CallResult r;
   ENGINE_CALL(self, r,
-              ferry_memory_register_batch_at(self->eng, addrs, lengths,
-                                             locations_o == Py_None ? NULL : locations, (size_t)n));
+              ferry_memory_register_batch_at(self->eng, addrs, lengths, locations, (size_t)n));
   if (r.st != FERRY_OK) {
     raise_result(&r);
     goto out;

@@ -19,8 +19,9 @@ typedef struct {
   PyObject *name;
   size_t length;
   int has_view;
-  Py_buffer view; /* user memory the pool lives in */
-  long views;     /* exported views of its messages */
+  Py_buffer view;    /* user memory the pool lives in */
+  long views;        /* exported views of its messages */
+  char location[24]; /* an array's place ("cuda:0"): "cuda..." is not read by the CPU */
 } PoolObject;
 
 typedef struct {
@@ -173,6 +174,9 @@ static const char *message_unreadable(MessageObject *self) {
     return "the message's pool has been closed";
   if (self->pool->engine->closing)
     return "the message's engine has been closed";
+  if (!strncmp(self->pool->location, "cuda", 4))
+    return "the message lies in CUDA memory, which the CPU may not read: use its .addr and "
+           "len() with the array library of that memory (e.g. a torch tensor over it)";
   return NULL;
 }
 
@@ -225,6 +229,10 @@ static PyObject *message_get_slot(MessageObject *self, void *Py_UNUSED(c)) {
   return PyLong_FromUnsignedLongLong(self->m.slot);
 }
 
+static PyObject *message_get_addr(MessageObject *self, void *Py_UNUSED(c)) {
+  return PyLong_FromVoidPtr(self->m.addr);
+}
+
 static Py_ssize_t message_len(MessageObject *self) { return (Py_ssize_t)self->m.length; }
 
 static PyObject *message_enter_ctx(MessageObject *self, PyObject *Py_UNUSED(noargs)) {
@@ -250,6 +258,8 @@ static PyGetSetDef message_getset[] = {
     {"tag", (getter)message_get_tag, NULL, "the tag it was sent under (bytes)", NULL},
     {"sender", (getter)message_get_sender, NULL, "the sending engine's name", NULL},
     {"slot", (getter)message_get_slot, NULL, "its slot in the pool", NULL},
+    {"addr", (getter)message_get_addr, NULL,
+     "the address of its bytes in the pool (device memory for a pool in CUDA memory)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -280,16 +290,25 @@ PyObject *engine_create_pool(EngineObject *self, PyObject *args, PyObject *kwds)
   pool->pool = NULL;
   pool->has_view = 0;
   pool->views = 0;
+  pool->location[0] = 0;
   Py_INCREF(name);
   pool->name = name;
   void *addr = NULL;
   if (PyLong_Check(what)) {
     if (as_size(what, &pool->length) < 0)
       goto fail;
-  } else {
-    if (PyObject_GetBuffer(what, &pool->view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+  } else { /* a writable buffer, or an array object (device.c) */
+    LocalArg la;
+    if (local_get(what, REGION, &la) < 0)
       goto fail;
+    if (!la.has_view) {
+      PyErr_SetString(PyExc_TypeError, "create_pool: buffer_or_size must be an int size, a "
+                                       "writable buffer or an array object");
+      goto fail;
+    }
+    pool->view = la.view;
     pool->has_view = 1;
+    memcpy(pool->location, la.location, sizeof pool->location);
     addr = pool->view.buf;
     pool->length = (size_t)pool->view.len;
   }

@@ -492,6 +492,51 @@ class TransferEngine:
                 target_hostname, _safe_len(buffers)), e,
                 _explain(e, buffers, peer_buffer_addresses, lengths))
 
+    # ---- stream-ordered transfers ---------------------------------------
+    # Mooncake's GPU builds' *_on_cuda: queued on a CUDA stream (stream_ptr:
+    # an int handle such as torch.cuda.Stream.cuda_stream; 0: the default
+    # stream of the calling thread's current context). The transfer starts
+    # once the work queued on the stream before it completed, and the work
+    # queued after waits until it ended (ferry_batch_submit_on_stream: an
+    # event, and cuStreamWaitValue32 or a host function). They return None at
+    # once, as Mooncake's do. What is refused before anything is queued
+    # (not initialized, an unknown target, unregistered memory, no CUDA
+    # driver, the driver refusing the stream) raises RuntimeError naming the
+    # call, the step and the device, as Mooncake raises on its setup errors;
+    # a transfer that fails later is logged by ferry (error level, with its
+    # cause), and the stream goes on: Mooncake exits the process there.
+    def transfer_write_on_cuda(self, target_hostname, buffer, peer_buffer_address, length,
+                               stream_ptr=0, transport_hint=""):
+        self._on_cuda("transfer_write_on_cuda", target_hostname, ferry.OP_WRITE, [buffer],
+                      [peer_buffer_address], [length], stream_ptr)
+
+    def transfer_read_on_cuda(self, target_hostname, buffer, peer_buffer_address, length,
+                              stream_ptr=0, transport_hint=""):
+        self._on_cuda("transfer_read_on_cuda", target_hostname, ferry.OP_READ, [buffer],
+                      [peer_buffer_address], [length], stream_ptr)
+
+    def batch_transfer_write_on_cuda(self, target_hostname, buffers, peer_buffer_addresses,
+                                     lengths, stream_ptr=0, transport_hint=""):
+        self._on_cuda("batch_transfer_write_on_cuda", target_hostname, ferry.OP_WRITE, buffers,
+                      peer_buffer_addresses, lengths, stream_ptr)
+
+    def batch_transfer_read_on_cuda(self, target_hostname, buffers, peer_buffer_addresses,
+                                    lengths, stream_ptr=0, transport_hint=""):
+        self._on_cuda("batch_transfer_read_on_cuda", target_hostname, ferry.OP_READ, buffers,
+                      peer_buffer_addresses, lengths, stream_ptr)
+
+    def _on_cuda(self, what, target_hostname, op, buffers, peer_buffer_addresses, lengths,
+                 stream_ptr):
+        try:
+            self._eng().submit_on_stream(target_hostname, op, [int(b) for b in buffers],
+                                         [int(a) for a in peer_buffer_addresses],
+                                         [int(n) for n in lengths], stream=int(stream_ptr or 0),
+                                         watch=False)
+        except (ferry.Error, ValueError, OverflowError, TypeError) as e:
+            self._fail("%s(%s, %d entries)" % (what, target_hostname, _safe_len(buffers)), e,
+                       _explain(e, buffers, peer_buffer_addresses, lengths))
+            raise RuntimeError(self.last_error()) from e
+
     # ---- asynchronous transfers ----------------------------------------
     def _submit(self, what, target_hostname, op, buffers, peer_buffer_addresses, lengths):
         try:

@@ -425,6 +425,8 @@ static void finish_locked(ferry_batch *b) {
   b->state = !b->error                     ? FERRY_BATCH_DONE
              : b->error == FERRY_ETIMEDOUT ? FERRY_BATCH_TIMEDOUT
                                            : FERRY_BATCH_FAILED;
+  if (b->fence)
+    ferry_stream_batch_final(b);
   pthread_cond_broadcast(&b->cond);
 }
 
@@ -627,6 +629,33 @@ void ferry_batch_free(ferry_batch *b) {
 }
 
 /* ---- public entry points ------------------------------------------------------------------ */
+
+ferry_status ferry_batch_prepare(ferry_engine *e, const char *target, const ferry_entry *entries,
+                                 size_t count, const ferry_notification *notify,
+                                 ferry_batch **out) {
+  return batch_create(e, target, entries, count, notify, 0, out);
+}
+
+void ferry_batch_hold_clock(ferry_batch *b) {
+  pthread_mutex_lock(&b->lock);
+  b->deadline_ns = UINT64_MAX;
+  pthread_mutex_unlock(&b->lock);
+}
+
+void ferry_batch_start_clock(ferry_batch *b) {
+  uint64_t now = ferry_now_ns(), deadline = ferry_engine_deadline(b->engine, b->total_bytes);
+  pthread_mutex_lock(&b->lock);
+  b->deadline_ns = deadline;
+  b->budget_ms = (uint32_t)((deadline - now) / 1000000ull);
+  pthread_cond_broadcast(&b->cond); /* waiters wake at the deadline now */
+  pthread_mutex_unlock(&b->lock);
+}
+
+void ferry_batch_retain(ferry_batch *b) {
+  pthread_mutex_lock(&b->lock);
+  b->refs++;
+  pthread_mutex_unlock(&b->lock);
+}
 
 void ferry_batch_post(ferry_batch *b) {
   b->async = 1;

@@ -77,6 +77,10 @@ struct ferry_batch {
   struct ferry_file *file;
   size_t file_slice;
   int file_sync;
+  /* A stream-ordered batch (stream.c): the fence released when the state
+   * is final; unwatched: nobody holds the handle, so a failure is logged. */
+  struct ferry_stream_fence *fence;
+  int unwatched;
 
   pthread_mutex_t lock;
   pthread_cond_t cond;
@@ -147,6 +151,20 @@ void ferry_batch_post(ferry_batch *batch);
  * call began, for the latency histogram. */
 ferry_status ferry_batch_run_here(ferry_batch *batch, uint64_t start_ns);
 
+/* A new batch (checked as ferry_batch_submit checks it), not started. */
+ferry_status ferry_batch_prepare(ferry_engine *engine, const char *target,
+                                 const ferry_entry *entries, size_t count,
+                                 const ferry_notification *notify, ferry_batch **out);
+/* Holds the batch's clock: no deadline until ferry_batch_start_clock,
+ * which gives it its budget from now (stream.c: it starts only once the
+ * stream's earlier work completed). */
+void ferry_batch_hold_clock(ferry_batch *batch);
+void ferry_batch_start_clock(ferry_batch *batch);
+/* Another reference to the batch (ferry_batch_release drops it). */
+void ferry_batch_retain(ferry_batch *batch);
+/* stream.c: a stream-ordered batch's state became final (lock held). */
+void ferry_stream_batch_final(ferry_batch *batch);
+
 /* A batch over entries whose local ranges are checked here (registered,
  * host memory) toward no peer: named `name` in messages, not started, its
  * drivers set by the caller (file.c). */
@@ -161,6 +179,10 @@ void ferry_file_release(struct ferry_file *file);       /* drops the batch's ref
 /* workers.c: threads that drive batches handed to them. */
 ferry_status ferry_workers_start(ferry_engine *engine, unsigned count);
 void ferry_workers_stop(ferry_engine *engine);
+/* stream.c: the thread that starts stream-ordered batches. Stop lets it
+ * finish: batches still queued fail (FERRY_ECLOSED) once their stream's
+ * earlier work completed, which releases their streams. */
+void ferry_streams_stop(ferry_engine *engine);
 /* Asks `drivers` workers to help drive the batch (each takes a reference). */
 void ferry_workers_post(ferry_engine *engine, ferry_batch *batch, unsigned drivers);
 /* Drives a batch with one channel at a time until it has no work left. */

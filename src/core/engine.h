@@ -100,6 +100,10 @@ struct ferry_engine {
 
   struct ferry_pools *pools; /* receive pools and pre-grants (pool.c) */
 
+  /* Stream-ordered transfers (stream.c): created by the first one. */
+  pthread_mutex_t streams_lock;
+  struct ferry_streams *streams;
+
   int closing;
 
   ferry_engine_stats stats;

@@ -95,17 +95,20 @@ static ferry_status transports_register(ferry_engine *e, const ferry_region *reg
 }
 
 /* Copies into fresh the regions not registered yet: an identical region
- * already registered stays as it is, with its transports' registrations.
- * Memory the CPU cannot touch is left to staging (tcp): no transport that
- * registers regions (fabric) is given it, so none keys it for peers. */
+ * already registered stays as it is, with its transports' registrations
+ * (*already counts those). Memory the CPU cannot touch is left to staging
+ * (tcp): no transport that registers regions (fabric) is given it, so none
+ * keys it for peers. */
 static size_t fresh_regions(ferry_engine *e, const ferry_region *regions, const ferry_where *wheres,
-                            size_t count, ferry_region *fresh) {
+                            size_t count, ferry_region *fresh, size_t *already) {
   size_t n = 0;
+  *already = 0;
   for (size_t i = 0; i < count; i++) {
     ferry_region known;
-    if (wheres[i].cpu_access &&
-        (!ferry_registry_find(e->registry, regions[i].addr, &known) ||
-         known.addr != regions[i].addr || known.length != regions[i].length))
+    int registered = ferry_registry_find(e->registry, regions[i].addr, &known) &&
+                     known.addr == regions[i].addr && known.length == regions[i].length;
+    *already += registered;
+    if (wheres[i].cpu_access && !registered)
       fresh[n++] = regions[i];
   }
   return n;
@@ -134,8 +137,10 @@ static ferry_status register_with_transports(ferry_engine *e, const ferry_region
   if (!fresh)
     return ferry_fail(FERRY_ENOMEM, "no memory to register %zu regions", count);
   pthread_mutex_lock(&e->register_lock);
-  size_t n = fresh_regions(e, regions, wheres, count, fresh);
-  ferry_status st = (flags & FERRY_REGISTER_POOL) && n != count
+  size_t already;
+  size_t n = fresh_regions(e, regions, wheres, count, fresh, &already);
+  /* a pool in device memory is fresh too, though no transport takes it */
+  ferry_status st = (flags & FERRY_REGISTER_POOL) && already
                         ? registered_already(regions)
                         : transports_register(e, fresh, n, flags);
   if (!st && (st = registry_add(e, regions, wheres, count)) != FERRY_OK)

@@ -193,6 +193,7 @@ ferry_status ferry_engine_create(const ferry_config *cfg, ferry_engine **out) {
   pthread_mutex_init(&e->notify_lock, NULL);
   pthread_mutex_init(&e->alloc_lock, NULL);
   pthread_mutex_init(&e->files_lock, NULL);
+  pthread_mutex_init(&e->streams_lock, NULL);
   pthread_mutex_init(&e->gate_lock, NULL);
   pthread_mutex_init(&e->shutdown_lock, NULL);
   ferry_cond_init(&e->gate_cond);
@@ -228,6 +229,7 @@ void ferry_engine_shutdown(ferry_engine *e) {
     __atomic_store_n(&e->closing, 1, __ATOMIC_SEQ_CST);
     ferry_pools_wake(e);
     ferry_engine_drain_calls(e);
+    ferry_streams_stop(e); /* before the workers: it hands them batches */
     ferry_metrics_log_stop(e);
     ferry_metrics_http_stop(e);
     if (e->metadata) {
@@ -266,6 +268,7 @@ void ferry_engine_destroy(ferry_engine *e) {
   pthread_mutex_destroy(&e->notify_lock);
   pthread_mutex_destroy(&e->alloc_lock);
   pthread_mutex_destroy(&e->files_lock);
+  pthread_mutex_destroy(&e->streams_lock);
   pthread_mutex_destroy(&e->gate_lock);
   pthread_mutex_destroy(&e->shutdown_lock);
   pthread_cond_destroy(&e->gate_cond);

@@ -70,6 +70,18 @@ typedef struct ferry_cuda_api {
   CUresult (*MemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
   CUresult (*MemRetainAllocationHandle)(CUmemGenericAllocationHandle *handle, void *addr);
   CUresult (*MemRelease)(CUmemGenericAllocationHandle handle);
+  /* Stream-ordered transfers (kind_cuda.c's fences). */
+  CUresult (*StreamGetCtx)(CUstream stream, CUcontext *ctx);
+  CUresult (*CtxGetCurrent)(CUcontext *ctx);
+  CUresult (*MemHostGetDevicePointer)(CUdeviceptr *dptr, void *p, unsigned flags);
+  CUresult (*StreamWaitValue32)(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags);
+  CUresult (*LaunchHostFunc)(CUstream stream, void (*fn)(void *), void *data);
+  CUresult (*CtxGetDevice)(CUdevice *device);
 } ferry_cuda_api;
+
+/* Stream-ordered transfers. */
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define CU_MEMHOSTALLOC_DEVICEMAP 2
+#define CU_STREAM_WAIT_VALUE_GEQ 0
 
 #endif

@@ -113,4 +113,29 @@ ferry_status ferry_location_parse(const char *text, ferry_location *out);
 ferry_status ferry_location_check(const char *text, const ferry_location *loc,
                                   const ferry_where *where, uint64_t addr, uint64_t length);
 
+/* ---- Stream order (CUDA): a transfer between two points of an
+ * application's CUDA stream (core/stream.c). A fence is opened on the
+ * caller's thread: an event is recorded on the stream (the work queued
+ * before), and the stream is made to wait for the fence's release (the
+ * work queued after): with cuStreamWaitValue32 on a word of pinned,
+ * device-mapped memory where the driver supports stream memory
+ * operations, else with a host function that blocks until the release.
+ * The stream's own context is pushed and popped around each call. */
+typedef struct ferry_stream_fence ferry_stream_fence;
+
+/* Opens a fence on stream (a CUstream; NULL: the legacy default stream of
+ * the calling thread's current context). FERRY_ENOTIMPL without a driver;
+ * FERRY_EFAULT naming the call and the device when the driver refuses. */
+ferry_status ferry_stream_fence_open(void *stream, ferry_stream_fence **out);
+/* Blocks until the work queued on the stream before the fence completed
+ * (any thread); FERRY_EFAULT naming the device if it failed. Called once
+ * per fence, before or after its release: each drops its own hold. */
+ferry_status ferry_stream_fence_wait(ferry_stream_fence *fence);
+/* The transfer ended (landed or failed): the stream goes on. Once; no
+ * CUDA call, so it may be called under a lock. The fence is freed once
+ * the stream no longer needs it. */
+void ferry_stream_fence_release(ferry_stream_fence *fence);
+/* "cuda:0 stream 0x..." for messages. */
+const char *ferry_stream_fence_name(const ferry_stream_fence *fence);
+
 #endif

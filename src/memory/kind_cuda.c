@@ -58,6 +58,12 @@ static const ferry_library_symbol symbols[] = {
     SYMBOL(MemcpyAsync, "cuMemcpyAsync"),
     SYMBOL(MemRetainAllocationHandle, "cuMemRetainAllocationHandle"),
     SYMBOL(MemRelease, "cuMemRelease"),
+    SYMBOL(StreamGetCtx, "cuStreamGetCtx"),
+    SYMBOL(CtxGetCurrent, "cuCtxGetCurrent"),
+    SYMBOL(MemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2"),
+    SYMBOL(StreamWaitValue32, "cuStreamWaitValue32_v2"),
+    SYMBOL(LaunchHostFunc, "cuLaunchHostFunc"),
+    SYMBOL(CtxGetDevice, "cuCtxGetDevice"),
 };
 
 /* "CUDA_ERROR_INVALID_VALUE (invalid argument)" */
@@ -381,3 +387,196 @@ const ferry_memory_kind ferry_kind_cuda = {
     .import_close = cuda_import_close,
     .copy_direct = cuda_copy_direct,
 };
+
+/* ---- stream order ---------------------------------------------------------------- */
+/* A fence orders a transfer on an application's stream (kind.h). The
+ * stream waits, where it can, with cuStreamWaitValue32 on a word of one
+ * pinned, device-mapped page: the GPU polls the word and no host thread is
+ * involved. Each fence takes a word and a value one above the word's last
+ * one; the release writes the value, and the word is free again at once
+ * (the driver compares with wraparound: a later, larger value never
+ * releases an earlier wait, and the written value releases it for good).
+ * Where the driver lacks stream memory operations (CUDA_ERROR_NOT_SUPPORTED)
+ * or every word is taken, the stream runs a host function that blocks until
+ * the release instead: that stalls one of the driver's callback threads, so
+ * it is the fallback, not the rule. */
+
+#define FENCE_WORDS 1024
+
+struct ferry_stream_fence {
+  CUcontext ctx;
+  CUstream stream;
+  CUevent before; /* recorded at open, on the stream */
+  int device;
+  int word; /* -1: the host function waits */
+  unsigned value;
+  int released, refs; /* under lock */
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  char name[64];
+};
+
+static pthread_mutex_t fences_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned *fence_words; /* pinned, device-mapped; NULL until first used */
+static unsigned short fence_free[FENCE_WORDS];
+static unsigned fence_free_count;
+static int fence_memops = 1; /* 0 once the driver said it lacks them */
+
+/* A free word (-1: none, or no stream memory operations). Lock held;
+ * the stream's context current. */
+static int word_take_locked(void) {
+  if (!fence_memops)
+    return -1;
+  if (!fence_words) {
+    void *page = NULL;
+    if (cu.MemHostAlloc(&page, FENCE_WORDS * sizeof *fence_words,
+                        CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS)
+      return -1; /* the host function serves instead */
+    memset(page, 0, FENCE_WORDS * sizeof *fence_words);
+    fence_words = page;
+    for (unsigned i = 0; i < FENCE_WORDS; i++)
+      fence_free[i] = (unsigned short)(FENCE_WORDS - 1 - i);
+    fence_free_count = FENCE_WORDS;
+  }
+  return fence_free_count ? fence_free[--fence_free_count] : -1;
+}
+
+static void word_give(int word) {
+  pthread_mutex_lock(&fences_lock);
+  fence_free[fence_free_count++] = (unsigned short)word;
+  pthread_mutex_unlock(&fences_lock);
+}
+
+static void fence_put(ferry_stream_fence *f) {
+  pthread_mutex_lock(&f->lock);
+  int last = --f->refs == 0;
+  pthread_mutex_unlock(&f->lock);
+  if (!last)
+    return;
+  pthread_mutex_destroy(&f->lock);
+  pthread_cond_destroy(&f->cond);
+  free(f);
+}
+
+/* Runs on the driver's callback thread: the stream goes on at release. */
+static void fence_host_wait(void *arg) {
+  ferry_stream_fence *f = arg;
+  pthread_mutex_lock(&f->lock);
+  while (!f->released)
+    pthread_cond_wait(&f->cond, &f->lock);
+  pthread_mutex_unlock(&f->lock);
+  fence_put(f);
+}
+
+/* Queues the stream's wait for the release (the context current). */
+static ferry_status fence_queue_wait(ferry_stream_fence *f) {
+  pthread_mutex_lock(&fences_lock);
+  f->word = word_take_locked();
+  if (f->word >= 0)
+    f->value = __atomic_load_n(&fence_words[f->word], __ATOMIC_RELAXED) + 1;
+  pthread_mutex_unlock(&fences_lock);
+  if (f->word >= 0) {
+    CUdeviceptr at = 0;
+    CUresult r = cu.MemHostGetDevicePointer(&at, &fence_words[f->word], 0);
+    if (r == CUDA_SUCCESS)
+      r = cu.StreamWaitValue32(f->stream, at, f->value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r == CUDA_SUCCESS)
+      return FERRY_OK;
+    word_give(f->word);
+    f->word = -1;
+    if (r != CUDA_ERROR_NOT_SUPPORTED)
+      return cuda_fail(r, "cuStreamWaitValue32", f->device);
+    if (__atomic_exchange_n(&fence_memops, 0, __ATOMIC_RELAXED))
+      FERRY_INFO("cuda:%d: the driver has no stream memory operations; stream-ordered "
+                 "transfers hold the stream with a host function instead",
+                 f->device);
+  }
+  f->refs++; /* the host function's */
+  CUresult r = cu.LaunchHostFunc(f->stream, fence_host_wait, f);
+  if (r == CUDA_SUCCESS)
+    return FERRY_OK;
+  f->refs--;
+  return cuda_fail(r, "cuLaunchHostFunc", f->device);
+}
+
+/* The stream's context, and its device, made current. */
+static ferry_status fence_enter(ferry_stream_fence *f) {
+  CUresult r = f->stream ? cu.StreamGetCtx(f->stream, &f->ctx) : cu.CtxGetCurrent(&f->ctx);
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(r, "cuStreamGetCtx", -1);
+  if (!f->ctx)
+    return ferry_fail(FERRY_EINVAL, "stream-ordered transfer on the default stream (0): no CUDA "
+                                    "context is current on this thread; pass the stream");
+  if ((r = cu.CtxPushCurrent(f->ctx)) != CUDA_SUCCESS)
+    return cuda_fail(r, "cuCtxPushCurrent", -1);
+  CUdevice device = -1;
+  cu.CtxGetDevice(&device);
+  f->device = device;
+  snprintf(f->name, sizeof f->name, "cuda:%d stream %p", f->device, (void *)f->stream);
+  return FERRY_OK;
+}
+
+ferry_status ferry_stream_fence_open(void *stream, ferry_stream_fence **out) {
+  if (!cuda_available(NULL, 0))
+    return ferry_fail(FERRY_ENOTIMPL, "stream-ordered transfer: no CUDA driver (%s)", cuda_missing);
+  ferry_stream_fence *f = calloc(1, sizeof *f);
+  if (!f)
+    return ferry_fail(FERRY_ENOMEM, "no memory for a stream fence");
+  f->stream = stream;
+  f->refs = 1;
+  f->word = -1;
+  pthread_mutex_init(&f->lock, NULL);
+  pthread_cond_init(&f->cond, NULL);
+  ferry_status st = fence_enter(f);
+  if (st) {
+    fence_put(f);
+    return st;
+  }
+  const char *call = "cuEventCreate";
+  CUresult r = cu.EventCreate(&f->before, CU_EVENT_DISABLE_TIMING);
+  if (r == CUDA_SUCCESS &&
+      (call = "cuEventRecord", r = cu.EventRecord(f->before, stream)) == CUDA_SUCCESS)
+    st = fence_queue_wait(f);
+  else
+    st = cuda_fail(r, call, f->device);
+  if (st && f->before)
+    cu.EventDestroy(f->before);
+  cuda_leave();
+  if (st) {
+    fence_put(f);
+    return st;
+  }
+  f->refs++; /* the waiter's: a release may come first (a cancelled batch) */
+  *out = f;
+  return FERRY_OK;
+}
+
+ferry_status ferry_stream_fence_wait(ferry_stream_fence *f) {
+  CUresult r = cu.CtxPushCurrent(f->ctx);
+  if (r != CUDA_SUCCESS) {
+    fence_put(f);
+    return cuda_fail(r, "cuCtxPushCurrent", f->device);
+  }
+  r = cu.EventSynchronize(f->before);
+  cu.EventDestroy(f->before);
+  cuda_leave();
+  int device = f->device;
+  fence_put(f);
+  if (r != CUDA_SUCCESS)
+    return cuda_fail(r, "cuEventSynchronize (the work queued before the transfer)", device);
+  return FERRY_OK;
+}
+
+void ferry_stream_fence_release(ferry_stream_fence *f) {
+  if (f->word >= 0) {
+    __atomic_store_n(&fence_words[f->word], f->value, __ATOMIC_RELEASE);
+    word_give(f->word); /* the value written releases that wait for good */
+  }
+  pthread_mutex_lock(&f->lock);
+  f->released = 1;
+  pthread_cond_broadcast(&f->cond);
+  pthread_mutex_unlock(&f->lock);
+  fence_put(f);
+}
+
+const char *ferry_stream_fence_name(const ferry_stream_fence *f) { return f->name; }

@@ -8,7 +8,12 @@ on one GPU over tcp (staged), every byte verified (issue 30):
     tensor and back;
   * SGLang's encoder flow through the Mooncake drop-in:
     register_memory(embedding.data_ptr(), nbytes, "cuda:0"),
-    transfer_sync_write, unregister_memory, into a prefill's CUDA buffer.
+    transfer_sync_write, unregister_memory, into a prefill's CUDA buffer;
+  * Mooncake's own test_transfer_on_cuda.py flow (the four *_on_cuda calls
+    on a torch stream beside a matmul), here over tcp;
+  * torch CUDA tensors as ferry.Engine's memory (__cuda_array_interface__,
+    __dlpack__), submit_on_stream on a torch stream, and a non-contiguous
+    tensor refused.
 
 The target is this script again (--target), driven by lines on its stdin.
 Without a CUDA device it prints "SKIP: no CUDA device (...)" and exits 77
@@ -190,6 +195,98 @@ def case_sglang_encoder(target, report):
     te.close()
 
 
+def case_mooncake_on_cuda(target, report):
+    """Mooncake's own mooncake-wheel/tests/test_transfer_on_cuda.py flow (it
+    asks for an RDMA device, mlx5_bond_0; here over tcp, staged, between two
+    engines of this process): per call, 10 rounds of fill on the default
+    stream, the copy stream waits for it, *_on_cuda on the copy stream, a
+    matmul meanwhile, the default stream waits for the copy stream; every
+    byte then checked. 64 MiB, the batch forms in 4 chunks."""
+    import torch
+    from mooncake.engine import TransferEngine
+    a, b = TransferEngine(), TransferEngine()
+    for te in (a, b):
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0, te.last_error()
+    name = "127.0.0.1:%d" % b.get_rpc_port()
+    n, dev = 64 * MIB, torch.device("cuda:0")
+    src = torch.ones(n, dtype=torch.uint8, device=dev)
+    dst = torch.zeros(n, dtype=torch.uint8, device=dev)
+    assert a.register_memory(src.data_ptr(), n) == 0, a.last_error()
+    assert b.register_memory(dst.data_ptr(), n) == 0, b.last_error()
+    copy_stream = torch.cuda.Stream(dev)
+    x, y = torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)
+    q = n // 4
+    srcs = [src.data_ptr() + j * q for j in range(4)]
+    dsts = [dst.data_ptr() + j * q for j in range(4)]
+    calls = {
+        "transfer_write_on_cuda": lambda s: a.transfer_write_on_cuda(
+            name, src.data_ptr(), dst.data_ptr(), n, s),
+        "transfer_read_on_cuda": lambda s: a.transfer_read_on_cuda(
+            name, src.data_ptr(), dst.data_ptr(), n, s),
+        "batch_transfer_write_on_cuda": lambda s: a.batch_transfer_write_on_cuda(
+            name, srcs, dsts, [q] * 4, s),
+        "batch_transfer_read_on_cuda": lambda s: a.batch_transfer_read_on_cuda(
+            name, srcs, dsts, [q] * 4, s),
+    }
+    for k, (call, run) in enumerate(calls.items()):
+        write = "write" in call
+        bad, t0 = [], time.monotonic()
+        for i in range(10):
+            val = 50 * k + i
+            (src if write else dst).fill_(val)
+            (dst if write else src).zero_()
+            copy_stream.wait_event(torch.cuda.default_stream().record_event())
+            run(copy_stream.cuda_stream)
+            event = copy_stream.record_event()
+            _ = torch.matmul(x, y)  # concurrent computation
+            torch.cuda.default_stream().wait_event(event)
+            if not bool(torch.all((dst if write else src) == val)):
+                bad.append(i)
+        report(not bad, "Mooncake test_transfer_on_cuda flow: %s, 10 x %d B (%.2f s)%s" % (
+            call, n, time.monotonic() - t0, "; wrong bytes in rounds %s" % bad if bad else ""))
+    a.close()
+    b.close()
+
+
+def case_tensor_objects(target, report):
+    """ferry.Engine with torch CUDA tensors themselves (their
+    __cuda_array_interface__), a DLPack-only view of one, and
+    submit_on_stream on a torch stream."""
+    import ferry
+    import torch
+    eng = ferry.Engine(host="127.0.0.1", transports="tcp")
+    n = target.info["inner_len"]
+    src = pattern(n, 41)
+    eng.register(src)  # location "cuda" from the array, checked against the driver
+
+    class DLPackOnly:
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, stream=None):
+            return self.t.__dlpack__()
+
+    eng.write(target.info["name"], DLPackOnly(src), target.info["inner"])
+    report(target.ask("check", "inner", 41) == "ok",
+           "WRITE from a torch CUDA tensor registered as itself (__cuda_array_interface__), "
+           "sent through __dlpack__, %d B" % n)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        src.copy_(pattern(n, 42))  # the work before, on that stream
+    batch = eng.submit_on_stream(target.info["name"], ferry.OP_WRITE, [src.data_ptr()],
+                                 [target.info["inner"]], [n], stream=stream)
+    batch.wait()
+    report(target.ask("check", "inner", 42) == "ok",
+           "submit_on_stream on a torch stream carries the bytes its earlier work wrote")
+    try:
+        eng.register(torch.zeros(64, 64, device="cuda:0")[:, ::2])
+        report(False, "a non-contiguous CUDA tensor was registered")
+    except ferry.Error as e:
+        report("not contiguous" in str(e), "non-contiguous CUDA tensor refused: %s" % e)
+    eng.unregister(src.data_ptr())
+    eng.close()
+
+
 def main():
     if "--target" in sys.argv:
         return target_main()
@@ -206,7 +303,8 @@ def main():
 
     target = Target()
     try:
-        for case in (case_offset_in_block, case_host_device, case_sglang_encoder):
+        for case in (case_offset_in_block, case_host_device, case_sglang_encoder,
+                     case_mooncake_on_cuda, case_tensor_objects):
             try:
                 case(target, report)
             except Exception as e:  # one case's error is its failure, the others still run

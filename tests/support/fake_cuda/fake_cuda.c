@@ -31,6 +31,19 @@
  * fakeMemAllocVmm makes device memory that stands for a VMM allocation
  * (cuMemRetainAllocationHandle succeeds on it, cuIpcGetMemHandle not).
  *
+ * Streams keep their order as a GPU's do: the thread that waits runs the
+ * queue in order, one runner per stream at a time, through what else is
+ * queued there: cuStreamWaitValue32_v2 (polls its word until the value is
+ * reached, as the GPU does; FAKE_CUDA_NO_STREAM_MEMOPS=1 in the
+ * environment makes it CUDA_ERROR_NOT_SUPPORTED, as on a driver without
+ * stream memory operations) and cuLaunchHostFunc (calls the function).
+ * cuEventQuery runs what it can without blocking (it stops at a wait whose
+ * value is not there, or at a host function) and says whether the event
+ * was reached. For tests, fake_cuda_hold(ptr, 1) holds every copy into the
+ * allocation holding ptr (it blocks where it runs) until
+ * fake_cuda_hold(ptr, 0); fake_cuda_held_wait() returns once a copy is
+ * blocked so: a test can hold a transfer in the middle, deterministically.
+ *
  * Any entry point used wrongly (no context current where one is needed, a
  * context popped that was never pushed, a copy that leaves its device
  * allocation or its pinned host buffer, an unknown attribute, a handle
@@ -47,6 +60,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -68,6 +82,8 @@ enum {
   CUDA_ERROR_INVALID_DEVICE = 101,
   CUDA_ERROR_INVALID_CONTEXT = 201,
   CUDA_ERROR_NOT_FOUND = 500,
+  CUDA_ERROR_NOT_READY = 600,
+  CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 enum { ATTR_MEMORY_TYPE = 2, ATTR_IS_MANAGED = 8, ATTR_DEVICE_ORDINAL = 9 };
 enum { MEMORYTYPE_HOST = 1, MEMORYTYPE_DEVICE = 2 };
@@ -80,21 +96,31 @@ struct fake_context {
   int device;
 };
 
-/* A queued asynchronous copy, or an event's mark (event set). */
+/* What a stream has queued. */
+typedef enum { OP_COPY, OP_MARK, OP_WAIT_VALUE, OP_HOST_FN } fake_op_kind;
 typedef struct fake_op {
-  void *dst;
+  fake_op_kind kind;
+  void *dst; /* OP_COPY */
   const void *src;
   size_t bytes;
-  CUevent event;
+  struct fake_allocation *into; /* OP_COPY into device memory: may be held */
+  CUevent event;                /* OP_MARK */
+  const unsigned *word;         /* OP_WAIT_VALUE */
+  unsigned value;
+  void (*fn)(void *); /* OP_HOST_FN */
+  void *data;
 } fake_op;
 
 struct fake_stream {
   fake_op ops[FAKE_MAX_QUEUED];
   unsigned count;
+  int running; /* a thread runs its queue (under lock) */
+  CUcontext ctx;
 };
 
 struct fake_event {
   CUstream stream; /* where it was last recorded; NULL: none pending */
+  int destroyed;   /* cuEventDestroy_v2 while pending: freed when its mark runs */
 };
 
 typedef struct fake_allocation {
@@ -105,6 +131,8 @@ typedef struct fake_allocation {
   int fd;       /* device memory: its memfd, named by its IPC handle */
   int imported; /* opened from another process's IPC handle */
   int vmm;      /* stands for a VMM allocation */
+  int mapped;   /* pinned with CU_MEMHOSTALLOC_DEVICEMAP */
+  int held;     /* fake_cuda_hold: copies into it wait */
 } fake_allocation;
 
 /* What an IPC handle holds here: who exported which memfd. */
@@ -118,6 +146,8 @@ typedef struct fake_ipc {
 static unsigned ipc_opens, ipc_imports; /* under lock */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t progress = PTHREAD_COND_INITIALIZER; /* runners, holds */
+static unsigned held_waiting;                              /* copies blocked by a hold */
 static fake_allocation allocations[FAKE_MAX_ALLOCATIONS];
 static struct fake_context contexts[FAKE_DEVICES];
 static int initialized;
@@ -306,7 +336,13 @@ static CUresult device_map(int fd, size_t bytes, int imported, int vmm, CUdevice
   pthread_mutex_lock(&lock);
   fake_allocation *a = device != MAP_FAILED && private != MAP_FAILED ? free_slot() : NULL;
   if (a)
-    *a = (fake_allocation){device, private, bytes, 1, fd, imported, vmm};
+    *a = (fake_allocation){.addr = device,
+                           .private = private,
+                           .size = bytes,
+                           .device = 1,
+                           .fd = fd,
+                           .imported = imported,
+                           .vmm = vmm};
   pthread_mutex_unlock(&lock);
   if (!a) {
     if (device != MAP_FAILED)
@@ -436,14 +472,13 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
 
 CUresult cuMemHostAlloc(void **p, size_t bytes, unsigned flags) {
   need_context("cuMemHostAlloc");
-  (void)flags;
   void *host = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (host == MAP_FAILED)
     return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&lock);
   fake_allocation *a = free_slot();
   if (a)
-    *a = (fake_allocation){.addr = host, .size = bytes, .fd = -1};
+    *a = (fake_allocation){.addr = host, .size = bytes, .fd = -1, .mapped = (flags & 2) != 0};
   pthread_mutex_unlock(&lock);
   if (!a) {
     munmap(host, bytes);
@@ -492,38 +527,125 @@ static void enqueue(const char *call, CUstream stream, fake_op op) {
   pthread_mutex_unlock(&lock);
 }
 
-/* Runs the stream's queue up to and including `upto`'s mark (NULL: all). */
-static void run_stream(CUstream stream, CUevent upto) {
-  pthread_mutex_lock(&lock);
-  unsigned done = 0, end = stream->count;
-  for (unsigned i = 0; upto && i < stream->count; i++)
-    if (stream->ops[i].event == upto) {
-      end = i + 1;
-      break;
+/* Runs one op with the lock dropped; 0 when it would block and blocking
+ * is 0 (left queued). */
+static int run_op(fake_op *op, int blocking) {
+  switch (op->kind) {
+  case OP_COPY:
+    while (op->into && op->into->held) {
+      held_waiting++;
+      pthread_cond_broadcast(&progress);
+      pthread_cond_wait(&progress, &lock);
+      held_waiting--;
     }
-  for (; done < end; done++) {
-    fake_op *op = &stream->ops[done];
-    if (op->event)
-      op->event->stream = NULL;
+    memcpy(op->dst, op->src, op->bytes);
+    return 1;
+  case OP_MARK:
+    if (op->event->destroyed)
+      free(op->event);
     else
-      memcpy(op->dst, op->src, op->bytes);
+      op->event->stream = NULL;
+    return 1;
+  case OP_WAIT_VALUE:
+    /* The GPU polls the word; so does the fake (the driver's behaviour,
+     * not a test ordering events by time). */
+    while ((int)(__atomic_load_n(op->word, __ATOMIC_ACQUIRE) - op->value) < 0) {
+      if (!blocking)
+        return 0;
+      pthread_mutex_unlock(&lock);
+      struct timespec poll = {0, 20000};
+      nanosleep(&poll, NULL);
+      pthread_mutex_lock(&lock);
+    }
+    return 1;
+  case OP_HOST_FN:
+    if (!blocking)
+      return 0; /* it may block: a query cannot know */
+    pthread_mutex_unlock(&lock);
+    op->fn(op->data);
+    pthread_mutex_lock(&lock);
+    return 1;
   }
-  memmove(stream->ops, stream->ops + end, (stream->count - end) * sizeof *stream->ops);
-  stream->count -= end;
+  return 1;
+}
+
+/* Runs the stream's queue in order up to and including `upto`'s mark
+ * (NULL: all). Returns 1 once there; 0 when blocking is 0 and it stopped
+ * at an op that would block (or another thread runs the stream). */
+static int run_stream(CUstream stream, CUevent upto, int blocking) {
+  pthread_mutex_lock(&lock);
+  for (;;) {
+    if (upto && upto->stream != stream)
+      break; /* its mark ran */
+    if (!upto && !stream->count && !stream->running)
+      break;
+    if (stream->running) {
+      if (!blocking) {
+        pthread_mutex_unlock(&lock);
+        return 0;
+      }
+      pthread_cond_wait(&progress, &lock);
+      continue;
+    }
+    stream->running = 1;
+    fake_op op = stream->ops[0];
+    int ran = run_op(&op, blocking);
+    if (ran) {
+      memmove(stream->ops, stream->ops + 1, (stream->count - 1) * sizeof *stream->ops);
+      stream->count--;
+    }
+    stream->running = 0;
+    pthread_cond_broadcast(&progress);
+    if (!ran) {
+      pthread_mutex_unlock(&lock);
+      return 0;
+    }
+  }
   pthread_mutex_unlock(&lock);
+  return 1;
+}
+
+/* For tests: hold (on 1) or let go (0) copies into the allocation
+ * holding ptr. */
+void fake_cuda_hold(CUdeviceptr ptr, int on) {
+  pthread_mutex_lock(&lock);
+  fake_allocation *a = holding((const void *)(uintptr_t)ptr, 1, 1);
+  if (!a)
+    misuse("fake_cuda_hold", "not device memory");
+  a->held = on;
+  pthread_cond_broadcast(&progress);
+  pthread_mutex_unlock(&lock);
+}
+
+/* For tests: returns once a copy is blocked by a hold. */
+void fake_cuda_held_wait(void) {
+  pthread_mutex_lock(&lock);
+  while (!held_waiting)
+    pthread_cond_wait(&progress, &lock);
+  pthread_mutex_unlock(&lock);
+}
+
+/* Where the event's mark is queued (NULL: none pending). */
+static CUstream event_stream(CUevent event) {
+  pthread_mutex_lock(&lock);
+  CUstream stream = event->stream;
+  pthread_mutex_unlock(&lock);
+  return stream;
 }
 
 CUresult cuStreamCreate(CUstream *stream, unsigned flags) {
   need_context("cuStreamCreate");
   (void)flags;
   *stream = calloc(1, sizeof **stream);
+  if (*stream)
+    (*stream)->ctx = stack[depth - 1];
   return *stream ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUresult cuStreamDestroy_v2(CUstream stream) {
   need_context("cuStreamDestroy_v2");
   check_stream("cuStreamDestroy_v2", stream);
-  run_stream(stream, NULL); /* the driver finishes queued work first */
+  run_stream(stream, NULL, 1); /* the driver finishes queued work first */
   free(stream);
   return CUDA_SUCCESS;
 }
@@ -540,10 +662,13 @@ CUresult cuEventRecord(CUevent event, CUstream stream) {
   check_stream("cuEventRecord", stream);
   if (!event)
     misuse("cuEventRecord", "no event");
-  if (event->stream)
-    run_stream(event->stream, event); /* re-recorded: its last mark is moot */
+  CUstream last = event_stream(event);
+  if (last)
+    run_stream(last, event, 1); /* re-recorded: its last mark is moot */
+  pthread_mutex_lock(&lock);
   event->stream = stream;
-  enqueue("cuEventRecord", stream, (fake_op){.event = event});
+  pthread_mutex_unlock(&lock);
+  enqueue("cuEventRecord", stream, (fake_op){.kind = OP_MARK, .event = event});
   return CUDA_SUCCESS;
 }
 
@@ -552,8 +677,9 @@ static void event_wait(const char *call, CUevent event) {
   need_context(call);
   if (!event)
     misuse(call, "no event");
-  if (event->stream)
-    run_stream(event->stream, event);
+  CUstream stream = event_stream(event);
+  if (stream)
+    run_stream(stream, event, 1);
 }
 
 CUresult cuEventSynchronize(CUevent event) {
@@ -561,9 +687,19 @@ CUresult cuEventSynchronize(CUevent event) {
   return CUDA_SUCCESS;
 }
 
+/* As the driver: returns at once; a pending event is freed once reached
+ * (destroying it waits for nothing). */
 CUresult cuEventDestroy_v2(CUevent event) {
-  event_wait("cuEventDestroy_v2", event);
-  free(event);
+  need_context("cuEventDestroy_v2");
+  if (!event)
+    misuse("cuEventDestroy_v2", "no event");
+  pthread_mutex_lock(&lock);
+  int pending = event->stream != NULL;
+  if (pending)
+    event->destroyed = 1;
+  pthread_mutex_unlock(&lock);
+  if (!pending)
+    free(event);
   return CUDA_SUCCESS;
 }
 
@@ -572,7 +708,8 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream
   check_stream("cuMemcpyDtoHAsync_v2", stream);
   check_pinned("cuMemcpyDtoHAsync_v2", dst, bytes);
   const uint8_t *from = device_view("cuMemcpyDtoHAsync_v2", src, bytes);
-  enqueue("cuMemcpyDtoHAsync_v2", stream, (fake_op){dst, from, bytes, NULL});
+  enqueue("cuMemcpyDtoHAsync_v2", stream,
+          (fake_op){.kind = OP_COPY, .dst = dst, .src = from, .bytes = bytes});
   return CUDA_SUCCESS;
 }
 
@@ -581,7 +718,11 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CU
   check_stream("cuMemcpyHtoDAsync_v2", stream);
   check_pinned("cuMemcpyHtoDAsync_v2", src, bytes);
   uint8_t *to = device_view("cuMemcpyHtoDAsync_v2", dst, bytes);
-  enqueue("cuMemcpyHtoDAsync_v2", stream, (fake_op){to, src, bytes, NULL});
+  pthread_mutex_lock(&lock);
+  fake_allocation *into = holding((const void *)(uintptr_t)dst, bytes, 1);
+  pthread_mutex_unlock(&lock);
+  enqueue("cuMemcpyHtoDAsync_v2", stream,
+          (fake_op){.kind = OP_COPY, .dst = to, .src = src, .bytes = bytes, .into = into});
   return CUDA_SUCCESS;
 }
 
@@ -599,7 +740,11 @@ CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream 
   check_stream("cuMemcpyAsync", stream);
   uint8_t *to = unified_view("cuMemcpyAsync", dst, bytes);
   const uint8_t *from = unified_view("cuMemcpyAsync", src, bytes);
-  enqueue("cuMemcpyAsync", stream, (fake_op){to, from, bytes, NULL});
+  pthread_mutex_lock(&lock);
+  fake_allocation *into = holding((const void *)(uintptr_t)dst, bytes, 1);
+  pthread_mutex_unlock(&lock);
+  enqueue("cuMemcpyAsync", stream,
+          (fake_op){.kind = OP_COPY, .dst = to, .src = from, .bytes = bytes, .into = into});
   return CUDA_SUCCESS;
 }
 
@@ -624,6 +769,76 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
   return CUDA_SUCCESS;
 }
 
+/* ---- stream order ------------------------------------------------------------------------ */
+
+CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx) {
+  need_init("cuStreamGetCtx");
+  if (!stream) { /* the legacy default stream: the current context's */
+    *ctx = depth ? stack[depth - 1] : NULL;
+    return depth ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+  }
+  *ctx = stream->ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *device) {
+  need_context("cuCtxGetDevice");
+  *device = stack[depth - 1]->device;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *out, void *p, unsigned flags) {
+  need_context("cuMemHostGetDevicePointer_v2");
+  if (flags)
+    misuse("cuMemHostGetDevicePointer_v2", "flags must be 0");
+  pthread_mutex_lock(&lock);
+  fake_allocation *a = holding(p, 1, 0);
+  int mapped = a && a->mapped;
+  pthread_mutex_unlock(&lock);
+  if (!mapped)
+    return CUDA_ERROR_INVALID_VALUE; /* not from cuMemHostAlloc(CU_MEMHOSTALLOC_DEVICEMAP) */
+  *out = (CUdeviceptr)(uintptr_t)p;  /* unified addressing: the same address */
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags) {
+  need_context("cuStreamWaitValue32_v2");
+  check_stream("cuStreamWaitValue32_v2", stream);
+  const char *off = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
+  if (off && *off == '1')
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (flags != 0)
+    misuse("cuStreamWaitValue32_v2", "only CU_STREAM_WAIT_VALUE_GEQ is faked");
+  const unsigned *word = (const unsigned *)(uintptr_t)addr;
+  pthread_mutex_lock(&lock);
+  fake_allocation *a = holding(word, sizeof *word, 0);
+  int mapped = a && a->mapped;
+  pthread_mutex_unlock(&lock);
+  if (!mapped || addr % 4)
+    misuse("cuStreamWaitValue32_v2", "the word is not aligned device-mapped pinned memory");
+  enqueue("cuStreamWaitValue32_v2", stream,
+          (fake_op){.kind = OP_WAIT_VALUE, .word = word, .value = value});
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchHostFunc(CUstream stream, void (*fn)(void *), void *data) {
+  need_context("cuLaunchHostFunc");
+  check_stream("cuLaunchHostFunc", stream);
+  if (!fn)
+    misuse("cuLaunchHostFunc", "no function");
+  enqueue("cuLaunchHostFunc", stream, (fake_op){.kind = OP_HOST_FN, .fn = fn, .data = data});
+  return CUDA_SUCCESS;
+}
+
+/* Runs what it can without blocking. */
+CUresult cuEventQuery(CUevent event) {
+  need_context("cuEventQuery");
+  CUstream stream = event_stream(event);
+  if (!stream)
+    return CUDA_SUCCESS;
+  return run_stream(stream, event, 0) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
 /* ---- errors ---------------------------------------------------------------------------- */
 
 static const struct {
@@ -637,6 +852,8 @@ static const struct {
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
 };
 
 /* The error's name (text 0) or description (text 1). */

@@ -1,0 +1,39 @@
+/* cuda_double.h - the test double of the CUDA driver (support/fake_cuda,
+ * loaded as libcuda.so.1 through LD_LIBRARY_PATH) as a test holds device
+ * memory with it: its entry points looked up with dlsym, each call made in
+ * the device's primary context pushed and popped again, so the test's own
+ * thread keeps no context current (tests check ferry leaves none). Tests
+ * of device memory that need streams, pinned buffers or holds use it
+ * (test_stream_order, test_device_pool). */
+#ifndef FERRY_TEST_CUDA_DOUBLE_H
+#define FERRY_TEST_CUDA_DOUBLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CUDA_DOUBLE_NOT_READY 600 /* CUDA_ERROR_NOT_READY */
+
+/* Skips the test (cmocka skip()) without the fake driver. */
+void cuda_double_need(void);
+uint8_t *cuda_double_alloc(size_t size);
+void cuda_double_free(uint8_t *device);
+void *cuda_double_pinned(size_t size);
+void cuda_double_free_pinned(void *host);
+void cuda_double_put(uint8_t *device, const void *host, size_t size);
+void cuda_double_get(void *host, const uint8_t *device, size_t size);
+void *cuda_double_stream(void);
+void cuda_double_stream_destroy(void *stream);
+/* Queues a copy on stream (to_device: host -> device). */
+void cuda_double_copy_async(uint8_t *device, void *host, size_t size, int to_device, void *stream);
+/* A new event recorded on stream; query: its cuEventQuery (runs what it
+ * can without blocking); wait: cuEventSynchronize, then destroys it. */
+void *cuda_double_record(void *stream);
+int cuda_double_query(void *event);
+void cuda_double_wait(void *event);
+/* fake_cuda_hold / fake_cuda_held_wait (fake_cuda.c). */
+void cuda_double_hold(const uint8_t *device, int on);
+void cuda_double_held_wait(void);
+/* Asserts no CUDA context is current on this thread. */
+void cuda_double_no_context(void);
+
+#endif
