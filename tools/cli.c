@@ -130,8 +130,10 @@ ferry_status ferry_cli_engine_try(const ferry_cli_engine_opts *opts, ferry_engin
     cfg.metadata_ttl_ms = opts->metadata_ttl_ms;
   if (opts->metrics_port >= 0)
     cfg.metrics_port = opts->metrics_port;
-  cfg.fabric_provider = opts->fabric_provider;
-  cfg.fabric_device = opts->fabric_device;
+  if (opts->fabric_provider) /* else FERRY_FABRIC_PROVIDER, as ferry_config_init read it */
+    cfg.fabric_provider = opts->fabric_provider;
+  if (opts->fabric_device)
+    cfg.fabric_device = opts->fabric_device;
   /* A client's output is its result: its engine's info lines (listening,
    * transport chosen) only when FERRY_LOG asks for them. */
   if (opts->client && ferry_log_get_level() == FERRY_LOG_INFO && !getenv("FERRY_LOG"))
