@@ -154,8 +154,9 @@ struct ferry_transport {
   int pool_writes_bounded;
   /* Nonzero when a batch's local buffers may be memory the CPU cannot
    * touch (device memory, memory/kind.h): tcp moves it through the staging
-   * pipeline (staging.h), so not under FERRY_STAGING=never. Zero (shm,
-   * fabric for now): core never hands it such a batch, nor a chunk of one
+   * pipeline (staging.h), fabric too where its provider cannot register it
+   * (else directly, FI_HMEM), so not under FERRY_STAGING=never. Zero (shm
+   * for now): core never hands it such a batch, nor a chunk of one
    * to move again on its rails (batch.c), since its copies or its
    * provider's would touch the memory with the CPU. */
   int carries_device_memory;
@@ -218,7 +219,10 @@ struct ferry_transport {
    * this transport. Registrations are serialized by the engine. A range may
    * come twice in one call: the second is a no-op. flags: FERRY_REGISTER_POOL
    * (engine.h): receive pools, which a transport without
-   * pool_writes_bounded opens to remote READ only. */
+   * pool_writes_bounded opens to remote READ only; FERRY_REGISTER_DEVICE:
+   * memory the CPU cannot touch (device memory), which a transport that
+   * cannot reach it leaves unregistered (FERRY_OK), so that its key in the
+   * region table is zeros. */
   ferry_status (*region_register)(ferry_engine *engine, const ferry_region *regions, size_t count,
                                   unsigned flags);
   /* Runs after ferry_engine_fence for the regions removed: nothing touches
@@ -230,7 +234,10 @@ struct ferry_transport {
   size_t (*region_key_size)(ferry_engine *engine);
   /* The key of each region (sorted, as in the table) into out, key size
    * bytes each; zeros for a region it does not hold (unregistered
-   * meanwhile: an initiator's access to it fails at the target). */
+   * meanwhile: an initiator's access to it fails at the target; device
+   * memory it could not register: an initiator's core routes a batch
+   * reaching it to a transport without keys, or refuses it, batch.c). A
+   * registration's key is never all zeros. */
   void (*region_keys)(ferry_engine *engine, const ferry_region *regions, size_t count,
                       uint8_t *out);
 
