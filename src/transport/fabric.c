@@ -1142,6 +1142,7 @@ static ferry_status staged_complete(fabric_channel *ch, const char *what) {
     ssize_t n = fi_cq_read(ch->cq, &done, 1);
     if (n == 1) {
       ch->progress_ns = ferry_now_ns();
+      ch->renewed_ns = 0;
       ch->idle = 0;
       return FERRY_OK;
     }
@@ -1151,7 +1152,7 @@ static ferry_status staged_complete(fabric_channel *ch, const char *what) {
     else if (n != -FI_EAGAIN)
       st = ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: fi_cq_read: %s", ch->address,
                       ferry_fi.strerror((int)-n));
-    if (!st && (st = wait_status(ch)) == FERRY_OK)
+    if (!st && (st = wait_status(ch)) == FERRY_OK && (st = stalled(ch)) == FERRY_OK)
       st = target_gone(ch);
     if (st) {
       ch->base.broken = 1;
@@ -1278,15 +1279,40 @@ static ferry_status staged_chunk(fabric_channel *ch, const ferry_chunk *c) {
   return st;
 }
 
-/* Drives b a chunk at a time (as many bytes as FABRIC_DEPTH operations). */
+/* s's chunk through the pipeline; a cut connection or refused key is
+ * judged as an unstaged chunk's (moves_again: the fresh table says whether
+ * its ranges are still registered), and the chunk moved again from its
+ * start on a fresh endpoint when the target stayed up. */
+static ferry_status staged_slot(fabric_channel *ch, fabric_slot *s) {
+  s->reposts = 0;
+  s->st = FERRY_OK;
+  s->active = 1; /* for stalled(): shm drops an operation on a key it no longer knows */
+  for (;;) {
+    ferry_status st = staged_chunk(ch, &s->chunk);
+    if (!st || (st != FERRY_ESOCKET && st != FERRY_ENOTREG) || !moves_again(ch, s, &st)) {
+      s->active = 0;
+      return st;
+    }
+    FERRY_DEBUG("%s: posted again on a fresh endpoint", ferry_last_error());
+    s->reposts++;
+    __atomic_add_fetch(&ch->fabric->reposts, 1, __ATOMIC_RELAXED);
+    if ((st = renew(ch)) != FERRY_OK) {
+      s->active = 0;
+      return st;
+    }
+  }
+}
+
+/* Drives b a chunk at a time (as many bytes as FABRIC_DEPTH operations),
+ * in slot 0 (the slots are otherwise idle here). */
 static ferry_status staged_drive(fabric_channel *ch, ferry_batch *b) {
   drive_begin(ch, b);
-  ferry_chunk c;
+  fabric_slot *s = &ch->slots[0];
   while (!ch->base.broken &&
-         ferry_batch_claim_on(b, &ch->base, (size_t)FABRIC_DEPTH * ch->op_max, &c, NULL)) {
-    ferry_status st = staged_chunk(ch, &c);
-    ferry_stats_moved(ch->base.peer, ch->base.transport, &c, st);
-    ferry_batch_settle(b, &ch->base, &c, st); /* ESOCKET: another rail */
+         ferry_batch_claim_on(b, &ch->base, (size_t)FABRIC_DEPTH * ch->op_max, &s->chunk, NULL)) {
+    ferry_status st = staged_slot(ch, s);
+    ferry_stats_moved(ch->base.peer, ch->base.transport, &s->chunk, st);
+    ferry_batch_settle(b, &ch->base, &s->chunk, st); /* ESOCKET: another rail */
     if (st && !ch->first)
       ch->first = st;
   }
