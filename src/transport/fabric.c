@@ -56,7 +56,13 @@
  * endpoint as rail r, flagged as domains. A channel on rail r then aims at
  * the target's domain r with the r-th key (remote_key), from this engine's
  * domain r mod its device count, whose registrations give the local
- * descriptors. */
+ * descriptors.
+ *
+ * Device memory (RELIABILITY.md 20): registered with the provider where it
+ * takes CUDA memory (FI_HMEM, fabric_service.c), it moves like host memory;
+ * else a batch with local device memory (and any batch under
+ * FERRY_STAGING=always) goes through the staging pipeline, a chunk at a
+ * time (the staging section below). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>

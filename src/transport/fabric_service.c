@@ -44,7 +44,14 @@
  * served after AUTH, reveals; the key checks that fail are logged
  * (fabric_log.c), and messages, which ferry never sends, are dropped by
  * receives each endpoint keeps posted (fabric_sink.c). RELIABILITY.md 16
- * says what holds on each provider. */
+ * says what holds on each provider.
+ *
+ * Device memory: on a host with a CUDA driver the provider is asked for
+ * FI_HMEM too (with_hmem); where it has it, device regions are registered
+ * with fi_mr_regattr(FI_HMEM_CUDA) until the first it refuses. Otherwise
+ * they stay unregistered (their keys zeros: initiators route them to tcp
+ * or refuse them, core/batch.c), local ones are staged (fabric.c), and one
+ * line per engine says why (ferry_fabric_say_staged). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <linux/futex.h>
