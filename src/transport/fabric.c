@@ -114,6 +114,10 @@
 /* Bounce buffers a channel keeps registered: every slot of the copiers
  * its stager keeps (staging.c: 4 devices, FERRY_STAGE_SLOTS each). */
 #define FABRIC_BOUNCE_MRS (4 * FERRY_STAGE_SLOTS)
+/* A staged chunk: a channel has one operation in flight (its pipeline's
+ * moves are synchronous), so a batch is cut into chunks of a few slots
+ * that its channels (up to tcp_connections) stage side by side. */
+#define FABRIC_STAGED_SLICE (4 * FERRY_STAGE_SLOT)
 
 typedef struct fabric_slot {
   ferry_chunk chunk;
@@ -227,6 +231,13 @@ static int fabric_usable(ferry_engine *e, const ferry_hello_reply *info, char *w
   return probe_address(f, &d, why, size);
 }
 
+/* Whether b moves through the staging pipeline (the staging section). */
+static int staged_batch(const ferry_fabric *f, const ferry_batch *b) {
+  if (b->engine->cfg.staging == FERRY_STAGING_ALWAYS)
+    return 1;
+  return (b->needs & FERRY_NEEDS_DEVICE_MEMORY) && !__atomic_load_n(&f->hmem, __ATOMIC_ACQUIRE);
+}
+
 /* Bytes per operation: the engine's slice size, within what the provider
  * takes in one message. */
 static size_t op_size(const ferry_engine *e) {
@@ -246,6 +257,8 @@ static size_t op_size(const ferry_engine *e) {
  * (claim_slot): what it can post now. */
 static size_t fabric_slice(const ferry_batch *b) {
   const ferry_fabric *f = b->engine->fabric;
+  if (f && staged_batch(f, b))
+    return FABRIC_STAGED_SLICE;
   unsigned drivers = f && f->cpus > 2 ? f->cpus : 2;
   size_t depth = FABRIC_DEPTH * op_size(b->engine);
   uint64_t per_driver = b->total_bytes / drivers + 1;
@@ -1078,14 +1091,6 @@ static ferry_status drive_end(fabric_channel *ch) {
  * copy into device memory starts only once its RMA completed, so done
  * means landed on both sides (a WRITE still asks FI_DELIVERY_COMPLETE). */
 
-/* Whether b moves through the staging pipeline on this channel. */
-static int staged_batch(const fabric_channel *ch, const ferry_batch *b) {
-  if (b->engine->cfg.staging == FERRY_STAGING_ALWAYS)
-    return 1;
-  return (b->needs & FERRY_NEEDS_DEVICE_MEMORY) &&
-         !__atomic_load_n(&ch->fabric->hmem, __ATOMIC_ACQUIRE);
-}
-
 /* The descriptor of bounce buffer buf, registered with the provider on
  * first use (FI_MR_LOCAL providers need it; a NIC then reads and writes it
  * without the CPU). A stager that replaced its copiers (more than 4
@@ -1309,13 +1314,13 @@ static ferry_status staged_slot(fabric_channel *ch, fabric_slot *s) {
   }
 }
 
-/* Drives b a chunk at a time (as many bytes as FABRIC_DEPTH operations),
+/* Drives b a chunk at a time (FABRIC_STAGED_SLICE bytes),
  * in slot 0 (the slots are otherwise idle here). */
 static ferry_status staged_drive(fabric_channel *ch, ferry_batch *b) {
   drive_begin(ch, b);
   fabric_slot *s = &ch->slots[0];
   while (!ch->base.broken &&
-         ferry_batch_claim_on(b, &ch->base, (size_t)FABRIC_DEPTH * ch->op_max, &s->chunk, NULL)) {
+         ferry_batch_claim_on(b, &ch->base, FABRIC_STAGED_SLICE, &s->chunk, NULL)) {
     ferry_status st = staged_slot(ch, s);
     ferry_stats_moved(ch->base.peer, ch->base.transport, &s->chunk, st);
     ferry_batch_settle(b, &ch->base, &s->chunk, st); /* ESOCKET: another rail */
@@ -1329,7 +1334,7 @@ static ferry_status staged_drive(fabric_channel *ch, ferry_batch *b) {
 
 static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
   fabric_channel *ch = (fabric_channel *)base;
-  if (staged_batch(ch, b))
+  if (staged_batch(ch->fabric, b))
     return staged_drive(ch, b);
   drive_begin(ch, b);
   for (;;) {
