@@ -148,8 +148,8 @@ static ferry_status place_device_memory(ferry_batch *b) {
   if (b->engine->cfg.staging == FERRY_STAGING_NEVER)
     return ferry_fail(FERRY_EFAULT,
                       "transfer to %s: local buffer %p (+%zu bytes) is %s memory, which no "
-                      "transport can carry under FERRY_STAGING=never (tcp stages it under auto "
-                      "or always)",
+                      "transport can carry under FERRY_STAGING=never (tcp and fabric stage it "
+                      "under auto or always)",
                       b->address, en->local, en->length, place);
   b->needs |= FERRY_NEEDS_DEVICE_MEMORY;
   if (ferry_peer_transport_for(b->peer, b->needs, &b->transport))

@@ -269,17 +269,26 @@ static void tcp_many_entries_mixed(void **state) {
 
 /* FERRY_STAGING=never on the initiator: its device memory is refused
  * before anything is sent; a host transfer still works. */
-static void never_refused_at_initiator(void **state) {
+static void never_refused_on(unsigned transports, const char *provider) {
   device_rig d;
-  device_rig_start(&d, FERRY_TRANSPORT_TCP, NULL, FERRY_STAGING_AUTO, FERRY_STAGING_NEVER);
+  device_rig_start(&d, transports, provider, FERRY_STAGING_AUTO, FERRY_STAGING_NEVER);
   for (int op = FERRY_OP_READ; op <= FERRY_OP_WRITE; op++) {
     assert_int_equal(ferry_transfer_sync(d.r.initiator, d.r.name, (ferry_op)op, d.local + 16,
-                                         remote_of(&d, 0), 4096),
+                                         (uint64_t)(uintptr_t)d.r.memory, 4096),
                      FERRY_EFAULT);
     assert_detail_has("is cuda:0 memory, which no transport can carry under FERRY_STAGING=never");
   }
   test_rig_round_trip(&d.r);
   device_rig_stop(&d);
+}
+
+static void never_refused_at_initiator(void **state) {
+  never_refused_on(FERRY_TRANSPORT_TCP, NULL);
+}
+
+/* fabric stages device memory too: not under never. */
+static void fabric_never_refused_at_initiator(void **state) {
+  never_refused_on(FERRY_TRANSPORT_FABRIC, "tcp;ofi_rxm");
 }
 
 /* FERRY_STAGING=never on the target: a request for its device memory is
@@ -586,6 +595,7 @@ int main(void) {
       cmocka_unit_test(fabric_shm_stages_device),
       cmocka_unit_test(fabric_many_entries_mixed),
       cmocka_unit_test(fabric_always_stages_host),
+      cmocka_unit_test(fabric_never_refused_at_initiator),
       cmocka_unit_test(fabric_with_tcp_stages_over_tcp),
       cmocka_unit_test(fabric_shm_with_tcp_stages_over_tcp),
       cmocka_unit_test(fabric_tcp_remote_device),
