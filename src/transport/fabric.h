@@ -229,7 +229,8 @@ size_t ferry_fabric_region_key_size(ferry_engine *engine);
 void ferry_fabric_region_keys(ferry_engine *engine, const ferry_region *regions, size_t count,
                               uint8_t *out);
 /* Logs once per engine that device memory moves through host bounce
- * buffers here, and why (f->no_hmem). */
+ * buffers here, and why (f->no_hmem); nothing while the provider has
+ * FI_HMEM. */
 void ferry_fabric_say_staged(ferry_fabric *f);
 /* The local descriptor (fi_mr_desc) in domain dom of the registration
  * holding [addr, addr+length); 0 when this engine registered no such

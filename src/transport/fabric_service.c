@@ -1201,6 +1201,10 @@ static void merge_in(ferry_fabric *f, const ferry_fabric_mr *fresh, size_t n) {
 }
 
 void ferry_fabric_say_staged(ferry_fabric *f) {
+  /* With FI_HMEM only FERRY_STAGING=always stages device memory: no line.
+   * The acquire pairs with no_hmem's release: its reason is written. */
+  if (__atomic_load_n(&f->hmem, __ATOMIC_ACQUIRE))
+    return;
   if (!__atomic_exchange_n(&f->staging_said, 1, __ATOMIC_RELAXED))
     FERRY_INFO("fabric provider %s %s: device memory is staged through host buffers",
                f->self.provider, f->no_hmem);
