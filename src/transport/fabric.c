@@ -1228,10 +1228,13 @@ static ferry_status staged_move(void *arg, void *buf, size_t len) {
   void *desc = NULL;
   ferry_status st = bounce_desc(ch, buf, &desc);
   for (size_t done = 0; !st && done < len;) {
-    while (k->off == k->chunk->local[k->seg].iov_len) {
+    while (k->seg < k->chunk->count && k->off == k->chunk->local[k->seg].iov_len) {
       k->seg++;
       k->off = 0;
     }
+    if (k->seg == k->chunk->count) /* the pipeline moved more than the chunk holds */
+      return ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: staged bytes past the chunk's end",
+                        ch->address);
     size_t n = len - done < ch->op_max ? len - done : ch->op_max;
     ferry_region remote = {k->chunk->remote[k->seg].addr + k->off, n};
     struct iovec local = {(uint8_t *)buf + done, n};
