@@ -47,8 +47,8 @@ struct ferry_channel;
 /* ferry_batch.needs */
 #define FERRY_NEEDS_POOL_WRITES 1u   /* pool_writes_bounded (transport.h) */
 #define FERRY_NEEDS_DEVICE_MEMORY 2u /* carries_device_memory (transport.h) */
-#define FERRY_NEEDS_UNKEYED                                                                        \
-  4u /* region_key_size NULL: a remote range keyed transports cannot reach */
+/* region_key_size NULL: a remote range the batch's keyed transport cannot reach */
+#define FERRY_NEEDS_UNKEYED 4u
 
 struct ferry_batch {
   ferry_engine *engine;
