@@ -303,12 +303,14 @@ typedef struct ferry_config {
   unsigned pool_sender_slots;
   uint32_t pool_grant_timeout_ms;
   /* Staging (FERRY_STAGING=auto|always|never; a FERRY_STAGING_* value):
-   * the tcp transport moves memory it cannot touch (CUDA device memory)
-   * through pinned host bounce buffers, the copy of one slice overlapping
-   * the network transfer of the one before. AUTO (the default) stages only
-   * such memory; ALWAYS stages host memory too (it tests the pipeline and
-   * costs a copy); NEVER stages nothing (device memory then fails with
-   * FERRY_EFAULT on tcp; shm, which copies it directly, still carries it). */
+   * the tcp transport, and fabric where its provider cannot register CUDA
+   * memory (no FI_HMEM), move memory they cannot touch (CUDA device
+   * memory) through pinned host bounce buffers, the copy of one slice
+   * overlapping the network transfer of the one before. AUTO (the default)
+   * stages only such memory; ALWAYS stages host memory too, on tcp and
+   * fabric (it tests the pipeline and costs a copy); NEVER stages nothing
+   * (device memory then fails with FERRY_EFAULT on tcp and fabric; shm,
+   * which copies it directly, still carries it). */
   int staging;
   /* FILE memory (ferry_file_*): operations one file batch keeps in flight
    * at once, each a preadv or pwritev on a worker thread
@@ -395,7 +397,8 @@ ferry_status ferry_memory_unregister_batch(ferry_engine *engine, void *const *ad
  * FERRY_EINVAL naming both, "cuda..." where no CUDA driver or device was
  * found with FERRY_ENOTIMPL saying how ferry looked, a malformed string
  * with FERRY_EINVAL naming it. Device memory is moved by staging over tcp
- * (ferry_config.staging); other transports refuse it for now. */
+ * (ferry_config.staging), and over fabric (registered with an FI_HMEM
+ * provider, else staged); shm refuses it for now. */
 ferry_status ferry_memory_register_at(ferry_engine *engine, void *addr, size_t length,
                                       const char *location);
 /* The batch form: locations[i] for addrs[i] (locations NULL: all "*"). */

@@ -133,10 +133,11 @@ static long device_entry(ferry_engine *e, const ferry_entry *entries, size_t cou
 }
 
 /* A batch with local device memory goes only over a transport that can
- * carry it (carries_device_memory: tcp, staged; shm, copied directly; under
- * FERRY_STAGING=never only the direct one): the peer's, or another usable
- * toward it; else it is refused here, before any transport could touch the
- * memory with the CPU. */
+ * carry it (carries_device_memory: tcp and fabric, staged or, on an
+ * FI_HMEM provider, fabric directly; shm, copied directly; under
+ * FERRY_STAGING=never only shm): the peer's, or another usable toward it;
+ * else it is refused here, before any transport could touch the memory
+ * with the CPU. */
 static ferry_status place_device_memory(ferry_batch *b) {
   ferry_where where;
   long i = device_entry(b->engine, b->entries, b->count, &where);
@@ -152,13 +153,38 @@ static ferry_status place_device_memory(ferry_batch *b) {
   if (never)
     return ferry_fail(FERRY_EFAULT,
                       "transfer to %s: local buffer %p (+%zu bytes) is %s memory, which no "
-                      "transport can carry under FERRY_STAGING=never (tcp stages it under auto "
-                      "or always; shm copies it directly, toward a peer on this host)",
+                      "transport can carry under FERRY_STAGING=never (tcp and fabric stage it "
+                      "under auto or always; shm copies it directly, toward a peer on this host)",
                       b->address, en->local, en->length, place);
   return ferry_fail(FERRY_EFAULT,
                     "local buffer %p (+%zu bytes) is %s memory, which the %s transport cannot "
                     "carry yet (tcp stages it; enable tcp toward %s)",
                     en->local, en->length, place, b->transport->name, b->address);
+}
+
+/* A batch reaching a remote range its transport's target left
+ * unregistered (a key of zeros in its table: device memory its fabric
+ * provider cannot reach, transport.h) goes only over a transport without
+ * keys (tcp: the target stages it), or is refused here, before any byte
+ * moves: one-sided RMA would fail at the target, mid-batch. */
+static ferry_status place_unkeyed_remote(ferry_batch *b) {
+  if (!b->transport->region_key_size)
+    return FERRY_OK;
+  long i = ferry_peer_unkeyed_remote(b->peer, b->transport->id, b->entries, b->count);
+  if (i < 0)
+    return FERRY_OK;
+  const ferry_transport *keyed = b->transport;
+  b->needs |= FERRY_NEEDS_UNKEYED;
+  if (ferry_peer_transport_for(b->peer, b->needs, &b->transport))
+    return FERRY_OK;
+  const ferry_entry *en = &b->entries[i];
+  return ferry_fail(FERRY_EFAULT,
+                    "entry %ld to %s: remote address 0x%llx (+%zu bytes) is memory the target "
+                    "did not register with its %s transport (device memory, which its provider "
+                    "cannot reach: no FI_HMEM there), so one-sided RMA cannot reach it (tcp "
+                    "stages it; enable tcp toward %s)",
+                    i, b->address, (unsigned long long)en->remote, en->length, keyed->name,
+                    b->address);
 }
 
 /* Everything that can be refused before a byte moves is refused here, with
@@ -195,6 +221,8 @@ static ferry_status batch_create(ferry_engine *e, const char *target, const ferr
     st = place_device_memory(b);
   if (!st)
     st = ferry_peer_check_remote(peer, entries, count, b->deadline_ns);
+  if (!st)
+    st = place_unkeyed_remote(b);
   if (st) {
     batch_destroy(b);
     return st;
@@ -214,7 +242,7 @@ ferry_status ferry_batch_checked(ferry_engine *e, ferry_peer *peer, ferry_entry 
     return st;
   b->transport = transport;
   b->peer_instance = instance;
-  if ((st = place_device_memory(b)) != FERRY_OK) {
+  if ((st = place_device_memory(b)) != FERRY_OK || (st = place_unkeyed_remote(b)) != FERRY_OK) {
     batch_destroy(b);
     return st;
   }

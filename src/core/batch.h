@@ -48,6 +48,8 @@ struct ferry_channel;
 #define FERRY_NEEDS_POOL_WRITES 1u   /* pool_writes_bounded (transport.h) */
 #define FERRY_NEEDS_DEVICE_MEMORY 2u /* carries_device_memory (transport.h) */
 #define FERRY_NEEDS_DIRECT_DEVICE 4u /* carries_device_memory == FERRY_DEVICE_DIRECT */
+/* region_key_size NULL: a remote range the batch's keyed transport cannot reach */
+#define FERRY_NEEDS_UNKEYED 8u
 
 struct ferry_batch {
   ferry_engine *engine;
@@ -66,7 +68,10 @@ struct ferry_batch {
   /* What the transports carrying it must be able to do (FERRY_NEEDS_*):
    * a pool message (it has an after-landed message) goes only over those
    * whose target checks WRITEs against the sender's grants, a batch with
-   * local device memory only over those that carry it; checkout and a
+   * local device memory only over those that carry it, one reaching a
+   * remote range its transport's target left unregistered (a key of zeros:
+   * device memory its fabric provider cannot reach) only over one without
+   * keys (tcp); checkout and a
    * chunk moved again keep to their rails (ferry_peer_transport_for). */
   unsigned needs;
   int async; /* from ferry_batch_submit: a failure is counted when it ends */

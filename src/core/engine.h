@@ -174,6 +174,9 @@ void ferry_engine_fence(ferry_engine *engine, ferry_region *removed, size_t coun
  * grants (pool.c): a transport that cannot check them registers the
  * regions for remote READ only. */
 #define FERRY_REGISTER_POOL 0x1u
+/* region_register's flag for memory the CPU cannot touch (device memory,
+ * memory/kind.h): registration.c hands it to the transports apart. */
+#define FERRY_REGISTER_DEVICE 0x2u
 /* A receive pool's memory: *addr (length bytes) registered, or with *addr
  * NULL new memory as from ferry_memory_alloc, both with
  * FERRY_REGISTER_POOL. Memory already registered is refused (FERRY_EINVAL):

@@ -685,6 +685,33 @@ size_t ferry_peer_region_key(ferry_peer *p, unsigned transport, uint64_t addr, u
   return len;
 }
 
+/* Whether the key bytes are all zeros: the target did not register that
+ * region with the transport (transport.h, region_keys). */
+static int zero_key(const uint8_t *key, size_t size) {
+  for (size_t b = 0; b < size; b++)
+    if (key[b])
+      return 0;
+  return 1;
+}
+
+long ferry_peer_unkeyed_remote(ferry_peer *p, unsigned transport, const ferry_entry *entries,
+                               size_t count) {
+  long found = -1;
+  pthread_mutex_lock(&p->lock);
+  const ferry_region_keys *keys = NULL;
+  for (unsigned k = 0; k < p->table.key_sections; k++)
+    if (p->table.keys[k].transport == transport)
+      keys = &p->table.keys[k];
+  for (size_t e = 0; keys && e < count && found < 0; e++) {
+    long i = ferry_regions_search(p->table.regions, p->table.count, entries[e].remote,
+                                  entries[e].length);
+    if (i >= 0 && zero_key(keys->data + (size_t)i * keys->size, keys->size))
+      found = (long)e;
+  }
+  pthread_mutex_unlock(&p->lock);
+  return found;
+}
+
 /* ---- channel pool --------------------------------------------------------------------- */
 
 static void unlink_channel(ferry_peer *p, ferry_channel *ch) {
@@ -719,7 +746,8 @@ static const ferry_transport *carrier_locked(const ferry_peer *p, unsigned exclu
 int ferry_transport_meets(const ferry_transport *t, unsigned needs) {
   return (!(needs & FERRY_NEEDS_POOL_WRITES) || t->pool_writes_bounded) &&
          (!(needs & FERRY_NEEDS_DEVICE_MEMORY) || t->carries_device_memory) &&
-         (!(needs & FERRY_NEEDS_DIRECT_DEVICE) || t->carries_device_memory == FERRY_DEVICE_DIRECT);
+         (!(needs & FERRY_NEEDS_DIRECT_DEVICE) || t->carries_device_memory == FERRY_DEVICE_DIRECT) &&
+         (!(needs & FERRY_NEEDS_UNKEYED) || !t->region_key_size);
 }
 
 /* The rails a batch with these needs (batch.h) may not use (rail_choice.h):

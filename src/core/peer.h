@@ -121,6 +121,13 @@ typedef enum ferry_rails_left {
  * left up, the error detail becomes every rail's cause. */
 ferry_rails_left ferry_peer_rail_failed(ferry_peer *peer, const ferry_batch *batch,
                                         struct ferry_channel *channel);
+/* The first entry whose remote range lies in a cached region of the peer
+ * that `transport` (a FERRY_TRANSPORT_* bit) published a key of zeros for:
+ * the target did not register it with that transport (device memory its
+ * provider cannot reach, transport.h); -1 when none (or no such key
+ * section). One lock and one search per entry. */
+long ferry_peer_unkeyed_remote(ferry_peer *peer, unsigned transport, const ferry_entry *entries,
+                               size_t count);
 /* Whether transport t can do what a batch needs (FERRY_NEEDS_*, batch.h). */
 int ferry_transport_meets(const struct ferry_transport *t, unsigned needs);
 /* For a batch with needs (FERRY_NEEDS_*, batch.h): nonzero when *out (in:

@@ -94,36 +94,50 @@ static ferry_status transports_register(ferry_engine *e, const ferry_region *reg
   return FERRY_OK;
 }
 
-/* Copies into fresh the regions not registered yet: an identical region
- * already registered stays as it is, with its transports' registrations
- * (*already counts those). Memory the CPU cannot touch is left to staging
- * (tcp): no transport that registers regions (fabric) is given it, so none
- * keys it for peers. */
-static size_t fresh_regions(ferry_engine *e, const ferry_region *regions, const ferry_where *wheres,
-                            size_t count, ferry_region *fresh, size_t *already) {
-  size_t n = 0;
-  *already = 0;
-  for (size_t i = 0; i < count; i++) {
-    ferry_region known;
-    int registered = ferry_registry_find(e->registry, regions[i].addr, &known) &&
-                     known.addr == regions[i].addr && known.length == regions[i].length;
-    *already += registered;
-    if (wheres[i].cpu_access && !registered)
-      fresh[n++] = regions[i];
-  }
-  return n;
-}
-
-static ferry_status registry_add(ferry_engine *e, const ferry_region *regions,
-                                 const ferry_where *wheres, size_t count) {
-  return ferry_registry_add_placed(e->registry, regions, wheres, count);
-}
-
 static ferry_status registered_already(const ferry_region *pool) {
   return ferry_fail(FERRY_EINVAL,
                     "pool memory 0x%llx (+%llu bytes) is registered already: a pool registers "
                     "its memory itself",
                     (unsigned long long)pool->addr, (unsigned long long)pool->length);
+}
+
+/* Copies into fresh the regions not registered yet of one sort: memory
+ * the CPU may touch, or (device) memory it cannot. An identical region
+ * already registered stays as it is, with its transports' registrations. */
+static size_t fresh_regions(ferry_engine *e, const ferry_region *regions, const ferry_where *wheres,
+                            size_t count, int device, ferry_region *fresh) {
+  size_t n = 0;
+  for (size_t i = 0; i < count; i++) {
+    ferry_region known;
+    if ((wheres[i].cpu_access == 0) == device &&
+        (!ferry_registry_find(e->registry, regions[i].addr, &known) ||
+         known.addr != regions[i].addr || known.length != regions[i].length))
+      fresh[n++] = regions[i];
+  }
+  return n;
+}
+
+/* The fresh regions, host memory then device memory (flagged
+ * FERRY_REGISTER_DEVICE: a transport that cannot reach it leaves it
+ * unregistered, its key zeros, transport.h); all or nothing. *n: how many
+ * of each went to the transports (fresh holds count: host, then device). */
+static ferry_status register_fresh(ferry_engine *e, const ferry_region *regions,
+                                   const ferry_where *wheres, size_t count, unsigned flags,
+                                   ferry_region *fresh, size_t n[2]) {
+  n[0] = fresh_regions(e, regions, wheres, count, 0, fresh);
+  n[1] = fresh_regions(e, regions, wheres, count, 1, fresh + n[0]);
+  if ((flags & FERRY_REGISTER_POOL) && n[0] + n[1] != count)
+    return registered_already(regions);
+  ferry_status st = transports_register(e, fresh, n[0], flags);
+  if (!st && n[1] &&
+      (st = transports_register(e, fresh + n[0], n[1], flags | FERRY_REGISTER_DEVICE)) != FERRY_OK)
+    transports_deregister(e, fresh, n[0], SIZE_MAX);
+  return st;
+}
+
+static ferry_status registry_add(ferry_engine *e, const ferry_region *regions,
+                                 const ferry_where *wheres, size_t count) {
+  return ferry_registry_add_placed(e->registry, regions, wheres, count);
 }
 
 /* Transports first, then the registry, so that a peer that sees a region
@@ -137,14 +151,10 @@ static ferry_status register_with_transports(ferry_engine *e, const ferry_region
   if (!fresh)
     return ferry_fail(FERRY_ENOMEM, "no memory to register %zu regions", count);
   pthread_mutex_lock(&e->register_lock);
-  size_t already;
-  size_t n = fresh_regions(e, regions, wheres, count, fresh, &already);
-  /* a pool in device memory is fresh too, though no transport takes it */
-  ferry_status st = (flags & FERRY_REGISTER_POOL) && already
-                        ? registered_already(regions)
-                        : transports_register(e, fresh, n, flags);
+  size_t n[2];
+  ferry_status st = register_fresh(e, regions, wheres, count, flags, fresh, n);
   if (!st && (st = registry_add(e, regions, wheres, count)) != FERRY_OK)
-    transports_deregister(e, fresh, n, SIZE_MAX);
+    transports_deregister(e, fresh, n[0] + n[1], SIZE_MAX);
   pthread_mutex_unlock(&e->register_lock);
   free(fresh);
   return st;

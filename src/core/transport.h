@@ -157,13 +157,12 @@ struct ferry_transport {
    * registers pools for remote READ only (FERRY_REGISTER_POOL). */
   int pool_writes_bounded;
   /* Nonzero when a batch's local buffers may be memory the CPU cannot
-   * touch (device memory, memory/kind.h): FERRY_DEVICE_STAGED (tcp) moves
-   * it through the staging pipeline (staging.h), so not under
+   * touch (device memory, memory/kind.h): FERRY_DEVICE_STAGED (tcp; fabric
+   * where its provider cannot register it, else directly with FI_HMEM)
+   * moves it through the staging pipeline (staging.h), so not under
    * FERRY_STAGING=never; FERRY_DEVICE_DIRECT (shm) by the device's own
-   * copies, under any staging mode. Zero (fabric for now): core never hands
-   * it such a batch, nor a chunk of one to move again on its rails
-   * (batch.c), since its provider's copies would touch the memory with the
-   * CPU. */
+   * copies, under any staging mode. Zero: core never hands it such a
+   * batch, nor a chunk of one to move again on its rails (batch.c). */
   int carries_device_memory;
   /* Optional (NULL: none). Posts a batch's after-landed message to the
    * target incarnation `instance` on the transport's own path, called by
@@ -224,7 +223,10 @@ struct ferry_transport {
    * this transport. Registrations are serialized by the engine. A range may
    * come twice in one call: the second is a no-op. flags: FERRY_REGISTER_POOL
    * (engine.h): receive pools, which a transport without
-   * pool_writes_bounded opens to remote READ only. */
+   * pool_writes_bounded opens to remote READ only; FERRY_REGISTER_DEVICE:
+   * memory the CPU cannot touch (device memory), which a transport that
+   * cannot reach it leaves unregistered (FERRY_OK), so that its key in the
+   * region table is zeros. */
   ferry_status (*region_register)(ferry_engine *engine, const ferry_region *regions, size_t count,
                                   unsigned flags);
   /* Runs after ferry_engine_fence for the regions removed: nothing touches
@@ -236,7 +238,10 @@ struct ferry_transport {
   size_t (*region_key_size)(ferry_engine *engine);
   /* The key of each region (sorted, as in the table) into out, key size
    * bytes each; zeros for a region it does not hold (unregistered
-   * meanwhile: an initiator's access to it fails at the target). */
+   * meanwhile: an initiator's access to it fails at the target; device
+   * memory it could not register: an initiator's core routes a batch
+   * reaching it to a transport without keys, or refuses it, batch.c). A
+   * registration's key is never all zeros. */
   void (*region_keys)(ferry_engine *engine, const ferry_region *regions, size_t count,
                       uint8_t *out);
 

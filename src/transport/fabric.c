@@ -56,7 +56,13 @@
  * endpoint as rail r, flagged as domains. A channel on rail r then aims at
  * the target's domain r with the r-th key (remote_key), from this engine's
  * domain r mod its device count, whose registrations give the local
- * descriptors. */
+ * descriptors.
+ *
+ * Device memory (RELIABILITY.md 20): registered with the provider where it
+ * takes CUDA memory (FI_HMEM, fabric_service.c), it moves like host memory;
+ * else a batch with local device memory (and any batch under
+ * FERRY_STAGING=always) goes through the staging pipeline, a chunk at a
+ * time (the staging section below). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -77,6 +83,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "core/transport.h"
+#include "memory/staging.h"
 #include "transport/fabric.h"
 
 /* Operations in flight per channel: enough to cover the per-operation
@@ -104,6 +111,13 @@
  * bound keeps a target that keeps cutting from holding a call until its
  * deadline). */
 #define FABRIC_REPOSTS 2
+/* Bounce buffers a channel keeps registered: every slot of the copiers
+ * its stager keeps (staging.c: 4 devices, FERRY_STAGE_SLOTS each). */
+#define FABRIC_BOUNCE_MRS (4 * FERRY_STAGE_SLOTS)
+/* A staged chunk: a channel has one operation in flight (its pipeline's
+ * moves are synchronous), so a batch is cut into chunks of a few slots
+ * that its channels (up to tcp_connections) stage side by side. */
+#define FABRIC_STAGED_SLICE (4 * FERRY_STAGE_SLOT)
 
 typedef struct fabric_slot {
   ferry_chunk chunk;
@@ -151,6 +165,16 @@ typedef struct fabric_channel {
   uint32_t *wake_map;   /* shm: the target's wake page, and its lane's word */
   uint32_t *sleep_word;
   fabric_slot slots[FABRIC_SLOTS];
+  /* Staging (a batch with device memory the provider cannot register, or
+   * FERRY_STAGING=always): the pipeline, where each range lives, and the
+   * bounce buffers' registrations with the provider (oldest first). */
+  ferry_stager *stager;
+  ferry_stage_range ranges[FERRY_CHUNK_MAX_SEGMENTS];
+  struct {
+    void *buf;
+    struct fid_mr *mr;
+  } bounce[FABRIC_BOUNCE_MRS];
+  int staged_op; /* the context of the one staged operation in flight */
 } fabric_channel;
 
 /* ---- choosing ------------------------------------------------------------------------- */
@@ -207,6 +231,13 @@ static int fabric_usable(ferry_engine *e, const ferry_hello_reply *info, char *w
   return probe_address(f, &d, why, size);
 }
 
+/* Whether b moves through the staging pipeline (the staging section). */
+static int staged_batch(const ferry_fabric *f, const ferry_batch *b) {
+  if (b->engine->cfg.staging == FERRY_STAGING_ALWAYS)
+    return 1;
+  return (b->needs & FERRY_NEEDS_DEVICE_MEMORY) && !__atomic_load_n(&f->hmem, __ATOMIC_ACQUIRE);
+}
+
 /* Bytes per operation: the engine's slice size, within what the provider
  * takes in one message. */
 static size_t op_size(const ferry_engine *e) {
@@ -226,6 +257,8 @@ static size_t op_size(const ferry_engine *e) {
  * (claim_slot): what it can post now. */
 static size_t fabric_slice(const ferry_batch *b) {
   const ferry_fabric *f = b->engine->fabric;
+  if (f && staged_batch(f, b))
+    return FABRIC_STAGED_SLICE;
   unsigned drivers = f && f->cpus > 2 ? f->cpus : 2;
   size_t depth = FABRIC_DEPTH * op_size(b->engine);
   uint64_t per_driver = b->total_bytes / drivers + 1;
@@ -271,12 +304,22 @@ static void reset_on_close(fabric_channel *ch) {
                ch->address, strerror(errno));
 }
 
+/* Closes the bounce buffers' registrations (after the endpoint that
+ * used them). */
+static void bounce_close(fabric_channel *ch) {
+  for (unsigned i = 0; i < FABRIC_BOUNCE_MRS; i++)
+    if (ch->bounce[i].mr)
+      fi_close(&ch->bounce[i].mr->fid);
+  memset(ch->bounce, 0, sizeof ch->bounce);
+}
+
 static void close_endpoint(fabric_channel *ch) {
   struct fid *fids[] = {ch->ep ? &ch->ep->fid : NULL, ch->cq ? &ch->cq->fid : NULL,
                         ch->av ? &ch->av->fid : NULL};
   for (size_t i = 0; i < sizeof fids / sizeof *fids; i++)
     if (fids[i])
       fi_close(fids[i]); /* the endpoint first: it cancels what is still in flight */
+  bounce_close(ch);
   ch->ep = NULL;
   ch->cq = NULL;
   ch->av = NULL;
@@ -288,6 +331,7 @@ static void fabric_close(ferry_channel *base) {
   if (ch->orphaned && ch->dest_ip_len)
     reset_on_close(ch);
   close_endpoint(ch);
+  ferry_stager_destroy(ch->stager); /* its buffers: after the endpoint that used them */
   if (ch->wake_fd >= 0)
     close(ch->wake_fd);
   ferry_fabric_wake_unmap(ch->wake_map);
@@ -838,8 +882,8 @@ static void abandon(fabric_channel *ch, ferry_status st) {
 
 /* The peer's key and address for a remote segment, and the local
  * descriptor. */
-static ferry_status target_of(fabric_channel *ch, const struct iovec *local,
-                              const ferry_region *remote, struct fi_rma_iov *rma, void **desc) {
+static ferry_status remote_iov(fabric_channel *ch, const ferry_region *remote,
+                               struct fi_rma_iov *rma) {
   uint64_t key, base;
   if (!remote_key(ch, remote->addr, remote->length, &key, &base))
     return ferry_fail(FERRY_ENOTREG,
@@ -847,15 +891,23 @@ static ferry_status target_of(fabric_channel *ch, const struct iovec *local,
                       "key for its domain in its table)",
                       (unsigned long long)remote->addr, (unsigned long long)remote->length,
                       ch->address);
+  *rma = (struct fi_rma_iov){.addr = ch->virt_addr ? remote->addr : remote->addr - base,
+                             .len = remote->length,
+                             .key = key};
+  return FERRY_OK;
+}
+
+static ferry_status target_of(fabric_channel *ch, const struct iovec *local,
+                              const ferry_region *remote, struct fi_rma_iov *rma, void **desc) {
+  ferry_status st = remote_iov(ch, remote, rma);
+  if (st)
+    return st;
   if (!ferry_fabric_local_desc(ch->fabric, ch->dom, local->iov_base, local->iov_len, desc) &&
       ch->local_mr)
     return ferry_fail(FERRY_ENOTREG,
                       "local buffer %p (+%zu bytes) is not registered with this engine, and "
                       "provider %s needs it to be",
                       local->iov_base, local->iov_len, ch->fabric->self.provider);
-  *rma = (struct fi_rma_iov){.addr = ch->virt_addr ? remote->addr : remote->addr - base,
-                             .len = remote->length,
-                             .key = key};
   return FERRY_OK;
 }
 
@@ -1006,8 +1058,8 @@ static ferry_status post_more(fabric_channel *ch) {
   return FERRY_OK;
 }
 
-static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
-  fabric_channel *ch = (fabric_channel *)base;
+/* A channel's turn at b begins. */
+static void drive_begin(fabric_channel *ch, ferry_batch *b) {
   ch->batch = b;
   ch->first = FERRY_OK;
   ch->progress_ns = ferry_now_ns();
@@ -1016,6 +1068,278 @@ static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
   ch->refused_ns = 0;
   ch->check_ns = 0;
   ch->idle = 0;
+}
+
+/* ... and ends. */
+static ferry_status drive_end(fabric_channel *ch) {
+  ch->batch = NULL;
+  if (!ch->base.broken)
+    ch->base.replied_ns = ferry_now_ns();
+  return ch->first;
+}
+
+/* ---- staging (memory/staging.h) ------------------------------------------------------- */
+
+/* Device memory the provider cannot register (no FI_HMEM, or it refused
+ * CUDA memory: fabric_service.c) and, under FERRY_STAGING=always, any
+ * memory, move through the staging pipeline: the kind's copier fills (or
+ * drains) pinned bounce buffers, registered here with the provider, and
+ * each slice goes as one-sided RMA between a bounce buffer and the
+ * target's registered memory while the copier works on the next one
+ * (staging.h). A staged batch is driven a chunk at a time with one
+ * operation in flight: the pipeline's moves are synchronous, and a READ's
+ * copy into device memory starts only once its RMA completed, so done
+ * means landed on both sides (a WRITE still asks FI_DELIVERY_COMPLETE). */
+
+/* The descriptor of bounce buffer buf, registered with the provider on
+ * first use (FI_MR_LOCAL providers need it; a NIC then reads and writes it
+ * without the CPU). A stager that replaced its copiers (more than 4
+ * devices on one channel) gives new buffers: then every registration is
+ * made again. */
+static ferry_status bounce_desc(fabric_channel *ch, void *buf, void **desc) {
+  unsigned i = 0;
+  for (; i < FABRIC_BOUNCE_MRS && ch->bounce[i].buf; i++)
+    if (ch->bounce[i].buf == buf) {
+      *desc = fi_mr_desc(ch->bounce[i].mr);
+      return FERRY_OK;
+    }
+  if (i == FABRIC_BOUNCE_MRS) {
+    bounce_close(ch);
+    i = 0;
+  }
+  ferry_fabric *f = ch->fabric;
+  uint64_t key = f->prov_key ? 0 : ferry_fabric_new_key(f); /* local use only: no remote access */
+  struct fid_mr *mr = NULL;
+  int rc = fi_mr_reg(f->domains[ch->dom].domain, buf, FERRY_STAGE_SLOT, FI_READ | FI_WRITE, 0, key,
+                     0, &mr, NULL);
+  if (!rc && f->mr_endpoint && (rc = fi_mr_bind(mr, &ch->ep->fid, 0)) == 0)
+    rc = fi_mr_enable(mr);
+  if (rc) {
+    if (mr)
+      fi_close(&mr->fid);
+    return ferry_fail(FERRY_ETRANSPORT,
+                      "fabric channel to %s: registering a staging buffer with %s: %s", ch->address,
+                      f->self.provider, ferry_fi.strerror(-rc));
+  }
+  ch->bounce[i].buf = buf;
+  ch->bounce[i].mr = mr;
+  *desc = fi_mr_desc(mr);
+  return FERRY_OK;
+}
+
+/* The failed staged operation's error, named. */
+static ferry_status staged_failed(fabric_channel *ch, const char *what) {
+  struct fi_cq_err_entry err = {0};
+  if (fi_cq_readerr(ch->cq, &err, 0) != 1)
+    return ferry_fail(FERRY_ETRANSPORT, "fabric %s (staged) to %s: fi_cq_readerr read nothing",
+                      what, ch->address);
+  char prov[128] = "";
+  const char *text = fi_cq_strerror(ch->cq, err.prov_errno, err.err_data, prov, sizeof prov);
+  ferry_status st = cq_status(&err);
+  return ferry_fail(st, "fabric %s (staged) to %s failed: %s%s (provider %s: %s)", what,
+                    ch->address, ferry_fi.strerror(err.err < 0 ? -err.err : err.err),
+                    st == FERRY_ENOTREG ? ": remote address not registered" : "",
+                    ch->fabric->self.provider, text ? text : "no detail");
+}
+
+/* Waits for the one staged operation in flight. On failure the channel is
+ * broken: an operation that did not complete may still use its buffer, so
+ * the endpoint closes before the stager frees it (fabric_close). */
+static ferry_status staged_complete(fabric_channel *ch, const char *what) {
+  for (;;) {
+    struct fi_cq_entry done;
+    if (ch->sleep_word) /* the target lane serves only when awake */
+      ferry_fabric_nudge(ch->sleep_word);
+    ssize_t n = fi_cq_read(ch->cq, &done, 1);
+    if (n == 1) {
+      ch->progress_ns = ferry_now_ns();
+      ch->renewed_ns = 0;
+      ch->idle = 0;
+      return FERRY_OK;
+    }
+    ferry_status st = FERRY_OK;
+    if (n == -FI_EAVAIL)
+      st = staged_failed(ch, what);
+    else if (n != -FI_EAGAIN)
+      st = ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: fi_cq_read: %s", ch->address,
+                      ferry_fi.strerror((int)-n));
+    if (!st && (st = wait_status(ch)) == FERRY_OK && (st = stalled(ch)) == FERRY_OK)
+      st = target_gone(ch);
+    if (st) {
+      ch->base.broken = 1;
+      ch->orphaned |= n != -FI_EAVAIL; /* still in flight: its close is a reset */
+      return st;
+    }
+    wait_cq(ch);
+  }
+}
+
+/* One operation between local (desc: its descriptor) and rma, completed. */
+static ferry_status staged_post(fabric_channel *ch, int write, struct iovec *local, void *desc,
+                                const struct fi_rma_iov *rma) {
+  struct fi_msg_rma msg = {.msg_iov = local,
+                           .desc = &desc,
+                           .iov_count = 1,
+                           .addr = ch->dest,
+                           .rma_iov = rma,
+                           .rma_iov_count = 1,
+                           .context = &ch->staged_op};
+  const char *what = write ? "WRITE" : "READ";
+  for (;;) {
+    ssize_t rc = write ? fi_writemsg(ch->ep, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION)
+                       : fi_readmsg(ch->ep, &msg, FI_COMPLETION);
+    if (rc == 0) {
+      ch->refused_ns = 0;
+      return staged_complete(ch, what);
+    }
+    if (rc != -FI_EAGAIN) {
+      ch->base.broken = 1;
+      return ferry_fail(FERRY_ETRANSPORT, "fabric %s (staged) to %s: %s", what, ch->address,
+                        ferry_fi.strerror((int)-rc));
+    }
+    struct fi_cq_entry none; /* nothing in flight: progresses the provider's connecting */
+    if (ch->sleep_word)
+      ferry_fabric_nudge(ch->sleep_word);
+    (void)fi_cq_read(ch->cq, &none, 1);
+    ferry_status st;
+    if ((st = wait_status(ch)) != FERRY_OK || (st = unconnected(ch)) != FERRY_OK ||
+        (st = target_gone(ch)) != FERRY_OK) {
+      ch->base.broken = 1;
+      return st;
+    }
+    ferry_fabric_backoff(&ch->idle, ch->wake_fd);
+  }
+}
+
+/* Walks a chunk's segments as the pipeline moves its bytes in order. */
+typedef struct staged_cursor {
+  fabric_channel *ch;
+  const ferry_chunk *chunk;
+  uint32_t seg;
+  uint64_t off;
+} staged_cursor;
+
+/* ferry_stage_move: the chunk's next len bytes between bounce buffer buf
+ * and the target's memory, in operations of at most op_max bytes (a slice
+ * never spans two segments: staging.c cuts at each range's end). */
+static ferry_status staged_move(void *arg, void *buf, size_t len) {
+  staged_cursor *k = arg;
+  fabric_channel *ch = k->ch;
+  void *desc = NULL;
+  ferry_status st = bounce_desc(ch, buf, &desc);
+  for (size_t done = 0; !st && done < len;) {
+    while (k->seg < k->chunk->count && k->off == k->chunk->local[k->seg].iov_len) {
+      k->seg++;
+      k->off = 0;
+    }
+    if (k->seg == k->chunk->count) /* the pipeline moved more than the chunk holds */
+      return ferry_fail(FERRY_ETRANSPORT, "fabric channel to %s: staged bytes past the chunk's end",
+                        ch->address);
+    size_t n = len - done < ch->op_max ? len - done : ch->op_max;
+    ferry_region remote = {k->chunk->remote[k->seg].addr + k->off, n};
+    struct iovec local = {(uint8_t *)buf + done, n};
+    struct fi_rma_iov rma;
+    if ((st = remote_iov(ch, &remote, &rma)) == FERRY_OK)
+      st = staged_post(ch, k->chunk->op == FERRY_OP_WRITE, &local, desc, &rma);
+    done += n;
+    k->off += n;
+  }
+  return st;
+}
+
+/* A chunk of a staged batch whose memory needs no staging (host memory
+ * under FERRY_STAGING=auto): straight from and to its own registration. */
+static ferry_status direct_chunk(fabric_channel *ch, const ferry_chunk *c) {
+  ferry_status st = FERRY_OK;
+  for (uint32_t i = 0; i < c->count && !st; i++)
+    for (size_t off = 0; off < c->local[i].iov_len && !st;) {
+      size_t n = c->local[i].iov_len - off < ch->op_max ? c->local[i].iov_len - off : ch->op_max;
+      struct iovec local = {(uint8_t *)c->local[i].iov_base + off, n};
+      ferry_region remote = {c->remote[i].addr + off, n};
+      struct fi_rma_iov rma;
+      void *desc = NULL;
+      if ((st = target_of(ch, &local, &remote, &rma, &desc)) == FERRY_OK)
+        st = staged_post(ch, c->op == FERRY_OP_WRITE, &local, desc, &rma);
+      off += n;
+    }
+  return st;
+}
+
+/* Device memory among the ranges: said once per engine (why it is staged). */
+static void say_staged(fabric_channel *ch, unsigned count) {
+  for (unsigned i = 0; i < count; i++)
+    if (!ch->ranges[i].where.cpu_access) {
+      ferry_fabric_say_staged(ch->fabric);
+      return;
+    }
+}
+
+static ferry_status staged_chunk(fabric_channel *ch, const ferry_chunk *c) {
+  ferry_engine *e = ch->base.peer->engine;
+  if (!ferry_stage_plan(e->registry, c->local, c->count, e->cfg.staging, ch->ranges))
+    return direct_chunk(ch, c);
+  if (!ch->stager && !(ch->stager = ferry_stager_create()))
+    return ferry_fail(FERRY_ENOMEM, "no memory for a staging pipeline to %s", ch->address);
+  say_staged(ch, c->count);
+  staged_cursor k = {ch, c, 0, 0};
+  ferry_status st, copied = FERRY_OK;
+  if (c->op == FERRY_OP_WRITE)
+    st = ferry_stage_out(ch->stager, ch->ranges, c->count, staged_move, &k);
+  else
+    st = ferry_stage_in(ch->stager, ch->ranges, c->count, staged_move, &k, &copied);
+  st = st ? st : copied;
+  if (!st)
+    ferry_stats_staged(e, c->op, c->bytes);
+  return st;
+}
+
+/* s's chunk through the pipeline; a cut connection or refused key is
+ * judged as an unstaged chunk's (moves_again: the fresh table says whether
+ * its ranges are still registered), and the chunk moved again from its
+ * start on a fresh endpoint when the target stayed up. */
+static ferry_status staged_slot(fabric_channel *ch, fabric_slot *s) {
+  s->reposts = 0;
+  s->st = FERRY_OK;
+  s->active = 1; /* for stalled(): shm drops an operation on a key it no longer knows */
+  for (;;) {
+    ferry_status st = staged_chunk(ch, &s->chunk);
+    if (!st || (st != FERRY_ESOCKET && st != FERRY_ENOTREG) || !moves_again(ch, s, &st)) {
+      s->active = 0;
+      return st;
+    }
+    FERRY_DEBUG("%s: posted again on a fresh endpoint", ferry_last_error());
+    s->reposts++;
+    __atomic_add_fetch(&ch->fabric->reposts, 1, __ATOMIC_RELAXED);
+    if ((st = renew(ch)) != FERRY_OK) {
+      s->active = 0;
+      return st;
+    }
+  }
+}
+
+/* Drives b a chunk at a time (FABRIC_STAGED_SLICE bytes),
+ * in slot 0 (the slots are otherwise idle here). */
+static ferry_status staged_drive(fabric_channel *ch, ferry_batch *b) {
+  drive_begin(ch, b);
+  fabric_slot *s = &ch->slots[0];
+  while (!ch->base.broken &&
+         ferry_batch_claim_on(b, &ch->base, FABRIC_STAGED_SLICE, &s->chunk, NULL)) {
+    ferry_status st = staged_slot(ch, s);
+    ferry_stats_moved(ch->base.peer, ch->base.transport, &s->chunk, st);
+    ferry_batch_settle(b, &ch->base, &s->chunk, st); /* ESOCKET: another rail */
+    if (st && !ch->first)
+      ch->first = st;
+  }
+  return drive_end(ch);
+}
+
+/* ---- driving -------------------------------------------------------------------------- */
+
+static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
+  fabric_channel *ch = (fabric_channel *)base;
+  if (staged_batch(ch->fabric, b))
+    return staged_drive(ch, b);
+  drive_begin(ch, b);
   for (;;) {
     ferry_status st = post_more(ch);
     if (!st && !ch->active)
@@ -1029,10 +1353,7 @@ static ferry_status fabric_drive(ferry_channel *base, ferry_batch *b) {
       break;
     }
   }
-  ch->batch = NULL;
-  if (!base->broken)
-    base->replied_ns = ferry_now_ns();
-  return ch->first;
+  return drive_end(ch);
 }
 
 static int fabric_alive(ferry_channel *base) { return !base->broken; }
@@ -1048,6 +1369,7 @@ static void fabric_shutdown(ferry_channel *base) {
 const ferry_transport ferry_transport_fabric = {
     .name = "fabric",
     .id = FERRY_TRANSPORT_FABRIC,
+    .carries_device_memory = FERRY_DEVICE_STAGED, /* FI_HMEM registration, else the pipeline */
     .usable = fabric_usable,
     .slice_size = fabric_slice,
     .channel_open = fabric_open,

@@ -111,7 +111,8 @@ void ferry_fabric_nudge(uint32_t *word);
  * domain (mr[0] NULL: removed). */
 typedef struct ferry_fabric_mr {
   uint64_t addr, length;
-  int pool; /* a receive pool: open to remote READ only (FERRY_REGISTER_POOL) */
+  int pool;   /* a receive pool: open to remote READ only (FERRY_REGISTER_POOL) */
+  int device; /* CUDA device memory on this ordinal (FI_HMEM_CUDA); -1: host memory */
   struct fid_mr *mr[FERRY_FABRIC_DOMAINS_MAX];
 } ferry_fabric_mr;
 
@@ -196,6 +197,14 @@ typedef struct ferry_fabric {
   uint64_t (*draw_key)(void);
   ferry_fabric_refusals refusals; /* remote operations, by key, access or range */
   ferry_fabric_refusals messages; /* messages the sinks dropped */
+  /* Device memory (memory/kind.h): registered with the provider where it
+   * has FI_HMEM (asked for on hosts with a CUDA driver) and takes CUDA
+   * memory; atomic, cleared for good by the first registration it refuses.
+   * Else staged through host bounce buffers (fabric.c), no_hmem saying why
+   * (written before hmem is cleared), logged once (staging_said). */
+  int hmem;
+  int staging_said;
+  char no_hmem[192];
   uint64_t aborts;  /* accepted connections aborted by deregistrations (fabric_sockets.c) */
   uint64_t reposts; /* initiator: operations moved again after a target's abort (fabric.c) */
 } ferry_fabric;
@@ -219,6 +228,10 @@ void ferry_fabric_region_deregister(ferry_engine *engine, const ferry_region *re
 size_t ferry_fabric_region_key_size(ferry_engine *engine);
 void ferry_fabric_region_keys(ferry_engine *engine, const ferry_region *regions, size_t count,
                               uint8_t *out);
+/* Logs once per engine that device memory moves through host bounce
+ * buffers here, and why (f->no_hmem); nothing while the provider has
+ * FI_HMEM. */
+void ferry_fabric_say_staged(ferry_fabric *f);
 /* The local descriptor (fi_mr_desc) in domain dom of the registration
  * holding [addr, addr+length); 0 when this engine registered no such
  * memory. */

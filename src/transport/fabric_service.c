@@ -44,7 +44,14 @@
  * served after AUTH, reveals; the key checks that fail are logged
  * (fabric_log.c), and messages, which ferry never sends, are dropped by
  * receives each endpoint keeps posted (fabric_sink.c). RELIABILITY.md 16
- * says what holds on each provider. */
+ * says what holds on each provider.
+ *
+ * Device memory: on a host with a CUDA driver the provider is asked for
+ * FI_HMEM too (with_hmem); where it has it, device regions are registered
+ * with fi_mr_regattr(FI_HMEM_CUDA) until the first it refuses. Otherwise
+ * they stay unregistered (their keys zeros: initiators route them to tcp
+ * or refuse them, core/batch.c), local ones are staged (fabric.c), and one
+ * line per engine says why (ferry_fabric_say_staged). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <linux/futex.h>
@@ -68,6 +75,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "core/transport.h"
+#include "memory/kind.h"
 #include "transport/fabric.h"
 
 #define FABRIC_SPIN_ROUNDS 4096 /* yields before the first sleep */
@@ -132,6 +140,8 @@ static int query(const ferry_config *cfg, const char *provider, const char *devi
   if (!hints)
     return -FI_ENOMEM;
   hints->caps |= extra_caps;
+  if (extra_caps & FI_HMEM) /* ferry registers device memory it hands the provider */
+    hints->domain_attr->mr_mode |= FI_MR_HMEM;
   if (device && !(hints->domain_attr->name = strdup(device))) {
     ferry_fi.freeinfo(hints);
     return -FI_ENOMEM;
@@ -160,6 +170,24 @@ static int pick_device(const char *device, struct fi_info **info) {
   return one ? 0 : hit ? -FI_ENOMEM : -FI_ENODATA;
 }
 
+/* The same entry with FI_HMEM (GPUDirect RDMA: the provider registers and
+ * moves device memory), where the host has a CUDA driver and the provider
+ * offers it; *out stays as it is otherwise. Not with FI_MR_BASIC, which
+ * predates it. */
+static void with_hmem(ferry_engine *e, const char *provider, const char *device, uint64_t caps,
+                      const char *node, struct fi_info **out) {
+  if (e->cfg.fabric_mr_basic || !ferry_kind_cuda.available(NULL, 0))
+    return;
+  struct fi_info *hmem = NULL;
+  if (query(&e->cfg, provider, device, caps | FI_HMEM, node, &hmem) == 0 &&
+      pick_device(device, &hmem) == 0 && (hmem->caps & FI_HMEM)) {
+    ferry_fi.freeinfo(*out);
+    *out = hmem;
+    return;
+  }
+  ferry_fi.freeinfo(hmem);
+}
+
 /* fi_getinfo for provider on device (NULL: its first), with remote RMA
  * events (for polling without a wait fd) and receives (for the sinks,
  * fabric_sink.c) where the provider has them. An IP provider is pinned to
@@ -183,6 +211,8 @@ static int provider_info(ferry_engine *e, const char *provider, const char *devi
     }
     if (rc == 0)
       rc = pick_device(device, out);
+    if (rc == 0)
+      with_hmem(e, provider, device, caps, *node, out);
   }
   return rc;
 }
@@ -374,6 +404,10 @@ static void read_mr_mode(ferry_fabric *f) {
   f->prov_key = basic || (mode & FI_MR_PROV_KEY);
   f->mr_endpoint = !basic && (mode & FI_MR_ENDPOINT);
   f->draw_key = random_bits;
+  f->hmem = (f->info->caps & FI_HMEM) != 0;
+  if (!f->hmem)
+    snprintf(f->no_hmem, sizeof f->no_hmem, "lacks FI_HMEM%s",
+             ferry_kind_cuda.available(NULL, 0) ? "" : " (no CUDA driver here: not asked)");
 }
 
 static void copy_name(char *out, const char *in) {
@@ -1053,8 +1087,16 @@ static uint64_t mr_access(const ferry_fabric_mr *m) {
 static int mr_open_in(ferry_fabric *f, unsigned d, ferry_fabric_mr *m, uint64_t key) {
   uint64_t access = mr_access(m);
   struct fid_mr **mr = &m->mr[d];
-  int rc = fi_mr_reg(f->domains[d].domain, (void *)(uintptr_t)m->addr, m->length, access, 0, key, 0,
-                     mr, NULL);
+  struct iovec iov = {(void *)(uintptr_t)m->addr, m->length};
+  struct fi_mr_attr attr = {.mr_iov = &iov,
+                            .iov_count = 1,
+                            .access = access,
+                            .requested_key = key,
+                            .iface = m->device >= 0 ? FI_HMEM_CUDA : FI_HMEM_SYSTEM};
+  attr.device.cuda = m->device >= 0 ? m->device : 0;
+  int rc = m->device >= 0 ? fi_mr_regattr(f->domains[d].domain, &attr, 0, mr)
+                          : fi_mr_reg(f->domains[d].domain, iov.iov_base, iov.iov_len, access, 0,
+                                      key, 0, mr, NULL);
   if (rc == 0 && f->mr_endpoint) {
     rc = fi_mr_bind(*mr, &f->lanes[f->domains[d].lane].ep->fid, 0);
     if (rc == 0)
@@ -1078,6 +1120,20 @@ uint64_t ferry_fabric_new_key(const ferry_fabric *f) {
   return 0;
 }
 
+/* A registration whose keys are all 0 would read, in the region table,
+ * as memory the fabric cannot reach (transport.h): refused (only a
+ * provider's own key can be 0; ferry never draws it). */
+static ferry_status zero_keys(ferry_fabric *f, ferry_fabric_mr *m) {
+  for (unsigned d = 0; d < f->domain_count; d++)
+    if (fi_mr_key(m->mr[d]))
+      return FERRY_OK;
+  mr_close(f, m);
+  return ferry_fail(FERRY_ETRANSPORT,
+                    "fabric: registering 0x%llx (+%llu bytes) with %s: the provider's key is 0, "
+                    "which the region table keeps for memory the fabric cannot reach",
+                    (unsigned long long)m->addr, (unsigned long long)m->length, f->self.provider);
+}
+
 /* m registered in every domain, or in none; a key of its own in each
  * (where the provider takes ours: RELIABILITY.md 16, who can reach
  * registered memory), as NICs' keys are. */
@@ -1094,12 +1150,14 @@ static ferry_status mr_open(ferry_fabric *f, ferry_fabric_mr *m) {
     if (rc) {
       mr_close(f, m);
       return ferry_fail(
-          FERRY_ETRANSPORT, "fabric: registering 0x%llx (+%llu bytes) with %s on device %s: %s",
-          (unsigned long long)m->addr, (unsigned long long)m->length, f->self.provider,
-          f->domains[d].info->domain_attr->name, ferry_fi.strerror(-rc));
+          FERRY_ETRANSPORT, "fabric: registering 0x%llx (+%llu bytes)%s with %s on device %s: %s%s",
+          (unsigned long long)m->addr, (unsigned long long)m->length,
+          m->device >= 0 ? " of CUDA memory" : "", f->self.provider,
+          f->domains[d].info->domain_attr->name,
+          m->device >= 0 ? "fi_mr_regattr(FI_HMEM_CUDA): " : "", ferry_fi.strerror(-rc));
     }
   }
-  return FERRY_OK;
+  return zero_keys(f, m);
 }
 
 /* The regions of this call not registered yet, sorted, each once. */
@@ -1109,8 +1167,8 @@ static size_t fresh_regions(const ferry_fabric *f, const ferry_region *regions, 
   int pool = (flags & FERRY_REGISTER_POOL) != 0;
   for (size_t i = 0; i < count; i++)
     if (mr_exact(f, &regions[i]) < 0)
-      out[n++] =
-          (ferry_fabric_mr){.addr = regions[i].addr, .length = regions[i].length, .pool = pool};
+      out[n++] = (ferry_fabric_mr){
+          .addr = regions[i].addr, .length = regions[i].length, .pool = pool, .device = -1};
   qsort(out, n, sizeof *out, mr_cmp);
   size_t kept = 0;
   for (size_t i = 0; i < n; i++)
@@ -1142,18 +1200,63 @@ static void merge_in(ferry_fabric *f, const ferry_fabric_mr *fresh, size_t n) {
   f->mr_count += n;
 }
 
+void ferry_fabric_say_staged(ferry_fabric *f) {
+  /* With FI_HMEM only FERRY_STAGING=always stages device memory: no line.
+   * The acquire pairs with no_hmem's release: its reason is written. */
+  if (__atomic_load_n(&f->hmem, __ATOMIC_ACQUIRE))
+    return;
+  if (!__atomic_exchange_n(&f->staging_said, 1, __ATOMIC_RELAXED))
+    FERRY_INFO("fabric provider %s %s: device memory is staged through host buffers",
+               f->self.provider, f->no_hmem);
+}
+
+/* Device memory stays unregistered from now on (its key zeros: peers
+ * reach it over tcp, staged), and moves from here through bounce buffers. */
+static void no_hmem(ferry_fabric *f, const char *why) {
+  snprintf(f->no_hmem, sizeof f->no_hmem, "cannot register CUDA memory (%s)", why);
+  __atomic_store_n(&f->hmem, 0, __ATOMIC_RELEASE);
+  ferry_fabric_say_staged(f);
+}
+
+/* Which device holds each device region (FI_HMEM_CUDA wants its
+ * ordinal). */
+static ferry_status place_devices(ferry_fabric_mr *fresh, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    ferry_where where;
+    ferry_status st = ferry_kind_identify(fresh[i].addr, fresh[i].length, &where);
+    if (st)
+      return st;
+    if (where.kind != FERRY_KIND_CUDA || where.device < 0)
+      return ferry_fail(FERRY_ENOTIMPL, "0x%llx is device memory of no CUDA device",
+                        (unsigned long long)fresh[i].addr);
+    fresh[i].device = where.device;
+  }
+  return FERRY_OK;
+}
+
 ferry_status ferry_fabric_region_register(ferry_engine *e, const ferry_region *regions,
                                           size_t count, unsigned flags) {
   ferry_fabric *f = e->fabric;
   if (!f || !count)
     return FERRY_OK;
+  if ((flags & FERRY_REGISTER_DEVICE) && !__atomic_load_n(&f->hmem, __ATOMIC_ACQUIRE)) {
+    ferry_fabric_say_staged(f); /* left unregistered: its key zeros (transport.h) */
+    return FERRY_OK;
+  }
   ferry_fabric_mr *fresh = malloc(count * sizeof *fresh);
   if (!fresh)
     return ferry_fail(FERRY_ENOMEM, "no memory to register %zu regions with fabric", count);
   size_t n = fresh_regions(f, regions, count, flags, fresh), done = 0;
-  ferry_status st = FERRY_OK;
-  while (done < n && !(st = mr_open(f, &fresh[done])))
+  ferry_status st = (flags & FERRY_REGISTER_DEVICE) ? place_devices(fresh, n) : FERRY_OK;
+  while (done < n && !st && !(st = mr_open(f, &fresh[done])))
     done++;
+  if (st && (flags & FERRY_REGISTER_DEVICE) && st != FERRY_ENOMEM) {
+    no_hmem(f, ferry_last_error()); /* the provider takes no CUDA memory: staged from now on */
+    while (done)
+      mr_close(f, &fresh[--done]);
+    free(fresh);
+    return FERRY_OK;
+  }
   pthread_rwlock_wrlock(&f->mr_lock);
   if (!st && reserve(f, f->mr_count + n) != 0)
     st = ferry_fail(FERRY_ENOMEM, "no memory for %zu fabric registrations", f->mr_count + n);

@@ -14,7 +14,15 @@
  * its stdout, so the initiator can have it fill, check, unregister and die
  * at chosen steps. Usage: gpu_transfer [--bench] | gpu_transfer --target
  * BYTES. FERRY_GPU_TEST_TRANSPORT=shm runs it all over the shm transport
- * (CUDA IPC between the two processes) instead of tcp. */
+ * (CUDA IPC between the two processes) instead of tcp.
+ *
+ * FERRY_GPU_TEST_FABRIC=PROVIDER (both processes): the engines run the
+ * fabric transport on that provider with tcp beside it, and only the
+ * round trips run: local device memory to and from the target's host
+ * memory goes over fabric (registered with the provider where it offers
+ * FI_HMEM and takes CUDA memory, else staged through registered bounce
+ * buffers: the target's log says which), device memory at the target over
+ * tcp unless its provider registered it (RELIABILITY.md 20). */
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -174,6 +182,11 @@ static ferry_engine *engine_start(void) {
   cfg.bind_host = "127.0.0.1";
   cfg.advertise_host = "127.0.0.1";
   cfg.transports = over_shm() ? FERRY_TRANSPORT_SHM : FERRY_TRANSPORT_TCP;
+  const char *fabric = getenv("FERRY_GPU_TEST_FABRIC");
+  if (fabric && *fabric) {
+    cfg.transports |= FERRY_TRANSPORT_FABRIC;
+    cfg.fabric_provider = fabric;
+  }
   if (ferry_engine_create(&cfg, &e) != FERRY_OK)
     die("ferry_engine_create: %s", ferry_last_error());
   return e;
@@ -559,10 +572,13 @@ int main(int argc, char **argv) {
       case_roundtrip(&r, 0, 1, sizes[i], seed += 2);
       case_roundtrip(&r, 1, 0, sizes[i], seed += 2);
     }
-    if (!over_shm())
-      case_staged(&r);
-    case_unregister_during_write(&r, largest);
-    case_killed_peer(&r, largest);
+    const char *fabric = getenv("FERRY_GPU_TEST_FABRIC");
+    if (!fabric || !*fabric) { /* fabric: the round trips above only */
+      if (!over_shm())
+        case_staged(&r);
+      case_unregister_during_write(&r, largest);
+      case_killed_peer(&r, largest);
+    }
   }
   peer_stop(&r.target);
   ferry_engine_destroy(r.e);

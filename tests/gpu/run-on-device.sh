@@ -10,7 +10,8 @@
 #   2. finds the Python binding: the packed one (CPython 3.12), else
 #      `setup.py build_ext --inplace` with that Python against the packed
 #      headers and libraries, each failure logged with its cause;
-#   3. runs tests/gpu/gpu_transfer, tests/gpu/test_gpu_torch.py and
+#   3. runs tests/gpu/gpu_transfer (over tcp, then over fabric's tcp
+#      provider with FERRY_GPU_TEST_FABRIC), tests/gpu/test_gpu_torch.py and
 #      `gpu_transfer --bench` (staged device<->device against host<->host,
 #      1 and 64 MiB, one run), then gpu_transfer and its bench over shm
 #      (FERRY_GPU_TEST_TRANSPORT=shm: CUDA IPC), each under a timeout;
@@ -155,6 +156,10 @@ fi
 # ---- 3. the tests and the bench rows ------------------------------------------
 if [ -n "$BIN" ]; then
   step gpu_transfer 240 "${RUN[@]}" "$BIN/gpu_transfer"
+  # fabric's tcp provider (the packed libfabric): device memory staged, or
+  # registered where the provider has FI_HMEM; 64 MiB largest.
+  step gpu_transfer_fabric 90 env FERRY_GPU_TEST_FABRIC='tcp;ofi_rxm' \
+    FERRY_GPU_TEST_MAX_BYTES=67108864 "${RUN[@]}" "$BIN/gpu_transfer"
 else
   say "gpu_transfer: NOT RUN (nothing built)"
 fi
