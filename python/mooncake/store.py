@@ -62,6 +62,7 @@ import logging
 import os
 import random
 import re
+import time
 
 import ferry
 from ferry import _ferry
@@ -81,6 +82,7 @@ INVALID_PARAMS = -600
 OBJECT_NOT_FOUND = -704
 OBJECT_ALREADY_EXISTS = -705
 OBJECT_HAS_LEASE = -706
+FORCE_REMOVE_WAIT_S = 30.0  # remove(force=True): the longest lease it waits out
 REPLICA_IS_NOT_READY = -703
 TRANSFER_FAIL = -800
 RPC_FAIL = -900
@@ -424,8 +426,25 @@ class MooncakeDistributedStore:
         result = self._call("get", lambda: self._store.get(key), quiet_missing=True)
         return result if isinstance(result, bytes) else b""
 
-    def remove(self, key):
-        return self._call("remove", lambda: self._store.remove(key))
+    def remove(self, key, force=False):
+        """0, or a negative code (-704 absent, -706 held by a get's lease).
+        force=True (Mooncake's keyword) does not fail on a get's lease: it
+        waits the lease out (at most FORCE_REMOVE_WAIT_S) and removes then.
+        Mooncake frees the object at once; ferry never frees memory a
+        reader may still be reading, so force waits instead."""
+        if not force or self._store is None:
+            return self._call("remove", lambda: self._store.remove(key))
+        deadline, pause = time.monotonic() + FORCE_REMOVE_WAIT_S, 0.005
+        while True:
+            try:
+                self._store.remove(key)
+                return 0
+            except ferry.Error as e:
+                code = _code(e.code, e.detail, OBJECT_HAS_LEASE)
+                if code != OBJECT_HAS_LEASE or time.monotonic() >= deadline:
+                    return self._fail("remove", code, e.detail)
+            time.sleep(pause)  # the lease ends at the master: nothing here to wait on
+            pause = min(pause * 2, 0.1)
 
     def remove_all(self):
         return self._call("remove_all", self._store.remove_all if self._store else None)
@@ -712,6 +731,86 @@ class MooncakeDistributedStore:
                                       [_tp_key(k, tp_rank, tp_size) for k in base_keys],
                                       buffer_ptrs, sizes)
 
+    # Mooncake's *_with_parallelism calls in their whole-tensor form: with no
+    # parallelism, writer_partition or target they are the calls above; a
+    # TensorParallelism / writer_partition / ReadTarget request (sharded
+    # layouts recorded in the header) is refused by name, not half-done.
+
+    def _whole_only(self, call, count, *layout):
+        """None when every layout argument is absent; else the refusal, per key."""
+        if all(a is None for a in layout):
+            return None
+        code = self._fail(call, INVALID_PARAMS, "TensorParallelism, writer_partition and "
+                          "ReadTarget requests are not supported by ferry's store; without "
+                          "them the tensor is stored and read whole")
+        return [code] * count
+
+    def put_tensor_with_parallelism(self, key, tensor, parallelism=None, config=None,
+                                    writer_partition=None):
+        refused = self._whole_only("put_tensor_with_parallelism", 1, parallelism, writer_partition)
+        return refused[0] if refused else self.pub_tensor(key, tensor, config)
+
+    def batch_put_tensor_with_parallelism(self, keys, tensors_list, parallelisms=None,
+                                          config=None, writer_partitions=None):
+        return (self._whole_only("batch_put_tensor_with_parallelism", len(keys), parallelisms,
+                                 writer_partitions)
+                or self.batch_pub_tensor(keys, tensors_list, config))
+
+    def upsert_tensor_with_parallelism(self, key, tensor, parallelism=None, config=None,
+                                       writer_partition=None):
+        refused = self._whole_only("upsert_tensor_with_parallelism", 1, parallelism,
+                                   writer_partition)
+        return refused[0] if refused else self.upsert_pub_tensor(key, tensor, config)
+
+    def batch_upsert_tensor_with_parallelism(self, keys, tensors_list, parallelisms=None,
+                                             config=None, writer_partitions=None):
+        return (self._whole_only("batch_upsert_tensor_with_parallelism", len(keys),
+                                 parallelisms, writer_partitions)
+                or self.batch_upsert_pub_tensor(keys, tensors_list, config))
+
+    def put_tensor_with_parallelism_from(self, key, buffer_ptr, size, parallelism=None,
+                                         config=None, writer_partition=None):
+        return self.batch_put_tensor_with_parallelism_from([key], [buffer_ptr], [size],
+                                                           parallelism, config,
+                                                           writer_partition)[0]
+
+    def batch_put_tensor_with_parallelism_from(self, keys, buffer_ptrs, sizes, parallelisms=None,
+                                               config=None, writer_partitions=None):
+        # the _from forms place replicas as put_tensor_from does: a config is refused, not dropped
+        return (self._whole_only("batch_put_tensor_with_parallelism_from", len(keys),
+                                 parallelisms, writer_partitions, config)
+                or self.batch_put_tensor_from(keys, buffer_ptrs, sizes))
+
+    def upsert_tensor_with_parallelism_from(self, key, buffer_ptr, size, parallelism=None,
+                                            config=None, writer_partition=None):
+        return self.batch_upsert_tensor_with_parallelism_from([key], [buffer_ptr], [size],
+                                                              parallelism, config,
+                                                              writer_partition)[0]
+
+    def batch_upsert_tensor_with_parallelism_from(self, keys, buffer_ptrs, sizes,
+                                                  parallelisms=None, config=None,
+                                                  writer_partitions=None):
+        return (self._whole_only("batch_upsert_tensor_with_parallelism_from", len(keys),
+                                 parallelisms, writer_partitions, config)
+                or self.batch_upsert_tensor_from(keys, buffer_ptrs, sizes))
+
+    def get_tensor_with_parallelism(self, key, target=None):
+        refused = self._whole_only("get_tensor_with_parallelism", 1, target)
+        return None if refused else self.get_tensor(key)
+
+    def batch_get_tensor_with_parallelism(self, keys, targets=None):
+        refused = self._whole_only("batch_get_tensor_with_parallelism", len(keys), targets)
+        return [None] * len(keys) if refused else self.batch_get_tensor(keys)
+
+    def get_tensor_with_parallelism_into(self, key, buffer_ptr, size, target=None):
+        refused = self._whole_only("get_tensor_with_parallelism_into", 1, target)
+        return None if refused else self.get_tensor_into(key, buffer_ptr, size)
+
+    def batch_get_tensor_with_parallelism_into(self, keys, buffer_ptrs, sizes, targets=None):
+        refused = self._whole_only("batch_get_tensor_with_parallelism_into", len(keys), targets)
+        return [None] * len(keys) if refused else self.batch_get_tensor_into(keys, buffer_ptrs,
+                                                                             sizes)
+
     def _put_tensors(self, call, keys, tensors, config=None, upsert=False, tp=None):
         """Per key 0 or a code; tp=(tp_size, split_dim) stores each tensor's
         shards under key_tp_<rank> (a key's code: its first failing shard's)."""
@@ -743,6 +842,10 @@ class MooncakeDistributedStore:
         if self._store is None:
             return [self._fail(call, INVALID_PARAMS, "setup() first, or the store was closed")
                     ] * len(items)
+        if self._dummy is not None:  # it registers only whole pool allocations: values as bytes
+            put = self.upsert if upsert else self.put
+            return [put(key, bytes(head) + ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()),
+                        config) for key, t, head in items]
         busy = REPLICA_IS_NOT_READY if upsert else OBJECT_ALREADY_EXISTS
         statuses, detail = [ferry.ENOTREG] * len(items), None
         try:

@@ -367,3 +367,21 @@ def test_the_master_serves_the_http_metadata_store(tmp_path):
                           "--enable_http_metadata_server=maybe"], capture_output=True, text=True,
                          timeout=30)
     assert bad.returncode == 2 and "takes true or false" in bad.stderr
+
+
+def test_a_dummy_puts_and_gets_tensors(real_client):
+    """Tensor calls through a dummy: the value (header and bytes) goes
+    through the shared local buffer, as put does (a dummy registers only
+    whole pool allocations, so the tensor's own memory cannot be)."""
+    torch = pytest.importorskip("torch")
+    store = dummy(real_client)
+    try:
+        t = torch.arange(40, dtype=torch.int32).reshape(5, 8)
+        assert store.put_tensor("d/t", t) == 0
+        assert torch.equal(store.get_tensor("d/t"), t)
+        assert store.batch_put_tensor(["d/t1", "d/t2"], [t + 1, t + 2]) == [0, 0]
+        assert torch.equal(store.batch_get_tensor(["d/t1", "d/t2"])[1], t + 2)
+        assert store.upsert_tensor("d/t", t * 3) == 0
+        assert torch.equal(store.get_tensor("d/t"), t * 3)
+    finally:
+        store.close()

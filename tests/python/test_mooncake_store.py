@@ -679,3 +679,17 @@ def test_the_master_serves_its_metrics():
         assert "--metrics_port=%d: cannot listen" % port in other.stderr
     finally:
         stop_master(proc)
+
+
+def test_remove_force_waits_out_a_get_lease(master):
+    """Mooncake's remove(key, force=True): a get's lease does not fail it
+    (-706 without force); ferry waits the lease out rather than free
+    memory a reader may still be reading, then removes."""
+    a = client(master)
+    assert a.put("forced", page_bytes(5)) == 0
+    assert a.get("forced") == page_bytes(5)  # a lease of 500 ms (the fixture's master)
+    assert a.remove("forced") == -706
+    assert a.remove("forced", force=True) == 0
+    assert a.is_exist("forced") == 0
+    assert a.remove("forced", force=True) == -704  # absent: no wait
+    a.close()

@@ -337,3 +337,22 @@ def test_upsert_and_pub_forms(master):
     finally:
         writer.close()
         reader.close()
+
+
+def test_the_parallelism_calls_store_whole_tensors_and_refuse_layouts(master):
+    """Mooncake's *_with_parallelism calls without a layout are the whole-
+    tensor calls; a TensorParallelism / writer_partition / ReadTarget is
+    refused by name (-600), nothing stored."""
+    writer, reader = client(master), client(master)
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    assert writer.put_tensor_with_parallelism("par", t) == 0
+    assert torch.equal(reader.get_tensor_with_parallelism("par"), t)
+    assert writer.batch_put_tensor_with_parallelism(["par_a", "par_b"], [t, t + 1]) == [0, 0]
+    assert torch.equal(reader.batch_get_tensor_with_parallelism(["par_a", "par_b"])[1], t + 1)
+    assert writer.upsert_tensor_with_parallelism("par", t * 2) == 0
+    assert torch.equal(reader.get_tensor("par"), t * 2)
+    assert writer.put_tensor_with_parallelism("par_tp", t, parallelism=object()) == -600
+    assert reader.is_exist("par_tp") == 0
+    assert reader.get_tensor_with_parallelism("par", target=object()) is None
+    writer.close()
+    reader.close()
