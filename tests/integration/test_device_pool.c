@@ -25,21 +25,13 @@
 #define POOL_BYTES (4u << 20)
 #define EMBEDDING (700u * 1024 + 3) /* several staging slots, odd */
 
-static ferry_engine *engine(void) {
-  ferry_config cfg;
-  test_config(&cfg);
-  cfg.transports = FERRY_TRANSPORT_TCP;
-  cfg.timeout_ms = TEST_SETUP_MS;
-  return test_engine_create(&cfg);
-}
-
 /* Three embeddings in a row into one GPU pool; each received at a device
  * address inside the pool, every byte intact, the slot given back. */
 static void embedding_lands_in_gpu_pool(void **state) {
   (void)state;
   cuda_double_need();
   test_rig r;
-  test_rig_start(&r, engine(), engine(), 4096);
+  test_rig_start(&r, test_engine_tcp(), test_engine_tcp(), 4096);
   uint8_t *pool_memory = cuda_double_alloc(POOL_BYTES), *embedding = cuda_double_alloc(EMBEDDING);
   uint8_t *want = malloc(EMBEDDING), *got = malloc(EMBEDDING);
   assert_true(want && got);

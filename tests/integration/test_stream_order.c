@@ -58,17 +58,9 @@ typedef struct stream_rig {
   void *stream;
 } stream_rig;
 
-static ferry_engine *engine(void) {
-  ferry_config cfg;
-  test_config(&cfg);
-  cfg.transports = FERRY_TRANSPORT_TCP;
-  cfg.timeout_ms = TEST_SETUP_MS;
-  return test_engine_create(&cfg);
-}
-
 static void rig_start(stream_rig *s) {
   cuda_double_need();
-  test_rig_start(&s->r, engine(), engine(), 4096);
+  test_rig_start(&s->r, test_engine_tcp(), test_engine_tcp(), 4096);
   s->remote = cuda_double_alloc(SIZE);
   s->local = cuda_double_alloc(SIZE);
   s->staged = cuda_double_pinned(SIZE);
@@ -134,6 +126,24 @@ static void assert_not_reached(void *event) {
     fail_msg("the work queued after the transfer ran before it landed (cuEventQuery: %d)", r);
 }
 
+/* Submits op over all SIZE bytes of local and remote on the rig's stream;
+ * its batch, or with watched 0 none (out NULL). Fails the test if refused. */
+static ferry_batch *submit(stream_rig *s, ferry_op op, int watched) {
+  ferry_entry entry = {op, s->local, (uint64_t)(uintptr_t)s->remote, SIZE};
+  ferry_batch *b = NULL;
+  if (ferry_batch_submit_on_stream(s->r.initiator, s->r.name, &entry, 1, NULL, s->stream,
+                                   watched ? &b : NULL))
+    fail_msg("%s", ferry_last_error());
+  return b;
+}
+
+/* Queues the stream's work before the transfer: a copy into the source,
+ * held (fake_cuda_hold) until the test lets it go. */
+static void queue_held_work_before(stream_rig *s) {
+  cuda_double_hold(s->local, 1);
+  cuda_double_copy_async(s->local, s->staged, SIZE, 1, s->stream);
+}
+
 /* ---- cases ------------------------------------------------------------------------------- */
 
 /* WRITE: a copy queued before the call fills the source (the transfer
@@ -148,10 +158,7 @@ static void write_between_stream_work(void **state) {
   test_fill_random(s.staged, SIZE, 3);
   cuda_double_copy_async(s.local, s.staged, SIZE, 1, s.stream);
   cuda_double_hold(s.remote, 1);
-  ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
-  ferry_batch *b;
-  if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
-    fail_msg("%s", ferry_last_error());
+  ferry_batch *b = submit(&s, FERRY_OP_WRITE, 1);
   cuda_double_no_context();
   void *after = queue_after(&s, s.remote);
   cuda_double_held_wait(); /* the transfer is landing: the work before it ran */
@@ -173,10 +180,7 @@ static void read_lands_before_later_work(void **state) {
   put(s.remote, 4);
   put(s.local, 5);
   cuda_double_hold(s.local, 1);
-  ferry_entry entry = {FERRY_OP_READ, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
-  ferry_batch *b;
-  if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
-    fail_msg("%s", ferry_last_error());
+  ferry_batch *b = submit(&s, FERRY_OP_READ, 1);
   void *after = queue_after(&s, s.local);
   cuda_double_held_wait();
   assert_not_reached(after);
@@ -197,12 +201,8 @@ static void failure_releases_stream(void **state) {
   rig_start(&s);
   put(s.remote, 6);
   test_fill_random(s.staged, SIZE, 7);
-  cuda_double_hold(s.local, 1); /* the work before: held */
-  cuda_double_copy_async(s.local, s.staged, SIZE, 1, s.stream);
-  ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
-  ferry_batch *b;
-  if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
-    fail_msg("%s", ferry_last_error());
+  queue_held_work_before(&s);
+  ferry_batch *b = submit(&s, FERRY_OP_WRITE, 1);
   void *after = queue_after(&s, s.remote);
   cuda_double_held_wait(); /* ferry's thread waits for the work before */
   assert_int_equal(ferry_memory_unregister(s.r.target, s.remote), FERRY_OK);
@@ -225,9 +225,7 @@ static void unwatched_lands(void **state) {
   rig_start(&s);
   put(s.local, 8);
   put(s.remote, 9);
-  ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
-  if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, NULL))
-    fail_msg("%s", ferry_last_error());
+  submit(&s, FERRY_OP_WRITE, 0);
   void *after = queue_after(&s, s.remote);
   cuda_double_wait(after);
   assert_holds(NULL, s.staged, 8);
@@ -263,12 +261,8 @@ static void cancel_while_waiting(void **state) {
   stream_rig s;
   rig_start(&s);
   put(s.remote, 12);
-  cuda_double_hold(s.local, 1); /* the work before: held */
-  cuda_double_copy_async(s.local, s.staged, SIZE, 1, s.stream);
-  ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
-  ferry_batch *b;
-  if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
-    fail_msg("%s", ferry_last_error());
+  queue_held_work_before(&s);
+  ferry_batch *b = submit(&s, FERRY_OP_WRITE, 1);
   cuda_double_held_wait();
   assert_int_equal(ferry_batch_cancel(b), FERRY_OK);
   assert_int_equal(ferry_batch_wait(b, -1), FERRY_ECANCELED);
@@ -294,12 +288,8 @@ static void shutdown_fails_waiting_batch(void **state) {
   (void)state;
   stream_rig s;
   rig_start(&s);
-  cuda_double_hold(s.local, 1); /* the work before: held */
-  cuda_double_copy_async(s.local, s.staged, SIZE, 1, s.stream);
-  ferry_entry entry = {FERRY_OP_WRITE, s.local, (uint64_t)(uintptr_t)s.remote, SIZE};
-  ferry_batch *b;
-  if (ferry_batch_submit_on_stream(s.r.initiator, s.r.name, &entry, 1, NULL, s.stream, &b))
-    fail_msg("%s", ferry_last_error());
+  queue_held_work_before(&s);
+  ferry_batch *b = submit(&s, FERRY_OP_WRITE, 1);
   void *after = queue_after(&s, s.remote);
   cuda_double_held_wait();
   pthread_t t;

@@ -199,6 +199,14 @@ ferry_engine *test_engine(const char *secret) {
   return e;
 }
 
+ferry_engine *test_engine_tcp(void) {
+  ferry_config cfg;
+  test_config(&cfg);
+  cfg.transports = FERRY_TRANSPORT_TCP;
+  cfg.timeout_ms = TEST_SETUP_MS;
+  return test_engine_create(&cfg);
+}
+
 void *test_buffer(ferry_engine *e, size_t size) {
   void *buf = malloc(size);
   if (buf && ferry_memory_register(e, buf, size) != FERRY_OK) {

@@ -75,6 +75,10 @@ ferry_engine *test_engine_create(const ferry_config *cfg);
 /* An engine on 127.0.0.1, port 0, with optional secret (NULL); its
  * transfer timeout is TEST_SETUP_MS. */
 ferry_engine *test_engine(const char *secret);
+/* An engine on 127.0.0.1 with the tcp transport alone (device memory
+ * staged, no shm shortcut between engines of one process), transfer
+ * timeout TEST_SETUP_MS; fails the running test (cmocka) if none. */
+ferry_engine *test_engine_tcp(void);
 /* malloc'd buffer registered on the engine. */
 void *test_buffer(ferry_engine *e, size_t size);
 void test_fill_random(void *buf, size_t size, uint64_t seed);
