@@ -29,7 +29,6 @@
  *    the stale import, a VMM allocation refused naming why.
  *
  * Both engines live in this process, on 127.0.0.1, but for the child's. */
-#include <dlfcn.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
@@ -49,6 +48,7 @@
 #include <cmocka.h>
 
 #include "child.h"
+#include "cuda_double.h"
 #include "ferry.h"
 #include "harness.h"
 #include "pagestall.h"
@@ -58,95 +58,6 @@
 #define SLOT (256 * KiB) /* the staging pipeline's slot (memory/staging.h) */
 #define DEVICE_BYTES (2 * 1024 * KiB)
 #define HOST_BYTES (1024 * KiB)
-
-/* ---- the driver, as CUDA code holds device memory --------------------------------- */
-
-typedef unsigned long long devptr;
-static struct {
-  int (*Init)(unsigned);
-  int (*DeviceGet)(int *, int);
-  int (*PrimaryCtxRetain)(void **, int);
-  int (*CtxPush)(void *);
-  int (*CtxPop)(void **);
-  int (*CtxGetCurrent)(void **);
-  int (*MemAlloc)(devptr *, size_t);
-  int (*MemFree)(devptr);
-  int (*HtoD)(devptr, const void *, size_t);
-  int (*DtoH)(void *, devptr, size_t);
-  int (*MemAllocVmm)(devptr *, size_t);
-  int (*MemAllocAt)(devptr *, size_t);
-  unsigned (*IpcOpens)(void);
-  unsigned (*IpcImports)(void);
-  void *ctx;
-} cu;
-
-static int load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib || !dlsym(lib, "cuMemAlloc_v2"))
-    return 0;
-  *(void **)&cu.Init = dlsym(lib, "cuInit");
-  *(void **)&cu.DeviceGet = dlsym(lib, "cuDeviceGet");
-  *(void **)&cu.PrimaryCtxRetain = dlsym(lib, "cuDevicePrimaryCtxRetain");
-  *(void **)&cu.CtxPush = dlsym(lib, "cuCtxPushCurrent_v2");
-  *(void **)&cu.CtxPop = dlsym(lib, "cuCtxPopCurrent_v2");
-  *(void **)&cu.CtxGetCurrent = dlsym(lib, "cuCtxGetCurrent");
-  *(void **)&cu.MemAlloc = dlsym(lib, "cuMemAlloc_v2");
-  *(void **)&cu.MemFree = dlsym(lib, "cuMemFree_v2");
-  *(void **)&cu.HtoD = dlsym(lib, "cuMemcpyHtoD_v2");
-  *(void **)&cu.DtoH = dlsym(lib, "cuMemcpyDtoH_v2");
-  *(void **)&cu.MemAllocVmm = dlsym(lib, "fakeMemAllocVmm");
-  *(void **)&cu.MemAllocAt = dlsym(lib, "fakeMemAllocAt");
-  *(void **)&cu.IpcOpens = dlsym(lib, "fakeIpcOpens");
-  *(void **)&cu.IpcImports = dlsym(lib, "fakeIpcImports");
-  int device;
-  return !cu.Init(0) && !cu.DeviceGet(&device, 0) && !cu.PrimaryCtxRetain(&cu.ctx, device);
-}
-
-/* Skips the test (shown as skipped) without the fake driver. */
-static void need_driver(void) {
-  static int loaded = -1;
-  if (loaded < 0)
-    loaded = load_driver();
-  char why[256] = "";
-  if (!loaded || !ferry_memory_cuda_available(why, sizeof why)) {
-    print_message("no fake CUDA driver: LD_LIBRARY_PATH must name build/tests/fake_cuda (%s)\n",
-                  why);
-    skip();
-  }
-}
-
-static uint8_t *device_alloc(size_t size) {
-  devptr p = 0;
-  assert_int_equal(cu.CtxPush(cu.ctx), 0);
-  assert_int_equal(cu.MemAlloc(&p, size), 0);
-  assert_int_equal(cu.CtxPop(NULL), 0);
-  return (uint8_t *)(uintptr_t)p;
-}
-
-static void device_free(uint8_t *p) {
-  assert_int_equal(cu.CtxPush(cu.ctx), 0);
-  assert_int_equal(cu.MemFree((devptr)(uintptr_t)p), 0);
-  assert_int_equal(cu.CtxPop(NULL), 0);
-}
-
-static void device_put(uint8_t *dev, const void *host, size_t size) {
-  assert_int_equal(cu.CtxPush(cu.ctx), 0);
-  assert_int_equal(cu.HtoD((devptr)(uintptr_t)dev, host, size), 0);
-  assert_int_equal(cu.CtxPop(NULL), 0);
-}
-
-static void device_get(void *host, const uint8_t *dev, size_t size) {
-  assert_int_equal(cu.CtxPush(cu.ctx), 0);
-  assert_int_equal(cu.DtoH(host, (devptr)(uintptr_t)dev, size), 0);
-  assert_int_equal(cu.CtxPop(NULL), 0);
-}
-
-/* ferry leaves no context current on the application's thread. */
-static void assert_no_context(void) {
-  void *current = (void *)1;
-  assert_int_equal(cu.CtxGetCurrent(&current), 0);
-  assert_null(current);
-}
 
 /* ---- engines and their memory ----------------------------------------------------- */
 
@@ -171,20 +82,20 @@ typedef struct device_rig {
 /* Engines with these transports (fabric over provider) and staging modes. */
 static void device_rig_start(device_rig *d, unsigned transports, const char *provider,
                              int target_staging, int initiator_staging) {
-  need_driver();
+  cuda_double_need();
   ferry_engine *target = engine_with(transports, target_staging, provider);
   ferry_engine *initiator = engine_with(transports, initiator_staging, provider);
   test_rig_start(&d->r, target, initiator, HOST_BYTES);
-  d->remote = device_alloc(DEVICE_BYTES);
-  d->local = device_alloc(DEVICE_BYTES);
+  d->remote = cuda_double_alloc(DEVICE_BYTES);
+  d->local = cuda_double_alloc(DEVICE_BYTES);
   assert_int_equal(ferry_memory_register_at(target, d->remote, DEVICE_BYTES, "cuda:0"), FERRY_OK);
   assert_int_equal(ferry_memory_register_at(initiator, d->local, DEVICE_BYTES, "cuda"), FERRY_OK);
 }
 
 static void device_rig_stop(device_rig *d) {
   test_rig_stop(&d->r); /* the engines first: nothing touches the memory after */
-  device_free(d->remote);
-  device_free(d->local);
+  cuda_double_free(d->remote);
+  cuda_double_free(d->local);
 }
 
 static uint64_t remote_of(const device_rig *d, size_t offset) {
@@ -211,16 +122,16 @@ static void device_round_trip(device_rig *d, size_t offset, size_t size, uint64_
   assert_non_null(want);
   assert_non_null(got);
   test_fill_random(want, size, seed);
-  device_put(d->local + offset, want, size);
+  cuda_double_put(d->local + offset, want, size);
   ferry_engine *e = d->r.initiator;
   if (ferry_transfer_sync(e, d->r.name, FERRY_OP_WRITE, d->local + offset, remote_of(d, offset + 7),
                           size) ||
       ferry_transfer_sync(e, d->r.name, FERRY_OP_READ, d->local + offset + size,
                           remote_of(d, offset + 7), size))
     fail_msg("%zu bytes: %s", size, ferry_last_error());
-  device_get(got, d->local + offset + size, size);
+  cuda_double_get(got, d->local + offset + size, size);
   assert_memory_equal(got, want, size);
-  device_get(got, d->remote + offset + 7, size);
+  cuda_double_get(got, d->remote + offset + 7, size);
   assert_memory_equal(got, want, size);
   free(want);
   free(got);
@@ -246,7 +157,7 @@ static void tcp_device_both_ends(void **state) {
   assert_int_equal(initiator[FERRY_OP_READ], moved);
   assert_int_equal(target[FERRY_OP_WRITE], moved);
   assert_int_equal(target[FERRY_OP_READ], moved);
-  assert_no_context();
+  cuda_double_no_context();
   device_rig_stop(&d);
 }
 
@@ -263,7 +174,7 @@ static void many_entries_mixed(unsigned transports, int mapped) {
   assert_non_null(want);
   assert_non_null(got);
   test_fill_random(want, N * PIECE, 42);
-  device_put(d.local, want, N * PIECE);
+  cuda_double_put(d.local, want, N * PIECE);
   memcpy(d.r.out, want, N * PIECE);
   void *allocated = NULL;
   if (mapped)
@@ -283,12 +194,12 @@ static void many_entries_mixed(unsigned transports, int mapped) {
     fail_msg("%s", ferry_last_error());
   for (size_t i = 0; i < N; i++) {
     if (i % 2)
-      device_get(got + i * PIECE, d.local + DEVICE_BYTES / 2 + i * PIECE, PIECE);
+      cuda_double_get(got + i * PIECE, d.local + DEVICE_BYTES / 2 + i * PIECE, PIECE);
     else
       memcpy(got + i * PIECE, d.r.in + i * PIECE, PIECE);
   }
   assert_memory_equal(got, want, N * PIECE);
-  assert_no_context();
+  cuda_double_no_context();
   free(want);
   free(got);
   device_rig_stop(&d);
@@ -377,7 +288,7 @@ static void staged_on(const char *provider, const char *why) {
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
     size_t n = sizes[i];
     test_fill_random(want, n, 100 + i);
-    device_put(d.local + 3, want, n);
+    cuda_double_put(d.local + 3, want, n);
     uint64_t remote = (uint64_t)(uintptr_t)d.r.memory + 11;
     if (ferry_transfer_sync(d.r.initiator, d.r.name, FERRY_OP_WRITE, d.local + 3, remote, n))
       fail_msg("WRITE of %zu bytes: %s", n, ferry_last_error());
@@ -385,7 +296,7 @@ static void staged_on(const char *provider, const char *why) {
     if (ferry_transfer_sync(d.r.initiator, d.r.name, FERRY_OP_READ, d.local + HOST_BYTES + 5,
                             remote, n))
       fail_msg("READ of %zu bytes: %s", n, ferry_last_error());
-    device_get(got, d.local + HOST_BYTES + 5, n);
+    cuda_double_get(got, d.local + HOST_BYTES + 5, n);
     assert_memory_equal(got, want, n);
     moved += n;
   }
@@ -394,7 +305,7 @@ static void staged_on(const char *provider, const char *why) {
   assert_int_equal(staged[FERRY_OP_WRITE], moved);
   assert_int_equal(staged[FERRY_OP_READ], moved);
   assert_int_equal(test_rig_transport_bytes(&d.r, "fabric"), 2 * moved);
-  assert_no_context();
+  cuda_double_no_context();
   /* A plan with device memory goes the same way. */
   ferry_region local = {(uint64_t)(uintptr_t)d.local, SLOT};
   ferry_region remote = {(uint64_t)(uintptr_t)d.r.memory, SLOT};
@@ -440,7 +351,7 @@ static void fabric_many_entries_mixed(void **state) {
   assert_non_null(want);
   assert_non_null(got);
   test_fill_random(want, N * PIECE, 43);
-  device_put(d.local, want, N * PIECE);
+  cuda_double_put(d.local, want, N * PIECE);
   memcpy(d.r.out, want, N * PIECE);
   uint64_t remote_host = (uint64_t)(uintptr_t)d.r.memory;
   for (size_t i = 0; i < N; i++) {
@@ -459,13 +370,13 @@ static void fabric_many_entries_mixed(void **state) {
     fail_msg("%s", ferry_last_error());
   for (size_t i = 0; i < N; i++) {
     if ((i / 3) % 2)
-      device_get(got + i * PIECE, d.local + DEVICE_BYTES / 2 + i * PIECE, PIECE);
+      cuda_double_get(got + i * PIECE, d.local + DEVICE_BYTES / 2 + i * PIECE, PIECE);
     else
       memcpy(got + i * PIECE, d.r.in + i * PIECE, PIECE);
   }
   assert_memory_equal(got, want, N * PIECE);
   assert_int_equal(test_rig_transport_bytes(&d.r, "fabric"), 2 * N * PIECE);
-  assert_no_context();
+  cuda_double_no_context();
   free(want);
   free(got);
   device_rig_stop(&d);
@@ -535,7 +446,7 @@ static void moved_over_tcp_beside(unsigned other, const char *provider, const ch
   assert_int_equal(test_rig_transport_bytes(&d.r, name), host_bytes);
   test_rig_round_trip(&d.r);
   assert_int_equal(test_rig_transport_bytes(&d.r, name), 2 * host_bytes);
-  assert_no_context();
+  cuda_double_no_context();
   device_rig_stop(&d);
 }
 
@@ -567,7 +478,7 @@ static void shm_device_both_ends(void **state) {
   uint64_t staged[2];
   staged_bytes(d.r.initiator, staged);
   assert_int_equal(staged[FERRY_OP_WRITE] + staged[FERRY_OP_READ], 0);
-  assert_no_context();
+  cuda_double_no_context();
   device_rig_stop(&d);
 }
 
@@ -588,10 +499,10 @@ static void shm_remote_device(void **state) {
     fail_msg("%s", ferry_last_error());
   assert_memory_equal(d.r.in, d.r.out, 2 * SLOT);
   uint8_t *got = malloc(2 * SLOT);
-  device_get(got, d.remote + 64, 2 * SLOT);
+  cuda_double_get(got, d.remote + 64, 2 * SLOT);
   assert_memory_equal(got, d.r.out, 2 * SLOT);
   free(got);
-  assert_no_context();
+  cuda_double_no_context();
   device_rig_stop(&d);
 }
 
@@ -634,7 +545,7 @@ static void *unregister_thread(void *arg) {
  * second half stalls the copy): the target's unregister does not return
  * until the copy ended, and the bytes landed whole. */
 static void shm_unregister_waits_for_device_copy(void **state) {
-  need_driver();
+  cuda_double_need();
   page_stall src;
   if (page_stall_create(&src, DEVICE_BYTES, DEVICE_BYTES / 2, 0x77) != 0) {
     print_message("no userfaultfd here: cannot hold a copy in flight\n");
@@ -663,7 +574,7 @@ static void shm_unregister_waits_for_device_copy(void **state) {
   assert_false(early);
   assert_int_equal(st, FERRY_OK);
   uint8_t *got = malloc(src.size);
-  device_get(got, d.remote, src.size);
+  cuda_double_get(got, d.remote, src.size);
   assert_memory_equal(got, src.base, src.size);
   free(got);
   device_rig_stop(&d);
@@ -678,22 +589,7 @@ static void shm_unregister_waits_for_device_copy(void **state) {
 #define R_LEN (8 * 1024 * KiB + 64)
 #define VMM_BYTES (64 * KiB)
 
-enum { ALLOC, ALLOC_VMM, ALLOC_AT, FREE };
-
-/* Without cmocka (the child is in no test case): 0 or a CUDA error. */
-static int raw_device(devptr *p, size_t size, int how) {
-  int r = cu.CtxPush(cu.ctx);
-  if (!r)
-    r = how == FREE        ? cu.MemFree(*p)
-        : how == ALLOC_VMM ? cu.MemAllocVmm(p, size)
-        : how == ALLOC_AT  ? cu.MemAllocAt(p, size)
-                           : cu.MemAlloc(p, size);
-  cu.CtxPop(NULL);
-  return r;
-}
-
-static int child_register(ferry_engine *e, devptr a) {
-  uint8_t *base = (uint8_t *)(uintptr_t)a;
+static int child_register(ferry_engine *e, uint8_t *base) {
   return ferry_memory_register_at(e, base + R1_AT, R_LEN, "cuda:0") ||
          ferry_memory_register_at(e, base + R2_AT, R_LEN, "cuda:0");
 }
@@ -702,7 +598,7 @@ static int child_register(ferry_engine *e, devptr a) {
  * the child's host buffer), unreg ADDR (answered once unregister returned),
  * or rereg (free, allocate at the same address, register the regions
  * again). */
-static int child_command(ferry_engine *e, char *line, devptr *a, uint8_t *host) {
+static int child_command(ferry_engine *e, char *line, uint8_t **a, uint8_t *host) {
   unsigned long long addr = 0, len = 0, seed = 0;
   char verb[16] = "";
   sscanf(line, "%15s %llx %llu %llu", verb, &addr, &len, &seed);
@@ -711,11 +607,11 @@ static int child_command(ferry_engine *e, char *line, devptr *a, uint8_t *host) 
   if (!strcmp(verb, "unreg"))
     return ferry_memory_unregister(e, p) ? -1 : 0;
   if (!strcmp(verb, "rereg")) {
-    uint8_t *base = (uint8_t *)(uintptr_t)*a;
-    if (ferry_memory_unregister(e, base + R1_AT) || ferry_memory_unregister(e, base + R2_AT) ||
-        raw_device(a, 0, FREE) || raw_device(a, CHILD_ALLOC, ALLOC_AT) || child_register(e, *a))
+    if (ferry_memory_unregister(e, *a + R1_AT) || ferry_memory_unregister(e, *a + R2_AT) ||
+        cuda_double_try_free(*a) || cuda_double_try_alloc(a, CHILD_ALLOC, CUDA_DOUBLE_AT) ||
+        child_register(e, *a))
       return -1;
-    printf("%llx\n", (unsigned long long)*a);
+    printf("%llx\n", (unsigned long long)(uintptr_t)*a);
     return 1;
   }
   uint8_t *want = malloc(len), *got = malloc(len);
@@ -725,13 +621,13 @@ static int child_command(ferry_engine *e, char *line, devptr *a, uint8_t *host) 
   if (!bad && !strcmp(verb, "put")) {
     if (on_host)
       memcpy(p, want, len);
-    else if (cu.CtxPush(cu.ctx) || cu.HtoD(addr, want, len) || cu.CtxPop(NULL))
-      bad = 1;
+    else
+      bad = cuda_double_try_put(p, want, len) != 0;
   } else if (!bad && !strcmp(verb, "check")) {
     if (on_host)
       memcpy(got, p, len);
-    else if (cu.CtxPush(cu.ctx) || cu.DtoH(got, addr, len) || cu.CtxPop(NULL))
-      bad = 1;
+    else
+      bad = cuda_double_try_get(got, p, len) != 0;
     bad = bad || memcmp(got, want, len) != 0;
   } else {
     bad = 1;
@@ -748,22 +644,22 @@ static int child_command(ferry_engine *e, char *line, devptr *a, uint8_t *host) 
 static int device_target(int argc, char **argv) {
   (void)argc, (void)argv;
   setvbuf(stdout, NULL, _IONBF, 0);
-  if (!load_driver())
+  if (!cuda_double_load())
     return 2;
   ferry_config cfg;
   test_config(&cfg);
   cfg.transports = FERRY_TRANSPORT_SHM;
   cfg.timeout_ms = TEST_SETUP_MS;
   ferry_engine *e = NULL;
-  devptr a = 0, vmm = 0;
+  uint8_t *a = NULL, *vmm = NULL;
   void *host = NULL;
-  if (ferry_engine_create(&cfg, &e) || raw_device(&a, CHILD_ALLOC, ALLOC) ||
-      raw_device(&vmm, VMM_BYTES, ALLOC_VMM) || child_register(e, a) ||
-      ferry_memory_register_at(e, (void *)(uintptr_t)vmm, VMM_BYTES, "cuda:0") ||
+  if (ferry_engine_create(&cfg, &e) || cuda_double_try_alloc(&a, CHILD_ALLOC, CUDA_DOUBLE_PLAIN) ||
+      cuda_double_try_alloc(&vmm, VMM_BYTES, CUDA_DOUBLE_VMM) || child_register(e, a) ||
+      ferry_memory_register_at(e, vmm, VMM_BYTES, "cuda:0") ||
       ferry_memory_alloc(e, HOST_BYTES, &host))
     return 3;
-  printf("%u %llx %llx %llx\n", ferry_engine_port(e), (unsigned long long)a,
-         (unsigned long long)(uintptr_t)host, (unsigned long long)vmm);
+  printf("%u %llx %llx %llx\n", ferry_engine_port(e), (unsigned long long)(uintptr_t)a,
+         (unsigned long long)(uintptr_t)host, (unsigned long long)(uintptr_t)vmm);
   char line[256];
   while (fgets(line, sizeof line, stdin)) {
     int rc = child_command(e, line, &a, host);
@@ -787,7 +683,7 @@ typedef struct child_target {
 #define LOCAL_BYTES (10 * 1024 * KiB)
 
 static void child_start(child_target *c) {
-  need_driver();
+  cuda_double_need();
   memset(c, 0, sizeof *c);
   c->pid = test_child_start("device-target", NULL, &c->to, &c->from);
   assert_true(c->pid > 0);
@@ -798,7 +694,7 @@ static void child_start(child_target *c) {
     fail_msg("the child target did not start");
   snprintf(c->name, sizeof c->name, "127.0.0.1:%u", port);
   c->initiator = engine_with(FERRY_TRANSPORT_SHM, FERRY_STAGING_AUTO, NULL);
-  c->local = device_alloc(LOCAL_BYTES);
+  c->local = cuda_double_alloc(LOCAL_BYTES);
   c->out = malloc(LOCAL_BYTES);
   c->in = malloc(LOCAL_BYTES);
   assert_true(c->out && c->in);
@@ -816,7 +712,7 @@ static void child_stop(child_target *c) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     fail_msg("the device target exited with status 0x%x", status);
   close(c->from);
-  device_free(c->local);
+  cuda_double_free(c->local);
   free(c->out);
   free(c->in);
 }
@@ -862,7 +758,7 @@ static void child_both_ways(child_target *c, uint8_t *local, int local_device, u
   assert_true(want && got);
   test_fill_random(want, len, seed);
   if (local_device)
-    device_put(local, want, len);
+    cuda_double_put(local, want, len);
   else
     memcpy(local, want, len);
   transfer(c, FERRY_OP_WRITE, local, remote, len);
@@ -871,7 +767,7 @@ static void child_both_ways(child_target *c, uint8_t *local, int local_device, u
   transfer(c, FERRY_OP_READ, local, remote2, len);
   test_fill_random(want, len, seed + 1000);
   if (local_device)
-    device_get(got, local, len);
+    cuda_double_get(got, local, len);
   else
     memcpy(got, local, len);
   assert_memory_equal(got, want, len);
@@ -885,7 +781,7 @@ static void child_both_ways(child_target *c, uint8_t *local, int local_device, u
 static void shm_import_both_ways(void **state) {
   child_target c;
   child_start(&c);
-  unsigned opens = cu.IpcOpens();
+  unsigned opens = cuda_double_ipc_opens();
   const size_t sizes[] = {1, 4097, 1024 * KiB + 3, 8 * 1024 * KiB};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
     uint64_t r1 = c.alloc + R1_AT + 13 + i, r2 = c.alloc + R2_AT + 5 * i;
@@ -893,11 +789,11 @@ static void shm_import_both_ways(void **state) {
     child_both_ways(&c, c.out + i, 0, r2, r1, sizes[i], 200 + i);
   }
   child_both_ways(&c, c.local + 3, 1, c.host + 11, c.host + 4096, 64 * KiB + 1, 300);
-  assert_int_equal(cu.IpcOpens() - opens, 1); /* one allocation: one open */
-  assert_int_equal(cu.IpcImports(), 1);
-  assert_no_context();
+  assert_int_equal(cuda_double_ipc_opens() - opens, 1); /* one allocation: one open */
+  assert_int_equal(cuda_double_ipc_imports(), 1);
+  cuda_double_no_context();
   child_stop(&c);
-  assert_int_equal(cu.IpcImports(), 0); /* closed with the link */
+  assert_int_equal(cuda_double_ipc_imports(), 0); /* closed with the link */
 }
 
 /* The child frees its allocation and registers new memory at the same
@@ -906,7 +802,7 @@ static void shm_import_both_ways(void **state) {
 static void shm_import_after_reregister(void **state) {
   child_target c;
   child_start(&c);
-  unsigned opens = cu.IpcOpens();
+  unsigned opens = cuda_double_ipc_opens();
   child_both_ways(&c, c.local, 1, c.alloc + R1_AT, c.alloc + R2_AT, 64 * KiB, 1);
   char reply[64];
   child_ask(&c, reply, sizeof reply, "rereg");
@@ -914,8 +810,8 @@ static void shm_import_after_reregister(void **state) {
   assert_true(fresh != 0);
   assert_true(fresh == c.alloc);
   child_both_ways(&c, c.local, 1, c.alloc + R1_AT, c.alloc + R2_AT, 64 * KiB, 2);
-  assert_int_equal(cu.IpcOpens() - opens, 2);
-  assert_int_equal(cu.IpcImports(), 1); /* the stale one closed */
+  assert_int_equal(cuda_double_ipc_opens() - opens, 2);
+  assert_int_equal(cuda_double_ipc_imports(), 1); /* the stale one closed */
   child_stop(&c);
 }
 
@@ -923,7 +819,7 @@ static void shm_import_after_reregister(void **state) {
  * stalls the device copy): the child's unregister of the region does not
  * return (no answer) until the copy ended; then it does. */
 static void shm_import_unregister_waits(void **state) {
-  need_driver();
+  cuda_double_need();
   page_stall src;
   if (page_stall_create(&src, 2 * 1024 * KiB, 1024 * KiB, 0x5a) != 0) {
     print_message("no userfaultfd here: cannot hold a copy in flight\n");

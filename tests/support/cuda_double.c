@@ -38,6 +38,10 @@ static struct {
   int (*EventDestroy)(void *);
   void (*Hold)(devptr, int);
   void (*HeldWait)(void);
+  int (*MemAllocVmm)(devptr *, size_t);
+  int (*MemAllocAt)(devptr *, size_t);
+  unsigned (*IpcOpens)(void);
+  unsigned (*IpcImports)(void);
   void *ctx;
 } cu;
 
@@ -72,6 +76,10 @@ static int load(void) {
       {&cu.EventDestroy, "cuEventDestroy_v2"},
       {&cu.Hold, "fake_cuda_hold"},
       {&cu.HeldWait, "fake_cuda_held_wait"},
+      {&cu.MemAllocVmm, "fakeMemAllocVmm"},
+      {&cu.MemAllocAt, "fakeMemAllocAt"},
+      {&cu.IpcOpens, "fakeIpcOpens"},
+      {&cu.IpcImports, "fakeIpcImports"},
   };
   for (size_t i = 0; i < sizeof names / sizeof *names; i++)
     if (!(*(void **)names[i].field = dlsym(lib, names[i].name)))
@@ -80,35 +88,85 @@ static int load(void) {
   return !cu.Init(0) && !cu.DeviceGet(&device, 0) && !cu.PrimaryCtxRetain(&cu.ctx, device);
 }
 
-void cuda_double_need(void) {
+int cuda_double_load(void) {
   static int loaded = -1;
   if (loaded < 0)
     loaded = load();
+  return loaded;
+}
+
+void cuda_double_need(void) {
   char why[256] = "";
-  if (!loaded || !ferry_memory_cuda_available(why, sizeof why)) {
+  if (!cuda_double_load() || !ferry_memory_cuda_available(why, sizeof why)) {
     print_message("no fake CUDA driver: LD_LIBRARY_PATH must name build/tests/fake_cuda (%s)\n",
                   why);
     skip();
   }
 }
 
-/* One driver call in the test's context, popped again; its result. */
-#define IN_CONTEXT(call)                                                                           \
-  do {                                                                                             \
-    assert_int_equal(cu.CtxPush(cu.ctx), 0);                                                       \
-    int rc_ = (call);                                                                              \
-    assert_int_equal(cu.CtxPop(NULL), 0);                                                          \
-    if (rc_)                                                                                       \
-      fail_msg("%s: CUDA error %d", #call, rc_);                                                   \
-  } while (0)
+/* A driver call made in the test's context: enter pushes it, leave pops
+ * it again (whether or not the push worked) and returns the first error of
+ * the push, the call and the pop (0: none). */
+static int enter(void) { return cu.CtxPush(cu.ctx); }
 
-uint8_t *cuda_double_alloc(size_t size) {
-  devptr p = 0;
-  IN_CONTEXT(cu.MemAlloc(&p, size));
-  return (uint8_t *)(uintptr_t)p;
+static int leave(int rc) {
+  int popped = cu.CtxPop(NULL);
+  return rc ? rc : popped;
 }
 
-void cuda_double_free(uint8_t *device) { IN_CONTEXT(cu.MemFree((devptr)(uintptr_t)device)); }
+static void check(int rc, const char *what) {
+  if (rc)
+    fail_msg("%s: CUDA error %d", what, rc);
+}
+
+/* One driver call in the test's context; fails the test on an error. */
+#define IN_CONTEXT(call)                                                                           \
+  do {                                                                                             \
+    int entered_ = enter();                                                                        \
+    check(leave(entered_ ? entered_ : (call)), #call);                                             \
+  } while (0)
+
+int cuda_double_try_alloc(uint8_t **device, size_t size, cuda_double_kind kind) {
+  devptr p = kind == CUDA_DOUBLE_AT ? (devptr)(uintptr_t)*device : 0;
+  int rc = enter();
+  rc = leave(rc                        ? rc
+             : kind == CUDA_DOUBLE_VMM ? cu.MemAllocVmm(&p, size)
+             : kind == CUDA_DOUBLE_AT  ? cu.MemAllocAt(&p, size)
+                                       : cu.MemAlloc(&p, size));
+  *device = (uint8_t *)(uintptr_t)p;
+  return rc;
+}
+
+int cuda_double_try_free(uint8_t *device) {
+  int rc = enter();
+  return leave(rc ? rc : cu.MemFree((devptr)(uintptr_t)device));
+}
+
+int cuda_double_try_put(uint8_t *device, const void *host, size_t size) {
+  int rc = enter();
+  return leave(rc ? rc : cu.HtoD((devptr)(uintptr_t)device, host, size));
+}
+
+int cuda_double_try_get(void *host, const uint8_t *device, size_t size) {
+  int rc = enter();
+  return leave(rc ? rc : cu.DtoH(host, (devptr)(uintptr_t)device, size));
+}
+
+uint8_t *cuda_double_alloc(size_t size) {
+  uint8_t *p = NULL;
+  check(cuda_double_try_alloc(&p, size, CUDA_DOUBLE_PLAIN), "cuMemAlloc");
+  return p;
+}
+
+void cuda_double_free(uint8_t *device) { check(cuda_double_try_free(device), "cuMemFree"); }
+
+void cuda_double_put(uint8_t *device, const void *host, size_t size) {
+  check(cuda_double_try_put(device, host, size), "cuMemcpyHtoD");
+}
+
+void cuda_double_get(void *host, const uint8_t *device, size_t size) {
+  check(cuda_double_try_get(host, device, size), "cuMemcpyDtoH");
+}
 
 void *cuda_double_pinned(size_t size) {
   void *p = NULL;
@@ -117,14 +175,6 @@ void *cuda_double_pinned(size_t size) {
 }
 
 void cuda_double_free_pinned(void *host) { IN_CONTEXT(cu.MemFreeHost(host)); }
-
-void cuda_double_put(uint8_t *device, const void *host, size_t size) {
-  IN_CONTEXT(cu.HtoD((devptr)(uintptr_t)device, host, size));
-}
-
-void cuda_double_get(void *host, const uint8_t *device, size_t size) {
-  IN_CONTEXT(cu.DtoH(host, (devptr)(uintptr_t)device, size));
-}
 
 void *cuda_double_stream(void) {
   void *s = NULL;
@@ -170,3 +220,7 @@ void cuda_double_no_context(void) {
   assert_int_equal(cu.CtxGetCurrent(&current), 0);
   assert_null(current);
 }
+
+unsigned cuda_double_ipc_opens(void) { return cu.IpcOpens(); }
+
+unsigned cuda_double_ipc_imports(void) { return cu.IpcImports(); }
