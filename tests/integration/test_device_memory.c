@@ -161,6 +161,51 @@ static void tcp_device_both_ends(void **state) {
   device_rig_stop(&d);
 }
 
+/* Batches of many small entries, local device and host memory mixed. */
+enum { N = 200, PIECE = 4099 };
+
+/* Entry i's local memory: device or host, where it is written from (the
+ * lower half of the device buffer, out) or read back into (the upper
+ * half, in). */
+static uint8_t *mixed_local(device_rig *d, size_t i, int device, int back) {
+  size_t at = i * PIECE;
+  if (device)
+    return d->local + (back ? DEVICE_BYTES / 2 : 0) + at;
+  return (back ? d->r.in : d->r.out) + at;
+}
+
+/* seed's N * PIECE bytes, put at the start of the initiator's device
+ * buffer and of out. */
+static uint8_t *mixed_fill(device_rig *d, uint64_t seed) {
+  uint8_t *want = malloc(N * PIECE);
+  assert_non_null(want);
+  test_fill_random(want, N * PIECE, seed);
+  cuda_double_put(d->local, want, N * PIECE);
+  memcpy(d->r.out, want, N * PIECE);
+  return want;
+}
+
+/* Asserts the entries read back (on the device where device(i)) hold
+ * want, and frees it. */
+static void mixed_check(device_rig *d, uint8_t *want, int (*device)(size_t i)) {
+  uint8_t *got = malloc(N * PIECE);
+  assert_non_null(got);
+  for (size_t i = 0; i < N; i++) {
+    const uint8_t *back = mixed_local(d, i, device(i), 1);
+    if (device(i))
+      cuda_double_get(got + i * PIECE, back, PIECE);
+    else
+      memcpy(got + i * PIECE, back, PIECE);
+  }
+  assert_memory_equal(got, want, N * PIECE);
+  free(want);
+  free(got);
+}
+
+static int alternating(size_t i) { return i % 2; }
+
+static int runs_of_three(size_t i) { return (i / 3) % 2; } /* chunks of one kind and mixed ones */
+
 /* One batch of many entries, device and host memory alternating on both
  * ends, each range through its own kind's copier (tcp) or copies (shm);
  * then read back. mapped: the target's host memory is a ferry_memory_alloc
@@ -168,40 +213,24 @@ static void tcp_device_both_ends(void **state) {
 static void many_entries_mixed(unsigned transports, int mapped) {
   device_rig d;
   device_rig_start(&d, transports, NULL, FERRY_STAGING_AUTO, FERRY_STAGING_AUTO);
-  enum { N = 200, PIECE = 4099 };
   static ferry_entry write[N], read[N];
-  uint8_t *want = malloc(N * PIECE), *got = malloc(N * PIECE);
-  assert_non_null(want);
-  assert_non_null(got);
-  test_fill_random(want, N * PIECE, 42);
-  cuda_double_put(d.local, want, N * PIECE);
-  memcpy(d.r.out, want, N * PIECE);
+  uint8_t *want = mixed_fill(&d, 42);
   void *allocated = NULL;
   if (mapped)
     assert_int_equal(ferry_memory_alloc(d.r.target, HOST_BYTES, &allocated), FERRY_OK);
   uint64_t remote_host = (uint64_t)(uintptr_t)(mapped ? allocated : d.r.memory);
   for (size_t i = 0; i < N; i++) {
     size_t at = i * PIECE;
-    int device_here = i % 2, device_there = i % 3 != 0;
-    uint8_t *local = device_here ? d.local + at : d.r.out + at;
+    int device_here = alternating(i), device_there = i % 3 != 0;
     uint64_t remote = device_there ? remote_of(&d, at + 1) : remote_host + at + 1;
-    write[i] = (ferry_entry){FERRY_OP_WRITE, local, remote, PIECE};
-    read[i] = (ferry_entry){
-        FERRY_OP_READ, device_here ? d.local + DEVICE_BYTES / 2 + at : d.r.in + at, remote, PIECE};
+    write[i] = (ferry_entry){FERRY_OP_WRITE, mixed_local(&d, i, device_here, 0), remote, PIECE};
+    read[i] = (ferry_entry){FERRY_OP_READ, mixed_local(&d, i, device_here, 1), remote, PIECE};
   }
   if (ferry_transfer_sync_batch(d.r.initiator, d.r.name, write, N, NULL) ||
       ferry_transfer_sync_batch(d.r.initiator, d.r.name, read, N, NULL))
     fail_msg("%s", ferry_last_error());
-  for (size_t i = 0; i < N; i++) {
-    if (i % 2)
-      cuda_double_get(got + i * PIECE, d.local + DEVICE_BYTES / 2 + i * PIECE, PIECE);
-    else
-      memcpy(got + i * PIECE, d.r.in + i * PIECE, PIECE);
-  }
-  assert_memory_equal(got, want, N * PIECE);
+  mixed_check(&d, want, alternating);
   cuda_double_no_context();
-  free(want);
-  free(got);
   device_rig_stop(&d);
 }
 
@@ -345,40 +374,22 @@ static void fabric_many_entries_mixed(void **state) {
   device_rig d;
   device_rig_start(&d, FERRY_TRANSPORT_FABRIC, "tcp;ofi_rxm", FERRY_STAGING_AUTO,
                    FERRY_STAGING_AUTO);
-  enum { N = 200, PIECE = 4099 };
   static ferry_entry write[N], read[N];
-  uint8_t *want = malloc(N * PIECE), *got = malloc(N * PIECE);
-  assert_non_null(want);
-  assert_non_null(got);
-  test_fill_random(want, N * PIECE, 43);
-  cuda_double_put(d.local, want, N * PIECE);
-  memcpy(d.r.out, want, N * PIECE);
-  uint64_t remote_host = (uint64_t)(uintptr_t)d.r.memory;
+  uint8_t *want = mixed_fill(&d, 43);
   for (size_t i = 0; i < N; i++) {
-    size_t at = i * PIECE;
-    int device_here = (i / 3) % 2; /* runs of three: chunks of one kind and mixed ones */
-    uint8_t *local = device_here ? d.local + at : d.r.out + at;
-    write[i] = (ferry_entry){FERRY_OP_WRITE, local, remote_host + at + 1, PIECE};
-    read[i] =
-        (ferry_entry){FERRY_OP_READ, device_here ? d.local + DEVICE_BYTES / 2 + at : d.r.in + at,
-                      remote_host + at + 1, PIECE};
+    uint64_t remote = (uint64_t)(uintptr_t)d.r.memory + i * PIECE + 1;
+    write[i] =
+        (ferry_entry){FERRY_OP_WRITE, mixed_local(&d, i, runs_of_three(i), 0), remote, PIECE};
+    read[i] = (ferry_entry){FERRY_OP_READ, mixed_local(&d, i, runs_of_three(i), 1), remote, PIECE};
   }
   if (ferry_transfer_sync_batch(d.r.initiator, d.r.name, write, N, NULL))
     fail_msg("%s", ferry_last_error());
   assert_memory_equal(d.r.memory + 1, want, N * PIECE);
   if (ferry_transfer_sync_batch(d.r.initiator, d.r.name, read, N, NULL))
     fail_msg("%s", ferry_last_error());
-  for (size_t i = 0; i < N; i++) {
-    if ((i / 3) % 2)
-      cuda_double_get(got + i * PIECE, d.local + DEVICE_BYTES / 2 + i * PIECE, PIECE);
-    else
-      memcpy(got + i * PIECE, d.r.in + i * PIECE, PIECE);
-  }
-  assert_memory_equal(got, want, N * PIECE);
+  mixed_check(&d, want, runs_of_three);
   assert_int_equal(test_rig_transport_bytes(&d.r, "fabric"), 2 * N * PIECE);
   cuda_double_no_context();
-  free(want);
-  free(got);
   device_rig_stop(&d);
 }
 
