@@ -542,14 +542,11 @@ static void shm_with_tcp_keeps_shm(void **state) {
 typedef struct unregister_call {
   ferry_engine *engine;
   void *addr;
-  int returned;
 } unregister_call;
 
-static void *unregister_thread(void *arg) {
+static void unregister_call_run(void *arg) {
   unregister_call *u = arg;
   ferry_memory_unregister(u->engine, u->addr);
-  __atomic_store_n(&u->returned, 1, __ATOMIC_RELEASE);
-  return NULL;
 }
 
 /* A WRITE into the target's device memory held in flight (its source's
@@ -569,15 +566,9 @@ static void shm_unregister_waits_for_device_copy(void **state) {
   ferry_batch *b;
   assert_int_equal(ferry_batch_submit(d.r.initiator, d.r.name, &entry, 1, NULL, &b), FERRY_OK);
   assert_int_equal(page_stall_wait(&src, 10000), 0); /* the device copy runs, and is stuck */
-  unregister_call u = {d.r.target, d.remote, 0};
-  pthread_t thread;
-  assert_int_equal(pthread_create(&thread, NULL, unregister_thread, &u), 0);
-  double t0 = test_now_s(); /* a fence cannot return now; give a broken one time to show it */
-  while (!__atomic_load_n(&u.returned, __ATOMIC_ACQUIRE) && test_now_s() - t0 < 0.2)
-    sched_yield();
-  int early = __atomic_load_n(&u.returned, __ATOMIC_ACQUIRE);
-  assert_int_equal(page_stall_release(&src, 0x77), 0);
-  pthread_join(thread, NULL);
+  unregister_call u = {d.r.target, d.remote};
+  int early = page_stall_returns_early(&src, 0x77, unregister_call_run, &u);
+  assert_int_not_equal(early, -1);
   ferry_status st = ferry_batch_wait(b, -1);
   ferry_batch_free(b);
   print_message("unregister returned %s the stalled device copy ended; batch: %s\n",

@@ -385,15 +385,12 @@ typedef struct unregister_call {
   ferry_engine *e;
   local_pair *p;
   uint8_t *snapshot; /* the region as it was when unregister returned */
-  int done;
 } unregister_call;
 
-static void *unregister_then_snapshot(void *arg) {
+static void unregister_then_snapshot(void *arg) {
   unregister_call *u = arg;
   assert_int_equal(ferry_memory_unregister(u->e, u->p->remote), FERRY_OK);
   memcpy(u->snapshot, u->p->remote, u->p->size);
-  __atomic_store_n(&u->done, 1, __ATOMIC_RELEASE);
-  return NULL;
 }
 
 /* Unregistering while a WRITE is provably half done: the initiator's
@@ -414,16 +411,9 @@ static void in_flight_write_and_unregister(int allocated) {
   ferry_batch *b;
   assert_int_equal(ferry_batch_submit(p.initiator, p.name, &entry, 1, NULL, &b), FERRY_OK);
   assert_int_equal(page_stall_wait(&src, 10000), 0); /* the copy is under way, and stuck */
-  unregister_call u = {p.target, &p, malloc(p.size), 0};
-  pthread_t thread;
-  assert_int_equal(pthread_create(&thread, NULL, unregister_then_snapshot, &u), 0);
-  /* A fence cannot return now; give a broken one time to show it. */
-  double t0 = test_now_s();
-  while (!__atomic_load_n(&u.done, __ATOMIC_ACQUIRE) && test_now_s() - t0 < 0.2)
-    sched_yield();
-  int early = __atomic_load_n(&u.done, __ATOMIC_ACQUIRE);
-  assert_int_equal(page_stall_release(&src, 0x77), 0);
-  pthread_join(thread, NULL);
+  unregister_call u = {p.target, &p, malloc(p.size)};
+  int early = page_stall_returns_early(&src, 0x77, unregister_then_snapshot, &u);
+  assert_int_not_equal(early, -1);
   ferry_status st = ferry_batch_wait(b, -1);
   ferry_batch_free(b);
   print_message("unregister returned %s the stalled copy ended; batch: %s\n",

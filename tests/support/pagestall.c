@@ -4,11 +4,14 @@
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 int page_stall_create(page_stall *p, size_t size, size_t at, uint8_t fill) {
@@ -64,4 +67,37 @@ void page_stall_destroy(page_stall *p) {
     close(p->uffd);
   memset(p, 0, sizeof *p);
   p->uffd = -1;
+}
+
+typedef struct stalled_call {
+  void (*fn)(void *);
+  void *arg;
+  int returned;
+} stalled_call;
+
+static void *stalled_call_run(void *arg) {
+  stalled_call *c = arg;
+  c->fn(c->arg);
+  __atomic_store_n(&c->returned, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int page_stall_returns_early(page_stall *p, uint8_t fill, void (*fn)(void *), void *arg) {
+  stalled_call c = {fn, arg, 0};
+  pthread_t thread;
+  if (pthread_create(&thread, NULL, stalled_call_run, &c) != 0)
+    return -1;
+  double t0 = now_s();
+  while (!__atomic_load_n(&c.returned, __ATOMIC_ACQUIRE) && now_s() - t0 < 0.2)
+    sched_yield();
+  int early = __atomic_load_n(&c.returned, __ATOMIC_ACQUIRE);
+  int released = page_stall_release(p, fill);
+  pthread_join(thread, NULL);
+  return released ? -1 : early;
 }

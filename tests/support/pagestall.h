@@ -22,5 +22,10 @@ int page_stall_wait(page_stall *p, int timeout_ms);
 /* Fills the missing part with fill, which lets the blocked thread go on. */
 int page_stall_release(page_stall *p, uint8_t fill);
 void page_stall_destroy(page_stall *p);
+/* Whether a call fences the stalled copy: runs fn(arg) on a thread, gives
+ * it 0.2 s to return (a fence cannot; a broken one shows it), then
+ * releases the stall with fill and joins the thread. 1: fn returned before
+ * the release, 0: after it, -1: no thread or no release. */
+int page_stall_returns_early(page_stall *p, uint8_t fill, void (*fn)(void *), void *arg);
 
 #endif
