@@ -28,4 +28,18 @@ static inline int ferry_rwlock_init(pthread_rwlock_t *lock) {
   return rc;
 }
 
+/* Drops one reference of an object whose lock guards refs. On the last
+ * (no thread can reach the object any more) destroys lock and cond and
+ * returns 1: the caller frees the object. */
+static inline int ferry_unref_last(pthread_mutex_t *lock, pthread_cond_t *cond, unsigned *refs) {
+  pthread_mutex_lock(lock);
+  int last = --*refs == 0;
+  pthread_mutex_unlock(lock);
+  if (last) {
+    pthread_mutex_destroy(lock);
+    pthread_cond_destroy(cond);
+  }
+  return last;
+}
+
 #endif

@@ -50,14 +50,8 @@ static void file_hold(ferry_file *f) {
 }
 
 void ferry_file_release(ferry_file *f) {
-  pthread_mutex_lock(&f->lock);
-  int last = --f->refs == 0;
-  pthread_mutex_unlock(&f->lock);
-  if (!last)
-    return;
-  pthread_mutex_destroy(&f->lock);
-  pthread_cond_destroy(&f->idle);
-  free(f);
+  if (ferry_unref_last(&f->lock, &f->idle, &f->refs))
+    free(f);
 }
 
 /* The fence: no operation starts after it, none is still running when it

@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/library.h"
 #include "base/log.h"
+#include "base/sync.h"
 #include "memory/cuda_driver.h"
 #include "memory/kind.h"
 
@@ -252,6 +253,18 @@ static ferry_status cuda_copier_open(int device, unsigned slots, size_t slot_siz
   return FERRY_OK;
 }
 
+/* After call queued a copy on the copier's stream (its result r, in the
+ * device's context): records slot's event behind it, leaves the context;
+ * the first failure, naming its call. */
+static ferry_status cuda_copy_queued(cuda_copier *cc, unsigned slot, CUresult r, const char *call) {
+  if (r == CUDA_SUCCESS) {
+    call = "cuEventRecord";
+    r = cu.EventRecord(cc->done[slot], cc->stream);
+  }
+  cuda_leave();
+  return r == CUDA_SUCCESS ? FERRY_OK : cuda_fail(r, call, cc->head.device);
+}
+
 static ferry_status cuda_copy_start(ferry_copier *c, unsigned slot, uint64_t addr, size_t len,
                                     int to_host) {
   cuda_copier *cc = (cuda_copier *)c;
@@ -260,13 +273,7 @@ static ferry_status cuda_copy_start(ferry_copier *c, unsigned slot, uint64_t add
     return st;
   CUresult r = to_host ? cu.MemcpyDtoHAsync(c->bounce[slot], (CUdeviceptr)addr, len, cc->stream)
                        : cu.MemcpyHtoDAsync((CUdeviceptr)addr, c->bounce[slot], len, cc->stream);
-  const char *call = to_host ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync";
-  if (r == CUDA_SUCCESS) {
-    call = "cuEventRecord";
-    r = cu.EventRecord(cc->done[slot], cc->stream);
-  }
-  cuda_leave();
-  return r == CUDA_SUCCESS ? FERRY_OK : cuda_fail(r, call, c->device);
+  return cuda_copy_queued(cc, slot, r, to_host ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync");
 }
 
 /* Done means the copy completed (its event), not that it was queued. */
@@ -288,14 +295,8 @@ static ferry_status cuda_copy_direct(ferry_copier *c, unsigned slot, uint64_t ds
   ferry_status st = cuda_enter(c->device);
   if (st)
     return st;
-  const char *call = "cuMemcpyAsync";
   CUresult r = cu.MemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, len, cc->stream);
-  if (r == CUDA_SUCCESS) {
-    call = "cuEventRecord";
-    r = cu.EventRecord(cc->done[slot], cc->stream);
-  }
-  cuda_leave();
-  return r == CUDA_SUCCESS ? FERRY_OK : cuda_fail(r, call, c->device);
+  return cuda_copy_queued(cc, slot, r, "cuMemcpyAsync");
 }
 
 /* A VMM allocation (cuMemCreate + cuMemMap: PyTorch's expandable
@@ -410,7 +411,8 @@ struct ferry_stream_fence {
   int device;
   int word; /* -1: the host function waits */
   unsigned value;
-  int released, refs; /* under lock */
+  int released;  /* under lock */
+  unsigned refs; /* under lock */
   pthread_mutex_t lock;
   pthread_cond_t cond;
   char name[64];
@@ -448,14 +450,8 @@ static void word_give(int word) {
 }
 
 static void fence_put(ferry_stream_fence *f) {
-  pthread_mutex_lock(&f->lock);
-  int last = --f->refs == 0;
-  pthread_mutex_unlock(&f->lock);
-  if (!last)
-    return;
-  pthread_mutex_destroy(&f->lock);
-  pthread_cond_destroy(&f->cond);
-  free(f);
+  if (ferry_unref_last(&f->lock, &f->cond, &f->refs))
+    free(f);
 }
 
 /* Runs on the driver's callback thread: the stream goes on at release. */
