@@ -713,16 +713,23 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream
   return CUDA_SUCCESS;
 }
 
+/* Queues a copy to dst (seen as to); when dst is device memory the copy
+ * lands only while the test does not hold it (fake_cuda_hold). */
+static void enqueue_copy_to(const char *call, CUstream stream, CUdeviceptr dst, uint8_t *to,
+                            const void *from, size_t bytes) {
+  pthread_mutex_lock(&lock);
+  fake_allocation *into = holding((const void *)(uintptr_t)dst, bytes, 1);
+  pthread_mutex_unlock(&lock);
+  enqueue(call, stream,
+          (fake_op){.kind = OP_COPY, .dst = to, .src = from, .bytes = bytes, .into = into});
+}
+
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream) {
   need_context("cuMemcpyHtoDAsync_v2");
   check_stream("cuMemcpyHtoDAsync_v2", stream);
   check_pinned("cuMemcpyHtoDAsync_v2", src, bytes);
   uint8_t *to = device_view("cuMemcpyHtoDAsync_v2", dst, bytes);
-  pthread_mutex_lock(&lock);
-  fake_allocation *into = holding((const void *)(uintptr_t)dst, bytes, 1);
-  pthread_mutex_unlock(&lock);
-  enqueue("cuMemcpyHtoDAsync_v2", stream,
-          (fake_op){.kind = OP_COPY, .dst = to, .src = src, .bytes = bytes, .into = into});
+  enqueue_copy_to("cuMemcpyHtoDAsync_v2", stream, dst, to, src, bytes);
   return CUDA_SUCCESS;
 }
 
@@ -740,11 +747,7 @@ CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream 
   check_stream("cuMemcpyAsync", stream);
   uint8_t *to = unified_view("cuMemcpyAsync", dst, bytes);
   const uint8_t *from = unified_view("cuMemcpyAsync", src, bytes);
-  pthread_mutex_lock(&lock);
-  fake_allocation *into = holding((const void *)(uintptr_t)dst, bytes, 1);
-  pthread_mutex_unlock(&lock);
-  enqueue("cuMemcpyAsync", stream,
-          (fake_op){.kind = OP_COPY, .dst = to, .src = from, .bytes = bytes, .into = into});
+  enqueue_copy_to("cuMemcpyAsync", stream, dst, to, from, bytes);
   return CUDA_SUCCESS;
 }
 
