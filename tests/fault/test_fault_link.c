@@ -49,14 +49,10 @@ static env E;
 
 static int setup(void **state) {
   *state = &E;
-  if (!fault_netns_available(E.skip_why, sizeof E.skip_why))
-    return 0;
-  char why[512];
-  E.net = fault_net_create(3, 1, why, sizeof why);
-  if (!E.net) {
-    fprintf(stderr, "cannot create test hosts: %s\n", why);
+  if (fault_net_open_isolated(3, &E.net, E.skip_why, sizeof E.skip_why) != 0)
     return -1;
-  }
+  if (!E.net)
+    return 0; /* skipped: E.skip_why says why */
   E.cut_link = fault_net_link(E.net, 0, 1, FAULT_LINK_VETH);
   E.emu_link = fault_net_link(E.net, 0, 2, FAULT_LINK_EMU);
   if (E.cut_link < 0 || E.emu_link < 0)

@@ -102,14 +102,10 @@ static void client_close(client *c) {
 
 static int setup(void **state) {
   *state = &E;
-  if (!fault_netns_available(E.skip_why, sizeof E.skip_why))
-    return 0;
-  char why[512];
-  E.net = fault_net_create(3, 1, why, sizeof why);
-  if (!E.net) {
-    fprintf(stderr, "cannot create test hosts: %s\n", why);
+  if (fault_net_open_isolated(3, &E.net, E.skip_why, sizeof E.skip_why) != 0)
     return -1;
-  }
+  if (!E.net)
+    return 0; /* skipped: E.skip_why says why */
   E.link_ma = fault_net_link(E.net, HOST_M, HOST_A, FAULT_LINK_VETH);
   E.link_mb = fault_net_link(E.net, HOST_M, HOST_B, FAULT_LINK_EMU);
   E.link_ab = fault_net_link(E.net, HOST_A, HOST_B, FAULT_LINK_EMU);
@@ -279,14 +275,6 @@ static void *op_main(void *arg) {
   return NULL;
 }
 
-static uint64_t in_flight(ferry_engine *e) {
-  ferry_stats *stats;
-  assert_int_equal(ferry_stats_snapshot(e, &stats), FERRY_OK);
-  uint64_t n = stats->batches_in_flight;
-  ferry_stats_free(stats);
-  return n;
-}
-
 /* b is cut off while its put's WRITE and its get's READ (both toward a's
  * segment) are in flight: both fail with an error; the put never becomes
  * visible (a sees no such key, and once the master dropped b the key is
@@ -309,10 +297,7 @@ static void a_put_and_a_get_cut_midway(void **state) {
   fault_pattern(p.buf, p.len, 12);
   assert_int_equal(pthread_create(&p.thread, NULL, op_main, &p), 0);
   assert_int_equal(pthread_create(&g.thread, NULL, op_main, &g), 0);
-  double until = fault_now() + 10;
-  while (in_flight(E.b.engine) < 2 && fault_now() < until)
-    fault_sleep_ms(1);
-  uint64_t n = in_flight(E.b.engine);
+  uint64_t n = test_await_in_flight(E.b.engine, 2, 10000);
   cut(E.link_mb, 1); /* b is cut off */
   assert_int_equal(pthread_join(p.thread, NULL), 0);
   assert_int_equal(pthread_join(g.thread, NULL), 0);
