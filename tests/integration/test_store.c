@@ -1779,18 +1779,9 @@ static void *put_main(void *arg) {
 
 /* Waits (TEST_SETUP_MS at most) until e has n batches in flight. */
 static void wait_in_flight(ferry_engine *e, uint64_t n) {
-  double until = test_now_s() + TEST_SETUP_MS / 1000.0;
-  for (;;) {
-    ferry_stats *stats;
-    assert_int_equal(ferry_stats_snapshot(e, &stats), FERRY_OK);
-    uint64_t now = stats->batches_in_flight;
-    ferry_stats_free(stats);
-    if (now >= n)
-      return;
-    if (test_now_s() > until)
-      fail_msg("%llu batches in flight, not %llu", (unsigned long long)now, (unsigned long long)n);
-    usleep(1000);
-  }
+  uint64_t now = test_await_in_flight(e, n, TEST_SETUP_MS);
+  if (now < n)
+    fail_msg("%llu batches in flight, not %llu", (unsigned long long)now, (unsigned long long)n);
 }
 
 /* A put whose WRITE is in flight while the master restarts fails at its
