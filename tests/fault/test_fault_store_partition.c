@@ -20,7 +20,6 @@
  * master had answered their PUT_START and GET). Waiting for the master to
  * drop b is bounded and asserts what it sees. Needs network namespaces
  * (root, `ip`); skipped with the reason where they are unavailable. */
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,6 +35,7 @@
 #include "fault.h"
 #include "harness.h"
 #include "store/master.h"
+#include "store_op.h"
 
 #define KiB 1024ull
 #define MiB (1024ull * 1024ull)
@@ -254,27 +254,6 @@ static void a_cut_off_holder_loses_its_replicas(void **state) {
   fault_watchdog(0, NULL);
 }
 
-/* A transfer of b's on a thread of its own. */
-typedef struct op_thread {
-  pthread_t thread;
-  int put; /* else get */
-  const char *key;
-  uint8_t *buf;
-  size_t len;
-  ferry_store_replicate rep;
-  ferry_status status;
-  char detail[FERRY_ERROR_MAX];
-} op_thread;
-
-static void *op_main(void *arg) {
-  op_thread *o = arg;
-  size_t got;
-  o->status = o->put ? ferry_store_put_from(E.b.store, o->key, o->buf, o->len, &o->rep)
-                     : ferry_store_get_into(E.b.store, o->key, o->buf, o->len, &got);
-  snprintf(o->detail, sizeof o->detail, "%s", ferry_last_error());
-  return NULL;
-}
-
 /* b is cut off while its put's WRITE and its get's READ (both toward a's
  * segment) are in flight: both fail with an error; the put never becomes
  * visible (a sees no such key, and once the master dropped b the key is
@@ -291,16 +270,20 @@ static void a_put_and_a_get_cut_midway(void **state) {
 
   cut(E.link_ab, 1);
   enter(HOST_B); /* the threads' reconnects, if any, start in b's namespace */
-  op_thread p = {
-      .put = 1, .key = "mid_put", .buf = E.b.buf, .len = 1 * MiB, .rep = placed(1, &E.a)};
-  op_thread g = {.put = 0, .key = "in_a", .buf = E.b.buf + 1 * MiB, .len = 1 * MiB};
+  test_store_op p = {.store = E.b.store,
+                     .put = 1,
+                     .key = "mid_put",
+                     .buf = E.b.buf,
+                     .len = 1 * MiB,
+                     .rep = placed(1, &E.a)};
+  test_store_op g = {.store = E.b.store, .key = "in_a", .buf = E.b.buf + 1 * MiB, .len = 1 * MiB};
   fault_pattern(p.buf, p.len, 12);
-  assert_int_equal(pthread_create(&p.thread, NULL, op_main, &p), 0);
-  assert_int_equal(pthread_create(&g.thread, NULL, op_main, &g), 0);
+  test_store_op_start(&p);
+  test_store_op_start(&g);
   uint64_t n = test_await_in_flight(E.b.engine, 2, 10000);
   cut(E.link_mb, 1); /* b is cut off */
-  assert_int_equal(pthread_join(p.thread, NULL), 0);
-  assert_int_equal(pthread_join(g.thread, NULL), 0);
+  test_store_op_join(&p);
+  test_store_op_join(&g);
   if (n < 2)
     fail_msg("the put's WRITE and the get's READ were not both in flight (%llu; put: %s; get: %s)",
              (unsigned long long)n, p.detail, g.detail);
