@@ -215,4 +215,14 @@ ferry_status fault_transfer_mix(fault_net *net, int host, const char *bind, cons
   _cmocka_run_group_tests(#tests, tests, test_keep_cases(tests, sizeof tests / sizeof *tests),     \
                           setup, teardown)
 
+/* At the start of a case of a test set up by fault_net_open_isolated: when
+ * it found no namespaces (net NULL), prints why and skips the case. */
+#define fault_skip_without_net(net, skip_why)                                                      \
+  do {                                                                                             \
+    if (!(net)) {                                                                                  \
+      printf("SKIP: %s\n", (skip_why));                                                            \
+      skip();                                                                                      \
+    }                                                                                              \
+  } while (0)
+
 #endif

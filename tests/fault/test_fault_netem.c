@@ -48,10 +48,7 @@ static int teardown(void **state) {
 }
 
 static void test_loss_and_delay_netem(void **state) {
-  if (!E.net) {
-    printf("SKIP: %s\n", E.skip_why);
-    skip();
-  }
+  fault_skip_without_net(E.net, E.skip_why);
   int rc = fault_link_impair(E.net, E.link, 50, 5.0, 0);
   if (rc == FAULT_UNSUPPORTED) {
     printf("SKIP: tc netem is not available in this kernel (CONFIG_NET_SCH_NETEM); the same "

@@ -135,13 +135,6 @@ static int teardown(void **state) {
   return 0;
 }
 
-static void skip_without_namespaces(void) {
-  if (!E.net) {
-    printf("SKIP: %s\n", E.skip_why);
-    skip();
-  }
-}
-
 /* ---- values --------------------------------------------------------------------------------- */
 
 static ferry_store_replicate placed(unsigned replicas, const client *first) {
@@ -219,7 +212,7 @@ static void expect_b_rejoins(const char *key, uint64_t seed) {
  * rejoins and its next call works. */
 static void a_cut_off_holder_loses_its_replicas(void **state) {
   (void)state;
-  skip_without_namespaces();
+  fault_skip_without_net(E.net, E.skip_why);
   fault_watchdog(120, "a_cut_off_holder_loses_its_replicas");
   cut_b(0); /* healed, whatever the previous case left */
   put(&E.b, "only_b", 256 * KiB, 1, 1, &E.b);
@@ -261,7 +254,7 @@ static void a_cut_off_holder_loses_its_replicas(void **state) {
  * and b reads a's value of the key. */
 static void a_put_and_a_get_cut_midway(void **state) {
   (void)state;
-  skip_without_namespaces();
+  fault_skip_without_net(E.net, E.skip_why);
   fault_watchdog(120, "a_put_and_a_get_cut_midway");
   cut_b(0); /* healed, whatever the previous case left */
   put(&E.a, "in_a", 1 * MiB, 10, 1, &E.a);
