@@ -204,6 +204,14 @@ static void expect_b_rejoins(const char *key, uint64_t seed) {
 
 /* ---- cases ---------------------------------------------------------------------------------- */
 
+/* Every case: skipped without namespaces, bounded in time, and started with
+ * b's links healed, whatever the previous case left. */
+static void begin_case(const char *name) {
+  fault_skip_without_net(E.net, E.skip_why);
+  fault_watchdog(120, name);
+  cut_b(0);
+}
+
 /* b holds the only replica of one object and the first of another when it
  * is cut off. a's get of the first fails with an error naming the key; its
  * get of the second reads a's own replica. b's own calls fail naming the
@@ -212,9 +220,7 @@ static void expect_b_rejoins(const char *key, uint64_t seed) {
  * rejoins and its next call works. */
 static void a_cut_off_holder_loses_its_replicas(void **state) {
   (void)state;
-  fault_skip_without_net(E.net, E.skip_why);
-  fault_watchdog(120, "a_cut_off_holder_loses_its_replicas");
-  cut_b(0); /* healed, whatever the previous case left */
+  begin_case("a_cut_off_holder_loses_its_replicas");
   put(&E.b, "only_b", 256 * KiB, 1, 1, &E.b);
   put(&E.b, "b_then_a", 256 * KiB, 2, 2, &E.b);
   expect_stored(&E.a, "only_b", 256 * KiB, 1);
@@ -254,9 +260,7 @@ static void a_cut_off_holder_loses_its_replicas(void **state) {
  * and b reads a's value of the key. */
 static void a_put_and_a_get_cut_midway(void **state) {
   (void)state;
-  fault_skip_without_net(E.net, E.skip_why);
-  fault_watchdog(120, "a_put_and_a_get_cut_midway");
-  cut_b(0); /* healed, whatever the previous case left */
+  begin_case("a_put_and_a_get_cut_midway");
   put(&E.a, "in_a", 1 * MiB, 10, 1, &E.a);
   put(&E.b, "marker_b", 4 * KiB, 11, 1, &E.b); /* shows when the master dropped b */
   expect_stored(&E.b, "in_a", 1 * MiB, 10);
