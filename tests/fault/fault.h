@@ -53,6 +53,11 @@ int fault_netns_available(char *why, size_t why_size);
 /* nhosts namespaces (isolated = 1), or loopback mode (isolated = 0: every
  * host is 127.0.0.1). NULL with why filled when isolated mode fails. */
 fault_net *fault_net_create(int nhosts, int isolated, char *why, size_t why_size);
+/* A test's hosts in namespaces of their own, for a test whose point needs
+ * them (no loopback mode): 0 with *net set; 0 with *net NULL and skip_why
+ * filled where namespaces cannot be used here (the test skips); -1, with the
+ * reason on stderr, when they could not be created. */
+int fault_net_open_isolated(int nhosts, fault_net **net, char *skip_why, size_t skip_size);
 /* A test's hosts: namespaces where they can be used, else loopback mode
  * (a note on stdout says why). NULL, with the reason on stderr, on failure. */
 fault_net *fault_net_open(int nhosts);
@@ -209,5 +214,15 @@ ferry_status fault_transfer_mix(fault_net *net, int host, const char *bind, cons
 #define fault_run_tests(tests, setup, teardown)                                                    \
   _cmocka_run_group_tests(#tests, tests, test_keep_cases(tests, sizeof tests / sizeof *tests),     \
                           setup, teardown)
+
+/* At the start of a case of a test set up by fault_net_open_isolated: when
+ * it found no namespaces (net NULL), prints why and skips the case. */
+#define fault_skip_without_net(net, skip_why)                                                      \
+  do {                                                                                             \
+    if (!(net)) {                                                                                  \
+      printf("SKIP: %s\n", (skip_why));                                                            \
+      skip();                                                                                      \
+    }                                                                                              \
+  } while (0)
 
 #endif

@@ -348,6 +348,19 @@ fault_net *fault_net_open(int nhosts) {
   return net;
 }
 
+int fault_net_open_isolated(int nhosts, fault_net **net, char *skip_why, size_t skip_size) {
+  *net = NULL;
+  if (!fault_netns_available(skip_why, skip_size))
+    return 0;
+  char why[512];
+  *net = fault_net_create(nhosts, 1, why, sizeof why);
+  if (!*net) {
+    fprintf(stderr, "cannot create test hosts: %s\n", why);
+    return -1;
+  }
+  return 0;
+}
+
 int fault_net_isolated(const fault_net *n) { return n->isolated; }
 
 uint16_t fault_port(const fault_net *n, uint16_t port) { return n->isolated ? port : 0; }

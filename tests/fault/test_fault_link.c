@@ -49,14 +49,10 @@ static env E;
 
 static int setup(void **state) {
   *state = &E;
-  if (!fault_netns_available(E.skip_why, sizeof E.skip_why))
-    return 0;
-  char why[512];
-  E.net = fault_net_create(3, 1, why, sizeof why);
-  if (!E.net) {
-    fprintf(stderr, "cannot create test hosts: %s\n", why);
+  if (fault_net_open_isolated(3, &E.net, E.skip_why, sizeof E.skip_why) != 0)
     return -1;
-  }
+  if (!E.net)
+    return 0; /* skipped: E.skip_why says why */
   E.cut_link = fault_net_link(E.net, 0, 1, FAULT_LINK_VETH);
   E.emu_link = fault_net_link(E.net, 0, 2, FAULT_LINK_EMU);
   if (E.cut_link < 0 || E.emu_link < 0)
@@ -76,13 +72,6 @@ static int teardown(void **state) {
     fault_net_destroy(E.net);
   }
   return 0;
-}
-
-static void skip_without_namespaces(void) {
-  if (!E.net) {
-    printf("SKIP: %s\n", E.skip_why);
-    skip();
-  }
 }
 
 /* crc32c of remote [addr, addr + len), read back CHUNK bytes at a time. */
@@ -180,7 +169,7 @@ static void open_channels(ferry_engine *eng, uint8_t *local) {
  * (TCP retransmits) or fails by its deadline; either way the bytes that
  * are reported as moved are exactly right. */
 static void test_link_down_during_1gib(void **state) {
-  skip_without_namespaces();
+  fault_skip_without_net(E.net, E.skip_why);
   fault_watchdog(200, "link down during 1 GiB");
   assert_int_equal(fault_net_enter(E.net, 0), 0);
   ferry_engine *eng = fault_engine(fault_link_addr(E.net, E.cut_link, 0), 20000, 3000, 0);
@@ -234,7 +223,7 @@ static void test_link_down_during_1gib(void **state) {
  * hang until the link returns), and once the link is back the next call
  * works and its bytes stay put. */
 static void test_link_down_short_timeout(void **state) {
-  skip_without_namespaces();
+  fault_skip_without_net(E.net, E.skip_why);
   fault_watchdog(120, "link down, short timeout");
   assert_int_equal(fault_net_enter(E.net, 0), 0);
   ferry_engine *eng =
@@ -293,7 +282,7 @@ static void test_link_down_short_timeout(void **state) {
  * (retransmission backoff: seconds later), after a later WRITE to the same
  * range already succeeded. The promise: it must not. */
 static void test_no_late_landing_after_timeout(void **state) {
-  skip_without_namespaces();
+  fault_skip_without_net(E.net, E.skip_why);
   fault_watchdog(60, "late landing after a timeout");
   assert_int_equal(fault_net_enter(E.net, 0), 0);
   /* Only the doomed WRITE has a short bound. Connecting may cost a lost
@@ -344,7 +333,7 @@ static void test_no_late_landing_after_timeout(void **state) {
 }
 
 static void test_loss_and_delay_emulated(void **state) {
-  skip_without_namespaces();
+  fault_skip_without_net(E.net, E.skip_why);
   fault_watchdog(150, "5% loss + 50 ms delay (emulator)");
   assert_int_equal(fault_link_impair(E.net, E.emu_link, 50, 5.0, 0), 0);
   assert_int_equal(fault_transfer_mix(E.net, 0, fault_link_addr(E.net, E.emu_link, 0), &E.small_emu,

@@ -28,14 +28,10 @@ typedef struct env {
 static env E;
 
 static int setup(void **state) {
-  if (!fault_netns_available(E.skip_why, sizeof E.skip_why))
-    return 0;
-  char why[512];
-  E.net = fault_net_create(2, 1, why, sizeof why);
-  if (!E.net) {
-    fprintf(stderr, "cannot create test hosts: %s\n", why);
+  if (fault_net_open_isolated(2, &E.net, E.skip_why, sizeof E.skip_why) != 0)
     return -1;
-  }
+  if (!E.net)
+    return 0; /* skipped: E.skip_why says why */
   E.link = fault_net_link(E.net, 0, 1, FAULT_LINK_VETH);
   if (E.link < 0 || fault_serve_start(&E.target, E.net, 1, fault_link_addr(E.net, E.link, 1), PORT,
                                       "64M", NULL, 0) != 0)
@@ -52,10 +48,7 @@ static int teardown(void **state) {
 }
 
 static void test_loss_and_delay_netem(void **state) {
-  if (!E.net) {
-    printf("SKIP: %s\n", E.skip_why);
-    skip();
-  }
+  fault_skip_without_net(E.net, E.skip_why);
   int rc = fault_link_impair(E.net, E.link, 50, 5.0, 0);
   if (rc == FAULT_UNSUPPORTED) {
     printf("SKIP: tc netem is not available in this kernel (CONFIG_NET_SCH_NETEM); the same "

@@ -20,7 +20,6 @@
  * master had answered their PUT_START and GET). Waiting for the master to
  * drop b is bounded and asserts what it sees. Needs network namespaces
  * (root, `ip`); skipped with the reason where they are unavailable. */
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,6 +35,7 @@
 #include "fault.h"
 #include "harness.h"
 #include "store/master.h"
+#include "store_op.h"
 
 #define KiB 1024ull
 #define MiB (1024ull * 1024ull)
@@ -102,14 +102,10 @@ static void client_close(client *c) {
 
 static int setup(void **state) {
   *state = &E;
-  if (!fault_netns_available(E.skip_why, sizeof E.skip_why))
-    return 0;
-  char why[512];
-  E.net = fault_net_create(3, 1, why, sizeof why);
-  if (!E.net) {
-    fprintf(stderr, "cannot create test hosts: %s\n", why);
+  if (fault_net_open_isolated(3, &E.net, E.skip_why, sizeof E.skip_why) != 0)
     return -1;
-  }
+  if (!E.net)
+    return 0; /* skipped: E.skip_why says why */
   E.link_ma = fault_net_link(E.net, HOST_M, HOST_A, FAULT_LINK_VETH);
   E.link_mb = fault_net_link(E.net, HOST_M, HOST_B, FAULT_LINK_EMU);
   E.link_ab = fault_net_link(E.net, HOST_A, HOST_B, FAULT_LINK_EMU);
@@ -137,13 +133,6 @@ static int teardown(void **state) {
     fault_net_destroy(E.net);
   }
   return 0;
-}
-
-static void skip_without_namespaces(void) {
-  if (!E.net) {
-    printf("SKIP: %s\n", E.skip_why);
-    skip();
-  }
 }
 
 /* ---- values --------------------------------------------------------------------------------- */
@@ -215,6 +204,14 @@ static void expect_b_rejoins(const char *key, uint64_t seed) {
 
 /* ---- cases ---------------------------------------------------------------------------------- */
 
+/* Every case: skipped without namespaces, bounded in time, and started with
+ * b's links healed, whatever the previous case left. */
+static void begin_case(const char *name) {
+  fault_skip_without_net(E.net, E.skip_why);
+  fault_watchdog(120, name);
+  cut_b(0);
+}
+
 /* b holds the only replica of one object and the first of another when it
  * is cut off. a's get of the first fails with an error naming the key; its
  * get of the second reads a's own replica. b's own calls fail naming the
@@ -223,9 +220,7 @@ static void expect_b_rejoins(const char *key, uint64_t seed) {
  * rejoins and its next call works. */
 static void a_cut_off_holder_loses_its_replicas(void **state) {
   (void)state;
-  skip_without_namespaces();
-  fault_watchdog(120, "a_cut_off_holder_loses_its_replicas");
-  cut_b(0); /* healed, whatever the previous case left */
+  begin_case("a_cut_off_holder_loses_its_replicas");
   put(&E.b, "only_b", 256 * KiB, 1, 1, &E.b);
   put(&E.b, "b_then_a", 256 * KiB, 2, 2, &E.b);
   expect_stored(&E.a, "only_b", 256 * KiB, 1);
@@ -258,35 +253,6 @@ static void a_cut_off_holder_loses_its_replicas(void **state) {
   fault_watchdog(0, NULL);
 }
 
-/* A transfer of b's on a thread of its own. */
-typedef struct op_thread {
-  pthread_t thread;
-  int put; /* else get */
-  const char *key;
-  uint8_t *buf;
-  size_t len;
-  ferry_store_replicate rep;
-  ferry_status status;
-  char detail[FERRY_ERROR_MAX];
-} op_thread;
-
-static void *op_main(void *arg) {
-  op_thread *o = arg;
-  size_t got;
-  o->status = o->put ? ferry_store_put_from(E.b.store, o->key, o->buf, o->len, &o->rep)
-                     : ferry_store_get_into(E.b.store, o->key, o->buf, o->len, &got);
-  snprintf(o->detail, sizeof o->detail, "%s", ferry_last_error());
-  return NULL;
-}
-
-static uint64_t in_flight(ferry_engine *e) {
-  ferry_stats *stats;
-  assert_int_equal(ferry_stats_snapshot(e, &stats), FERRY_OK);
-  uint64_t n = stats->batches_in_flight;
-  ferry_stats_free(stats);
-  return n;
-}
-
 /* b is cut off while its put's WRITE and its get's READ (both toward a's
  * segment) are in flight: both fail with an error; the put never becomes
  * visible (a sees no such key, and once the master dropped b the key is
@@ -294,28 +260,27 @@ static uint64_t in_flight(ferry_engine *e) {
  * and b reads a's value of the key. */
 static void a_put_and_a_get_cut_midway(void **state) {
   (void)state;
-  skip_without_namespaces();
-  fault_watchdog(120, "a_put_and_a_get_cut_midway");
-  cut_b(0); /* healed, whatever the previous case left */
+  begin_case("a_put_and_a_get_cut_midway");
   put(&E.a, "in_a", 1 * MiB, 10, 1, &E.a);
   put(&E.b, "marker_b", 4 * KiB, 11, 1, &E.b); /* shows when the master dropped b */
   expect_stored(&E.b, "in_a", 1 * MiB, 10);
 
   cut(E.link_ab, 1);
   enter(HOST_B); /* the threads' reconnects, if any, start in b's namespace */
-  op_thread p = {
-      .put = 1, .key = "mid_put", .buf = E.b.buf, .len = 1 * MiB, .rep = placed(1, &E.a)};
-  op_thread g = {.put = 0, .key = "in_a", .buf = E.b.buf + 1 * MiB, .len = 1 * MiB};
+  test_store_op p = {.store = E.b.store,
+                     .put = 1,
+                     .key = "mid_put",
+                     .buf = E.b.buf,
+                     .len = 1 * MiB,
+                     .rep = placed(1, &E.a)};
+  test_store_op g = {.store = E.b.store, .key = "in_a", .buf = E.b.buf + 1 * MiB, .len = 1 * MiB};
   fault_pattern(p.buf, p.len, 12);
-  assert_int_equal(pthread_create(&p.thread, NULL, op_main, &p), 0);
-  assert_int_equal(pthread_create(&g.thread, NULL, op_main, &g), 0);
-  double until = fault_now() + 10;
-  while (in_flight(E.b.engine) < 2 && fault_now() < until)
-    fault_sleep_ms(1);
-  uint64_t n = in_flight(E.b.engine);
+  test_store_op_start(&p);
+  test_store_op_start(&g);
+  uint64_t n = test_await_in_flight(E.b.engine, 2, 10000);
   cut(E.link_mb, 1); /* b is cut off */
-  assert_int_equal(pthread_join(p.thread, NULL), 0);
-  assert_int_equal(pthread_join(g.thread, NULL), 0);
+  test_store_op_join(&p);
+  test_store_op_join(&g);
   if (n < 2)
     fail_msg("the put's WRITE and the get's READ were not both in flight (%llu; put: %s; get: %s)",
              (unsigned long long)n, p.detail, g.detail);

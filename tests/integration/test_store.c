@@ -15,7 +15,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +41,7 @@
 #include "store/handshake.h"
 #include "store/master.h"
 #include "store/protocol.h"
+#include "store_op.h"
 
 #define KiB 1024ull
 #define MiB (1024ull * 1024ull)
@@ -1758,39 +1758,11 @@ static void a_call_without_a_master_fails_and_the_next_reconnects(void **state) 
   store_master_stop(h.m);
 }
 
-/* A put on a thread of its own (into one segment). */
-typedef struct put_thread {
-  pthread_t thread;
-  ferry_store *store;
-  const char *key, *segment;
-  uint8_t *buf;
-  size_t len;
-  ferry_status status;
-  char detail[FERRY_ERROR_MAX];
-} put_thread;
-
-static void *put_main(void *arg) {
-  put_thread *p = arg;
-  ferry_store_replicate in = replicate(1, p->segment, FERRY_STORE_PIN_NONE);
-  p->status = ferry_store_put_from(p->store, p->key, p->buf, p->len, &in);
-  snprintf(p->detail, sizeof p->detail, "%s", ferry_last_error());
-  return NULL;
-}
-
 /* Waits (TEST_SETUP_MS at most) until e has n batches in flight. */
 static void wait_in_flight(ferry_engine *e, uint64_t n) {
-  double until = test_now_s() + TEST_SETUP_MS / 1000.0;
-  for (;;) {
-    ferry_stats *stats;
-    assert_int_equal(ferry_stats_snapshot(e, &stats), FERRY_OK);
-    uint64_t now = stats->batches_in_flight;
-    ferry_stats_free(stats);
-    if (now >= n)
-      return;
-    if (test_now_s() > until)
-      fail_msg("%llu batches in flight, not %llu", (unsigned long long)now, (unsigned long long)n);
-    usleep(1000);
-  }
+  uint64_t now = test_await_in_flight(e, n, TEST_SETUP_MS);
+  if (now < n)
+    fail_msg("%llu batches in flight, not %llu", (unsigned long long)now, (unsigned long long)n);
 }
 
 /* A put whose WRITE is in flight while the master restarts fails at its
@@ -1811,9 +1783,13 @@ static void a_put_across_a_restart_commits_nothing(void **state) {
   ferry_store_replicate in_b = replicate(1, b.segment, FERRY_STORE_PIN_NONE);
   assert_int_equal(ferry_store_put_from(a.store, "warm_b", buf, 64 * KiB, &in_b), FERRY_OK);
   child_stop(&b);
-  put_thread old = {
-      .store = a.store, .key = "across", .segment = b.segment, .buf = buf, .len = 64 * KiB};
-  assert_int_equal(pthread_create(&old.thread, NULL, put_main, &old), 0);
+  test_store_op old = {.store = a.store,
+                       .put = 1,
+                       .key = "across",
+                       .buf = buf,
+                       .len = 64 * KiB,
+                       .rep = replicate(1, b.segment, FERRY_STORE_PIN_NONE)};
+  test_store_op_start(&old);
   wait_in_flight(a.engine, 1); /* PUT_START done; its WRITE waits on b */
 
   here_restart(&h);
@@ -1823,23 +1799,24 @@ static void a_put_across_a_restart_commits_nothing(void **state) {
   assert_int_equal(ferry_store_put_from(a.store, "warm_c", buf + 64 * KiB, 64 * KiB, &in_c),
                    FERRY_OK);
   child_stop(&c);
-  put_thread new = {.store = a.store,
-                    .key = "across",
-                    .segment = c.segment,
-                    .buf = buf + 64 * KiB,
-                    .len = 64 * KiB};
-  assert_int_equal(pthread_create(&new.thread, NULL, put_main, &new), 0);
+  test_store_op new = {.store = a.store,
+                       .put = 1,
+                       .key = "across",
+                       .buf = buf + 64 * KiB,
+                       .len = 64 * KiB,
+                       .rep = replicate(1, c.segment, FERRY_STORE_PIN_NONE)};
+  test_store_op_start(&new);
   wait_in_flight(a.engine, 2); /* the new master's put of "across" waits on c */
 
   kill(b.pid, SIGCONT);
-  assert_int_equal(pthread_join(old.thread, NULL), 0);
+  test_store_op_join(&old);
   assert_int_equal(old.status, FERRY_ESOCKET);
   if (!strstr(old.detail, h.addr) || !strstr(old.detail, "nothing is committed"))
     fail_msg("the put across the restart: %s", old.detail);
   assert_int_equal(ferry_store_exists(a.store, "across"), FERRY_ENOTFOUND); /* still unwritten */
 
   kill(c.pid, SIGCONT);
-  assert_int_equal(pthread_join(new.thread, NULL), 0);
+  test_store_op_join(&new);
   if (new.status != FERRY_OK)
     fail_msg("the put on the new master: %s", new.detail);
   expect_bytes(a.store, "across", buf, 64 * KiB, 4);

@@ -212,6 +212,25 @@ def make_engine(protocol=None, hostname="127.0.0.1", server="P2PHANDSHAKE"):
     return te
 
 
+def ferry_engine_pair():
+    """Two ferry.Engine on 127.0.0.1 over tcp, closed when the generator is
+    resumed: the body of the `pair` fixture, for a module whose own `pair`
+    sets something up first."""
+    import ferry
+
+    a = ferry.Engine("127.0.0.1", transports="tcp")
+    b = ferry.Engine("127.0.0.1", transports="tcp")
+    yield a, b
+    a.close()
+    b.close()
+
+
+@pytest.fixture
+def pair():
+    """Two ferry.Engine (a, b) on 127.0.0.1 over tcp; a module may override it."""
+    yield from ferry_engine_pair()
+
+
 @pytest.fixture
 def engine():
     """A local mooncake TransferEngine (P2PHANDSHAKE, tcp, 127.0.0.1)."""

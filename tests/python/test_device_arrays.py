@@ -43,15 +43,6 @@ def test_with_fake_driver(case):
 torch = pytest.importorskip("torch")
 
 
-@pytest.fixture
-def pair():
-    a = ferry.Engine("127.0.0.1", transports="tcp")
-    b = ferry.Engine("127.0.0.1", transports="tcp")
-    yield a, b
-    a.close()
-    b.close()
-
-
 def test_torch_cpu_tensors(pair):
     a, b = pair
     src = torch.arange(4096, dtype=torch.int32)

@@ -21,15 +21,6 @@ import ferry
 UNREACHABLE = "127.0.0.1:1"
 
 
-@pytest.fixture
-def pair():
-    a = ferry.Engine("127.0.0.1", transports="tcp")
-    b = ferry.Engine("127.0.0.1", transports="tcp")
-    yield a, b
-    a.close()
-    b.close()
-
-
 def registered_buffers(pair, size):
     """A zeroed source registered on a and a destination registered on b:
     returns (src, dst, dst's address)."""

@@ -12,18 +12,14 @@ import urllib.request
 import pytest
 
 import ferry
-from conftest import ferry_tool
+from conftest import ferry_engine_pair, ferry_tool
 from mooncake.engine import TransferEngine
 
 
 @pytest.fixture
 def pair(monkeypatch):
     monkeypatch.setenv("FERRY_METRICS_PORT", "0")  # any free port, on 127.0.0.1
-    a = ferry.Engine("127.0.0.1", transports="tcp")
-    b = ferry.Engine("127.0.0.1", transports="tcp")
-    yield a, b
-    a.close()
-    b.close()
+    yield from ferry_engine_pair()
 
 
 def scrape(engine):

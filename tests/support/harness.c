@@ -174,6 +174,19 @@ void test_engine_set_timeouts(ferry_engine *e, uint32_t timeout_ms, uint32_t con
     e->cfg.connect_timeout_ms = connect_timeout_ms;
 }
 
+uint64_t test_await_in_flight(ferry_engine *e, uint64_t n, int timeout_ms) {
+  double until = test_now_s() + timeout_ms / 1000.0;
+  for (;;) {
+    ferry_stats *stats;
+    assert_int_equal(ferry_stats_snapshot(e, &stats), FERRY_OK);
+    uint64_t now = stats->batches_in_flight;
+    ferry_stats_free(stats);
+    if (now >= n || test_now_s() > until)
+      return now;
+    usleep(1000);
+  }
+}
+
 void test_config(ferry_config *cfg) {
   ferry_config_init(cfg);
   cfg->bind_host = cfg->advertise_host = "127.0.0.1";

@@ -67,6 +67,12 @@ double test_now_s(void);
  * whose timing it is about. */
 void test_engine_set_timeouts(ferry_engine *e, uint32_t timeout_ms, uint32_t connect_timeout_ms);
 
+/* Polls e's stats (asserting the snapshot works) until n of its batches are
+ * in flight or timeout_ms passed; returns the last count, below n on
+ * timeout. For a test that acts while transfers are on the wire instead of
+ * timing them. */
+uint64_t test_await_in_flight(ferry_engine *e, uint64_t n, int timeout_ms);
+
 /* ferry_config_init, then bind and advertise 127.0.0.1 (never the
  * machine's own address). */
 void test_config(ferry_config *cfg);
