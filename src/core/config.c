@@ -215,7 +215,7 @@ static ferry_status apply_limit(const char *name, const char *value, ferry_confi
   const struct limit_var *v = limit_vars;
   while (strcmp(v->name, name) != 0)
     v++; /* every caller is listed: env_vars names only these */
-  unsigned long n;
+  unsigned long n = 0; /* set when st is FERRY_OK; -O3 cannot tell */
   ferry_status st = limit_env(name, value, 1, v->max, &n);
   if (st)
     return st;
@@ -291,7 +291,7 @@ static ferry_status apply_te_metric(const char *name, const char *value, ferry_c
 
 /* Mooncake's meaning: the interval of MC_TE_METRIC's lines, nothing alone. */
 static ferry_status apply_te_interval(const char *name, const char *value, ferry_config *cfg) {
-  unsigned long n;
+  unsigned long n = 0;
   ferry_status st = limit_env(name, value, 1, METRICS_LOG_S_MAX, &n);
   if (!st && cfg->metrics_log_s)
     cfg->metrics_log_s = (unsigned)n;
