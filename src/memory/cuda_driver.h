@@ -41,6 +41,20 @@ typedef struct CUipcMemHandle {
 
 typedef unsigned long long CUmemGenericAllocationHandle;
 
+/* VMM sharing: CUmemAllocationHandleType, CUmemLocationType,
+ * CUmemAccess_flags and CUmemAccessDesc. */
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
+typedef struct CUmemLocation {
+  int type;
+  int id;
+} CUmemLocation;
+typedef struct CUmemAccessDesc {
+  CUmemLocation location;
+  int flags;
+} CUmemAccessDesc;
+
 /* The entry points, each looked up under the name given in kind_cuda.c
  * (the _v2 names where the API has them). */
 typedef struct ferry_cuda_api {
@@ -77,6 +91,19 @@ typedef struct ferry_cuda_api {
   CUresult (*StreamWaitValue32)(CUstream stream, CUdeviceptr addr, unsigned value, unsigned flags);
   CUresult (*LaunchHostFunc)(CUstream stream, void (*fn)(void *), void *data);
   CUresult (*CtxGetDevice)(CUdevice *device);
+  /* VMM allocations shared with a same-host peer (a POSIX fd). */
+  CUresult (*MemExportToShareableHandle)(void *shareable, CUmemGenericAllocationHandle handle,
+                                         int type, unsigned long long flags);
+  CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *handle, void *os_handle,
+                                           int type);
+  CUresult (*MemAddressReserve)(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                unsigned long long flags);
+  CUresult (*MemAddressFree)(CUdeviceptr ptr, size_t size);
+  CUresult (*MemMap)(CUdeviceptr ptr, size_t size, size_t offset,
+                     CUmemGenericAllocationHandle handle, unsigned long long flags);
+  CUresult (*MemUnmap)(CUdeviceptr ptr, size_t size);
+  CUresult (*MemSetAccess)(CUdeviceptr ptr, size_t size, const struct CUmemAccessDesc *desc,
+                           size_t count);
 } ferry_cuda_api;
 
 /* Stream-ordered transfers. */

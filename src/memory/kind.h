@@ -66,14 +66,17 @@ typedef struct ferry_memory_kind {
   void (*copier_close)(ferry_copier *c);
   /* A handle another process of this host can open to map the region's
    * allocation (out: up to *len bytes; *len set to the size used). NULL:
-   * this kind cannot export (host memory: its peers map memfds instead). */
-  ferry_status (*export_handle)(const ferry_where *where, void *out, size_t *len);
+   * this kind cannot export (host memory: its peers map memfds instead).
+   * *fd: -1, or a descriptor that goes with the handle (a VMM allocation's
+   * POSIX fd), the caller's to pass on and close. */
+  ferry_status (*export_handle)(const ferry_where *where, void *out, size_t *len, int *fd);
   /* Maps the allocation another process of this host exported with
-   * export_handle (handle, len bytes) into this process, in the primary
+   * export_handle (handle, len bytes, and fd, -1 if none: the caller's,
+   * still open afterwards) into this process, in the primary
    * context of device; *addr gets where its first byte is. Each open is
    * closed with import_close, once no copy through it runs. NULL: this
    * kind cannot import. */
-  ferry_status (*import_open)(int device, const void *handle, size_t len, uint64_t *addr);
+  ferry_status (*import_open)(int device, const void *handle, size_t len, int fd, uint64_t *addr);
   void (*import_close)(int device, uint64_t addr);
   /* Starts one copy of len bytes from src to dst, either of which may be
    * this kind's memory (its own or imported) or host memory, on c's device

@@ -65,6 +65,13 @@ static const ferry_library_symbol symbols[] = {
     SYMBOL(StreamWaitValue32, "cuStreamWaitValue32_v2"),
     SYMBOL(LaunchHostFunc, "cuLaunchHostFunc"),
     SYMBOL(CtxGetDevice, "cuCtxGetDevice"),
+    SYMBOL(MemExportToShareableHandle, "cuMemExportToShareableHandle"),
+    SYMBOL(MemImportFromShareableHandle, "cuMemImportFromShareableHandle"),
+    SYMBOL(MemAddressReserve, "cuMemAddressReserve"),
+    SYMBOL(MemAddressFree, "cuMemAddressFree"),
+    SYMBOL(MemMap, "cuMemMap"),
+    SYMBOL(MemUnmap, "cuMemUnmap"),
+    SYMBOL(MemSetAccess, "cuMemSetAccess"),
 };
 
 /* "CUDA_ERROR_INVALID_VALUE (invalid argument)" */
@@ -301,18 +308,43 @@ static ferry_status cuda_copy_direct(ferry_copier *c, unsigned slot, uint64_t ds
 
 /* A VMM allocation (cuMemCreate + cuMemMap: PyTorch's expandable
  * segments) has no CUDA IPC handle; only for those does the driver hand
- * out an allocation handle. Context current. */
-static int is_vmm(uint64_t addr) {
-  CUmemGenericAllocationHandle h;
-  if (cu.MemRetainAllocationHandle(&h, (void *)(uintptr_t)addr) != CUDA_SUCCESS)
-    return 0;
+ * out an allocation handle, exported as a POSIX fd instead. */
+typedef struct cuda_vmm_handle {
+  uint64_t magic; /* CUDA_VMM_MAGIC: tells it from an IPC handle */
+  uint64_t size;  /* of the allocation, mapped whole */
+} cuda_vmm_handle;
+#define CUDA_VMM_MAGIC 0x66657272792d766dull
+
+/* The POSIX fd of the VMM allocation at where->base, or FERRY_ENOTIMPL
+ * with the driver's answer when it was not made exportable that way.
+ * Context current. */
+static ferry_status vmm_export(const ferry_where *where, CUmemGenericAllocationHandle h, void *out,
+                               size_t *len, int *fd) {
+  int shared = -1;
+  CUresult r =
+      cu.MemExportToShareableHandle(&shared, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   cu.MemRelease(h);
-  return 1;
+  if (r != CUDA_SUCCESS) {
+    char text[160];
+    return ferry_fail(FERRY_ENOTIMPL,
+                      "cuda:%d allocation 0x%llx (+%llu bytes) is a CUDA VMM allocation "
+                      "(cuMemCreate, as PyTorch's expandable segments make) that the driver does "
+                      "not export as a POSIX fd (cuMemExportToShareableHandle: %s): only tcp "
+                      "(staged) carries it",
+                      where->device, (unsigned long long)where->base,
+                      (unsigned long long)where->size, cuda_error(r, text, sizeof text));
+  }
+  cuda_vmm_handle vh = {CUDA_VMM_MAGIC, where->size};
+  memcpy(out, &vh, sizeof vh);
+  *len = sizeof vh;
+  *fd = shared;
+  return FERRY_OK;
 }
 
-/* A CUDA IPC handle of the region's allocation (device memory only; not
- * VMM allocations, refused with FERRY_ENOTIMPL saying so). */
-static ferry_status cuda_export(const ferry_where *where, void *out, size_t *len) {
+/* A CUDA IPC handle of the region's allocation (device memory only), or,
+ * for a VMM allocation, its POSIX fd (*fd) and size. */
+static ferry_status cuda_export(const ferry_where *where, void *out, size_t *len, int *fd) {
+  *fd = -1;
   if (where->cpu_access || !where->base)
     return ferry_fail(FERRY_ENOTIMPL, "cuda:%d: only device memory has an IPC handle",
                       where->device);
@@ -321,18 +353,15 @@ static ferry_status cuda_export(const ferry_where *where, void *out, size_t *len
   ferry_status st = cuda_enter(where->device);
   if (st)
     return st;
+  CUmemGenericAllocationHandle h;
+  if (cu.MemRetainAllocationHandle(&h, (void *)(uintptr_t)where->base) == CUDA_SUCCESS) {
+    st = vmm_export(where, h, out, len, fd);
+    cuda_leave();
+    return st;
+  }
   CUipcMemHandle handle;
-  int vmm = is_vmm(where->base);
-  CUresult r = vmm ? CUDA_SUCCESS : cu.IpcGetMemHandle(&handle, (CUdeviceptr)where->base);
+  CUresult r = cu.IpcGetMemHandle(&handle, (CUdeviceptr)where->base);
   cuda_leave();
-  if (vmm)
-    return ferry_fail(FERRY_ENOTIMPL,
-                      "cuda:%d allocation 0x%llx (+%llu bytes) is a CUDA VMM allocation "
-                      "(cuMemCreate, as PyTorch's expandable segments make): ferry does not "
-                      "export those to same-host peers (no CUDA IPC handle; POSIX fd export is "
-                      "not implemented), so only tcp (staged) carries it",
-                      where->device, (unsigned long long)where->base,
-                      (unsigned long long)where->size);
   if (r != CUDA_SUCCESS)
     return cuda_fail(r, "cuIpcGetMemHandle", where->device);
   memcpy(out, &handle, sizeof handle);
@@ -340,19 +369,112 @@ static ferry_status cuda_export(const ferry_where *where, void *out, size_t *len
   return FERRY_OK;
 }
 
+/* The VMM imports open now: import_close needs their size and handle. */
+typedef struct cuda_vmm_import {
+  uint64_t addr, size;
+  CUmemGenericAllocationHandle handle;
+} cuda_vmm_import;
+static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
+static cuda_vmm_import *vmm_imports;
+static size_t vmm_count, vmm_cap;
+
+static int vmm_track(const cuda_vmm_import *im) {
+  pthread_mutex_lock(&vmm_lock);
+  if (vmm_count == vmm_cap) {
+    size_t cap = vmm_cap ? vmm_cap * 2 : 4;
+    cuda_vmm_import *grown = realloc(vmm_imports, cap * sizeof *grown);
+    if (!grown) {
+      pthread_mutex_unlock(&vmm_lock);
+      return -1;
+    }
+    vmm_imports = grown;
+    vmm_cap = cap;
+  }
+  vmm_imports[vmm_count++] = *im;
+  pthread_mutex_unlock(&vmm_lock);
+  return 0;
+}
+
+/* Takes the import at addr off the list; 0: not a VMM import. */
+static int vmm_untrack(uint64_t addr, cuda_vmm_import *out) {
+  int found = 0;
+  pthread_mutex_lock(&vmm_lock);
+  for (size_t i = 0; i < vmm_count && !found; i++)
+    if (vmm_imports[i].addr == addr) {
+      *out = vmm_imports[i];
+      vmm_imports[i] = vmm_imports[--vmm_count];
+      found = 1;
+    }
+  pthread_mutex_unlock(&vmm_lock);
+  return found;
+}
+
+/* Undoes what vmm_import did, as far as it got (context current). */
+static void vmm_unmap(const cuda_vmm_import *im, int mapped) {
+  if (mapped)
+    cu.MemUnmap((CUdeviceptr)im->addr, im->size);
+  if (im->addr)
+    cu.MemAddressFree((CUdeviceptr)im->addr, im->size);
+  if (im->handle)
+    cu.MemRelease(im->handle);
+}
+
+/* Maps a peer's VMM allocation (its fd) read-write for device; the fd
+ * stays the caller's (the driver keeps its own reference). Context
+ * current. */
+static ferry_status vmm_import(int device, const cuda_vmm_handle *vh, int fd, uint64_t *addr) {
+  cuda_vmm_import im = {0, vh->size, 0};
+  const char *call = "cuMemImportFromShareableHandle";
+  CUresult r = cu.MemImportFromShareableHandle(&im.handle, (void *)(uintptr_t)fd,
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  CUdeviceptr p = 0;
+  if (r == CUDA_SUCCESS && (r = cu.MemAddressReserve(&p, im.size, 0, 0, 0)) != CUDA_SUCCESS)
+    call = "cuMemAddressReserve";
+  im.addr = p;
+  if (r == CUDA_SUCCESS && (r = cu.MemMap(p, im.size, 0, im.handle, 0)) != CUDA_SUCCESS)
+    call = "cuMemMap";
+  int mapped = r == CUDA_SUCCESS;
+  CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device},
+                            CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  if (r == CUDA_SUCCESS && (r = cu.MemSetAccess(p, im.size, &access, 1)) != CUDA_SUCCESS)
+    call = "cuMemSetAccess";
+  if (r == CUDA_SUCCESS && vmm_track(&im) != 0) {
+    vmm_unmap(&im, mapped);
+    return ferry_fail(FERRY_ENOMEM, "cuda:%d: no memory to track a VMM import", device);
+  }
+  if (r != CUDA_SUCCESS) {
+    vmm_unmap(&im, mapped);
+    return cuda_fail(r, call, device);
+  }
+  *addr = p;
+  return FERRY_OK;
+}
+
 /* Opens a peer's IPC handle in device's primary context (peer access
- * enabled lazily, should the allocation live on another device). The
- * driver refuses a handle of this very process: the caller uses the
- * address itself then. */
-static ferry_status cuda_import_open(int device, const void *handle, size_t len, uint64_t *addr) {
-  if (len != sizeof(CUipcMemHandle))
+ * enabled lazily, should the allocation live on another device), or maps
+ * its VMM allocation (fd). The driver refuses an IPC handle of this very
+ * process: the caller uses the address itself then. */
+static ferry_status cuda_import_open(int device, const void *handle, size_t len, int fd,
+                                     uint64_t *addr) {
+  cuda_vmm_handle vh;
+  int vmm = len == sizeof vh;
+  if (vmm)
+    memcpy(&vh, handle, sizeof vh);
+  if (vmm && (vh.magic != CUDA_VMM_MAGIC || fd < 0 || !vh.size))
+    return ferry_fail(FERRY_EPROTO, "a CUDA VMM export needs its magic, size and fd");
+  if (!vmm && len != sizeof(CUipcMemHandle))
     return ferry_fail(FERRY_EPROTO, "a CUDA IPC handle has %zu bytes, not %zu",
                       sizeof(CUipcMemHandle), len);
-  CUipcMemHandle h;
-  memcpy(&h, handle, sizeof h);
   ferry_status st = cuda_enter(device);
   if (st)
     return st;
+  if (vmm) {
+    st = vmm_import(device, &vh, fd, addr);
+    cuda_leave();
+    return st;
+  }
+  CUipcMemHandle h;
+  memcpy(&h, handle, sizeof h);
   CUdeviceptr p = 0;
   CUresult r = cu.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
   cuda_leave();
@@ -365,7 +487,13 @@ static ferry_status cuda_import_open(int device, const void *handle, size_t len,
 static void cuda_import_close(int device, uint64_t addr) {
   if (cuda_enter(device) != FERRY_OK)
     return;
-  CUresult r = cu.IpcCloseMemHandle((CUdeviceptr)addr);
+  cuda_vmm_import im;
+  int vmm = vmm_untrack(addr, &im);
+  CUresult r = CUDA_SUCCESS;
+  if (vmm)
+    vmm_unmap(&im, 1);
+  else
+    r = cu.IpcCloseMemHandle((CUdeviceptr)addr);
   cuda_leave();
   if (r != CUDA_SUCCESS) {
     char text[160];

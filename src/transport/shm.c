@@ -45,7 +45,8 @@
  *
  * Device memory. The table says where each region lives (shm.h: place);
  * a target's device allocation is imported once per link (EXPORT: its
- * CUDA IPC handle, memory/kind.h import_open) and kept under maps_lock
+ * CUDA IPC handle, or a VMM allocation's POSIX fd by SCM_RIGHTS, as
+ * buffers' memfds come; memory/kind.h import_open) and kept under maps_lock
  * like a buffer's mapping. Segments with device memory on either side are
  * copied by the device (copy_direct on the channel's copier: its own
  * stream), and the copies' events are waited for before the slot is
@@ -539,7 +540,7 @@ static void imports_prune(shm_link *l) {
 
 /* Opens the import (or, for a target in this very process, takes the
  * address as it is) and keeps it; caller holds maps_lock for writing. */
-static ferry_status import_add(shm_link *l, const shm_msg *reply) {
+static ferry_status import_add(shm_link *l, const shm_msg *reply, int fd) {
   if (import_find(l, reply->ino))
     return FERRY_OK; /* another channel was faster */
   imports_prune(l);
@@ -554,8 +555,8 @@ static ferry_status import_add(shm_link *l, const shm_msg *reply) {
   shm_import im = {reply->ino, reply->addr, reply->length, reply->place, reply->addr, 0};
   if (l->pid != getpid()) {
     const ferry_memory_kind *k = ferry_kind_get(SHM_PLACE_KIND(reply->place));
-    ferry_status st =
-        k->import_open(SHM_PLACE_DEVICE(reply->place), reply->handle, reply->handle_len, &im.local);
+    ferry_status st = k->import_open(SHM_PLACE_DEVICE(reply->place), reply->handle,
+                                     reply->handle_len, fd, &im.local);
     if (st)
       return ferry_fail(st, "peer %s: cannot import its device allocation 0x%llx: %s", l->address,
                         (unsigned long long)reply->addr, ferry_last_error());
@@ -563,6 +564,31 @@ static ferry_status import_add(shm_link *l, const shm_msg *reply) {
   }
   l->imports[l->import_count++] = im;
   return FERRY_OK;
+}
+
+/* Checks the service's EXPORTED reply (fd: what came with it, -1 if
+ * nothing) and imports the allocation. */
+static ferry_status link_import_reply(shm_link *l, const shm_table_entry *want, shm_msg *reply,
+                                      int fd) {
+  if (reply->status == FERRY_ENOTREG)
+    return FERRY_ENOTREG; /* unregistered meanwhile: the caller refreshes the table */
+  reply->name[sizeof reply->name - 1] = '\0';
+  if (reply->status)
+    return ferry_fail((ferry_status)reply->status,
+                      "peer %s: its device region 0x%llx (+%llu bytes) cannot be shared with "
+                      "this process: %s",
+                      l->address, (unsigned long long)want->addr, (unsigned long long)want->length,
+                      reply->name);
+  if (reply->ino != want->ino || reply->place != want->place ||
+      reply->handle_len > sizeof reply->handle || want->addr < reply->addr ||
+      want->addr - reply->addr > reply->length ||
+      want->length > reply->length - (want->addr - reply->addr))
+    return ferry_fail(FERRY_EPROTO, "peer %s: its export of region 0x%llx does not hold it",
+                      l->address, (unsigned long long)want->addr);
+  pthread_rwlock_wrlock(&l->maps_lock);
+  ferry_status st = import_add(l, reply, fd);
+  pthread_rwlock_unlock(&l->maps_lock);
+  return st;
 }
 
 /* Asks for the handle of the device allocation holding the region `want`
@@ -582,27 +608,17 @@ static ferry_status link_import(shm_link *l, const shm_table_entry *want) {
   req.ino = want->ino;
   req.addr = want->addr;
   req.length = want->length;
-  ferry_status st = link_call(l, &req, &reply, NULL, NULL);
+  int fds[SHM_MAX_FDS], nfds = 0;
+  ferry_status st = link_call(l, &req, &reply, fds, &nfds);
   if (st)
     return st;
-  if (reply.status == FERRY_ENOTREG)
-    return FERRY_ENOTREG; /* unregistered meanwhile: the caller refreshes the table */
-  reply.name[sizeof reply.name - 1] = '\0';
-  if (reply.status)
-    return ferry_fail((ferry_status)reply.status,
-                      "peer %s: its device region 0x%llx (+%llu bytes) cannot be shared with "
-                      "this process: %s",
-                      l->address, (unsigned long long)want->addr, (unsigned long long)want->length,
-                      reply.name);
-  if (reply.ino != want->ino || reply.place != want->place ||
-      reply.handle_len > sizeof reply.handle || want->addr < reply.addr ||
-      want->addr - reply.addr > reply.length ||
-      want->length > reply.length - (want->addr - reply.addr))
-    return ferry_fail(FERRY_EPROTO, "peer %s: its export of region 0x%llx does not hold it",
-                      l->address, (unsigned long long)want->addr);
-  pthread_rwlock_wrlock(&l->maps_lock);
-  st = import_add(l, &reply);
-  pthread_rwlock_unlock(&l->maps_lock);
+  /* A VMM allocation's POSIX fd comes with the reply; a CUDA IPC handle
+   * comes alone. The import, if any, holds its own reference. */
+  st = nfds <= 1 ? link_import_reply(l, want, &reply, nfds ? fds[0] : -1)
+                 : ferry_fail(FERRY_EPROTO, "peer %s: %d descriptors came with an export",
+                              l->address, nfds);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
   return st;
 }
 

@@ -152,7 +152,8 @@ typedef enum shm_msg_type {
   SHM_EXPORT = 8,   /* initiator: ino (an allocation id), addr/length: the device region
                        it wants */
   SHM_EXPORTED = 9, /* service: status (and name: why not), ino, place, addr/length: the
-                       allocation (the region's offset in it: its addr - addr), handle */
+                       allocation (the region's offset in it: its addr - addr), handle;
+                       fd = a VMM allocation's POSIX fd (none for a CUDA IPC handle) */
 } shm_msg_type;
 
 #define SHM_HANDLE_MAX 64 /* bytes of an exported allocation's handle */

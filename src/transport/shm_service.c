@@ -667,13 +667,14 @@ static int serve_export(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
   shm_msg_init(&m, SHM_EXPORTED);
   m.ino = req->ino;
   ferry_where w;
+  int fd = -1; /* a VMM allocation's POSIX fd: passed like the memfds */
   m.status = FERRY_ENOTREG;
   if (req->length && ferry_registry_where(s->engine->registry, req->addr, req->length, &w) &&
       !w.cpu_access && w.base && listed_device(s, w.base) == req->ino) {
     const ferry_memory_kind *k = ferry_kind_get(w.kind);
     size_t len = sizeof m.handle;
     ferry_status st = k->export_handle
-                          ? k->export_handle(&w, m.handle, &len)
+                          ? k->export_handle(&w, m.handle, &len, &fd)
                           : ferry_fail(FERRY_ENOTIMPL, "%s memory has no export", k->name);
     m.status = st;
     if (st) {
@@ -686,7 +687,10 @@ static int serve_export(ferry_shm_service *s, svc_conn *c, const shm_msg *req) {
       m.length = w.size;
     }
   }
-  return shm_msg_send(c->fd, &m, NULL, 0, MSG_DONTWAIT);
+  int rc = shm_msg_send(c->fd, &m, &fd, fd >= 0, MSG_DONTWAIT);
+  if (fd >= 0)
+    close(fd);
+  return rc;
 }
 
 /* One request; nonzero drops the connection. */

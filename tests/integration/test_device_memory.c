@@ -26,7 +26,9 @@
  *    with the target in a child process (device_target), through imports
  *    of its allocations: one open per allocation, regions at offsets in
  *    it, 1 B to 8 MiB, a re-registered allocation never written through
- *    the stale import, a VMM allocation refused naming why.
+ *    the stale import; a VMM allocation imported from its POSIX fd (both
+ *    ways, once, closed with the link, unregister a fence), and one the
+ *    driver will not export refused naming why.
  *
  * Both engines live in this process, on 127.0.0.1, but for the child's. */
 #include <inttypes.h>
@@ -589,7 +591,8 @@ static void shm_unregister_waits_for_device_copy(void **state) {
 #define R1_AT (4 * KiB)               /* its two regions inside it */
 #define R2_AT (9 * 1024 * KiB)
 #define R_LEN (8 * 1024 * KiB + 64)
-#define VMM_BYTES (64 * KiB)
+#define VMM_BYTES (8 * 1024 * KiB)
+#define NOEXPORT_BYTES (64 * KiB)
 
 static int child_register(ferry_engine *e, uint8_t *base) {
   return ferry_memory_register_at(e, base + R1_AT, R_LEN, "cuda:0") ||
@@ -640,8 +643,9 @@ static int child_command(ferry_engine *e, char *line, uint8_t **a, uint8_t *host
 }
 
 /* The child: an shm-only engine with a device allocation holding two
- * registered regions, a VMM allocation and a host buffer; says
- * "PORT ALLOC HOST VMM" and serves commands (a line each, answered "ok",
+ * registered regions, a VMM allocation (registered whole), one the driver
+ * will not export and a host buffer; says "PORT ALLOC HOST VMM NOEXPORT"
+ * and serves commands (a line each, answered "ok",
  * "bad" or, for rereg, the new allocation) until its stdin closes. */
 static int device_target(int argc, char **argv) {
   (void)argc, (void)argv;
@@ -653,15 +657,18 @@ static int device_target(int argc, char **argv) {
   cfg.transports = FERRY_TRANSPORT_SHM;
   cfg.timeout_ms = TEST_SETUP_MS;
   ferry_engine *e = NULL;
-  uint8_t *a = NULL, *vmm = NULL;
+  uint8_t *a = NULL, *vmm = NULL, *noexport = NULL;
   void *host = NULL;
   if (ferry_engine_create(&cfg, &e) || cuda_double_try_alloc(&a, CHILD_ALLOC, CUDA_DOUBLE_PLAIN) ||
-      cuda_double_try_alloc(&vmm, VMM_BYTES, CUDA_DOUBLE_VMM) || child_register(e, a) ||
-      ferry_memory_register_at(e, vmm, VMM_BYTES, "cuda:0") ||
+      cuda_double_try_alloc(&vmm, VMM_BYTES, CUDA_DOUBLE_VMM) ||
+      cuda_double_try_alloc(&noexport, NOEXPORT_BYTES, CUDA_DOUBLE_VMM_NOEXPORT) ||
+      child_register(e, a) || ferry_memory_register_at(e, vmm, VMM_BYTES, "cuda:0") ||
+      ferry_memory_register_at(e, noexport, NOEXPORT_BYTES, "cuda:0") ||
       ferry_memory_alloc(e, HOST_BYTES, &host))
     return 3;
-  printf("%u %llx %llx %llx\n", ferry_engine_port(e), (unsigned long long)(uintptr_t)a,
-         (unsigned long long)(uintptr_t)host, (unsigned long long)(uintptr_t)vmm);
+  printf("%u %llx %llx %llx %llx\n", ferry_engine_port(e), (unsigned long long)(uintptr_t)a,
+         (unsigned long long)(uintptr_t)host, (unsigned long long)(uintptr_t)vmm,
+         (unsigned long long)(uintptr_t)noexport);
   char line[256];
   while (fgets(line, sizeof line, stdin)) {
     int rc = child_command(e, line, &a, host);
@@ -676,7 +683,7 @@ typedef struct child_target {
   pid_t pid;
   int to, from;
   char name[64];
-  uint64_t alloc, host, vmm;
+  uint64_t alloc, host, vmm, noexport;
   ferry_engine *initiator;
   uint8_t *local;    /* device memory here, DEVICE_BYTES * 5 */
   uint8_t *out, *in; /* host memory here */
@@ -692,7 +699,8 @@ static void child_start(child_target *c) {
   char line[256];
   unsigned port = 0;
   if (test_read_line(c->from, line, sizeof line, TEST_SETUP_MS) != 0 ||
-      sscanf(line, "%u %" SCNx64 " %" SCNx64 " %" SCNx64, &port, &c->alloc, &c->host, &c->vmm) != 4)
+      sscanf(line, "%u %" SCNx64 " %" SCNx64 " %" SCNx64 " %" SCNx64, &port, &c->alloc, &c->host,
+             &c->vmm, &c->noexport) != 5)
     fail_msg("the child target did not start");
   snprintf(c->name, sizeof c->name, "127.0.0.1:%u", port);
   c->initiator = engine_with(FERRY_TRANSPORT_SHM, FERRY_STAGING_AUTO, NULL);
@@ -817,10 +825,11 @@ static void shm_import_after_reregister(void **state) {
   child_stop(&c);
 }
 
-/* A WRITE through the import held in flight (its source's second half
+/* A WRITE through the import of the child's region (a plain allocation's,
+ * or its VMM allocation's) held in flight (its source's second half
  * stalls the device copy): the child's unregister of the region does not
  * return (no answer) until the copy ended; then it does. */
-static void shm_import_unregister_waits(void **state) {
+static void import_unregister_waits(int vmm) {
   cuda_double_need();
   page_stall src;
   if (page_stall_create(&src, 2 * 1024 * KiB, 1024 * KiB, 0x5a) != 0) {
@@ -830,7 +839,7 @@ static void shm_import_unregister_waits(void **state) {
   child_target c;
   child_start(&c);
   assert_int_equal(ferry_memory_register(c.initiator, src.base, src.size), FERRY_OK);
-  uint64_t region = c.alloc + R1_AT;
+  uint64_t region = vmm ? c.vmm : c.alloc + R1_AT;
   ferry_entry entry = {FERRY_OP_WRITE, src.base, region, src.size};
   ferry_batch *b;
   assert_int_equal(ferry_batch_submit(c.initiator, c.name, &entry, 1, NULL, &b), FERRY_OK);
@@ -854,14 +863,41 @@ static void shm_import_unregister_waits(void **state) {
   page_stall_destroy(&src);
 }
 
-/* A VMM allocation has no IPC handle: refused, saying so. */
+static void shm_import_unregister_waits(void **state) { import_unregister_waits(0); }
+
+static void shm_import_vmm_unregister_waits(void **state) { import_unregister_waits(1); }
+
+/* A VMM allocation travels as a POSIX fd: device to device and host here
+ * to it, both ways, 1 B to 4 MiB at offsets; one import for it all (an
+ * imported handle and its mapping), closed with the link. */
+static void shm_import_vmm_both_ways(void **state) {
+  child_target c;
+  child_start(&c);
+  unsigned opens = cuda_double_vmm_opens(), ipc = cuda_double_ipc_opens();
+  const size_t sizes[] = {1, 4097, 1024 * KiB + 3, 4 * 1024 * KiB - 64};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    uint64_t r1 = c.vmm + 13 + i, r2 = c.vmm + 4 * 1024 * KiB + 5 * i;
+    child_both_ways(&c, c.local + 7 * i, 1, r1, r2, sizes[i], 400 + i);
+    child_both_ways(&c, c.out + i, 0, r2, r1, sizes[i], 500 + i);
+  }
+  assert_int_equal(cuda_double_vmm_opens() - opens, 1); /* one allocation: one import */
+  assert_int_equal(cuda_double_vmm_imports(), 2);       /* its handle and its mapping */
+  assert_int_equal(cuda_double_ipc_opens() - ipc, 0);   /* no IPC handle for it */
+  cuda_double_no_context();
+  child_stop(&c);
+  assert_int_equal(cuda_double_vmm_imports(), 0); /* unmapped and released with the link */
+}
+
+/* A VMM allocation the driver will not export as a POSIX fd: refused,
+ * with the driver's answer; the link goes on. */
 static void shm_import_vmm_refused(void **state) {
   child_target c;
   child_start(&c);
   assert_int_equal(
-      ferry_transfer_sync(c.initiator, c.name, FERRY_OP_WRITE, c.local, c.vmm + 64, 4096),
+      ferry_transfer_sync(c.initiator, c.name, FERRY_OP_WRITE, c.local, c.noexport + 64, 4096),
       FERRY_ENOTIMPL);
   assert_detail_has("is a CUDA VMM allocation");
+  assert_detail_has("CUDA_ERROR_NOT_SUPPORTED");
   child_both_ways(&c, c.local, 1, c.alloc + R1_AT, c.alloc + R2_AT, 4096, 3); /* the link works */
   child_stop(&c);
 }
@@ -886,6 +922,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(shm_import_both_ways),
       cmocka_unit_test(shm_import_after_reregister),
       cmocka_unit_test(shm_import_unregister_waits),
+      cmocka_unit_test(shm_import_vmm_both_ways),
+      cmocka_unit_test(shm_import_vmm_unregister_waits),
       cmocka_unit_test(shm_import_vmm_refused),
       cmocka_unit_test(shm_remote_device),
       cmocka_unit_test(fabric_tcp_stages_device),

@@ -42,6 +42,10 @@ static struct {
   int (*MemAllocAt)(devptr *, size_t);
   unsigned (*IpcOpens)(void);
   unsigned (*IpcImports)(void);
+  int (*MemAllocVmmNoExport)(devptr *, size_t);
+  unsigned (*VmmOpens)(void);
+  unsigned (*VmmImports)(void);
+  unsigned (*VmmMaps)(void);
   void *ctx;
 } cu;
 
@@ -80,6 +84,10 @@ static int load(void) {
       {&cu.MemAllocAt, "fakeMemAllocAt"},
       {&cu.IpcOpens, "fakeIpcOpens"},
       {&cu.IpcImports, "fakeIpcImports"},
+      {&cu.MemAllocVmmNoExport, "fakeMemAllocVmmNoExport"},
+      {&cu.VmmOpens, "fakeVmmOpens"},
+      {&cu.VmmImports, "fakeVmmImports"},
+      {&cu.VmmMaps, "fakeVmmMaps"},
   };
   for (size_t i = 0; i < sizeof names / sizeof *names; i++)
     if (!(*(void **)names[i].field = dlsym(lib, names[i].name)))
@@ -129,10 +137,11 @@ static void check(int rc, const char *what) {
 int cuda_double_try_alloc(uint8_t **device, size_t size, cuda_double_kind kind) {
   devptr p = kind == CUDA_DOUBLE_AT ? (devptr)(uintptr_t)*device : 0;
   int rc = enter();
-  rc = leave(rc                        ? rc
-             : kind == CUDA_DOUBLE_VMM ? cu.MemAllocVmm(&p, size)
-             : kind == CUDA_DOUBLE_AT  ? cu.MemAllocAt(&p, size)
-                                       : cu.MemAlloc(&p, size));
+  rc = leave(rc                                 ? rc
+             : kind == CUDA_DOUBLE_VMM          ? cu.MemAllocVmm(&p, size)
+             : kind == CUDA_DOUBLE_VMM_NOEXPORT ? cu.MemAllocVmmNoExport(&p, size)
+             : kind == CUDA_DOUBLE_AT           ? cu.MemAllocAt(&p, size)
+                                                : cu.MemAlloc(&p, size));
   *device = (uint8_t *)(uintptr_t)p;
   return rc;
 }
@@ -224,3 +233,7 @@ void cuda_double_no_context(void) {
 unsigned cuda_double_ipc_opens(void) { return cu.IpcOpens(); }
 
 unsigned cuda_double_ipc_imports(void) { return cu.IpcImports(); }
+
+unsigned cuda_double_vmm_opens(void) { return cu.VmmOpens(); }
+
+unsigned cuda_double_vmm_imports(void) { return cu.VmmImports() + cu.VmmMaps(); }

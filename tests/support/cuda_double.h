@@ -20,8 +20,14 @@ int cuda_double_load(void);
 void cuda_double_need(void);
 
 /* How try_alloc allocates: cuMemAlloc; fakeMemAllocVmm (memory standing
- * for a VMM allocation); fakeMemAllocAt (at *device, as freed before). */
-typedef enum { CUDA_DOUBLE_PLAIN, CUDA_DOUBLE_VMM, CUDA_DOUBLE_AT } cuda_double_kind;
+ * for a VMM allocation, exportable as a POSIX fd); fakeMemAllocVmmNoExport
+ * (one that is not); fakeMemAllocAt (at *device, as freed before). */
+typedef enum {
+  CUDA_DOUBLE_PLAIN,
+  CUDA_DOUBLE_VMM,
+  CUDA_DOUBLE_VMM_NOEXPORT,
+  CUDA_DOUBLE_AT
+} cuda_double_kind;
 /* Without cmocka: 0 or the CUDA error. */
 int cuda_double_try_alloc(uint8_t **device, size_t size, cuda_double_kind kind);
 int cuda_double_try_free(uint8_t *device);
@@ -53,5 +59,10 @@ void cuda_double_no_context(void);
  * are still open (fake_cuda.c). */
 unsigned cuda_double_ipc_opens(void);
 unsigned cuda_double_ipc_imports(void);
+/* fakeVmmOpens: imported VMM handles opened so far; imports: imported
+ * handles not released plus mappings of them not unmapped (0: all
+ * closed). */
+unsigned cuda_double_vmm_opens(void);
+unsigned cuda_double_vmm_imports(void);
 
 #endif

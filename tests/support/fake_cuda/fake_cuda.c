@@ -29,7 +29,17 @@
  * handle whose allocation is gone (the inode differs). Tests count the
  * opens (fakeIpcOpens) and the imports still open (fakeIpcImports).
  * fakeMemAllocVmm makes device memory that stands for a VMM allocation
- * (cuMemRetainAllocationHandle succeeds on it, cuIpcGetMemHandle not).
+ * (cuMemRetainAllocationHandle succeeds on it, cuIpcGetMemHandle not):
+ * cuMemExportToShareableHandle gives a POSIX fd for it (a duplicate of its
+ * memfd), which another process imports (cuMemImportFromShareableHandle:
+ * a handle holding its own duplicate), maps into an address range it
+ * reserved (cuMemAddressReserve, cuMemMap: PROT_NONE for the caller and a
+ * private read-write view, as IPC imports) and must make accessible
+ * (cuMemSetAccess) before any copy touches it. fakeMemAllocVmmNoExport
+ * stands for a VMM allocation made without a POSIX-fd handle type: its
+ * export is CUDA_ERROR_NOT_SUPPORTED. Tests count the imported handles
+ * opened (fakeVmmOpens), those not released yet (fakeVmmImports) and the
+ * mappings of them still there (fakeVmmMaps).
  *
  * Streams keep their order as a GPU's do: the thread that waits runs the
  * queue in order, one runner per stream at a time, through what else is
@@ -129,8 +139,11 @@ typedef struct fake_allocation {
   size_t size;
   int device;   /* 1: device memory; 0: pinned host memory */
   int fd;       /* device memory: its memfd, named by its IPC handle */
-  int imported; /* opened from another process's IPC handle */
-  int vmm;      /* stands for a VMM allocation */
+  int imported; /* 1: opened from another process's IPC handle; 2: an
+                   imported VMM handle mapped by cuMemMap */
+  int vmm;      /* stands for a VMM allocation: 1 exportable as a POSIX fd,
+                   2 not (fakeMemAllocVmmNoExport) */
+  int access;   /* imported VMM mapping: cuMemSetAccess made it read-write */
   int mapped;   /* pinned with CU_MEMHOSTALLOC_DEVICEMAP */
   int held;     /* fake_cuda_hold: copies into it wait */
 } fake_allocation;
@@ -143,7 +156,8 @@ typedef struct fake_ipc {
 } fake_ipc;
 #define FAKE_IPC_MAGIC 0x4650494b45435544ull
 
-static unsigned ipc_opens, ipc_imports; /* under lock */
+static unsigned ipc_opens, ipc_imports;           /* under lock */
+static unsigned vmm_opens, vmm_imports, vmm_maps; /* under lock */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t progress = PTHREAD_COND_INITIALIZER; /* runners, holds */
@@ -320,6 +334,12 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   need_init("cuMemRelease");
   if (!handle)
     misuse("cuMemRelease", "no handle");
+  if (handle & 1) { /* an imported one: its own duplicate of the memfd */
+    close((int)(handle >> 1));
+    pthread_mutex_lock(&lock);
+    vmm_imports--;
+    pthread_mutex_unlock(&lock);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -387,6 +407,12 @@ CUresult fakeMemAllocAt(CUdeviceptr *at, size_t bytes) {
 CUresult fakeMemAllocVmm(CUdeviceptr *out, size_t bytes) {
   *out = 0;
   return device_alloc("fakeMemAllocVmm", out, bytes, 1);
+}
+
+/* For tests: a VMM allocation made without a POSIX-fd handle type. */
+CUresult fakeMemAllocVmmNoExport(CUdeviceptr *out, size_t bytes) {
+  *out = 0;
+  return device_alloc("fakeMemAllocVmmNoExport", out, bytes, 2);
 }
 
 /* Reopens the exporter's memfd, checking it is still that allocation. */
@@ -465,6 +491,159 @@ static CUresult release(const char *call, const void *p, int device) {
   return release_any(call, p, device, 0);
 }
 
+/* ---- VMM sharing (POSIX fd) ------------------------------------------------------------ */
+/* A handle of cuMemRetainAllocationHandle is the allocation's address
+ * (even); one of cuMemImportFromShareableHandle is (fd << 1) | 1, fd its
+ * own duplicate of the exporter's memfd, closed by cuMemRelease. */
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
+typedef struct {
+  struct {
+    int type, id;
+  } location;
+  int flags;
+} fake_access_desc;
+
+static int imported_fd(const char *call, CUmemGenericAllocationHandle handle) {
+  if (!(handle & 1))
+    misuse(call, "not a handle from cuMemImportFromShareableHandle");
+  return (int)(handle >> 1);
+}
+
+CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle,
+                                      int type, unsigned long long flags) {
+  need_init("cuMemExportToShareableHandle");
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || flags || (handle & 1))
+    misuse("cuMemExportToShareableHandle", "only a retained handle, as a POSIX fd, no flags");
+  pthread_mutex_lock(&lock);
+  fake_allocation *a = holding((const void *)(uintptr_t)handle, 1, 1);
+  int vmm = a && a->addr == (uint8_t *)(uintptr_t)handle ? a->vmm : 0;
+  int fd = vmm == 1 ? fcntl(a->fd, F_DUPFD_CLOEXEC, 0) : -1;
+  pthread_mutex_unlock(&lock);
+  if (!vmm)
+    misuse("cuMemExportToShareableHandle", "not a VMM allocation's handle");
+  if (vmm == 2)
+    return CUDA_ERROR_NOT_SUPPORTED; /* made without a POSIX-fd handle type */
+  if (fd < 0)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *(int *)shareable = fd;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle,
+                                        int type) {
+  need_init("cuMemImportFromShareableHandle");
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    misuse("cuMemImportFromShareableHandle", "only POSIX fds");
+  int fd = fcntl((int)(intptr_t)os_handle, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&lock);
+  vmm_opens++;
+  vmm_imports++;
+  pthread_mutex_unlock(&lock);
+  *handle = ((CUmemGenericAllocationHandle)fd << 1) | 1;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+  need_init("cuMemAddressReserve");
+  if (alignment || addr || flags || !size)
+    misuse("cuMemAddressReserve", "only a size");
+  void *at = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (at == MAP_FAILED)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *ptr = (CUdeviceptr)(uintptr_t)at;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  need_init("cuMemAddressFree");
+  pthread_mutex_lock(&lock);
+  int mapped = holding((const void *)(uintptr_t)ptr, 1, 1) != NULL;
+  pthread_mutex_unlock(&lock);
+  if (mapped)
+    misuse("cuMemAddressFree", "the range is still mapped");
+  munmap((void *)(uintptr_t)ptr, size);
+  return CUDA_SUCCESS;
+}
+
+/* Maps the whole imported allocation over the reserved range. */
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+  need_context("cuMemMap");
+  struct stat st;
+  int fd = imported_fd("cuMemMap", handle);
+  if (offset || flags || fstat(fd, &st) != 0 || (uint64_t)st.st_size != size)
+    misuse("cuMemMap", "the whole allocation, no offset or flags");
+  int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (mine < 0)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  munmap((void *)(uintptr_t)ptr, size); /* the reservation; device_map maps there */
+  CUdeviceptr at = ptr;
+  CUresult r = device_map(mine, size, 2, 0, &at);
+  pthread_mutex_lock(&lock);
+  vmm_maps += r == CUDA_SUCCESS;
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const fake_access_desc *desc, size_t count) {
+  need_init("cuMemSetAccess");
+  if (count != 1 || desc->location.type != 1 || desc->location.id != 0 || desc->flags != 3)
+    misuse("cuMemSetAccess", "one read-write grant for device 0");
+  pthread_mutex_lock(&lock);
+  fake_allocation *a = holding((const void *)(uintptr_t)ptr, size, 1);
+  int ok = a && a->imported == 2 && a->addr == (uint8_t *)(uintptr_t)ptr && a->size == size;
+  if (ok)
+    a->access = 1;
+  pthread_mutex_unlock(&lock);
+  if (!ok)
+    misuse("cuMemSetAccess", "not a whole mapping of cuMemMap");
+  return CUDA_SUCCESS;
+}
+
+/* Unmaps and keeps the range reserved, as the driver does. */
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  need_init("cuMemUnmap");
+  pthread_mutex_lock(&lock);
+  fake_allocation *a = holding((const void *)(uintptr_t)ptr, 1, 1);
+  int ok = a && a->imported == 2 && a->size == size;
+  vmm_maps -= ok;
+  pthread_mutex_unlock(&lock);
+  if (!ok)
+    misuse("cuMemUnmap", "not a whole mapping of cuMemMap");
+  release_any("cuMemUnmap", (const void *)(uintptr_t)ptr, 1, 2);
+  void *at = mmap((void *)(uintptr_t)ptr, size, PROT_NONE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+  if (at != (void *)(uintptr_t)ptr)
+    misuse("cuMemUnmap", "the reservation was taken meanwhile");
+  return CUDA_SUCCESS;
+}
+
+/* For tests: imported VMM handles opened so far, those not released, and
+ * the mappings of them still there. */
+unsigned fakeVmmOpens(void) {
+  pthread_mutex_lock(&lock);
+  unsigned n = vmm_opens;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+unsigned fakeVmmImports(void) {
+  pthread_mutex_lock(&lock);
+  unsigned n = vmm_imports;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+unsigned fakeVmmMaps(void) {
+  pthread_mutex_lock(&lock);
+  unsigned n = vmm_maps;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
 CUresult cuMemFree_v2(CUdeviceptr ptr) {
   need_context("cuMemFree_v2");
   return release("cuMemFree_v2", (const void *)(uintptr_t)ptr, 1);
@@ -500,9 +679,12 @@ static uint8_t *device_view(const char *call, CUdeviceptr ptr, size_t bytes) {
   pthread_mutex_lock(&lock);
   fake_allocation *a = holding((const void *)(uintptr_t)ptr, bytes, 1);
   uint8_t *view = a ? a->private + ((uint8_t *)(uintptr_t)ptr - a->addr) : NULL;
+  int denied = a && a->imported == 2 && !a->access;
   pthread_mutex_unlock(&lock);
   if (!view)
     misuse(call, "the device range is not inside one cuMemAlloc allocation");
+  if (denied)
+    misuse(call, "an imported VMM mapping that cuMemSetAccess did not make accessible");
   return view;
 }
 
