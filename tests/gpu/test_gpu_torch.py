@@ -287,6 +287,32 @@ def case_tensor_objects(target, report):
     eng.close()
 
 
+def case_gpu_pool(target, report):
+    """A handoff into a GPU pool (issue 30 §2): an encoder's embedding,
+    sent from a CUDA tensor, lands in a prefill's receive pool that lives
+    in a CUDA tensor; the message gives its device address."""
+    import ferry
+    import torch
+    enc = ferry.Engine(host="127.0.0.1", transports="tcp")
+    pre = ferry.Engine(host="127.0.0.1", transports="tcp")
+    pool_memory = torch.zeros(16 * MIB, dtype=torch.uint8, device="cuda:0")
+    pool = pre.create_pool("prefill", pool_memory)
+    n = 3 * MIB + 7
+    emb = pattern(n, 51)
+    enc.register(emb)
+    enc.send(pre.name, "prefill", b"req-1", emb)
+    with pre.recv(pool, b"req-1", timeout=60) as m:
+        at = m.addr - pool_memory.data_ptr()
+        inside = 0 <= at and at + len(m) <= pool_memory.numel()
+        landed = inside and len(m) == n and torch.equal(pool_memory[at:at + n], emb)
+    report(landed, "an embedding sent from cuda:0 landed in a receive pool in cuda:0 memory, "
+           "%d B at pool offset %d" % (n, at))
+    pool.close()
+    enc.unregister(emb.data_ptr())
+    enc.close()
+    pre.close()
+
+
 def main():
     if "--target" in sys.argv:
         return target_main()
@@ -304,7 +330,7 @@ def main():
     target = Target()
     try:
         for case in (case_offset_in_block, case_host_device, case_sglang_encoder,
-                     case_mooncake_on_cuda, case_tensor_objects):
+                     case_mooncake_on_cuda, case_tensor_objects, case_gpu_pool):
             try:
                 case(target, report)
             except Exception as e:  # one case's error is its failure, the others still run
