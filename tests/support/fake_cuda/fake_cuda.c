@@ -946,6 +946,20 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes) {
   return CUDA_SUCCESS;
 }
 
+/* For tests: a device-to-device copy (the bench's one-process baseline),
+ * done at once; cuCtxSynchronize then has nothing to wait for. */
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+  need_context("cuMemcpyDtoD_v2");
+  memmove(device_view("cuMemcpyDtoD_v2", dst, bytes), device_view("cuMemcpyDtoD_v2", src, bytes),
+          bytes);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize(void) {
+  need_context("cuCtxSynchronize");
+  return CUDA_SUCCESS;
+}
+
 /* For tests: a 1 GiB device with all of it free (its memory is memfds,
  * whose pages exist only once touched). */
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
