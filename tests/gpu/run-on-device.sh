@@ -174,7 +174,7 @@ if [ -n "$BIN" ]; then
   # The same over shm (CUDA IPC between the two processes), sizes to 64 MiB.
   step gpu_transfer_shm 90 env FERRY_GPU_TEST_TRANSPORT=shm FERRY_GPU_TEST_MAX_BYTES=67108864 \
     "${RUN[@]}" "$BIN/gpu_transfer"
-  step gpu_bench_shm 60 env FERRY_GPU_TEST_TRANSPORT=shm "${RUN[@]}" "$BIN/gpu_transfer" --bench
+  step gpu_bench_shm 75 env FERRY_GPU_TEST_TRANSPORT=shm "${RUN[@]}" "$BIN/gpu_transfer" --bench
 fi
 
 say "done in $((470 - $(left))) s; $([ $FAILED = 0 ] && echo 'no step failed' || echo 'a step FAILED')"
