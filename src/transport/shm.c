@@ -480,16 +480,24 @@ static ferry_status maps_add(shm_link *l, const shm_map *m) {
   return st;
 }
 
-/* Asks for the memfd of the buffer with this inode, which holds the
- * registered region `want`, and maps it. */
-static ferry_status link_map(shm_link *l, const shm_table_entry *want) {
-  shm_msg req, reply;
-  shm_msg_init(&req, SHM_MAP);
+/* One request about the target's region `want` (MAP, EXPORT) and its
+ * reply, with the descriptors that came with it. */
+static ferry_status link_ask(shm_link *l, shm_msg_type type, const shm_table_entry *want,
+                             shm_msg *reply, int *fds, int *nfds) {
+  shm_msg req;
+  shm_msg_init(&req, type);
   req.ino = want->ino;
   req.addr = want->addr;
   req.length = want->length;
+  return link_call(l, &req, reply, fds, nfds);
+}
+
+/* Asks for the memfd of the buffer with this inode, which holds the
+ * registered region `want`, and maps it. */
+static ferry_status link_map(shm_link *l, const shm_table_entry *want) {
+  shm_msg reply;
   int fds[SHM_MAX_FDS], nfds = 0;
-  ferry_status st = link_call(l, &req, &reply, fds, &nfds);
+  ferry_status st = link_ask(l, SHM_MAP, want, &reply, fds, &nfds);
   if (st)
     return st;
   if (reply.status || nfds != 1) {
@@ -603,13 +611,9 @@ static ferry_status link_import(shm_link *l, const shm_table_entry *want) {
                       l->address, (unsigned long long)want->addr, (unsigned long long)want->length,
                       k->name, SHM_PLACE_DEVICE(want->place),
                       k->id == FERRY_KIND_HOST ? "an unknown memory kind" : why);
-  shm_msg req, reply;
-  shm_msg_init(&req, SHM_EXPORT);
-  req.ino = want->ino;
-  req.addr = want->addr;
-  req.length = want->length;
+  shm_msg reply;
   int fds[SHM_MAX_FDS], nfds = 0;
-  ferry_status st = link_call(l, &req, &reply, fds, &nfds);
+  ferry_status st = link_ask(l, SHM_EXPORT, want, &reply, fds, &nfds);
   if (st)
     return st;
   /* A VMM allocation's POSIX fd comes with the reply; a CUDA IPC handle
