@@ -10,8 +10,9 @@
  * copies with memcpy, or with non-temporal AVX2 stores for large copies.
  * Other registered memory (malloc, numpy) is reached with process_vm_writev
  * and process_vm_readv on the target's pid (as seen through SO_PEERCRED, so
- * pid namespaces cannot mislead it). The peer's channels share one link;
- * each channel owns one slot. A large batch is cut into several chunks, so
+ * pid namespaces cannot mislead it). The peer's channels share one link,
+ * even those opened at once ("the links of this process"); each channel
+ * owns one slot. A large batch is cut into several chunks, so
  * the workers' channels copy its parts in parallel.
  *
  * Choice. usable() says yes only for a peer with our boot id whose service
@@ -164,6 +165,9 @@ typedef struct shm_link {
   pthread_mutex_t wait_lock; /* one thread at a time asleep on cefd (it reads the wake) */
   uint64_t posted, taken;    /* notices posted, credits taken (ours, not the page's; atomic) */
   uint64_t serial;           /* this engine's links, counted: the high half of credit epochs */
+
+  const ferry_peer *owner; /* links_lock: the peer it was made for */
+  struct shm_link *next;   /* links_lock: in links */
 } shm_link;
 
 typedef struct shm_channel {
@@ -1170,31 +1174,87 @@ static int link_join(shm_link *l, unsigned *slot) {
   return joined;
 }
 
-/* Drops a reference (and the slot, unless SHM_SLOTS: none). */
+/* ---- the links of this process ---------------------------------------------------------- */
+
+/* Channels to one peer share a link, so each of the target's buffers is
+ * mapped once here and each page faults in once, not once per link. A
+ * batch's workers open channels in parallel, and a channel enters its
+ * peer's list only after channel_open returns, so links are listed here
+ * from the moment they are made until destroyed: of two made in a race for
+ * one peer, the second is dropped for the first. Lock order: a peer's lock,
+ * then links_lock, then a link's lock. */
+static pthread_mutex_t links_lock = PTHREAD_MUTEX_INITIALIZER;
+static shm_link *links;
+
+/* A listed live link of peer p to incarnation engine_id with a free slot,
+ * joined. Caller holds links_lock, so no listed link is destroyed meanwhile. */
+static shm_link *links_join(const ferry_peer *p, uint64_t engine_id, unsigned *slot) {
+  for (shm_link *l = links; l; l = l->next)
+    if (l->owner == p && l->engine_id == engine_id && link_alive(l) && link_join(l, slot))
+      return l;
+  return NULL;
+}
+
+static void links_unlist(shm_link *l) {
+  for (shm_link **at = &links; *at; at = &(*at)->next)
+    if (*at == l) {
+      *at = l->next;
+      return;
+    }
+}
+
+/* Drops a reference (and the slot, unless SHM_SLOTS: none). The last one
+ * is dropped under links_lock, so links_join never joins a link that is
+ * being destroyed. */
 static void link_leave(shm_link *l, unsigned slot) {
   pthread_mutex_lock(&l->lock);
   if (slot < SHM_SLOTS)
     l->slot_used[slot] = 0;
+  int others = l->refs > 1;
+  if (others)
+    l->refs--;
+  pthread_mutex_unlock(&l->lock);
+  if (others)
+    return;
+  pthread_mutex_lock(&links_lock);
+  pthread_mutex_lock(&l->lock);
   int last = --l->refs == 0;
   pthread_mutex_unlock(&l->lock);
+  if (last)
+    links_unlist(l);
+  pthread_mutex_unlock(&links_lock);
   if (last)
     link_destroy(l);
 }
 
-/* A live link of another channel of this peer, to the same incarnation,
- * with a free slot. */
-static shm_link *link_find(ferry_peer *p, unsigned *slot) {
-  shm_link *found = NULL;
+/* The peer's listed link to its current incarnation, joined, else a new
+ * one (listed and joined) unless another channel listed one meanwhile. */
+static ferry_status link_for(ferry_peer *p, uint64_t deadline_ns, shm_link **out, unsigned *slot) {
   pthread_mutex_lock(&p->lock);
-  for (ferry_channel *c = p->all; c && !found; c = c->next_all) {
-    if (c->transport != &ferry_transport_shm)
-      continue;
-    shm_link *l = ((shm_channel *)c)->link;
-    if (l->engine_id == p->info.engine_id && link_alive(l) && link_join(l, slot))
-      found = l;
-  }
+  uint64_t engine_id = p->info.engine_id;
   pthread_mutex_unlock(&p->lock);
-  return found;
+  pthread_mutex_lock(&links_lock);
+  *out = links_join(p, engine_id, slot);
+  pthread_mutex_unlock(&links_lock);
+  if (*out)
+    return FERRY_OK;
+  shm_link *made;
+  ferry_status st = link_create(p, deadline_ns, &made);
+  if (st)
+    return st;
+  pthread_mutex_lock(&links_lock);
+  *out = links_join(p, made->engine_id, slot);
+  if (!*out) {
+    made->owner = p;
+    made->next = links;
+    links = made;
+    link_join(made, slot);
+    *out = made;
+  }
+  pthread_mutex_unlock(&links_lock);
+  if (*out != made)
+    link_destroy(made); /* never listed nor joined: only this thread knows it */
+  return FERRY_OK;
 }
 
 /* ---- posting ------------------------------------------------------------------------------ */
@@ -1358,14 +1418,10 @@ static ferry_status chan_open(ferry_peer *p, uint64_t deadline_ns, ferry_channel
   shm_channel *ch = calloc(1, sizeof *ch);
   if (!ch)
     return ferry_fail(FERRY_ENOMEM, "no memory for a shm channel to %s", p->address);
-  ch->link = link_find(p, &ch->slot);
-  if (!ch->link) {
-    ferry_status st = link_create(p, deadline_ns, &ch->link);
-    if (st) {
-      free(ch);
-      return st;
-    }
-    link_join(ch->link, &ch->slot);
+  ferry_status st = link_for(p, deadline_ns, &ch->link, &ch->slot);
+  if (st) {
+    free(ch);
+    return st;
   }
   ch->base.transport = &ferry_transport_shm;
   ch->base.peer = p;

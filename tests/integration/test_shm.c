@@ -470,6 +470,48 @@ static void scattered_batch(void **state) {
   pair_close(&p);
 }
 
+/* Lines of /proc/self/maps mapping the file that holds addr (its inode). */
+static int mappings_of_file_at(const void *addr) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  assert_non_null(f);
+  char line[512];
+  unsigned long long lo, hi, ino, want = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "%llx-%llx %*s %*s %*s %llu", &lo, &hi, &ino) == 3 && (uintptr_t)addr >= lo &&
+        (uintptr_t)addr < hi)
+      want = ino;
+  assert_true(want != 0);
+  rewind(f);
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    n += sscanf(line, "%llx-%llx %*s %*s %*s %llu", &lo, &hi, &ino) == 3 && ino == want;
+  fclose(f);
+  return n;
+}
+
+/* A first batch cut into chunks opens channels on several workers at once;
+ * they must share one link, so the target's buffer is mapped here once
+ * (each mapping faults every page in again: two links made a store's puts
+ * three times slower). Fresh pairs, as the race is at first contact. */
+static void parallel_channels_share_one_mapping(void **state) {
+  (void)state;
+  enum { TRIALS = 8, N = 64, PIECE = 256 * 1024 };
+  for (int trial = 0; trial < TRIALS; trial++) {
+    local_pair p;
+    pair_open(&p, (size_t)N * PIECE, 1);
+    test_fill_random(p.local, p.size, 60 + (uint64_t)trial);
+    ferry_entry entries[N];
+    for (size_t i = 0; i < N; i++)
+      entries[i] = (ferry_entry){FERRY_OP_WRITE, p.local + i * PIECE,
+                                 (uint64_t)(uintptr_t)p.remote + i * PIECE, PIECE};
+    assert_int_equal(ferry_transfer_sync_batch(p.initiator, p.name, entries, N, NULL), FERRY_OK);
+    assert_memory_equal(p.local, p.remote, p.size);
+    /* the target's own mapping and the initiator's one */
+    assert_int_equal(mappings_of_file_at(p.remote), 2);
+    pair_close(&p);
+  }
+}
+
 int main(int argc, char **argv) {
   const test_child_role roles[] = {{"nobody-initiator", nobody_initiator}};
   test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
@@ -487,6 +529,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(in_flight_cma),
       cmocka_unit_test(notification_after_data),
       cmocka_unit_test(scattered_batch),
+      cmocka_unit_test(parallel_channels_share_one_mapping),
       cmocka_unit_test(random_sizes_ferry_allocated),
       cmocka_unit_test(random_sizes_user_allocated),
   };
