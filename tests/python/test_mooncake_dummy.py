@@ -2,8 +2,9 @@
 "Dummy clients"): a `ferry store-master`, a real client (`python -m
 mooncake.mooncake_client`) and dummies (`setup_dummy`) in this process and in
 others, all on loopback: every byte a dummy moves checked; two dummies on
-one real client; a dummy killed mid-put; the real client killed or stopped
-under a dummy; a wrong secret; bad arguments. And the master's embedded
+one real client; a dummy killed mid-put; a peer stalled mid-frame; the real
+client killed or stopped under a dummy, and restarted (the dummy reconnects
+and shares its buffers again); a wrong secret; bad arguments. And the master's embedded
 http metadata store (--enable_http_metadata_server)."""
 
 import ctypes
