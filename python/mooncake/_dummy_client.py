@@ -231,8 +231,9 @@ class DummyConnection:
         try:
             self._request("register", fd=s.fd, addr=s.addr, size=s.size)
         except ferry.Error as e:
-            if self.sock is None:
-                raise
+            if self.sock is None:  # lost again
+                raise ferry.Error(ferry.ESOCKET, "register", "%s: sharing region %#x again: %s"
+                                  % (_real(self.address), s.addr, self.lost)) from None
             s.registered = False
             logger.warning("%s refused region %#x (+%d bytes) on reconnect: %s; "
                            "register_buffer it again", _real(self.address), s.addr, s.size,

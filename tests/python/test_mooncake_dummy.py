@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.join(HERE, "..", "..", "python")
 sys.path.insert(0, PYTHON_DIR)
 
+import ferry  # noqa: E402
 from mooncake import _dummy_ipc as ipc  # noqa: E402
 from mooncake.store import MooncakeDistributedStore  # noqa: E402
 
@@ -246,10 +247,18 @@ def in_time(fn, limit):
     """fn() run on a thread that must end within limit seconds (a call
     that hangs fails the test instead of hanging it): fn's result."""
     out = []
-    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+
+    def run():
+        try:
+            out.append(fn())
+        except BaseException as e:  # raised here, on the test's thread
+            out.append(e)
+    t = threading.Thread(target=run, daemon=True)
     t.start()
     t.join(limit)
     assert not t.is_alive(), "the call did not end within %s s" % limit
+    if isinstance(out[0], BaseException):
+        raise out[0]
     return out[0]
 
 
@@ -411,6 +420,95 @@ def test_the_real_client_drops_a_dummy_stalled_mid_frame(master):
         os.close(fd)
     finally:
         a.close()
+        stop(proc)
+
+
+def test_a_reconnect_checks_the_secret_again(monkeypatch, caplog):
+    """A process holding the real client's socket after it died, without
+    the secret (a raw peer here), is refused at the reconnect; the real
+    client restarted, the next call works."""
+    monkeypatch.setenv("FERRY_SECRET", "right-secret")
+    mproc, addr = start_master("--default_kv_lease_ttl=500")
+    proc, port = start_real_client(addr)
+    store = dummy(port)
+    try:
+        assert store.put("resecret/k", b"v") == 0
+        kill(proc)
+        impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        impostor.bind(ipc.socket_name(port))
+        impostor.listen(1)
+
+        def pretend():
+            conn, _ = impostor.accept()
+            ipc.send(conn, {"hello": "ferry-mooncake-client", "version": ipc.VERSION,
+                            "nonce": "00", "auth": True})
+            ipc.recv(conn)
+            ipc.send(conn, {"ok": {"segment": "impostor", "proof": "00" * 32}})
+            conn.close()
+        t = threading.Thread(target=pretend, daemon=True)
+        t.start()
+        caplog.clear()
+        assert in_time(lambda: store.put("resecret/k", b"v"), 20) < 0
+        t.join(10)
+        assert "reconnecting: the real client at @ferry-mooncake-client-%d did not prove the " \
+               "shared secret" % port in caplog.text
+        assert store.get_hostname() != "impostor"
+        impostor.close()
+        proc, _ = start_real_client(addr, port=port)
+        assert store.put("resecret/k", b"v") == 0 and store.get("resecret/k") == b"v"
+        assert store.get_hostname() == proc.segment
+    finally:
+        store.close()
+        stop(proc)
+        stop_master(mproc)
+
+
+def test_a_region_the_new_real_client_refuses_is_left_unregistered(master, caplog):
+    """At a reconnect, a region the real client refuses is left unregistered
+    (a WARN names it) and the call goes on; register_buffer shares it again."""
+    proc, port = start_real_client(master)
+    store = dummy(port)
+    try:
+        ok = shared(store, pattern(31, 4096))
+        refused = shared(store, pattern(32, 4096))
+        kill(proc)
+        fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        fake.bind(ipc.socket_name(port))
+        fake.listen(1)
+
+        def serve():
+            conn, _ = fake.accept()
+            ipc.send(conn, {"hello": "ferry-mooncake-client", "version": ipc.VERSION,
+                            "nonce": "00", "auth": False})
+            ipc.recv(conn)
+            ipc.send(conn, {"ok": {"segment": "fake", "proof": None}})
+            while True:
+                msg, fds = ipc.recv(conn)
+                for fd in fds:
+                    os.close(fd)
+                if msg["op"] == "register" and msg["addr"] == refused:
+                    ipc.send(conn, {"error": [ferry.EINVAL, "no room for it"]})
+                elif msg["op"] == "register":
+                    ipc.send(conn, {"ok": 0})
+                else:
+                    ipc.send(conn, {"ok": [[1] * len(msg["keys"]), None]})
+                    conn.close()
+                    return
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        caplog.clear()
+        assert in_time(lambda: store.batch_is_exist(["k"]), 20) == [1]
+        t.join(10)
+        fake.close()
+        assert "refused region %#x (+4096 bytes) on reconnect: no room for it" % refused \
+            in caplog.text
+        proc, _ = start_real_client(master, port=port)
+        assert store.batch_put_from(["refused/a", "refused/b"], [ok, refused],
+                                    [4096, 4096]) == [0, -600]
+        assert store.register_buffer(refused, 4096) == 0
+        assert store.batch_put_from(["refused/b"], [refused], [4096]) == [0]
+    finally:
+        store.close()
         stop(proc)
 
 
