@@ -15,26 +15,65 @@ its RPC. ``put_from``/``get_into`` and the other pointer calls name
 registered allocations: the store moves their bytes with no copy.
 
 Requests go one at a time on one connection (a lock; the local buffer is
-used by one request at a time). A connection that fails (the real client
+used by one request at a time). When the connection is lost (the real client
 died: the socket closes at once; or FERRY_DUMMY_TIMEOUT_S, 60 by default,
-passed without an answer) stays failed: every later call fails naming the
-real client, with FERRY_ESOCKET (Mooncake: -900). Set up again to continue.
+passed without an answer) the call on it fails, naming the real client and
+the cause, and is not sent again (what it did there is unknown). The next
+call reconnects: a new connection, the handshake again (uid and secret), and
+every region this dummy had shared (the local buffer, each registered
+allocation: same memfds, same addresses) registered again, so pointers from
+before keep working; only then is the call sent. A real client that is not
+back fails the call (FERRY_ESOCKET, Mooncake: -900) after connect attempts
+for at most FERRY_DUMMY_RECONNECT_S (1 by default); the next call tries
+again. A connection whose close reached this side before a call is found
+so (poll) before anything is sent on it, so the first call after a restart
+works.
 """
 
 import ctypes
+import logging
 import os
+import select
 import socket
 import threading
+import time
 
 import ferry
 
 from mooncake import _dummy_ipc as ipc
 
+logger = logging.getLogger(__name__)
 
-def _gone(address, why):
-    return ferry.Error(ferry.ESOCKET, "real client gone",
-                       "the real client (mooncake_client) at %s: %s; its memory and "
-                       "registrations are gone: setup_dummy again once it runs" % (address, why))
+# Between two connect attempts while the real client is not back.
+_RETRY_PAUSE_S = 0.1
+
+
+def _env_seconds(name, default):
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return float(default)
+    return value if value >= 0 else float(default)
+
+
+def _real(address):
+    return "the real client (mooncake_client) at %s" % address
+
+
+def _lost(address, op, why):
+    """A call whose request the connection's loss cut."""
+    return ferry.Error(ferry.ESOCKET, op,
+                       "%s: %s during %s; the call failed and is not sent again (its effect "
+                       "there is unknown; a value is stored whole or not at all); the next call "
+                       "reconnects" % (_real(address), why, op))
+
+
+def _peer_closed(sock):
+    """True when the real client closed the connection (or sent something
+    unasked, which the protocol never does): found without blocking."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLRDHUP)
+    return bool(poller.poll(0))
 
 
 class _Shared:
@@ -49,16 +88,18 @@ class DummyConnection:
     MooncakeDistributedStore makes, forwarded."""
 
     def __init__(self, port, mem_pool_size, local_buffer_size):
+        self.port = port
         self.address = ipc.printable(ipc.socket_name(port))
         self.lock = threading.Lock()
         self.pool_left = mem_pool_size
         self.shared = {}
-        self.error = None
+        self.lost = None  # why the last connection was lost, while there is none
+        self.closed = False
         self.sock = None
         self.local = None
         self.segment = None
         self._tls = threading.local()
-        self.sock = self._connect(port)
+        self.sock = self._connect()
         try:
             self.segment = self._handshake()
             if local_buffer_size > 0:
@@ -70,18 +111,25 @@ class DummyConnection:
 
     # ---- connection -------------------------------------------------------------------------
 
-    def _connect(self, port):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        timeout = float(os.environ.get("FERRY_DUMMY_TIMEOUT_S", 60) or 60)
-        sock.settimeout(timeout)
+    def _connect(self):
         try:
-            sock.connect(ipc.socket_name(port))
+            return self._open()
         except OSError as e:
-            sock.close()
             raise ferry.Error(ferry.ESOCKET, "connect",
                               "cannot reach the real client at %s: %s (is mooncake_client "
                               "running with --port=%d on this host?)"
-                              % (self.address, e.strerror or e, port)) from None
+                              % (self.address, e.strerror or e, self.port)) from None
+
+    def _open(self):
+        """A connection to the real client's socket, its uid checked: OSError
+        when nothing listens there."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(ipc.timeout_s())
+        try:
+            sock.connect(ipc.socket_name(self.port))
+        except OSError:
+            sock.close()
+            raise
         uid = ipc.peer_uid(sock)
         if uid != os.getuid():
             sock.close()
@@ -116,7 +164,8 @@ class DummyConnection:
                                   % self.address)
             return reply["segment"]
         except ipc.IpcError as e:
-            raise _gone(self.address, str(e)) from None
+            raise ferry.Error(ferry.ESOCKET, "setup_dummy", "%s: handshake: %s"
+                              % (_real(self.address), e)) from None
 
     def _reply(self, what):
         msg, fds = ipc.recv(self.sock)
@@ -126,28 +175,99 @@ class DummyConnection:
             raise ferry.Error(code, what, detail)
         return msg["ok"]
 
-    def call(self, op, fd=None, **args):
-        """One request and its answer, under the lock (FERRY_ESOCKET once the
-        connection failed)."""
-        with self.lock:
-            return self._call(op, fd, **args)
+    def _lose(self, why):
+        """Drops the connection; the next call reconnects."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        self.lost = why
 
-    def _call(self, op, fd=None, **args):
-        if self.error is not None:
-            raise _gone(self.address, self.error)
+    def _connected(self):
+        """True when the connection is there and its close has not reached
+        this side (checked before a request: a request sent on a connection
+        already closed would fail for nothing)."""
+        if self.sock is not None and _peer_closed(self.sock):
+            self._lose("the connection was closed")
+        return self.sock is not None
+
+    def _reconnect(self, op):
+        """A new connection, its handshake, and every region shared again.
+        Connect attempts for at most FERRY_DUMMY_RECONNECT_S."""
+        window = _env_seconds("FERRY_DUMMY_RECONNECT_S", 1)
+        started = time.monotonic()
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                self.sock = self._open()
+                break
+            except OSError as e:
+                waited = time.monotonic() - started
+                if waited + _RETRY_PAUSE_S > window:
+                    raise ferry.Error(ferry.ESOCKET, op,
+                                      "%s is not back: %s (%d connect attempt(s) in %.1f s, "
+                                      "FERRY_DUMMY_RECONNECT_S; the connection was lost "
+                                      "before: %s); the next call tries again"
+                                      % (_real(self.address), e.strerror or e, tries, waited,
+                                         self.lost)) from None
+                time.sleep(_RETRY_PAUSE_S)
+            except ferry.Error as e:
+                raise ferry.Error(e.code, op, "reconnecting: %s" % e.detail) from None
+        try:
+            self.segment = self._handshake()
+            for s in list(self.shared.values()):
+                if s.registered:
+                    self._share_again(s)
+        except ferry.Error as e:
+            self._lose("reconnecting: %s" % e.detail)
+            raise ferry.Error(e.code, op, "reconnecting: %s; the next call tries again"
+                              % e.detail) from None
+        self.lost = None
+
+    def _share_again(self, s):
+        """Registers s with the new connection; a region the real client
+        refuses is left unregistered (a call naming it is refused there,
+        FERRY_ENOTREG), the others go on."""
+        try:
+            self._request("register", fd=s.fd, addr=s.addr, size=s.size)
+        except ferry.Error as e:
+            if self.sock is None:  # lost again
+                raise ferry.Error(ferry.ESOCKET, "register", "%s: sharing region %#x again: %s"
+                                  % (_real(self.address), s.addr, self.lost)) from None
+            s.registered = False
+            logger.warning("%s refused region %#x (+%d bytes) on reconnect: %s; "
+                           "register_buffer it again", _real(self.address), s.addr, s.size,
+                           e.detail)
+
+    def _request(self, op, fd=None, **args):
+        """Sends one request and reads its answer; a connection lost on the
+        way is dropped (self.sock None) and the call fails."""
         args["op"] = op
         try:
             ipc.send(self.sock, args, fd)
             return self._reply(op)
         except ipc.IpcError as e:
-            self.error = str(e)
-            self.sock.close()
-            raise _gone(self.address, self.error) from None
+            self._lose(str(e))
+            raise _lost(self.address, op, str(e)) from None
+
+    def call(self, op, fd=None, **args):
+        """One request and its answer, under the lock."""
+        with self.lock:
+            return self._call(op, fd, **args)
+
+    def _call(self, op, fd=None, **args):
+        if self.closed:
+            raise ferry.Error(ferry.ESOCKET, op, "this dummy client was closed (close()): "
+                              "setup_dummy again")
+        if not self._connected():
+            self._reconnect(op)
+        return self._request(op, fd, **args)
 
     def close(self):
+        self.closed = True
         if self.sock is not None:
             self.sock.close()
-        self.error = self.error or "this dummy was closed"
+            self.sock = None
         for s in self.shared.values():
             ipc.unmap(s.addr, s.size)
             os.close(s.fd)
@@ -158,12 +278,14 @@ class DummyConnection:
     def _new_shared(self, size, name):
         fd, addr = ipc.new_shared(size, name)
         s = _Shared(fd, addr, size)
-        self.shared[addr] = s
+        with self.lock:  # a reconnect walks the regions under it
+            self.shared[addr] = s
         return s
 
     def _register(self, s):
-        self.call("register", fd=s.fd, addr=s.addr, size=s.size)
-        s.registered = True
+        with self.lock:  # flagged with the request: a reconnect shares it again
+            self._call("register", fd=s.fd, addr=s.addr, size=s.size)
+            s.registered = True
 
     def alloc(self, size):
         """alloc_from_mem_pool: the address of size fresh shared bytes."""
@@ -202,12 +324,24 @@ class DummyConnection:
             if s is None or s is self.local or not s.registered:
                 raise ferry.Error(ferry.EINVAL, "unregister_buffer",
                                   "%#x is not a registered alloc_from_mem_pool allocation" % addr)
-            self.call("unregister", addr=addr)
-            s.registered = False
+            with self.lock:
+                self._unregister(s)
             return 0
         except ferry.Error as e:
             self._tls.error = e.detail
             return e.code
+
+    def _unregister(self, s):
+        """Without a connection, the real client's registration went with the
+        last one (it unmaps a dummy's regions when its connection ends): only
+        the flag changes, nothing reconnects."""
+        try:
+            if self._connected():
+                self._request("unregister", addr=s.addr)
+        except ferry.Error:
+            if self.sock is not None:  # refused by the real client
+                raise
+        s.registered = False
 
     def last_error(self):
         return getattr(self._tls, "error", None)

@@ -24,6 +24,7 @@ import hmac
 import json
 import mmap
 import os
+import select
 import socket
 import struct
 
@@ -94,7 +95,8 @@ def _recv_exact(sock, n, fds):
         try:
             chunk, got, _, _ = socket.recv_fds(sock, n - len(out), 4)
         except socket.timeout:
-            raise IpcError("no answer within the timeout") from None
+            raise IpcError("no answer within the timeout (FERRY_DUMMY_TIMEOUT_S, %g s)"
+                           % sock.gettimeout()) from None
         except OSError as e:
             raise IpcError("receive failed: %s" % (e.strerror or e)) from None
         fds.extend(got)
@@ -120,6 +122,25 @@ def recv(sock):
         for fd in fds:
             os.close(fd)
         raise IpcError(str(e)) from None
+
+
+def wait_readable(sock):
+    """Blocks, with no limit, until sock has a byte to read or was closed:
+    a peer may be idle between frames for as long as it likes; the frame
+    itself then must come within the socket's timeout."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLRDHUP)
+    poller.poll()
+
+
+def timeout_s():
+    """FERRY_DUMMY_TIMEOUT_S (60 by default): how long either side waits for
+    a frame it expects (an answer, a handshake step, the rest of a frame)."""
+    try:
+        value = float(os.environ.get("FERRY_DUMMY_TIMEOUT_S", 60))
+    except ValueError:
+        return 60.0
+    return value if value > 0 else 60.0
 
 
 def map_fd(fd, size):

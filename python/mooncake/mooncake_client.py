@@ -25,6 +25,12 @@ A dummy is served by a thread of its own, one request at a time. When its
 connection ends (closed, or the process died) its memory is unregistered
 and unmapped after its last request finished; a request already received
 completes (its bytes are in the shared memory), one cut short is dropped.
+A dummy may be idle between requests for as long as it likes, but once it
+connects or begins a frame, the handshake step or the rest of the frame
+must come within FERRY_DUMMY_TIMEOUT_S (60 s): one that stalls there is
+dropped as a dead one (its regions released), so a stuck peer holds no
+memory. A dummy that reconnects (this process restarted, or its connection
+lost) is a new one here: it shares its regions again.
 Prints "ready mooncake_client=@ferry-mooncake-client-PORT segment=NAME"
 once it listens, and runs until SIGINT or SIGTERM.
 """
@@ -109,6 +115,10 @@ class _Dummy:
     def __init__(self, server, sock, number):
         self.server = server
         self.sock = sock
+        # A handshake step, or the rest of a frame begun, must come within it;
+        # a dummy that stalls there is dropped with its regions (its wait
+        # between frames has no limit: serve_one).
+        self.sock.settimeout(ipc.timeout_s())
         self.name = "dummy %d (pid %d)" % (number, _peer_pid(sock))
         self.regions = {}
 
@@ -280,17 +290,18 @@ class _Dummy:
                 while self.serve_one():
                     pass
         except ipc.IpcError as e:
-            logger.info("mooncake_client: %s gone: %s", self.name, e)
+            logger.info("mooncake_client: %s gone or stalled: %s", self.name, e)
         finally:
             for r in self.regions.values():
                 self._release(r)
             logger.info("mooncake_client: %s: released %d shared region(s)", self.name,
                         len(self.regions))
             self.regions.clear()
-            self.sock.close()
             self.server.forget(self)
+            self.sock.close()  # last: a peer that sees the close finds everything released
 
     def serve_one(self):
+        ipc.wait_readable(self.sock)
         msg, fds = ipc.recv(self.sock)
         try:
             handler = getattr(self, "op_" + str(msg.get("op")), None)

@@ -372,7 +372,11 @@ class MooncakeDistributedStore:
         return 0 if self._store is not None else INTERNAL_ERROR
 
     def get_hostname(self):
-        """The name other clients reach this one's segment by."""
+        """The name other clients reach this one's segment by (a dummy's: its
+        real client's, as of its last handshake: a restarted real client has
+        a segment of its own)."""
+        if self._dummy is not None:
+            return self._dummy.segment or ""
         return self._hostname or ""
 
     # ---- registered memory ----------------------------------------------------------------

@@ -2,18 +2,22 @@
 "Dummy clients"): a `ferry store-master`, a real client (`python -m
 mooncake.mooncake_client`) and dummies (`setup_dummy`) in this process and in
 others, all on loopback: every byte a dummy moves checked; two dummies on
-one real client; a dummy killed mid-put; the real client killed or stopped
-under a dummy; a wrong secret; bad arguments. And the master's embedded
+one real client; a dummy killed mid-put; a peer stalled mid-frame; the real
+client killed or stopped under a dummy, and restarted (the dummy reconnects
+and shares its buffers again); a wrong secret; bad arguments. And the master's embedded
 http metadata store (--enable_http_metadata_server)."""
 
 import ctypes
+import fcntl
 import os
 import random
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 import urllib.request
@@ -26,14 +30,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.join(HERE, "..", "..", "python")
 sys.path.insert(0, PYTHON_DIR)
 
+import ferry  # noqa: E402
 from mooncake import _dummy_ipc as ipc  # noqa: E402
 from mooncake.store import MooncakeDistributedStore  # noqa: E402
 
 
-def start_real_client(master_addr, *flags, env=None):
-    """A mooncake_client process on a free --port: (process, port)."""
-    for _ in range(20):
-        port = random.randint(20000, 60000)
+def start_real_client(master_addr, *flags, env=None, port=None):
+    """A mooncake_client process on a free --port, or on port: (process,
+    port); process.segment is its segment's name."""
+    fixed = port
+    for _ in range(1 if fixed else 20):
+        port = fixed or random.randint(20000, 60000)
         proc = subprocess.Popen(
             [sys.executable, "-m", "mooncake.mooncake_client", "--port=%d" % port,
              "--master_server_address=%s" % master_addr, "--metadata_server=P2PHANDSHAKE",
@@ -42,6 +49,7 @@ def start_real_client(master_addr, *flags, env=None):
             env=dict(os.environ, PYTHONPATH=PYTHON_DIR, **(env or {})))
         line = proc.stdout.readline()
         if line.startswith("ready mooncake_client="):
+            proc.segment = line.split("segment=")[1].strip()
             return proc, port
         err = proc.communicate(timeout=30)[1]
         if "cannot listen" not in err:
@@ -235,13 +243,55 @@ def test_a_dummy_killed_mid_put_leaves_nothing_and_the_real_client_serves_on(rea
         a.close()
 
 
+def in_time(fn, limit):
+    """fn() run on a thread that must end within limit seconds (a call
+    that hangs fails the test instead of hanging it): fn's result."""
+    out = []
+
+    def run():
+        try:
+            out.append(fn())
+        except BaseException as e:  # raised here, on the test's thread
+            out.append(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(limit)
+    assert not t.is_alive(), "the call did not end within %s s" % limit
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]
+
+
+def unread(sock):
+    """Bytes sent on sock that its peer has not read yet (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+def pause(proc):
+    """SIGSTOP, returning once every thread of proc is stopped (the signal
+    is delivered asynchronously)."""
+    proc.send_signal(signal.SIGSTOP)
+    task = "/proc/%d/task" % proc.pid
+    deadline = time.monotonic() + 10
+    while not all(open("%s/%s/stat" % (task, t)).read().rsplit(")", 1)[1].split()[0] == "T"
+                  for t in os.listdir(task)):
+        assert time.monotonic() < deadline, "pid %d did not stop" % proc.pid
+        time.sleep(0.01)
+
+
+def kill(proc):
+    proc.send_signal(signal.SIGCONT)
+    proc.kill()
+    proc.wait(timeout=30)
+
+
 def test_the_real_client_dying_fails_calls_clearly(master, caplog, monkeypatch):
     monkeypatch.setenv("FERRY_DUMMY_TIMEOUT_S", "1")
     proc, port = start_real_client(master)
     store = dummy(port)
     try:
         assert store.put("gone/k", b"v") == 0
-        proc.send_signal(signal.SIGSTOP)  # stopped: no answer comes, the call must not hang
+        pause(proc)  # stopped: no answer comes, the call must not hang
         started = time.monotonic()
         assert store.get("gone/k") == b""
         assert time.monotonic() - started < 10
@@ -260,7 +310,203 @@ def test_the_real_client_dying_fails_calls_clearly(master, caplog, monkeypatch):
         assert store.put("gone/k3", b"v") == -900
         assert store.batch_is_exist(["gone/k3"]) == [-900]
         assert "real client (mooncake_client) at @ferry-mooncake-client-%d" % port in caplog.text
-        assert "setup_dummy again" in caplog.text
+        assert "the next call tries again" in caplog.text
+    finally:
+        store.close()
+        stop(proc)
+
+
+def test_a_dummy_reconnects_to_its_restarted_real_client(master, caplog, monkeypatch):
+    """The real client killed under a call in flight, killed between calls,
+    down for a call, restarted on the same --port: the call in flight fails
+    naming it, the call while it is down fails within FERRY_DUMMY_RECONNECT_S,
+    and the first call after each restart works on the buffers registered
+    before (shared again by the reconnect)."""
+    monkeypatch.setenv("FERRY_DUMMY_RECONNECT_S", "0.5")
+    proc, port = start_real_client(master)
+    store = dummy(port)
+    address = "@ferry-mooncake-client-%d" % port
+    try:
+        size = 2 * MiB + 3
+        src = shared(store, pattern(21, size))
+        dst = shared(store, bytes(size))
+        assert store.put("re/before", b"v") == 0
+
+        # A call in flight: its request is on the socket, unread (the real
+        # client stopped), when the real client is killed.
+        pause(proc)
+        caplog.clear()
+        t = threading.Thread(target=lambda: results.append(
+            store.batch_put_from(["re/inflight"], [src], [size])), daemon=True)
+        results = []
+        t.start()
+        sock = None
+        while sock is None or unread(sock) == 0:  # the request is sent (bounded below)
+            assert t.is_alive()
+            sock = store._dummy.sock
+            time.sleep(0.01)
+        kill(proc)
+        t.join(10)
+        assert not t.is_alive() and results == [[-900]]
+        # "the connection was closed", or "Connection reset by peer" when the
+        # request was still unread in the killed process's socket.
+        assert re.search(r"the real client \(mooncake_client\) at %s: .* during put_from; the "
+                         r"call failed and is not sent again" % address, caplog.text)
+
+        # Down: each call fails, naming it, after a bounded retry.
+        caplog.clear()
+        started = time.monotonic()
+        assert in_time(lambda: store.put("re/down", b"v"), 10) == -900
+        assert time.monotonic() - started < 5
+        assert "%s is not back: Connection refused" % address in caplog.text
+        assert in_time(lambda: store.batch_get_into(["re/before"], [dst], [1]), 10) == [-900]
+
+        for round in range(2):
+            proc, _ = start_real_client(master, port=port)
+            # The first call after the restart works, on memory registered before.
+            value = pattern(22 + round, size)
+            ctypes.memmove(src, value, size)
+            assert store.batch_put_from(["re/after%d" % round], [src], [size]) == [0]
+            ctypes.memset(dst, 0, size)
+            assert store.batch_get_into(["re/after%d" % round], [dst], [size]) == [size]
+            assert ctypes.string_at(dst, size) == value
+            assert store.put("re/put%d" % round, b"through the local buffer") == 0
+            assert store.get("re/put%d" % round) == b"through the local buffer"
+            assert store.get_hostname() == proc.segment
+            assert store._dummy.status() == {"dummies": 1, "regions": 3}
+            # The second round's kill comes between calls: the next call finds
+            # the connection closed before it sends anything, and reconnects.
+            kill(proc)
+        # A buffer unregistered while the real client is down stays so.
+        assert store.unregister_buffer(src) == 0
+        proc, _ = start_real_client(master, port=port)
+        assert store.batch_put_from(["re/unreg"], [src], [size]) == [-600]
+        assert store._dummy.status() == {"dummies": 1, "regions": 2}
+    finally:
+        store.close()
+        stop(proc)
+
+
+def test_the_real_client_drops_a_dummy_stalled_mid_frame(master):
+    """A peer that stalls inside a frame, or in the handshake, is dropped
+    after FERRY_DUMMY_TIMEOUT_S and its shared memory released; a dummy idle
+    between requests longer than that keeps its connection."""
+    proc, port = start_real_client(master, env={"FERRY_DUMMY_TIMEOUT_S": "1"})
+    a = dummy(port)
+    try:
+        before = a._dummy.sock
+        stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stalled.connect(ipc.socket_name(port))
+        ipc.recv(stalled)
+        ipc.send(stalled, {"op": "hello", "version": ipc.VERSION, "nonce": "00", "proof": None})
+        assert "ok" in ipc.recv(stalled)[0]
+        fd, addr = ipc.new_shared(4096, "stalled")
+        ipc.send(stalled, {"op": "register", "addr": addr, "size": 4096}, fd)
+        assert ipc.recv(stalled)[0] == {"ok": 0}
+        silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        silent.connect(ipc.socket_name(port))
+        assert "hello" in ipc.recv(silent)[0]  # and says nothing back
+        assert a._dummy.status() == {"dummies": 3, "regions": 2}
+        body = b'{"op":"exists","keys":["k"]}'
+        stalled.sendall(len(body).to_bytes(4, "little") + body[:10])
+        for peer in (stalled, silent):
+            peer.settimeout(20)
+            assert peer.recv(1) == b""  # the real client closed it
+            peer.close()
+        assert a._dummy.status() == {"dummies": 1, "regions": 1}
+        assert a._dummy.sock is before  # idle meanwhile, not dropped
+        assert a.put("stall/k", b"v") == 0 and a.get("stall/k") == b"v"
+        ipc.unmap(addr, 4096)
+        os.close(fd)
+    finally:
+        a.close()
+        stop(proc)
+
+
+def test_a_reconnect_checks_the_secret_again(monkeypatch, caplog):
+    """A process holding the real client's socket after it died, without
+    the secret (a raw peer here), is refused at the reconnect; the real
+    client restarted, the next call works."""
+    monkeypatch.setenv("FERRY_SECRET", "right-secret")
+    mproc, addr = start_master("--default_kv_lease_ttl=500")
+    proc, port = start_real_client(addr)
+    store = dummy(port)
+    try:
+        assert store.put("resecret/k", b"v") == 0
+        kill(proc)
+        impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        impostor.bind(ipc.socket_name(port))
+        impostor.listen(1)
+
+        def pretend():
+            conn, _ = impostor.accept()
+            ipc.send(conn, {"hello": "ferry-mooncake-client", "version": ipc.VERSION,
+                            "nonce": "00", "auth": True})
+            ipc.recv(conn)
+            ipc.send(conn, {"ok": {"segment": "impostor", "proof": "00" * 32}})
+            conn.close()
+        t = threading.Thread(target=pretend, daemon=True)
+        t.start()
+        caplog.clear()
+        assert in_time(lambda: store.put("resecret/k", b"v"), 20) < 0
+        t.join(10)
+        assert "reconnecting: the real client at @ferry-mooncake-client-%d did not prove the " \
+               "shared secret" % port in caplog.text
+        assert store.get_hostname() != "impostor"
+        impostor.close()
+        proc, _ = start_real_client(addr, port=port)
+        assert store.put("resecret/k", b"v") == 0 and store.get("resecret/k") == b"v"
+        assert store.get_hostname() == proc.segment
+    finally:
+        store.close()
+        stop(proc)
+        stop_master(mproc)
+
+
+def test_a_region_the_new_real_client_refuses_is_left_unregistered(master, caplog):
+    """At a reconnect, a region the real client refuses is left unregistered
+    (a WARN names it) and the call goes on; register_buffer shares it again."""
+    proc, port = start_real_client(master)
+    store = dummy(port)
+    try:
+        ok = shared(store, pattern(31, 4096))
+        refused = shared(store, pattern(32, 4096))
+        kill(proc)
+        fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        fake.bind(ipc.socket_name(port))
+        fake.listen(1)
+
+        def serve():
+            conn, _ = fake.accept()
+            ipc.send(conn, {"hello": "ferry-mooncake-client", "version": ipc.VERSION,
+                            "nonce": "00", "auth": False})
+            ipc.recv(conn)
+            ipc.send(conn, {"ok": {"segment": "fake", "proof": None}})
+            while True:
+                msg, fds = ipc.recv(conn)
+                for fd in fds:
+                    os.close(fd)
+                if msg["op"] == "register" and msg["addr"] == refused:
+                    ipc.send(conn, {"error": [ferry.EINVAL, "no room for it"]})
+                elif msg["op"] == "register":
+                    ipc.send(conn, {"ok": 0})
+                else:
+                    ipc.send(conn, {"ok": [[1] * len(msg["keys"]), None]})
+                    conn.close()
+                    return
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        caplog.clear()
+        assert in_time(lambda: store.batch_is_exist(["k"]), 20) == [1]
+        t.join(10)
+        fake.close()
+        assert "refused region %#x (+4096 bytes) on reconnect: no room for it" % refused \
+            in caplog.text
+        proc, _ = start_real_client(master, port=port)
+        assert store.batch_put_from(["refused/a", "refused/b"], [ok, refused],
+                                    [4096, 4096]) == [0, -600]
+        assert store.register_buffer(refused, 4096) == 0
+        assert store.batch_put_from(["refused/b"], [refused], [4096]) == [0]
     finally:
         store.close()
         stop(proc)
