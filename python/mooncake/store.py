@@ -68,10 +68,11 @@ import ferry
 from ferry import _ferry
 
 from mooncake import _tensor
+from mooncake._buffer_pool import BufferPool, RegisteredBufferPool  # noqa: F401 (Mooncake's names)
 from mooncake._dummy_client import DummyConnection
 from mooncake.engine import TransferEngine, _split_host_port
 
-__all__ = ["BufferHandle", "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction"]
+__all__ = ["BufferHandle", "BufferPool", "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction"]
 
 logger = logging.getLogger(__name__)
 
