@@ -148,6 +148,14 @@ def writer_key(key, axis):
     return "%s__writer_%dof%d_sd%d" % (key, axis.rank, axis.size, axis.split)
 
 
+def lone_tp_writer_key(key, axes):
+    """For a lone TP axis, the writer partition key of the same shard (a
+    shard read falls back to it, as Mooncake's does); else None."""
+    if axes is not None and len(axes) == 1 and axes[0].kind == KINDS["tp"]:
+        return writer_key(key, axes[0])
+    return None
+
+
 def _header(code, global_shape, piece, axes):
     return _tensor.encode(code, global_shape, tuple(piece.shape),
                           piece.numel() * piece.element_size(),

@@ -873,15 +873,29 @@ class MooncakeDistributedStore:
                 out[i] = self._get_full(call, key, axes,
                                         None if into is None else (into[0][i], into[1][i]))
             else:
-                plain.append((i, key if axes is None else _parallel.shard_key(key, axes)))
+                plain.append((i, key if axes is None else _parallel.shard_key(key, axes),
+                              _parallel.lone_tp_writer_key(key, axes) if mode == "shard"
+                              else None))
         if plain:
-            at, read = [i for i, _ in plain], [k for _, k in plain]
+            at, read = [i for i, _, _ in plain], self._shard_keys(plain)
             got = (self._get_tensors(call, read) if into is None else
                    self._get_tensors_into(call, read, [into[0][i] for i in at],
                                           [into[1][i] for i in at]))
             for i, tensor in zip(at, got):
                 out[i] = tensor
         return out
+
+    def _shard_keys(self, plain):
+        """The key each plain read reads: its own, or where it is absent and a
+        writer partition of the same cut has the shard, that one's."""
+        keys = [k for _, k, _ in plain]
+        ask = [j for j, (_, _, alt) in enumerate(plain) if alt]
+        if ask:
+            there = self.batch_is_exist([keys[j] for j in ask])
+            for j, found in zip(ask, there):
+                if found != 1:
+                    keys[j] = plain[j][2]
+        return keys
 
     def _get_full(self, call, key, axes, into):
         """The whole tensor of key rebuilt from the shards axes name (None: a

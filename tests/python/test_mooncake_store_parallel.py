@@ -180,7 +180,9 @@ def test_writer_partitions_store_each_writers_piece(pair):
     for r in range(4):
         assert reader.get("w__writer_%dof4_sd2" % r) == header(
             torch.int16, (2, 3, 8), (2, 3, 2), [(TP, r, 4, 2, 0)]) + raw(t[:, :, 2 * r:2 * r + 2])
-    # a lone TP target of the same cut rebuilds from the writers' pieces
+    # a lone TP target of the same cut reads a writer's piece, and rebuilds from them all
+    same(reader.get_tensor_with_parallelism("w", target("shard", par(axis("tp", 3, 4, 2)))),
+         t[:, :, 6:])
     same(reader.get_tensor_with_parallelism("w", target("full", par(axis("tp", 0, 4, 2)))), t)
     assert writer.put_tensor_with_parallelism("both", t, parallelism=par(axis("tp", 0, 2, 0)),
                                               writer_partition=(0, 2, 0)) == -600
