@@ -49,7 +49,8 @@ def _torch():
 
 def encode(dtype_code, global_shape, local_shape, data_bytes, axes=()):
     """The header of a tensor of local_shape (a shard of global_shape when
-    axes, each (kind, shard_rank, shard_count, split_dim), are given)."""
+    axes, each (kind, shard_rank, shard_count, split_dim[, reserved0]), are
+    given)."""
     kind = LAYOUT_SHARD if axes else LAYOUT_FULL
     head = _HEAD.pack(MAGIC, VERSION, HEADER_SIZE, dtype_code, len(global_shape), kind, 0,
                       HEADER_SIZE, data_bytes)
@@ -58,9 +59,12 @@ def encode(dtype_code, global_shape, local_shape, data_bytes, axes=()):
         return list(shape) + [-1] * (MAX_DIMS - len(shape))
 
     shapes = _SHAPES.pack(*dims(global_shape), *dims(local_shape), len(axes), 0)
-    packed = [_AXIS.pack(k, i, rank, count, split,
-                         0, local_shape[split] if split >= 0 else -1)
-              for i, (k, rank, count, split) in enumerate(axes)]
+    # an axis: (kind, rank, count, split_dim[, reserved0: EP's expert or PP's
+    # stage id]); reserved1 is the shard's extent on split_dim (0: none)
+    packed = [_AXIS.pack(axis[0], i, axis[1], axis[2], axis[3],
+                         axis[4] if len(axis) > 4 else 0,
+                         local_shape[axis[3]] if axis[3] >= 0 else 0)
+              for i, axis in enumerate(axes)]
     packed += [bytes(_AXIS.size)] * (MAX_AXES - len(axes))
     return head + shapes + b"".join(packed)
 
@@ -160,6 +164,36 @@ def check(header, total):
             raise TensorFormatError("bad layout axis %d: kind %d, rank %d of %d, split_dim %d"
                                     % (i, k, rank, shard_count, split))
     return code, tuple(local[:ndim]), offset, nbytes
+
+
+def layout(header, total):
+    """(dtype code, global shape, local shape, axes) of a value of total bytes
+    whose header is given, each axis (kind, rank, count, split_dim,
+    reserved0); TensorFormatError when it is not a tensor."""
+    code, local, _, _ = check(header, total)
+    ndim = len(local)
+    fields = _SHAPES.unpack_from(header, _HEAD.size)
+    axes = [_AXIS.unpack_from(header, _HEAD.size + _SHAPES.size + i * _AXIS.size)
+            for i in range(fields[2 * MAX_DIMS])]
+    return (code, tuple(fields[:ndim]), local,
+            [(k, rank, count, split, r0) for k, _, rank, count, split, r0, _ in axes])
+
+
+def declared_size(header):
+    """The value size a header declares (data offset + data bytes); 0 when
+    too short to say."""
+    if len(header) < _HEAD.size:
+        return 0
+    fields = _HEAD.unpack_from(header, 0)
+    return fields[7] + fields[8]
+
+
+def element_size(code):
+    return _DTYPES[code][1]
+
+
+def dtype_name(code):
+    return _DTYPES[code][0] if code in _DTYPES else "dtype %d" % code
 
 
 def decode(buffer):

@@ -44,7 +44,10 @@ ReplicateConfig) and ``_with_tp`` forms (shards under ``key_tp_<rank>``),
 ``get_tensor_into`` (a tensor viewing the caller's registered buffer) and
 ``put_tensor_from`` (a value already in the format). A tensor whose memory is
 registered is put without a copy; others through one copy into a registered
-block (docs/store.md, "Tensors").
+block (docs/store.md, "Tensors"). The unified ``_with_parallelism`` calls
+store one shard per TensorParallelism or writer partition and read a shard
+or the whole tensor rebuilt from its shards (_parallel.py); ``BufferPool``
+leases registered memory for the zero-copy calls (_buffer_pool.py).
 
 ``setup_dummy(mem_pool_size, local_buffer_size, server_address)`` makes a
 *dummy client* instead, as Mooncake's does: no engine, segment or master
@@ -67,11 +70,14 @@ import time
 import ferry
 from ferry import _ferry
 
-from mooncake import _tensor
+from mooncake import _parallel, _tensor
+from mooncake._buffer_pool import BufferPool, RegisteredBufferPool  # noqa: F401 (Mooncake's names)
 from mooncake._dummy_client import DummyConnection
+from mooncake._parallel import ParallelAxis, ReadTarget, TensorParallelism  # noqa: F401
 from mooncake.engine import TransferEngine, _split_host_port
 
-__all__ = ["BufferHandle", "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction"]
+__all__ = ["BufferHandle", "BufferPool", "MooncakeDistributedStore", "ParallelAxis", "ReadTarget",
+           "ReplicateConfig", "SoftPinAction", "TensorParallelism"]
 
 logger = logging.getLogger(__name__)
 
@@ -665,19 +671,8 @@ class MooncakeDistributedStore:
         """Per key 0 or a code; a buffer that is not a tensor fails its key (-600)."""
         if tp_size <= 1:
             return self._put_tensor_from(_call, base_keys, buffer_ptrs, sizes)
-        keys, buffer_ptrs, sizes = list(base_keys), list(buffer_ptrs), list(sizes)
-        if not len(keys) == len(buffer_ptrs) == len(sizes):
-            return [self._fail(_call, INVALID_PARAMS, "%d keys, %d buffers, %d sizes"
-                               % (len(keys), len(buffer_ptrs), len(sizes)))] * len(keys)
-        results, wanted, tensors = [INVALID_PARAMS] * len(keys), [], []
-        for i, (key, ptr, size) in enumerate(zip(keys, buffer_ptrs, sizes)):
-            if not ptr or size <= 0:
-                self._fail(_call, INVALID_PARAMS, "key %r: a null or empty buffer" % (key,))
-                continue
-            tensor = self._decode(_call, key, (ctypes.c_ubyte * size).from_address(ptr))
-            if tensor is not None:
-                wanted.append(i)
-                tensors.append(tensor)
+        keys = list(base_keys)
+        results, wanted, tensors = self._decode_buffers(_call, keys, buffer_ptrs, sizes)
         done = self._put_tensors(_call, [keys[i] for i in wanted], tensors,
                                  tp=(int(tp_size), int(split_dim)))
         for i, code in zip(wanted, done):
@@ -735,99 +730,298 @@ class MooncakeDistributedStore:
                                       [_tp_key(k, tp_rank, tp_size) for k in base_keys],
                                       buffer_ptrs, sizes)
 
-    # Mooncake's *_with_parallelism calls in their whole-tensor form: with no
-    # parallelism, writer_partition or target they are the calls above; a
-    # TensorParallelism / writer_partition / ReadTarget request (sharded
-    # layouts recorded in the header) is refused by name, not half-done.
-
-    def _whole_only(self, call, count, *layout):
-        """None when every layout argument is absent; else the refusal, per key."""
-        if all(a is None for a in layout):
-            return None
-        code = self._fail(call, INVALID_PARAMS, "TensorParallelism, writer_partition and "
-                          "ReadTarget requests are not supported by ferry's store; without "
-                          "them the tensor is stored and read whole")
-        return [code] * count
+    # Mooncake's unified *_with_parallelism calls (_parallel.py). A write
+    # stores the whole tensor, or the one shard its TensorParallelism or
+    # writer partition names, under that shard's key with the shard's
+    # identity in its header. A read (ReadTarget) returns the object as
+    # stored, a named shard, or the whole tensor rebuilt from its shards: their
+    # headers are read first (one ranged read), checked to make one tensor,
+    # then every shard's rows are read straight into place behind a whole
+    # tensor's header (one more ranged read, get_into_ranges).
 
     def put_tensor_with_parallelism(self, key, tensor, parallelism=None, config=None,
                                     writer_partition=None):
-        refused = self._whole_only("put_tensor_with_parallelism", 1, parallelism, writer_partition)
-        return refused[0] if refused else self.pub_tensor(key, tensor, config)
+        return self._par_put("put_tensor_with_parallelism", [key], [tensor], [parallelism],
+                             [writer_partition], config, False)[0]
 
     def batch_put_tensor_with_parallelism(self, keys, tensors_list, parallelisms=None,
                                           config=None, writer_partitions=None):
-        return (self._whole_only("batch_put_tensor_with_parallelism", len(keys), parallelisms,
-                                 writer_partitions)
-                or self.batch_pub_tensor(keys, tensors_list, config))
+        return self._par_put("batch_put_tensor_with_parallelism", keys, tensors_list,
+                             parallelisms, writer_partitions, config, False)
 
     def upsert_tensor_with_parallelism(self, key, tensor, parallelism=None, config=None,
                                        writer_partition=None):
-        refused = self._whole_only("upsert_tensor_with_parallelism", 1, parallelism,
-                                   writer_partition)
-        return refused[0] if refused else self.upsert_pub_tensor(key, tensor, config)
+        return self._par_put("upsert_tensor_with_parallelism", [key], [tensor], [parallelism],
+                             [writer_partition], config, True)[0]
 
     def batch_upsert_tensor_with_parallelism(self, keys, tensors_list, parallelisms=None,
                                              config=None, writer_partitions=None):
-        return (self._whole_only("batch_upsert_tensor_with_parallelism", len(keys),
-                                 parallelisms, writer_partitions)
-                or self.batch_upsert_pub_tensor(keys, tensors_list, config))
+        return self._par_put("batch_upsert_tensor_with_parallelism", keys, tensors_list,
+                             parallelisms, writer_partitions, config, True)
 
     def put_tensor_with_parallelism_from(self, key, buffer_ptr, size, parallelism=None,
                                          config=None, writer_partition=None):
-        return self.batch_put_tensor_with_parallelism_from([key], [buffer_ptr], [size],
-                                                           parallelism, config,
-                                                           writer_partition)[0]
+        return self._par_put_from("put_tensor_with_parallelism_from", [key], [buffer_ptr],
+                                  [size], None if parallelism is None else [parallelism],
+                                  None if writer_partition is None else [writer_partition],
+                                  config, False)[0]
 
     def batch_put_tensor_with_parallelism_from(self, keys, buffer_ptrs, sizes, parallelisms=None,
                                                config=None, writer_partitions=None):
-        # the _from forms place replicas as put_tensor_from does: a config is refused, not dropped
-        return (self._whole_only("batch_put_tensor_with_parallelism_from", len(keys),
-                                 parallelisms, writer_partitions, config)
-                or self.batch_put_tensor_from(keys, buffer_ptrs, sizes))
+        return self._par_put_from("batch_put_tensor_with_parallelism_from", keys, buffer_ptrs,
+                                  sizes, parallelisms, writer_partitions, config, False)
 
     def upsert_tensor_with_parallelism_from(self, key, buffer_ptr, size, parallelism=None,
                                             config=None, writer_partition=None):
-        return self.batch_upsert_tensor_with_parallelism_from([key], [buffer_ptr], [size],
-                                                              parallelism, config,
-                                                              writer_partition)[0]
+        return self._par_put_from("upsert_tensor_with_parallelism_from", [key], [buffer_ptr],
+                                  [size], None if parallelism is None else [parallelism],
+                                  None if writer_partition is None else [writer_partition],
+                                  config, True)[0]
 
     def batch_upsert_tensor_with_parallelism_from(self, keys, buffer_ptrs, sizes,
                                                   parallelisms=None, config=None,
                                                   writer_partitions=None):
-        return (self._whole_only("batch_upsert_tensor_with_parallelism_from", len(keys),
-                                 parallelisms, writer_partitions, config)
-                or self.batch_upsert_tensor_from(keys, buffer_ptrs, sizes))
+        return self._par_put_from("batch_upsert_tensor_with_parallelism_from", keys,
+                                  buffer_ptrs, sizes, parallelisms, writer_partitions, config,
+                                  True)
 
     def get_tensor_with_parallelism(self, key, target=None):
-        refused = self._whole_only("get_tensor_with_parallelism", 1, target)
-        return None if refused else self.get_tensor(key)
+        return self._par_get("get_tensor_with_parallelism", [key], [target])[0]
 
     def batch_get_tensor_with_parallelism(self, keys, targets=None):
-        refused = self._whole_only("batch_get_tensor_with_parallelism", len(keys), targets)
-        return [None] * len(keys) if refused else self.batch_get_tensor(keys)
+        return self._par_get("batch_get_tensor_with_parallelism", keys, targets)
 
     def get_tensor_with_parallelism_into(self, key, buffer_ptr, size, target=None):
-        refused = self._whole_only("get_tensor_with_parallelism_into", 1, target)
-        return None if refused else self.get_tensor_into(key, buffer_ptr, size)
+        return self._par_get("get_tensor_with_parallelism_into", [key], [target],
+                             ([buffer_ptr], [size]))[0]
 
     def batch_get_tensor_with_parallelism_into(self, keys, buffer_ptrs, sizes, targets=None):
-        refused = self._whole_only("batch_get_tensor_with_parallelism_into", len(keys), targets)
-        return [None] * len(keys) if refused else self.batch_get_tensor_into(keys, buffer_ptrs,
-                                                                             sizes)
+        return self._par_get("batch_get_tensor_with_parallelism_into", keys, targets,
+                             (list(buffer_ptrs), list(sizes)))
 
-    def _put_tensors(self, call, keys, tensors, config=None, upsert=False, tp=None):
+    def _par_put(self, call, keys, tensors, parallelisms, partitions, config, upsert):
+        keys, layouts = list(keys), []
+        for name, given in (("parallelisms", parallelisms), ("writer_partitions", partitions)):
+            given = [None] * len(keys) if given is None else list(given)
+            if len(given) != len(keys):
+                return [self._fail(call, INVALID_PARAMS, "%d keys but %d %s"
+                                   % (len(keys), len(given), name))] * len(keys)
+            layouts.append(given)
+        return self._put_tensors(call, keys, tensors, config, upsert,
+                                 layouts=list(zip(*layouts)))
+
+    def _par_put_from(self, call, keys, buffer_ptrs, sizes, parallelisms, partitions, config,
+                      upsert):
+        """Buffers in Mooncake's format: whole (no layout) as put_tensor_from
+        puts them, which places replicas itself (a config is refused, not
+        dropped); with a layout, the tensor each holds written as
+        _par_put writes it (a buffer that is not a tensor fails its key)."""
+        keys = list(keys)
+        if parallelisms is None and partitions is None:
+            if config is not None:
+                return [self._fail(call, INVALID_PARAMS, "a whole-tensor _from put stores the "
+                                   "buffer as put_tensor_from does: no config")] * len(keys)
+            return self._put_tensor_from(call, keys, buffer_ptrs, sizes, upsert=upsert)
+        results, wanted, tensors = self._decode_buffers(call, keys, buffer_ptrs, sizes)
+        layouts = [None if given is None else list(given)
+                   for given in (parallelisms, partitions)]
+        if any(given is not None and len(given) != len(keys) for given in layouts):
+            return [self._fail(call, INVALID_PARAMS, "%d keys but %s parallelisms and %s "
+                               "writer_partitions" % ((len(keys),) + tuple(
+                                   "no" if g is None else len(g) for g in layouts)))] * len(keys)
+        if not wanted:
+            return results
+        done = self._par_put(call, [keys[i] for i in wanted], tensors,
+                             *[None if given is None else [given[i] for i in wanted]
+                               for given in layouts], config, upsert)
+        for i, code in zip(wanted, done):
+            results[i] = code
+        return results
+
+    def _decode_buffers(self, call, keys, buffer_ptrs, sizes):
+        """(results, indices of the tensors, tensors viewing the buffers): a
+        null, empty or non-tensor buffer fails its key (-600)."""
+        buffer_ptrs, sizes = list(buffer_ptrs), list(sizes)
+        results, wanted, tensors = [INVALID_PARAMS] * len(keys), [], []
+        if not len(keys) == len(buffer_ptrs) == len(sizes):
+            self._fail(call, INVALID_PARAMS, "%d keys, %d buffers, %d sizes"
+                       % (len(keys), len(buffer_ptrs), len(sizes)))
+            return results, wanted, tensors
+        for i, (key, ptr, size) in enumerate(zip(keys, buffer_ptrs, sizes)):
+            if not ptr or size <= 0:
+                self._fail(call, INVALID_PARAMS, "key %r: a null or empty buffer" % (key,))
+                continue
+            tensor = self._decode(call, key, (ctypes.c_ubyte * size).from_address(ptr))
+            if tensor is not None:
+                wanted.append(i)
+                tensors.append(tensor)
+        return results, wanted, tensors
+
+    def _par_get(self, call, keys, targets, into=None):
+        """Per key a tensor or None (logged); into=(buffer_ptrs, sizes) for the _into forms."""
+        keys = list(keys)
+        targets = [None] * len(keys) if targets is None else list(targets)
+        if len(targets) != len(keys) or (into and not len(into[0]) == len(into[1]) == len(keys)):
+            self._fail(call, INVALID_PARAMS, "%d keys, %d targets%s" % (
+                len(keys), len(targets),
+                ", %d buffers, %d sizes" % (len(into[0]), len(into[1])) if into else ""))
+            return [None] * len(keys)
+        out, plain = [None] * len(keys), []  # plain: (index, key read as stored)
+        for i, (key, target) in enumerate(zip(keys, targets)):
+            try:
+                mode, axes = _parallel.read_request(target)
+            except _tensor.TensorFormatError as e:
+                self._fail(call, INVALID_PARAMS, "key %r: %s" % (key, e))
+                continue
+            if mode == "full":
+                out[i] = self._get_full(call, key, axes,
+                                        None if into is None else (into[0][i], into[1][i]))
+            else:
+                plain.append((i, key if axes is None else _parallel.shard_key(key, axes),
+                              _parallel.lone_tp_writer_key(key, axes) if mode == "shard"
+                              else None))
+        if plain:
+            at, read = [i for i, _, _ in plain], self._shard_keys(plain)
+            got = (self._get_tensors(call, read) if into is None else
+                   self._get_tensors_into(call, read, [into[0][i] for i in at],
+                                          [into[1][i] for i in at]))
+            for i, tensor in zip(at, got):
+                out[i] = tensor
+        return out
+
+    def _shard_keys(self, plain):
+        """The key each plain read reads: its own, or where it is absent and a
+        writer partition of the same cut has the shard, that one's."""
+        keys = [k for _, k, _ in plain]
+        ask = [j for j, (_, _, alt) in enumerate(plain) if alt]
+        if ask:
+            there = self.batch_is_exist([keys[j] for j in ask])
+            for j, found in zip(ask, there):
+                if found != 1:
+                    keys[j] = plain[j][2]
+        return keys
+
+    def _get_full(self, call, key, axes, into):
+        """The whole tensor of key rebuilt from the shards axes name (None: a
+        whole value under key, else the legacy TP shards key_tp_<rank>, their
+        count from key_tp_0's header); None with the cause logged."""
+        if axes is None:
+            if self.is_exist(key) == 1:
+                return (self._get_tensors(call, [key])[0] if into is None else
+                        self._get_tensors_into(call, [key], [into[0]], [into[1]])[0])
+            axes = self._legacy_tp_axes(call, key)
+            if axes is None:
+                return None
+        try:
+            plan = _parallel.Rebuild(key, axes)
+        except _tensor.TensorFormatError as e:
+            return self._none(call, INVALID_PARAMS, "key %r: %s" % (key, e))
+        lone_tp = len(axes) == 1 and axes[0].kind == _parallel.KINDS["tp"]
+        heads = self._headers(call, plan.keys, quiet=lone_tp)
+        if heads is None and lone_tp:  # the TP shards, else the same cut by writer partitions
+            plan = _parallel.Rebuild(key, axes, writers=True)
+            heads = self._headers(call, plan.keys)
+        if heads is None:
+            return None
+        try:
+            head, total, ranges = plan.check(heads)
+        except _tensor.TensorFormatError as e:
+            return self._none(call, INVALID_PARAMS, "key %r: %s" % (key, e))
+        if into is not None and into[1] < total:
+            return self._none(call, INVALID_PARAMS, "key %r: the whole tensor is %d bytes, the "
+                              "buffer holds %d" % (key, total, into[1]))
+        block = None if into is not None else bytearray(total)
+        try:
+            base = into[0] if block is None else self._registered(block)
+        except ferry.Error as e:
+            return self._none(call, INVALID_PARAMS, e.detail)
+        try:
+            # the first shard's header lands first where the whole one goes:
+            # a destination the ranged read refuses is never written to here
+            if not self._read_ranges(call, base, [(plan.keys[0], 0, 0, _tensor.HEADER_SIZE)]
+                                     + ranges):
+                return None
+            ctypes.memmove(base, head, len(head))
+        finally:
+            if block is not None:
+                self._engine.unregister_memory(base)
+        return self._decode(call, key, block if block is not None else
+                            (ctypes.c_ubyte * total).from_address(base))
+
+    def _legacy_tp_axes(self, call, key):
+        """[the TP axis] key_tp_0's header names, or None (logged)."""
+        heads = self._headers(call, [_tp_key(key, 0, 2)], quiet=True)
+        try:
+            if heads is None:
+                raise _tensor.TensorFormatError("not found")
+            _, _, _, axes = _tensor.layout(*heads[0])
+            tp = [a for a in axes if a[0] == _parallel.KINDS["tp"]]
+            if not tp:
+                raise _tensor.TensorFormatError("its header has no tp axis")
+            return [_parallel.writer_partition((0, tp[0][2], tp[0][3]))]
+        except _tensor.TensorFormatError as e:
+            self._fail(call, OBJECT_NOT_FOUND, "key %r: no whole value, and %r: %s (a layout "
+                       "other than the TP calls' needs the ReadTarget's parallelism to name "
+                       "its shards)" % (key, _tp_key(key, 0, 2), e))
+            return None
+
+    def _headers(self, call, keys, quiet=False):
+        """[(header bytes, value size the header declares)] of keys, read in
+        one ranged read; None when one cannot be read (logged unless quiet)."""
+        size = _tensor.HEADER_SIZE
+        block = bytearray(size * len(keys))
+        try:
+            base = self._registered(block)
+        except ferry.Error as e:
+            return self._none(call, INVALID_PARAMS, e.detail)
+        try:
+            if not self._read_ranges(call, base, [(k, 0, j * size, size)
+                                                  for j, k in enumerate(keys)], quiet):
+                return None
+        finally:
+            self._engine.unregister_memory(base)
+        heads = [bytes(block[j * size:(j + 1) * size]) for j in range(len(keys))]
+        return [(h, _tensor.declared_size(h)) for h in heads]
+
+    def _read_ranges(self, call, base, ranges, quiet=False):
+        """Reads ranges [(key, source offset, destination offset, size)] into
+        base in one get_into_ranges; False when one fails (logged unless quiet)."""
+        by_key = {}
+        for key, src, dst, size in ranges:
+            entry = by_key.setdefault(key, ([], [], []))
+            for column, value in zip(entry, (dst, src, size)):
+                column.append(value)
+        keys = list(by_key)
+        got = self._call(call, lambda: self._store.get_ranges(
+            *map(list, zip(*[(k, base + d, s, n) for k in keys
+                             for d, s, n in zip(*by_key[k])]))), quiet_missing=quiet)
+        if isinstance(got, int):
+            return False
+        answers, detail = got
+        if any(a < 0 for a in answers):
+            if not quiet:
+                self._fail(call, _code(next(a for a in answers if a < 0), detail), detail)
+            return False
+        return True
+
+    def _put_tensors(self, call, keys, tensors, config=None, upsert=False, tp=None,
+                     layouts=None):
         """Per key 0 or a code; tp=(tp_size, split_dim) stores each tensor's
-        shards under key_tp_<rank> (a key's code: its first failing shard's)."""
+        shards under key_tp_<rank> (a key's code: its first failing shard's);
+        layouts, per key (TensorParallelism or None, writer partition or
+        None), stores the piece _parallel.write_parts names."""
         keys, tensors = list(keys), list(tensors)
-        if len(keys) != len(tensors):
-            return [self._fail(call, INVALID_PARAMS, "%d keys but %d tensors"
-                               % (len(keys), len(tensors)))] * len(keys)
+        layouts = [(None, None)] * len(keys) if layouts is None else list(layouts)
+        if not len(keys) == len(tensors) == len(layouts):
+            return [self._fail(call, INVALID_PARAMS, "%d keys but %d tensors and %d layouts"
+                               % (len(keys), len(tensors), len(layouts)))] * len(keys)
         results, values = [0] * len(keys), []  # values: (key index, store key, tensor, header)
         for i, (key, tensor) in enumerate(zip(keys, tensors)):
             name = "the tensor of key %r" % (key,)
             try:
                 tensor, code = _tensor.inspect(tensor, name)
-                parts = ([(key, tensor, _tensor.header_of(tensor, code))] if tp is None else
+                parts = (_parallel.write_parts(key, tensor, code, name, *layouts[i])
+                         if tp is None else
                          [(_tp_key(key, r, tp[0]),) + s
                           for r, s in enumerate(_tensor.shards(tensor, code, tp[0], tp[1], name))])
             except _tensor.TensorFormatError as e:
@@ -981,6 +1175,10 @@ class MooncakeDistributedStore:
     def _fail(self, call, code, detail):
         logger.warning("%s failed (%d): %s", call, code, detail)
         return code
+
+    def _none(self, call, code, detail):
+        """A read's failure: logged, None."""
+        self._fail(call, code, detail)
 
     def _call(self, call, fn, busy=OBJECT_HAS_LEASE, quiet_missing=False):
         if self._store is None or fn is None:

@@ -339,10 +339,10 @@ def test_upsert_and_pub_forms(master):
         reader.close()
 
 
-def test_the_parallelism_calls_store_whole_tensors_and_refuse_layouts(master):
+def test_the_parallelism_calls_without_a_layout_are_the_whole_tensor_calls(master):
     """Mooncake's *_with_parallelism calls without a layout are the whole-
-    tensor calls; a TensorParallelism / writer_partition / ReadTarget is
-    refused by name (-600), nothing stored."""
+    tensor calls; a parallelism or target that is not one is refused (-600),
+    nothing stored (the layouts: test_mooncake_store_parallel.py)."""
     writer, reader = client(master), client(master)
     t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     assert writer.put_tensor_with_parallelism("par", t) == 0
