@@ -142,6 +142,13 @@ static void buffer_open(buffer *b, int device, size_t len) {
   }
 }
 
+static void buffer_close(buffer *b) {
+  if (b->device)
+    cuda_check(cu.MemFree(b->dptr), "cuMemFree");
+  free(b->shadow);
+  memset(b, 0, sizeof *b);
+}
+
 static void *buffer_addr(const buffer *b) {
   return b->device ? (void *)(uintptr_t)b->dptr : (void *)b->shadow;
 }
@@ -249,6 +256,9 @@ static int target_main(size_t len) {
     fflush(stdout);
   }
   ferry_engine_destroy(e);
+  buffer_close(&bufs[0]);
+  buffer_close(&bufs[1]);
+  free(snapshot.shadow);
   return 0;
 }
 
@@ -618,6 +628,8 @@ int main(int argc, char **argv) {
   }
   peer_stop(&r.target);
   ferry_engine_destroy(r.e);
+  buffer_close(&r.local[0]);
+  buffer_close(&r.local[1]);
   printf("%s: %d failure(s)\n", bench ? "gpu_transfer --bench" : "gpu_transfer", failures);
   return failures ? 1 : 0;
 }
