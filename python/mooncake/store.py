@@ -61,6 +61,7 @@ segment. Details: mooncake._dummy_client, docs/store.md.
 
 import ctypes
 import enum
+import itertools
 import logging
 import os
 import random
@@ -252,6 +253,7 @@ class MooncakeDistributedStore:
         self._bare_hostname = None
         self._staging = None
         self._dummy = None
+        self._told_copied_reads = False
 
     # ---- lifetime -------------------------------------------------------------------------
 
@@ -1142,11 +1144,38 @@ class MooncakeDistributedStore:
         if not len(keys) == len(buffer_ptrs) == len(sizes) or not all(buffer_ptrs):
             return [self._fail(call, INVALID_PARAMS, "%d keys, %d buffers, %d sizes, or a null "
                                "buffer" % (len(keys), len(buffer_ptrs), len(sizes)))] * len(keys)
-        got = self._batch(call, lambda: self._store.batch_get_into(keys, buffer_ptrs, sizes),
+        got = self._batch(call, lambda: self._read_into(call, keys, buffer_ptrs, sizes),
                           len(keys))
         return [None if n < 0 else
                 self._decode(call, k, (ctypes.c_ubyte * n).from_address(p) if n else bytearray())
                 for k, p, n in zip(keys, buffer_ptrs, got)]
+
+    def _read_into(self, call, keys, buffer_ptrs, sizes):
+        """batch_get_into; where a buffer is not registered (every buffer is
+        checked before the master is asked: nothing was read), the values are
+        read into one registered block and copied into the buffers, as a
+        tensor put copies from unregistered memory (Mooncake's tensor calls
+        take any buffer)."""
+        try:
+            return self._store.batch_get_into(keys, buffer_ptrs, sizes)
+        except ferry.Error as e:
+            if e.code != ferry.ENOTREG:
+                raise
+        if not self._told_copied_reads:
+            self._told_copied_reads = True
+            logger.info("%s: a buffer is not registered: values are read through a copy "
+                        "(register_buffer it to read in place)", call)
+        block = bytearray(max(sum(sizes), 1))
+        base = self._registered(block)
+        try:
+            offsets = list(itertools.accumulate([0] + sizes[:-1]))
+            answers, detail = self._store.batch_get_into(keys, [base + o for o in offsets], sizes)
+            for ptr, off, n in zip(buffer_ptrs, offsets, answers):
+                if n > 0:
+                    ctypes.memmove(ptr, base + off, n)
+            return answers, detail
+        finally:
+            self._engine.unregister_memory(base)
 
     def _decode(self, call, key, buffer):
         """The tensor in a value's buffer (sharing its memory), or None: logged."""

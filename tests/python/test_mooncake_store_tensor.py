@@ -356,3 +356,29 @@ def test_the_parallelism_calls_without_a_layout_are_the_whole_tensor_calls(maste
     assert reader.get_tensor_with_parallelism("par", target=object()) is None
     writer.close()
     reader.close()
+
+
+def test_get_tensor_into_an_unregistered_buffer_reads_through_a_copy(master, caplog):
+    """Mooncake's tensor calls take any buffer (its structured object store
+    reads into ctypes buffers it never registers): a buffer that is not
+    registered gets the value through a registered block, copied; INFO says
+    so once."""
+    writer, reader = client(master), client(master)
+    t = sample(torch.int64, (3, 4), 11)
+    region = ctypes.create_string_buffer(2 * 4096)  # never registered
+    base = ctypes.addressof(region)
+    try:
+        assert writer.batch_put_tensor(["u", "v"], [t, t[:1]]) == [0, 0]
+        with caplog.at_level(logging.INFO, logger="mooncake.store"):
+            got = reader.get_tensor_into("u", base, 4096)
+            same(got, t)
+            assert got.data_ptr() == base + HEADER
+            both = reader.batch_get_tensor_into(["v", "absent"], [base + 4096, base],
+                                                [4096, 4096])
+        same(both[0], t[:1])
+        assert both[1] is None
+        assert caplog.text.count("values are read through a copy") == 1, caplog.text
+        assert reader.get_tensor_into("u", base, 64) is None  # too small: still refused
+    finally:
+        writer.close()
+        reader.close()
