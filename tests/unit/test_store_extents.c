@@ -1,6 +1,7 @@
 /* test_store_extents.c - a segment's free space (store/extents.h): taking
  * an exact range out of it (store_extents_take: a new HA leader restores
- * the replicas its journal names) and giving it back, and a randomized
+ * the replicas its journal names) and giving it back, a free or take that
+ * gets no memory for a new extent (malloc wrapped), and a randomized
  * differential run of allocations, frees and takes against two plain
  * models written here: the sorted array of free extents with a best-fit
  * scan that extents.c used to be (which offset, how long a merged extent,
@@ -20,6 +21,20 @@
 #include "store/extents.h"
 
 #define G STORE_GRANULE
+
+/* The linker sends every malloc here (tests/CMakeLists.txt: --wrap=malloc);
+ * failing_mallocs makes the next ones fail. */
+void *__real_malloc(size_t size);
+void *__wrap_malloc(size_t size);
+static int failing_mallocs;
+
+void *__wrap_malloc(size_t size) {
+  if (failing_mallocs > 0) {
+    failing_mallocs--;
+    return NULL;
+  }
+  return __real_malloc(size);
+}
 
 /* The i-th free extent in offset order, through the API's walk. */
 static store_extent nth(const store_extents *x, size_t i) {
@@ -67,6 +82,37 @@ static void a_range_not_wholly_free_is_refused(void **state) {
   /* Given back, it merges: one extent again, and an allocation can have it. */
   assert_int_equal(store_extents_free(&x, 10 * G, 10 * G), 100 * G);
   assert_int_equal(x.count, 1);
+  store_extents_destroy(&x);
+}
+
+/* Without memory for a new extent, a free loses its space and a take of a
+ * middle range is refused: neither hands anything out twice. */
+static void without_memory_space_is_lost_never_given_twice(void **state) {
+  (void)state;
+  store_extents x;
+  uint64_t a, b, c, d;
+  assert_int_equal(store_extents_init(&x, 100 * G), 0);
+  assert_int_equal(store_extents_alloc(&x, 10 * G, &a), 0);
+  assert_int_equal(store_extents_alloc(&x, 10 * G, &b), 0);
+  assert_int_equal(store_extents_alloc(&x, 10 * G, &c), 0);
+  failing_mallocs = 1;
+  assert_int_equal(store_extents_free(&x, b, 10 * G), 0); /* between two live ones: lost */
+  assert_int_equal(failing_mallocs, 0);
+  assert_int_equal(x.free_bytes, 70 * G);
+  assert_int_equal(x.count, 1);
+  assert_int_equal(store_extents_alloc(&x, 10 * G, &d), 0);
+  assert_int_equal(d, 30 * G); /* not b */
+  failing_mallocs = 1;
+  assert_int_equal(store_extents_take(&x, 50 * G, G), -1); /* a hole in the middle */
+  assert_int_equal(x.free_bytes, 60 * G);
+  assert_int_equal(x.count, 1);
+  assert_int_equal(store_extents_take(&x, 50 * G, G), 0); /* with memory: granted */
+  assert_int_equal(x.count, 2);
+  /* A free that merges needs no memory: d joins [40, 50) granules. */
+  failing_mallocs = 1;
+  assert_int_equal(store_extents_free(&x, d, 10 * G), 20 * G);
+  assert_int_equal(failing_mallocs, 1);
+  failing_mallocs = 0;
   store_extents_destroy(&x);
 }
 
@@ -372,6 +418,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_range_is_taken_from_the_middle_the_ends_or_whole),
       cmocka_unit_test(a_range_not_wholly_free_is_refused),
+      cmocka_unit_test(without_memory_space_is_lost_never_given_twice),
       cmocka_unit_test(allocs_frees_and_takes_match_best_fit_and_coalesce),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
