@@ -1,11 +1,13 @@
 /* store_bench.c - the store's rows of bench/run (section store, issue 33):
  * what a client's batch put/get costs against ferry's own WRITE/READ of the
  * same bytes, small-object operations per second, the master's CPU per
- * operation and its memory per object. One JSON line per run.
+ * operation, its memory per object and its allocator's cost per operation.
+ * One JSON line per run.
  *
  *   store_bench batch MASTER tcp|shm SIZE COUNT REPS
  *   store_bench ops MASTER MASTER_PID THREADS SECONDS
  *   store_bench memory COUNT KEYLEN
+ *   store_bench alloc COUNT
  *
  * batch and ops fork a holder: a second process (its own engine on
  * 127.0.0.1, all transports) whose store client contributes the segment
@@ -26,7 +28,13 @@
  * does: glibc's mallinfo2 before and after COUNT committed objects of
  * KEYLEN-byte keys (4 KiB, one replica) in a store_map, made through the
  * master's restore path (store_map_restore_object), which builds the same
- * object a commit does. */
+ * object a commit does.
+ * alloc times one segment's allocator (store/extents.h) in this process:
+ * COUNT allocations of mixed sizes (4 KiB mostly, 16-64 KiB, 256 KiB,
+ * 1 MiB), half of them freed in random order (a fragmented pool: as many
+ * holes as a scan-based allocator could not bear), COUNT / 10 allocations
+ * in that state, then the rest freed (a client's death); ns per operation
+ * of each phase. */
 #include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -39,6 +47,7 @@
 #include "bench_common.h"
 #include "bench_engine.h"
 #include "ferry.h"
+#include "store/extents.h"
 #include "store/map.h"
 
 #define SMALL 4096
@@ -328,6 +337,74 @@ static int memory(size_t count, size_t keylen) {
   return 0;
 }
 
+/* ---- alloc: one segment's allocator under millions of objects ------------------------------ */
+
+static uint64_t next_random(uint64_t *s) { /* xorshift64: the same run every time */
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+static uint64_t mixed_size(uint64_t *s) {
+  uint64_t k = next_random(s) % 20;
+  if (k < 12)
+    return SMALL;
+  if (k < 17)
+    return 16384 + next_random(s) % 49152;
+  return k < 19 ? 256 << 10 : 1 << 20;
+}
+
+static double ns_per(uint64_t t0, size_t ops) {
+  return ops ? (double)(ferry_now_ns() - t0) / (double)ops : 0;
+}
+
+static int alloc_bench(size_t count) {
+  size_t extra = count / 10, total = count + extra;
+  uint64_t s = 88172645463325252ull, bytes = 0;
+  uint64_t *len = malloc(total * sizeof *len), *off = malloc(total * sizeof *off);
+  if (!len || !off)
+    fprintf(stderr, "store_bench: no memory\n"), exit(1);
+  for (size_t i = 0; i < total; i++)
+    bytes += store_extents_round(len[i] = mixed_size(&s));
+  store_extents x; /* room for all with a quarter to spare: a full pool is not the point */
+  if (store_extents_init(&x, bytes + bytes / 4))
+    fprintf(stderr, "store_bench: alloc: no memory\n"), exit(1);
+  uint64_t t = ferry_now_ns();
+  for (size_t i = 0; i < count; i++)
+    if (store_extents_alloc(&x, len[i], &off[i]))
+      fprintf(stderr, "store_bench: alloc: %zu refused\n", i), exit(1);
+  double alloc_ns = ns_per(t, count);
+  for (size_t i = count - 1; i > 0; i--) { /* a random order of the first count */
+    size_t j = next_random(&s) % (i + 1);
+    uint64_t o = off[i], l = len[i];
+    off[i] = off[j], len[i] = len[j], off[j] = o, len[j] = l;
+  }
+  size_t half = count / 2;
+  t = ferry_now_ns();
+  for (size_t i = 0; i < half; i++)
+    store_extents_free(&x, off[i], len[i]);
+  double free_ns = ns_per(t, half);
+  size_t holes = x.count, refused = 0;
+  t = ferry_now_ns();
+  for (size_t i = count; i < total; i++)
+    if (store_extents_alloc(&x, len[i], &off[i]))
+      len[i] = 0, refused++;
+  double fragmented_ns = ns_per(t, extra);
+  t = ferry_now_ns();
+  for (size_t i = half; i < total; i++)
+    if (len[i])
+      store_extents_free(&x, off[i], len[i]);
+  double rest_ns = ns_per(t, total - half - refused);
+  printf("{\"mode\": \"alloc\", \"objects\": %zu, \"alloc_ns\": %.1f, \"free_random_ns\": %.1f, "
+         "\"extents\": %zu, \"fragmented_alloc_ns\": %.1f, \"refused\": %zu, "
+         "\"free_rest_ns\": %.1f, \"extents_at_end\": %zu}\n",
+         count, alloc_ns, free_ns, holes, fragmented_ns, refused, rest_ns, x.count);
+  store_extents_destroy(&x);
+  free(len), free(off);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc == 7 && !strcmp(argv[1], "batch") &&
       (!strcmp(argv[3], "tcp") || !strcmp(argv[3], "shm")) && atoi(argv[6]) > 0)
@@ -336,8 +413,11 @@ int main(int argc, char **argv) {
     return ops(argv[2], atol(argv[3]), (unsigned)atoi(argv[4]), atof(argv[5]));
   if (argc == 4 && !strcmp(argv[1], "memory") && parse_size(argv[2]) && atoi(argv[3]) > 0)
     return memory(parse_size(argv[2]), (size_t)atoi(argv[3]));
+  if (argc == 3 && !strcmp(argv[1], "alloc") && parse_size(argv[2]) >= 2)
+    return alloc_bench(parse_size(argv[2]));
   fprintf(stderr, "usage: store_bench batch MASTER tcp|shm SIZE COUNT REPS\n"
                   "       store_bench ops MASTER MASTER_PID THREADS SECONDS\n"
-                  "       store_bench memory COUNT KEYLEN\n");
+                  "       store_bench memory COUNT KEYLEN\n"
+                  "       store_bench alloc COUNT\n");
   return 2;
 }

@@ -1,6 +1,7 @@
-/* extents.h - the free space of one segment: a best-fit list of free
- * extents sorted by offset, coalesced on free, in 64-byte granules
- * (docs/store.md says why best fit, and what replaces the scan later). */
+/* extents.h - the free space of one segment: best-fit free extents,
+ * coalesced on free, in 64-byte granules, indexed by offset and by size so
+ * every call is O(log n) in the free extents (docs/store.md says why best
+ * fit and what each call costs). */
 #ifndef FERRY_STORE_EXTENTS_H
 #define FERRY_STORE_EXTENTS_H
 
@@ -13,9 +14,15 @@ typedef struct store_extent {
   uint64_t offset, length;
 } store_extent;
 
+/* One free extent, a node of both trees (extents.c). */
+typedef struct store_extent_node store_extent_node;
+
 typedef struct store_extents {
-  store_extent *free; /* sorted by offset, disjoint, never adjacent */
-  size_t count, cap;
+  /* The same nodes in two AVL trees: by offset (neighbours, containment)
+   * and by (length, offset) (best fit). Extents are disjoint and never
+   * adjacent. Read count and free_bytes; the trees are extents.c's. */
+  store_extent_node *by_offset, *by_length;
+  size_t count; /* free extents */
   uint64_t free_bytes;
 } store_extents;
 
@@ -39,5 +46,8 @@ uint64_t store_extents_free(store_extents *x, uint64_t offset, uint64_t length);
 int store_extents_take(store_extents *x, uint64_t offset, uint64_t length);
 /* The largest free extent, for the "pool full" message. */
 uint64_t store_extents_largest(const store_extents *x);
+/* The first free extent that starts at or after offset, in *extent; -1
+ * when none. Walks the free list in offset order (tests, diagnostics). */
+int store_extents_next(const store_extents *x, uint64_t offset, store_extent *extent);
 
 #endif
