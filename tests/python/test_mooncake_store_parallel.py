@@ -249,8 +249,9 @@ def test_shard_sets_that_are_not_one_tensor_are_refused(pair, caplog):
         axis("tp", 0, 2, 5), axis("dp", 0, 1))) == -600  # split_dim past the shape
     assert reader.batch_is_exist(["r_tp_2", "r__dp_0of1__tp_0of3_sd0", "r_tp_0"]) == [0, 0, 0]
     assert reader.get_tensor_with_parallelism("r", target("shard")) is None  # shard needs axes
-    # an unregistered buffer: None, untouched
+    # an unregistered buffer: read through a copy, as get_tensor_into
     mine = ctypes.create_string_buffer(b"\xcd" * 1024, 1024)
-    assert reader.get_tensor_with_parallelism_into("half", ctypes.addressof(mine), 1024, target(
-        "as_stored", par(axis("tp", 0, 2, 0), axis("dp", 0, 1)))) is None
-    assert mine.raw == b"\xcd" * 1024
+    stored = target("as_stored", par(axis("tp", 0, 2, 0), axis("dp", 0, 1)))
+    got = reader.get_tensor_with_parallelism_into("half", ctypes.addressof(mine), 1024, stored)
+    assert torch.equal(got, reader.get_tensor_with_parallelism("half", stored))
+    assert got.data_ptr() == ctypes.addressof(mine) + HEADER
