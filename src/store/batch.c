@@ -161,71 +161,97 @@ static int same_segment(const move *a, const move *b) {
   return a->segment_len == b->segment_len && !memcmp(a->segment, b->segment, a->segment_len);
 }
 
-/* Submits the moves of mv[first]'s segment not yet grouped as one batch;
- * they are group `group` whether it could be submitted or not. */
-static ferry_status submit_group(ferry_store *s, ferry_op op, const item *items, move *mv, size_t n,
-                                 size_t first, int group, ferry_batch **batch) {
-  size_t members = 0;
+/* Marks the moves of mv[first]'s segment not yet grouped as group `group`;
+ * returns where its members start (first). */
+static size_t mark_group(move *mv, size_t n, size_t first, int group) {
   for (size_t i = first; i < n; i++)
     if (mv[i].group < 0 && same_segment(&mv[i], &mv[first]))
+      mv[i].group = group;
+  return first;
+}
+
+/* Starts group g (its members from mv[first] on) as one ferry batch: submitted
+ * to the workers (*batch), or run to its end on this thread (here; *batch
+ * stays NULL), which then copies too instead of waiting for them. */
+static ferry_status start_group(ferry_store *s, ferry_op op, const item *items, move *mv, size_t n,
+                                size_t first, int here, ferry_batch **batch) {
+  int g = mv[first].group;
+  size_t members = 0;
+  for (size_t i = first; i < n; i++)
+    if (mv[i].group == g)
       members += move_entries(&items[mv[i].item], op, mv[i].remote, NULL);
   ferry_entry *entries = malloc(members * sizeof *entries);
+  if (!entries)
+    return ferry_fail(FERRY_ENOMEM, "store: no memory for a batch");
   char target[STORE_NAME_MAX + 1];
   snprintf(target, sizeof target, "%.*s", (int)mv[first].segment_len, mv[first].segment);
   size_t k = 0;
   for (size_t i = first; i < n; i++)
-    if (mv[i].group < 0 && same_segment(&mv[i], &mv[first])) {
-      mv[i].group = group;
-      if (entries)
-        k += move_entries(&items[mv[i].item], op, mv[i].remote, entries + k);
-    }
-  ferry_status st = entries ? ferry_batch_submit(s->engine, target, entries, k, NULL, batch)
-                            : ferry_fail(FERRY_ENOMEM, "store: no memory for a batch");
+    if (mv[i].group == g)
+      k += move_entries(&items[mv[i].item], op, mv[i].remote, entries + k);
+  ferry_status st = here ? ferry_transfer_sync_batch(s->engine, target, entries, k, NULL)
+                         : ferry_batch_submit(s->engine, target, entries, k, NULL, batch);
   free(entries);
   return st;
 }
 
-/* Runs every move; each gets its status. details[g] keeps group g's error. */
+/* Group g's status: its members get it, details[g] its error. */
+static void group_done(move *mv, size_t n, int g, ferry_status st,
+                       char (*details)[FERRY_ERROR_MAX]) {
+  if (st)
+    snprintf(details[g], FERRY_ERROR_MAX, "%s", ferry_last_error());
+  for (size_t j = 0; j < n; j++)
+    if (mv[j].group == g && mv[j].status == FERRY_OK)
+      mv[j].status = st;
+}
+
+/* Runs every move; each gets its status. details[g] keeps group g's error.
+ * One ferry batch per segment; every one but the last is submitted to the
+ * workers, and the last runs on this thread meanwhile (a store call would
+ * otherwise sleep while its bytes move). A replica in this client's own
+ * segment is copied here, a group of its own. */
 static void run_moves(ferry_store *s, ferry_op op, const item *items, move *mv, size_t n,
                       char (*details)[FERRY_ERROR_MAX]) {
+  if (!n)
+    return;
   const char *own = ferry_store_segment(s);
-  ferry_batch **batches = calloc(n ? n : 1, sizeof *batches);
+  ferry_batch **batches = calloc(n, sizeof *batches);
+  if (!batches) {
+    ferry_fail(FERRY_ENOMEM, "store: no memory for batches");
+    for (size_t i = 0; i < n; i++)
+      mv[i] = (move){mv[i].item, mv[i].segment, mv[i].segment_len, mv[i].remote, FERRY_ENOMEM, 0};
+    snprintf(details[0], FERRY_ERROR_MAX, "%s", ferry_last_error());
+    return;
+  }
   int groups = 0;
   for (size_t i = 0; i < n; i++) {
     mv[i].group = -1;
     mv[i].status = FERRY_OK;
   }
+  size_t last = n; /* the first member of the remote group seen last: run here, at the end */
   for (size_t i = 0; i < n; i++) {
     if (mv[i].group >= 0)
       continue;
-    ferry_status st;
     if (s->segment && strlen(own) == mv[i].segment_len &&
         !memcmp(own, mv[i].segment, mv[i].segment_len)) {
-      mv[i].group = groups;
-      st = move_locally(s, op, &items[mv[i].item], mv[i].remote);
-      if (batches)
-        batches[groups] = NULL;
-    } else {
-      st = batches ? submit_group(s, op, items, mv, n, i, groups, &batches[groups])
-                   : ferry_fail(FERRY_ENOMEM, "store: no memory for batches");
+      mv[i].group = groups++;
+      group_done(mv, n, mv[i].group, move_locally(s, op, &items[mv[i].item], mv[i].remote),
+                 details);
+      continue;
     }
-    if (st || !batches)
-      snprintf(details[groups], FERRY_ERROR_MAX, "%s", ferry_last_error());
-    for (size_t j = i; j < n; j++)
-      if (mv[j].group == groups || (!batches && mv[j].group < 0))
-        mv[j].status = st;
-    groups++;
+    if (last < n) {
+      int g = mv[last].group;
+      group_done(mv, n, g, start_group(s, op, items, mv, n, last, 0, &batches[g]), details);
+    }
+    last = mark_group(mv, n, i, groups++);
   }
-  for (int g = 0; batches && g < groups; g++) {
+  if (last < n)
+    group_done(mv, n, mv[last].group, start_group(s, op, items, mv, n, last, 1, NULL), details);
+  for (int g = 0; g < groups; g++) {
     if (!batches[g])
       continue;
-    ferry_status st = ferry_batch_wait(batches[g], -1);
-    if (st)
-      snprintf(details[g], FERRY_ERROR_MAX, "%s", ferry_last_error());
+    group_done(mv, n, g, ferry_batch_wait(batches[g], -1), details);
     ferry_batch_free(batches[g]);
-    for (size_t j = 0; j < n; j++)
-      if (mv[j].group == g && mv[j].status == FERRY_OK)
-        mv[j].status = st;
   }
   free(batches);
 }
