@@ -423,6 +423,22 @@ def test_the_real_client_drops_a_dummy_stalled_mid_frame(master):
         stop(proc)
 
 
+def stand_in(port, serve):
+    """A raw listener at the real client's socket name (it died): serve(conn)
+    runs on a thread for the first connection. Returns the listener (to
+    close) and the thread."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(ipc.socket_name(port))
+    sock.listen(1)
+
+    def run():
+        conn, _ = sock.accept()
+        serve(conn)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return sock, t
+
+
 def test_a_reconnect_checks_the_secret_again(monkeypatch, caplog):
     """A process holding the real client's socket after it died, without
     the secret (a raw peer here), is refused at the reconnect; the real
@@ -434,19 +450,13 @@ def test_a_reconnect_checks_the_secret_again(monkeypatch, caplog):
     try:
         assert store.put("resecret/k", b"v") == 0
         kill(proc)
-        impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        impostor.bind(ipc.socket_name(port))
-        impostor.listen(1)
-
-        def pretend():
-            conn, _ = impostor.accept()
+        def pretend(conn):
             ipc.send(conn, {"hello": "ferry-mooncake-client", "version": ipc.VERSION,
                             "nonce": "00", "auth": True})
             ipc.recv(conn)
             ipc.send(conn, {"ok": {"segment": "impostor", "proof": "00" * 32}})
             conn.close()
-        t = threading.Thread(target=pretend, daemon=True)
-        t.start()
+        impostor, t = stand_in(port, pretend)
         caplog.clear()
         assert in_time(lambda: store.put("resecret/k", b"v"), 20) < 0
         t.join(10)
@@ -472,12 +482,7 @@ def test_a_region_the_new_real_client_refuses_is_left_unregistered(master, caplo
         ok = shared(store, pattern(31, 4096))
         refused = shared(store, pattern(32, 4096))
         kill(proc)
-        fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        fake.bind(ipc.socket_name(port))
-        fake.listen(1)
-
-        def serve():
-            conn, _ = fake.accept()
+        def serve(conn):
             ipc.send(conn, {"hello": "ferry-mooncake-client", "version": ipc.VERSION,
                             "nonce": "00", "auth": False})
             ipc.recv(conn)
@@ -494,8 +499,7 @@ def test_a_region_the_new_real_client_refuses_is_left_unregistered(master, caplo
                     ipc.send(conn, {"ok": [[1] * len(msg["keys"]), None]})
                     conn.close()
                     return
-        t = threading.Thread(target=serve, daemon=True)
-        t.start()
+        fake, t = stand_in(port, serve)
         caplog.clear()
         assert in_time(lambda: store.batch_is_exist(["k"]), 20) == [1]
         t.join(10)

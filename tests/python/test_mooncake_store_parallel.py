@@ -11,41 +11,18 @@ not make one tensor refused with their cause. Every byte compared."""
 
 import ctypes
 import logging
-import struct
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from test_mooncake_store import client, master  # noqa: E402,F401  (the fixture)
+from test_mooncake_store_tensor import header  # noqa: E402  (Mooncake's header, field by field)
 
 from mooncake.store import ParallelAxis, ReadTarget, TensorParallelism  # noqa: E402
 
 HEADER = 304
 DP, TP, EP, PP = 0, 1, 2, 3  # Mooncake's LayoutAxisKind numbers
-CODES = {torch.float32: 0, torch.int32: 6, torch.int64: 8, torch.int16: 4}
-
-
-def header(dtype, global_shape, local_shape, axes=()):
-    """Mooncake's TensorMetadata at its C offsets (test_mooncake_store_tensor's
-    header(), with any axis kind): axes (kind, rank, count, split_dim,
-    reserved0); each LayoutAxis is {i32 kind, axis_index, shard_rank,
-    shard_count, split_dim, reserved0 (EP expert / PP stage id); i64 the
-    shard's extent on split_dim, 0 without one}."""
-    n = 1
-    for d in local_shape:
-        n *= d
-    out = bytearray(HEADER)
-    struct.pack_into("<IHH", out, 0, 0x4D4F4F4E, 1, HEADER)
-    struct.pack_into("<iiII", out, 8, CODES[dtype], len(global_shape), 1 if axes else 0, 0)
-    struct.pack_into("<QQ", out, 24, HEADER, n * torch.empty(0, dtype=dtype).element_size())
-    for at, shape in ((40, global_shape), (104, local_shape)):
-        struct.pack_into("<8q", out, at, *(list(shape) + [-1] * (8 - len(shape))))
-    struct.pack_into("<I", out, 168, len(axes))
-    for i, (kind, rank, count, split, r0) in enumerate(axes):
-        struct.pack_into("<6iq", out, 176 + 32 * i, kind, i, rank, count, split, r0,
-                         local_shape[split] if split >= 0 else 0)
-    return bytes(out)
 
 
 def raw(t):

@@ -71,9 +71,11 @@ def header(dtype, global_shape, local_shape=None, axes=()):
         dims = list(shape) + [-1] * (8 - len(shape))
         struct.pack_into("<8q", out, at, *dims)
     struct.pack_into("<I", out, 168, len(axes))
-    for i, (rank, count, split) in enumerate(axes):
-        struct.pack_into("<6iq", out, 176 + 32 * i, 1, i, rank, count, split, 0,
-                         local_shape[split])
+    for i, axis in enumerate(axes):  # (rank, count, split_dim): a TP axis; or
+        # (kind, rank, count, split_dim, reserved0: EP expert / PP stage id)
+        kind, rank, count, split, r0 = axis if len(axis) == 5 else (1,) + tuple(axis) + (0,)
+        struct.pack_into("<6iq", out, 176 + 32 * i, kind, i, rank, count, split, r0,
+                         local_shape[split] if split >= 0 else 0)
     return bytes(out)
 
 
