@@ -651,10 +651,16 @@ static int moves_again(fabric_channel *ch, fabric_slot *s, ferry_status *st) {
   /* A refused key while the fresh table holds every range: the refusal
    * was the connection's (a cut's operations can come back so on
    * tcp;ofi_rxm), or of a key the target replaced by registering again,
-   * and a repost takes the table's. */
-  int held = fetched && *st == FERRY_ENOTREG;
-  *st = held ? FERRY_ESOCKET : *st;
-  ferry_fail(*st, "%s%s", detail, held ? "; the target still holds that range" : "");
+   * and a repost takes the table's. A refused key when the target cannot
+   * be asked: a killed target's provider cancels its operations so too, so
+   * the link's failure is all that is known. */
+  int held = fetched && *st == FERRY_ENOTREG, unasked = !fetched && *st == FERRY_ENOTREG;
+  *st = held || unasked ? FERRY_ESOCKET : *st;
+  ferry_fail(*st, "%s%s", detail,
+             held      ? "; the target still holds that range"
+             : unasked ? "; the target did not answer whether it still holds that range (it may "
+                         "have exited)"
+                       : "");
   return fetched && *st == FERRY_ESOCKET && !s->st && s->reposts < FABRIC_REPOSTS &&
          !ferry_peer_can_fail_over(ch->base.peer, &ch->base);
 }
