@@ -337,24 +337,15 @@ static int selected(const object *o, uint64_t which) {
   return which == PENDING ? o->writer != 0 : o->writer == which;
 }
 
-/* The slot holding key's object that `which` selects, or NULL. */
-static object **find(store_map *m, const char *key, size_t len, uint64_t which) {
-  uint64_t h = hash_key(key, len);
-  for (object **at = bucket_of(m, h); *at; at = &(*at)->next)
-    if ((*at)->hash == h && (*at)->key_len == len && !memcmp(key_of(*at), key, len) &&
-        selected(*at, which))
-      return at;
-  return NULL;
-}
-
-/* find() for `which`, and the key's committed object in *committed (NULL:
- * none), in one walk of its chain: a put's start and end ask for both. */
+/* The slot holding key's object that `which` selects (NULL: none), and the
+ * key's committed object in *committed (NULL: none), in one walk of its
+ * chain: a put's start and end ask for both. */
 static object **find_with_committed(store_map *m, const char *key, size_t len, uint64_t which,
                                     object **committed) {
   uint64_t h = hash_key(key, len);
   object **found = NULL;
   *committed = NULL;
-  for (object **at = bucket_of(m, h); *at; at = &(*at)->next)
+  for (object **at = bucket_of(m, h); *at && !(found && *committed); at = &(*at)->next)
     if ((*at)->hash == h && (*at)->key_len == len && !memcmp(key_of(*at), key, len)) {
       if (!found && selected(*at, which))
         found = at;
@@ -362,6 +353,12 @@ static object **find_with_committed(store_map *m, const char *key, size_t len, u
         *committed = *at;
     }
   return found;
+}
+
+/* The slot holding key's object that `which` selects, or NULL. */
+static object **find(store_map *m, const char *key, size_t len, uint64_t which) {
+  object *committed;
+  return find_with_committed(m, key, len, which, &committed);
 }
 
 /* Doubles the table past one object per bucket; stays as it is without memory. */
@@ -889,7 +886,7 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, int upsert, s
   ask.preferred = pref_len ? find_segment(m, pref, pref_len) : NULL;
   evictions->now = ferry_now_ns();
   reap_retired(m, evictions->now);
-  char refused[STORE_REASON_MAX]; /* not cleared per key: that was a third of the time */
+  char refused[STORE_REASON_MAX]; /* not cleared per key: only a refusal writes it */
   for (uint32_t i = 0; i < count; i++) {
     const char *key;
     size_t len;
