@@ -355,6 +355,33 @@ static object **find_with_committed(store_map *m, const char *key, size_t len, u
   return found;
 }
 
+/* Warms the chains of a request's keys (count entries, each a key then
+ * tail bytes) before they are served. A batch's keys come after its bytes
+ * moved (megabytes through the caches), so the table is cold, and each key
+ * would wait for its bucket and then for the object at its head, one miss
+ * after the other: asking for every bucket, then every head, overlaps them
+ * (PUT_START, PUT_END and GET of 1024 keys after 64 MiB moved: 40-50% less
+ * time in the master). A malformed entry ends it: the request fails later. */
+static void prefetch_chains(store_map *m, const store_reader *r, uint32_t count, size_t tail) {
+  for (int heads = 0; heads < 2; heads++) {
+    store_reader at = *r;
+    for (uint32_t i = 0; i < count; i++) {
+      const char *key;
+      size_t len;
+      store_get_str(&at, &key, &len, STORE_KEY_MAX);
+      if (at.bad || at.left < tail)
+        return;
+      at.p += tail;
+      at.left -= tail;
+      object **bucket = bucket_of(m, hash_key(key, len));
+      if (!heads)
+        __builtin_prefetch(bucket);
+      else if (*bucket)
+        __builtin_prefetch(*bucket);
+    }
+  }
+}
+
 /* The slot holding key's object that `which` selects, or NULL. */
 static object **find(store_map *m, const char *key, size_t len, uint64_t which) {
   object *committed;
@@ -887,6 +914,7 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, int upsert, s
   evictions->now = ferry_now_ns();
   reap_retired(m, evictions->now);
   char refused[STORE_REASON_MAX]; /* not cleared per key: only a refusal writes it */
+  prefetch_chains(m, r, count, sizeof(uint64_t)); /* an entry: key, size */
   for (uint32_t i = 0; i < count; i++) {
     const char *key;
     size_t len;
@@ -982,6 +1010,7 @@ static ferry_status serve_put_end(store_map *m, uint64_t client, store_reader *r
   }
   e->n = 0;
   uint64_t now = ferry_now_ns();
+  prefetch_chains(m, r, count, sizeof(uint32_t) + 1); /* key, outcome, on_disk */
   uint32_t i;
   for (i = 0; i < count; i++) {
     const char *key;
@@ -1022,6 +1051,7 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
   if (op == STORE_PUT_END)
     return serve_put_end(m, client, r, count, reply, why, size);
   uint64_t now = ferry_now_ns(); /* the request's: a clock read per key was a tenth of a get */
+  prefetch_chains(m, r, count, 0);
   for (uint32_t i = 0; i < count; i++) {
     const char *key;
     size_t len;
