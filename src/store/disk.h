@@ -32,6 +32,11 @@
  * the cause (errno) when it cannot be used. */
 ferry_status store_disk_prepare(const char *root, const char *cluster_id, char *dir, size_t size);
 
+/* Resolves path (an existing directory a process of this user can create
+ * files in) into dir, for a client's offload directory (offload.h).
+ * FERRY_EINVAL naming `what`, the path and the cause (errno). */
+ferry_status store_disk_own_dir(const char *what, const char *path, char *dir, size_t size);
+
 /* The file of key in dir; -1 when OpenSSL has no memory to hash it. */
 int store_disk_path(const char *dir, const char *key, size_t key_len,
                     char path[STORE_DISK_PATH_MAX]);
