@@ -571,6 +571,8 @@ static uint64_t unlink_object(store_map *m, object **at) {
  * value); its space is freed now, or once the last GET's lease on it ended. */
 static void retire(store_map *m, object **at, uint64_t now) {
   object *o = detach(m, at);
+  if (o->off & OFF_WRITING && o->lease_until_ns < now + m->lease_ns)
+    o->lease_until_ns = now + m->lease_ns; /* its owner still reads it */
   o->on_disk = 0; /* the key's file, if any, is the new value's (UPSERT_START dropped its own) */
   queue_delete(m, o); /* before the new value's offload: the owner does its tasks in order */
   if (o->lease_until_ns <= now) {
@@ -1344,7 +1346,8 @@ static segment *owned_segment(store_map *m, store_reader *r, ferry_status *st, c
 
 /* One task handed out (its entry written), or dropped when its object went
  * or changed. An offload's object is not evicted nor removed until the
- * owner reports it, and a lease keeps an upsert from freeing its space. */
+ * owner reports it (an upsert that replaces it meanwhile keeps its space a
+ * lease longer: retire()). */
 static int hand_out(store_map *m, segment *s, task *t, uint64_t now, store_writer *w) {
   object **at = find(m, t->key, t->key_len, COMMITTED), *o = at ? *at : NULL;
   uint64_t addr = 0, size = 0;
@@ -1353,8 +1356,6 @@ static int hand_out(store_map *m, segment *s, task *t, uint64_t now, store_write
     if (!o || !(o->off & OFF_QUEUED) || i < 0)
       return 0;
     o->off = (uint8_t)((o->off & ~OFF_QUEUED) | OFF_WRITING);
-    if (o->lease_until_ns < now + m->lease_ns)
-      o->lease_until_ns = now + m->lease_ns;
     addr = s->base + o->rep[i].offset;
     size = o->size;
   } else if (t->kind == STORE_TASK_LOAD) {

@@ -303,19 +303,24 @@ static void eager_offload_keeps_evicted_objects(void **state) {
 /* --offload_on_evict: nothing is written until eviction chooses an object;
  * then its memory goes once its file is written. A put that needs the room
  * meanwhile may be refused (the store is full), the next one fits; a get
- * that needs room waits for it. Red when commits queue offloads (k2 gets a
- * file before anything chose it). */
+ * that needs room waits for it. Whether k2 was written is asked only once
+ * the owner deleted k1's file: a task queued after any for k2 (an owner
+ * does its tasks in order). Red when commits queue offloads. */
 static void offload_on_evict_writes_only_what_eviction_chooses(void **state) {
   (void)state;
   rig r;
   rig_open(&r, "--offload_on_evict");
   owner_put_ok(&r, "k1", 1);
-  owner_put_room(&r, "k2", 2);         /* k1 chosen: written, then its memory goes */
-  assert_true(file_exists(&r, "k1"));  /* written before its memory went for k2 */
-  assert_false(file_exists(&r, "k2")); /* nothing chose k2 yet */
-  reader_get_ok(&r, "k1", 1);          /* waits while k2 is written out for the room */
+  owner_put_room(&r, "k2", 2); /* k1 chosen: written, then its memory goes */
+  assert_true(file_exists(&r, "k1"));
+  assert_int_equal(ferry_store_remove(r.reader, "k1"), FERRY_OK);
+  await_file(&r, "k1", 0);
+  assert_false(file_exists(&r, "k2")); /* nothing chose k2 */
+  owner_put_room(&r, "k3", 3); /* k2 chosen now */
   assert_true(file_exists(&r, "k2"));
-  reader_get_ok(&r, "k2", 2);
+  reader_get_ok(&r, "k2", 2); /* waits while k3 is written out for the room */
+  assert_true(file_exists(&r, "k3"));
+  reader_get_ok(&r, "k3", 3);
   rig_close(&r);
 }
 
