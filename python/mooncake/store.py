@@ -265,7 +265,8 @@ class MooncakeDistributedStore:
                               % len(_SETUP_ARGS))
         conf = dict(_SETUP_DEFAULTS)
         conf.update(zip(_SETUP_ARGS, args))
-        unknown = set(kwargs) - set(_SETUP_ARGS) - {"device_name"}
+        unknown = set(kwargs) - set(_SETUP_ARGS) - {"device_name", "enable_ssd_offload",
+                                                    "ssd_offload_path"}
         if unknown:
             return self._fail("setup", INVALID_PARAMS, "unknown argument(s) %s"
                               % ", ".join(sorted(unknown)))
@@ -274,6 +275,14 @@ class MooncakeDistributedStore:
             conf["rdma_devices"] = kwargs["device_name"]
         if self._store is not None:
             return self._fail("setup", INVALID_PARAMS, "this store is set up already")
+        offload_dir = None
+        if conf.get("enable_ssd_offload"):
+            # Mooncake's: the argument, else its environment variable.
+            offload_dir = (conf.get("ssd_offload_path")
+                           or os.environ.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"))
+            if not offload_dir:
+                return self._fail("setup", INVALID_PARAMS, "enable_ssd_offload needs "
+                                  "ssd_offload_path or MOONCAKE_OFFLOAD_FILE_STORAGE_PATH")
         try:
             segment = _size(conf["global_segment_size"], "global_segment_size")
             staging = _size(conf["local_buffer_size"], "local_buffer_size")
@@ -291,7 +300,7 @@ class MooncakeDistributedStore:
             # local_buffer_size=0: the calls that need it refuse (_no_staging);
             # the C client's smallest staging buffer stays unused.
             self._store = _ferry.Store(engine._engine, conf["master_server_addr"], segment,
-                                       staging or 64)
+                                       staging or 64, offload_dir=offload_dir)
         except ferry.Error as e:
             if self._own_engine:
                 engine.close()

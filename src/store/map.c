@@ -1389,8 +1389,10 @@ static ferry_status serve_poll(store_map *m, store_reader *r, store_writer *repl
     struct timespec at = ferry_timespec(deadline);
     pthread_cond_timedwait(&m->changed, &m->lock, &at);
     store_reader again = named;
-    if (!(s = owned_segment(m, &again, &st, why, size)))
-      return st; /* it left meanwhile */
+    if (!(s = owned_segment(m, &again, &st, why, size))) {
+      store_put_u32(reply, 0); /* it left meanwhile (its client is closing): no task */
+      return FERRY_OK;
+    }
   }
   size_t count_at = reply->len;
   store_put_u32(reply, 0);
