@@ -630,6 +630,7 @@ typedef struct eviction_round {
   size_t writing;      /* ... being written to their owner's disk (--enable_offload) */
   uint64_t lease_ends; /* the first of those leases to end (0: none) */
   size_t objects[2], puts;
+  const char *for_what; /* FOR_PUTS' cause in the log: NULL, "put(s) that did not fit" */
   size_t on_disk[2];    /* of those evicted, the ones left with their file */
   size_t offloading[2]; /* chosen, kept until their owner wrote them (--offload_on_evict) */
   uint64_t bytes[2];
@@ -731,10 +732,9 @@ static void log_round(const eviction_round *r) {
                  r->offloading[why]);
   }
   if (r->objects[FOR_PUTS])
-    FERRY_INFO(
-        "store master: evicted %zu least recently used object(s) (%llu bytes) for %zu put(s) "
-        "that did not fit%s",
-        r->objects[FOR_PUTS], (unsigned long long)r->bytes[FOR_PUTS], r->puts, kept[FOR_PUTS]);
+    FERRY_INFO("store master: evicted %zu least recently used object(s) (%llu bytes) for %zu %s%s",
+               r->objects[FOR_PUTS], (unsigned long long)r->bytes[FOR_PUTS], r->puts,
+               r->for_what ? r->for_what : "put(s) that did not fit", kept[FOR_PUTS]);
   if (r->objects[PAST_WATERMARK])
     FERRY_INFO(
         "store master: evicted %zu least recently used object(s) (%llu bytes): %.1f%% of the "
@@ -1191,7 +1191,7 @@ static ferry_status remove_one(store_map *m, object **at) {
  * full. */
 static int start_load(store_map *m, object *o, uint64_t now, uint64_t *retry_at) {
   segment *owner = o->rep[0].seg;
-  eviction_round r = {.now = now};
+  eviction_round r = {.now = now, .for_what = "load(s) from an owner's disk (--enable_offload)"};
   uint64_t offset;
   object *victim = NULL;
   int placed;

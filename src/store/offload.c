@@ -164,7 +164,7 @@ static void report(store_offload *o, job *jobs, size_t n) {
   store_reader r = {body, (size_t)h.body_len, 0};
   for (size_t i = 0; i < sent; i++) {
     int32_t status = (int32_t)store_get_u32(&r);
-    if (!r.bad && status != FERRY_OK && jobs[i].kind == STORE_TASK_OFFLOAD)
+    if (!r.bad && status != FERRY_OK) /* not kept: an offload not wanted, a load that failed */
       store_disk_remove(o->dir, jobs[i].key, jobs[i].key_len);
   }
   free(body);
