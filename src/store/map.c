@@ -128,6 +128,7 @@ struct store_map {
   /* --enable_offload (offload_on_evict: only objects eviction chose). */
   int offload, offload_on_evict;
   pthread_cond_t changed; /* a task queued, a load ended (with lock) */
+  int stopping;           /* store_map_stop_waits: nothing waits any more */
 };
 
 /* One item of an operation answered with st (or one request refused
@@ -173,6 +174,13 @@ int store_map_set_disk(store_map *m, const char *dir) {
 void store_map_set_offload(store_map *m, int on_evict) {
   m->offload = 1;
   m->offload_on_evict = on_evict;
+}
+
+void store_map_stop_waits(store_map *m) {
+  pthread_mutex_lock(&m->lock);
+  m->stopping = 1;
+  pthread_cond_broadcast(&m->changed);
+  pthread_mutex_unlock(&m->lock);
 }
 
 static char *key_of(object *o) { return (char *)(o->rep + o->room); }
@@ -1239,8 +1247,8 @@ static uint64_t load_back(store_map *m, const store_reader *keys, uint32_t count
       else if (at && !(*at)->replicas && (*at)->off & OFF_LOCAL && now < deadline)
         waiting |= start_load(m, *at, now, &wake) != 0;
     }
-    if (!waiting || now >= deadline)
-      return deadline;
+    if (!waiting || now >= deadline || m->stopping)
+      return m->stopping ? 0 : deadline;
     struct timespec at = ferry_timespec(wake);
     pthread_cond_timedwait(&m->changed, &m->lock, &at);
   }
@@ -1385,7 +1393,7 @@ static ferry_status serve_poll(store_map *m, store_reader *r, store_writer *repl
     return snprintf(why, size, "malformed OFFLOAD_POLL"), FERRY_EPROTO;
   s->offload = 1;
   uint64_t deadline = ferry_now_ns() + (wait_ms < 1000 ? wait_ms : 1000) * 1000000ull;
-  while (!s->tasks && ferry_now_ns() < deadline) {
+  while (!s->tasks && ferry_now_ns() < deadline && !m->stopping) {
     struct timespec at = ferry_timespec(deadline);
     pthread_cond_timedwait(&m->changed, &m->lock, &at);
     store_reader again = named;

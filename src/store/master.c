@@ -335,6 +335,8 @@ void store_master_stop(store_master *m) {
   for (client *c = m->clients; c; c = c->next)
     shutdown(c->fd, SHUT_RDWR);
   pthread_mutex_unlock(&m->lock);
+  if (m->map)
+    store_map_stop_waits(m->map); /* offload's polls and gets waiting for a load */
   for (client *c = m->clients, *next; c; c = next) {
     next = c->next;
     pthread_join(c->thread, NULL);
