@@ -967,6 +967,9 @@ typedef struct ferry_store_config {
                                this client's segment get a copy in a file here, and a get of
                                one left on this disk only is loaded back by this client
                                (docs/store.md). NULL: none; needs segment_size > 0 */
+  size_t offload_max_bytes; /* the bytes offload_dir's files may hold (0: no limit; Mooncake's
+                               MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES): past it the oldest go,
+                               and an object left with no copy in memory leaves the store */
 } ferry_store_config;
 void ferry_store_config_init_size(ferry_store_config *cfg, size_t size);
 #define ferry_store_config_init(cfg) ferry_store_config_init_size((cfg), sizeof *(cfg))

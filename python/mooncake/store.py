@@ -283,8 +283,10 @@ class MooncakeDistributedStore:
             if not offload_dir:
                 return self._fail("setup", INVALID_PARAMS, "enable_ssd_offload needs "
                                   "ssd_offload_path or MOONCAKE_OFFLOAD_FILE_STORAGE_PATH")
+        offload_max = os.environ.get("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", "0") or "0"
         try:
             segment = _size(conf["global_segment_size"], "global_segment_size")
+            offload_max = _size(offload_max, "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES")
             staging = _size(conf["local_buffer_size"], "local_buffer_size")
             for name in ("local_hostname", "metadata_server"):
                 if name not in conf:
@@ -300,7 +302,8 @@ class MooncakeDistributedStore:
             # local_buffer_size=0: the calls that need it refuse (_no_staging);
             # the C client's smallest staging buffer stays unused.
             self._store = _ferry.Store(engine._engine, conf["master_server_addr"], segment,
-                                       staging or 64, offload_dir=offload_dir)
+                                       staging or 64, offload_dir=offload_dir,
+                                       offload_max_bytes=offload_max)
         except ferry.Error as e:
             if self._own_engine:
                 engine.close()

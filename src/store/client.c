@@ -342,7 +342,7 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
   if (!st && !s->pinger_started)
     st = ferry_fail(FERRY_ENOMEM, "ferry_store_open: cannot start the PING thread");
   if (!st && cfg->offload_dir)
-    st = store_offload_start(s, cfg->offload_dir, &s->offload);
+    st = store_offload_start(s, cfg->offload_dir, cfg->offload_max_bytes, &s->offload);
   if (st) {
     char detail[FERRY_ERROR_MAX];
     snprintf(detail, sizeof detail, "%s", ferry_last_error());

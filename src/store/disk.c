@@ -294,6 +294,8 @@ ferry_status store_disk_read(const char *dir, const char *key, const ferry_store
                     key, len, wrong, path, (unsigned long long)st.st_size);
 }
 
+size_t store_disk_file_size(size_t key_len, size_t len) { return HEADER + key_len + len; }
+
 void store_disk_remove(const char *dir, const char *key, size_t key_len) {
   char path[STORE_DISK_PATH_MAX];
   if (store_disk_path(dir, key, key_len, path) == 0)

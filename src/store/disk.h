@@ -57,6 +57,9 @@ ferry_status store_disk_write(const char *dir, const char *key, const ferry_stor
 ferry_status store_disk_read(const char *dir, const char *key, const ferry_store_buffer *parts,
                              size_t n, size_t len, int *bad);
 
+/* The bytes of a file holding a value of len bytes under a key of key_len. */
+size_t store_disk_file_size(size_t key_len, size_t len);
+
 /* Deletes key's file; a file that is not there is fine. */
 void store_disk_remove(const char *dir, const char *key, size_t key_len);
 

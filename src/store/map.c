@@ -1453,6 +1453,16 @@ static ferry_status done_one(store_map *m, segment *s, uint8_t kind, const char 
     journal_object(m, o);
     return FERRY_OK;
   }
+  if (kind == STORE_TASK_DROP && o && disk_owner(o) == s) { /* the owner's directory is full */
+    if (o->off & OFF_LOADING)
+      return FERRY_EBUSY;
+    o->off &= (uint8_t)~OFF_LOCAL; /* its owner deletes the file: no DELETE task */
+    if (o->replicas)
+      journal_object(m, o);
+    else
+      unlink_object(m, at);
+    return FERRY_OK;
+  }
   return kind == STORE_TASK_DELETE ? FERRY_OK : FERRY_ENOTFOUND;
 }
 

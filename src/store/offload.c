@@ -22,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/error.h"
@@ -33,6 +35,13 @@
 #define POLL_WAIT_MS 250 /* a poll's wait at the master: also how long close waits */
 #define POLL_MAX 64      /* tasks taken per poll */
 
+/* A file this client wrote, in the order written (the capacity's FIFO). */
+typedef struct written {
+  struct written *next;
+  size_t key_len;
+  char key[];
+} written;
+
 struct store_offload {
   ferry_store *s;    /* the client whose segment this serves */
   ferry_store *conn; /* the offload connection: a client without segment, on the same engine */
@@ -43,6 +52,11 @@ struct store_offload {
   pthread_cond_t cond;
   int closing;
   int failing; /* the last poll failed (its WARN logged once per outage) */
+  /* The directory's capacity (0: none): the bytes of the files this
+   * client wrote and still holds, and those files, oldest first (an entry
+   * whose file is gone is skipped when its turn comes). */
+  uint64_t capacity, used;
+  written *oldest, **newest;
 };
 
 /* One task as the master handed it. */
@@ -105,6 +119,118 @@ static ferry_status poll_tasks(store_offload *o, uint32_t wait_ms, job **jobs, s
   return FERRY_OK;
 }
 
+/* ---- the directory's capacity -------------------------------------------------------------- */
+
+/* The size of key's file, 0 when there is none. */
+static uint64_t file_bytes(store_offload *o, const char *key, size_t key_len) {
+  char path[STORE_DISK_PATH_MAX];
+  struct stat st;
+  if (store_disk_path(o->dir, key, key_len, path) != 0 || stat(path, &st) != 0)
+    return 0;
+  return (uint64_t)st.st_size;
+}
+
+/* Deletes key's file and stops counting it. Every deletion goes here. */
+static void forget_file(store_offload *o, const char *key, size_t key_len) {
+  uint64_t bytes = file_bytes(o, key, key_len);
+  o->used -= bytes < o->used ? bytes : o->used;
+  store_disk_remove(o->dir, key, key_len);
+}
+
+/* Counts key's file, just written, as the newest. */
+static void count_file(store_offload *o, const char *key, size_t key_len) {
+  written *w = malloc(sizeof *w + key_len);
+  o->used += file_bytes(o, key, key_len);
+  if (!w)
+    return; /* counted, never chosen to make room: the cap errs on the safe side */
+  w->next = NULL;
+  w->key_len = key_len;
+  memcpy(w->key, key, key_len);
+  if (!o->newest)
+    o->newest = &o->oldest;
+  *o->newest = w;
+  o->newest = &w->next;
+}
+
+static written *pop_oldest(store_offload *o) {
+  written *w = o->oldest;
+  if (w && !(o->oldest = w->next))
+    o->newest = &o->oldest;
+  return w;
+}
+
+/* Asks the master to forget this client's copy of w's key (DROP): its
+ * status, or -1 when the master did not hear it. */
+static int32_t drop_copy(store_offload *o, const written *w) {
+  store_writer req = {0};
+  put_head(o, &req, STORE_OFFLOAD_DONE);
+  store_put_u8(&req, STORE_TASK_DROP);
+  store_put_str(&req, w->key, w->key_len);
+  store_put_u32(&req, 0);
+  ferry_frame_header h;
+  uint8_t *body = NULL;
+  if (store_request(o->conn, &req, 1, &h, &body, "store OFFLOAD_DONE (drop)") != FERRY_OK)
+    return -1;
+  store_reader r = {body, (size_t)h.body_len, 0};
+  int32_t status = (int32_t)store_get_u32(&r);
+  free(body);
+  return r.bad ? -1 : status;
+}
+
+/* Makes room for a file of need bytes by dropping the oldest files: the
+ * master forgets each first (an object left with no replica in memory
+ * leaves the store), then the file goes; one a get has loaded back
+ * meanwhile (FERRY_EBUSY) stays and counts as the newest. 0 once it fits. */
+static int make_room(store_offload *o, uint64_t need) {
+  size_t busy = 0; /* in a row: once every file is busy, nothing more can go */
+  while (o->used + need > o->capacity && o->oldest && busy < 64) {
+    written *w = pop_oldest(o);
+    if (!file_bytes(o, w->key, w->key_len)) { /* deleted since: counted out then */
+      free(w);
+      continue;
+    }
+    int32_t status = drop_copy(o, w);
+    if (status == -1) { /* the file stays, the oldest still */
+      if (!(w->next = o->oldest))
+        o->newest = &w->next;
+      o->oldest = w;
+      return -1;
+    }
+    if (status == FERRY_EBUSY) {
+      busy++;
+      w->next = NULL;
+      *o->newest = w;
+      o->newest = &w->next;
+      continue;
+    }
+    busy = 0;
+    forget_file(o, w->key, w->key_len);
+    free(w);
+  }
+  return o->used + need > o->capacity ? -1 : 0;
+}
+
+/* Writes an offload's file, within the capacity. */
+static ferry_status write_file(store_offload *o, job *j, const ferry_store_buffer *part) {
+  uint64_t need = store_disk_file_size(j->key_len, part->length);
+  forget_file(o, j->key, j->key_len); /* a file of the key left behind is replaced */
+  if (o->capacity && (need > o->capacity || make_room(o, need) != 0))
+    return ferry_fail(FERRY_ENOMEM,
+                      "store offload: no room for \"%s\" (%llu bytes) in %s: the files kept "
+                      "hold %llu of its %llu bytes (offload_max_bytes, "
+                      "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES) and none can be dropped now; it "
+                      "stays in memory only",
+                      j->key, (unsigned long long)need, o->dir, (unsigned long long)o->used,
+                      (unsigned long long)o->capacity);
+  ferry_status st = store_disk_write(o->dir, j->key, part, 1, part->length);
+  if (!st)
+    count_file(o, j->key, j->key_len);
+  return st;
+}
+
+/* ---- tasks ------------------------------------------------------------------------------------
+ */
+
 /* Whether [addr, addr + size) lies in this client's segment: the master
  * names only that memory; anything else is refused, not touched. */
 static int in_segment(const ferry_store *s, uint64_t addr, uint64_t size) {
@@ -118,14 +244,14 @@ static void do_job(store_offload *o, job *j) {
   int bad = 0;
   ferry_status st = FERRY_OK;
   if (j->kind == STORE_TASK_DELETE) {
-    store_disk_remove(o->dir, j->key, j->key_len);
+    forget_file(o, j->key, j->key_len);
   } else if (!in_segment(o->s, j->addr, j->size)) {
     st = ferry_fail(FERRY_EPROTO,
                     "store offload: the master named 0x%llx (+%llu bytes) for \"%s\", outside "
                     "this client's segment",
                     (unsigned long long)j->addr, (unsigned long long)j->size, j->key);
   } else if (j->kind == STORE_TASK_OFFLOAD) {
-    st = store_disk_write(o->dir, j->key, &part, 1, part.length);
+    st = write_file(o, j, &part);
   } else if (j->kind == STORE_TASK_LOAD) {
     st = store_disk_read(o->dir, j->key, &part, 1, part.length, &bad);
   } else {
@@ -165,7 +291,7 @@ static void report(store_offload *o, job *jobs, size_t n) {
   for (size_t i = 0; i < sent; i++) {
     int32_t status = (int32_t)store_get_u32(&r);
     if (!r.bad && status != FERRY_OK) /* not kept: an offload not wanted, a load that failed */
-      store_disk_remove(o->dir, jobs[i].key, jobs[i].key_len);
+      forget_file(o, jobs[i].key, jobs[i].key_len);
   }
   free(body);
 }
@@ -213,7 +339,8 @@ static void *offload_main(void *arg) {
   return NULL;
 }
 
-ferry_status store_offload_start(ferry_store *s, const char *dir, store_offload **out) {
+ferry_status store_offload_start(ferry_store *s, const char *dir, uint64_t capacity,
+                                 store_offload **out) {
   if (!s->segment_size)
     return ferry_fail(FERRY_EINVAL,
                       "ferry_store_open: offload_dir %s given without a segment "
@@ -224,6 +351,7 @@ ferry_status store_offload_start(ferry_store *s, const char *dir, store_offload 
   if (!o)
     return ferry_fail(FERRY_ENOMEM, "ferry_store_open: out of memory");
   o->s = s;
+  o->capacity = capacity;
   pthread_mutex_init(&o->lock, NULL);
   pthread_condattr_t attr;
   pthread_condattr_init(&attr);
@@ -267,6 +395,8 @@ void store_offload_stop(store_offload *o) {
   if (o->started)
     pthread_join(o->thread, NULL);
   ferry_store_close(o->conn);
+  for (written *w; (w = pop_oldest(o));)
+    free(w);
   pthread_cond_destroy(&o->cond);
   pthread_mutex_destroy(&o->lock);
   free(o);

@@ -14,8 +14,10 @@ typedef struct store_offload store_offload;
  * FERRY_EINVAL naming it and the cause), opens the offload connection to
  * s's master, polls once (a master without --enable_offload refuses it:
  * FERRY_EINVAL) and starts the thread that serves the master's tasks. s
- * must have a segment. */
-ferry_status store_offload_start(ferry_store *s, const char *dir, store_offload **out);
+ * must have a segment. capacity: the bytes its files may hold (0: no
+ * limit); past it the oldest are dropped, from the store too. */
+ferry_status store_offload_start(ferry_store *s, const char *dir, uint64_t capacity,
+                                 store_offload **out);
 /* Stops the thread (within a poll, 250 ms) and closes its connection. */
 void store_offload_stop(store_offload *o);
 

@@ -26,7 +26,8 @@
  *   OFFLOAD_POLL str segment, u64 nonce,        (none)               u32 n | n * (u8 task |
  *               u32 wait ms, u32 max tasks                           str key | u64 addr | u64 size)
  *   OFFLOAD_DONE str segment, u64 nonce         u8 task | str key    i32 status (not OK: the
- *                                               | i32 outcome        client deletes the file)
+ *                                               | i32 outcome        client deletes the file;
+ *                                                                    DROP: see below)
  *   replicas:   u8 n | n * (str segment | u64 addr)
  *
  * A PUT_START entry with status 0 and no replicas: the key is stored
@@ -83,6 +84,11 @@ typedef enum store_op {
 
 /* An offloading client's tasks (OFFLOAD_POLL's reply). */
 enum { STORE_TASK_OFFLOAD = 1, STORE_TASK_LOAD = 2, STORE_TASK_DELETE = 3 };
+/* In OFFLOAD_DONE only: the client drops its copy of an object to make
+ * room in its directory (its capacity); the master forgets it first
+ * (FERRY_OK, or FERRY_ENOTFOUND: not a copy it knew), FERRY_EBUSY while
+ * a get has it loaded back (the file stays). */
+#define STORE_TASK_DROP 4
 
 /* A growing body (malloc'd); `failed` once an allocation failed. */
 typedef struct store_writer {

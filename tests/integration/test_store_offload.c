@@ -65,15 +65,21 @@ static ferry_engine *engine_on_loopback(void) {
   return ferry_engine_create(&cfg, &e) == FERRY_OK ? e : NULL;
 }
 
-static ferry_status open_store(ferry_engine *e, const char *master, size_t segment,
-                               const char *offload_dir, ferry_store **out) {
+static ferry_status open_capped(ferry_engine *e, const char *master, size_t segment,
+                                const char *offload_dir, size_t capacity, ferry_store **out) {
   ferry_store_config cfg;
   ferry_store_config_init(&cfg);
   cfg.master = master;
   cfg.segment_size = segment;
   cfg.local_buffer_size = 1 * MiB;
   cfg.offload_dir = offload_dir;
+  cfg.offload_max_bytes = capacity;
   return ferry_store_open(e, &cfg, out);
+}
+
+static ferry_status open_store(ferry_engine *e, const char *master, size_t segment,
+                               const char *offload_dir, ferry_store **out) {
+  return open_capped(e, master, segment, offload_dir, 0, out);
 }
 
 /* ---- the owner: a child process ---------------------------------------------------------------
@@ -87,13 +93,14 @@ static int answer(ferry_status st) {
   return fflush(stdout);
 }
 
-/* argv: master, offload directory. Lines "put KEY SIZE SEED" (into its own
+/* argv: master, offload directory[, its capacity in bytes]. Lines "put KEY SIZE SEED" (into its own
  * segment: the reader has none), answered "ok" or "err N MESSAGE". */
 static int owner_role(int argc, char **argv) {
-  ferry_engine *e = argc == 2 ? engine_on_loopback() : NULL;
+  ferry_engine *e = argc == 2 || argc == 3 ? engine_on_loopback() : NULL;
   ferry_store *s;
   uint8_t *buf;
-  if (!e || open_store(e, argv[0], OWNER_SEGMENT, argv[1], &s) != FERRY_OK ||
+  size_t capacity = argc == 3 ? strtoull(argv[2], NULL, 10) : 0;
+  if (!e || open_capped(e, argv[0], OWNER_SEGMENT, argv[1], capacity, &s) != FERRY_OK ||
       ferry_memory_alloc(e, 1 * MiB, (void **)&buf) != FERRY_OK) {
     fprintf(stderr, "owner: %s\n", ferry_last_error());
     return 2;
@@ -131,7 +138,7 @@ typedef struct rig {
 
 /* A master (`ferry store-master --enable_offload` and flag, evicting only
  * for what does not fit), the owner and the reader. */
-static void rig_open(rig *r, const char *flag) {
+static void rig_open_capped(rig *r, const char *flag, const char *capacity) {
   memset(r, 0, sizeof *r);
   snprintf(r->tmp, sizeof r->tmp, "/tmp/ferry-offload-XXXXXX");
   assert_non_null(mkdtemp(r->tmp));
@@ -150,7 +157,7 @@ static void rig_open(rig *r, const char *flag) {
   r->master = test_tool_start(argv, line, sizeof line);
   if (r->master <= 0 || sscanf(line, "ready master=%63s", r->addr) != 1)
     fail_msg("store-master did not start (line \"%s\")", r->master > 0 ? line : "");
-  const char *args[] = {r->addr, r->dir, NULL};
+  const char *args[] = {r->addr, r->dir, capacity, NULL};
   r->owner = test_child_start("owner", args, &r->to, &r->from);
   assert_true(r->owner > 0);
   if (test_read_line(r->from, line, sizeof line, TEST_SETUP_MS) != 0 ||
@@ -162,6 +169,8 @@ static void rig_open(rig *r, const char *flag) {
     fail_msg("reader: %s", ferry_last_error());
   assert_int_equal(ferry_memory_alloc(r->engine, 1 * MiB, (void **)&r->buf), FERRY_OK);
 }
+
+static void rig_open(rig *r, const char *flag) { rig_open_capped(r, flag, NULL); }
 
 static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
   (void)st;
@@ -316,7 +325,7 @@ static void offload_on_evict_writes_only_what_eviction_chooses(void **state) {
   assert_int_equal(ferry_store_remove(r.reader, "k1"), FERRY_OK);
   await_file(&r, "k1", 0);
   assert_false(file_exists(&r, "k2")); /* nothing chose k2 */
-  owner_put_room(&r, "k3", 3); /* k2 chosen now */
+  owner_put_room(&r, "k3", 3);         /* k2 chosen now */
   assert_true(file_exists(&r, "k2"));
   reader_get_ok(&r, "k2", 2); /* waits while k3 is written out for the room */
   assert_true(file_exists(&r, "k3"));
@@ -452,6 +461,27 @@ static void unusable_offload_setups_are_refused(void **state) {
   rmdir(tmp);
 }
 
+/* MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES: a directory that holds one
+ * file. k2's offload drops k1's file, the oldest, first telling the master:
+ * k1, on disk only, leaves the store. Red without the capacity (k1's file
+ * stays). */
+static void a_full_offload_directory_drops_its_oldest_files(void **state) {
+  (void)state;
+  rig r;
+  char capacity[32];
+  snprintf(capacity, sizeof capacity, "%zu", store_disk_file_size(2, VALUE) * 3 / 2);
+  rig_open_capped(&r, "--offload_on_evict=false", capacity);
+  owner_put_ok(&r, "k1", 1);
+  await_file(&r, "k1", 1);
+  owner_put_room(&r, "k2", 2); /* k1 evicted to its file, which k2's must replace */
+  await_file(&r, "k1", 0);
+  await_file(&r, "k2", 1);
+  assert_int_equal(ferry_store_exists(r.reader, "k1"), FERRY_ENOTFOUND);
+  assert_int_equal(files_in(r.dir), 1);
+  reader_get_ok(&r, "k2", 2);
+  rig_close(&r);
+}
+
 int main(int argc, char **argv) {
   const test_child_role roles[] = {{"owner", owner_role}};
   test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
@@ -461,6 +491,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(an_owners_death_drops_its_disk_copies),
       cmocka_unit_test(a_peer_without_the_segments_nonce_gets_no_tasks),
       cmocka_unit_test(unusable_offload_setups_are_refused),
+      cmocka_unit_test(a_full_offload_directory_drops_its_oldest_files),
   };
   const char *only = getenv("FERRY_TEST_FILTER");
   if (only && *only)
