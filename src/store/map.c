@@ -29,7 +29,19 @@
  * keeps it, disk-only: on neither list (nothing of it to evict), got from
  * its file, gone when removed or when its file proves missing or damaged.
  * The master deletes the file of every object that leaves the map (and
- * of a revoked put, whose writer may have written it). */
+ * of a revoked put, whose writer may have written it).
+ *
+ * Client-owned offload (--enable_offload, offload.c's other side): a
+ * segment whose client polls for tasks is an offloading one; an object
+ * with a replica there gets a copy in that client's (its owner's) files,
+ * asked by an OFFLOAD task after its commit or when eviction chooses it.
+ * Once written (OFF_LOCAL), eviction frees its memory and keeps it, the
+ * owner's segment in rep[0]; a GET of it takes space in that segment,
+ * queues a LOAD and waits on `changed` (the lock let go) until the owner
+ * filled it, then answers that replica. The owner's death drops its
+ * copies with its segment; an object that leaves the map has its owner
+ * delete the file (a DELETE task). Tasks queue per segment, by key: each
+ * is checked against the object when handed out. */
 #include "store/map.h"
 
 #include <pthread.h>
@@ -692,6 +704,8 @@ static uint64_t evict(store_map *m, eviction_round *r, object *o, int why) {
   r->bytes[why] += footprint(o);
   m->evicted_keys++;
   m->evicted_bytes += footprint(o);
+  if (!disk_owner(o))
+    o->off &= (uint8_t)~OFF_LOCAL; /* (its owner's segment would be among its replicas) */
   r->on_disk[why] += o->on_disk || o->off & OFF_LOCAL;
   if (o->off & OFF_LOCAL)
     return to_owner_disk_only(m, o);
@@ -1215,7 +1229,7 @@ static int start_load(store_map *m, object *o, uint64_t now, uint64_t *retry_at)
   if (r.lease_ends && r.lease_ends < *retry_at)
     *retry_at = r.lease_ends;
   if (!placed)
-    return r.offloading[FOR_PUTS] || r.lease_ends ? 2 : 0;
+    return r.offloading[FOR_PUTS] || r.writing || r.lease_ends ? 2 : 0;
   if (queue_task(m, owner, STORE_TASK_LOAD, key_of(o), o->key_len) != 0) {
     store_extents_free(&owner->space, offset, o->size);
     return 0;
