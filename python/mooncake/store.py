@@ -13,6 +13,12 @@ logged at WARNING on the ``mooncake.store`` logger.
 protocol, rdma_devices, master_server_addr``), or one dict of them; sizes may
 be ints or strings such as ``"16MB"``. ``engine=`` shares an initialized
 ``mooncake.engine.TransferEngine`` instead of making one.
+``enable_ssd_offload=True`` (with ``ssd_offload_path=DIR``, else
+``MOONCAKE_OFFLOAD_FILE_STORAGE_PATH``; the master runs with
+``--enable_offload``) keeps copies of the objects in this client's segment in
+files there, loaded back when a get of an evicted one needs them;
+``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`` caps the files' bytes
+(docs/store.md, "Client-owned SSD offload").
 
 A full pool evicts least-recently-used objects (the master's
 ``--eviction_*`` flags); ``ReplicateConfig(with_soft_pin=True)`` keeps an
