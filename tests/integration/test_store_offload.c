@@ -415,6 +415,37 @@ static void a_peer_without_the_segments_nonce_gets_no_tasks(void **state) {
   rig_close(&r);
 }
 
+/* Behind the shared secret (FERRY_SECRET for the master, the owner and the
+ * reader): the owner's second connection proves it too and an evicted
+ * object reads back; a peer without the secret cannot even say HELLO to
+ * the master, so it reaches no task. Red when the offload connection does
+ * not carry the secret (the owner fails to open). */
+static void offload_works_behind_the_secret(void **state) {
+  (void)state;
+  setenv("FERRY_SECRET", "offload-secret", 1);
+  rig r;
+  rig_open(&r, "--offload_on_evict=false");
+  owner_put_ok(&r, "k1", 1);
+  await_file(&r, "k1", 1);
+  owner_put_room(&r, "k2", 2);
+  reader_get_ok(&r, "k1", 1);
+  char host[FERRY_HOST_MAX];
+  uint16_t port;
+  int fd;
+  assert_int_equal(ferry_net_parse_target(r.addr, host, &port), FERRY_OK);
+  assert_int_equal(ferry_net_connect(host, port, ferry_now_ns() + TEST_SETUP_MS * 1000000ull, &fd),
+                   FERRY_OK);
+  ferry_sock sock;
+  ferry_session session;
+  ferry_sock_init(&sock, fd, r.addr);
+  store_identity none = {ferry_random_u64(), "raw", NULL};
+  uint64_t master_id;
+  assert_int_not_equal(store_handshake_connect(&sock, &session, &none, &master_id), FERRY_OK);
+  close(fd);
+  rig_close(&r);
+  unsetenv("FERRY_SECRET");
+}
+
 /* An offload directory that cannot be used fails open, naming the path and
  * the cause; so does offloading against a master without the flag; and the
  * master refuses both SSD tiers together. Red without the checks. */
@@ -490,6 +521,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(offload_on_evict_writes_only_what_eviction_chooses),
       cmocka_unit_test(an_owners_death_drops_its_disk_copies),
       cmocka_unit_test(a_peer_without_the_segments_nonce_gets_no_tasks),
+      cmocka_unit_test(offload_works_behind_the_secret),
       cmocka_unit_test(unusable_offload_setups_are_refused),
       cmocka_unit_test(a_full_offload_directory_drops_its_oldest_files),
   };
