@@ -962,6 +962,14 @@ typedef struct ferry_store_config {
                                temporary buffer */
   const char *secret;       /* shared secret of the master (NULL: FERRY_SECRET) */
   uint32_t timeout_ms;      /* bound of each request to the master (0: 10000) */
+  const char *offload_dir;  /* client-owned SSD offload (the master runs with --enable_offload;
+                               Mooncake's MOONCAKE_OFFLOAD_FILE_STORAGE_PATH): the objects in
+                               this client's segment get a copy in a file here, and a get of
+                               one left on this disk only is loaded back by this client
+                               (docs/store.md). NULL: none; needs segment_size > 0 */
+  size_t offload_max_bytes; /* the bytes offload_dir's files may hold (0: no limit; Mooncake's
+                               MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES): past it the oldest go,
+                               and an object left with no copy in memory leaves the store */
 } ferry_store_config;
 void ferry_store_config_init_size(ferry_store_config *cfg, size_t size);
 #define ferry_store_config_init(cfg) ferry_store_config_init_size((cfg), sizeof *(cfg))

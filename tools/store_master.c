@@ -28,7 +28,6 @@
 
 /* Mooncake's flags this master does not implement yet (issue 33). */
 static const char *const not_yet[] = {
-    "enable_offload",
     "allow_evict_soft_pinned_objects",
     "enable_gc",
     "memory_allocator",
@@ -55,6 +54,14 @@ static void usage(FILE *out) {
           "                           back on a get (DIR: the same path on every client's host)\n"
           "  --cluster_id=ID          the directory in DIR (default mooncake_cluster); with HA\n"
           "                           also the etcd key mooncake-store/ID/master_view\n"
+          "  --enable_offload[=true]  client-owned SSD offload: clients with an offload\n"
+          "                           directory (MOONCAKE_OFFLOAD_FILE_STORAGE_PATH) copy the\n"
+          "                           objects in their segments to files there; an evicted\n"
+          "                           object stays, loaded back by its owner on a get (not\n"
+          "                           with --root_fs_dir)\n"
+          "  --offload_on_evict[=true]  copy an object only once eviction chooses it (its\n"
+          "                           memory goes once the file is written; default false:\n"
+          "                           after each put)\n"
           "  --enable_ha              elect a leader among masters through etcd: the leader\n"
           "                           serves, the others stand by and take over when it goes\n"
           "  --ha_backend_type=etcd   the election's store (etcd only)\n"
@@ -76,13 +83,13 @@ static void usage(FILE *out) {
           "prove comes from FERRY_SECRET. With HA the leader journals its map in etcd: a\n"
           "new leader keeps every committed object.\n"
           "Prints \"ready master=HOST:PORT\" once it listens (with HA, then \" leader\" or\n"
-          "\" standby\"). Not implemented yet, and refused by name: the client-owned SSD\n"
-          "offload (--enable_offload).\n");
+          "\" standby\").\n");
 }
 
 /* The flags that take their value only after '=' (ferry_cli_gflag). */
-static const char *const booleans[] = {"enable_ha", "enable_metric_reporting",
-                                       "enable_http_metadata_server", NULL};
+static const char *const booleans[] = {
+    "enable_ha",        "enable_metric_reporting",     "enable_offload",
+    "offload_on_evict", "enable_http_metadata_server", NULL};
 
 static int parse_positive(const char *flag, const char *value, unsigned long scale, uint32_t *out) {
   unsigned long v;
@@ -233,6 +240,10 @@ static int parse_flag(store_master_config *cfg, const char *name, const char *va
     cfg->root_fs_dir = value && *value ? value : NULL;
     return value ? 0 : -1;
   }
+  if (!strcmp(name, "enable_offload"))
+    return ferry_cli_gflag_bool("store-master", name, value, &cfg->enable_offload);
+  if (!strcmp(name, "offload_on_evict"))
+    return ferry_cli_gflag_bool("store-master", name, value, &cfg->offload_on_evict);
   if (!strcmp(name, "cluster_id")) {
     cfg->cluster_id = value;
     return value && *value ? 0 : -1;

@@ -53,7 +53,7 @@ from mooncake.store import MooncakeDistributedStore
 logger = logging.getLogger("mooncake.mooncake_client")
 
 # Mooncake's flags this real client does not implement; refused by name when set.
-_NOT_IMPLEMENTED = ("enable_offload", "enable_http_server")
+_NOT_IMPLEMENTED = ("enable_http_server",)
 
 
 def _bool(text):
@@ -82,8 +82,12 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=1,
                    help="accepted for Mooncake's sake: each dummy has a thread of its own")
     p.add_argument("--tenant_id", default="default")
+    p.add_argument("--enable_offload", type=_bool, nargs="?", const=True, default=False,
+                   help="client-owned SSD offload (the master runs with --enable_offload): "
+                   "copies of this segment's objects in MOONCAKE_OFFLOAD_FILE_STORAGE_PATH")
     p.add_argument("--start_offload_rpc_server", type=_bool, nargs="?", const=True, default=True,
-                   help="accepted; has no effect without --enable_offload")
+                   help="accepted; no effect: gets reach offloaded objects through the master "
+                   "(docs/store.md)")
     p.add_argument("--http_port", type=int, default=9300, help="accepted; see --enable_http_server")
     for name in _NOT_IMPLEMENTED:
         p.add_argument("--" + name, type=_bool, nargs="?", const=True, default=False,
@@ -427,7 +431,7 @@ def main(argv=None):
     store = MooncakeDistributedStore()
     rc = store.setup(args.host, args.metadata_server, args.global_segment_size,
                      args.local_buffer_size, args.protocol, args.device_names,
-                     args.master_server_address)
+                     args.master_server_address, enable_ssd_offload=args.enable_offload)
     if rc != 0:
         sys.stderr.write("mooncake_client: cannot set up the store client (%d): see the "
                          "warning above\n" % rc)

@@ -13,6 +13,12 @@ logged at WARNING on the ``mooncake.store`` logger.
 protocol, rdma_devices, master_server_addr``), or one dict of them; sizes may
 be ints or strings such as ``"16MB"``. ``engine=`` shares an initialized
 ``mooncake.engine.TransferEngine`` instead of making one.
+``enable_ssd_offload=True`` (with ``ssd_offload_path=DIR``, else
+``MOONCAKE_OFFLOAD_FILE_STORAGE_PATH``; the master runs with
+``--enable_offload``) keeps copies of the objects in this client's segment in
+files there, loaded back when a get of an evicted one needs them;
+``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`` caps the files' bytes
+(docs/store.md, "Client-owned SSD offload").
 
 A full pool evicts least-recently-used objects (the master's
 ``--eviction_*`` flags); ``ReplicateConfig(with_soft_pin=True)`` keeps an
@@ -265,7 +271,8 @@ class MooncakeDistributedStore:
                               % len(_SETUP_ARGS))
         conf = dict(_SETUP_DEFAULTS)
         conf.update(zip(_SETUP_ARGS, args))
-        unknown = set(kwargs) - set(_SETUP_ARGS) - {"device_name"}
+        unknown = set(kwargs) - set(_SETUP_ARGS) - {"device_name", "enable_ssd_offload",
+                                                    "ssd_offload_path"}
         if unknown:
             return self._fail("setup", INVALID_PARAMS, "unknown argument(s) %s"
                               % ", ".join(sorted(unknown)))
@@ -274,8 +281,18 @@ class MooncakeDistributedStore:
             conf["rdma_devices"] = kwargs["device_name"]
         if self._store is not None:
             return self._fail("setup", INVALID_PARAMS, "this store is set up already")
+        offload_dir = None
+        if conf.get("enable_ssd_offload"):
+            # Mooncake's: the argument, else its environment variable.
+            offload_dir = (conf.get("ssd_offload_path")
+                           or os.environ.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"))
+            if not offload_dir:
+                return self._fail("setup", INVALID_PARAMS, "enable_ssd_offload needs "
+                                  "ssd_offload_path or MOONCAKE_OFFLOAD_FILE_STORAGE_PATH")
+        offload_max = os.environ.get("MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES", "0") or "0"
         try:
             segment = _size(conf["global_segment_size"], "global_segment_size")
+            offload_max = _size(offload_max, "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES")
             staging = _size(conf["local_buffer_size"], "local_buffer_size")
             for name in ("local_hostname", "metadata_server"):
                 if name not in conf:
@@ -291,7 +308,8 @@ class MooncakeDistributedStore:
             # local_buffer_size=0: the calls that need it refuse (_no_staging);
             # the C client's smallest staging buffer stays unused.
             self._store = _ferry.Store(engine._engine, conf["master_server_addr"], segment,
-                                       staging or 64)
+                                       staging or 64, offload_dir=offload_dir,
+                                       offload_max_bytes=offload_max)
         except ferry.Error as e:
             if self._own_engine:
                 engine.close()

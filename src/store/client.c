@@ -19,6 +19,7 @@
 #include "net/auth.h"
 #include "store/ha.h"
 #include "store/handshake.h"
+#include "store/offload.h"
 
 #define DEFAULT_STAGING (16u << 20)
 
@@ -340,6 +341,8 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
     s->pinger_started = pthread_create(&s->pinger, NULL, pinger_main, s) == 0;
   if (!st && !s->pinger_started)
     st = ferry_fail(FERRY_ENOMEM, "ferry_store_open: cannot start the PING thread");
+  if (!st && cfg->offload_dir)
+    st = store_offload_start(s, cfg->offload_dir, cfg->offload_max_bytes, &s->offload);
   if (st) {
     char detail[FERRY_ERROR_MAX];
     snprintf(detail, sizeof detail, "%s", ferry_last_error());
@@ -352,9 +355,45 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
   return FERRY_OK;
 }
 
+ferry_status store_open_connection(ferry_store *s, ferry_store **out) {
+  ferry_store *c = calloc(1, sizeof *c);
+  if (!c)
+    return ferry_fail(FERRY_ENOMEM, "ferry_store_open: out of memory");
+  c->engine = s->engine;
+  c->fd = -1;
+  memcpy(c->master, s->master, sizeof c->master);
+  c->timeout_ms = s->timeout_ms;
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_init(&c->staging_lock, NULL);
+  pthread_mutex_init(&c->ping_lock, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&c->ping_cond, &attr);
+  pthread_condattr_destroy(&attr);
+  ferry_status st = FERRY_OK;
+  if ((s->ha_url && !(c->ha_url = strdup(s->ha_url))) ||
+      (s->secret && !(c->secret = strdup(s->secret))))
+    st = ferry_fail(FERRY_ENOMEM, "ferry_store_open: out of memory");
+  if (!st) {
+    pthread_mutex_lock(&c->lock);
+    st = join_master(c);
+    pthread_mutex_unlock(&c->lock);
+  }
+  if (!st && !(c->pinger_started = pthread_create(&c->pinger, NULL, pinger_main, c) == 0))
+    st = ferry_fail(FERRY_ENOMEM, "ferry_store_open: cannot start the PING thread");
+  if (st) {
+    ferry_store_close(c);
+    return st;
+  }
+  *out = c;
+  return FERRY_OK;
+}
+
 void ferry_store_close(ferry_store *s) {
   if (!s)
     return;
+  store_offload_stop(s->offload); /* first: it reads and writes the segment */
   pthread_mutex_lock(&s->ping_lock);
   s->closing = 1;
   pthread_cond_signal(&s->ping_cond);
@@ -398,6 +437,12 @@ ferry_status store_entry_fail(ferry_store *s, ferry_status st, const char *key, 
         "%s \"%s\" (%llu bytes): the store is full: no segment has a free extent "
         "that large, or fewer segments have room than replicas were asked (master %s)",
         what, key, (unsigned long long)size, s->master);
+  case FERRY_ETIMEDOUT:
+    return ferry_fail(st,
+                      "%s \"%s\": its only copy is on the disk of the client that offloaded it, "
+                      "which did not load it back within a PING interval (master %s; that "
+                      "client is stalled or busy)",
+                      what, key, s->master);
   case FERRY_EBUSY:
     return ferry_fail(
         st,

@@ -44,7 +44,13 @@ struct ferry_store {
   pthread_mutex_t ping_lock;
   pthread_cond_t ping_cond;
   int closing;
+  struct store_offload *offload; /* client-owned SSD offload (offload.h); NULL: none */
 };
+
+/* A second connection to s's master, for offload.c's long polls: a client
+ * without segment on s's engine (its secret, HA and timeout), its PING
+ * thread included. Close it with ferry_store_close. */
+ferry_status store_open_connection(ferry_store *s, ferry_store **out);
 
 /* One request (body w, starting with its op; count entries) and its reply
  * (*body malloc'd, *h its header). A refusal of the whole request returns

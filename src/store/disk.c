@@ -90,6 +90,27 @@ ferry_status store_disk_prepare(const char *root, const char *cluster_id, char *
   return FERRY_OK;
 }
 
+ferry_status store_disk_own_dir(const char *what, const char *path, char *dir, size_t size) {
+  char real[PATH_MAX];
+  struct stat st;
+  if (!path || !*path)
+    return ferry_fail(FERRY_EINVAL, "%s: an empty path", what);
+  if (!realpath(path, real))
+    return ferry_fail_errno(FERRY_EINVAL, errno, "%s=%s cannot be resolved", what, path);
+  if (stat(real, &st) != 0 || !S_ISDIR(st.st_mode))
+    return ferry_fail_errno(FERRY_EINVAL, ENOTDIR, "%s=%s: %s is not a directory", what, path,
+                            real);
+  if (strlen(real) >= size || strlen(real) >= STORE_DIR_MAX)
+    return ferry_fail(FERRY_EINVAL, "%s=%s: more than %d bytes", what, path, STORE_DIR_MAX - 1);
+  if (probe(real) != 0)
+    return ferry_fail_errno(FERRY_EINVAL, errno,
+                            "%s=%s: %s is not writable (this client must be able to create files "
+                            "there)",
+                            what, path, real);
+  snprintf(dir, size, "%s", real);
+  return FERRY_OK;
+}
+
 /* ---- names ---------------------------------------------------------------------------------- */
 
 int store_disk_path(const char *dir, const char *key, size_t key_len,
@@ -272,6 +293,8 @@ ferry_status store_disk_read(const char *dir, const char *key, const ferry_store
                     "bytes); the store forgets it",
                     key, len, wrong, path, (unsigned long long)st.st_size);
 }
+
+size_t store_disk_file_size(size_t key_len, size_t len) { return HEADER + key_len + len; }
 
 void store_disk_remove(const char *dir, const char *key, size_t key_len) {
   char path[STORE_DISK_PATH_MAX];

@@ -32,6 +32,11 @@
  * the cause (errno) when it cannot be used. */
 ferry_status store_disk_prepare(const char *root, const char *cluster_id, char *dir, size_t size);
 
+/* Resolves path (an existing directory a process of this user can create
+ * files in) into dir, for a client's offload directory (offload.h).
+ * FERRY_EINVAL naming `what`, the path and the cause (errno). */
+ferry_status store_disk_own_dir(const char *what, const char *path, char *dir, size_t size);
+
 /* The file of key in dir; -1 when OpenSSL has no memory to hash it. */
 int store_disk_path(const char *dir, const char *key, size_t key_len,
                     char path[STORE_DISK_PATH_MAX]);
@@ -51,6 +56,9 @@ ferry_status store_disk_write(const char *dir, const char *key, const ferry_stor
  * header, size or checksum): the master should forget it. */
 ferry_status store_disk_read(const char *dir, const char *key, const ferry_store_buffer *parts,
                              size_t n, size_t len, int *bad);
+
+/* The bytes of a file holding a value of len bytes under a key of key_len. */
+size_t store_disk_file_size(size_t key_len, size_t len);
 
 /* Deletes key's file; a file that is not there is fine. */
 void store_disk_remove(const char *dir, const char *key, size_t key_len);

@@ -29,7 +29,19 @@
  * keeps it, disk-only: on neither list (nothing of it to evict), got from
  * its file, gone when removed or when its file proves missing or damaged.
  * The master deletes the file of every object that leaves the map (and
- * of a revoked put, whose writer may have written it). */
+ * of a revoked put, whose writer may have written it).
+ *
+ * Client-owned offload (--enable_offload, offload.c's other side): a
+ * segment whose client polls for tasks is an offloading one; an object
+ * with a replica there gets a copy in that client's (its owner's) files,
+ * asked by an OFFLOAD task after its commit or when eviction chooses it.
+ * Once written (OFF_LOCAL), eviction frees its memory and keeps it, the
+ * owner's segment in rep[0]; a GET of it takes space in that segment,
+ * queues a LOAD and waits on `changed` (the lock let go) until the owner
+ * filled it, then answers that replica. The owner's death drops its
+ * copies with its segment; an object that leaves the map has its owner
+ * delete the file (a DELETE task). Tasks queue per segment, by key: each
+ * is checked against the object when handed out. */
 #include "store/map.h"
 
 #include <pthread.h>
@@ -49,7 +61,22 @@ typedef struct segment {
   uint64_t base, size;
   uint64_t nonce; /* its client's name for this memory (REGISTER); 0: not known */
   store_extents space;
+  /* --enable_offload: its client owns an offload directory (it polled);
+   * the tasks waiting for that client, oldest first. */
+  int offload;
+  struct task *tasks, **tasks_tail;
+  size_t task_count;
 } segment;
+
+/* One task for an offloading client (offload.c's poll): write a value's
+ * file, load one back, or delete one. The key only: the object is looked
+ * up when the task is handed out (it may have changed or gone since). */
+typedef struct task {
+  struct task *next;
+  uint8_t kind; /* STORE_TASK_* */
+  uint16_t key_len;
+  char key[];
+} task;
 
 typedef struct replica {
   segment *seg;
@@ -74,6 +101,7 @@ typedef struct object {
   uint8_t room;        /* rep[]'s length: the replicas asked */
   uint8_t replicas;    /* held (a segment that left takes its replica along); 0: disk-only */
   uint8_t on_disk;     /* its file is complete (--root_fs_dir) */
+  uint8_t off;         /* --enable_offload: OFF_* */
   replica rep[];       /* rep[room], then the key (not NUL-terminated) */
 } object;
 
@@ -82,6 +110,16 @@ _Static_assert(sizeof(object) == 80, "the master's bytes per object (docs/store.
 typedef struct lru {
   object *oldest, *newest;
 } lru;
+
+/* --enable_offload: an object's copy on the local disk of the client whose
+ * segment holds its replica (the owner). LOCAL: the owner's file is
+ * complete (a disk-only one keeps the owner's segment in rep[0], with
+ * replicas 0). QUEUED: an offload task waits; WRITING: handed out, the
+ * owner reads the replica (not evicted nor removed meanwhile); EVICT:
+ * eviction chose it (--offload_on_evict), its memory goes once the file
+ * is written; LOADING: a GET asked it back: rep[0] holds space in the
+ * owner's segment that the owner fills from the file. */
+enum { OFF_LOCAL = 1, OFF_QUEUED = 2, OFF_WRITING = 4, OFF_EVICT = 8, OFF_LOADING = 16 };
 
 struct store_map {
   pthread_mutex_t lock;
@@ -99,6 +137,10 @@ struct store_map {
   store_journal journal;                 /* HA (ha.c): its functions NULL when off */
   store_op_count ops[STORE_COUNT_SLOTS]; /* for the metrics (store_map_stats_get) */
   uint64_t evicted_keys, evicted_bytes;
+  /* --enable_offload (offload_on_evict: only objects eviction chose). */
+  int offload, offload_on_evict;
+  pthread_cond_t changed; /* a task queued, a load ended (with lock) */
+  int stopping;           /* store_map_stop_waits: nothing waits any more */
 };
 
 /* One item of an operation answered with st (or one request refused
@@ -120,6 +162,11 @@ store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
     return NULL;
   }
   pthread_mutex_init(&m->lock, NULL);
+  pthread_condattr_t attr;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&m->changed, &attr);
+  pthread_condattr_destroy(&attr);
   m->lease_ms = lease_ttl_ms;
   m->lease_ns = lease_ttl_ms * 1000000ull;
   m->ping_ms = client_ttl_ms / 3 ? client_ttl_ms / 3 : 1;
@@ -134,6 +181,18 @@ int store_map_set_disk(store_map *m, const char *dir) {
   free(m->fs_dir);
   m->fs_dir = dir && *dir ? strdup(dir) : NULL;
   return dir && *dir && !m->fs_dir ? -1 : 0;
+}
+
+void store_map_set_offload(store_map *m, int on_evict) {
+  m->offload = 1;
+  m->offload_on_evict = on_evict;
+}
+
+void store_map_stop_waits(store_map *m) {
+  pthread_mutex_lock(&m->lock);
+  m->stopping = 1;
+  pthread_cond_broadcast(&m->changed);
+  pthread_mutex_unlock(&m->lock);
 }
 
 static char *key_of(object *o) { return (char *)(o->rep + o->room); }
@@ -194,10 +253,22 @@ static void journal_gone(store_map *m, object *o) {
     journal_batch(m, &o, 1, 1);
 }
 
-/* Gives the replicas' space back; returns the largest free extent that
- * made (what a put waiting for room needs). */
+static void destroy_segment(segment *s) {
+  for (task *t = s->tasks, *next; t; t = next) {
+    next = t->next;
+    free(t);
+  }
+  store_extents_destroy(&s->space);
+  free(s);
+}
+
+/* Gives the replicas' space back (a load's too); returns the largest free
+ * extent that made (what a put waiting for room needs). */
 static uint64_t free_replicas(object *o) {
   uint64_t largest = 0;
+  if (o->off & OFF_LOADING && !o->replicas)
+    largest = store_extents_free(&o->rep[0].seg->space, o->rep[0].offset, o->size);
+  o->off &= (uint8_t)~OFF_LOADING;
   for (unsigned i = 0; i < o->replicas; i++) {
     uint64_t extent = store_extents_free(&o->rep[i].seg->space, o->rep[i].offset, o->size);
     largest = extent > largest ? extent : largest;
@@ -218,13 +289,82 @@ void store_map_destroy(store_map *m) {
   }
   for (segment *s = m->segments, *next; s; s = next) {
     next = s->next;
-    store_extents_destroy(&s->space);
-    free(s);
+    destroy_segment(s);
   }
+  pthread_cond_destroy(&m->changed);
   pthread_mutex_destroy(&m->lock);
   free(m->fs_dir);
   free(m->buckets);
   free(m);
+}
+
+/* ---- offload's tasks (--enable_offload) ----------------------------------------------------- */
+
+#define TASKS_MAX 50000 /* waiting per segment (Mooncake's offloading_queue_limit) */
+
+/* Queues a task for s's client and wakes its poll; -1 past TASKS_MAX or
+ * without memory (the task is not done: an offload is skipped, a load
+ * fails, a file stays behind). */
+static int queue_task(store_map *m, segment *s, uint8_t kind, const char *key, size_t len) {
+  if (s->task_count >= TASKS_MAX)
+    return -1;
+  task *t = malloc(sizeof *t + len);
+  if (!t)
+    return -1;
+  t->next = NULL;
+  t->kind = kind;
+  t->key_len = (uint16_t)len;
+  memcpy(t->key, key, len);
+  if (!s->tasks_tail)
+    s->tasks_tail = &s->tasks;
+  *s->tasks_tail = t;
+  s->tasks_tail = &t->next;
+  s->task_count++;
+  pthread_cond_broadcast(&m->changed);
+  return 0;
+}
+
+/* The replica of o that an offloading client owns (its disk copy's owner):
+ * the first in a segment whose client polls; -1 when none. */
+static int offload_replica(const object *o) {
+  for (unsigned i = 0; i < o->replicas; i++)
+    if (o->rep[i].seg->offload)
+      return (int)i;
+  return -1;
+}
+
+/* The segment of the client holding o's disk copy, or NULL. */
+static segment *disk_owner(const object *o) {
+  if (!(o->off & OFF_LOCAL))
+    return NULL;
+  if (!o->replicas)
+    return o->rep[0].seg;
+  int i = offload_replica(o);
+  return i < 0 ? NULL : o->rep[i].seg;
+}
+
+static int replica_in(const object *o, const segment *s) {
+  for (unsigned i = 0; i < o->replicas; i++)
+    if (o->rep[i].seg == s)
+      return (int)i;
+  return -1;
+}
+
+/* Asks o's owner to write its file, once. */
+static void queue_offload(store_map *m, object *o) {
+  int i = offload_replica(o);
+  if (i < 0 || o->off & (OFF_LOCAL | OFF_QUEUED | OFF_WRITING))
+    return;
+  if (queue_task(m, o->rep[i].seg, STORE_TASK_OFFLOAD, key_of(o), o->key_len) == 0)
+    o->off |= OFF_QUEUED;
+}
+
+/* o leaves the store or its disk copy is dropped: its owner deletes the file. */
+static void queue_delete(store_map *m, object *o) {
+  segment *owner = disk_owner(o);
+  if (owner)
+    queue_task(m, owner, STORE_TASK_DELETE, key_of(o), o->key_len);
+  o->off &= (uint8_t)~OFF_LOCAL;
 }
 
 /* ---- the LRU lists -------------------------------------------------------------------------- */
@@ -313,6 +453,8 @@ static void commit(store_map *m, object *o, uint64_t now) {
   o->used_ns = now;
   m->pending--;
   enlist(m, o);
+  if (m->offload && !m->offload_on_evict)
+    queue_offload(m, o);
 }
 
 /* ---- the table ------------------------------------------------------------------------------ */
@@ -430,6 +572,18 @@ static uint64_t to_disk_only(store_map *m, object *o, int give_back) {
   return largest;
 }
 
+/* o keeps only its copy on its owner's disk: its memory is given back,
+ * rep[0] remembers the owner's segment. */
+static uint64_t to_owner_disk_only(store_map *m, object *o) {
+  segment *owner = disk_owner(o);
+  unlist(m, o);
+  uint64_t largest = free_replicas(o);
+  o->rep[0] = (replica){owner, 0};
+  o->off &= (uint8_t)~OFF_EVICT;
+  journal_object(m, o);
+  return largest;
+}
+
 /* Takes *at out of the table and off its list (its journal record stays:
  * an upsert's retire leaves the new value's there). */
 static object *detach(store_map *m, object **at) {
@@ -456,6 +610,7 @@ static uint64_t unlink_object(store_map *m, object **at) {
   object *o = detach(m, at);
   if (m->fs_dir && (o->on_disk || o->writer))
     store_disk_remove(m->fs_dir, key_of(o), o->key_len);
+  queue_delete(m, o);
   return free_object(o);
 }
 
@@ -463,7 +618,10 @@ static uint64_t unlink_object(store_map *m, object **at) {
  * value); its space is freed now, or once the last GET's lease on it ended. */
 static void retire(store_map *m, object **at, uint64_t now) {
   object *o = detach(m, at);
+  if (o->off & OFF_WRITING && o->lease_until_ns < now + m->lease_ns)
+    o->lease_until_ns = now + m->lease_ns; /* its owner still reads it */
   o->on_disk = 0; /* the key's file, if any, is the new value's (UPSERT_START dropped its own) */
+  queue_delete(m, o); /* before the new value's offload: the owner does its tasks in order */
   if (o->lease_until_ns <= now) {
     free_object(o);
     return;
@@ -515,9 +673,13 @@ typedef struct eviction_round {
   uint64_t now;
   int started;
   object *plain, *soft;
-  size_t leased; /* passed over for a GET's lease */
+  size_t leased;       /* passed over for a GET's lease */
+  size_t writing;      /* ... being written to their owner's disk (--enable_offload) */
+  uint64_t lease_ends; /* the first of those leases to end (0: none) */
   size_t objects[2], puts;
-  size_t on_disk[2]; /* of those evicted, the ones left with their file */
+  const char *for_what; /* FOR_PUTS' cause in the log: NULL, "put(s) that did not fit" */
+  size_t on_disk[2];    /* of those evicted, the ones left with their file */
+  size_t offloading[2]; /* chosen, kept until their owner wrote them (--offload_on_evict) */
   uint64_t bytes[2];
   uint64_t total, used_before, used_after; /* the pool, around a watermark eviction */
 } eviction_round;
@@ -527,8 +689,11 @@ static uint64_t footprint(const object *o) { return o->replicas * store_extents_
 
 /* Moves *cursor past the objects a lease holds. */
 static object *unleased(eviction_round *r, object **cursor) {
-  while (*cursor && (*cursor)->lease_until_ns > r->now) {
-    r->leased++;
+  while (*cursor && ((*cursor)->lease_until_ns > r->now || (*cursor)->off & OFF_WRITING)) {
+    *((*cursor)->off & OFF_WRITING ? &r->writing : &r->leased) += 1;
+    if ((*cursor)->lease_until_ns > r->now &&
+        (!r->lease_ends || (*cursor)->lease_until_ns < r->lease_ends))
+      r->lease_ends = (*cursor)->lease_until_ns;
     *cursor = (*cursor)->newer;
   }
   return *cursor;
@@ -554,11 +719,23 @@ static object *next_victim(store_map *m, eviction_round *r) {
 /* Evicts o (one with a complete file stays, disk-only); returns the
  * largest free extent that made. */
 static uint64_t evict(store_map *m, eviction_round *r, object *o, int why) {
+  if (m->offload_on_evict && !(o->off & OFF_LOCAL) && offload_replica(o) >= 0) {
+    queue_offload(m, o); /* its memory goes once its owner wrote the file */
+    if (o->off & OFF_QUEUED) {
+      o->off |= OFF_EVICT;
+      r->offloading[why]++;
+      return 0;
+    }
+  }
   r->objects[why]++;
   r->bytes[why] += footprint(o);
   m->evicted_keys++;
   m->evicted_bytes += footprint(o);
-  r->on_disk[why] += o->on_disk;
+  if (!disk_owner(o))
+    o->off &= (uint8_t)~OFF_LOCAL; /* (its owner's segment would be among its replicas) */
+  r->on_disk[why] += o->on_disk || o->off & OFF_LOCAL;
+  if (o->off & OFF_LOCAL)
+    return to_owner_disk_only(m, o);
   if (o->on_disk)
     return to_disk_only(m, o, 1);
   return unlink_object(m, find(m, key_of(o), o->key_len, COMMITTED)); /* victims are committed */
@@ -590,15 +767,23 @@ static void evict_past_watermark(store_map *m, eviction_round *r) {
 }
 
 static void log_round(const eviction_round *r) {
-  char kept[2][64] = {"", ""};
-  for (int why = 0; why < 2; why++)
+  char kept[2][128] = {"", ""};
+  for (int why = 0; why < 2; why++) {
+    int n = 0;
     if (r->on_disk[why])
-      snprintf(kept[why], sizeof kept[why], "; %zu stay on disk (--root_fs_dir)", r->on_disk[why]);
+      n = snprintf(kept[why], sizeof kept[why], "; %zu stay on disk", r->on_disk[why]);
+    if (r->offloading[why])
+      snprintf(kept[why] + n, sizeof kept[why] - (size_t)n,
+               "; %zu more chosen, kept until their owner writes them to disk", r->offloading[why]);
+    if (r->offloading[why] && !r->objects[why])
+      FERRY_INFO("store master: %zu object(s) chosen for eviction are offloaded first "
+                 "(--offload_on_evict)",
+                 r->offloading[why]);
+  }
   if (r->objects[FOR_PUTS])
-    FERRY_INFO(
-        "store master: evicted %zu least recently used object(s) (%llu bytes) for %zu put(s) "
-        "that did not fit%s",
-        r->objects[FOR_PUTS], (unsigned long long)r->bytes[FOR_PUTS], r->puts, kept[FOR_PUTS]);
+    FERRY_INFO("store master: evicted %zu least recently used object(s) (%llu bytes) for %zu %s%s",
+               r->objects[FOR_PUTS], (unsigned long long)r->bytes[FOR_PUTS], r->puts,
+               r->for_what ? r->for_what : "put(s) that did not fit", kept[FOR_PUTS]);
   if (r->objects[PAST_WATERMARK])
     FERRY_INFO(
         "store master: evicted %zu least recently used object(s) (%llu bytes): %.1f%% of the "
@@ -803,14 +988,18 @@ static ferry_status make_room(store_map *m, const put_ask *ask, eviction_round *
       extent = evict(m, r, victim, FOR_PUTS);
   }
   r->puts += evicted > 0;
+  char writing[96] = "";
+  if (r->writing || r->offloading[FOR_PUTS])
+    snprintf(writing, sizeof writing, ", %zu being written to their owner's disk first",
+             r->writing + r->offloading[FOR_PUTS]);
   if (extent < need)
     return snprintf(why, why_size,
                     "the store is full: no %u segment(s) with a free extent of %llu bytes, and "
                     "nothing left to evict (%zu evicted for it; left: %zu object(s) under a "
                     "get's lease, %zu hard-pinned, %zu put(s) pending, %zu replaced value(s) "
-                    "under a get's lease)",
+                    "under a get's lease%s)",
                     ask->replicas, (unsigned long long)need, evicted, r->leased, m->hard_pinned,
-                    m->pending, m->retired_count),
+                    m->pending, m->retired_count, writing),
            FERRY_ENOMEM;
   return FERRY_OK;
 }
@@ -1039,10 +1228,73 @@ static ferry_status serve_put_end(store_map *m, uint64_t client, store_reader *r
 static ferry_status remove_one(store_map *m, object **at) {
   if (!at)
     return FERRY_ENOTFOUND;
-  if ((*at)->lease_until_ns > ferry_now_ns())
+  if ((*at)->lease_until_ns > ferry_now_ns() || (*at)->off & (OFF_WRITING | OFF_LOADING))
     return FERRY_EBUSY;
   unlink_object(m, at);
   return FERRY_OK;
+}
+
+/* Space for o in its owner's segment, evicting least-recently-used objects
+ * with a replica there while none is free, and a LOAD task for the owner:
+ * 1. 2: not yet: objects eviction chose are written to disk first
+ * (--offload_on_evict; their memory goes then), or leases hold them (then
+ * *retry_at: when the first ends). 0: no room, or the owner's queue is
+ * full. */
+static int start_load(store_map *m, object *o, uint64_t now, uint64_t *retry_at) {
+  segment *owner = o->rep[0].seg;
+  eviction_round r = {.now = now, .for_what = "load(s) from an owner's disk (--enable_offload)"};
+  uint64_t offset;
+  object *victim = NULL;
+  int placed;
+  while (!(placed = store_extents_alloc(&owner->space, o->size, &offset) == 0)) {
+    while ((victim = next_victim(m, &r)) && replica_in(victim, owner) < 0)
+      ;
+    if (!victim)
+      break;
+    evict(m, &r, victim, FOR_PUTS);
+  }
+  r.puts = r.objects[FOR_PUTS] > 0;
+  log_round(&r);
+  if (r.lease_ends && r.lease_ends < *retry_at)
+    *retry_at = r.lease_ends;
+  if (!placed)
+    return r.offloading[FOR_PUTS] || r.writing || r.lease_ends ? 2 : 0;
+  if (queue_task(m, owner, STORE_TASK_LOAD, key_of(o), o->key_len) != 0) {
+    store_extents_free(&owner->space, offset, o->size);
+    return 0;
+  }
+  o->rep[0].offset = offset;
+  o->off |= OFF_LOADING;
+  o->lease_until_ns = now + m->lease_ns; /* its space is not reused under the owner's write */
+  return 1;
+}
+
+/* A GET of objects that are on their owner's disk only: each is loaded back
+ * into its owner's segment (the owner reads its file into it) while this
+ * request waits, at most a PING interval (an owner that does not poll
+ * within it is stalled: a third of the silence that drops it); the reply then names that memory as
+ * any replica. The lock is let go while waiting. Returns the wait's deadline. */
+static uint64_t load_back(store_map *m, const store_reader *keys, uint32_t count) {
+  uint64_t deadline = ferry_now_ns() + m->ping_ms * 1000000ull;
+  for (;;) {
+    store_reader r = *keys;
+    int waiting = 0;
+    uint64_t now = ferry_now_ns(), wake = deadline;
+    for (uint32_t i = 0; i < count && !r.bad; i++) {
+      const char *key;
+      size_t len;
+      store_get_str(&r, &key, &len, STORE_KEY_MAX);
+      object **at = r.bad ? NULL : find(m, key, len, COMMITTED);
+      if (at && (*at)->off & OFF_LOADING)
+        waiting = 1;
+      else if (at && !(*at)->replicas && (*at)->off & OFF_LOCAL && now < deadline)
+        waiting |= start_load(m, *at, now, &wake) != 0;
+    }
+    if (!waiting || now >= deadline || m->stopping)
+      return m->stopping ? 0 : deadline;
+    struct timespec at = ferry_timespec(wake);
+    pthread_cond_timedwait(&m->changed, &m->lock, &at);
+  }
 }
 
 /* Entries of one key each (GET, QUERY, REMOVE, DROP_FILE; PUT_END: serve_put_end). */
@@ -1050,6 +1302,9 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
                                uint32_t count, store_writer *reply, char *why, size_t size) {
   if (op == STORE_PUT_END)
     return serve_put_end(m, client, r, count, reply, why, size);
+  uint64_t load_deadline = UINT64_MAX;
+  if (op == STORE_GET && m->offload)
+    load_deadline = load_back(m, r, count);
   uint64_t now = ferry_now_ns(); /* the request's: a clock read per key was a tenth of a get */
   prefetch_chains(m, r, count, 0);
   for (uint32_t i = 0; i < count; i++) {
@@ -1065,8 +1320,17 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
       store_put_u32(reply, (uint32_t)st);
       continue;
     }
+    /* On its owner's disk and not loaded back: still loading (past the
+     * lease), or no room in the owner's segment. */
+    ferry_status st = !at ? FERRY_ENOTFOUND : FERRY_OK;
+    if (at && op == STORE_GET && !(*at)->replicas && (*at)->off & (OFF_LOCAL | OFF_LOADING))
+      st = (*at)->off & OFF_LOADING ? FERRY_ETIMEDOUT : FERRY_ENOMEM;
+    if (st == FERRY_ENOMEM && now >= load_deadline)
+      st = FERRY_ETIMEDOUT; /* waited for victims being written out, in vain */
+    if (st && st != FERRY_ENOTFOUND)
+      at = NULL;
     count_op(m, op, at || op == STORE_QUERY ? FERRY_OK : FERRY_ENOTFOUND); /* exists: an answer */
-    store_put_u32(reply, (uint32_t)(at ? FERRY_OK : FERRY_ENOTFOUND));
+    store_put_u32(reply, (uint32_t)st);
     store_put_u64(reply, at ? (*at)->size : 0);
     if (op != STORE_GET)
       continue;
@@ -1087,7 +1351,8 @@ static void serve_remove_all(store_map *m, store_writer *reply) {
   uint64_t removed = 0, now = ferry_now_ns();
   for (size_t b = 0; b < m->bucket_count; b++)
     for (object **at = &m->buckets[b]; *at;) {
-      if (!(*at)->writer && (*at)->lease_until_ns <= now) {
+      if (!(*at)->writer && (*at)->lease_until_ns <= now &&
+          !((*at)->off & (OFF_WRITING | OFF_LOADING))) {
         unlink_object(m, at);
         removed++;
       } else {
@@ -1097,10 +1362,179 @@ static void serve_remove_all(store_map *m, store_writer *reply) {
   store_put_u64(reply, removed);
 }
 
+/* ---- the offloading client's requests ------------------------------------------------------- */
+
+/* The segment an OFFLOAD_* request names, when its nonce is the one the
+ * segment's REGISTER gave (the same client process: its offload
+ * connection is another connection); NULL with why otherwise. */
+static segment *owned_segment(store_map *m, store_reader *r, ferry_status *st, char *why,
+                              size_t size) {
+  const char *name;
+  size_t len;
+  store_get_str(r, &name, &len, STORE_NAME_MAX);
+  uint64_t nonce = store_get_u64(r);
+  if (r->bad)
+    return snprintf(why, size, "malformed offload request"), *st = FERRY_EPROTO, NULL;
+  if (!m->offload)
+    return snprintf(why, size,
+                    "this master runs without --enable_offload: start it with the flag to "
+                    "offload to the clients' disks"),
+           *st = FERRY_EINVAL, NULL;
+  segment *s = find_segment(m, name, len);
+  if (!s)
+    return snprintf(why, size,
+                    "segment %.*s is not mounted (its client registers it first; after a "
+                    "master restart, at its next call)",
+                    (int)len, name),
+           *st = FERRY_ENOTFOUND, NULL;
+  if (!nonce || s->nonce != nonce)
+    return snprintf(why, size,
+                    "segment %.*s: the nonce does not match its REGISTER: not that segment's "
+                    "client",
+                    (int)len, name),
+           *st = FERRY_EAUTH, NULL;
+  return s;
+}
+
+/* One task handed out (its entry written), or dropped when its object went
+ * or changed. An offload's object is not evicted nor removed until the
+ * owner reports it (an upsert that replaces it meanwhile keeps its space a
+ * lease longer: retire()). */
+static int hand_out(store_map *m, segment *s, task *t, uint64_t now, store_writer *w) {
+  object **at = find(m, t->key, t->key_len, COMMITTED), *o = at ? *at : NULL;
+  uint64_t addr = 0, size = 0;
+  int i = o ? replica_in(o, s) : -1;
+  if (t->kind == STORE_TASK_OFFLOAD) {
+    if (!o || !(o->off & OFF_QUEUED) || i < 0)
+      return 0;
+    o->off = (uint8_t)((o->off & ~OFF_QUEUED) | OFF_WRITING);
+    addr = s->base + o->rep[i].offset;
+    size = o->size;
+  } else if (t->kind == STORE_TASK_LOAD) {
+    if (!o || !(o->off & OFF_LOADING) || o->replicas || o->rep[0].seg != s)
+      return 0;
+    addr = s->base + o->rep[0].offset;
+    size = o->size;
+  }
+  store_put_u8(w, t->kind);
+  store_put_str(w, t->key, t->key_len);
+  store_put_u64(w, addr);
+  store_put_u64(w, size);
+  return 1;
+}
+
+/* OFFLOAD_POLL: the tasks of the caller's segment, waiting for one at most
+ * wait_ms (at most 1 s: a stopping master joins this thread). */
+static ferry_status serve_poll(store_map *m, store_reader *r, store_writer *reply, char *why,
+                               size_t size) {
+  ferry_status st = FERRY_OK;
+  store_reader named = *r;
+  segment *s = owned_segment(m, r, &st, why, size);
+  uint32_t wait_ms = store_get_u32(r), max = store_get_u32(r);
+  if (!s)
+    return st;
+  if (r->bad)
+    return snprintf(why, size, "malformed OFFLOAD_POLL"), FERRY_EPROTO;
+  s->offload = 1;
+  uint64_t deadline = ferry_now_ns() + (wait_ms < 1000 ? wait_ms : 1000) * 1000000ull;
+  while (!s->tasks && ferry_now_ns() < deadline && !m->stopping) {
+    struct timespec at = ferry_timespec(deadline);
+    pthread_cond_timedwait(&m->changed, &m->lock, &at);
+    store_reader again = named;
+    if (!(s = owned_segment(m, &again, &st, why, size))) {
+      store_put_u32(reply, 0); /* it left meanwhile (its client is closing): no task */
+      return FERRY_OK;
+    }
+  }
+  size_t count_at = reply->len;
+  store_put_u32(reply, 0);
+  uint32_t n = 0;
+  uint64_t now = ferry_now_ns();
+  while (n < max && n < STORE_BATCH_MAX && s->tasks) {
+    task *t = s->tasks;
+    if (!(s->tasks = t->next))
+      s->tasks_tail = &s->tasks;
+    s->task_count--;
+    n += (uint32_t)hand_out(m, s, t, now, reply);
+    free(t);
+  }
+  if (!reply->failed)
+    for (int b = 0; b < 4; b++)
+      reply->buf[count_at + (size_t)b] = (uint8_t)(n >> (8 * b));
+  return FERRY_OK;
+}
+
+/* One OFFLOAD_DONE entry: the owner wrote (or failed to write) an object's
+ * file, or loaded it back into its segment. FERRY_OK when the master keeps
+ * the file; anything else tells the owner to delete it. */
+static ferry_status done_one(store_map *m, segment *s, uint8_t kind, const char *key, size_t len,
+                             int32_t outcome, uint64_t now) {
+  object **at = find(m, key, len, COMMITTED), *o = at ? *at : NULL;
+  pthread_cond_broadcast(&m->changed); /* a GET may wait for this (load_back) */
+  if (kind == STORE_TASK_OFFLOAD && o && o->off & OFF_WRITING && replica_in(o, s) >= 0) {
+    int evict_now = o->off & OFF_EVICT;
+    o->off &= (uint8_t) ~(OFF_WRITING | OFF_EVICT);
+    if (outcome != 0)
+      return FERRY_EIO;
+    o->off |= OFF_LOCAL;
+    if (evict_now && o->lease_until_ns <= now && list_of(m, o)) { /* --offload_on_evict */
+      m->evicted_keys++;
+      m->evicted_bytes += footprint(o);
+      to_owner_disk_only(m, o);
+    }
+    return FERRY_OK;
+  }
+  if (kind == STORE_TASK_LOAD && o && o->off & OFF_LOADING && !o->replicas && o->rep[0].seg == s) {
+    if (outcome != 0) { /* its file is missing or damaged: the object goes */
+      o->off &= (uint8_t)~OFF_LOCAL;
+      unlink_object(m, at);
+      return FERRY_EIO;
+    }
+    o->off &= (uint8_t)~OFF_LOADING;
+    o->replicas = 1;
+    o->used_ns = now;
+    enlist(m, o);
+    journal_object(m, o);
+    return FERRY_OK;
+  }
+  if (kind == STORE_TASK_DROP && o && disk_owner(o) == s) { /* the owner's directory is full */
+    if (o->off & OFF_LOADING)
+      return FERRY_EBUSY;
+    o->off &= (uint8_t)~OFF_LOCAL; /* its owner deletes the file: no DELETE task */
+    if (o->replicas)
+      journal_object(m, o);
+    else
+      unlink_object(m, at);
+    return FERRY_OK;
+  }
+  return kind == STORE_TASK_DELETE ? FERRY_OK : FERRY_ENOTFOUND;
+}
+
+static ferry_status serve_done(store_map *m, store_reader *r, uint32_t count, store_writer *reply,
+                               char *why, size_t size) {
+  ferry_status st = FERRY_OK;
+  segment *s = owned_segment(m, r, &st, why, size);
+  if (!s)
+    return st;
+  uint64_t now = ferry_now_ns();
+  for (uint32_t i = 0; i < count; i++) {
+    uint8_t kind = store_get_u8(r);
+    const char *key;
+    size_t len;
+    store_get_str(r, &key, &len, STORE_KEY_MAX);
+    int32_t outcome = (int32_t)store_get_u32(r);
+    if (r->bad)
+      return snprintf(why, size, "malformed OFFLOAD_DONE entry %u", i), FERRY_EPROTO;
+    store_put_u32(reply, (uint32_t)done_one(m, s, kind, key, len, outcome, now));
+  }
+  return FERRY_OK;
+}
+
 ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_reader *r,
                              uint32_t count, store_writer *reply, char *why, size_t why_size) {
-  int keyless = op == STORE_REGISTER || op == STORE_PING || op == STORE_REMOVE_ALL;
-  if (op < STORE_REGISTER || op > STORE_UPSERT_START)
+  int keyless = op == STORE_REGISTER || op == STORE_PING || op == STORE_REMOVE_ALL ||
+                op == STORE_OFFLOAD_POLL;
+  if (op < STORE_REGISTER || op > STORE_OFFLOAD_DONE)
     return snprintf(why, why_size, "unknown store operation %u", op), FERRY_EPROTO;
   if ((keyless && count) || count > STORE_BATCH_MAX)
     return snprintf(why, why_size, "operation %u with %u entries", op, count), FERRY_EPROTO;
@@ -1114,9 +1548,13 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
                          why_size);
   else if (op == STORE_REMOVE_ALL)
     serve_remove_all(m, reply);
+  else if (op == STORE_OFFLOAD_POLL)
+    st = serve_poll(m, r, reply, why, why_size);
+  else if (op == STORE_OFFLOAD_DONE)
+    st = serve_done(m, r, count, reply, why, why_size);
   else if (op != STORE_PING)
     st = serve_keys(m, client, op, r, count, reply, why, why_size);
-  if (keyless || st) /* keyed ones counted per item, unless refused whole */
+  if ((keyless || st) && op <= STORE_UPSERT_START) /* keyed ones per item; offload's not */
     count_op(m, op, st);
   pthread_mutex_unlock(&m->lock);
   log_round(&evictions);
@@ -1160,6 +1598,14 @@ static unsigned keep_off(object *o, uint64_t client) {
 static int loses_client(store_map *m, object *o, uint64_t client) {
   if (o->writer == client)
     return 1;
+  segment *owner = o->off & OFF_LOADING ? o->rep[0].seg : disk_owner(o);
+  if (owner && owner->client == client) { /* its disk copy goes with its owner */
+    if (o->off & OFF_LOADING || (!o->replicas && !o->on_disk))
+      return 1;
+    o->off &= (uint8_t)~OFF_LOCAL;
+    if (!o->replicas)
+      return 0; /* --root_fs_dir's file keeps it */
+  }
   unsigned kept = 0;
   for (unsigned i = 0; i < o->replicas; i++)
     kept += o->rep[i].seg->client != client;
@@ -1212,12 +1658,12 @@ static size_t drop_client(store_map *m, uint64_t client) {
       *at = s->next;
       if (m->journal.segment)
         m->journal.segment(m->journal.ctx, s->name, NULL);
-      store_extents_destroy(&s->space);
-      free(s);
+      destroy_segment(s);
     } else {
       at = &s->next;
     }
   }
+  pthread_cond_broadcast(&m->changed); /* a reader waiting for a load of its disk wakes */
   return dropped;
 }
 

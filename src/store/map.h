@@ -38,6 +38,15 @@ void store_map_destroy(store_map *m);
  * before the first request. -1 without memory. */
 int store_map_set_disk(store_map *m, const char *dir);
 
+/* --enable_offload (docs/store.md "Client-owned SSD offload"): objects
+ * with a replica in the segment of a client that polls for tasks get a
+ * copy on that client's disk, after each commit, or (on_evict) only when
+ * eviction chooses them. Set before the first request. */
+void store_map_set_offload(store_map *m, int on_evict);
+/* Ends every wait in a request (an offload poll, a get waiting for a load)
+ * now and from now on: the master is stopping. */
+void store_map_stop_waits(store_map *m);
+
 /* What the master counts, for its metrics (metrics.h): per operation,
  * each key of a request (each request for the keyless ones: REGISTER,
  * PING, REMOVE_ALL, and any request refused whole) and those that failed

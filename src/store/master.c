@@ -277,8 +277,18 @@ ferry_status store_master_start(const store_master_config *cfg, store_master **o
   ferry_status st = FERRY_OK;
   if (!m->map || (cfg->secret && *cfg->secret && !m->secret) || pipe2(m->wake, O_CLOEXEC) != 0)
     st = ferry_fail(FERRY_ENOMEM, "store master: out of memory or descriptors");
+  if (!st && cfg->root_fs_dir && cfg->enable_offload)
+    st = ferry_fail(FERRY_EINVAL,
+                    "store master: --enable_offload with --root_fs_dir: two SSD tiers that do not "
+                    "mix (Mooncake's docs say not to combine them); choose one");
   if (!st && cfg->root_fs_dir)
     st = use_disk(m->map, cfg);
+  if (!st && cfg->enable_offload) {
+    store_map_set_offload(m->map, cfg->offload_on_evict);
+    FERRY_INFO("store master: clients with an offload directory keep copies on their disks "
+               "(--enable_offload, %s)",
+               cfg->offload_on_evict ? "when eviction chooses an object" : "after each put");
+  }
   if (!st)
     st = ferry_net_listen(host, cfg->port, &m->listen_fd, &m->port);
   pthread_mutex_init(&m->lock, NULL);
@@ -325,6 +335,8 @@ void store_master_stop(store_master *m) {
   for (client *c = m->clients; c; c = c->next)
     shutdown(c->fd, SHUT_RDWR);
   pthread_mutex_unlock(&m->lock);
+  if (m->map)
+    store_map_stop_waits(m->map); /* offload's polls and gets waiting for a load */
   for (client *c = m->clients, *next; c; c = next) {
     next = c->next;
     pthread_join(c->thread, NULL);

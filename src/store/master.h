@@ -25,6 +25,9 @@ typedef struct store_master_config {
   /* The SSD tier (disk.h), Mooncake's flags: files in <root_fs_dir>/<cluster_id>. */
   const char *root_fs_dir; /* NULL: none (evicted objects are dropped) */
   const char *cluster_id;  /* NULL: "mooncake_cluster" */
+  /* Client-owned SSD offload (map.h, Mooncake's --enable_offload,
+   * --offload_on_evict); not with root_fs_dir. */
+  int enable_offload, offload_on_evict;
   /* HA (ha.h): the master starts fenced, serving nothing, and serves only
    * until the time store_master_serve_until last set. */
   int fenced;
@@ -34,7 +37,8 @@ typedef struct store_master store_master;
 
 /* Listens and serves on threads of its own until stopped. FERRY_ESOCKET
  * naming the address when it cannot listen; FERRY_EINVAL naming the flag,
- * the path and the cause when root_fs_dir cannot be used. */
+ * the path and the cause when root_fs_dir cannot be used, or is given
+ * with enable_offload. */
 ferry_status store_master_start(const store_master_config *cfg, store_master **out);
 uint16_t store_master_port(const store_master *m);
 /* A fenced master serves requests (and takes clients) only before until_ns

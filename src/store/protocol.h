@@ -23,6 +23,11 @@
  *   REMOVE      -                               str key              i32 status
  *   REMOVE_ALL  -                               (none)               u64 removed
  *   DROP_FILE   -                               str key              i32 status
+ *   OFFLOAD_POLL str segment, u64 nonce,        (none)               u32 n | n * (u8 task |
+ *               u32 wait ms, u32 max tasks                           str key | u64 addr | u64 size)
+ *   OFFLOAD_DONE str segment, u64 nonce         u8 task | str key    i32 status (not OK: the
+ *                                               | i32 outcome        client deletes the file;
+ *                                                                    DROP: see below)
  *   replicas:   u8 n | n * (str segment | u64 addr)
  *
  * A PUT_START entry with status 0 and no replicas: the key is stored
@@ -38,8 +43,12 @@
  * follows it.
  * A GET entry with no replicas and "on disk": the object is in its file
  * only (disk.h). DROP_FILE: the caller found the key's file missing or
- * damaged. Everything decoded comes from the network: the reader fails (and
- * stays failed) on any field past the body's end. */
+ * damaged. OFFLOAD_*: --enable_offload (docs/store.md "Client-owned SSD
+ * offload"), sent on a client's second connection, naming its segment and
+ * the segment's nonce. A GET of an object on its owner's disk only waits
+ * while the owner loads it back into its segment, then answers that
+ * replica (FERRY_ETIMEDOUT past a lease). Everything decoded comes from the network: the reader
+ * fails (and stays failed) on any field past the body's end. */
 #ifndef FERRY_STORE_PROTOCOL_H
 #define FERRY_STORE_PROTOCOL_H
 
@@ -69,7 +78,17 @@ typedef enum store_op {
   STORE_REMOVE_ALL = 8,
   STORE_DROP_FILE = 9,
   STORE_UPSERT_START = 10,
+  STORE_OFFLOAD_POLL = 11, /* --enable_offload: an offloading client's tasks (offload.c) */
+  STORE_OFFLOAD_DONE = 12, /* ... and what became of them */
 } store_op;
+
+/* An offloading client's tasks (OFFLOAD_POLL's reply). */
+enum { STORE_TASK_OFFLOAD = 1, STORE_TASK_LOAD = 2, STORE_TASK_DELETE = 3 };
+/* In OFFLOAD_DONE only: the client drops its copy of an object to make
+ * room in its directory (its capacity); the master forgets it first
+ * (FERRY_OK, or FERRY_ENOTFOUND: not a copy it knew), FERRY_EBUSY while
+ * a get has it loaded back (the file stays). */
+#define STORE_TASK_DROP 4
 
 /* A growing body (malloc'd); `failed` once an allocation failed. */
 typedef struct store_writer {

@@ -580,7 +580,7 @@ def test_bad_arguments_are_refused_by_name(real_client, master, caplog):
     finally:
         store.close()
 
-    for flags, why in ((["--enable_offload"], "not implemented"),
+    for flags, why in ((["--enable_http_server"], "not implemented"),
                        (["--port=0"], "not a port"),
                        (["--tenant_id=other"], "one tenant")):
         out = subprocess.run([sys.executable, "-m", "mooncake.mooncake_client"] + flags,
