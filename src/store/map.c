@@ -459,11 +459,30 @@ static void commit(store_map *m, object *o, uint64_t now) {
 
 /* ---- the table ------------------------------------------------------------------------------ */
 
+/* One step: a word of the key into the state. */
+static uint64_t hash_word(uint64_t h, uint64_t word) {
+  h = (h ^ word) * 0xff51afd7ed558ccdull;
+  return h ^ (h >> 32);
+}
+
+/* Eight bytes a step, not one: keys run long (SGLang's name a prefix, a
+ * hash and a rank), and a put hashes each of them twice or three times.
+ * The last mix (MurmurHash3's finalizer) spreads every byte into the low
+ * bits that pick a bucket. */
 static uint64_t hash_key(const char *key, size_t len) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (size_t i = 0; i < len; i++)
-    h = (h ^ (uint8_t)key[i]) * 1099511628211ull;
-  return h;
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ len, word;
+  size_t i = 0;
+  for (; i + sizeof word <= len; i += sizeof word) {
+    memcpy(&word, key + i, sizeof word);
+    h = hash_word(h, word);
+  }
+  if (i < len) {
+    word = 0;
+    memcpy(&word, key + i, len - i);
+    h = hash_word(h, word);
+  }
+  h = (h ^ (h >> 33)) * 0xc4ceb9fe1a85ec53ull;
+  return h ^ (h >> 33);
 }
 
 static object **bucket_of(store_map *m, uint64_t hash) {
