@@ -7,7 +7,8 @@ parallel axis), so a reader needs no other record. Beside the shards a write
 stores Mooncake's manifest (its WriterShardManifest): the whole tensor's dtype
 and shape and its cut, under key__writer_manifest for a writer partition and
 key__parallelism_manifest for a layout with a TP axis; a "full" read takes the
-shard count and split_dim from it when it is there, as Mooncake's does. The
+shard count and split_dim from it when it is there, and a "shard" read of
+another TP count is cut from the stored shards, as Mooncake's reads do. The
 store's calls are in store.py; this module does no I/O."""
 
 import struct
@@ -294,10 +295,13 @@ class Rebuild:
                      shard_key(key, [a if a is not cut else a.at(r) for a in axes])
                      for r in range(cut.size)]
 
-    def check(self, headers):
+    def check(self, headers, window=None):
         """headers: each shard's first HEADER_SIZE bytes and value size, in
         key order. Returns (whole header, total bytes, ranges);
-        TensorFormatError when the shards do not make one tensor."""
+        TensorFormatError when the shards do not make one tensor. window:
+        (rank, count, axes) for one shard of another cut (a TP rank of count
+        equal pieces along the same dimension, axes its header's) instead
+        of the whole: its header and the ranges of its rows only."""
         d, layouts = self.cut.split, []
         for key, (head, total) in zip(self.keys, headers):
             try:
@@ -316,6 +320,12 @@ class Rebuild:
         outer = 1
         for n in global_shape[:d]:
             outer *= n
+        whole = global_shape[d]
+        if window is not None and whole % window[1]:
+            raise TensorFormatError("dimension %d (%d) does not split into %d equal shards"
+                                    % (d, whole, window[1]))
+        lo, hi = (0, whole) if window is None else (window[0] * whole // window[1],
+                                                     (window[0] + 1) * whole // window[1])
         ranges, at = [], 0
         for rank, (key, c, g, local, axes) in enumerate(layouts):
             mine = [a for a in axes if a[0] == self.cut.kind]
@@ -329,14 +339,22 @@ class Rebuild:
                     % (key, rank, self.cut.size, d, _tensor.dtype_name(code), global_shape,
                        _tensor.dtype_name(c), local, g, axes))
             row = local[d] * inner
-            if row:
+            start, end = max(lo * inner, at), min(hi * inner, at + row)  # its part of the window
+            if end > start:
                 for o in range(outer):
-                    ranges.append((key, _tensor.HEADER_SIZE + o * row,
-                                   _tensor.HEADER_SIZE + o * global_shape[d] * inner + at, row))
+                    ranges.append((key, _tensor.HEADER_SIZE + o * row + start - at,
+                                   _tensor.HEADER_SIZE + o * (hi - lo) * inner + start - lo * inner,
+                                   end - start))
             at += row
-        if at != global_shape[d] * inner:
+        if at != whole * inner:
             raise TensorFormatError("the shards along dimension %d add up to %d, not %d"
-                                    % (d, at // inner, global_shape[d]))
-        nbytes = outer * global_shape[d] * inner
-        head = _tensor.encode(code, global_shape, global_shape, nbytes)
+                                    % (d, at // inner, whole))
+        nbytes = outer * (hi - lo) * inner
+        if window is None:
+            head = _tensor.encode(code, global_shape, global_shape, nbytes)
+        else:
+            local = list(global_shape)
+            local[d] = hi - lo
+            head = _tensor.encode(code, global_shape, tuple(local), nbytes, axes=[
+                (a.kind, a.rank, a.size, a.split, a.reserved0) for a in window[2]])
         return head, _tensor.HEADER_SIZE + nbytes, ranges

@@ -878,9 +878,11 @@ class MooncakeDistributedStore:
             except _tensor.TensorFormatError as e:
                 self._fail(call, INVALID_PARAMS, "key %r: %s" % (key, e))
                 continue
-            if mode == "full":
-                out[i] = self._get_full(call, key, axes,
-                                        None if into is None else (into[0][i], into[1][i]))
+            mine = None if into is None else (into[0][i], into[1][i])
+            got = (self._get_full(call, key, axes, mine) if mode == "full" else
+                   self._remapped_shard(call, key, axes, mine) if mode == "shard" else _MISSING)
+            if got is not _MISSING:
+                out[i] = got
             else:
                 plain.append((i, key if axes is None else _parallel.shard_key(key, axes),
                               _parallel.lone_tp_writer_key(key, axes) if mode == "shard"
@@ -935,6 +937,31 @@ class MooncakeDistributedStore:
             got = self._rebuild(call, key, _parallel.Rebuild(key, axes, writers=True), None, into)
         return None if got is _MISSING else got
 
+    def _remapped_shard(self, call, key, axes, into):
+        """A "shard" read whose TP count is not the one the shards were stored
+        with (key__parallelism_manifest says which): the target's rows read
+        from the stored shards that hold them, behind the target shard's
+        header; _MISSING when there is no TP axis, no manifest, the counts
+        agree or a stored shard is absent (then the shard key is read as
+        stored); None (logged) when the target is not equal pieces of them."""
+        tp = next((a for a in axes if a.kind == _parallel.KINDS["tp"]), None)
+        found = None if tp is None else self._manifest(
+            call, _parallel.parallelism_manifest_key(key))
+        if found is None or found[3] == tp.size:
+            return _MISSING
+        code, shape, split, count = found
+        if tp.split not in (-1, split) or shape[split] % tp.size:
+            return self._none(call, INVALID_PARAMS, "key %r: stored as %d shards along dimension "
+                              "%d of %s; %d equal shards along dimension %d are not a cut of it"
+                              % (key, count, split, shape, tp.size, tp.split))
+        stored = _parallel.writer_partition((0, count, split))
+        try:
+            plan = _parallel.Rebuild(key, [stored if a is tp else a for a in axes])
+        except _tensor.TensorFormatError as e:
+            return self._none(call, INVALID_PARAMS, "key %r: %s" % (key, e))
+        return self._rebuild(call, key, plan, (code, shape), into,
+                             window=(tp.rank, tp.size, axes))
+
     def _manifest_plan(self, call, key, axes):
         """(Rebuild, (dtype code, shape) it must make) from the manifest a full
         read of key with axes has, or None (none, or one Mooncake would not
@@ -964,15 +991,16 @@ class MooncakeDistributedStore:
             return None
         return plan, (code, shape)
 
-    def _rebuild(self, call, key, plan, expect, into, quiet=False):
+    def _rebuild(self, call, key, plan, expect, into, quiet=False, window=None):
         """The whole tensor read through plan (its shards' headers first), or
         None (logged), or _MISSING when a shard cannot be read (logged unless
-        quiet); expect: the (dtype code, shape) the shards must make."""
+        quiet); expect: the (dtype code, shape) the shards must make;
+        window: one shard of another cut instead (Rebuild.check)."""
         heads = self._headers(call, plan.keys, quiet=quiet or expect is not None)
         if heads is None:
             return _MISSING
         try:
-            head, total, ranges = plan.check(heads)
+            head, total, ranges = plan.check(heads, window)
             code, shape, _, _ = _tensor.layout(head, total)
             if expect is not None and (code, shape) != expect:
                 raise _tensor.TensorFormatError(

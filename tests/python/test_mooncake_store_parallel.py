@@ -295,3 +295,38 @@ def test_full_reads_follow_the_manifests(pair, caplog):
     with caplog.at_level(logging.WARNING, logger="mooncake.store"):
         assert reader.get_tensor_with_parallelism("f", target("full")) is None
     assert "its manifest names int32 of (4, 9)" in caplog.text
+
+
+def test_a_shard_of_another_tp_count_is_read_from_the_stored_ones(pair, caplog):
+    """A "shard" read asking a TP count other than the one stored (the
+    parallelism manifest says which) gets its rows from the stored shards
+    that hold them, behind the target shard's header (also into a buffer);
+    a count that does not cut the dimension into equal pieces is None."""
+    writer, reader = pair
+    t = sample((4, 8), seed=9)
+    for r in range(4):  # lone TP shards (the caller's pieces), and TP among DP (whole input)
+        assert writer.put_tensor_with_parallelism(
+            "s", t[:, 2 * r:2 * r + 2], parallelism=par(axis("tp", r, 4, 1))) == 0
+        assert writer.put_tensor_with_parallelism(
+            "d", t, parallelism=par(axis("dp", 1, 2), axis("tp", r, 4, 1))) == 0
+    same(reader.get_tensor_with_parallelism("s", target("shard", par(axis("tp", 1, 2, 1)))),
+         t[:, 4:])
+    same(reader.get_tensor_with_parallelism("s", target("shard", par(axis("tp", 5, 8, 1)))),
+         t[:, 5:6])
+    same(reader.get_tensor_with_parallelism(
+        "d", target("shard", par(axis("dp", 1, 2), axis("tp", 0, 2, 1)))), t[:, :4])
+    same(reader.get_tensor_with_parallelism("s", target("shard", par(axis("tp", 2, 4, 1)))),
+         t[:, 4:6])  # the count stored: the shard itself
+    buf = ctypes.create_string_buffer(1024)
+    base = ctypes.addressof(buf)
+    assert reader.register_buffer(base, 1024) == 0
+    same(reader.get_tensor_with_parallelism_into("s", base, 1024,
+                                                 target("shard", par(axis("tp", 0, 2, 1)))),
+         t[:, :4])
+    assert ctypes.string_at(base, HEADER + 4 * 4 * 4) == header(
+        torch.int32, (4, 8), (4, 4), [(TP, 0, 2, 1, 0)]) + raw(t[:, :4])
+    assert reader.unregister_buffer(base) == 0
+    with caplog.at_level(logging.WARNING, logger="mooncake.store"):
+        assert reader.get_tensor_with_parallelism(
+            "s", target("shard", par(axis("tp", 0, 3, 1)))) is None
+    assert "3 equal shards along dimension 1 are not a cut of it" in caplog.text
