@@ -163,7 +163,7 @@ static const char *scratch_dir(void) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ferry_log_set_level(FERRY_LOG_OFF);
-  store_eviction eviction = {0.95, 0.05, 1000, 60000};
+  store_eviction eviction = {0.95, 0.05, 1000, 60000, 0};
   store_map *m = store_map_create(1000, 30000, &eviction);
   FUZZ_CHECK(m != NULL && store_map_set_disk(m, scratch_dir()) == 0);
   memset(clients, 0, sizeof clients);

@@ -26,12 +26,7 @@
 
 #define REPORT_S 10 /* --enable_metric_reporting: a line at most this often */
 
-/* Mooncake's flags this master does not implement yet (issue 33). */
-static const char *const not_yet[] = {
-    "allow_evict_soft_pinned_objects",
-    "enable_gc",
-    "memory_allocator",
-};
+#define GC_AFTER_GET_MS 1000 /* --enable_gc: Mooncake's delay from a get to the removal */
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -49,6 +44,14 @@ static void usage(FILE *out) {
           "                           when its put names no TTL (default 1800000: 30 min)\n"
           "  --max_kv_soft_pin_ttl=MS  a put asking a longer soft pin is refused (default\n"
           "                           86400000: 24 h)\n"
+          "  --allow_evict_soft_pinned_objects[=false]  with false a soft pin keeps its\n"
+          "                           object until its deadline: a put that finds nothing\n"
+          "                           else to evict fails (default true: they go last)\n"
+          "  --enable_gc[=false]      remove an object a get read 1 s later, or once that\n"
+          "                           get's lease ended when later (default false)\n"
+          "  --memory_allocator=offset  the allocator (default offset): ferry's is best fit\n"
+          "                           over coalesced extents, offset's behaviour; cachelib's\n"
+          "                           slab classes are not here and refused\n"
           "  --root_fs_dir=DIR        the SSD tier: each put also writes its value to a file in\n"
           "                           DIR/CLUSTER_ID, and an evicted object stays there, read\n"
           "                           back on a get (DIR: the same path on every client's host)\n"
@@ -87,9 +90,14 @@ static void usage(FILE *out) {
 }
 
 /* The flags that take their value only after '=' (ferry_cli_gflag). */
-static const char *const booleans[] = {
-    "enable_ha",        "enable_metric_reporting",     "enable_offload",
-    "offload_on_evict", "enable_http_metadata_server", NULL};
+static const char *const booleans[] = {"enable_ha",
+                                       "enable_metric_reporting",
+                                       "enable_offload",
+                                       "offload_on_evict",
+                                       "enable_http_metadata_server",
+                                       "allow_evict_soft_pinned_objects",
+                                       "enable_gc",
+                                       NULL};
 
 static int parse_positive(const char *flag, const char *value, unsigned long scale, uint32_t *out) {
   unsigned long v;
@@ -205,6 +213,48 @@ static int parse_md_flag(md_flags *md, const char *name, const char *value) {
   return 1; /* not one of these */
 }
 
+/* --memory_allocator: Mooncake's two names. Ours (src/store/extents.c) is
+ * offset's kind: any size at any granule, best fit, freed neighbours
+ * coalesced, the largest free extent known exactly. cachelib's slabs of
+ * size classes place and fail otherwise: refused, not run as another. */
+static int parse_allocator(const char *value) {
+  if (value && !strcmp(value, "offset")) {
+    fprintf(stderr, "store-master: --memory_allocator=offset: ferry's one allocator (best fit over "
+                    "coalesced free extents, src/store/extents.c) is of offset's kind\n");
+    return 0;
+  }
+  if (value && !strcmp(value, "cachelib"))
+    fprintf(stderr, "store-master: --memory_allocator=cachelib: ferry's master has one allocator, "
+                    "best fit over coalesced free extents (Mooncake's offset); cachelib's slab "
+                    "size classes are not implemented: run with --memory_allocator=offset\n");
+  else
+    fprintf(stderr,
+            "store-master: --memory_allocator needs offset (or Mooncake's cachelib, not "
+            "here), not \"%s\"\n",
+            value ? value : "");
+  return -1;
+}
+
+/* Mooncake's eviction and GC flags beyond the watermarks. */
+static int parse_keep_flag(store_master_config *cfg, const char *name, const char *value) {
+  int on;
+  if (!strcmp(name, "allow_evict_soft_pinned_objects")) {
+    if (ferry_cli_gflag_bool("store-master", name, value, &on) != 0)
+      return -1;
+    cfg->keep_soft_pinned = !on;
+    return 0;
+  }
+  if (!strcmp(name, "enable_gc")) {
+    if (ferry_cli_gflag_bool("store-master", name, value, &on) != 0)
+      return -1;
+    cfg->gc_after_get_ms = on ? GC_AFTER_GET_MS : 0;
+    return 0;
+  }
+  if (!strcmp(name, "memory_allocator"))
+    return parse_allocator(value);
+  return 1; /* not one of these */
+}
+
 static int parse_flag(store_master_config *cfg, const char *name, const char *value) {
   unsigned long port;
   if (!strcmp(name, "port") || !strcmp(name, "rpc_port")) {
@@ -248,14 +298,9 @@ static int parse_flag(store_master_config *cfg, const char *name, const char *va
     cfg->cluster_id = value;
     return value && *value ? 0 : -1;
   }
-  for (size_t i = 0; i < sizeof not_yet / sizeof *not_yet; i++)
-    if (!strcmp(name, not_yet[i])) {
-      fprintf(stderr,
-              "store-master: --%s is not implemented by ferry's master yet (issue 33); refusing "
-              "to run without it\n",
-              name);
-      return -1;
-    }
+  int kept = parse_keep_flag(cfg, name, value);
+  if (kept <= 0)
+    return kept;
   fprintf(stderr, "store-master: unknown option --%s (see --help)\n", name);
   return -1;
 }

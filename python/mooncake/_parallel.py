@@ -3,8 +3,15 @@ ParallelAxis, TensorParallelism, ReadTarget and writer partitions): where a
 shard is stored (its key), which piece of a tensor a write stores, and which
 keys and byte ranges rebuild the whole tensor. The shard's identity travels
 in its header (_tensor.py: global and local shape, one layout axis per
-parallel axis), so a reader needs no other record. The store's calls are in
-store.py; this module does no I/O."""
+parallel axis), so a reader needs no other record. Beside the shards a write
+stores Mooncake's manifest (its WriterShardManifest): the whole tensor's dtype
+and shape and its cut, under key__writer_manifest for a writer partition and
+key__parallelism_manifest for a layout with a TP axis; a "full" read takes the
+shard count and split_dim from it when it is there, and a "shard" read of
+another TP count is cut from the stored shards, as Mooncake's reads do. The
+store's calls are in store.py; this module does no I/O."""
+
+import struct
 
 from mooncake import _tensor
 from mooncake._tensor import TensorFormatError
@@ -156,6 +163,48 @@ def lone_tp_writer_key(key, axes):
     return None
 
 
+# Mooncake's manifest: magic, version, header size (the whole 96), dtype, ndim,
+# split_dim, shard count, a reserved 0, 4 bytes of padding, then the global
+# shape's 8 dimensions (-1 past ndim).
+MANIFEST_MAGIC, MANIFEST_VERSION = 0x574D414E, 1
+_MANIFEST = struct.Struct("<IHHiiiii4x%dq" % _tensor.MAX_DIMS)
+MANIFEST_SIZE = _MANIFEST.size
+assert MANIFEST_SIZE == 96
+
+
+def writer_manifest_key(key):
+    return key + "__writer_manifest"
+
+
+def parallelism_manifest_key(key):
+    return key + "__parallelism_manifest"
+
+
+def encode_manifest(code, global_shape, split_dim, count):
+    """The manifest of a tensor of dtype code and global_shape cut into count
+    shards along split_dim."""
+    dims = list(global_shape) + [-1] * (_tensor.MAX_DIMS - len(global_shape))
+    return _MANIFEST.pack(MANIFEST_MAGIC, MANIFEST_VERSION, MANIFEST_SIZE, code,
+                          len(global_shape), split_dim, count, 0, *dims)
+
+
+def decode_manifest(data):
+    """(dtype code, global shape, split_dim, shard count) of a manifest;
+    TensorFormatError when it is not one (Mooncake's checks)."""
+    if len(data) < MANIFEST_SIZE:
+        raise TensorFormatError("a manifest is %d bytes, not %d" % (MANIFEST_SIZE, len(data)))
+    magic, version, size, code, ndim, split, count, _, *dims = _MANIFEST.unpack_from(data)
+    if (magic, version, size) != (MANIFEST_MAGIC, MANIFEST_VERSION, MANIFEST_SIZE):
+        raise TensorFormatError("not a manifest (magic 0x%x, version %d, size %d)"
+                                % (magic, version, size))
+    if not 0 <= ndim <= _tensor.MAX_DIMS or count <= 0 or not 0 <= split < ndim:
+        raise TensorFormatError("manifest of %d dimensions, %d shards along dimension %d"
+                                % (ndim, count, split))
+    if any(d < 0 for d in dims[:ndim]):
+        raise TensorFormatError("manifest shape %s" % (dims[:ndim],))
+    return code, tuple(dims[:ndim]), split, count
+
+
 def _header(code, global_shape, piece, axes):
     return _tensor.encode(code, global_shape, tuple(piece.shape),
                           piece.numel() * piece.element_size(),
@@ -176,20 +225,24 @@ def _cut(tensor, axis, name):
 
 
 def write_parts(key, tensor, code, name, parallelism=None, partition=None):
-    """[(store key, contiguous tensor, header)] one write stores: the whole
-    tensor (neither given); a writer partition's piece of a whole tensor;
-    for a TensorParallelism with TP among several axes, the TP piece of a
-    whole tensor; otherwise (a lone TP axis, or axes that do not include
-    TP) the tensor as given, a shard along the axis with a split_dim if one
-    has it."""
+    """([(store key, contiguous tensor, header)] one write stores, and the
+    manifest (key, bytes) written once they are, or None): the whole tensor
+    (neither given); a writer partition's piece of a whole tensor; for a
+    TensorParallelism with TP among several axes, the TP piece of a whole
+    tensor; otherwise (a lone TP axis, or axes that do not include TP) the
+    tensor as given, a shard along the axis with a split_dim if one has it.
+    A manifest goes with a writer partition and with a TP axis, as
+    Mooncake writes them."""
     if parallelism is not None and partition is not None:
         raise TensorFormatError("parallelism and writer_partition are mutually exclusive")
     if partition is not None:
         axis = writer_partition(partition)
         piece = _cut(tensor, axis, name)
-        return [(writer_key(key, axis), piece, _header(code, tuple(tensor.shape), piece, [axis]))]
+        whole = tuple(tensor.shape)
+        return ([(writer_key(key, axis), piece, _header(code, whole, piece, [axis]))],
+                (writer_manifest_key(key), encode_manifest(code, whole, axis.split, axis.size)))
     if parallelism is None:
-        return [(key, tensor, _tensor.header_of(tensor, code))]
+        return [(key, tensor, _tensor.header_of(tensor, code))], None
     axes = axes_of(parallelism)
     cut = split_axis(axes)
     shape = list(tensor.shape)
@@ -202,7 +255,11 @@ def write_parts(key, tensor, code, name, parallelism=None, partition=None):
                 raise TensorFormatError("%s: split_dim %d is not a dimension of shape %s"
                                         % (name, cut.split, tuple(shape)))
             shape[cut.split] *= cut.size  # shard input: the whole is size such pieces
-    return [(shard_key(key, axes), piece, _header(code, tuple(shape), piece, axes))]
+    manifest = None
+    if cut is not None and cut.kind == KINDS["tp"]:
+        manifest = (parallelism_manifest_key(key),
+                    encode_manifest(code, tuple(shape), cut.split, cut.size))
+    return [(shard_key(key, axes), piece, _header(code, tuple(shape), piece, axes))], manifest
 
 
 def read_request(target):
@@ -238,10 +295,13 @@ class Rebuild:
                      shard_key(key, [a if a is not cut else a.at(r) for a in axes])
                      for r in range(cut.size)]
 
-    def check(self, headers):
+    def check(self, headers, window=None):
         """headers: each shard's first HEADER_SIZE bytes and value size, in
         key order. Returns (whole header, total bytes, ranges);
-        TensorFormatError when the shards do not make one tensor."""
+        TensorFormatError when the shards do not make one tensor. window:
+        (rank, count, axes) for one shard of another cut (a TP rank of count
+        equal pieces along the same dimension, axes its header's) instead
+        of the whole: its header and the ranges of its rows only."""
         d, layouts = self.cut.split, []
         for key, (head, total) in zip(self.keys, headers):
             try:
@@ -260,6 +320,12 @@ class Rebuild:
         outer = 1
         for n in global_shape[:d]:
             outer *= n
+        whole = global_shape[d]
+        if window is not None and whole % window[1]:
+            raise TensorFormatError("dimension %d (%d) does not split into %d equal shards"
+                                    % (d, whole, window[1]))
+        lo, hi = (0, whole) if window is None else (window[0] * whole // window[1],
+                                                     (window[0] + 1) * whole // window[1])
         ranges, at = [], 0
         for rank, (key, c, g, local, axes) in enumerate(layouts):
             mine = [a for a in axes if a[0] == self.cut.kind]
@@ -273,14 +339,22 @@ class Rebuild:
                     % (key, rank, self.cut.size, d, _tensor.dtype_name(code), global_shape,
                        _tensor.dtype_name(c), local, g, axes))
             row = local[d] * inner
-            if row:
+            start, end = max(lo * inner, at), min(hi * inner, at + row)  # its part of the window
+            if end > start:
                 for o in range(outer):
-                    ranges.append((key, _tensor.HEADER_SIZE + o * row,
-                                   _tensor.HEADER_SIZE + o * global_shape[d] * inner + at, row))
+                    ranges.append((key, _tensor.HEADER_SIZE + o * row + start - at,
+                                   _tensor.HEADER_SIZE + o * (hi - lo) * inner + start - lo * inner,
+                                   end - start))
             at += row
-        if at != global_shape[d] * inner:
+        if at != whole * inner:
             raise TensorFormatError("the shards along dimension %d add up to %d, not %d"
-                                    % (d, at // inner, global_shape[d]))
-        nbytes = outer * global_shape[d] * inner
-        head = _tensor.encode(code, global_shape, global_shape, nbytes)
+                                    % (d, at // inner, whole))
+        nbytes = outer * (hi - lo) * inner
+        if window is None:
+            head = _tensor.encode(code, global_shape, global_shape, nbytes)
+        else:
+            local = list(global_shape)
+            local[d] = hi - lo
+            head = _tensor.encode(code, global_shape, tuple(local), nbytes, axes=[
+                (a.kind, a.rank, a.size, a.split, a.reserved0) for a in window[2]])
         return head, _tensor.HEADER_SIZE + nbytes, ranges

@@ -228,6 +228,9 @@ def _replicate(config):
             getattr(config, "preferred_segment", "") or None, pin)
 
 
+_MISSING = object()  # _rebuild: a shard could not be read
+
+
 def _tp_key(key, rank, tp_size):
     """Where Mooncake's tensor-parallel calls keep rank's shard of key."""
     return key if tp_size <= 1 else "%s_tp_%d" % (key, rank)
@@ -893,9 +896,11 @@ class MooncakeDistributedStore:
             except _tensor.TensorFormatError as e:
                 self._fail(call, INVALID_PARAMS, "key %r: %s" % (key, e))
                 continue
-            if mode == "full":
-                out[i] = self._get_full(call, key, axes,
-                                        None if into is None else (into[0][i], into[1][i]))
+            mine = None if into is None else (into[0][i], into[1][i])
+            got = (self._get_full(call, key, axes, mine) if mode == "full" else
+                   self._remapped_shard(call, key, axes, mine) if mode == "shard" else _MISSING)
+            if got is not _MISSING:
+                out[i] = got
             else:
                 plain.append((i, key if axes is None else _parallel.shard_key(key, axes),
                               _parallel.lone_tp_writer_key(key, axes) if mode == "shard"
@@ -922,9 +927,17 @@ class MooncakeDistributedStore:
         return keys
 
     def _get_full(self, call, key, axes, into):
-        """The whole tensor of key rebuilt from the shards axes name (None: a
-        whole value under key, else the legacy TP shards key_tp_<rank>, their
-        count from key_tp_0's header); None with the cause logged."""
+        """The whole tensor of key rebuilt from the shards axes name (None: the
+        writer partitions key__writer_manifest names, else a whole value
+        under key, else the legacy TP shards key_tp_<rank>, their count from
+        key_tp_0's header; with a TP axis, its count and split_dim from
+        key__parallelism_manifest when that is there, as Mooncake's reads);
+        None with the cause logged."""
+        found = self._manifest_plan(call, key, axes)
+        if found is not None:
+            got = self._rebuild(call, key, *found, into)
+            if got is not _MISSING:
+                return got
         if axes is None:
             if self.is_exist(key) == 1:
                 return (self._get_tensors(call, [key])[0] if into is None else
@@ -937,14 +950,80 @@ class MooncakeDistributedStore:
         except _tensor.TensorFormatError as e:
             return self._none(call, INVALID_PARAMS, "key %r: %s" % (key, e))
         lone_tp = len(axes) == 1 and axes[0].kind == _parallel.KINDS["tp"]
-        heads = self._headers(call, plan.keys, quiet=lone_tp)
-        if heads is None and lone_tp:  # the TP shards, else the same cut by writer partitions
-            plan = _parallel.Rebuild(key, axes, writers=True)
-            heads = self._headers(call, plan.keys)
-        if heads is None:
+        got = self._rebuild(call, key, plan, None, into, quiet=lone_tp)
+        if got is _MISSING and lone_tp:  # the TP shards, else the same cut by writer partitions
+            got = self._rebuild(call, key, _parallel.Rebuild(key, axes, writers=True), None, into)
+        return None if got is _MISSING else got
+
+    def _remapped_shard(self, call, key, axes, into):
+        """A "shard" read whose TP count is not the one the shards were stored
+        with (key__parallelism_manifest says which): the target's rows read
+        from the stored shards that hold them, behind the target shard's
+        header; _MISSING when there is no TP axis, no manifest, the counts
+        agree or a stored shard is absent (then the shard key is read as
+        stored); None (logged) when the target is not equal pieces of them."""
+        tp = next((a for a in axes if a.kind == _parallel.KINDS["tp"]), None)
+        found = None if tp is None else self._manifest(
+            call, _parallel.parallelism_manifest_key(key))
+        if found is None or found[3] == tp.size:
+            return _MISSING
+        code, shape, split, count = found
+        if tp.split not in (-1, split) or shape[split] % tp.size:
+            return self._none(call, INVALID_PARAMS, "key %r: stored as %d shards along dimension "
+                              "%d of %s; %d equal shards along dimension %d are not a cut of it"
+                              % (key, count, split, shape, tp.size, tp.split))
+        stored = _parallel.writer_partition((0, count, split))
+        try:
+            plan = _parallel.Rebuild(key, [stored if a is tp else a for a in axes])
+        except _tensor.TensorFormatError as e:
+            return self._none(call, INVALID_PARAMS, "key %r: %s" % (key, e))
+        return self._rebuild(call, key, plan, (code, shape), into,
+                             window=(tp.rank, tp.size, axes))
+
+    def _manifest_plan(self, call, key, axes):
+        """(Rebuild, (dtype code, shape) it must make) from the manifest a full
+        read of key with axes has, or None (none, or one Mooncake would not
+        use either: a split_dim other than the TP axis's, a dimension the
+        counts do not divide; logged)."""
+        tp = None if axes is None else next(
+            (a for a in axes if a.kind == _parallel.KINDS["tp"]), None)
+        if axes is not None and tp is None:
+            return None
+        found = self._manifest(call, _parallel.writer_manifest_key(key) if axes is None else
+                               _parallel.parallelism_manifest_key(key))
+        if found is None:
+            return None
+        code, shape, split, count = found
+        cut = _parallel.writer_partition((0, count, split))
+        if tp is not None and (tp.split not in (-1, split) or shape[split] % tp.size
+                               or shape[split] % count):
+            logger.warning("%s: key %r: its parallelism manifest cuts dimension %d of %s into %d; "
+                           "the read asks %d along %d: read without it", call, key, split,
+                           shape, count, tp.size, tp.split)
             return None
         try:
-            head, total, ranges = plan.check(heads)
+            plan = (_parallel.Rebuild(key, [cut], writers=True) if axes is None else
+                    _parallel.Rebuild(key, [cut if a is tp else a for a in axes]))
+        except _tensor.TensorFormatError as e:
+            logger.warning("%s: key %r: %s; read without its manifest", call, key, e)
+            return None
+        return plan, (code, shape)
+
+    def _rebuild(self, call, key, plan, expect, into, quiet=False, window=None):
+        """The whole tensor read through plan (its shards' headers first), or
+        None (logged), or _MISSING when a shard cannot be read (logged unless
+        quiet); expect: the (dtype code, shape) the shards must make;
+        window: one shard of another cut instead (Rebuild.check)."""
+        heads = self._headers(call, plan.keys, quiet=quiet or expect is not None)
+        if heads is None:
+            return _MISSING
+        try:
+            head, total, ranges = plan.check(heads, window)
+            code, shape, _, _ = _tensor.layout(head, total)
+            if expect is not None and (code, shape) != expect:
+                raise _tensor.TensorFormatError(
+                    "the shards make a %s tensor of shape %s; its manifest names %s of %s"
+                    % (_tensor.dtype_name(code), shape, _tensor.dtype_name(expect[0]), expect[1]))
         except _tensor.TensorFormatError as e:
             return self._none(call, INVALID_PARAMS, "key %r: %s" % (key, e))
         if into is not None and into[1] < total:
@@ -1036,22 +1115,87 @@ class MooncakeDistributedStore:
             return [self._fail(call, INVALID_PARAMS, "%d keys but %d tensors and %d layouts"
                                % (len(keys), len(tensors), len(layouts)))] * len(keys)
         results, values = [0] * len(keys), []  # values: (key index, store key, tensor, header)
+        manifests = []  # (key index, manifest key, bytes): written once the key's shards are
         for i, (key, tensor) in enumerate(zip(keys, tensors)):
             name = "the tensor of key %r" % (key,)
             try:
                 tensor, code = _tensor.inspect(tensor, name)
-                parts = (_parallel.write_parts(key, tensor, code, name, *layouts[i])
-                         if tp is None else
-                         [(_tp_key(key, r, tp[0]),) + s
-                          for r, s in enumerate(_tensor.shards(tensor, code, tp[0], tp[1], name))])
+                parts, manifest = (_parallel.write_parts(key, tensor, code, name, *layouts[i])
+                                   if tp is None else
+                                   ([(_tp_key(key, r, tp[0]),) + s for r, s in enumerate(
+                                       _tensor.shards(tensor, code, tp[0], tp[1], name))], None))
             except _tensor.TensorFormatError as e:
                 results[i] = self._fail(call, INVALID_PARAMS, str(e))
                 continue
             values += [(i,) + p for p in parts]
+            if manifest is not None:
+                manifests.append((i,) + manifest)
         codes = self._write_tensors(call, [v[1:] for v in values], config, upsert)
         for (i, *_), code in zip(values, codes):
             results[i] = results[i] or code
+        first = {}  # manifest key -> its bytes: once per batch (ranks of one tensor share it)
+        for i, mkey, data in manifests:
+            if results[i] == 0:
+                first.setdefault(mkey, data)
+        if first:
+            codes = dict(zip(first, self._write_manifests(call, list(first.items()), config,
+                                                          upsert)))
+            for i, mkey, _ in manifests:
+                if results[i] == 0:
+                    results[i] = codes[mkey]
         return results
+
+    def _write_manifests(self, call, manifests, config, upsert):
+        """Puts (or upserts) Mooncake's manifests [(key, bytes)] from one
+        registered block: 0 or a code each. A put of one stored already (by
+        another rank) keeps it, as Mooncake's; one another rank is putting
+        at the same time (-705) is that rank's to finish: 0 (a read checks
+        the shards against it)."""
+        if self._dummy is not None:  # as _write_tensors: values as bytes
+            put = self.upsert if upsert else self.put
+            return [put(key, data, config) for key, data in manifests]
+        size = _parallel.MANIFEST_SIZE
+        block = bytearray(b"".join(data for _, data in manifests))
+        try:
+            base = self._registered(block)
+        except ferry.Error as e:
+            return [self._fail(call, INVALID_PARAMS, e.detail)] * len(manifests)
+        try:
+            keys = [key for key, _ in manifests]
+            ptrs = [base + j * size for j in range(len(keys))]
+            busy = REPLICA_IS_NOT_READY if upsert else OBJECT_ALREADY_EXISTS
+            got = self._call(call, lambda: self._store.batch_put_from(
+                keys, ptrs, [size] * len(keys), *self._rep(config), upsert=upsert), busy)
+            if isinstance(got, int):
+                return [got] * len(keys)
+            answers, detail = got
+            codes = [0 if a >= 0 else _code(a, detail, busy) for a in answers]
+            codes = [0 if c == OBJECT_ALREADY_EXISTS else c for c in codes]
+            if any(codes):
+                self._fail(call, next(c for c in codes if c), detail)
+            return codes
+        finally:
+            self._engine.unregister_memory(base)
+
+    def _manifest(self, call, key):
+        """The manifest under key decoded (_parallel.decode_manifest), or None
+        when there is none (not logged) or it is not one (logged, as Mooncake
+        then reads without it)."""
+        block = bytearray(_parallel.MANIFEST_SIZE)
+        try:
+            base = self._registered(block)
+        except ferry.Error:
+            return None
+        try:
+            if not self._read_ranges(call, base, [(key, 0, 0, len(block))], quiet=True):
+                return None
+        finally:
+            self._engine.unregister_memory(base)
+        try:
+            return _parallel.decode_manifest(bytes(block))
+        except _tensor.TensorFormatError as e:
+            logger.warning("%s: %r: %s; read without it", call, key, e)
+            return None
 
     def _write_tensors(self, call, items, config, upsert):
         """Stores items [(key, contiguous tensor, header)]: 0 or a code each."""

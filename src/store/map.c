@@ -41,7 +41,13 @@
  * filled it, then answers that replica. The owner's death drops its
  * copies with its segment; an object that leaves the map has its owner
  * delete the file (a DELETE task). Tasks queue per segment, by key: each
- * is checked against the object when handed out. */
+ * is checked against the object when handed out.
+ *
+ * GC (--enable_gc): each GET queues its keys' removal at a deadline; as
+ * the delay is one for all, the queue is in deadline order and a sweep at
+ * each request takes its due head. An entry names the key and the GET's
+ * time: the object goes only if nothing used it since (no later GET, no
+ * new value committed), so a removal never takes a value nobody read. */
 #include "store/map.h"
 
 #include <pthread.h>
@@ -121,6 +127,14 @@ typedef struct lru {
  * owner's segment that the owner fills from the file. */
 enum { OFF_LOCAL = 1, OFF_QUEUED = 2, OFF_WRITING = 4, OFF_EVICT = 8, OFF_LOADING = 16 };
 
+/* A GET's removal under --enable_gc: key, got at got_ns, goes at due_ns. */
+typedef struct gc_entry {
+  struct gc_entry *next;
+  uint64_t got_ns, due_ns;
+  uint16_t key_len;
+  char key[]; /* not NUL-terminated */
+} gc_entry;
+
 struct store_map {
   pthread_mutex_t lock;
   uint64_t lease_ns, soft_pin_ns, max_soft_pin_ms;
@@ -130,7 +144,11 @@ struct store_map {
   object **buckets;
   size_t bucket_count, objects;
   lru plain, soft;
+  size_t soft_count;           /* on the soft list */
+  int keep_soft_pinned;        /* --allow_evict_soft_pinned_objects=false */
   size_t pending, hard_pinned; /* objects on neither list (and the disk-only ones) */
+  uint64_t gc_ns;              /* --enable_gc: a GET's removal delay; 0: off */
+  gc_entry *gc_head, *gc_tail; /* in deadline order */
   char *fs_dir;                /* the SSD tier's directory (disk.h); NULL: none */
   object *retired;             /* replaced by an upsert, still leased (chained by next) */
   size_t retired_count;
@@ -174,6 +192,7 @@ store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
   m->eviction_ratio = eviction->ratio;
   m->soft_pin_ns = eviction->soft_pin_ttl_ms * 1000000ull;
   m->max_soft_pin_ms = eviction->max_soft_pin_ttl_ms;
+  m->keep_soft_pinned = eviction->keep_soft_pinned;
   return m;
 }
 
@@ -286,6 +305,10 @@ void store_map_destroy(store_map *m) {
   for (object *o = m->retired, *next; o; o = next) {
     next = o->next;
     free(o);
+  }
+  for (gc_entry *e = m->gc_head, *next; e; e = next) {
+    next = e->next;
+    free(e);
   }
   for (segment *s = m->segments, *next; s; s = next) {
     next = s->next;
@@ -414,9 +437,10 @@ static void touch(store_map *m, object *o, uint64_t now) {
 /* Puts a committed object on its list (or counts it hard-pinned). */
 static void enlist(store_map *m, object *o) {
   lru *l = list_of(m, o);
-  if (l == &m->soft)
+  if (l == &m->soft) {
     soft_insert(l, o);
-  else if (l)
+    m->soft_count++;
+  } else if (l)
     lru_append(l, o);
   else if (o->replicas)
     m->hard_pinned++;
@@ -571,9 +595,10 @@ static void grow(store_map *m) {
 /* Takes o off its list, or out of the count of those on none. */
 static void unlist(store_map *m, object *o) {
   lru *l = list_of(m, o);
-  if (l)
+  if (l) {
     lru_remove(l, o);
-  else if (o->writer)
+    m->soft_count -= l == &m->soft;
+  } else if (o->writer)
     m->pending--;
   else if (o->replicas) /* hard-pinned; a disk-only one is counted nowhere */
     m->hard_pinned--;
@@ -665,6 +690,48 @@ static void reap_retired(store_map *m, uint64_t now) {
   }
 }
 
+/* ---- GC (--enable_gc) ----------------------------------------------------------------------- */
+
+void store_map_set_gc(store_map *m, uint32_t after_get_ms) { m->gc_ns = after_get_ms * 1000000ull; }
+
+/* A GET at now read o: its removal is queued, at the later of the delay
+ * and the lease that GET holds. Without memory it is not queued (the
+ * object stays, as Mooncake's when its queue is full). */
+static void gc_queue(store_map *m, const object *o, uint64_t now) {
+  gc_entry *e = malloc(sizeof *e + o->key_len);
+  if (!e) {
+    FERRY_WARN("store master: --enable_gc: out of memory; \"%.*s\" stays", (int)o->key_len,
+               key_of((object *)o));
+    return;
+  }
+  e->next = NULL;
+  e->got_ns = now;
+  e->due_ns = deadline_after(now, m->gc_ns > m->lease_ns ? m->gc_ns : m->lease_ns);
+  e->key_len = o->key_len;
+  memcpy(e->key, key_of((object *)o), o->key_len);
+  *(m->gc_tail ? &m->gc_tail->next : &m->gc_head) = e;
+  m->gc_tail = e;
+}
+
+static ferry_status remove_one(store_map *m, object **at);
+
+/* Removes the objects whose GC deadline passed and that nobody used since
+ * the GET that queued them. Under m->lock; O(1) when none is due. */
+static void gc_sweep(store_map *m, uint64_t now) {
+  size_t removed = 0;
+  while (m->gc_head && m->gc_head->due_ns <= now) {
+    gc_entry *e = m->gc_head;
+    if (!(m->gc_head = e->next))
+      m->gc_tail = NULL;
+    object **at = find(m, e->key, e->key_len, COMMITTED);
+    if (at && (*at)->used_ns <= e->got_ns && remove_one(m, at) == FERRY_OK)
+      removed++;
+    free(e);
+  }
+  if (removed)
+    FERRY_DEBUG("store master: --enable_gc removed %zu object(s) read a while ago", removed);
+}
+
 /* DROP_FILE: a client found key's file missing or damaged. The object
  * forgets it, and goes when it has no replica in memory either. */
 static ferry_status drop_file(store_map *m, object **at) {
@@ -720,7 +787,9 @@ static object *unleased(eviction_round *r, object **cursor) {
 
 /* The object to evict next, or NULL when nothing is left: the least
  * recently used of the plain ones and the soft-pinned ones whose pin
- * ended; a soft-pinned one still pinned only when no plain one is left. */
+ * ended; a soft-pinned one still pinned only when no plain one is left,
+ * and never with keep_soft_pinned (the soft list is in deadline order:
+ * once its head is pinned, so is the rest). */
 static object *next_victim(store_map *m, eviction_round *r) {
   if (!r->started) {
     r->plain = m->plain.oldest;
@@ -729,6 +798,8 @@ static object *next_victim(store_map *m, eviction_round *r) {
   }
   object *plain = unleased(r, &r->plain), *soft = unleased(r, &r->soft);
   int pinned = soft && soft->pin_until_ns > r->now;
+  if (pinned && m->keep_soft_pinned)
+    soft = NULL;
   object *victim = !soft || (plain && (pinned || plain->used_ns <= soft->used_ns)) ? plain : soft;
   if (victim)
     *(victim == plain ? &r->plain : &r->soft) = victim->newer;
@@ -1007,19 +1078,23 @@ static ferry_status make_room(store_map *m, const put_ask *ask, eviction_round *
       extent = evict(m, r, victim, FOR_PUTS);
   }
   r->puts += evicted > 0;
-  char writing[96] = "";
-  if (r->writing || r->offloading[FOR_PUTS])
-    snprintf(writing, sizeof writing, ", %zu being written to their owner's disk first",
-             r->writing + r->offloading[FOR_PUTS]);
-  if (extent < need)
+  if (extent < need) {
+    char soft[96] = "", writing[96] = ""; /* soft: only where the flag keeps them */
+    if (m->keep_soft_pinned)
+      snprintf(soft, sizeof soft, ", %zu soft-pinned (--allow_evict_soft_pinned_objects=false)",
+               m->soft_count);
+    if (r->writing || r->offloading[FOR_PUTS])
+      snprintf(writing, sizeof writing, ", %zu being written to their owner's disk first",
+               r->writing + r->offloading[FOR_PUTS]);
     return snprintf(why, why_size,
                     "the store is full: no %u segment(s) with a free extent of %llu bytes, and "
                     "nothing left to evict (%zu evicted for it; left: %zu object(s) under a "
-                    "get's lease, %zu hard-pinned, %zu put(s) pending, %zu replaced value(s) "
+                    "get's lease, %zu hard-pinned%s, %zu put(s) pending, %zu replaced value(s) "
                     "under a get's lease%s)",
                     ask->replicas, (unsigned long long)need, evicted, r->leased, m->hard_pinned,
-                    m->pending, m->retired_count, writing),
+                    soft, m->pending, m->retired_count, writing),
            FERRY_ENOMEM;
+  }
   return FERRY_OK;
 }
 
@@ -1360,6 +1435,8 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
     if (at) {
       (*at)->lease_until_ns = now + m->lease_ns;
       touch(m, *at, now);
+      if (m->gc_ns)
+        gc_queue(m, *at, now);
       put_replicas(reply, *at);
       store_put_u8(reply, (*at)->on_disk);
     } else {
@@ -1564,6 +1641,7 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
   ferry_status st = FERRY_OK;
   eviction_round evictions = {0};
   pthread_mutex_lock(&m->lock);
+  gc_sweep(m, ferry_now_ns());
   if (op == STORE_REGISTER)
     st = serve_register(m, client, r, reply, why, why_size);
   else if (op == STORE_PUT_START || op == STORE_UPSERT_START)
@@ -1589,6 +1667,7 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
 void store_map_stats_get(store_map *m, store_map_stats *out) {
   memset(out, 0, sizeof *out);
   pthread_mutex_lock(&m->lock);
+  gc_sweep(m, ferry_now_ns());
   out->keys = m->objects;
   for (segment *s = m->segments; s; s = s->next) {
     out->segments++;

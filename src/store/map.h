@@ -21,10 +21,14 @@ typedef struct store_map store_map;
  * objects go until at most (high_watermark - ratio) are in use; a put that
  * does not fit evicts until it does. A soft pin keeps an object out of
  * both until nothing unpinned is left, until its commit plus its TTL: the
- * put's own (at most max_soft_pin_ttl_ms) or soft_pin_ttl_ms. */
+ * put's own (at most max_soft_pin_ttl_ms) or soft_pin_ttl_ms. With
+ * keep_soft_pinned (Mooncake's --allow_evict_soft_pinned_objects=false) a
+ * soft pin keeps its object until its deadline even then: a put that finds
+ * nothing else to evict fails. */
 typedef struct store_eviction {
   double high_watermark, ratio; /* shares of the pool, in (0, 1] */
   uint32_t soft_pin_ttl_ms, max_soft_pin_ttl_ms;
+  int keep_soft_pinned; /* 0: soft-pinned objects go last (Mooncake's default) */
 } store_eviction;
 
 /* lease_ttl_ms: a GET's lease; client_ttl_ms: the silence that drops a
@@ -46,6 +50,14 @@ void store_map_set_offload(store_map *m, int on_evict);
 /* Ends every wait in a request (an offload poll, a get waiting for a load)
  * now and from now on: the master is stopping. */
 void store_map_stop_waits(store_map *m);
+/* Mooncake's --enable_gc (its masters before August 2025): an object a GET
+ * read is removed after_get_ms later, or once that GET's lease ended when
+ * that is later (a reader keeps its bytes for its lease, as without GC).
+ * A later GET, or a new value of the key, puts the removal off: it goes
+ * with that GET's own deadline, or not at all for a value nobody got. The
+ * removals are made at the next request (any client's, PINGs included) or
+ * stats call past the deadline. 0: off. Set before the first request. */
+void store_map_set_gc(store_map *m, uint32_t after_get_ms);
 
 /* What the master counts, for its metrics (metrics.h): per operation,
  * each key of a request (each request for the keyless ones: REGISTER,

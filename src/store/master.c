@@ -271,8 +271,11 @@ ferry_status store_master_start(const store_master_config *cfg, store_master **o
       cfg->eviction_high_watermark_ratio > 0 ? cfg->eviction_high_watermark_ratio : 0.95,
       cfg->eviction_ratio > 0 ? cfg->eviction_ratio : 0.05,
       cfg->soft_pin_ttl_ms ? cfg->soft_pin_ttl_ms : 30 * 60 * 1000,
-      cfg->max_soft_pin_ttl_ms ? cfg->max_soft_pin_ttl_ms : 24 * 60 * 60 * 1000};
+      cfg->max_soft_pin_ttl_ms ? cfg->max_soft_pin_ttl_ms : 24 * 60 * 60 * 1000,
+      cfg->keep_soft_pinned};
   m->map = store_map_create(cfg->lease_ttl_ms ? cfg->lease_ttl_ms : 5000, client_ttl_ms, &eviction);
+  if (m->map)
+    store_map_set_gc(m->map, cfg->gc_after_get_ms);
   m->secret = cfg->secret && *cfg->secret ? strdup(cfg->secret) : NULL;
   ferry_status st = FERRY_OK;
   if (!m->map || (cfg->secret && *cfg->secret && !m->secret) || pipe2(m->wake, O_CLOEXEC) != 0)

@@ -22,6 +22,8 @@ typedef struct store_master_config {
   double eviction_ratio;                /* 0: 0.05 */
   uint32_t soft_pin_ttl_ms;             /* default_kv_soft_pin_ttl (0: 30 min) */
   uint32_t max_soft_pin_ttl_ms;         /* max_kv_soft_pin_ttl (0: 24 h) */
+  int keep_soft_pinned;                 /* allow_evict_soft_pinned_objects=false */
+  uint32_t gc_after_get_ms;             /* enable_gc: 1000, Mooncake's (0: off; map.h) */
   /* The SSD tier (disk.h), Mooncake's flags: files in <root_fs_dir>/<cluster_id>. */
   const char *root_fs_dir; /* NULL: none (evicted objects are dropped) */
   const char *cluster_id;  /* NULL: "mooncake_cluster" */

@@ -1040,6 +1040,61 @@ static void soft_pin_requests_mooncake_refuses(void **state) {
   slots_close(&t, buf);
 }
 
+/* --allow_evict_soft_pinned_objects=false: a soft pin keeps its object
+ * until its deadline even when nothing else can go (then the put fails,
+ * naming them); one whose pin ended goes in its turn, plain ones as ever. */
+static void soft_pins_stay_when_not_allowed_to_go(void **state) {
+  (void)state;
+  rig t;
+  uint8_t *buf = slots_open(&t, "--allow_evict_soft_pinned_objects=false",
+                            "--eviction_high_watermark_ratio=1");
+  assert_int_equal(put_soft(t.a.store, "brief", buf, 0, FERRY_STORE_SOFT_PIN_ENABLE, 1, 1, 0),
+                   FERRY_OK); /* pinned for 1 ms */
+  uint64_t pinned_ns = ferry_now_ns();
+  put_slots(t.a.store, "soft", 1, SLOTS - 1, buf, FERRY_STORE_PIN_SOFT);     /* 30 min */
+  put_slots(t.a.store, "slot", SLOTS - 1, SLOTS, buf, FERRY_STORE_PIN_NONE); /* full */
+  let_lapse(pinned_ns, 1);
+  put_slots(t.a.store, "new", 0, 1, buf, FERRY_STORE_PIN_HARD);
+  expect_gone(t.a.store, "brief"); /* its pin ended: the least recently used */
+  put_slots(t.a.store, "new", 1, 2, buf, FERRY_STORE_PIN_HARD);
+  expect_gone(t.a.store, "slot15"); /* the plain one, though newer than the soft ones */
+  assert_int_equal(put_slot(t.a.store, "refused", buf, 0, FERRY_STORE_PIN_NONE), FERRY_ENOMEM);
+  const char *why = ferry_last_error();
+  if (!strstr(why, "nothing left to evict") ||
+      !strstr(why, "2 hard-pinned, 14 soft-pinned (--allow_evict_soft_pinned_objects=false)"))
+    fail_msg("the refusal does not say why: %s", why);
+  expect_slots(t.a.store, "soft", 1, SLOTS - 1, buf);
+  expect_slots(t.a.store, "new", 0, 2, buf);
+  slots_close(&t, buf);
+}
+
+/* --enable_gc: an object a get read goes 1 s later, or when that get's
+ * lease ends if later (1.5 s here); one nobody read stays, and so does a
+ * new value of a key read before (the old get's removal is not its). */
+static void enable_gc_removes_what_a_get_read(void **state) {
+  (void)state;
+  const unsigned lease_ms = 1500;
+  rig t;
+  uint8_t *buf = slots_open(&t, "--enable_gc", "--default_kv_lease_ttl=1500");
+  put_slots(t.a.store, "read", 0, 1, buf, FERRY_STORE_PIN_NONE);
+  put_slots(t.a.store, "unread", 1, 2, buf, FERRY_STORE_PIN_NONE);
+  put_slots(t.a.store, "again", 2, 3, buf, FERRY_STORE_PIN_NONE);
+  uint64_t before_ns = ferry_now_ns();
+  expect_slots(t.a.store, "read", 0, 1, buf);
+  expect_slots(t.a.store, "again", 2, 3, buf);
+  uint64_t got_ns = ferry_now_ns(); /* after the master stamped both gets */
+  ferry_status early = ferry_store_exists(t.a.store, "read00");
+  if (ferry_now_ns() < before_ns + lease_ms * 1000000ull) /* answered before it was due */
+    assert_int_equal(early, FERRY_OK);
+  fill(buf, SLOT, 7);
+  assert_int_equal(ferry_store_upsert_from(t.a.store, "again02", buf, SLOT, NULL), FERRY_OK);
+  let_lapse(got_ns, lease_ms);
+  expect_gone(t.a.store, "read00");
+  expect_stored(t.a.store, "unread", 1, 2);
+  expect_bytes(t.a.store, "again02", buf, SLOT, 7);
+  slots_close(&t, buf);
+}
+
 /* Hard-pinned quarters fill the pool for good: a put is refused, naming
  * them; freed neighbours make one extent again. */
 static void a_full_pool_refuses_puts(void **state) {
@@ -2282,6 +2337,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(an_ended_soft_pin_is_evicted_in_its_turn),
       cmocka_unit_test(a_soft_pin_ttl_holds_until_its_deadline),
       cmocka_unit_test(soft_pin_requests_mooncake_refuses),
+      cmocka_unit_test(soft_pins_stay_when_not_allowed_to_go),
+      cmocka_unit_test(enable_gc_removes_what_a_get_read),
       cmocka_unit_test(a_silent_client_is_dropped),
       cmocka_unit_test(the_masters_secret_is_required),
       cmocka_unit_test(a_hostile_client_hurts_only_itself),

@@ -376,6 +376,30 @@ def test_eviction_flags_are_checked(flag):
     assert flag.split("=")[0] in done.stderr
 
 
+@pytest.mark.parametrize("flag,says", [
+    ("--allow_evict_soft_pinned_objects=maybe", '"maybe"'),
+    ("--enable_gc=2", '"2"'),
+    ("--memory_allocator=slab", '"slab"'),
+    ("--memory_allocator=cachelib", "slab size classes are not implemented")])
+def test_mooncake_master_flags_are_checked(flag, says):
+    """Mooncake's master flags with a value ferry's does not take stop it at
+    start, naming the flag and the value (cachelib: why it is not here)."""
+    done = subprocess.run([tool_or_skip(), "store-master", "--port=0", flag],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert flag.split("=")[0] in done.stderr and says in done.stderr
+
+
+def test_memory_allocator_offset_is_ours():
+    """`mooncake_master --memory_allocator=offset` (and the other flags of
+    issue 33 at their defaults) runs, saying which allocator it has."""
+    proc, addr, err = start_mooncake_master("--memory_allocator=offset", "--enable_gc=false",
+                                            "--allow_evict_soft_pinned_objects=true")
+    assert addr, err
+    stop_master(proc)
+    assert "of offset's kind" in proc.stderr.read()
+
+
 def start_mooncake_master(*flags):
     """`mooncake_master FLAGS` as the console command runs it (ferry.__main__,
     FERRY_TOOL naming the built tool) and its address."""

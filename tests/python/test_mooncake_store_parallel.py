@@ -11,6 +11,7 @@ not make one tensor refused with their cause. Every byte compared."""
 
 import ctypes
 import logging
+import struct
 
 import pytest
 
@@ -232,3 +233,100 @@ def test_shard_sets_that_are_not_one_tensor_are_refused(pair, caplog):
     got = reader.get_tensor_with_parallelism_into("half", ctypes.addressof(mine), 1024, stored)
     assert torch.equal(got, reader.get_tensor_with_parallelism("half", stored))
     assert got.data_ptr() == ctypes.addressof(mine) + HEADER
+
+
+def manifest(dtype_code, shape, split_dim, count):
+    """Mooncake's WriterShardManifest (its store_py_internal.h), field by field:
+    magic "NAMW", version 1, its size 96, dtype, ndim, split_dim, shard count,
+    a reserved 0, 4 bytes of padding, 8 dimensions (-1 past ndim)."""
+    dims = list(shape) + [-1] * (8 - len(shape))
+    return (struct.pack("<IHH", 0x574D414E, 1, 96)
+            + struct.pack("<iiiii", dtype_code, len(shape), split_dim, count, 0)
+            + b"\0" * 4 + struct.pack("<8q", *dims))
+
+
+INT16, INT32 = 4, 6  # Mooncake's TensorDtype numbers
+
+
+def test_writes_leave_mooncakes_manifests(pair):
+    """A writer partition leaves key__writer_manifest, a layout with a TP axis
+    key__parallelism_manifest (the whole tensor's shape: a lone TP axis's
+    shard times its count), scope axes none; byte for byte Mooncake's."""
+    writer, reader = pair
+    t = sample((2, 3, 8), torch.int16, seed=7)
+    for r in range(4):
+        assert writer.put_tensor_with_parallelism("w", t, writer_partition=(r, 4, 2)) == 0
+    assert reader.get("w__writer_manifest") == manifest(INT16, (2, 3, 8), 2, 4)
+    assert writer.put_tensor_with_parallelism(
+        "lone", t[:, :, :2], parallelism=par(axis("tp", 0, 4, 2))) == 0
+    assert reader.get("lone__parallelism_manifest") == manifest(INT16, (2, 3, 8), 2, 4)
+    assert writer.put_tensor_with_parallelism(
+        "m", t, parallelism=par(axis("tp", 1, 3, 1), axis("dp", 0, 2))) == 0
+    assert reader.get("m__parallelism_manifest") == manifest(INT16, (2, 3, 8), 1, 3)
+    assert writer.put_tensor_with_parallelism(
+        "e", t, parallelism=par(axis("ep", 0, 2, expert_id=1))) == 0
+    assert reader.batch_is_exist(["e__parallelism_manifest", "w__parallelism_manifest",
+                                  "lone__writer_manifest"]) == [0, 0, 0]
+
+
+def test_full_reads_follow_the_manifests(pair, caplog):
+    """"full" without a parallelism rebuilds a writer-partitioned tensor from
+    the writers its manifest names; with a TP axis, the shard count and
+    split_dim come from key__parallelism_manifest (a TP target of another
+    size rebuilds the same whole), as Mooncake's reads. A manifest put by
+    hand (Mooncake's bytes) is read the same, and one naming another shape
+    than the shards make is refused with both named."""
+    writer, reader = pair
+    t = sample((4, 8), seed=8)
+    assert writer.batch_put_tensor_with_parallelism(
+        ["w"] * 4, [t] * 4, writer_partitions=[(r, 4, 1) for r in range(4)]) == [0] * 4
+    same(reader.get_tensor_with_parallelism("w", target("full")), t)
+    for r in range(4):  # a TP layout of 4 shards, read whole through a TP target of 2
+        assert writer.put_tensor_with_parallelism(
+            "tp", t[:, 2 * r:2 * r + 2], parallelism=par(axis("tp", r, 4, 1))) == 0
+    same(reader.get_tensor_with_parallelism("tp", target("full", par(axis("tp", 0, 2, 1)))), t)
+    # Mooncake's manifest put by hand over foreign writer shards
+    for r in range(2):
+        assert writer.put_tensor_with_parallelism("f", t, writer_partition=(r, 2, 0)) == 0
+    assert writer.remove("f__writer_manifest") == 0
+    assert writer.put("f__writer_manifest", manifest(INT32, (4, 8), 0, 2)) == 0
+    same(reader.get_tensor_with_parallelism("f", target("full")), t)
+    assert writer.upsert("f__writer_manifest", manifest(INT32, (4, 9), 0, 2)) == 0
+    with caplog.at_level(logging.WARNING, logger="mooncake.store"):
+        assert reader.get_tensor_with_parallelism("f", target("full")) is None
+    assert "its manifest names int32 of (4, 9)" in caplog.text
+
+
+def test_a_shard_of_another_tp_count_is_read_from_the_stored_ones(pair, caplog):
+    """A "shard" read asking a TP count other than the one stored (the
+    parallelism manifest says which) gets its rows from the stored shards
+    that hold them, behind the target shard's header (also into a buffer);
+    a count that does not cut the dimension into equal pieces is None."""
+    writer, reader = pair
+    t = sample((4, 8), seed=9)
+    for r in range(4):  # lone TP shards (the caller's pieces), and TP among DP (whole input)
+        assert writer.put_tensor_with_parallelism(
+            "s", t[:, 2 * r:2 * r + 2], parallelism=par(axis("tp", r, 4, 1))) == 0
+        assert writer.put_tensor_with_parallelism(
+            "d", t, parallelism=par(axis("dp", 1, 2), axis("tp", r, 4, 1))) == 0
+    same(reader.get_tensor_with_parallelism("s", target("shard", par(axis("tp", 1, 2, 1)))),
+         t[:, 4:])
+    same(reader.get_tensor_with_parallelism("s", target("shard", par(axis("tp", 5, 8, 1)))),
+         t[:, 5:6])
+    same(reader.get_tensor_with_parallelism(
+        "d", target("shard", par(axis("dp", 1, 2), axis("tp", 0, 2, 1)))), t[:, :4])
+    same(reader.get_tensor_with_parallelism("s", target("shard", par(axis("tp", 2, 4, 1)))),
+         t[:, 4:6])  # the count stored: the shard itself
+    buf = ctypes.create_string_buffer(1024)
+    base = ctypes.addressof(buf)
+    assert reader.register_buffer(base, 1024) == 0
+    same(reader.get_tensor_with_parallelism_into("s", base, 1024,
+                                                 target("shard", par(axis("tp", 0, 2, 1)))),
+         t[:, :4])
+    assert ctypes.string_at(base, HEADER + 4 * 4 * 4) == header(
+        torch.int32, (4, 8), (4, 4), [(TP, 0, 2, 1, 0)]) + raw(t[:, :4])
+    assert reader.unregister_buffer(base) == 0
+    with caplog.at_level(logging.WARNING, logger="mooncake.store"):
+        assert reader.get_tensor_with_parallelism(
+            "s", target("shard", par(axis("tp", 0, 3, 1)))) is None
+    assert "3 equal shards along dimension 1 are not a cut of it" in caplog.text
