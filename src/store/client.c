@@ -16,6 +16,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/sync.h"
 #include "net/auth.h"
 #include "store/ha.h"
 #include "store/handshake.h"
@@ -316,11 +317,7 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
   pthread_mutex_init(&s->lock, NULL);
   pthread_mutex_init(&s->staging_lock, NULL);
   pthread_mutex_init(&s->ping_lock, NULL);
-  pthread_condattr_t attr;
-  pthread_condattr_init(&attr);
-  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  pthread_cond_init(&s->ping_cond, &attr);
-  pthread_condattr_destroy(&attr);
+  ferry_cond_init(&s->ping_cond);
   const char *secret = cfg->secret ? cfg->secret : getenv("FERRY_SECRET");
   if (!st && secret && *secret && !(s->secret = strdup(secret)))
     st = ferry_fail(FERRY_ENOMEM, "ferry_store_open: out of memory");
@@ -366,11 +363,7 @@ ferry_status store_open_connection(ferry_store *s, ferry_store **out) {
   pthread_mutex_init(&c->lock, NULL);
   pthread_mutex_init(&c->staging_lock, NULL);
   pthread_mutex_init(&c->ping_lock, NULL);
-  pthread_condattr_t attr;
-  pthread_condattr_init(&attr);
-  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  pthread_cond_init(&c->ping_cond, &attr);
-  pthread_condattr_destroy(&attr);
+  ferry_cond_init(&c->ping_cond);
   ferry_status st = FERRY_OK;
   if ((s->ha_url && !(c->ha_url = strdup(s->ha_url))) ||
       (s->secret && !(c->secret = strdup(s->secret))))

@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/sync.h"
 #include "metadata/election.h"
 #include "metadata/metadata.h"
 #include "store/map.h"
@@ -305,11 +306,7 @@ ferry_status store_ha_start(const store_master_config *cfg, const char *connstri
   leader_key(cfg->cluster_id, h->key, sizeof h->key);
   cluster_key(cfg->cluster_id, "", h->prefix, sizeof h->prefix);
   pthread_mutex_init(&h->lock, NULL);
-  pthread_condattr_t attr;
-  pthread_condattr_init(&attr);
-  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  pthread_cond_init(&h->wake, &attr);
-  pthread_condattr_destroy(&attr);
+  ferry_cond_init(&h->wake);
   ferry_status st = store_master_start(&h->cfg, &h->master);
   if (!st) {
     h->cfg.port = store_master_port(h->master); /* a standby again listens where it did */

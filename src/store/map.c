@@ -57,6 +57,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/sync.h"
 #include "store/disk.h"
 #include "store/extents.h"
 
@@ -180,11 +181,7 @@ store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
     return NULL;
   }
   pthread_mutex_init(&m->lock, NULL);
-  pthread_condattr_t attr;
-  pthread_condattr_init(&attr);
-  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  pthread_cond_init(&m->changed, &attr);
-  pthread_condattr_destroy(&attr);
+  ferry_cond_init(&m->changed);
   m->lease_ms = lease_ttl_ms;
   m->lease_ns = lease_ttl_ms * 1000000ull;
   m->ping_ms = client_ttl_ms / 3 ? client_ttl_ms / 3 : 1;

@@ -28,6 +28,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "base/sync.h"
 #include "store/client.h"
 #include "store/disk.h"
 #include "store/protocol.h"
@@ -353,11 +354,7 @@ ferry_status store_offload_start(ferry_store *s, const char *dir, uint64_t capac
   o->s = s;
   o->capacity = capacity;
   pthread_mutex_init(&o->lock, NULL);
-  pthread_condattr_t attr;
-  pthread_condattr_init(&attr);
-  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-  pthread_cond_init(&o->cond, &attr);
-  pthread_condattr_destroy(&attr);
+  ferry_cond_init(&o->cond);
   ferry_status st = store_disk_own_dir("offload directory", dir, o->dir, sizeof o->dir);
   if (!st)
     st = store_open_connection(s, &o->conn);
