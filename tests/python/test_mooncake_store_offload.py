@@ -90,6 +90,34 @@ def test_an_evicted_object_is_read_back_from_its_owners_disk(tmp_path):
         stop_master(proc)
 
 
+def test_setup_takes_mooncakes_positional_offload_arguments(tmp_path, caplog, monkeypatch):
+    """Mooncake's own offload tests call setup(..., master, None, True): the
+    engine, then enable_ssd_offload, positionally; the directory from the
+    environment. Its tenant and client HTTP server arguments are refused."""
+    monkeypatch.setenv("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", str(tmp_path))
+    proc, addr = start_master("--enable_offload")
+    try:
+        store = MooncakeDistributedStore()
+        assert store.setup("127.0.0.1", "P2PHANDSHAKE", MiB, MiB, "tcp", "", addr, None,
+                           True) == 0
+        try:
+            assert store.put("k1", pattern(1, 4096)) == 0
+            wait_for("k1's file", lambda: len(files(tmp_path)) == 1)
+        finally:
+            store.close()
+        other = MooncakeDistributedStore()
+        assert other.setup("127.0.0.1", "P2PHANDSHAKE", MiB, MiB, "tcp", "", addr, None, False,
+                           "", "tenant2") == -600
+        assert "tenant_id='tenant2'" in caplog.text
+        assert other.setup("127.0.0.1", "P2PHANDSHAKE", MiB, MiB, "tcp", "", addr, None, False,
+                           "", "default", True) == -600
+        assert "enable_client_http_server" in caplog.text
+        assert other.setup(*(["127.0.0.1", "P2PHANDSHAKE"] + [MiB] * 12)) == -600
+        assert "at most 13 positional arguments" in caplog.text
+    finally:
+        stop_master(proc)
+
+
 def test_unusable_offload_setups_are_refused(tmp_path, caplog, monkeypatch):
     proc, addr = start_master("--enable_offload")
     try:
