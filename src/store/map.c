@@ -1610,6 +1610,41 @@ static ferry_status done_one(store_map *m, segment *s, uint8_t kind, const char 
   return kind == STORE_TASK_DELETE ? FERRY_OK : FERRY_ENOTFOUND;
 }
 
+/* A REPORT of the client of s: it holds key's file, of a value of size
+ * bytes. A segment that polled this master already has its copies known
+ * here (a report after its connection came back): nothing to take. Else
+ * (a restarted master, a new process of the owner) a key the map does not
+ * have becomes a disk-only object of that owner, loaded back as any; one
+ * it has (a put since) is newer than the file, which goes. */
+static ferry_status adopt_file(store_map *m, segment *s, const char *key, size_t len,
+                               uint64_t size) {
+  object **at = find(m, key, len, COMMITTED);
+  if (s->offload)
+    return FERRY_OK;
+  if (at || find(m, key, len, PENDING))
+    return at && disk_owner(*at) == s ? FERRY_OK : FERRY_EBUSY;
+  if (!len || !size)
+    return FERRY_EINVAL;
+  object *o = calloc(1, sizeof *o + sizeof(replica) + len);
+  if (!o)
+    return FERRY_ENOMEM;
+  o->hash = hash_key(key, len);
+  o->size = size;
+  o->room = 1;
+  o->key_len = (uint16_t)len;
+  memcpy(key_of(o), key, len);
+  o->off = OFF_LOCAL;
+  o->rep[0] = (replica){s, 0};
+  o->used_ns = ferry_now_ns();
+  object **bucket = bucket_of(m, o->hash);
+  o->next = *bucket;
+  *bucket = o;
+  m->objects++;
+  grow(m);
+  journal_object(m, o);
+  return FERRY_OK;
+}
+
 static ferry_status serve_done(store_map *m, store_reader *r, uint32_t count, store_writer *reply,
                                char *why, size_t size) {
   ferry_status st = FERRY_OK;
@@ -1623,9 +1658,13 @@ static ferry_status serve_done(store_map *m, store_reader *r, uint32_t count, st
     size_t len;
     store_get_str(r, &key, &len, STORE_KEY_MAX);
     int32_t outcome = (int32_t)store_get_u32(r);
+    uint64_t bytes = kind == STORE_TASK_REPORT ? store_get_u64(r) : 0;
     if (r->bad)
       return snprintf(why, size, "malformed OFFLOAD_DONE entry %u", i), FERRY_EPROTO;
-    ferry_status done = done_one(m, s, kind, key, len, outcome, now);
+    ferry_status done = kind == STORE_TASK_REPORT ? adopt_file(m, s, key, len, bytes)
+                                                  : done_one(m, s, kind, key, len, outcome, now);
+    if (kind == STORE_TASK_REPORT)
+      count_op(m, STORE_COUNT_OFFLOAD_REPORT, done);
     if (kind == STORE_TASK_OFFLOAD || kind == STORE_TASK_LOAD || kind == STORE_TASK_DROP)
       count_op(m,
                kind == STORE_TASK_OFFLOAD ? STORE_COUNT_OFFLOAD_WRITE

@@ -68,6 +68,7 @@ enum {
   STORE_COUNT_OFFLOAD_LOAD,   /* loads back reported (failed: the file was not read back) */
   STORE_COUNT_OFFLOAD_DELETE, /* DELETE tasks handed out */
   STORE_COUNT_OFFLOAD_DROP,   /* an owner's DROP of a copy for room (failed: refused) */
+  STORE_COUNT_OFFLOAD_REPORT, /* files an owner reported at (re)join (failed: not taken) */
   STORE_COUNT_PROMOTION,      /* gets of a key on disk only (failed: not promoted) */
   STORE_COUNT_SLOTS
 };

@@ -30,6 +30,7 @@ static const char *const op_names[STORE_COUNT_SLOTS] = {
     [STORE_COUNT_OFFLOAD_LOAD] = "offload_load",
     [STORE_COUNT_OFFLOAD_DELETE] = "offload_delete",
     [STORE_COUNT_OFFLOAD_DROP] = "offload_drop",
+    [STORE_COUNT_OFFLOAD_REPORT] = "offload_report",
 };
 
 typedef struct text {
