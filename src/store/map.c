@@ -750,7 +750,7 @@ static object *next_victim(store_map *m, eviction_round *r) {
   if (victim)
     *(victim == plain ? &r->plain : &r->soft) = victim->newer;
   else if (!r->staged_seen++ && m->staged.oldest) /* loaded back for gets: leased, never chosen */
-    for (object *o = m->staged.oldest; o; o = o->newer) {
+    for (object *o = m->staged.oldest; o; o = o->newer) { /* (unstage_ended ran: all leased) */
       r->leased++;
       if (!r->lease_ends || o->lease_until_ns < r->lease_ends)
         r->lease_ends = o->lease_until_ns;
@@ -1295,12 +1295,16 @@ static ferry_status remove_one(store_map *m, object **at) {
 }
 
 /* Staged objects whose gets' leases ended are on their owner's disk only
- * again (their memory given back); O(1) when none. */
+ * again (their memory given back). The whole list: its order is the
+ * loads', not quite their leases' (a load's holds until its get answers);
+ * it holds only what gets read from disk within a lease. */
 static void unstage_ended(store_map *m, uint64_t now) {
-  object *o;
-  while ((o = m->staged.oldest) && o->lease_until_ns <= now) {
-    to_owner_disk_only(m, o);
-    o->off &= (uint8_t)~OFF_STAGED;
+  for (object *o = m->staged.oldest, *next; o; o = next) {
+    next = o->newer;
+    if (o->lease_until_ns <= now) {
+      to_owner_disk_only(m, o);
+      o->off &= (uint8_t)~OFF_STAGED;
+    }
   }
 }
 
@@ -1593,6 +1597,12 @@ static ferry_status done_one(store_map *m, segment *s, uint8_t kind, const char 
     o->off = (uint8_t)((o->off & ~OFF_LOADING) | OFF_STAGED); /* promote() may admit it */
     o->replicas = 1;
     o->used_ns = now;
+    /* Held until the gets waiting for it wake and answer it (each then
+     * sets the usual lease, from its answer): at most a PING interval,
+     * their wait's bound. A second waiter woken after the first answer's
+     * lease ended finds it on disk only again and loads it again. */
+    uint64_t ping_ns = m->ping_ms * 1000000ull;
+    o->lease_until_ns = now + (ping_ns > m->lease_ns ? ping_ns : m->lease_ns);
     enlist(m, o);
     journal_object(m, o);
     return FERRY_OK;
