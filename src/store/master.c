@@ -287,10 +287,27 @@ ferry_status store_master_start(const store_master_config *cfg, store_master **o
   if (!st && cfg->root_fs_dir)
     st = use_disk(m->map, cfg);
   if (!st && cfg->enable_offload) {
-    store_map_set_offload(m->map, cfg->offload_on_evict);
+    const store_offload_config *o = &cfg->offload;
+    store_map_set_offload(m->map, o);
     FERRY_INFO("store master: clients with an offload directory keep copies on their disks "
-               "(--enable_offload, %s)",
-               cfg->offload_on_evict ? "when eviction chooses an object" : "after each put");
+               "(--enable_offload, %s; --offloading_queue_limit=%u tasks per client)",
+               o->on_evict ? "when eviction chooses an object" : "after each put",
+               o->queue_limit ? o->queue_limit : 50000u);
+    if (o->on_evict && o->force_evict)
+      FERRY_INFO("store master: an eviction round queues at most %.0f offloads "
+                 "(--offload_cap_ratio=%g); past that, or with the queue full, it evicts "
+                 "without a copy (--offload_force_evict)",
+                 (double)(o->queue_limit ? o->queue_limit : 50000u) * o->cap_ratio, o->cap_ratio);
+    else if (o->force_evict)
+      FERRY_INFO("store master: --offload_force_evict changes nothing without "
+                 "--offload_on_evict (as Mooncake's)");
+    if (o->promotion_on_hit)
+      FERRY_INFO("store master: a key on disk only stays in memory from its get number %u "
+                 "that loads it back (--promotion_on_hit, --promotion_admission_threshold)",
+                 o->promotion_at);
+    else
+      FERRY_INFO("store master: a get of a key on disk only loads it into its owner's segment "
+                 "for that get's lease, then it is on disk only again (--promotion_on_hit=false)");
   }
   if (!st)
     st = ferry_net_listen(host, cfg->port, &m->listen_fd, &m->port);
