@@ -280,11 +280,15 @@ ferry_status store_master_start(const store_master_config *cfg, store_master **o
   ferry_status st = FERRY_OK;
   if (!m->map || (cfg->secret && *cfg->secret && !m->secret) || pipe2(m->wake, O_CLOEXEC) != 0)
     st = ferry_fail(FERRY_ENOMEM, "store master: out of memory or descriptors");
+  /* Mooncake's own scripts pass both: its master names the directory so
+   * that its clients start their file storage, which enable_ssd_offload
+   * does here. The two tiers do not mix: the clients' disks win. */
   if (!st && cfg->root_fs_dir && cfg->enable_offload)
-    st = ferry_fail(FERRY_EINVAL,
-                    "store master: --enable_offload with --root_fs_dir: two SSD tiers that do not "
-                    "mix (Mooncake's docs say not to combine them); choose one");
-  if (!st && cfg->root_fs_dir)
+    FERRY_WARN("store master: --root_fs_dir=%s with --enable_offload: the SSD tier is the "
+               "clients' offload directories; nothing is written to %s (its files would be a "
+               "second tier that does not mix with theirs)",
+               cfg->root_fs_dir, cfg->root_fs_dir);
+  else if (!st && cfg->root_fs_dir)
     st = use_disk(m->map, cfg);
   if (!st && cfg->enable_offload) {
     const store_offload_config *o = &cfg->offload;
