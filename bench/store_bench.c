@@ -157,7 +157,7 @@ static int batch(const char *master, const char *protocol, size_t size, size_t c
   check(ferry_memory_register(e, buf, bytes), "register");
   ferry_store_item *items = calloc(count, sizeof *items);
   ferry_entry *entries = calloc(count, sizeof *entries);
-  char(*keys)[32] = calloc(count, sizeof *keys);
+  char(*keys)[48] = calloc(count, sizeof *keys); /* room for any int and size_t */
   ferry_store_replicate rep;
   ferry_store_replicate_init(&rep);
   rep.preferred_segment = h.name;

@@ -60,11 +60,22 @@ static void usage(FILE *out) {
           "  --enable_offload[=true]  client-owned SSD offload: clients with an offload\n"
           "                           directory (MOONCAKE_OFFLOAD_FILE_STORAGE_PATH) copy the\n"
           "                           objects in their segments to files there; an evicted\n"
-          "                           object stays, loaded back by its owner on a get (not\n"
-          "                           with --root_fs_dir)\n"
+          "                           object stays, loaded back by its owner on a get\n"
+          "                           (--root_fs_dir beside it is not written)\n"
           "  --offload_on_evict[=true]  copy an object only once eviction chooses it (its\n"
           "                           memory goes once the file is written; default false:\n"
           "                           after each put)\n"
+          "  --offloading_queue_limit=N  tasks waiting per offloading client (1..100000000,\n"
+          "                           default 50000); past it an object is not offloaded\n"
+          "  --offload_cap_ratio=R    with --offload_on_evict and --offload_force_evict: an\n"
+          "                           eviction round queues at most N*R offloads (0..1,\n"
+          "                           default 0.5)\n"
+          "  --offload_force_evict[=true]  with --offload_on_evict: past that cap or with the\n"
+          "                           owner's queue full, evict without a disk copy (default\n"
+          "                           false: the object stays in memory)\n"
+          "  --promotion_on_hit[=true]  a key on disk only stays in memory once a get loaded\n"
+          "                           it back (default false: only for that get's lease)\n"
+          "  --promotion_admission_threshold=N  ... from the Nth such get (1..255, default 2)\n"
           "  --enable_ha              elect a leader among masters through etcd: the leader\n"
           "                           serves, the others stand by and take over when it goes\n"
           "  --ha_backend_type=etcd   the election's store (etcd only)\n"
@@ -97,6 +108,8 @@ static const char *const booleans[] = {"enable_ha",
                                        "enable_http_metadata_server",
                                        "allow_evict_soft_pinned_objects",
                                        "enable_gc",
+                                       "offload_force_evict",
+                                       "promotion_on_hit",
                                        NULL};
 
 static int parse_positive(const char *flag, const char *value, unsigned long scale, uint32_t *out) {
@@ -255,6 +268,44 @@ static int parse_keep_flag(store_master_config *cfg, const char *name, const cha
   return 1; /* not one of these */
 }
 
+/* A number in [min, max] (Mooncake's validators' bounds). */
+static int parse_between(const char *flag, const char *value, double min, double max, double *out) {
+  char *end = NULL;
+  double v = value ? strtod(value, &end) : NAN;
+  if (!value || !*value || *end || !(v >= min && v <= max)) {
+    fprintf(stderr, "store-master: --%s needs a number in [%g, %g], not \"%s\"\n", flag, min, max,
+            value ? value : "");
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+/* Client-owned offload's flags besides --enable_offload (map.h); 1: not
+ * one of these. */
+static int parse_offload_flag(store_offload_config *o, const char *name, const char *value) {
+  unsigned long v;
+  if (!strcmp(name, "offload_on_evict"))
+    return ferry_cli_gflag_bool("store-master", name, value, &o->on_evict);
+  if (!strcmp(name, "offload_force_evict"))
+    return ferry_cli_gflag_bool("store-master", name, value, &o->force_evict);
+  if (!strcmp(name, "promotion_on_hit"))
+    return ferry_cli_gflag_bool("store-master", name, value, &o->promotion_on_hit);
+  if (!strcmp(name, "offload_cap_ratio"))
+    return parse_between(name, value, 0, 1, &o->cap_ratio);
+  int limit = !strcmp(name, "offloading_queue_limit");
+  if (!limit && strcmp(name, "promotion_admission_threshold"))
+    return 1;
+  unsigned long max = limit ? 100000000ul : 255ul;
+  if (!value || ferry_cli_parse_count(value, 1, max, &v) != 0) {
+    fprintf(stderr, "store-master: --%s needs a whole number in 1..%lu, not \"%s\"\n", name, max,
+            value ? value : "");
+    return -1;
+  }
+  *(limit ? &o->queue_limit : &o->promotion_at) = (uint32_t)v;
+  return 0;
+}
+
 static int parse_flag(store_master_config *cfg, const char *name, const char *value) {
   unsigned long port;
   if (!strcmp(name, "port") || !strcmp(name, "rpc_port")) {
@@ -292,8 +343,9 @@ static int parse_flag(store_master_config *cfg, const char *name, const char *va
   }
   if (!strcmp(name, "enable_offload"))
     return ferry_cli_gflag_bool("store-master", name, value, &cfg->enable_offload);
-  if (!strcmp(name, "offload_on_evict"))
-    return ferry_cli_gflag_bool("store-master", name, value, &cfg->offload_on_evict);
+  int rc = parse_offload_flag(&cfg->offload, name, value);
+  if (rc <= 0)
+    return rc;
   if (!strcmp(name, "cluster_id")) {
     cfg->cluster_id = value;
     return value && *value ? 0 : -1;
@@ -413,7 +465,7 @@ static int serve(const store_master_config *cfg, const ha_flags *ha, const md_fl
 }
 
 int ferry_cmd_store_master(int argc, char **argv) {
-  store_master_config cfg = {.port = 50051};
+  store_master_config cfg = {.port = 50051, .offload = {.cap_ratio = 0.5, .promotion_at = 2}};
   ha_flags ha = {0};
   report_flags rep = {-1, 1};
   md_flags md = {.port = 8080, .host = "127.0.0.1"};

@@ -8,11 +8,15 @@ argument order and return convention: 0 or a count on success, a negative
 Mooncake store error number on failure (never an exception), whose cause is
 logged at WARNING on the ``mooncake.store`` logger.
 
-``setup`` takes Mooncake's seven arguments positionally or by keyword
+``setup`` takes Mooncake's arguments positionally or by keyword
 (``local_hostname, metadata_server, global_segment_size, local_buffer_size,
-protocol, rdma_devices, master_server_addr``), or one dict of them; sizes may
-be ints or strings such as ``"16MB"``. ``engine=`` shares an initialized
-``mooncake.engine.TransferEngine`` instead of making one.
+protocol, rdma_devices, master_server_addr, engine, enable_ssd_offload,
+ssd_offload_path, tenant_id, enable_client_http_server, client_http_port``),
+or one dict of them; sizes may be ints or strings such as ``"16MB"``.
+``engine`` shares an initialized ``mooncake.engine.TransferEngine`` instead
+of making one; ``tenant_id`` other than ``"default"`` and
+``enable_client_http_server=True`` are refused (-600: one tenant, no client
+HTTP server here).
 ``enable_ssd_offload=True`` (with ``ssd_offload_path=DIR``, else
 ``MOONCAKE_OFFLOAD_FILE_STORAGE_PATH``; the master runs with
 ``--enable_offload``) keeps copies of the objects in this client's segment in
@@ -104,7 +108,8 @@ TRANSFER_FAIL = -800
 RPC_FAIL = -900
 
 _SETUP_ARGS = ("local_hostname", "metadata_server", "global_segment_size", "local_buffer_size",
-               "protocol", "rdma_devices", "master_server_addr")
+               "protocol", "rdma_devices", "master_server_addr", "engine", "enable_ssd_offload",
+               "ssd_offload_path", "tenant_id", "enable_client_http_server", "client_http_port")
 _SETUP_DEFAULTS = {"global_segment_size": 3355443200, "local_buffer_size": 1073741824,
                    "protocol": "tcp", "rdma_devices": "", "master_server_addr": "127.0.0.1:50051"}
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
@@ -269,7 +274,7 @@ class MooncakeDistributedStore:
 
     # ---- lifetime -------------------------------------------------------------------------
 
-    def setup(self, *args, engine=None, **kwargs):
+    def setup(self, *args, **kwargs):
         if len(args) == 1 and isinstance(args[0], dict) and not kwargs:
             kwargs, args = dict(args[0]), ()
         if len(args) > len(_SETUP_ARGS):
@@ -277,14 +282,20 @@ class MooncakeDistributedStore:
                               % len(_SETUP_ARGS))
         conf = dict(_SETUP_DEFAULTS)
         conf.update(zip(_SETUP_ARGS, args))
-        unknown = set(kwargs) - set(_SETUP_ARGS) - {"device_name", "enable_ssd_offload",
-                                                    "ssd_offload_path"}
+        unknown = set(kwargs) - set(_SETUP_ARGS) - {"device_name"}
         if unknown:
             return self._fail("setup", INVALID_PARAMS, "unknown argument(s) %s"
                               % ", ".join(sorted(unknown)))
         conf.update(kwargs)
         if "device_name" in kwargs:
             conf["rdma_devices"] = kwargs["device_name"]
+        engine = conf.get("engine")
+        if conf.get("tenant_id", "default") not in ("default", ""):
+            return self._fail("setup", INVALID_PARAMS, "tenant_id=%r: ferry's store has one "
+                              "tenant (default)" % (conf["tenant_id"],))
+        if conf.get("enable_client_http_server"):
+            return self._fail("setup", INVALID_PARAMS, "enable_client_http_server: Mooncake's "
+                              "client HTTP server is not implemented here")
         if self._store is not None:
             return self._fail("setup", INVALID_PARAMS, "this store is set up already")
         offload_dir = None

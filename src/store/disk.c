@@ -294,6 +294,33 @@ ferry_status store_disk_read(const char *dir, const char *key, const ferry_store
                     key, len, wrong, path, (unsigned long long)st.st_size);
 }
 
+int store_disk_header(const char *dir, const char *name, char key[STORE_KEY_MAX + 1],
+                      size_t *key_len, uint64_t *len) {
+  char path[STORE_DISK_PATH_MAX], own[STORE_DISK_PATH_MAX];
+  if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
+    return -1;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  uint8_t head[HEADER + STORE_KEY_MAX];
+  struct stat st = {0};
+  ssize_t got = fstat(fd, &st) == 0 ? pread(fd, head, sizeof head, 0) : -1;
+  close(fd);
+  if (got < HEADER || memcmp(head, MAGIC, 8) != 0)
+    return -1;
+  *key_len = (size_t)get_le(head + 8, 2);
+  *len = get_le(head + 16, 8);
+  if (*key_len == 0 || *key_len > STORE_KEY_MAX || (size_t)got < HEADER + *key_len ||
+      (uint64_t)st.st_size != HEADER + *key_len + *len)
+    return -1;
+  memcpy(key, head + HEADER, *key_len);
+  key[*key_len] = 0;
+  /* Its name must be its key's: a file renamed by hand is not this key's. */
+  if (store_disk_path(dir, key, *key_len, own) != 0 || strcmp(own, path) != 0)
+    return -1;
+  return 0;
+}
+
 size_t store_disk_file_size(size_t key_len, size_t len) { return HEADER + key_len + len; }
 
 void store_disk_remove(const char *dir, const char *key, size_t key_len) {

@@ -20,8 +20,10 @@
 #define FERRY_STORE_DISK_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ferry.h"
+#include "store/protocol.h"
 
 #define STORE_DIR_MAX 1024 /* bytes of the files' directory (REGISTER's reply carries it) */
 #define STORE_DISK_PATH_MAX (STORE_DIR_MAX + 96)
@@ -56,6 +58,12 @@ ferry_status store_disk_write(const char *dir, const char *key, const ferry_stor
  * header, size or checksum): the master should forget it. */
 ferry_status store_disk_read(const char *dir, const char *key, const ferry_store_buffer *parts,
                              size_t n, size_t len, int *bad);
+
+/* The key (NUL-terminated) and value size in the header of the file
+ * `name` in dir, checked against the file's length and name (the value's
+ * checksum is checked when it is read); -1 when it is not such a file. */
+int store_disk_header(const char *dir, const char *name, char key[STORE_KEY_MAX + 1],
+                      size_t *key_len, uint64_t *len);
 
 /* The bytes of a file holding a value of len bytes under a key of key_len. */
 size_t store_disk_file_size(size_t key_len, size_t len);

@@ -41,7 +41,12 @@
  * filled it, then answers that replica. The owner's death drops its
  * copies with its segment; an object that leaves the map has its owner
  * delete the file (a DELETE task). Tasks queue per segment, by key: each
- * is checked against the object when handed out.
+ * is checked against the object when handed out. A loaded-back object is
+ * *staged* (OFF_STAGED, on the staged list, in load order): its
+ * memory goes back once its get's lease ends, unless promotion
+ * (--promotion_on_hit) admits it into the LRU lists for good: from the
+ * Nth get that found it on disk only, counted in a count-min sketch by
+ * key hash, as Mooncake's.
  *
  * GC (--enable_gc): each GET queues its keys' removal at a deadline; as
  * the delay is one for all, the queue is in deadline order and a sweep at
@@ -125,8 +130,25 @@ typedef struct lru {
  * owner reads the replica (not evicted nor removed meanwhile); EVICT:
  * eviction chose it (--offload_on_evict), its memory goes once the file
  * is written; LOADING: a GET asked it back: rep[0] holds space in the
- * owner's segment that the owner fills from the file. */
-enum { OFF_LOCAL = 1, OFF_QUEUED = 2, OFF_WRITING = 4, OFF_EVICT = 8, OFF_LOADING = 16 };
+ * owner's segment that the owner fills from the file;
+ * STAGED: loaded back for gets only: on the staged list, its memory given
+ * back once their lease ends (not promoted). */
+enum {
+  OFF_LOCAL = 1,
+  OFF_QUEUED = 2,
+  OFF_WRITING = 4,
+  OFF_EVICT = 8,
+  OFF_LOADING = 16,
+  OFF_STAGED = 32
+};
+
+/* --promotion_on_hit's count of gets per key on disk only: a count-min
+ * sketch (each row counts the key at a slot its hash picks; the least of
+ * the rows is the count, over-estimated only by collisions), saturating
+ * at 255; every SKETCH_AGE additions halve every slot, so old hits fade. */
+#define SKETCH_ROWS 4
+#define SKETCH_WIDTH 4096
+#define SKETCH_AGE (8 * SKETCH_WIDTH)
 
 /* A GET's removal under --enable_gc: key, got at got_ns, goes at due_ns. */
 typedef struct gc_entry {
@@ -158,6 +180,10 @@ struct store_map {
   uint64_t evicted_keys, evicted_bytes;
   /* --enable_offload (offload_on_evict: only objects eviction chose). */
   int offload, offload_on_evict;
+  store_offload_config off_cfg;
+  lru staged; /* loaded back, not promoted: oldest lease first */
+  uint8_t sketch[SKETCH_ROWS][SKETCH_WIDTH];
+  uint32_t sketch_adds;
   pthread_cond_t changed; /* a task queued, a load ended (with lock) */
   int stopping;           /* store_map_stop_waits: nothing waits any more */
 };
@@ -199,9 +225,14 @@ int store_map_set_disk(store_map *m, const char *dir) {
   return dir && *dir && !m->fs_dir ? -1 : 0;
 }
 
-void store_map_set_offload(store_map *m, int on_evict) {
+void store_map_set_offload(store_map *m, const store_offload_config *cfg) {
   m->offload = 1;
-  m->offload_on_evict = on_evict;
+  m->offload_on_evict = cfg->on_evict;
+  m->off_cfg = *cfg;
+  if (!m->off_cfg.queue_limit)
+    m->off_cfg.queue_limit = 50000; /* Mooncake's default */
+  uint32_t at = m->off_cfg.promotion_at;
+  m->off_cfg.promotion_at = at < 1 ? 2 : at > 255 ? 255 : at; /* 0: Mooncake's default */
 }
 
 void store_map_stop_waits(store_map *m) {
@@ -320,13 +351,12 @@ void store_map_destroy(store_map *m) {
 
 /* ---- offload's tasks (--enable_offload) ----------------------------------------------------- */
 
-#define TASKS_MAX 50000 /* waiting per segment (Mooncake's offloading_queue_limit) */
-
-/* Queues a task for s's client and wakes its poll; -1 past TASKS_MAX or
+/* Queues a task for s's client and wakes its poll; -1 past the queue limit
+ * (--offloading_queue_limit) or
  * without memory (the task is not done: an offload is skipped, a load
  * fails, a file stays behind). */
 static int queue_task(store_map *m, segment *s, uint8_t kind, const char *key, size_t len) {
-  if (s->task_count >= TASKS_MAX)
+  if (s->task_count >= m->off_cfg.queue_limit)
     return -1;
   task *t = malloc(sizeof *t + len);
   if (!t)
@@ -391,6 +421,8 @@ static void queue_delete(store_map *m, object *o) {
 
 /* The list o is on: NULL for a pending, hard-pinned or disk-only object. */
 static lru *list_of(store_map *m, const object *o) {
+  if (o->off & OFF_STAGED)
+    return &m->staged;
   if (o->writer || o->pin == FERRY_STORE_PIN_HARD || !o->replicas)
     return NULL;
   return o->pin == FERRY_STORE_PIN_SOFT ? &m->soft : &m->plain;
@@ -425,7 +457,7 @@ static void soft_insert(lru *l, object *o) {
 static void touch(store_map *m, object *o, uint64_t now) {
   lru *l = list_of(m, o);
   o->used_ns = now;
-  if (l == &m->plain) {
+  if (l == &m->plain || l == &m->staged) { /* (a staged one: its lease, just renewed) */
     lru_remove(l, o);
     lru_append(l, o);
   }
@@ -759,10 +791,14 @@ typedef struct eviction_round {
   size_t leased;       /* passed over for a GET's lease */
   size_t writing;      /* ... being written to their owner's disk (--enable_offload) */
   uint64_t lease_ends; /* the first of those leases to end (0: none) */
+  int staged_seen;     /* the staged objects' leases counted in those */
   size_t objects[2], puts;
   const char *for_what; /* FOR_PUTS' cause in the log: NULL, "put(s) that did not fit" */
   size_t on_disk[2];    /* of those evicted, the ones left with their file */
   size_t offloading[2]; /* chosen, kept until their owner wrote them (--offload_on_evict) */
+  size_t queued;        /* of those, offloads this round queued (--offload_cap_ratio's count) */
+  size_t forced[2];     /* evicted without a copy: past the cap, or a full queue */
+  size_t queue_full;    /* kept in memory: their owner's queue was full (no force_evict) */
   uint64_t bytes[2];
   uint64_t total, used_before, used_after; /* the pool, around a watermark eviction */
 } eviction_round;
@@ -800,6 +836,12 @@ static object *next_victim(store_map *m, eviction_round *r) {
   object *victim = !soft || (plain && (pinned || plain->used_ns <= soft->used_ns)) ? plain : soft;
   if (victim)
     *(victim == plain ? &r->plain : &r->soft) = victim->newer;
+  else if (!r->staged_seen++ && m->staged.oldest) /* loaded back for gets: leased, never chosen */
+    for (object *o = m->staged.oldest; o; o = o->newer) { /* (unstage_ended ran: all leased) */
+      r->leased++;
+      if (!r->lease_ends || o->lease_until_ns < r->lease_ends)
+        r->lease_ends = o->lease_until_ns;
+    }
   return victim;
 }
 
@@ -807,12 +849,23 @@ static object *next_victim(store_map *m, eviction_round *r) {
  * largest free extent that made. */
 static uint64_t evict(store_map *m, eviction_round *r, object *o, int why) {
   if (m->offload_on_evict && !(o->off & OFF_LOCAL) && offload_replica(o) >= 0) {
-    queue_offload(m, o); /* its memory goes once its owner wrote the file */
+    /* Mooncake's cap: a round queues at most queue_limit * cap_ratio
+     * offloads; past it --offload_force_evict evicts without a copy. */
+    const store_offload_config *c = &m->off_cfg;
+    int was_queued = o->off & OFF_QUEUED;
+    if (was_queued || !c->force_evict || (double)r->queued < (double)c->queue_limit * c->cap_ratio)
+      queue_offload(m, o); /* its memory goes once its owner wrote the file */
     if (o->off & OFF_QUEUED) {
+      r->queued += !was_queued;
       o->off |= OFF_EVICT;
       r->offloading[why]++;
       return 0;
     }
+    if (!c->force_evict) { /* no room in its owner's queue: it stays, as Mooncake's */
+      r->queue_full++;
+      return 0;
+    }
+    r->forced[why]++;
   }
   r->objects[why]++;
   r->bytes[why] += footprint(o);
@@ -854,11 +907,14 @@ static void evict_past_watermark(store_map *m, eviction_round *r) {
 }
 
 static void log_round(const eviction_round *r) {
-  char kept[2][128] = {"", ""};
+  char kept[2][192] = {"", ""};
   for (int why = 0; why < 2; why++) {
     int n = 0;
     if (r->on_disk[why])
       n = snprintf(kept[why], sizeof kept[why], "; %zu stay on disk", r->on_disk[why]);
+    if (r->forced[why])
+      n += snprintf(kept[why] + n, sizeof kept[why] - (size_t)n,
+                    "; %zu without a disk copy (--offload_force_evict)", r->forced[why]);
     if (r->offloading[why])
       snprintf(kept[why] + n, sizeof kept[why] - (size_t)n,
                "; %zu more chosen, kept until their owner writes them to disk", r->offloading[why]);
@@ -1076,13 +1132,17 @@ static ferry_status make_room(store_map *m, const put_ask *ask, eviction_round *
   }
   r->puts += evicted > 0;
   if (extent < need) {
-    char soft[96] = "", writing[96] = ""; /* soft: only where the flag keeps them */
+    char soft[96] = "", writing[192] = ""; /* soft: only where the flag keeps them */
     if (m->keep_soft_pinned)
       snprintf(soft, sizeof soft, ", %zu soft-pinned (--allow_evict_soft_pinned_objects=false)",
                m->soft_count);
+    int n = 0;
     if (r->writing || r->offloading[FOR_PUTS])
-      snprintf(writing, sizeof writing, ", %zu being written to their owner's disk first",
-               r->writing + r->offloading[FOR_PUTS]);
+      n = snprintf(writing, sizeof writing, ", %zu being written to their owner's disk first",
+                   r->writing + r->offloading[FOR_PUTS]);
+    if (r->queue_full)
+      snprintf(writing + n, sizeof writing - (size_t)n,
+               ", %zu whose owner's task queue is full (--offloading_queue_limit)", r->queue_full);
     return snprintf(why, why_size,
                     "the store is full: no %u segment(s) with a free extent of %llu bytes, and "
                     "nothing left to evict (%zu evicted for it; left: %zu object(s) under a "
@@ -1329,6 +1389,20 @@ static ferry_status remove_one(store_map *m, object **at) {
   return FERRY_OK;
 }
 
+/* Staged objects whose gets' leases ended are on their owner's disk only
+ * again (their memory given back). The whole list: its order is the
+ * loads', not quite their leases' (a load's holds until its get answers);
+ * it holds only what gets read from disk within a lease. */
+static void unstage_ended(store_map *m, uint64_t now) {
+  for (object *o = m->staged.oldest, *next; o; o = next) {
+    next = o->newer;
+    if (o->lease_until_ns <= now) {
+      to_owner_disk_only(m, o);
+      o->off &= (uint8_t)~OFF_STAGED;
+    }
+  }
+}
+
 /* Space for o in its owner's segment, evicting least-recently-used objects
  * with a replica there while none is free, and a LOAD task for the owner:
  * 1. 2: not yet: objects eviction chose are written to disk first
@@ -1375,6 +1449,7 @@ static uint64_t load_back(store_map *m, const store_reader *keys, uint32_t count
     store_reader r = *keys;
     int waiting = 0;
     uint64_t now = ferry_now_ns(), wake = deadline;
+    unstage_ended(m, now); /* their memory may be what a load needs */
     for (uint32_t i = 0; i < count && !r.bad; i++) {
       const char *key;
       size_t len;
@@ -1390,6 +1465,31 @@ static uint64_t load_back(store_map *m, const store_reader *keys, uint32_t count
     struct timespec at = ferry_timespec(wake);
     pthread_cond_timedwait(&m->changed, &m->lock, &at);
   }
+}
+
+/* One more get of o, loaded back from its owner's disk for it: counted,
+ * and with --promotion_on_hit, the Nth such get (Mooncake's admission
+ * threshold) keeps it in memory: off the staged list onto its LRU list. */
+static void promote(store_map *m, object *o) {
+  uint8_t least = 255;
+  for (unsigned row = 0; row < SKETCH_ROWS; row++) {
+    uint8_t *slot = &m->sketch[row][(o->hash >> (16 * row)) % SKETCH_WIDTH];
+    *slot += *slot < 255;
+    least = *slot < least ? *slot : least;
+  }
+  if (++m->sketch_adds >= SKETCH_AGE) {
+    m->sketch_adds = 0;
+    for (unsigned row = 0; row < SKETCH_ROWS; row++)
+      for (unsigned i = 0; i < SKETCH_WIDTH; i++)
+        m->sketch[row][i] >>= 1;
+  }
+  int admitted = m->off_cfg.promotion_on_hit && least >= m->off_cfg.promotion_at;
+  count_op(m, STORE_COUNT_PROMOTION, admitted ? FERRY_OK : FERRY_EBUSY);
+  if (!admitted)
+    return;
+  unlist(m, o);
+  o->off &= (uint8_t)~OFF_STAGED;
+  enlist(m, o);
 }
 
 /* Entries of one key each (GET, QUERY, REMOVE, DROP_FILE; PUT_END: serve_put_end). */
@@ -1434,6 +1534,8 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
       touch(m, *at, now);
       if (m->gc_ns)
         gc_queue(m, *at, now);
+      if ((*at)->off & OFF_STAGED)
+        promote(m, *at);
       put_replicas(reply, *at);
       store_put_u8(reply, (*at)->on_disk);
     } else {
@@ -1567,6 +1669,8 @@ static int hand_out(store_map *m, segment *s, task *t, uint64_t now, store_write
       return 0;
     addr = s->base + o->rep[0].offset;
     size = o->size;
+  } else {
+    count_op(m, STORE_COUNT_OFFLOAD_DELETE, FERRY_OK);
   }
   store_put_u8(w, t->kind);
   store_put_str(w, t->key, t->key_len);
@@ -1642,16 +1746,22 @@ static ferry_status done_one(store_map *m, segment *s, uint8_t kind, const char 
       unlink_object(m, at);
       return FERRY_EIO;
     }
-    o->off &= (uint8_t)~OFF_LOADING;
+    o->off = (uint8_t)((o->off & ~OFF_LOADING) | OFF_STAGED); /* promote() may admit it */
     o->replicas = 1;
     o->used_ns = now;
+    /* Held until the gets waiting for it wake and answer it (each then
+     * sets the usual lease, from its answer): at most a PING interval,
+     * their wait's bound. A second waiter woken after the first answer's
+     * lease ended finds it on disk only again and loads it again. */
+    uint64_t ping_ns = m->ping_ms * 1000000ull;
+    o->lease_until_ns = now + (ping_ns > m->lease_ns ? ping_ns : m->lease_ns);
     enlist(m, o);
     journal_object(m, o);
     return FERRY_OK;
   }
   if (kind == STORE_TASK_DROP && o && disk_owner(o) == s) { /* the owner's directory is full */
-    if (o->off & OFF_LOADING)
-      return FERRY_EBUSY;
+    if (o->off & (OFF_LOADING | OFF_STAGED))
+      return FERRY_EBUSY;          /* a get has it loaded: its memory is the file's, for now */
     o->off &= (uint8_t)~OFF_LOCAL; /* its owner deletes the file: no DELETE task */
     if (o->replicas)
       journal_object(m, o);
@@ -1660,6 +1770,41 @@ static ferry_status done_one(store_map *m, segment *s, uint8_t kind, const char 
     return FERRY_OK;
   }
   return kind == STORE_TASK_DELETE ? FERRY_OK : FERRY_ENOTFOUND;
+}
+
+/* A REPORT of the client of s: it holds key's file, of a value of size
+ * bytes. A segment that polled this master already has its copies known
+ * here (a report after its connection came back): nothing to take. Else
+ * (a restarted master, a new process of the owner) a key the map does not
+ * have becomes a disk-only object of that owner, loaded back as any; one
+ * it has (a put since) is newer than the file, which goes. */
+static ferry_status adopt_file(store_map *m, segment *s, const char *key, size_t len,
+                               uint64_t size) {
+  object **at = find(m, key, len, COMMITTED);
+  if (s->offload)
+    return FERRY_OK;
+  if (at || find(m, key, len, PENDING))
+    return at && disk_owner(*at) == s ? FERRY_OK : FERRY_EBUSY;
+  if (!len || !size)
+    return FERRY_EINVAL;
+  object *o = calloc(1, sizeof *o + sizeof(replica) + len);
+  if (!o)
+    return FERRY_ENOMEM;
+  o->hash = hash_key(key, len);
+  o->size = size;
+  o->room = 1;
+  o->key_len = (uint16_t)len;
+  memcpy(key_of(o), key, len);
+  o->off = OFF_LOCAL;
+  o->rep[0] = (replica){s, 0};
+  o->used_ns = ferry_now_ns();
+  object **bucket = bucket_of(m, o->hash);
+  o->next = *bucket;
+  *bucket = o;
+  m->objects++;
+  grow(m);
+  journal_object(m, o);
+  return FERRY_OK;
 }
 
 static ferry_status serve_done(store_map *m, store_reader *r, uint32_t count, store_writer *reply,
@@ -1675,9 +1820,20 @@ static ferry_status serve_done(store_map *m, store_reader *r, uint32_t count, st
     size_t len;
     store_get_str(r, &key, &len, STORE_KEY_MAX);
     int32_t outcome = (int32_t)store_get_u32(r);
+    uint64_t bytes = kind == STORE_TASK_REPORT ? store_get_u64(r) : 0;
     if (r->bad)
       return snprintf(why, size, "malformed OFFLOAD_DONE entry %u", i), FERRY_EPROTO;
-    store_put_u32(reply, (uint32_t)done_one(m, s, kind, key, len, outcome, now));
+    ferry_status done = kind == STORE_TASK_REPORT ? adopt_file(m, s, key, len, bytes)
+                                                  : done_one(m, s, kind, key, len, outcome, now);
+    if (kind == STORE_TASK_REPORT)
+      count_op(m, STORE_COUNT_OFFLOAD_REPORT, done);
+    if (kind == STORE_TASK_OFFLOAD || kind == STORE_TASK_LOAD || kind == STORE_TASK_DROP)
+      count_op(m,
+               kind == STORE_TASK_OFFLOAD ? STORE_COUNT_OFFLOAD_WRITE
+               : kind == STORE_TASK_LOAD  ? STORE_COUNT_OFFLOAD_LOAD
+                                          : STORE_COUNT_OFFLOAD_DROP,
+               outcome ? FERRY_EIO : done);
+    store_put_u32(reply, (uint32_t)done);
   }
   return FERRY_OK;
 }
@@ -1694,6 +1850,7 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
   eviction_round evictions = {0};
   pthread_mutex_lock(&m->lock);
   gc_sweep(m, ferry_now_ns());
+  unstage_ended(m, ferry_now_ns());
   if (op == STORE_REGISTER)
     st = serve_register(m, client, r, reply, why, why_size);
   else if (op == STORE_PUT_START || op == STORE_UPSERT_START)
@@ -1702,7 +1859,7 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
   else if (op == STORE_REMOVE_ALL)
     serve_remove_all(m, reply);
   else if (op == STORE_OFFLOAD_POLL)
-    st = serve_poll(m, r, reply, why, why_size);
+    count_op(m, STORE_COUNT_OFFLOAD_POLL, st = serve_poll(m, r, reply, why, why_size));
   else if (op == STORE_OFFLOAD_DONE)
     st = serve_done(m, r, count, reply, why, why_size);
   else if (op == STORE_REPLICAS)

@@ -45,8 +45,17 @@ int store_map_set_disk(store_map *m, const char *dir);
 /* --enable_offload (docs/store.md "Client-owned SSD offload"): objects
  * with a replica in the segment of a client that polls for tasks get a
  * copy on that client's disk, after each commit, or (on_evict) only when
- * eviction chooses them. Set before the first request. */
-void store_map_set_offload(store_map *m, int on_evict);
+ * eviction chooses them. Mooncake's flags of the same names. */
+typedef struct store_offload_config {
+  int on_evict;
+  uint32_t queue_limit; /* tasks waiting per segment (offloading_queue_limit; 0: 50000) */
+  double cap_ratio;     /* with force_evict: offloads one eviction round queues, over queue_limit */
+  int force_evict;      /* on_evict: past the cap or a full queue, evict without a copy */
+  int promotion_on_hit; /* a get's load back keeps the object in memory ... */
+  uint32_t promotion_at; /* ... from its Nth get while on disk only (1..255; 0: 2) */
+} store_offload_config;
+/* Set before the first request. */
+void store_map_set_offload(store_map *m, const store_offload_config *cfg);
 /* Ends every wait in a request (an offload poll, a get waiting for a load)
  * now and from now on: the master is stopping. */
 void store_map_stop_waits(store_map *m);
@@ -64,7 +73,17 @@ void store_map_set_gc(store_map *m, uint32_t after_get_ms);
  * PING, REMOVE_ALL, and any request refused whole) and those that failed
  * (a GET of a missing key fails, an exists of one does not). A PUT_END
  * that reports a failed write counts as a revoke. */
-enum { STORE_COUNT_REVOKE = STORE_UPSERT_START + 1, STORE_COUNT_SLOTS };
+enum {
+  STORE_COUNT_REVOKE = STORE_UPSERT_START + 1,
+  STORE_COUNT_OFFLOAD_POLL,   /* OFFLOAD_POLL requests */
+  STORE_COUNT_OFFLOAD_WRITE,  /* offloads reported (failed: not written, or not kept) */
+  STORE_COUNT_OFFLOAD_LOAD,   /* loads back reported (failed: the file was not read back) */
+  STORE_COUNT_OFFLOAD_DELETE, /* DELETE tasks handed out */
+  STORE_COUNT_OFFLOAD_DROP,   /* an owner's DROP of a copy for room (failed: refused) */
+  STORE_COUNT_OFFLOAD_REPORT, /* files an owner reported at (re)join (failed: not taken) */
+  STORE_COUNT_PROMOTION,      /* gets of a key on disk only (failed: not promoted) */
+  STORE_COUNT_SLOTS
+};
 typedef struct store_op_count {
   uint64_t requests, failures;
 } store_op_count;

@@ -280,17 +280,38 @@ ferry_status store_master_start(const store_master_config *cfg, store_master **o
   ferry_status st = FERRY_OK;
   if (!m->map || (cfg->secret && *cfg->secret && !m->secret) || pipe2(m->wake, O_CLOEXEC) != 0)
     st = ferry_fail(FERRY_ENOMEM, "store master: out of memory or descriptors");
+  /* Mooncake's own scripts pass both: its master names the directory so
+   * that its clients start their file storage, which enable_ssd_offload
+   * does here. The two tiers do not mix: the clients' disks win. */
   if (!st && cfg->root_fs_dir && cfg->enable_offload)
-    st = ferry_fail(FERRY_EINVAL,
-                    "store master: --enable_offload with --root_fs_dir: two SSD tiers that do not "
-                    "mix (Mooncake's docs say not to combine them); choose one");
-  if (!st && cfg->root_fs_dir)
+    FERRY_WARN("store master: --root_fs_dir=%s with --enable_offload: the SSD tier is the "
+               "clients' offload directories; nothing is written to %s (its files would be a "
+               "second tier that does not mix with theirs)",
+               cfg->root_fs_dir, cfg->root_fs_dir);
+  else if (!st && cfg->root_fs_dir)
     st = use_disk(m->map, cfg);
   if (!st && cfg->enable_offload) {
-    store_map_set_offload(m->map, cfg->offload_on_evict);
+    const store_offload_config *o = &cfg->offload;
+    store_map_set_offload(m->map, o);
     FERRY_INFO("store master: clients with an offload directory keep copies on their disks "
-               "(--enable_offload, %s)",
-               cfg->offload_on_evict ? "when eviction chooses an object" : "after each put");
+               "(--enable_offload, %s; --offloading_queue_limit=%u tasks per client)",
+               o->on_evict ? "when eviction chooses an object" : "after each put",
+               o->queue_limit ? o->queue_limit : 50000u);
+    if (o->on_evict && o->force_evict)
+      FERRY_INFO("store master: an eviction round queues at most %.0f offloads "
+                 "(--offload_cap_ratio=%g); past that, or with the queue full, it evicts "
+                 "without a copy (--offload_force_evict)",
+                 (double)(o->queue_limit ? o->queue_limit : 50000u) * o->cap_ratio, o->cap_ratio);
+    else if (o->force_evict)
+      FERRY_INFO("store master: --offload_force_evict changes nothing without "
+                 "--offload_on_evict (as Mooncake's)");
+    if (o->promotion_on_hit)
+      FERRY_INFO("store master: a key on disk only stays in memory from its get number %u "
+                 "that loads it back (--promotion_on_hit, --promotion_admission_threshold)",
+                 o->promotion_at);
+    else
+      FERRY_INFO("store master: a get of a key on disk only loads it into its owner's segment "
+                 "for that get's lease, then it is on disk only again (--promotion_on_hit=false)");
   }
   if (!st)
     st = ferry_net_listen(host, cfg->port, &m->listen_fd, &m->port);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "ferry.h"
+#include "store/map.h"
 
 typedef struct store_master_config {
   const char *host;       /* NULL: 127.0.0.1 */
@@ -27,9 +28,10 @@ typedef struct store_master_config {
   /* The SSD tier (disk.h), Mooncake's flags: files in <root_fs_dir>/<cluster_id>. */
   const char *root_fs_dir; /* NULL: none (evicted objects are dropped) */
   const char *cluster_id;  /* NULL: "mooncake_cluster" */
-  /* Client-owned SSD offload (map.h, Mooncake's --enable_offload,
-   * --offload_on_evict); not with root_fs_dir. */
-  int enable_offload, offload_on_evict;
+  /* Client-owned SSD offload (map.h, Mooncake's --enable_offload and
+   * its other flags); not with root_fs_dir. */
+  int enable_offload;
+  store_offload_config offload;
   /* HA (ha.h): the master starts fenced, serving nothing, and serves only
    * until the time store_master_serve_until last set. */
   int fenced;

@@ -14,12 +14,23 @@
 
 /* The metric name of each counted operation (map.h's slots). */
 static const char *const op_names[STORE_COUNT_SLOTS] = {
-    [STORE_REGISTER] = "mount_segment",  [STORE_PING] = "ping",
-    [STORE_PUT_START] = "put_start",     [STORE_PUT_END] = "put_end",
-    [STORE_GET] = "get_replica_list",    [STORE_QUERY] = "exist_key",
-    [STORE_REMOVE] = "remove",           [STORE_REMOVE_ALL] = "remove_all",
-    [STORE_DROP_FILE] = "drop_file",     [STORE_UPSERT_START] = "upsert_start",
+    [STORE_REGISTER] = "mount_segment",
+    [STORE_PING] = "ping",
+    [STORE_PUT_START] = "put_start",
+    [STORE_PUT_END] = "put_end",
+    [STORE_GET] = "get_replica_list",
+    [STORE_QUERY] = "exist_key",
+    [STORE_REMOVE] = "remove",
+    [STORE_REMOVE_ALL] = "remove_all",
+    [STORE_DROP_FILE] = "drop_file",
+    [STORE_UPSERT_START] = "upsert_start",
     [STORE_COUNT_REVOKE] = "put_revoke",
+    [STORE_COUNT_OFFLOAD_POLL] = "offload_poll",
+    [STORE_COUNT_OFFLOAD_WRITE] = "offload_write",
+    [STORE_COUNT_OFFLOAD_LOAD] = "offload_load",
+    [STORE_COUNT_OFFLOAD_DELETE] = "offload_delete",
+    [STORE_COUNT_OFFLOAD_DROP] = "offload_drop",
+    [STORE_COUNT_OFFLOAD_REPORT] = "offload_report",
 };
 
 typedef struct text {
@@ -77,6 +88,14 @@ char *store_metrics_prometheus(const store_map_stats *s) {
     snprintf(name, sizeof name, "master_%s_failures_total", op_names[op]);
     metric(&t, name, "counter", "Keys whose answer was an error", s->ops[op].failures);
   }
+  /* Promotion (--promotion_on_hit) under Mooncake's names: the gets that
+   * found a key on disk only, admitted into memory or not. */
+  const store_op_count *hits = &s->ops[STORE_COUNT_PROMOTION];
+  metric(&t, "master_promotion_admitted_total", "counter",
+         "Gets of a key on disk only that kept it in memory", hits->requests - hits->failures);
+  metric(&t, "master_promotion_rejected_frequency_total", "counter",
+         "Gets of a key on disk only that left it there (below the admission threshold)",
+         hits->failures);
   if (t.failed) {
     free(t.buf);
     return NULL;

@@ -18,6 +18,8 @@
  * key, size and crc32c checked on every load). */
 #include "store/offload.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +37,7 @@
 
 #define POLL_WAIT_MS 250 /* a poll's wait at the master: also how long close waits */
 #define POLL_MAX 64      /* tasks taken per poll */
+#define REPORT_MAX 256   /* files told per OFFLOAD_DONE of a report */
 
 /* A file this client wrote, in the order written (the capacity's FIFO). */
 typedef struct written {
@@ -229,6 +232,83 @@ static ferry_status write_file(store_offload *o, job *j, const ferry_store_buffe
   return st;
 }
 
+/* ---- the files held, told at (re)join ------------------------------------------------------- */
+
+/* Tells the master n files (their keys, sizes) and acts on its answers:
+ * one it keeps is counted (the capacity's newest), one it does not is
+ * deleted. */
+static ferry_status report_some(store_offload *o, const job *files, size_t n) {
+  store_writer w = {0};
+  put_head(o, &w, STORE_OFFLOAD_DONE);
+  for (size_t i = 0; i < n; i++) {
+    store_put_u8(&w, STORE_TASK_REPORT);
+    store_put_str(&w, files[i].key, files[i].key_len);
+    store_put_u32(&w, 0);
+    store_put_u64(&w, files[i].size);
+  }
+  ferry_frame_header h;
+  uint8_t *body = NULL;
+  ferry_status st =
+      store_request(o->conn, &w, (uint32_t)n, &h, &body, "store OFFLOAD_DONE (the files held)");
+  if (st)
+    return st;
+  store_reader r = {body, (size_t)h.body_len, 0};
+  for (size_t i = 0; i < n; i++) {
+    int32_t status = (int32_t)store_get_u32(&r);
+    if (r.bad)
+      break;
+    if (status == FERRY_OK)
+      count_file(o, files[i].key, files[i].key_len);
+    else /* a newer value of the key is in the store, or no room for the record */
+      forget_file(o, files[i].key, files[i].key_len);
+  }
+  free(body);
+  return r.bad ? ferry_fail(FERRY_EPROTO, "store master %s sent a malformed OFFLOAD_DONE reply",
+                            o->s->master)
+               : FERRY_OK;
+}
+
+/* Tells the master every file in the directory (disk.h's, named by its
+ * key): a restarted master takes them back as disk-only objects of this
+ * client, and so does one this client's earlier process left them to.
+ * The capacity's count starts over from what the master keeps (in the
+ * directory's order). A file that is not one of ours is left alone. */
+static ferry_status report_files(store_offload *o) {
+  DIR *d = opendir(o->dir);
+  if (!d)
+    return ferry_fail_errno(FERRY_EINVAL, errno, "store offload: cannot list %s", o->dir);
+  job *files = calloc(REPORT_MAX, sizeof *files);
+  if (!files) {
+    closedir(d);
+    return ferry_fail(FERRY_ENOMEM, "store offload: out of memory");
+  }
+  for (written *w; (w = pop_oldest(o));)
+    free(w);
+  o->used = 0;
+  ferry_status st = FERRY_OK;
+  size_t n = 0, total = 0;
+  for (struct dirent *e; !st && (e = readdir(d));) {
+    size_t len = strlen(e->d_name);
+    job *f = &files[n];
+    if (len < 4 || strcmp(e->d_name + len - 3, ".kv") != 0 ||
+        store_disk_header(o->dir, e->d_name, f->key, &f->key_len, &f->size) != 0)
+      continue;
+    total++;
+    if (++n == REPORT_MAX) {
+      st = report_some(o, files, n);
+      n = 0;
+    }
+  }
+  if (!st && n)
+    st = report_some(o, files, n);
+  closedir(d);
+  free(files);
+  if (!st && total)
+    FERRY_INFO("store offload: told store master %s of the %zu file(s) in %s", o->s->master, total,
+               o->dir);
+  return st;
+}
+
 /* ---- tasks ------------------------------------------------------------------------------------
  */
 
@@ -320,7 +400,12 @@ static void *offload_main(void *arg) {
   while (!closing(o)) {
     job *jobs;
     size_t n;
-    if (poll_tasks(o, POLL_WAIT_MS, &jobs, &n) != FERRY_OK) {
+    /* Back after a failed poll: perhaps to a restarted master, which
+     * learns this client's files before it hands out a task. */
+    ferry_status st = o->failing ? report_files(o) : FERRY_OK;
+    if (!st)
+      st = poll_tasks(o, POLL_WAIT_MS, &jobs, &n);
+    if (st != FERRY_OK) {
       /* The master restarted or is away: its segment comes back with the
        * client's next call; try again after a PING interval. */
       if (!o->failing++)
@@ -358,6 +443,8 @@ ferry_status store_offload_start(ferry_store *s, const char *dir, uint64_t capac
   ferry_status st = store_disk_own_dir("offload directory", dir, o->dir, sizeof o->dir);
   if (!st)
     st = store_open_connection(s, &o->conn);
+  if (!st) /* files an earlier process of this client left */
+    st = report_files(o);
   job *jobs = NULL;
   size_t n = 0;
   if (!st) /* the master now knows this segment offloads: puts into it from here on are copied */

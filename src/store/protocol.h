@@ -101,6 +101,11 @@ enum { STORE_TASK_OFFLOAD = 1, STORE_TASK_LOAD = 2, STORE_TASK_DELETE = 3 };
  * (FERRY_OK, or FERRY_ENOTFOUND: not a copy it knew), FERRY_EBUSY while
  * a get has it loaded back (the file stays). */
 #define STORE_TASK_DROP 4
+/* In OFFLOAD_DONE only, its outcome followed by a u64 value size: a file
+ * the client holds, told when it (re)joins a master (a restarted one, or
+ * this client's new process): FERRY_OK when the master keeps it (as a
+ * disk-only object, or one it knew), anything else: delete it. */
+#define STORE_TASK_REPORT 5
 
 /* A growing body (malloc'd); `failed` once an allocation failed. */
 typedef struct store_writer {

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from test_mooncake_dummy import PYTHON_DIR, dummy, pattern, shared, start_real_client, stop
-from test_mooncake_store import MiB, start_master, stop_master, tool_or_skip
+from test_mooncake_store import MiB, metric, scrape, start_master, stop_master, tool_or_skip
 
 from mooncake.store import MooncakeDistributedStore  # noqa: E402
 
@@ -90,6 +90,34 @@ def test_an_evicted_object_is_read_back_from_its_owners_disk(tmp_path):
         stop_master(proc)
 
 
+def test_setup_takes_mooncakes_positional_offload_arguments(tmp_path, caplog, monkeypatch):
+    """Mooncake's own offload tests call setup(..., master, None, True): the
+    engine, then enable_ssd_offload, positionally; the directory from the
+    environment. Its tenant and client HTTP server arguments are refused."""
+    monkeypatch.setenv("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", str(tmp_path))
+    proc, addr = start_master("--enable_offload")
+    try:
+        store = MooncakeDistributedStore()
+        assert store.setup("127.0.0.1", "P2PHANDSHAKE", MiB, MiB, "tcp", "", addr, None,
+                           True) == 0
+        try:
+            assert store.put("k1", pattern(1, 4096)) == 0
+            wait_for("k1's file", lambda: len(files(tmp_path)) == 1)
+        finally:
+            store.close()
+        other = MooncakeDistributedStore()
+        assert other.setup("127.0.0.1", "P2PHANDSHAKE", MiB, MiB, "tcp", "", addr, None, False,
+                           "", "tenant2") == -600
+        assert "tenant_id='tenant2'" in caplog.text
+        assert other.setup("127.0.0.1", "P2PHANDSHAKE", MiB, MiB, "tcp", "", addr, None, False,
+                           "", "default", True) == -600
+        assert "enable_client_http_server" in caplog.text
+        assert other.setup(*(["127.0.0.1", "P2PHANDSHAKE"] + [MiB] * 12)) == -600
+        assert "at most 13 positional arguments" in caplog.text
+    finally:
+        stop_master(proc)
+
+
 def test_unusable_offload_setups_are_refused(tmp_path, caplog, monkeypatch):
     proc, addr = start_master("--enable_offload")
     try:
@@ -112,10 +140,136 @@ def test_unusable_offload_setups_are_refused(tmp_path, caplog, monkeypatch):
         assert out.returncode == 1 and missing + " cannot be resolved" in out.stderr, out.stderr
     finally:
         stop_master(proc)
+
+
+def offload_rig(tmp_path, *flags):
+    """A master with --enable_offload, flags and /metrics; the owner (a
+    mooncake_client with a 1 MB segment) and a dummy of it: (master, port
+    of /metrics, owner, app); close with close_rig."""
+    from conftest import free_port
+    metrics = free_port()
+    proc, addr = start_master("--enable_offload", "--eviction_high_watermark_ratio=1",
+                              "--default_kv_lease_ttl=1", "--metrics_port=%d" % metrics, *flags)
+    owner = app = None
+    try:
+        owner, port = start_real_client(addr, "--enable_offload", "--global_segment_size=1MB",
+                                        env={"MOONCAKE_OFFLOAD_FILE_STORAGE_PATH":
+                                             str(tmp_path)})
+        app = dummy(port, pool=4 * MiB, local=2 * MiB)
+    except BaseException:
+        close_rig(proc, owner, app)
+        raise
+    return proc, addr, metrics, owner, app
+
+
+def close_rig(proc, owner, app):
+    if app:
+        app.close()
+    if owner:
+        stop(owner)
+    stop_master(proc)
+
+
+def loads_of_three_gets(tmp_path, *flags):
+    """k1 evicted to its owner's disk, then three gets of it by another
+    client, each after the last one's lease (1 ms) ended: how many loads
+    back the owner did, and the promotion counts."""
+    proc, addr, port, owner, app = offload_rig(tmp_path, *flags)
+    try:
+        one = pattern(1, VALUE)
+        assert app.put("k1", one) == 0
+        wait_for("k1's file", lambda: len(files(tmp_path)) == 1)
+        put_room(app, "k2", pattern(2, VALUE))
+        other = reader(addr)
+        try:
+            for _ in range(3):
+                assert other.get("k1") == one
+                time.sleep(0.01)  # past the get's lease (1 ms): a TTL, not an order of events
+        finally:
+            other.close()
+        text = scrape(port)
+        return (metric(text, "master_offload_load_requests_total"),
+                metric(text, "master_promotion_admitted_total"),
+                metric(text, "master_promotion_rejected_frequency_total"),
+                metric(text, "master_offload_write_requests_total"))
+    finally:
+        close_rig(proc, owner, app)
+
+
+def test_without_promotion_every_get_loads_the_object_back(tmp_path):
+    """Mooncake's default (--promotion_on_hit=false): a get of a key on disk
+    only reads it from the disk, and the key stays there: the owner loads
+    it for each get (the memory it took goes once the get's lease ended).
+    Red when a load keeps the object in memory (1 load)."""
+    loads, admitted, rejected, writes = loads_of_three_gets(tmp_path)
+    assert (loads, admitted, rejected) == (3, 0, 3)
+    assert writes == 2  # k1 and k2, each offloaded once after its put
+
+
+def test_promotion_keeps_an_object_in_memory_from_its_nth_get(tmp_path):
+    """--promotion_on_hit with --promotion_admission_threshold=2: the first
+    get loads k1 and leaves it on disk only, the second loads it and keeps
+    it (admitted), the third reads memory. Red without the admission count
+    (1 load, always admitted; the same when the threshold is ignored)."""
+    loads, admitted, rejected, _ = loads_of_three_gets(
+        tmp_path, "--promotion_on_hit", "--promotion_admission_threshold=2")
+    assert (loads, admitted, rejected) == (2, 1, 1)
+
+
+def test_the_queue_limit_bounds_an_owners_waiting_offloads(tmp_path):
+    """--offloading_queue_limit=1: a batch of 4 puts commits in one
+    PUT_END, before the owner can poll: the first offload waits in the
+    queue, the other three find it full and are not offloaded (4 files with
+    Mooncake's default). Red with the fixed limit of 50,000."""
+    for limit, written in ((1, 1), (50000, 4)):
+        directory = tmp_path / str(limit)
+        directory.mkdir()
+        proc, addr, port, owner, app = offload_rig(directory,
+                                                   "--offloading_queue_limit=%d" % limit)
+        try:
+            keys = ["b%d" % i for i in range(4)]
+            assert app.put_batch(keys, [pattern(i, 100 * 1024) for i in range(4)]) == 0
+            wait_for("the offloads reported",
+                     lambda: metric(scrape(port), "master_offload_write_requests_total") == written)
+            assert len(files(directory)) == written
+            assert metric(scrape(port), "master_offload_poll_requests_total") > 0
+        finally:
+            close_rig(proc, owner, app)
+
+
+def test_force_evict_past_the_cap_evicts_without_a_copy(tmp_path):
+    """--offload_on_evict --offload_force_evict --offload_cap_ratio=0: an
+    eviction round may queue no offload, so the evicted k1 goes without a
+    file (with the cap it is written, then evicted: the C case). Red
+    without the cap."""
+    proc, addr, port, owner, app = offload_rig(tmp_path, "--offload_on_evict",
+                                               "--offload_force_evict", "--offload_cap_ratio=0")
+    try:
+        assert app.put("k1", pattern(1, VALUE)) == 0
+        assert app.put("k2", pattern(2, VALUE)) == 0  # k1 evicted at once, no room to wait for
+        assert app.is_exist("k1") == 0
+        assert app.get("k2") == pattern(2, VALUE)
+        assert files(tmp_path) == []
+        assert metric(scrape(port), "master_offload_write_requests_total") == 0
+    finally:
+        close_rig(proc, owner, app)
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("offloading_queue_limit", "0", "a whole number in 1..100000000"),
+    ("offloading_queue_limit", "100000001", "a whole number in 1..100000000"),
+    ("offload_cap_ratio", "1.5", "a number in [0, 1]"),
+    ("offload_cap_ratio", "x", "a number in [0, 1]"),
+    ("promotion_admission_threshold", "256", "a whole number in 1..255"),
+    ("offload_force_evict", "maybe", "true or false"),
+    ("promotion_on_hit", "2", "true or false"),
+])
+def test_bad_offload_flag_values_stop_the_master(flag, value, says):
     out = subprocess.run([tool_or_skip(), "store-master", "--port=0", "--enable_offload",
-                          "--root_fs_dir=%s" % tmp_path], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 1 and "--enable_offload with --root_fs_dir" in out.stderr, out.stderr
+                          "--%s=%s" % (flag, value)], capture_output=True, text=True,
+                         timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2, out.stderr  # the tool's usage error, as for its other flags
+    assert "--%s" % flag in out.stderr and value in out.stderr and says in out.stderr, out.stderr
 
 
 if __name__ == "__main__":
