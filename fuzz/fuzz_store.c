@@ -61,14 +61,14 @@ static unsigned check_replicas(store_reader *reply, uint64_t size) {
   return n;
 }
 
-/* One REPLICAS reply entry: memory replicas inside mounted segments, a
- * file in the scratch directory, an owner that is mounted; none for a key
- * not found. */
+/* One REPLICAS reply entry: a stored object has a place (as for GET),
+ * memory replicas inside mounted segments, a file in the scratch
+ * directory, an owner that is mounted; none for a key not found. */
 static void check_places(store_reader *reply, const char *fs_dir) {
   int32_t status = (int32_t)store_get_u32(reply);
   uint64_t size = store_get_u64(reply);
   unsigned n = store_get_u8(reply);
-  FUZZ_CHECK(status == FERRY_OK || (status == FERRY_ENOTFOUND && !size && !n));
+  FUZZ_CHECK(status == FERRY_OK ? n > 0 : status == FERRY_ENOTFOUND && !size && !n);
   FUZZ_CHECK(n <= STORE_REPLICAS_MAX + 2);
   for (unsigned i = 0; i < n && !reply->bad; i++) {
     uint8_t kind = store_get_u8(reply);
