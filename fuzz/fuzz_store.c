@@ -12,7 +12,8 @@
  *
  * Besides memory errors, the target checks what a hostile client must
  * never obtain: every replica the master hands out (PUT_START,
- * UPSERT_START, GET) lies inside a segment some client mounted, whole; a
+ * UPSERT_START, GET, REPLICAS) lies inside a segment some client mounted,
+ * whole, and a REPLICAS file lies in the scratch directory; a
  * stored object has a replica or its file (the SSD tier is on, in a
  * scratch directory no client writes to); the reply to a request it
  * accepted was built without an allocation failure and decodes as its
@@ -60,10 +61,42 @@ static unsigned check_replicas(store_reader *reply, uint64_t size) {
   return n;
 }
 
+/* One REPLICAS reply entry: a stored object has a place (as for GET),
+ * memory replicas inside mounted segments, a file in the scratch
+ * directory, an owner that is mounted; none for a key not found. */
+static void check_places(store_reader *reply, const char *fs_dir) {
+  int32_t status = (int32_t)store_get_u32(reply);
+  uint64_t size = store_get_u64(reply);
+  unsigned n = store_get_u8(reply);
+  FUZZ_CHECK(status == FERRY_OK ? n > 0 : status == FERRY_ENOTFOUND && !size && !n);
+  FUZZ_CHECK(n <= STORE_REPLICAS_MAX + 2);
+  for (unsigned i = 0; i < n && !reply->bad; i++) {
+    uint8_t kind = store_get_u8(reply);
+    const char *at;
+    size_t len;
+    store_get_str(reply, &at, &len, STORE_LOCATION_MAX);
+    uint64_t addr = store_get_u64(reply);
+    FUZZ_CHECK(!reply->bad);
+    if (kind == FERRY_STORE_REPLICA_DISK) {
+      FUZZ_CHECK(len > strlen(fs_dir) && !memcmp(at, fs_dir, strlen(fs_dir)) && !addr);
+      continue;
+    }
+    FUZZ_CHECK(kind == FERRY_STORE_REPLICA_MEMORY || kind == FERRY_STORE_REPLICA_LOCAL_DISK);
+    const mounted *s = segment_named(at, len);
+    FUZZ_CHECK(s != NULL);
+    if (kind == FERRY_STORE_REPLICA_MEMORY)
+      FUZZ_CHECK(addr >= s->base && addr - s->base <= s->size &&
+                 size <= s->size - (addr - s->base));
+    else
+      FUZZ_CHECK(addr == 0);
+  }
+}
+
 /* Walks the reply of an accepted request beside the request: every op's
- * entries decode exactly; PUT_START's, UPSERT_START's and GET's replicas
- * are checked. */
-static void check_reply(uint8_t op, store_reader req, uint32_t count, const store_writer *w) {
+ * entries decode exactly; PUT_START's, UPSERT_START's, GET's and
+ * REPLICAS' replicas are checked. */
+static void check_reply(uint8_t op, store_reader req, uint32_t count, const store_writer *w,
+                        const char *fs_dir) {
   store_reader reply = {w->buf, w->len, 0};
   const char *s;
   size_t len;
@@ -88,6 +121,11 @@ static void check_reply(uint8_t op, store_reader req, uint32_t count, const stor
     if (op == STORE_PUT_END) { /* its outcome and "file written" */
       store_get_u32(&req);
       store_get_u8(&req);
+    }
+    if (op == STORE_REPLICAS) {
+      check_places(&reply, fs_dir);
+      FUZZ_CHECK(!reply.bad && !req.bad);
+      continue;
     }
     int32_t status = (int32_t)store_get_u32(&reply);
     if (op == STORE_GET || op == STORE_QUERY)
@@ -124,28 +162,6 @@ static void leave(store_map *m, int c) {
   memset(&clients[c], 0, sizeof clients[c]);
 }
 
-static void serve(store_map *m, int c, uint32_t count, const uint8_t *body, size_t len) {
-  store_reader r = {body, len, 0};
-  uint8_t op = store_get_u8(&r);
-  if (r.bad || (op == STORE_REGISTER) == clients[c].registered)
-    return; /* the master ends such a connection before the map sees it */
-  store_reader request = r;
-  store_writer reply = {0};
-  char why[FERRY_WIRE_MAX_REASON] = "";
-  ferry_status st = store_map_serve(m, (uint64_t)c + 1, op, &r, count, &reply, why, sizeof why);
-  if (st == FERRY_OK) {
-    FUZZ_CHECK(!reply.failed);
-    if (op == STORE_REGISTER)
-      note_register(&clients[c], request);
-    check_reply(op, request, count, &reply);
-  } else {
-    FUZZ_CHECK(why[0] != '\0');
-  }
-  store_writer_free(&reply);
-  if (st == FERRY_EPROTO) /* the master ends the connection */
-    leave(m, c);
-}
-
 /* The SSD tier's directory: made once, empty (no client writes files). */
 static char dir[] = "/tmp/ferry-fuzz-store-XXXXXX";
 
@@ -159,6 +175,28 @@ static const char *scratch_dir(void) {
     atexit(remove_scratch_dir);
   }
   return made;
+}
+
+static void serve(store_map *m, int c, uint32_t count, const uint8_t *body, size_t len) {
+  store_reader r = {body, len, 0};
+  uint8_t op = store_get_u8(&r);
+  if (r.bad || (op == STORE_REGISTER) == clients[c].registered)
+    return; /* the master ends such a connection before the map sees it */
+  store_reader request = r;
+  store_writer reply = {0};
+  char why[FERRY_WIRE_MAX_REASON] = "";
+  ferry_status st = store_map_serve(m, (uint64_t)c + 1, op, &r, count, &reply, why, sizeof why);
+  if (st == FERRY_OK) {
+    FUZZ_CHECK(!reply.failed);
+    if (op == STORE_REGISTER)
+      note_register(&clients[c], request);
+    check_reply(op, request, count, &reply, scratch_dir());
+  } else {
+    FUZZ_CHECK(why[0] != '\0');
+  }
+  store_writer_free(&reply);
+  if (st == FERRY_EPROTO) /* the master ends the connection */
+    leave(m, c);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

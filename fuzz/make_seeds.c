@@ -363,6 +363,7 @@ static void store_seeds(void) {
   static const store_step session[] = {
       {0, STORE_PUT_START, 4, 2, 4096}, {0, STORE_PUT_END, 4, 0, 0}, {1, STORE_GET, 4, 0, 0},
       {1, STORE_QUERY, 4, 0, 0},        {1, STORE_REMOVE, 2, 0, 0},  {1, STORE_DROP_FILE, 4, 0, 0},
+      {1, STORE_REPLICAS, 4, 0, 0},
   };
   add_steps(&b, session, sizeof session / sizeof *session);
   put("fuzz_store", "put_get_remove", b.data, b.len);

@@ -1081,6 +1081,35 @@ ferry_status ferry_store_upsert_from_batch(ferry_store *store, ferry_store_item 
                                            size_t count, const ferry_store_replicate *replicate);
 ferry_status ferry_store_get_into_batch(ferry_store *store, ferry_store_item *items, size_t count);
 ferry_status ferry_store_exists_batch(ferry_store *store, ferry_store_item *items, size_t count);
+/* Where a stored object is (Mooncake's get_replica_desc): its replicas
+ * in memory, its file in the master's --root_fs_dir, and the copy on its
+ * owner's disk (--enable_offload), as the master knows them now. */
+typedef enum ferry_store_replica_kind {
+  FERRY_STORE_REPLICA_MEMORY = 1,     /* location: its segment; address: there */
+  FERRY_STORE_REPLICA_DISK = 2,       /* location: the file's path (--root_fs_dir); address 0 */
+  FERRY_STORE_REPLICA_LOCAL_DISK = 3, /* location: the owner's segment (its client holds the
+                                         file in its offload directory); address 0 */
+} ferry_store_replica_kind;
+typedef struct ferry_store_replica {
+  int kind;             /* ferry_store_replica_kind */
+  const char *location; /* NUL-terminated; freed with the item's replicas */
+  uint64_t address;
+} ferry_store_replica;
+typedef struct ferry_store_replica_list {
+  const char *key;
+  ferry_status status;           /* out: FERRY_OK, FERRY_ENOTFOUND (absent, or a put pending) */
+  uint64_t size;                 /* out: the value's bytes (0 when absent) */
+  size_t count;                  /* out: replicas[0..count) */
+  ferry_store_replica *replicas; /* out: malloc'd (NULL when count is 0) */
+} ferry_store_replica_list;
+/* One REPLICAS request per 4096 keys; it reads nothing and changes
+ * nothing (no lease, no eviction order). Like exists_batch it fails only
+ * when the master cannot answer (then no item has replicas); the caller
+ * frees each answer with ferry_store_replica_lists_free, whatever it
+ * returned. A key of a malformed length fails the call (FERRY_EINVAL). */
+ferry_status ferry_store_replicas_batch(ferry_store *store, ferry_store_replica_list *items,
+                                        size_t count);
+void ferry_store_replica_lists_free(ferry_store_replica_list *items, size_t count);
 /* Copies each items[i].buf[0..length) (any memory, read only) into the
  * store under items[i].key: the values go through the staging buffer
  * (local_buffer_size; a larger total takes a temporary registered buffer),

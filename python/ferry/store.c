@@ -300,6 +300,51 @@ static PyObject *store_batch_exists(StoreObject *self, PyObject *keys) {
   return keys_call(self, keys, NULL, NULL);
 }
 
+/* One key's answer: None (absent), else (size, [(kind, location, address)]). */
+static PyObject *replica_list_result(const ferry_store_replica_list *it) {
+  if (it->status == FERRY_ENOTFOUND)
+    Py_RETURN_NONE;
+  PyObject *reps = PyList_New((Py_ssize_t)it->count);
+  for (size_t j = 0; reps && j < it->count; j++) {
+    const ferry_store_replica *rp = &it->replicas[j];
+    PyObject *x = Py_BuildValue("(isK)", rp->kind, rp->location, (unsigned long long)rp->address);
+    if (!x)
+      Py_CLEAR(reps);
+    else
+      PyList_SET_ITEM(reps, (Py_ssize_t)j, x);
+  }
+  return reps ? Py_BuildValue("(KN)", (unsigned long long)it->size, reps) : NULL;
+}
+
+static PyObject *store_batch_replicas(StoreObject *self, PyObject *keys_o) {
+  PyObject *keys = PySequence_Fast(keys_o, "keys must be a sequence of str"), *out = NULL;
+  if (!keys)
+    return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(keys);
+  ferry_store_replica_list *items = PyMem_Calloc(n ? (size_t)n : 1, sizeof *items);
+  int ok = items != NULL;
+  if (!ok)
+    PyErr_NoMemory();
+  for (Py_ssize_t i = 0; ok && i < n; i++)
+    ok = (items[i].key = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(keys, i))) != NULL;
+  if (ok && store_enter(self) == 0) {
+    CallResult r;
+    STORE_CALL(self, r, ferry_store_replicas_batch(self->store, items, (size_t)n));
+    out = r.st ? raise_result(&r) : PyList_New(n);
+    for (Py_ssize_t i = 0; !r.st && out && i < n; i++) {
+      PyObject *x = replica_list_result(&items[i]);
+      if (!x)
+        Py_CLEAR(out);
+      else
+        PyList_SET_ITEM(out, i, x);
+    }
+    ferry_store_replica_lists_free(items, (size_t)n);
+  }
+  PyMem_Free(items);
+  Py_DECREF(keys);
+  return out;
+}
+
 /* keys, and per key a sequence of addresses and one of sizes (the
  * _multi_buffers forms): items[i] with buffers from one array. */
 static Py_ssize_t multi_items_get(PyObject *keys_o, PyObject *addrs_o, PyObject *sizes_o,
@@ -532,6 +577,8 @@ static PyMethodDef store_methods[] = {
      "batch_get_into(keys, addrs, sizes) -> ([bytes read or -status per key], detail or None)"},
     {"batch_exists", (PyCFunction)store_batch_exists, METH_O,
      "batch_exists(keys) -> ([size, or -status (ENOTFOUND: absent) per key], detail or None)"},
+    {"batch_replicas", (PyCFunction)store_batch_replicas, METH_O,
+     "batch_replicas(keys) -> [None (absent) or (size, [(kind, location, address)]) per key]"},
     {"put_batch", KW(store_put_batch),
      "put_batch(keys, values, replicas=1, preferred_segment=None, pin=0) -> ([0 or -status "
      "per key], detail or None); values any bytes-like objects"},

@@ -84,6 +84,9 @@ from ferry import _ferry
 from mooncake import _parallel, _tensor
 from mooncake._buffer_pool import BufferPool, RegisteredBufferPool  # noqa: F401 (Mooncake's names)
 from mooncake._dummy_client import DummyConnection
+from mooncake._replicas import (  # noqa: F401 (Mooncake's names)
+    Descriptor, DiskDescriptor, LocalDiskDescriptor, MemoryDescriptor, ReplicaDescriptor,
+    ReplicaStatus, descriptors as _descriptors)
 from mooncake._parallel import ParallelAxis, ReadTarget, TensorParallelism  # noqa: F401
 from mooncake.engine import TransferEngine, _split_host_port
 
@@ -500,6 +503,25 @@ class MooncakeDistributedStore:
         answers = self._batch("batch_is_exist", lambda: self._store.batch_exists(list(keys)),
                               len(keys))
         return [1 if a >= 0 else 0 if a == OBJECT_NOT_FOUND else a for a in answers]
+
+    def get_replica_desc(self, key):
+        """Where key's object is: a list of ReplicaDescriptor ([] when the
+        key is absent, or the master cannot answer: logged, as Mooncake)."""
+        return self.batch_get_replica_desc([key]).get(key, [])
+
+    def batch_get_replica_desc(self, keys):
+        """{key: [ReplicaDescriptor]} for the stored keys; absent ones are
+        left out, and a master that cannot answer gives {} (logged)."""
+        keys = list(keys)
+        answers = self._call("batch_get_replica_desc",
+                             lambda: self._store.batch_replicas(keys))
+        if isinstance(answers, int):
+            return {}
+        found = {}
+        for key, answer in zip(keys, answers):
+            if answer is not None:
+                found[key] = _descriptors(answer)
+        return found
 
     def get_size(self, key):
         return self._batch("get_size", lambda: self._store.batch_exists([key]), 1)[0]

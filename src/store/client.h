@@ -1,6 +1,7 @@
-/* client.h - what the store client's two files share (client.c: the
+/* client.h - what the store client's files share (client.c: the
  * connection to the master, open, close, the single-key calls; batch.c:
- * the batch calls and the transfers between buffers and replicas). */
+ * the batch calls and the transfers between buffers and replicas;
+ * replicas.c: where objects are). */
 #ifndef FERRY_STORE_CLIENT_H
 #define FERRY_STORE_CLIENT_H
 

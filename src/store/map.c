@@ -1546,6 +1546,61 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
   return FERRY_OK;
 }
 
+/* One REPLICAS entry: o's replicas in memory, its --root_fs_dir file,
+ * its owner's offload copy (protocol.h). */
+#define PLACE_BYTES(name_max) (1 + 2 + (name_max) + 8)
+_Static_assert(STORE_BATCH_MAX *(4 + 8 + 1 + STORE_REPLICAS_MAX * PLACE_BYTES(STORE_NAME_MAX) +
+                                 PLACE_BYTES(STORE_DISK_PATH_MAX) + PLACE_BYTES(STORE_NAME_MAX)) <=
+                   FERRY_WIRE_MAX_CONTROL_BODY,
+               "a REPLICAS reply of a whole frame's keys, each at its most places, fits a frame");
+_Static_assert(STORE_NAME_MAX <= STORE_LOCATION_MAX && STORE_DISK_PATH_MAX <= STORE_LOCATION_MAX,
+               "a client reads every location the master may send");
+static void put_locations(store_map *m, store_writer *w, const object *o) {
+  char path[STORE_DISK_PATH_MAX];
+  int file = o->on_disk && m->fs_dir &&
+             store_disk_path(m->fs_dir, key_of((object *)o), o->key_len, path) == 0;
+  const segment *owner = disk_owner(o);
+  store_put_u8(w, (uint8_t)(o->replicas + file + (owner != NULL)));
+  for (unsigned i = 0; i < o->replicas; i++) {
+    store_put_u8(w, FERRY_STORE_REPLICA_MEMORY);
+    store_put_str(w, o->rep[i].seg->name, strlen(o->rep[i].seg->name));
+    store_put_u64(w, o->rep[i].seg->base + o->rep[i].offset);
+  }
+  if (file) {
+    store_put_u8(w, FERRY_STORE_REPLICA_DISK);
+    store_put_str(w, path, strlen(path));
+    store_put_u64(w, 0);
+  }
+  if (owner) {
+    store_put_u8(w, FERRY_STORE_REPLICA_LOCAL_DISK);
+    store_put_str(w, owner->name, strlen(owner->name));
+    store_put_u64(w, 0);
+  }
+}
+
+/* REPLICAS: a look, not a use (no lease, no LRU touch, no GC queue).
+ * Counted as GETs, as Mooncake's Query is its GetReplicaList. */
+static ferry_status serve_replicas(store_map *m, store_reader *r, uint32_t count,
+                                   store_writer *reply, char *why, size_t size) {
+  prefetch_chains(m, r, count, 0);
+  for (uint32_t i = 0; i < count; i++) {
+    const char *key;
+    size_t len;
+    store_get_str(r, &key, &len, STORE_KEY_MAX);
+    if (r->bad)
+      return snprintf(why, size, "malformed entry %u", i), FERRY_EPROTO;
+    object **at = find(m, key, len, COMMITTED); /* pending ones are invisible */
+    count_op(m, STORE_GET, at ? FERRY_OK : FERRY_ENOTFOUND);
+    store_put_u32(reply, (uint32_t)(at ? FERRY_OK : FERRY_ENOTFOUND));
+    store_put_u64(reply, at ? (*at)->size : 0);
+    if (at)
+      put_locations(m, reply, *at);
+    else
+      store_put_u8(reply, 0);
+  }
+  return FERRY_OK;
+}
+
 static void serve_remove_all(store_map *m, store_writer *reply) {
   uint64_t removed = 0, now = ferry_now_ns();
   for (size_t b = 0; b < m->bucket_count; b++)
@@ -1787,7 +1842,7 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
                              uint32_t count, store_writer *reply, char *why, size_t why_size) {
   int keyless = op == STORE_REGISTER || op == STORE_PING || op == STORE_REMOVE_ALL ||
                 op == STORE_OFFLOAD_POLL;
-  if (op < STORE_REGISTER || op > STORE_OFFLOAD_DONE)
+  if (op < STORE_REGISTER || op > STORE_OP_LAST)
     return snprintf(why, why_size, "unknown store operation %u", op), FERRY_EPROTO;
   if ((keyless && count) || count > STORE_BATCH_MAX)
     return snprintf(why, why_size, "operation %u with %u entries", op, count), FERRY_EPROTO;
@@ -1807,6 +1862,8 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
     count_op(m, STORE_COUNT_OFFLOAD_POLL, st = serve_poll(m, r, reply, why, why_size));
   else if (op == STORE_OFFLOAD_DONE)
     st = serve_done(m, r, count, reply, why, why_size);
+  else if (op == STORE_REPLICAS)
+    st = serve_replicas(m, r, count, reply, why, why_size);
   else if (op != STORE_PING)
     st = serve_keys(m, client, op, r, count, reply, why, why_size);
   if ((keyless || st) && op <= STORE_UPSERT_START) /* keyed ones per item; offload's not */

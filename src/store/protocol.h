@@ -28,6 +28,9 @@
  *   OFFLOAD_DONE str segment, u64 nonce         u8 task | str key    i32 status (not OK: the
  *                                               | i32 outcome        client deletes the file;
  *                                                                    DROP: see below)
+ *   REPLICAS    -                               str key              i32 status | u64 size |
+ *                                                                    u8 n | n * (u8 kind |
+ *                                                                    str location | u64 addr)
  *   replicas:   u8 n | n * (str segment | u64 addr)
  *
  * A PUT_START entry with status 0 and no replicas: the key is stored
@@ -41,6 +44,11 @@
  * of its name, address, size and nonce. The version is read first: a
  * REGISTER of another version is refused with FERRY_EVERSION whatever
  * follows it.
+ * REPLICAS: where a committed object is (ferry_store_replicas_batch),
+ * touching nothing (no lease, no LRU use); kind FERRY_STORE_REPLICA_*:
+ * MEMORY (its segment and address), DISK (the --root_fs_dir file's path,
+ * addr 0), LOCAL_DISK (the offload copy's owner: its segment, addr 0). A
+ * missing or pending key: FERRY_ENOTFOUND, size 0, no replicas.
  * A GET entry with no replicas and "on disk": the object is in its file
  * only (disk.h). DROP_FILE: the caller found the key's file missing or
  * damaged. OFFLOAD_*: --enable_offload (docs/store.md "Client-owned SSD
@@ -59,13 +67,15 @@
 #include "wire/wire.h"
 
 #define STORE_PROTOCOL_VERSION                                                                     \
-  4 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START,                      \
-       soft pin actions and TTLs; 4: REGISTER's segment nonce */
+  5 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START,                      \
+       soft pin actions and TTLs; 4: REGISTER's segment nonce;                                     \
+       5: REPLICAS */
 #define STORE_KEY_MAX 1024   /* bytes of a key */
 #define STORE_BATCH_MAX 4096 /* entries of one frame; a client cuts larger batches */
 #define STORE_REPLICAS_MAX 8 /* replicas of one object */
 #define STORE_NAME_MAX FERRY_WIRE_MAX_NAME
-#define STORE_REASON_MAX 512 /* bytes of a refused PUT_START entry's reason */
+#define STORE_LOCATION_MAX 2048 /* bytes of a REPLICAS location (a segment or a file's path) */
+#define STORE_REASON_MAX 512    /* bytes of a refused PUT_START entry's reason */
 
 typedef enum store_op {
   STORE_REGISTER = 1,
@@ -80,6 +90,8 @@ typedef enum store_op {
   STORE_UPSERT_START = 10,
   STORE_OFFLOAD_POLL = 11, /* --enable_offload: an offloading client's tasks (offload.c) */
   STORE_OFFLOAD_DONE = 12, /* ... and what became of them */
+  STORE_REPLICAS = 13,     /* where keys' objects are (ferry_store_replicas_batch) */
+  STORE_OP_LAST = STORE_REPLICAS,
 } store_op;
 
 /* An offloading client's tasks (OFFLOAD_POLL's reply). */

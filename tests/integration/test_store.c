@@ -1210,6 +1210,14 @@ static void a_hostile_client_hurts_only_itself(void **state) {
   const uint8_t bad_pin[] = {STORE_PUT_START, 1, 0, 0, FERRY_STORE_PIN_HARD + 1, 1, 0, 'k'};
   const uint8_t lying_length[] = {STORE_GET, 0xff, 0xff, 'k'};
   const uint8_t trailing[] = {STORE_PING, 0};
+  /* REPLICAS: a key longer than its body, one key for two entries, a byte
+   * after the last key, a key over STORE_KEY_MAX, more entries than a
+   * frame may hold. */
+  const uint8_t replicas_lying[] = {STORE_REPLICAS, 0xff, 0xff, 'k'};
+  const uint8_t replicas_one[] = {STORE_REPLICAS, 1, 0, 'k'};
+  const uint8_t replicas_trailing[] = {STORE_REPLICAS, 1, 0, 'k', 0};
+  static uint8_t replicas_long[3 + STORE_KEY_MAX + 1] = {STORE_REPLICAS, (STORE_KEY_MAX + 1) & 0xff,
+                                                         (STORE_KEY_MAX + 1) >> 8};
   const struct {
     const uint8_t *body;
     size_t len;
@@ -1219,27 +1227,43 @@ static void a_hostile_client_hurts_only_itself(void **state) {
                 {bad_pin, sizeof bad_pin, 1},
                 {lying_length, 4, 1},
                 {trailing, 2, 0},
-                {lying_length, 1, 1 << 20}};
+                {lying_length, 1, 1 << 20},
+                {replicas_lying, sizeof replicas_lying, 1},
+                {replicas_one, sizeof replicas_one, 2},
+                {replicas_trailing, sizeof replicas_trailing, 1},
+                {replicas_long, sizeof replicas_long, 1},
+                {replicas_one, sizeof replicas_one, STORE_BATCH_MAX + 1},
+                {replicas_one, 1, UINT32_MAX}};
   for (size_t i = 0; i < sizeof frames / sizeof *frames; i++) {
     raw_open(&r, t.m.addr);
     assert_false(raw_survives(&r, frames[i].count, frames[i].body, frames[i].len));
     close(r.fd);
   }
-  /* A client of the store protocol before this one (its REGISTER had no
-   * nonce): refused by version, not as malformed, its connection kept. */
+  /* Clients of the store protocols before this one: 4's REGISTER is this
+   * one's (it has no REPLICAS), 3's had no nonce. Each is refused by
+   * version, not as malformed, and its connection kept. */
   raw_connect(&r, t.m.addr);
-  store_writer old = {0};
-  store_put_u8(&old, STORE_REGISTER);
-  store_put_u16(&old, STORE_PROTOCOL_VERSION - 1);
-  store_put_u64(&old, 0x100000000ull);
-  store_put_u64(&old, 1 * MiB);
-  store_put_str(&old, "old", 3);
-  assert_int_equal(store_send(&r.sock, FERRY_FRAME_STORE, 0, 0, &old, "old REGISTER"), FERRY_OK);
   ferry_frame_header h;
   uint8_t *refusal;
-  assert_int_equal(store_recv(&r.sock, &h, &refusal, "refusal"), FERRY_OK);
-  assert_int_equal(h.status, FERRY_EVERSION);
-  free(refusal);
+  for (uint16_t version = 3; version < STORE_PROTOCOL_VERSION; version++) {
+    store_writer old = {0};
+    store_put_u8(&old, STORE_REGISTER);
+    store_put_u16(&old, version);
+    store_put_u64(&old, 0x100000000ull);
+    store_put_u64(&old, 1 * MiB);
+    store_put_str(&old, "old", 3);
+    if (version >= 4)
+      store_put_u64(&old, 1);
+    assert_int_equal(store_send(&r.sock, FERRY_FRAME_STORE, 0, 0, &old, "old REGISTER"), FERRY_OK);
+    assert_int_equal(store_recv(&r.sock, &h, &refusal, "refusal"), FERRY_OK);
+    assert_int_equal(h.status, FERRY_EVERSION);
+    char why[64];
+    snprintf(why, sizeof why, "store protocol version %u; this master speaks %d", version,
+             STORE_PROTOCOL_VERSION);
+    assert_int_equal(h.body_len, strlen(why));
+    assert_memory_equal(refusal, why, h.body_len);
+    free(refusal);
+  }
   /* A segment name holding a NUL byte (replies would name it "", which
    * every client refuses): refused, the connection kept. */
   store_writer nul = {0};
@@ -2014,6 +2038,58 @@ static void tier_fill(tier *d) {
   assert_int_equal(names_in(d->dir, NULL), 2 * SLOTS);
 }
 
+/* ferry_store_replicas_batch: an object in memory and in its file, one
+ * in its file only (the path the client computes), an absent key, a put
+ * still pending (invisible, as for get), an empty key refusing the call. */
+static void replicas_name_memory_and_files(void **state) {
+  (void)state;
+  tier d = {0};
+  tier_open(&d);
+  ferry_store *s = d.t.a.store;
+  tier_fill(&d);
+  raw_client r;
+  raw_open(&r, d.t.m.addr);
+  raw_put_start(&r, "pending_k", SLOT, ferry_store_segment(s)); /* evicts slot16 */
+  ferry_store_replica_list q[] = {
+      {.key = "slot20"}, {.key = "slot00"}, {.key = "absent"}, {.key = "pending_k"}};
+  if (ferry_store_replicas_batch(s, q, 4) != FERRY_OK)
+    fail_msg("replicas: %s", ferry_last_error());
+  char path[STORE_DISK_PATH_MAX];
+  assert_int_equal(q[0].status, FERRY_OK);
+  assert_int_equal(q[0].size, SLOT);
+  assert_int_equal(q[0].count, 2);
+  assert_int_equal(q[0].replicas[0].kind, FERRY_STORE_REPLICA_MEMORY);
+  assert_string_equal(q[0].replicas[0].location, ferry_store_segment(s));
+  assert_int_not_equal(q[0].replicas[0].address, 0);
+  file_of(&d, "slot20", path);
+  assert_int_equal(q[0].replicas[1].kind, FERRY_STORE_REPLICA_DISK);
+  assert_string_equal(q[0].replicas[1].location, path);
+  assert_int_equal(q[1].status, FERRY_OK);
+  assert_int_equal(q[1].count, 1);
+  file_of(&d, "slot00", path);
+  assert_int_equal(q[1].replicas[0].kind, FERRY_STORE_REPLICA_DISK);
+  assert_string_equal(q[1].replicas[0].location, path);
+  assert_int_equal(q[1].replicas[0].address, 0);
+  for (int i = 2; i < 4; i++) {
+    assert_int_equal(q[i].status, FERRY_ENOTFOUND);
+    assert_int_equal(q[i].size, 0);
+    assert_int_equal(q[i].count, 0);
+    assert_null(q[i].replicas);
+  }
+  ferry_store_replica_lists_free(q, 4);
+  assert_null(q[0].replicas);
+  raw_put_end(&r, "pending_k");
+  assert_int_equal(ferry_store_replicas_batch(s, &q[3], 1), FERRY_OK);
+  assert_int_equal(q[3].status, FERRY_OK);
+  assert_int_equal(q[3].count, 1); /* in memory; no file: the raw writer wrote none */
+  ferry_store_replica_lists_free(&q[3], 1);
+  close(r.fd);
+  ferry_store_replica_list bad[] = {{.key = "slot20"}, {.key = ""}};
+  assert_int_equal(ferry_store_replicas_batch(s, bad, 2), FERRY_EINVAL);
+  assert_null(bad[0].replicas);
+  tier_close(&d);
+}
+
 /* Objects evicted from memory stay in their files and every call reads
  * them back byte-exact: exists, size, get_into, get, a batch of both
  * kinds; remove and remove_all delete the files. */
@@ -2356,6 +2432,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(a_put_across_a_restart_commits_nothing),
       cmocka_unit_test(an_idle_client_rejoins_by_its_ping_thread),
       cmocka_unit_test(evicted_objects_are_read_back_from_their_files),
+      cmocka_unit_test(replicas_name_memory_and_files),
       cmocka_unit_test(multi_buffer_values_and_upserts_in_files),
       cmocka_unit_test(ranges_of_an_evicted_object_come_from_its_file),
       cmocka_unit_test(a_damaged_or_missing_file_is_refused),
