@@ -135,8 +135,10 @@ static void check_reply(uint8_t op, store_reader req, uint32_t count, const stor
     } else if (starts || op == STORE_GET) {
       unsigned replicas = check_replicas(&reply, size);
       if (op == STORE_GET) {
-        uint8_t on_disk = store_get_u8(&reply);
-        FUZZ_CHECK(status == FERRY_OK ? replicas > 0 || on_disk : !replicas && !on_disk);
+        uint8_t flags = store_get_u8(&reply), on_disk = flags & STORE_GET_ON_DISK;
+        FUZZ_CHECK(status == FERRY_OK ? replicas > 0 || on_disk : !replicas && !flags);
+        FUZZ_CHECK(!(flags & STORE_GET_LOADED) || replicas > 0);
+        FUZZ_CHECK(!(flags & ~(STORE_GET_ON_DISK | STORE_GET_LOADED)));
       }
     }
     FUZZ_CHECK(!reply.bad && !req.bad);

@@ -988,6 +988,12 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
 void ferry_store_close(ferry_store *store);
 /* The name other clients reach this one's segment by: its engine's name. */
 const char *ferry_store_segment(const ferry_store *store);
+/* How many of this client's gets were answered with a copy its object's
+ * owner loaded back from its offload disk (--enable_offload: the object
+ * was on that disk only; a get within that copy's lease counts too, a get
+ * once promotion kept it in memory does not). Mooncake's
+ * get_offload_rpc_read_count. */
+uint64_t ferry_store_owner_disk_reads(const ferry_store *store);
 
 /* Where a put's replicas go, and whether eviction may take the object.
  * NULL: one replica, anywhere, no pin. It grows as ferry_config does (the

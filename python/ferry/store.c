@@ -472,6 +472,12 @@ static PyObject *store_segment(StoreObject *self, void *Py_UNUSED(closure)) {
   return PyUnicode_FromString(ferry_store_segment(self->store));
 }
 
+static PyObject *store_owner_disk_reads(StoreObject *self, void *Py_UNUSED(closure)) {
+  if (!self->store)
+    return raise_status(FERRY_ECLOSED, "the store was closed");
+  return PyLong_FromUnsignedLongLong(ferry_store_owner_disk_reads(self->store));
+}
+
 /* put_batch(keys, values, ...): values any bytes-like objects, staged in C. */
 static PyObject *store_put_batch(StoreObject *self, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"keys", "values", "replicas", "preferred_segment", "pin", NULL};
@@ -594,6 +600,8 @@ static PyMethodDef store_methods[] = {
 
 static PyGetSetDef store_getset[] = {
     {"segment", (getter)store_segment, NULL, "the name of this client's segment", NULL},
+    {"owner_disk_reads", (getter)store_owner_disk_reads, NULL,
+     "gets answered with a copy loaded back from its owner's offload disk", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

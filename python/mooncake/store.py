@@ -493,6 +493,12 @@ class MooncakeDistributedStore:
             time.sleep(pause)  # the lease ends at the master: nothing here to wait on
             pause = min(pause * 2, 0.1)
 
+    def get_offload_rpc_read_count(self):
+        """Mooncake's count of its reads served from an owner's offload disk:
+        here, this client's gets answered with a copy the owner loaded back
+        from its disk (ferry_store_owner_disk_reads; 0 before setup)."""
+        return self._store.owner_disk_reads if self._store is not None else 0
+
     def remove_all(self):
         return self._call("remove_all", self._store.remove_all if self._store else None)
 

@@ -503,10 +503,13 @@ static ferry_status read_get_entry(ferry_store *s, store_reader *r, placement *p
   ferry_status bad = store_get_replicas(r, p->reps, &p->count, s->master);
   if (bad)
     return bad;
-  p->on_disk = store_get_u8(r) != 0;
+  uint8_t flags = store_get_u8(r);
+  p->on_disk = (flags & STORE_GET_ON_DISK) != 0;
   p->from_file = p->on_disk && p->count == 0;
   if (r->bad)
     return ferry_fail(FERRY_EPROTO, "store master %s sent a truncated GET reply", s->master);
+  if (*st == FERRY_OK && flags & STORE_GET_LOADED && p->count)
+    __atomic_add_fetch(&s->owner_disk_reads, 1, __ATOMIC_RELAXED);
   return FERRY_OK;
 }
 

@@ -34,6 +34,10 @@ const char *ferry_store_segment(const ferry_store *store) {
   return ferry_engine_name(store->engine);
 }
 
+uint64_t ferry_store_owner_disk_reads(const ferry_store *store) {
+  return __atomic_load_n(&store->owner_disk_reads, __ATOMIC_RELAXED);
+}
+
 /* ---- the master connection ------------------------------------------------------------------ */
 
 /* Under s->lock, as everything about the connection. */

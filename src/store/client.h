@@ -27,6 +27,7 @@ struct ferry_store {
   ferry_sock sock;
   ferry_session session;
   uint64_t conn;              /* which connection: 1, 2, ... (each reconnect counts) */
+  uint64_t owner_disk_reads;  /* GET answers of a copy loaded from its owner's disk */
   uint64_t master_id;         /* the master's instance id at the last handshake */
   char lost[256];             /* why the connection was lost, or the last reconnect failed */
   uint32_t lease_ms, ping_ms; /* ping_ms atomic: the PING thread reads it */

@@ -1534,10 +1534,12 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
       touch(m, *at, now);
       if (m->gc_ns)
         gc_queue(m, *at, now);
+      uint8_t flags = (uint8_t)(((*at)->on_disk ? STORE_GET_ON_DISK : 0) |
+                                ((*at)->off & OFF_STAGED ? STORE_GET_LOADED : 0));
       if ((*at)->off & OFF_STAGED)
         promote(m, *at);
       put_replicas(reply, *at);
-      store_put_u8(reply, (*at)->on_disk);
+      store_put_u8(reply, flags);
     } else {
       store_put_u8(reply, 0);
       store_put_u8(reply, 0);

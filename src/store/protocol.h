@@ -18,7 +18,7 @@
  *   PUT_END     -                               str key | i32 outcome i32 status
  *                                               | u8 file written
  *   GET         -                               str key              i32 status | u64 size |
- *                                                                    replicas | u8 on disk
+ *                                                                    replicas | u8 flags
  *   QUERY       -                               str key              i32 status | u64 size
  *   REMOVE      -                               str key              i32 status
  *   REMOVE_ALL  -                               (none)               u64 removed
@@ -49,9 +49,10 @@
  * MEMORY (its segment and address), DISK (the --root_fs_dir file's path,
  * addr 0), LOCAL_DISK (the offload copy's owner: its segment, addr 0). A
  * missing or pending key: FERRY_ENOTFOUND, size 0, no replicas.
- * A GET entry with no replicas and "on disk": the object is in its file
- * only (disk.h). DROP_FILE: the caller found the key's file missing or
- * damaged. OFFLOAD_*: --enable_offload (docs/store.md "Client-owned SSD
+ * A GET entry's flags: STORE_GET_ON_DISK, the object has a complete file
+ * (with no replicas: it is in its file only, disk.h); STORE_GET_LOADED, its
+ * replica is a copy loaded back from its owner's offload disk for gets. DROP_FILE: the caller found
+ * the key's file missing or damaged. OFFLOAD_*: --enable_offload (docs/store.md "Client-owned SSD
  * offload"), sent on a client's second connection, naming its segment and
  * the segment's nonce. A GET of an object on its owner's disk only waits
  * while the owner loads it back into its segment, then answers that
@@ -69,7 +70,7 @@
 #define STORE_PROTOCOL_VERSION                                                                     \
   5 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START,                      \
        soft pin actions and TTLs; 4: REGISTER's segment nonce;                                     \
-       5: REPLICAS */
+       5: REPLICAS, OFFLOAD_DONE's REPORT */
 #define STORE_KEY_MAX 1024   /* bytes of a key */
 #define STORE_BATCH_MAX 4096 /* entries of one frame; a client cuts larger batches */
 #define STORE_REPLICAS_MAX 8 /* replicas of one object */
@@ -93,6 +94,9 @@ typedef enum store_op {
   STORE_REPLICAS = 13,     /* where keys' objects are (ferry_store_replicas_batch) */
   STORE_OP_LAST = STORE_REPLICAS,
 } store_op;
+
+/* A GET entry's flags (after its replicas). */
+enum { STORE_GET_ON_DISK = 1, STORE_GET_LOADED = 2 };
 
 /* An offloading client's tasks (OFFLOAD_POLL's reply). */
 enum { STORE_TASK_OFFLOAD = 1, STORE_TASK_LOAD = 2, STORE_TASK_DELETE = 3 };

@@ -334,6 +334,24 @@ static void eager_offload_keeps_evicted_objects(void **state) {
   rig_close(&r);
 }
 
+/* ferry_store_owner_disk_reads (Mooncake's get_offload_rpc_read_count):
+ * a get answered with a copy its owner loaded back from disk counts, a get
+ * of an object in memory does not. Red when the master flags no load. */
+static void gets_of_loaded_copies_are_counted(void **state) {
+  (void)state;
+  rig r;
+  rig_open(&r, "--offload_on_evict=false");
+  owner_put_ok(&r, "k1", 1);
+  await_file(&r, "k1", 1);
+  reader_get_ok(&r, "k1", 1); /* in memory */
+  assert_int_equal(ferry_store_owner_disk_reads(r.reader), 0);
+  owner_put_room(&r, "k2", 2); /* k1 evicted, on disk only */
+  await_file(&r, "k2", 1);
+  reader_get_ok(&r, "k1", 1); /* loaded back for it */
+  assert_int_equal(ferry_store_owner_disk_reads(r.reader), 1);
+  rig_close(&r);
+}
+
 /* --offload_on_evict: nothing is written until eviction chooses an object;
  * then its memory goes once its file is written. A put that needs the room
  * meanwhile may be refused (the store is full), the next one fits; a get
@@ -604,6 +622,7 @@ int main(int argc, char **argv) {
   test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(eager_offload_keeps_evicted_objects),
+      cmocka_unit_test(gets_of_loaded_copies_are_counted),
       cmocka_unit_test(offload_on_evict_writes_only_what_eviction_chooses),
       cmocka_unit_test(a_restarted_master_takes_the_owners_files_back),
       cmocka_unit_test(an_owners_death_drops_its_disk_copies),

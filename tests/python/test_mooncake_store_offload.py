@@ -68,7 +68,9 @@ def test_an_evicted_object_is_read_back_from_its_owners_disk(tmp_path):
             other = reader(addr)
             try:
                 assert other.is_exist("k1") == 1
+                assert other.get_offload_rpc_read_count() == 0
                 assert other.get("k1") == one  # loaded back by the owner
+                assert other.get_offload_rpc_read_count() == 1  # Mooncake's counter
                 buf = ctypes.create_string_buffer(VALUE)
                 assert other.register_buffer(ctypes.addressof(buf), VALUE) == 0
                 assert other.batch_get_into(["k2"], [ctypes.addressof(buf)], [VALUE]) == [VALUE]
