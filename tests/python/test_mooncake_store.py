@@ -3,7 +3,8 @@ store (docs/store.md): a `ferry store-master` process and two clients, driven
 the way SGLang's HiCache L3 backend drives Mooncake's store (setup with seven
 positional arguments, register_buffer on a host KV pool, warm-up
 put/is_exist/get, then batch_is_exist, batch_put_from and batch_get_into with
-keys "{prefix}_{hash}_{rank}_k|v"), every byte checked; and a client that
+keys "{prefix}_{hash}_{rank}_k|v"), and as vLLM's MooncakeStoreConnector does
+(multi-buffer blocks, replica descriptors), every byte checked; and a client that
 rejoins its master after the master was killed and started again."""
 
 import ctypes
@@ -226,6 +227,66 @@ def test_several_buffers_per_key(master):
             ["other"], [src_ptrs[0][:2] + [ctypes.addressof(loose)]],
             [layers[:2] + [100]]) == [-600]
         assert reader.is_exist("other") == 0
+    finally:
+        assert writer.close() == 0
+        assert reader.close() == 0
+
+
+def test_vllm_store_connector_call_pattern(master):
+    """vLLM's MooncakeStoreConnector: each rank registers its KV cache (host
+    memory here: the GPU case is issue 30's) and stores a block as one key
+    of one buffer per layer's K and V, keys as its worker names them
+    ("model@tp_rank:R@pcp0@dcp0@pp_rank:0@HASH"); batch_is_exist to skip
+    stored blocks, batch_put_from_multi_buffers with a ReplicateConfig,
+    batch_get_replica_desc for the tier of each block, and
+    batch_get_into_multi_buffers into the other rank's cache, every byte
+    checked."""
+    writer, reader = client(master), client(master, positional=False)
+    layers, block = 3, 16 * 1024  # bytes of one block of one layer's K (or V)
+    blocks = 6
+    try:
+        caches = []
+        for store in (writer, reader):
+            cache = ctypes.create_string_buffer(layers * 2 * blocks * block)
+            assert store.register_buffer(ctypes.addressof(cache), len(cache.raw)) == 0
+            caches.append(cache)
+
+        def parts(cache, b):  # block b's K and V in each layer's tensor
+            base = ctypes.addressof(cache)
+            return [base + ((layer * 2 + kv) * blocks + b) * block
+                    for layer in range(layers) for kv in range(2)]
+
+        keys = ["Qwen2.5-7B@tp_rank:0@pcp0@dcp0@pp_rank:0@%032x" % (b * 0x9E3779B97F4A7C15)
+                for b in range(blocks)]
+        for b in range(blocks):
+            for i, addr in enumerate(parts(caches[0], b)):
+                ctypes.memmove(addr, page_bytes(b * 8 + i)[:block], block)
+        sizes = [[block] * (2 * layers)] * blocks
+        assert writer.batch_is_exist(keys) == [0] * blocks
+        config = ReplicateConfig(replica_num=1, preferred_segment=writer.get_hostname())
+        assert writer.batch_put_from_multi_buffers(
+            keys[:4], [parts(caches[0], b) for b in range(4)], sizes[:4], config) == [0] * 4
+        assert reader.batch_is_exist(keys) == [1] * 4 + [0] * 2  # the rest still to store
+        assert writer.batch_put_from_multi_buffers(
+            keys[4:], [parts(caches[0], b) for b in range(4, blocks)], sizes[4:], config) == \
+            [0] * 2
+
+        descs = reader.batch_get_replica_desc(keys + ["absent"])
+        assert sorted(descs) == sorted(keys)
+        for key in keys:
+            assert [d.is_memory_replica() for d in descs[key]] == [True]
+            memory = descs[key][0].get_memory_descriptor().buffer_descriptor
+            assert memory.transport_endpoint == writer.get_hostname()
+            assert memory.size == 2 * layers * block
+
+        assert reader.batch_get_into_multi_buffers(
+            keys, [parts(caches[1], b) for b in range(blocks)], sizes) == \
+            [2 * layers * block] * blocks
+        for b in range(blocks):
+            for i, addr in enumerate(parts(caches[1], b)):
+                assert ctypes.string_at(addr, block) == page_bytes(b * 8 + i)[:block], (b, i)
+        assert reader.batch_get_into_multi_buffers(
+            ["absent"], [parts(caches[1], 0)], sizes[:1]) == [-704]
     finally:
         assert writer.close() == 0
         assert reader.close() == 0
