@@ -1492,6 +1492,18 @@ static void promote(store_map *m, object *o) {
   enlist(m, o);
 }
 
+/* The next entry of a request of keys: where its committed object is (NULL:
+ * none; pending ones are invisible), or FERRY_EPROTO when malformed. */
+static ferry_status committed_entry(store_map *m, store_reader *r, object ***at) {
+  const char *key;
+  size_t len;
+  store_get_str(r, &key, &len, STORE_KEY_MAX);
+  if (r->bad)
+    return FERRY_EPROTO;
+  *at = find(m, key, len, COMMITTED);
+  return FERRY_OK;
+}
+
 /* Entries of one key each (GET, QUERY, REMOVE, DROP_FILE; PUT_END: serve_put_end). */
 static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_reader *r,
                                uint32_t count, store_writer *reply, char *why, size_t size) {
@@ -1503,12 +1515,9 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
   uint64_t now = ferry_now_ns(); /* the request's: a clock read per key was a tenth of a get */
   prefetch_chains(m, r, count, 0);
   for (uint32_t i = 0; i < count; i++) {
-    const char *key;
-    size_t len;
-    store_get_str(r, &key, &len, STORE_KEY_MAX);
-    if (r->bad)
+    object **at;
+    if (committed_entry(m, r, &at) != FERRY_OK)
       return snprintf(why, size, "malformed entry %u", i), FERRY_EPROTO;
-    object **at = find(m, key, len, COMMITTED); /* pending ones are invisible */
     if (op == STORE_REMOVE || op == STORE_DROP_FILE) {
       ferry_status st = op == STORE_REMOVE ? remove_one(m, at) : drop_file(m, at);
       count_op(m, op, st);
@@ -1586,12 +1595,9 @@ static ferry_status serve_replicas(store_map *m, store_reader *r, uint32_t count
                                    store_writer *reply, char *why, size_t size) {
   prefetch_chains(m, r, count, 0);
   for (uint32_t i = 0; i < count; i++) {
-    const char *key;
-    size_t len;
-    store_get_str(r, &key, &len, STORE_KEY_MAX);
-    if (r->bad)
+    object **at;
+    if (committed_entry(m, r, &at) != FERRY_OK)
       return snprintf(why, size, "malformed entry %u", i), FERRY_EPROTO;
-    object **at = find(m, key, len, COMMITTED); /* pending ones are invisible */
     count_op(m, STORE_GET, at ? FERRY_OK : FERRY_ENOTFOUND);
     store_put_u32(reply, (uint32_t)(at ? FERRY_OK : FERRY_ENOTFOUND));
     store_put_u64(reply, at ? (*at)->size : 0);
