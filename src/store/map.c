@@ -181,7 +181,7 @@ struct store_map {
   /* --enable_offload (offload_on_evict: only objects eviction chose). */
   int offload, offload_on_evict;
   store_offload_config off_cfg;
-  lru staged; /* loaded back, not promoted: oldest lease first */
+  lru staged; /* loaded back, not promoted: in load order */
   uint8_t sketch[SKETCH_ROWS][SKETCH_WIDTH];
   uint32_t sketch_adds;
   pthread_cond_t changed; /* a task queued, a load ended (with lock) */
