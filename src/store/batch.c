@@ -538,13 +538,15 @@ static ferry_status read_gets(ferry_store *s, store_reader *r, item *items, size
 }
 
 /* Rounds of READs: each item from its next replica, until it succeeded or
- * has none left. */
+ * has none left; replicas on segments that failed to answer lately go
+ * last (suspects.h). */
 static void read_replicas(ferry_store *s, item *items, size_t count, placement *pl, move *mv,
                           char (*details)[FERRY_ERROR_MAX], outcome *o) {
   for (;;) {
     size_t n = 0;
     for (size_t i = 0; i < count; i++)
       if (items[i].status == FERRY_OK && pl[i].next < pl[i].count) {
+        store_suspects_order(&s->suspects, pl[i].reps + pl[i].next, pl[i].count - pl[i].next);
         store_replica_ref *rp = &pl[i].reps[pl[i].next++];
         mv[n++] = (move){i, rp->segment, rp->segment_len, rp->addr, FERRY_OK, -1};
       }
@@ -553,6 +555,8 @@ static void read_replicas(ferry_store *s, item *items, size_t count, placement *
     run_moves(s, FERRY_OP_READ, items, mv, n, details);
     for (size_t j = 0; j < n; j++) {
       placement *p = &pl[mv[j].item];
+      store_suspects_note(&s->suspects, mv[j].segment, mv[j].segment_len, mv[j].status,
+                          details[mv[j].group]);
       if (mv[j].status == FERRY_OK)
         p->next = p->count; /* done */
       else if (p->next == p->count && p->on_disk)

@@ -299,6 +299,15 @@ static ferry_status adopt_config(const ferry_store_config *in, ferry_store_confi
   return FERRY_OK;
 }
 
+/* The locks and tables ferry_store_close tears down. */
+static void init_sync(ferry_store *s) {
+  pthread_mutex_init(&s->lock, NULL);
+  pthread_mutex_init(&s->staging_lock, NULL);
+  pthread_mutex_init(&s->ping_lock, NULL);
+  ferry_cond_init(&s->ping_cond);
+  store_suspects_init(&s->suspects);
+}
+
 ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cfg,
                               ferry_store **out) {
   ferry_store_config adopted;
@@ -318,10 +327,7 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
   s->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 10000;
   s->segment_size = cfg->segment_size;
   s->staging_size = cfg->local_buffer_size ? cfg->local_buffer_size : DEFAULT_STAGING;
-  pthread_mutex_init(&s->lock, NULL);
-  pthread_mutex_init(&s->staging_lock, NULL);
-  pthread_mutex_init(&s->ping_lock, NULL);
-  ferry_cond_init(&s->ping_cond);
+  init_sync(s);
   const char *secret = cfg->secret ? cfg->secret : getenv("FERRY_SECRET");
   if (!st && secret && *secret && !(s->secret = strdup(secret)))
     st = ferry_fail(FERRY_ENOMEM, "ferry_store_open: out of memory");
@@ -364,10 +370,7 @@ ferry_status store_open_connection(ferry_store *s, ferry_store **out) {
   c->fd = -1;
   memcpy(c->master, s->master, sizeof c->master);
   c->timeout_ms = s->timeout_ms;
-  pthread_mutex_init(&c->lock, NULL);
-  pthread_mutex_init(&c->staging_lock, NULL);
-  pthread_mutex_init(&c->ping_lock, NULL);
-  ferry_cond_init(&c->ping_cond);
+  init_sync(c);
   ferry_status st = FERRY_OK;
   if ((s->ha_url && !(c->ha_url = strdup(s->ha_url))) ||
       (s->secret && !(c->secret = strdup(s->secret))))
@@ -407,6 +410,7 @@ void ferry_store_close(ferry_store *s) {
   pthread_mutex_destroy(&s->ping_lock);
   pthread_mutex_destroy(&s->staging_lock);
   pthread_mutex_destroy(&s->lock);
+  store_suspects_destroy(&s->suspects);
   free(s->secret);
   free(s->ha_url);
   free(s);

@@ -13,6 +13,7 @@
 #include "net/net.h"
 #include "store/disk.h"
 #include "store/protocol.h"
+#include "store/suspects.h"
 
 struct ferry_store {
   ferry_engine *engine;
@@ -47,6 +48,7 @@ struct ferry_store {
   pthread_cond_t ping_cond;
   int closing;
   struct store_offload *offload; /* client-owned SSD offload (offload.h); NULL: none */
+  store_suspects suspects;       /* segments reads failed to reach: their replicas go last */
 };
 
 /* A second connection to s's master, for offload.c's long polls: a client
