@@ -55,6 +55,7 @@
  * new value committed), so a removal never takes a value nobody read. */
 #include "store/map.h"
 
+#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -252,11 +253,15 @@ void store_map_set_journal(store_map *m, const store_journal *journal) {
   pthread_mutex_unlock(&m->lock);
 }
 
+static segment *disk_owner(const object *o);
+
 /* o's record (malloc'd; NULL: no memory): "SIZE PIN ON_DISK N", then
  * " OFFSET HEX(SEGMENT NAME)" per replica (a name may hold any byte but
- * NUL). */
+ * NUL), then " disk=HEX(SEGMENT NAME)" when the client of that segment
+ * holds its file (--enable_offload): a new leader keeps that copy, and a
+ * disk-only object with it. */
 static char *record_of(const object *o) {
-  size_t cap = 64 + o->replicas * (24 + 2 * STORE_NAME_MAX);
+  size_t cap = 64 + (o->replicas + 1) * (24 + 2 * STORE_NAME_MAX);
   char *rec = malloc(cap);
   if (!rec)
     return NULL;
@@ -267,6 +272,11 @@ static char *record_of(const object *o) {
     for (const char *c = o->rep[i].seg->name; *c; c++)
       n += (size_t)snprintf(rec + n, cap - n, "%02x", (uint8_t)*c);
   }
+  const segment *owner = disk_owner(o);
+  if (owner)
+    n += (size_t)snprintf(rec + n, cap - n, " disk=");
+  for (const char *c = owner ? owner->name : ""; *c; c++)
+    n += (size_t)snprintf(rec + n, cap - n, "%02x", (uint8_t)*c);
   return rec;
 }
 
@@ -962,13 +972,15 @@ static segment *mount(store_map *m, uint64_t client, const char *name, size_t na
   return s;
 }
 
-/* s's record, "BASE SIZE NONCE"; NULL record: it left. */
+/* s's record, "BASE SIZE NONCE OFFLOAD" (OFFLOAD 1: its client polled for
+ * offload tasks, so a new leader offloads what is put there before the
+ * client polls it); NULL record: it left. */
 static int journal_segment(store_map *m, segment *s) {
   if (!m->journal.segment)
     return 0;
-  char rec[72];
-  snprintf(rec, sizeof rec, "%llu %llu %llu", (unsigned long long)s->base,
-           (unsigned long long)s->size, (unsigned long long)s->nonce);
+  char rec[80];
+  snprintf(rec, sizeof rec, "%llu %llu %llu %d", (unsigned long long)s->base,
+           (unsigned long long)s->size, (unsigned long long)s->nonce, s->offload);
   return m->journal.segment(m->journal.ctx, s->name, rec);
 }
 
@@ -1699,7 +1711,10 @@ static ferry_status serve_poll(store_map *m, store_reader *r, store_writer *repl
     return st;
   if (r->bad)
     return snprintf(why, size, "malformed OFFLOAD_POLL"), FERRY_EPROTO;
-  s->offload = 1;
+  if (!s->offload) {
+    s->offload = 1;
+    journal_segment(m, s); /* not journaled: a new leader learns it at the client's next poll */
+  }
   uint64_t deadline = ferry_now_ns() + (wait_ms < 1000 ? wait_ms : 1000) * 1000000ull;
   while (!s->tasks && ferry_now_ns() < deadline && !m->stopping) {
     struct timespec at = ferry_timespec(deadline);
@@ -1745,6 +1760,8 @@ static ferry_status done_one(store_map *m, segment *s, uint8_t kind, const char 
       m->evicted_keys++;
       m->evicted_bytes += footprint(o);
       to_owner_disk_only(m, o);
+    } else {
+      journal_object(m, o); /* HA: the copy outlives this leader (restored with its object) */
     }
     return FERRY_OK;
   }
@@ -1992,27 +2009,41 @@ static size_t drop_client(store_map *m, uint64_t client) {
 
 int store_map_restore_segment(store_map *m, uint64_t orphan, const char *name, const char *record) {
   unsigned long long base, size, nonce = 0; /* no nonce: a record of an older master */
+  int offload = 0;                          /* (nor this) */
   size_t len = strlen(name);
-  if (sscanf(record, "%llu %llu %llu", &base, &size, &nonce) < 2 || !len || len > STORE_NAME_MAX)
+  if (sscanf(record, "%llu %llu %llu %d", &base, &size, &nonce, &offload) < 2 || !len ||
+      len > STORE_NAME_MAX)
     return -1;
   pthread_mutex_lock(&m->lock);
-  int rc = find_segment(m, name, len) || !mount(m, orphan, name, len, base, size, nonce) ? -1 : 0;
+  segment *s = find_segment(m, name, len) ? NULL : mount(m, orphan, name, len, base, size, nonce);
+  if (s)
+    s->offload = offload == 1 && m->offload;
   pthread_mutex_unlock(&m->lock);
-  return rc;
+  return s ? 0 : -1;
+}
+
+/* The segment a record names at p (HEXNAME), into *out (NULL: not
+ * mounted); what follows the name. */
+static const char *restore_segment_name(store_map *m, const char *p, segment **out) {
+  char name[STORE_NAME_MAX + 1];
+  size_t n = 0;
+  /* Two hex digits at a time, never past them (sscanf would skip the
+   * blank before " disk=" and read its "d"). */
+  for (; n < STORE_NAME_MAX && isxdigit((unsigned char)p[0]) && isxdigit((unsigned char)p[1]);
+       p += 2)
+    sscanf(p, "%2hhx", (unsigned char *)&name[n++]);
+  name[n] = '\0';
+  *out = find_segment(m, name, n);
+  return p;
 }
 
 /* One " OFFSET HEXNAME" of a record: its segment and offset; NULL when bad. */
 static const char *restore_replica(store_map *m, const char *p, replica *out) {
   unsigned long long offset;
   int used = 0;
-  char name[STORE_NAME_MAX + 1];
-  size_t n = 0;
   if (sscanf(p, " %llu %n", &offset, &used) != 1)
     return NULL;
-  for (p += used; n < STORE_NAME_MAX && sscanf(p, "%2hhx", (unsigned char *)&name[n]) == 1; p += 2)
-    n++;
-  name[n] = '\0';
-  out->seg = find_segment(m, name, n);
+  p = restore_segment_name(m, p + used, &out->seg);
   out->offset = offset;
   return out->seg ? p : NULL;
 }
@@ -2024,14 +2055,16 @@ int store_map_restore_object(store_map *m, const char *key, size_t len, const ch
   if (sscanf(record, "%llu %u %u %u%n", &size, &pin, &on_disk, &count, &used) != 4 || !size ||
       pin > FERRY_STORE_PIN_HARD || count > STORE_REPLICAS_MAX || !len || len > STORE_KEY_MAX)
     return -1;
-  object *o = calloc(1, sizeof *o + count * sizeof(replica) + len);
+  const char *disk = strstr(record + used, " disk="); /* its owner's copy (--enable_offload) */
+  unsigned room = count ? count : disk != NULL;       /* a disk-only one keeps its owner there */
+  object *o = calloc(1, sizeof *o + room * sizeof(replica) + len);
   if (!o)
     return -1;
   o->hash = hash_key(key, len);
   o->size = size;
   o->pin = (uint8_t)pin;
   o->on_disk = on_disk && m->fs_dir;
-  o->room = (uint8_t)count;
+  o->room = (uint8_t)room;
   o->key_len = (uint16_t)len;
   memcpy(key_of(o), key, len);
   pthread_mutex_lock(&m->lock);
@@ -2045,7 +2078,15 @@ int store_map_restore_object(store_map *m, const char *key, size_t len, const ch
     else
       o->rep[o->replicas++] = rp;
   }
-  if (!rc && !o->replicas && !o->on_disk)
+  segment *owner = NULL;
+  if (!rc && disk && m->offload)
+    restore_segment_name(m, disk + strlen(" disk="), &owner);
+  if (owner && !o->replicas) /* on its owner's disk only */
+    o->rep[0] = (replica){owner, 0};
+  o->off = owner ? OFF_LOCAL : 0;
+  if (owner && o->replicas && disk_owner(o) != owner) /* the owner is its offloading replica */
+    o->off = 0;
+  if (!rc && !o->replicas && !o->on_disk && !(o->off & OFF_LOCAL))
     rc = -1;
   if (rc) {
     free_replicas(o);

@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,7 @@
 #include "store/handshake.h"
 #include "store/master.h"
 #include "store/protocol.h"
+#include "stores.h"
 
 #define KiB 1024ull
 #define MiB (1024ull * 1024ull)
@@ -125,9 +127,11 @@ static int owner_role(int argc, char **argv) {
 
 typedef struct rig {
   char tmp[64];
-  char dir[96]; /* the owner's offload directory */
+  char dir[96];  /* the owner's offload directory */
+  char etcd[64]; /* HA: the etcd ("127.0.0.1:PORT") the masters elect a leader through; "" */
   pid_t master;
   char addr[64];
+  char target[80]; /* the clients' master: addr, or etcd://HOST:PORT with HA */
   pid_t owner;
   int to, from;
   char segment[128];
@@ -137,11 +141,15 @@ typedef struct rig {
 } rig;
 
 /* A master (`ferry store-master --enable_offload` and flag, evicting only
- * for what does not fit), the owner and the reader. */
-/* The rig's master on port ("0": any; r->addr gets where it listens). */
-static void rig_start_master(rig *r, const char *flag, const char *port) {
-  char port_flag[32];
+ * for what does not fit) on port ("0": any), with --enable_ha when the rig
+ * has an etcd (a lease of 2 s, etcd's minimum: a killed leader's key goes
+ * soon). Its pid; where it listens into addr, and with HA its role
+ * ("leader" or "standby") into role. */
+static pid_t start_master(const rig *r, const char *flag, const char *port, char addr[64],
+                          char role[16]) {
+  char port_flag[32], etcd_flag[96];
   snprintf(port_flag, sizeof port_flag, "--port=%s", port);
+  snprintf(etcd_flag, sizeof etcd_flag, "--ha_backend_connstring=%s", r->etcd);
   const char *argv[] = {test_tool_path(),
                         "store-master",
                         port_flag,
@@ -150,17 +158,31 @@ static void rig_start_master(rig *r, const char *flag, const char *port) {
                         "--default_kv_lease_ttl=1",
                         "--client_ttl_ms=1500", /* a get waits 500 ms for a stalled owner */
                         flag,
+                        r->etcd[0] ? "--enable_ha" : NULL, /* without HA, the list ends here */
+                        "--ha_backend_type=etcd",
+                        etcd_flag,
+                        "--ha_lease_ttl=2",
                         NULL};
   char line[256];
-  r->master = test_tool_start(argv, line, sizeof line);
-  if (r->master <= 0 || sscanf(line, "ready master=%63s", r->addr) != 1)
-    fail_msg("store-master did not start (line \"%s\")", r->master > 0 ? line : "");
+  pid_t pid = test_tool_start(argv, line, sizeof line);
+  role[0] = '\0';
+  if (pid <= 0 || sscanf(line, "ready master=%63s %15s", addr, role) < 1)
+    fail_msg("store-master did not start (line \"%s\")", pid > 0 ? line : "");
+  return pid;
+}
+
+/* The rig's master on port ("0": any; r->addr gets where it listens). */
+static void rig_start_master(rig *r, const char *flag, const char *port) {
+  char role[16];
+  r->master = start_master(r, flag, port, r->addr, role);
+  if (r->etcd[0] && strcmp(role, "leader") != 0)
+    fail_msg("store-master %s started as \"%s\", not the leader", r->addr, role);
 }
 
 /* An owner process on the rig's directory (a capacity in bytes, or NULL). */
 static void rig_start_owner(rig *r, const char *capacity) {
   char line[256];
-  const char *args[] = {r->addr, r->dir, capacity, NULL};
+  const char *args[] = {r->target, r->dir, capacity, NULL};
   r->owner = test_child_start("owner", args, &r->to, &r->from);
   assert_true(r->owner > 0);
   if (test_read_line(r->from, line, sizeof line, TEST_SETUP_MS) != 0 ||
@@ -168,19 +190,27 @@ static void rig_start_owner(rig *r, const char *capacity) {
     fail_msg("the owner did not start");
 }
 
-static void rig_open_capped(rig *r, const char *flag, const char *capacity) {
+/* The master, the owner and the reader; with etcd ("127.0.0.1:PORT", or
+ * NULL) the master leads an HA cluster and the clients find it there. */
+static void rig_open_on(rig *r, const char *etcd, const char *flag, const char *capacity) {
   memset(r, 0, sizeof *r);
+  snprintf(r->etcd, sizeof r->etcd, "%s", etcd ? etcd : "");
   snprintf(r->tmp, sizeof r->tmp, "/tmp/ferry-offload-XXXXXX");
   assert_non_null(mkdtemp(r->tmp));
   snprintf(r->dir, sizeof r->dir, "%s/ssd", r->tmp);
   assert_int_equal(mkdir(r->dir, 0755), 0);
   rig_start_master(r, flag, "0");
+  snprintf(r->target, sizeof r->target, "%s%s", etcd ? "etcd://" : "", etcd ? etcd : r->addr);
   rig_start_owner(r, capacity);
   r->engine = engine_on_loopback();
   assert_non_null(r->engine);
-  if (open_store(r->engine, r->addr, 0, NULL, &r->reader) != FERRY_OK)
+  if (open_store(r->engine, r->target, 0, NULL, &r->reader) != FERRY_OK)
     fail_msg("reader: %s", ferry_last_error());
   assert_int_equal(ferry_memory_alloc(r->engine, 1 * MiB, (void **)&r->buf), FERRY_OK);
+}
+
+static void rig_open_capped(rig *r, const char *flag, const char *capacity) {
+  rig_open_on(r, NULL, flag, capacity);
 }
 
 static void rig_open(rig *r, const char *flag) { rig_open_capped(r, flag, NULL); }
@@ -290,12 +320,13 @@ static void reader_get_ok(rig *r, const char *key, unsigned seed) {
 }
 
 /* The reader's get of key until it succeeds (TEST_SETUP_MS at most: the
- * clients find a restarted master at their next call or PING). */
+ * clients find a restarted master, or a new leader, at their next call or
+ * PING). */
 static void reader_get_eventually(rig *r, const char *key, unsigned seed) {
   double until = test_now_s() + TEST_SETUP_MS / 1000.0;
   while (reader_get(r, key, seed) != FERRY_OK)
     if (test_now_s() > until)
-      fail_msg("get %s after the master's restart: %s", key, ferry_last_error());
+      fail_msg("get %s after the master's restart or failover: %s", key, ferry_last_error());
 }
 
 /* ---- cases -------------------------------------------------------------------------------------
@@ -604,6 +635,69 @@ static void a_restarted_master_takes_the_owners_files_back(void **state) {
   rig_close(&r);
 }
 
+/* HA (docs/store.md "Client-owned SSD offload", HA): two masters with
+ * --enable_offload elect a leader through etcd; the owner and the reader
+ * follow it (etcd://). k2 and k3 are on the owner's disk only, k4 in
+ * memory with its file, k1 removed; the leader is killed (-9) and the
+ * owner's next put fails until the standby leads, then succeeds there,
+ * evicting k4 to its file. Every object then reads back byte-exact through
+ * the new leader, twice around: each get has the owner load a value into
+ * its 1 MiB segment, evicting the one read before it, so each must keep its
+ * disk copy across the failover; k1 stays removed. Red when the new leader
+ * forgets the disk copies (k2 "not in the store"), and when it forgets that
+ * the owner offloads (k5, put before the owner polled it, is lost). */
+static void offloaded_objects_outlive_their_leader(void **state) {
+  (void)state;
+  if (!test_store_available(1))
+    skip();
+  test_store etcd;
+  assert_int_equal(test_etcd_start(&etcd, 1), 0);
+  char members[64], standby_addr[64], role[16];
+  snprintf(members, sizeof members, "127.0.0.1:%u", etcd.port[0]);
+  rig r;
+  rig_open_on(&r, members, "--offload_on_evict=false", NULL);
+  pid_t standby = start_master(&r, "--offload_on_evict=false", "0", standby_addr, role);
+  assert_string_equal(role, "standby");
+  owner_put_ok(&r, "k1", 1);
+  await_file(&r, "k1", 1);
+  for (unsigned k = 2; k <= 4; k++) { /* each evicts the one before to its file */
+    char key[8];
+    snprintf(key, sizeof key, "k%u", k);
+    owner_put_room(&r, key, k);
+    await_file(&r, key, 1);
+  }
+  /* k4's file is written; the master knows it once the owner reported it,
+   * before the owner's next poll, which hands out k1's DELETE. */
+  assert_int_equal(ferry_store_remove(r.reader, "k1"), FERRY_OK);
+  await_file(&r, "k1", 0);
+  test_kill_and_reap(r.master, TEST_SETUP_MS);
+  r.master = standby;
+  char line[1024];
+  int failed = 0;
+  double killed = test_now_s();
+  for (owner_put(&r, "k5", 5, line, sizeof line); strcmp(line, "ok");
+       owner_put(&r, "k5", 5, line, sizeof line)) { /* retried only until a leader serves */
+    failed++;
+    if (test_now_s() > killed + TEST_SETUP_MS / 1000.0)
+      fail_msg("no put succeeded %d ms after the leader's kill: %s", TEST_SETUP_MS, line);
+    poll(NULL, 0, 20);
+  }
+  print_message("failover: the owner's put succeeded at the new leader %.2f s after the kill "
+                "(%d puts failed meanwhile)\n",
+                test_now_s() - killed, failed);
+  assert_true(failed > 0); /* the kill happened mid-workload, and was noticed */
+  await_file(&r, "k5", 1); /* offloaded by the new leader: evicted from here on, it stays */
+  for (int round = 0; round < 2; round++)
+    for (unsigned k = 2; k <= 5; k++) {
+      char key[8];
+      snprintf(key, sizeof key, "k%u", k);
+      reader_get_ok(&r, key, k);
+    }
+  assert_int_equal(reader_get(&r, "k1", 1), FERRY_ENOTFOUND);
+  rig_close(&r);
+  test_store_stop(&etcd);
+}
+
 int main(int argc, char **argv) {
   const test_child_role roles[] = {{"owner", owner_role}};
   test_child_main(argc, argv, roles, sizeof roles / sizeof *roles);
@@ -611,6 +705,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(eager_offload_keeps_evicted_objects),
       cmocka_unit_test(offload_on_evict_writes_only_what_eviction_chooses),
       cmocka_unit_test(a_restarted_master_takes_the_owners_files_back),
+      cmocka_unit_test(offloaded_objects_outlive_their_leader),
       cmocka_unit_test(an_owners_death_drops_its_disk_copies),
       cmocka_unit_test(a_peer_without_the_segments_nonce_gets_no_tasks),
       cmocka_unit_test(offload_works_behind_the_secret),
