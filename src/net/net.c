@@ -263,10 +263,14 @@ void ferry_sock_set_deadline(ferry_sock *s, uint64_t deadline_ns) {
   s->stalled = 0;
 }
 
-/* Makes sure the next blocking call returns by the deadline (or blocks
- * without limit when there is none), and that a cancelled socket makes no
- * further call. timeout_set_ns: 0 = no limit set,
- * UINT64_MAX = unknown, anything else = the limit last set. */
+/* Makes sure the next blocking call returns by the deadline, and that a
+ * cancelled socket makes no further call. timeout_set_ns: 0 = no limit
+ * set, UINT64_MAX = unknown, anything else = the limit last set.
+ * Setting one costs two system calls, so a request and its reply, each
+ * with a fresh deadline, should not set them every time: a limit is set
+ * an eighth short of what is left (the next deadline as long finds it
+ * short enough), and a call without a deadline keeps a limit already set.
+ * Either may wake a call early: timeout_is_early re-arms it. */
 static ferry_status arm_timeout(ferry_sock *s, const char *step) {
   uint64_t left = 0;
   if (s->cancel && __atomic_load_n(s->cancel, __ATOMIC_ACQUIRE))
@@ -285,8 +289,11 @@ static ferry_status arm_timeout(ferry_sock *s, const char *step) {
   if (left) {
     if (s->timeout_set_ns && s->timeout_set_ns <= left)
       return FERRY_OK;
-  } else if (s->timeout_set_ns == 0) {
-    return FERRY_OK;
+    left -= left / 8;
+    if (left < 1000000)
+      left = 1000000;
+  } else if (s->timeout_set_ns != UINT64_MAX) {
+    return FERRY_OK; /* none set, or one that wakes the call early: it comes back unset */
   }
   struct timeval tv = {(time_t)(left / 1000000000ull),
                        (suseconds_t)((left % 1000000000ull) / 1000)};
