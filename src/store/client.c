@@ -164,6 +164,7 @@ static ferry_status join_master(ferry_store *s) {
   if (st)
     return st;
   ferry_sock_init(&s->sock, s->fd, target);
+  ferry_sock_readahead(&s->sock, s->readahead, sizeof s->readahead);
   ferry_sock_set_deadline(&s->sock, deadline);
   store_identity self = {ferry_random_u64(), ferry_engine_name(s->engine), s->secret};
   uint64_t master_id = 0;

@@ -27,6 +27,7 @@ struct ferry_store {
   int fd; /* -1 while lost: the next request reconnects */
   ferry_sock sock;
   ferry_session session;
+  uint8_t readahead[4096];    /* a small reply in one receive, its header and body together */
   uint64_t conn;              /* which connection: 1, 2, ... (each reconnect counts) */
   uint64_t owner_disk_reads;  /* GET answers of a copy loaded from its owner's disk */
   uint64_t master_id;         /* the master's instance id at the last handshake */

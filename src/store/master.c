@@ -38,6 +38,7 @@ typedef struct client {
   int fd;
   ferry_sock sock;
   ferry_session session;
+  uint8_t readahead[4096]; /* a small request in one receive, its header and body together */
   char peer[FERRY_HOST_MAX + 8];
   char name[FERRY_WIRE_MAX_NAME + 1];
   pthread_t thread;
@@ -187,6 +188,7 @@ static void accept_client(store_master *m) {
   c->master = m;
   c->fd = fd;
   ferry_sock_init(&c->sock, fd, c->peer);
+  ferry_sock_readahead(&c->sock, c->readahead, sizeof c->readahead);
   c->last_seen_ns = ferry_now_ns();
   pthread_mutex_lock(&m->lock);
   c->id = ++m->next_id;
