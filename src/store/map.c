@@ -1,8 +1,13 @@
-/* map.c - the store master's state and its requests (map.h). Objects are
- * in a chained hash table by key; each replica points at its segment and
- * holds an extent of that segment's free list. A pending object (a put
- * between PUT_START and PUT_END) belongs to its writer and is invisible to
- * everyone; a GET's lease keeps an object from being removed or evicted.
+/* map.c - the store master's state and its requests (map.h): the table,
+ * the LRU lists and eviction, leases, pins, puts, gets, removals, GC,
+ * segments, a client's leaving and the HA journal and restore (the types
+ * are in map_internal.h; client-owned offload is map_offload.c's).
+ *
+ * Objects are in a chained hash table by key; each replica points at its
+ * segment and holds an extent of that segment's free list. A pending
+ * object (a put between PUT_START and PUT_END) belongs to its writer and
+ * is invisible to everyone; a GET's lease keeps an object from being
+ * removed or evicted.
  *
  * Upsert: a key has at most two objects in the table, its committed one
  * and one pending (a put of a new key, or an upsert's new value, written
@@ -31,22 +36,9 @@
  * The master deletes the file of every object that leaves the map (and
  * of a revoked put, whose writer may have written it).
  *
- * Client-owned offload (--enable_offload, offload.c's other side): a
- * segment whose client polls for tasks is an offloading one; an object
- * with a replica there gets a copy in that client's (its owner's) files,
- * asked by an OFFLOAD task after its commit or when eviction chooses it.
- * Once written (OFF_LOCAL), eviction frees its memory and keeps it, the
- * owner's segment in rep[0]; a GET of it takes space in that segment,
- * queues a LOAD and waits on `changed` (the lock let go) until the owner
- * filled it, then answers that replica. The owner's death drops its
- * copies with its segment; an object that leaves the map has its owner
- * delete the file (a DELETE task). Tasks queue per segment, by key: each
- * is checked against the object when handed out. A loaded-back object is
- * *staged* (OFF_STAGED, on the staged list, in load order): its
- * memory goes back once its get's lease ends, unless promotion
- * (--promotion_on_hit) admits it into the LRU lists for good: from the
- * Nth get that found it on disk only, counted in a count-min sketch by
- * key hash, as Mooncake's.
+ * Client-owned offload (--enable_offload) is map_offload.c's: its tasks,
+ * its clients' requests and a GET's loads back; eviction here asks it for
+ * a copy first, and an object that leaves has its owner delete the file.
  *
  * GC (--enable_gc): each GET queues its keys' removal at a deadline; as
  * the delay is one for all, the queue is in deadline order and a sweep at
@@ -66,135 +58,7 @@
 #include "base/sync.h"
 #include "store/disk.h"
 #include "store/extents.h"
-
-typedef struct segment {
-  struct segment *next;
-  uint64_t client;
-  char name[STORE_NAME_MAX + 1];
-  uint64_t base, size;
-  uint64_t nonce; /* its client's name for this memory (REGISTER); 0: not known */
-  store_extents space;
-  /* --enable_offload: its client owns an offload directory (it polled);
-   * the tasks waiting for that client, oldest first. */
-  int offload;
-  struct task *tasks, **tasks_tail;
-  size_t task_count;
-} segment;
-
-/* One task for an offloading client (offload.c's poll): write a value's
- * file, load one back, or delete one. The key only: the object is looked
- * up when the task is handed out (it may have changed or gone since). */
-typedef struct task {
-  struct task *next;
-  uint8_t kind; /* STORE_TASK_* */
-  uint16_t key_len;
-  char key[];
-} task;
-
-typedef struct replica {
-  segment *seg;
-  uint64_t offset;
-} replica;
-
-/* 80 bytes, then 16 per replica and the key: the master's cost of an
- * object is that, malloc's header and a bucket or two of the table
- * (docs/store.md counts it). */
-typedef struct object {
-  struct object *next;          /* hash chain */
-  struct object *older, *newer; /* its LRU list (committed, not hard-pinned) */
-  uint64_t hash;
-  uint64_t size;
-  uint64_t writer;         /* nonzero: pending, written by this client */
-  uint64_t lease_until_ns; /* a GET's lease; 0: none */
-  uint64_t used_ns;        /* committed or last got: the LRU order */
-  uint64_t pin_until_ns;   /* soft-pinned: the pin's deadline; pending: the TTL it asks */
-  uint16_t key_len;
-  uint8_t pin;         /* FERRY_STORE_PIN_* */
-  uint8_t soft_action; /* pending: the FERRY_STORE_SOFT_PIN_* its commit applies */
-  uint8_t room;        /* rep[]'s length: the replicas asked */
-  uint8_t replicas;    /* held (a segment that left takes its replica along); 0: disk-only */
-  uint8_t on_disk;     /* its file is complete (--root_fs_dir) */
-  uint8_t off;         /* --enable_offload: OFF_* */
-  replica rep[];       /* rep[room], then the key (not NUL-terminated) */
-} object;
-
-_Static_assert(sizeof(object) == 80, "the master's bytes per object (docs/store.md)");
-
-typedef struct lru {
-  object *oldest, *newest;
-} lru;
-
-/* --enable_offload: an object's copy on the local disk of the client whose
- * segment holds its replica (the owner). LOCAL: the owner's file is
- * complete (a disk-only one keeps the owner's segment in rep[0], with
- * replicas 0). QUEUED: an offload task waits; WRITING: handed out, the
- * owner reads the replica (not evicted nor removed meanwhile); EVICT:
- * eviction chose it (--offload_on_evict), its memory goes once the file
- * is written; LOADING: a GET asked it back: rep[0] holds space in the
- * owner's segment that the owner fills from the file;
- * STAGED: loaded back for gets only: on the staged list, its memory given
- * back once their lease ends (not promoted). */
-enum {
-  OFF_LOCAL = 1,
-  OFF_QUEUED = 2,
-  OFF_WRITING = 4,
-  OFF_EVICT = 8,
-  OFF_LOADING = 16,
-  OFF_STAGED = 32
-};
-
-/* --promotion_on_hit's count of gets per key on disk only: a count-min
- * sketch (each row counts the key at a slot its hash picks; the least of
- * the rows is the count, over-estimated only by collisions), saturating
- * at 255; every SKETCH_AGE additions halve every slot, so old hits fade. */
-#define SKETCH_ROWS 4
-#define SKETCH_WIDTH 4096
-#define SKETCH_AGE (8 * SKETCH_WIDTH)
-
-/* A GET's removal under --enable_gc: key, got at got_ns, goes at due_ns. */
-typedef struct gc_entry {
-  struct gc_entry *next;
-  uint64_t got_ns, due_ns;
-  uint16_t key_len;
-  char key[]; /* not NUL-terminated */
-} gc_entry;
-
-struct store_map {
-  pthread_mutex_t lock;
-  uint64_t lease_ns, soft_pin_ns, max_soft_pin_ms;
-  uint32_t lease_ms, ping_ms;
-  double high_watermark, eviction_ratio;
-  segment *segments;
-  object **buckets;
-  size_t bucket_count, objects;
-  lru plain, soft;
-  size_t soft_count;           /* on the soft list */
-  int keep_soft_pinned;        /* --allow_evict_soft_pinned_objects=false */
-  size_t pending, hard_pinned; /* objects on neither list (and the disk-only ones) */
-  uint64_t gc_ns;              /* --enable_gc: a GET's removal delay; 0: off */
-  gc_entry *gc_head, *gc_tail; /* in deadline order */
-  char *fs_dir;                /* the SSD tier's directory (disk.h); NULL: none */
-  object *retired;             /* replaced by an upsert, still leased (chained by next) */
-  size_t retired_count;
-  store_journal journal;                 /* HA (ha.c): its functions NULL when off */
-  store_op_count ops[STORE_COUNT_SLOTS]; /* for the metrics (store_map_stats_get) */
-  uint64_t evicted_keys, evicted_bytes;
-  /* --enable_offload (offload_on_evict: only objects eviction chose). */
-  int offload, offload_on_evict;
-  store_offload_config off_cfg;
-  lru staged; /* loaded back, not promoted: in load order */
-  uint8_t sketch[SKETCH_ROWS][SKETCH_WIDTH];
-  uint32_t sketch_adds;
-  pthread_cond_t changed; /* a task queued, a load ended (with lock) */
-  int stopping;           /* store_map_stop_waits: nothing waits any more */
-};
-
-/* One item of an operation answered with st (or one request refused
- * whole), counted for the metrics. Under m->lock. */
-static void count_op(store_map *m, unsigned slot, ferry_status st) {
-  m->ops[slot].requests++;
-  m->ops[slot].failures += st != FERRY_OK;
-}
+#include "store/map_internal.h"
 
 store_map *store_map_create(uint32_t lease_ttl_ms, uint32_t client_ttl_ms,
                             const store_eviction *eviction) {
@@ -226,25 +90,6 @@ int store_map_set_disk(store_map *m, const char *dir) {
   return dir && *dir && !m->fs_dir ? -1 : 0;
 }
 
-void store_map_set_offload(store_map *m, const store_offload_config *cfg) {
-  m->offload = 1;
-  m->offload_on_evict = cfg->on_evict;
-  m->off_cfg = *cfg;
-  if (!m->off_cfg.queue_limit)
-    m->off_cfg.queue_limit = 50000; /* Mooncake's default */
-  uint32_t at = m->off_cfg.promotion_at;
-  m->off_cfg.promotion_at = at < 1 ? 2 : at > 255 ? 255 : at; /* 0: Mooncake's default */
-}
-
-void store_map_stop_waits(store_map *m) {
-  pthread_mutex_lock(&m->lock);
-  m->stopping = 1;
-  pthread_cond_broadcast(&m->changed);
-  pthread_mutex_unlock(&m->lock);
-}
-
-static char *key_of(object *o) { return (char *)(o->rep + o->room); }
-
 /* ---- the journal (HA) ----------------------------------------------------------------------- */
 
 void store_map_set_journal(store_map *m, const store_journal *journal) {
@@ -252,8 +97,6 @@ void store_map_set_journal(store_map *m, const store_journal *journal) {
   m->journal = journal ? *journal : (store_journal){0};
   pthread_mutex_unlock(&m->lock);
 }
-
-static segment *disk_owner(const object *o);
 
 /* o's record (malloc'd; NULL: no memory): "SIZE PIN ON_DISK N", then
  * " OFFSET HEX(SEGMENT NAME)" per replica (a name may hold any byte but
@@ -272,7 +115,7 @@ static char *record_of(const object *o) {
     for (const char *c = o->rep[i].seg->name; *c; c++)
       n += (size_t)snprintf(rec + n, cap - n, "%02x", (uint8_t)*c);
   }
-  const segment *owner = disk_owner(o);
+  const segment *owner = map_disk_owner(o);
   if (owner)
     n += (size_t)snprintf(rec + n, cap - n, " disk=");
   for (const char *c = owner ? owner->name : ""; *c; c++)
@@ -302,7 +145,7 @@ static int journal_batch(store_map *m, object *const *os, size_t n, int gone) {
   return rc;
 }
 
-static int journal_object(store_map *m, object *o) { return journal_batch(m, &o, 1, 0); }
+int map_journal_object(store_map *m, object *o) { return journal_batch(m, &o, 1, 0); }
 
 /* A committed object left the map: its record goes (a pending one has none). */
 static void journal_gone(store_map *m, object *o) {
@@ -321,7 +164,7 @@ static void destroy_segment(segment *s) {
 
 /* Gives the replicas' space back (a load's too); returns the largest free
  * extent that made (what a put waiting for room needs). */
-static uint64_t free_replicas(object *o) {
+uint64_t map_free_replicas(object *o) {
   uint64_t largest = 0;
   if (o->off & OFF_LOADING && !o->replicas)
     largest = store_extents_free(&o->rep[0].seg->space, o->rep[0].offset, o->size);
@@ -359,78 +202,10 @@ void store_map_destroy(store_map *m) {
   free(m);
 }
 
-/* ---- offload's tasks (--enable_offload) ----------------------------------------------------- */
-
-/* Queues a task for s's client and wakes its poll; -1 past the queue limit
- * (--offloading_queue_limit) or
- * without memory (the task is not done: an offload is skipped, a load
- * fails, a file stays behind). */
-static int queue_task(store_map *m, segment *s, uint8_t kind, const char *key, size_t len) {
-  if (s->task_count >= m->off_cfg.queue_limit)
-    return -1;
-  task *t = malloc(sizeof *t + len);
-  if (!t)
-    return -1;
-  t->next = NULL;
-  t->kind = kind;
-  t->key_len = (uint16_t)len;
-  memcpy(t->key, key, len);
-  if (!s->tasks_tail)
-    s->tasks_tail = &s->tasks;
-  *s->tasks_tail = t;
-  s->tasks_tail = &t->next;
-  s->task_count++;
-  pthread_cond_broadcast(&m->changed);
-  return 0;
-}
-
-/* The replica of o that an offloading client owns (its disk copy's owner):
- * the first in a segment whose client polls; -1 when none. */
-static int offload_replica(const object *o) {
-  for (unsigned i = 0; i < o->replicas; i++)
-    if (o->rep[i].seg->offload)
-      return (int)i;
-  return -1;
-}
-
-/* The segment of the client holding o's disk copy, or NULL. */
-static segment *disk_owner(const object *o) {
-  if (!(o->off & OFF_LOCAL))
-    return NULL;
-  if (!o->replicas)
-    return o->rep[0].seg;
-  int i = offload_replica(o);
-  return i < 0 ? NULL : o->rep[i].seg;
-}
-
-static int replica_in(const object *o, const segment *s) {
-  for (unsigned i = 0; i < o->replicas; i++)
-    if (o->rep[i].seg == s)
-      return (int)i;
-  return -1;
-}
-
-/* Asks o's owner to write its file, once. */
-static void queue_offload(store_map *m, object *o) {
-  int i = offload_replica(o);
-  if (i < 0 || o->off & (OFF_LOCAL | OFF_QUEUED | OFF_WRITING))
-    return;
-  if (queue_task(m, o->rep[i].seg, STORE_TASK_OFFLOAD, key_of(o), o->key_len) == 0)
-    o->off |= OFF_QUEUED;
-}
-
-/* o leaves the store or its disk copy is dropped: its owner deletes the file. */
-static void queue_delete(store_map *m, object *o) {
-  segment *owner = disk_owner(o);
-  if (owner)
-    queue_task(m, owner, STORE_TASK_DELETE, key_of(o), o->key_len);
-  o->off &= (uint8_t)~OFF_LOCAL;
-}
-
 /* ---- the LRU lists -------------------------------------------------------------------------- */
 
 /* The list o is on: NULL for a pending, hard-pinned or disk-only object. */
-static lru *list_of(store_map *m, const object *o) {
+lru *map_list_of(store_map *m, const object *o) {
   if (o->off & OFF_STAGED)
     return &m->staged;
   if (o->writer || o->pin == FERRY_STORE_PIN_HARD || !o->replicas)
@@ -465,7 +240,7 @@ static void soft_insert(lru *l, object *o) {
 /* A committed object was got: it is now the most recently used (a soft
  * one keeps its place: its list is in deadline order). */
 static void touch(store_map *m, object *o, uint64_t now) {
-  lru *l = list_of(m, o);
+  lru *l = map_list_of(m, o);
   o->used_ns = now;
   if (l == &m->plain || l == &m->staged) { /* (a staged one: its lease, just renewed) */
     lru_remove(l, o);
@@ -474,8 +249,8 @@ static void touch(store_map *m, object *o, uint64_t now) {
 }
 
 /* Puts a committed object on its list (or counts it hard-pinned). */
-static void enlist(store_map *m, object *o) {
-  lru *l = list_of(m, o);
+void map_enlist(store_map *m, object *o) {
+  lru *l = map_list_of(m, o);
   if (l == &m->soft) {
     soft_insert(l, o);
     m->soft_count++;
@@ -515,9 +290,9 @@ static void commit(store_map *m, object *o, uint64_t now) {
   o->writer = 0;
   o->used_ns = now;
   m->pending--;
-  enlist(m, o);
+  map_enlist(m, o);
   if (m->offload && !m->offload_on_evict)
-    queue_offload(m, o);
+    map_queue_offload(m, o);
 }
 
 /* ---- the table ------------------------------------------------------------------------------ */
@@ -532,7 +307,7 @@ static uint64_t hash_word(uint64_t h, uint64_t word) {
  * hash and a rank), and a put hashes each of them twice or three times.
  * The last mix (MurmurHash3's finalizer) spreads every byte into the low
  * bits that pick a bucket. */
-static uint64_t hash_key(const char *key, size_t len) {
+uint64_t map_hash_key(const char *key, size_t len) {
   uint64_t h = 0x9e3779b97f4a7c15ull ^ len, word;
   size_t i = 0;
   for (; i + sizeof word <= len; i += sizeof word) {
@@ -548,15 +323,6 @@ static uint64_t hash_key(const char *key, size_t len) {
   return h ^ (h >> 33);
 }
 
-static object **bucket_of(store_map *m, uint64_t hash) {
-  return &m->buckets[hash & (m->bucket_count - 1)];
-}
-
-/* Which of a key's objects find() looks for: the committed one, any
- * pending one, or (a client's id) that writer's pending one. */
-#define COMMITTED 0
-#define PENDING UINT64_MAX
-
 static int selected(const object *o, uint64_t which) {
   return which == PENDING ? o->writer != 0 : o->writer == which;
 }
@@ -566,7 +332,7 @@ static int selected(const object *o, uint64_t which) {
  * chain: a put's start and end ask for both. */
 static object **find_with_committed(store_map *m, const char *key, size_t len, uint64_t which,
                                     object **committed) {
-  uint64_t h = hash_key(key, len);
+  uint64_t h = map_hash_key(key, len);
   object **found = NULL;
   *committed = NULL;
   for (object **at = bucket_of(m, h); *at && !(found && *committed); at = &(*at)->next)
@@ -597,7 +363,7 @@ static void prefetch_chains(store_map *m, const store_reader *r, uint32_t count,
         return;
       at.p += tail;
       at.left -= tail;
-      object **bucket = bucket_of(m, hash_key(key, len));
+      object **bucket = bucket_of(m, map_hash_key(key, len));
       if (!heads)
         __builtin_prefetch(bucket);
       else if (*bucket)
@@ -607,13 +373,13 @@ static void prefetch_chains(store_map *m, const store_reader *r, uint32_t count,
 }
 
 /* The slot holding key's object that `which` selects, or NULL. */
-static object **find(store_map *m, const char *key, size_t len, uint64_t which) {
+object **map_find(store_map *m, const char *key, size_t len, uint64_t which) {
   object *committed;
   return find_with_committed(m, key, len, which, &committed);
 }
 
 /* Doubles the table past one object per bucket; stays as it is without memory. */
-static void grow(store_map *m) {
+void map_grow(store_map *m) {
   if (m->objects < m->bucket_count)
     return;
   size_t count = m->bucket_count * 2;
@@ -632,8 +398,8 @@ static void grow(store_map *m) {
 }
 
 /* Takes o off its list, or out of the count of those on none. */
-static void unlist(store_map *m, object *o) {
-  lru *l = list_of(m, o);
+void map_unlist(store_map *m, object *o) {
+  lru *l = map_list_of(m, o);
   if (l) {
     lru_remove(l, o);
     m->soft_count -= l == &m->soft;
@@ -646,24 +412,12 @@ static void unlist(store_map *m, object *o) {
 /* o keeps only its file: off its list, its replicas gone (their space
  * given back when give_back, else their segment is going). */
 static uint64_t to_disk_only(store_map *m, object *o, int give_back) {
-  unlist(m, o);
+  map_unlist(m, o);
   uint64_t largest = 0;
   if (give_back)
-    largest = free_replicas(o);
+    largest = map_free_replicas(o);
   o->replicas = 0;
-  journal_object(m, o);
-  return largest;
-}
-
-/* o keeps only its copy on its owner's disk: its memory is given back,
- * rep[0] remembers the owner's segment. */
-static uint64_t to_owner_disk_only(store_map *m, object *o) {
-  segment *owner = disk_owner(o);
-  unlist(m, o);
-  uint64_t largest = free_replicas(o);
-  o->rep[0] = (replica){owner, 0};
-  o->off &= (uint8_t)~OFF_EVICT;
-  journal_object(m, o);
+  map_journal_object(m, o);
   return largest;
 }
 
@@ -671,7 +425,7 @@ static uint64_t to_owner_disk_only(store_map *m, object *o) {
  * an upsert's retire leaves the new value's there). */
 static object *detach(store_map *m, object **at) {
   object *o = *at;
-  unlist(m, o);
+  map_unlist(m, o);
   *at = o->next;
   m->objects--;
   return o;
@@ -680,7 +434,7 @@ static object *detach(store_map *m, object **at) {
 /* Gives o's replicas' space back and frees it; returns free_replicas'
  * largest extent. */
 static uint64_t free_object(object *o) {
-  uint64_t largest = free_replicas(o);
+  uint64_t largest = map_free_replicas(o);
   free(o);
   return largest;
 }
@@ -688,12 +442,12 @@ static uint64_t free_object(object *o) {
 /* Removes *at from the table and its list, deletes its file (a pending
  * put's too: its writer may have written it) and frees it; returns
  * free_object's largest extent. */
-static uint64_t unlink_object(store_map *m, object **at) {
+uint64_t map_unlink_object(store_map *m, object **at) {
   journal_gone(m, *at);
   object *o = detach(m, at);
   if (m->fs_dir && (o->on_disk || o->writer))
     store_disk_remove(m->fs_dir, key_of(o), o->key_len);
-  queue_delete(m, o);
+  map_queue_delete(m, o);
   return free_object(o);
 }
 
@@ -704,7 +458,7 @@ static void retire(store_map *m, object **at, uint64_t now) {
   if (o->off & OFF_WRITING && o->lease_until_ns < now + m->lease_ns)
     o->lease_until_ns = now + m->lease_ns; /* its owner still reads it */
   o->on_disk = 0; /* the key's file, if any, is the new value's (UPSERT_START dropped its own) */
-  queue_delete(m, o); /* before the new value's offload: the owner does its tasks in order */
+  map_queue_delete(m, o); /* before the new value's offload: the owner does its tasks in order */
   if (o->lease_until_ns <= now) {
     free_object(o);
     return;
@@ -762,7 +516,7 @@ static void gc_sweep(store_map *m, uint64_t now) {
     gc_entry *e = m->gc_head;
     if (!(m->gc_head = e->next))
       m->gc_tail = NULL;
-    object **at = find(m, e->key, e->key_len, COMMITTED);
+    object **at = map_find(m, e->key, e->key_len, COMMITTED);
     if (at && (*at)->used_ns <= e->got_ns && remove_one(m, at) == FERRY_OK)
       removed++;
     free(e);
@@ -777,44 +531,16 @@ static ferry_status drop_file(store_map *m, object **at) {
   if (!at || !(*at)->on_disk)
     return FERRY_ENOTFOUND;
   if (!(*at)->replicas)
-    unlink_object(m, at);
+    map_unlink_object(m, at);
   else if (m->fs_dir) {
     store_disk_remove(m->fs_dir, key_of(*at), (*at)->key_len);
     (*at)->on_disk = 0;
-    journal_object(m, *at);
+    map_journal_object(m, *at);
   }
   return FERRY_OK;
 }
 
 /* ---- eviction ------------------------------------------------------------------------------- */
-
-enum { FOR_PUTS, PAST_WATERMARK };
-
-/* One request's eviction round: a cursor on each list (the next candidate,
- * oldest first) and what it evicted, for the log line. While it lasts the
- * lock is held and nothing but its own evictions takes objects off the
- * lists, so the cursors stay valid. */
-typedef struct eviction_round {
-  uint64_t now;
-  int started;
-  object *plain, *soft;
-  size_t leased;       /* passed over for a GET's lease */
-  size_t writing;      /* ... being written to their owner's disk (--enable_offload) */
-  uint64_t lease_ends; /* the first of those leases to end (0: none) */
-  int staged_seen;     /* the staged objects' leases counted in those */
-  size_t objects[2], puts;
-  const char *for_what; /* FOR_PUTS' cause in the log: NULL, "put(s) that did not fit" */
-  size_t on_disk[2];    /* of those evicted, the ones left with their file */
-  size_t offloading[2]; /* chosen, kept until their owner wrote them (--offload_on_evict) */
-  size_t queued;        /* of those, offloads this round queued (--offload_cap_ratio's count) */
-  size_t forced[2];     /* evicted without a copy: past the cap, or a full queue */
-  size_t queue_full;    /* kept in memory: their owner's queue was full (no force_evict) */
-  uint64_t bytes[2];
-  uint64_t total, used_before, used_after; /* the pool, around a watermark eviction */
-} eviction_round;
-
-/* The bytes o holds in segments. */
-static uint64_t footprint(const object *o) { return o->replicas * store_extents_round(o->size); }
 
 /* Moves *cursor past the objects a lease holds. */
 static object *unleased(eviction_round *r, object **cursor) {
@@ -833,7 +559,7 @@ static object *unleased(eviction_round *r, object **cursor) {
  * ended; a soft-pinned one still pinned only when no plain one is left,
  * and never with keep_soft_pinned (the soft list is in deadline order:
  * once its head is pinned, so is the rest). */
-static object *next_victim(store_map *m, eviction_round *r) {
+object *map_next_victim(store_map *m, eviction_round *r) {
   if (!r->started) {
     r->plain = m->plain.oldest;
     r->soft = m->soft.oldest;
@@ -847,7 +573,7 @@ static object *next_victim(store_map *m, eviction_round *r) {
   if (victim)
     *(victim == plain ? &r->plain : &r->soft) = victim->newer;
   else if (!r->staged_seen++ && m->staged.oldest) /* loaded back for gets: leased, never chosen */
-    for (object *o = m->staged.oldest; o; o = o->newer) { /* (unstage_ended ran: all leased) */
+    for (object *o = m->staged.oldest; o; o = o->newer) { /* (map_unstage_ended ran: all leased) */
       r->leased++;
       if (!r->lease_ends || o->lease_until_ns < r->lease_ends)
         r->lease_ends = o->lease_until_ns;
@@ -857,14 +583,14 @@ static object *next_victim(store_map *m, eviction_round *r) {
 
 /* Evicts o (one with a complete file stays, disk-only); returns the
  * largest free extent that made. */
-static uint64_t evict(store_map *m, eviction_round *r, object *o, int why) {
-  if (m->offload_on_evict && !(o->off & OFF_LOCAL) && offload_replica(o) >= 0) {
+uint64_t map_evict(store_map *m, eviction_round *r, object *o, int why) {
+  if (m->offload_on_evict && !(o->off & OFF_LOCAL) && map_offload_replica(o) >= 0) {
     /* Mooncake's cap: a round queues at most queue_limit * cap_ratio
      * offloads; past it --offload_force_evict evicts without a copy. */
     const store_offload_config *c = &m->off_cfg;
     int was_queued = o->off & OFF_QUEUED;
     if (was_queued || !c->force_evict || (double)r->queued < (double)c->queue_limit * c->cap_ratio)
-      queue_offload(m, o); /* its memory goes once its owner wrote the file */
+      map_queue_offload(m, o); /* its memory goes once its owner wrote the file */
     if (o->off & OFF_QUEUED) {
       r->queued += !was_queued;
       o->off |= OFF_EVICT;
@@ -881,14 +607,15 @@ static uint64_t evict(store_map *m, eviction_round *r, object *o, int why) {
   r->bytes[why] += footprint(o);
   m->evicted_keys++;
   m->evicted_bytes += footprint(o);
-  if (!disk_owner(o))
+  if (!map_disk_owner(o))
     o->off &= (uint8_t)~OFF_LOCAL; /* (its owner's segment would be among its replicas) */
   r->on_disk[why] += o->on_disk || o->off & OFF_LOCAL;
   if (o->off & OFF_LOCAL)
-    return to_owner_disk_only(m, o);
+    return map_to_owner_disk_only(m, o);
   if (o->on_disk)
     return to_disk_only(m, o, 1);
-  return unlink_object(m, find(m, key_of(o), o->key_len, COMMITTED)); /* victims are committed */
+  return map_unlink_object(
+      m, map_find(m, key_of(o), o->key_len, COMMITTED)); /* victims are committed */
 }
 
 static uint64_t capacity_of(const segment *s) { return s->size - s->size % STORE_GRANULE; }
@@ -909,14 +636,14 @@ static void evict_past_watermark(store_map *m, eviction_round *r) {
   r->total = total;
   r->used_before = used;
   object *o;
-  while ((double)used > target && (o = next_victim(m, r))) {
+  while ((double)used > target && (o = map_next_victim(m, r))) {
     used -= footprint(o);
-    evict(m, r, o, PAST_WATERMARK);
+    map_evict(m, r, o, PAST_WATERMARK);
   }
   r->used_after = used;
 }
 
-static void log_round(const eviction_round *r) {
+void map_log_round(const eviction_round *r) {
   char kept[2][192] = {"", ""};
   for (int why = 0; why < 2; why++) {
     int n = 0;
@@ -948,7 +675,7 @@ static void log_round(const eviction_round *r) {
 
 /* ---- segments ------------------------------------------------------------------------------- */
 
-static segment *find_segment(store_map *m, const char *name, size_t len) {
+segment *map_find_segment(store_map *m, const char *name, size_t len) {
   for (segment *s = m->segments; s; s = s->next)
     if (strlen(s->name) == len && !memcmp(s->name, name, len))
       return s;
@@ -975,7 +702,7 @@ static segment *mount(store_map *m, uint64_t client, const char *name, size_t na
 /* s's record, "BASE SIZE NONCE OFFLOAD" (OFFLOAD 1: its client polled for
  * offload tasks, so a new leader offloads what is put there before the
  * client polls it); NULL record: it left. */
-static int journal_segment(store_map *m, segment *s) {
+int map_journal_segment(store_map *m, segment *s) {
   if (!m->journal.segment)
     return 0;
   char rec[80];
@@ -1015,7 +742,7 @@ static ferry_status serve_register(store_map *m, uint64_t client, store_reader *
                       "around",
                       (unsigned long long)length, (unsigned long long)base),
              FERRY_EINVAL;
-    segment *s = find_segment(m, name, name_len);
+    segment *s = map_find_segment(m, name, name_len);
     if (s && s->client & STORE_ORPHAN && !adopts(s, base, length, nonce)) {
       /* HA: a client of the same name whose memory is not the one the
        * journal named (restarted, the same address maybe): what lived
@@ -1035,7 +762,7 @@ static ferry_status serve_register(store_map *m, uint64_t client, store_reader *
              FERRY_EBUSY;
     else if (!(s = mount(m, client, name, name_len, base, length, nonce)))
       return snprintf(why, size, "master out of memory"), FERRY_ENOMEM;
-    else if (journal_segment(m, s) != 0) {
+    else if (map_journal_segment(m, s) != 0) {
       m->segments = s->next;
       store_extents_destroy(&s->space);
       free(s);
@@ -1139,8 +866,8 @@ static ferry_status make_room(store_map *m, const put_ask *ask, eviction_round *
   uint64_t extent = need;
   while (extent >= need && place(m, o, ask->replicas, ask->preferred) != 0) {
     object *victim = NULL;
-    for (extent = 0; extent < need && (victim = next_victim(m, r)) != NULL; evicted++)
-      extent = evict(m, r, victim, FOR_PUTS);
+    for (extent = 0; extent < need && (victim = map_next_victim(m, r)) != NULL; evicted++)
+      extent = map_evict(m, r, victim, FOR_PUTS);
   }
   r->puts += evicted > 0;
   if (extent < need) {
@@ -1180,7 +907,7 @@ static ferry_status start_one(store_map *m, const put_ask *ask, eviction_round *
   object *o = calloc(1, sizeof *o + ask->replicas * sizeof(replica) + len);
   if (!o)
     return snprintf(why, why_size, "master out of memory"), FERRY_ENOMEM;
-  o->hash = hash_key(key, len);
+  o->hash = map_hash_key(key, len);
   o->size = size;
   o->writer = ask->client;
   o->pin = ask->pin;
@@ -1197,7 +924,7 @@ static ferry_status start_one(store_map *m, const put_ask *ask, eviction_round *
   /* An upsert's writer will write the key's file anew (one file per key):
    * the committed value gives its file up now, and goes if it had nothing
    * else. A reader never finds the new value's file under the old size. */
-  object **old = ask->upsert ? find(m, key, len, COMMITTED) : NULL;
+  object **old = ask->upsert ? map_find(m, key, len, COMMITTED) : NULL;
   if (old && (*old)->on_disk)
     drop_file(m, old);
   object **bucket = bucket_of(m, o->hash); /* after make_room: evictions change chains */
@@ -1262,7 +989,7 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, int upsert, s
   st = resolve_soft_pin(m, &ask, ttl_set, ttl_ms, why, size);
   if (st != FERRY_OK)
     return st;
-  ask.preferred = pref_len ? find_segment(m, pref, pref_len) : NULL;
+  ask.preferred = pref_len ? map_find_segment(m, pref, pref_len) : NULL;
   evictions->now = ferry_now_ns();
   reap_retired(m, evictions->now);
   char refused[STORE_REASON_MAX]; /* not cleared per key: only a refusal writes it */
@@ -1287,13 +1014,13 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, int upsert, s
       store_put_u8(reply, 0);
   }
   evict_past_watermark(m, evictions);
-  grow(m);
+  map_grow(m);
   return FERRY_OK;
 }
 
 /* A PUT_END's commits, journaled STORE_JOURNAL_BATCH at a time (HA: one
  * etcd transaction each, not one per key). Until then each object's writer
- * carries ENDING, so find() by its writer no longer sees it (as once it is
+ * carries ENDING, so map_find() by its writer no longer sees it (as once it is
  * committed: the same key twice in one PUT_END ends it once). */
 #define ENDING (1ull << 62)
 
@@ -1314,14 +1041,14 @@ static void commit_ending(store_map *m, ending *e, uint64_t client) {
     object *o = e->o[i];
     o->writer = client;
     if (!journaled) {
-      unlink_object(m, find(m, key_of(o), o->key_len, client));
+      map_unlink_object(m, map_find(m, key_of(o), o->key_len, client));
       *e->status[i] = FERRY_EMETADATA;
       continue;
     }
-    /* Retired before the commit: find() must tell them apart; its record is o's now.
+    /* Retired before the commit: map_find() must tell them apart; its record is o's now.
      * Looked up only when end_one saw one (a walk per key was a fifth of a PUT_END):
      * under the lock, nothing else commits or removes the key meanwhile. */
-    object **old = e->replaces[i] ? find(m, key_of(o), o->key_len, COMMITTED) : NULL;
+    object **old = e->replaces[i] ? map_find(m, key_of(o), o->key_len, COMMITTED) : NULL;
     if (old)
       retire(m, old, now);
     commit(m, o, now);
@@ -1339,7 +1066,7 @@ static void end_one(store_map *m, uint64_t client, const char *key, size_t len, 
   *status = at ? FERRY_OK : FERRY_ENOTFOUND; /* revoked: its segment left, or never started here */
   if (!at || outcome != 0) {
     if (at)
-      unlink_object(m, at);
+      map_unlink_object(m, at);
     return;
   }
   object *o = *at;
@@ -1397,111 +1124,8 @@ static ferry_status remove_one(store_map *m, object **at) {
     return FERRY_ENOTFOUND;
   if ((*at)->lease_until_ns > ferry_now_ns() || (*at)->off & (OFF_WRITING | OFF_LOADING))
     return FERRY_EBUSY;
-  unlink_object(m, at);
+  map_unlink_object(m, at);
   return FERRY_OK;
-}
-
-/* Staged objects whose gets' leases ended are on their owner's disk only
- * again (their memory given back). The whole list: its order is the
- * loads', not quite their leases' (a load's holds until its get answers);
- * it holds only what gets read from disk within a lease. */
-static void unstage_ended(store_map *m, uint64_t now) {
-  for (object *o = m->staged.oldest, *next; o; o = next) {
-    next = o->newer;
-    if (o->lease_until_ns <= now) {
-      to_owner_disk_only(m, o);
-      o->off &= (uint8_t)~OFF_STAGED;
-    }
-  }
-}
-
-/* Space for o in its owner's segment, evicting least-recently-used objects
- * with a replica there while none is free, and a LOAD task for the owner:
- * 1. 2: not yet: objects eviction chose are written to disk first
- * (--offload_on_evict; their memory goes then), or leases hold them (then
- * *retry_at: when the first ends). 0: no room, or the owner's queue is
- * full. */
-static int start_load(store_map *m, object *o, uint64_t now, uint64_t *retry_at) {
-  segment *owner = o->rep[0].seg;
-  eviction_round r = {.now = now, .for_what = "load(s) from an owner's disk (--enable_offload)"};
-  uint64_t offset;
-  object *victim = NULL;
-  int placed;
-  while (!(placed = store_extents_alloc(&owner->space, o->size, &offset) == 0)) {
-    while ((victim = next_victim(m, &r)) && replica_in(victim, owner) < 0)
-      ;
-    if (!victim)
-      break;
-    evict(m, &r, victim, FOR_PUTS);
-  }
-  r.puts = r.objects[FOR_PUTS] > 0;
-  log_round(&r);
-  if (r.lease_ends && r.lease_ends < *retry_at)
-    *retry_at = r.lease_ends;
-  if (!placed)
-    return r.offloading[FOR_PUTS] || r.writing || r.lease_ends ? 2 : 0;
-  if (queue_task(m, owner, STORE_TASK_LOAD, key_of(o), o->key_len) != 0) {
-    store_extents_free(&owner->space, offset, o->size);
-    return 0;
-  }
-  o->rep[0].offset = offset;
-  o->off |= OFF_LOADING;
-  o->lease_until_ns = now + m->lease_ns; /* its space is not reused under the owner's write */
-  return 1;
-}
-
-/* A GET of objects that are on their owner's disk only: each is loaded back
- * into its owner's segment (the owner reads its file into it) while this
- * request waits, at most a PING interval (an owner that does not poll
- * within it is stalled: a third of the silence that drops it); the reply then names that memory as
- * any replica. The lock is let go while waiting. Returns the wait's deadline. */
-static uint64_t load_back(store_map *m, const store_reader *keys, uint32_t count) {
-  uint64_t deadline = ferry_now_ns() + m->ping_ms * 1000000ull;
-  for (;;) {
-    store_reader r = *keys;
-    int waiting = 0;
-    uint64_t now = ferry_now_ns(), wake = deadline;
-    unstage_ended(m, now); /* their memory may be what a load needs */
-    for (uint32_t i = 0; i < count && !r.bad; i++) {
-      const char *key;
-      size_t len;
-      store_get_str(&r, &key, &len, STORE_KEY_MAX);
-      object **at = r.bad ? NULL : find(m, key, len, COMMITTED);
-      if (at && (*at)->off & OFF_LOADING)
-        waiting = 1;
-      else if (at && !(*at)->replicas && (*at)->off & OFF_LOCAL && now < deadline)
-        waiting |= start_load(m, *at, now, &wake) != 0;
-    }
-    if (!waiting || now >= deadline || m->stopping)
-      return m->stopping ? 0 : deadline;
-    struct timespec at = ferry_timespec(wake);
-    pthread_cond_timedwait(&m->changed, &m->lock, &at);
-  }
-}
-
-/* One more get of o, loaded back from its owner's disk for it: counted,
- * and with --promotion_on_hit, the Nth such get (Mooncake's admission
- * threshold) keeps it in memory: off the staged list onto its LRU list. */
-static void promote(store_map *m, object *o) {
-  uint8_t least = 255;
-  for (unsigned row = 0; row < SKETCH_ROWS; row++) {
-    uint8_t *slot = &m->sketch[row][(o->hash >> (16 * row)) % SKETCH_WIDTH];
-    *slot += *slot < 255;
-    least = *slot < least ? *slot : least;
-  }
-  if (++m->sketch_adds >= SKETCH_AGE) {
-    m->sketch_adds = 0;
-    for (unsigned row = 0; row < SKETCH_ROWS; row++)
-      for (unsigned i = 0; i < SKETCH_WIDTH; i++)
-        m->sketch[row][i] >>= 1;
-  }
-  int admitted = m->off_cfg.promotion_on_hit && least >= m->off_cfg.promotion_at;
-  count_op(m, STORE_COUNT_PROMOTION, admitted ? FERRY_OK : FERRY_EBUSY);
-  if (!admitted)
-    return;
-  unlist(m, o);
-  o->off &= (uint8_t)~OFF_STAGED;
-  enlist(m, o);
 }
 
 /* The next entry of a request of keys: where its committed object is (NULL:
@@ -1512,7 +1136,7 @@ static ferry_status committed_entry(store_map *m, store_reader *r, object ***at)
   store_get_str(r, &key, &len, STORE_KEY_MAX);
   if (r->bad)
     return FERRY_EPROTO;
-  *at = find(m, key, len, COMMITTED);
+  *at = map_find(m, key, len, COMMITTED);
   return FERRY_OK;
 }
 
@@ -1523,7 +1147,7 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
     return serve_put_end(m, client, r, count, reply, why, size);
   uint64_t load_deadline = UINT64_MAX;
   if (op == STORE_GET && m->offload)
-    load_deadline = load_back(m, r, count);
+    load_deadline = map_load_back(m, r, count);
   uint64_t now = ferry_now_ns(); /* the request's: a clock read per key was a tenth of a get */
   prefetch_chains(m, r, count, 0);
   for (uint32_t i = 0; i < count; i++) {
@@ -1558,7 +1182,7 @@ static ferry_status serve_keys(store_map *m, uint64_t client, uint8_t op, store_
       uint8_t flags = (uint8_t)(((*at)->on_disk ? STORE_GET_ON_DISK : 0) |
                                 ((*at)->off & OFF_STAGED ? STORE_GET_LOADED : 0));
       if ((*at)->off & OFF_STAGED)
-        promote(m, *at);
+        map_promote(m, *at);
       put_replicas(reply, *at);
       store_put_u8(reply, flags);
     } else {
@@ -1582,7 +1206,7 @@ static void put_locations(store_map *m, store_writer *w, const object *o) {
   char path[STORE_DISK_PATH_MAX];
   int file = o->on_disk && m->fs_dir &&
              store_disk_path(m->fs_dir, key_of((object *)o), o->key_len, path) == 0;
-  const segment *owner = disk_owner(o);
+  const segment *owner = map_disk_owner(o);
   store_put_u8(w, (uint8_t)(o->replicas + file + (owner != NULL)));
   for (unsigned i = 0; i < o->replicas; i++) {
     store_put_u8(w, FERRY_STORE_REPLICA_MEMORY);
@@ -1627,240 +1251,13 @@ static void serve_remove_all(store_map *m, store_writer *reply) {
     for (object **at = &m->buckets[b]; *at;) {
       if (!(*at)->writer && (*at)->lease_until_ns <= now &&
           !((*at)->off & (OFF_WRITING | OFF_LOADING))) {
-        unlink_object(m, at);
+        map_unlink_object(m, at);
         removed++;
       } else {
         at = &(*at)->next;
       }
     }
   store_put_u64(reply, removed);
-}
-
-/* ---- the offloading client's requests ------------------------------------------------------- */
-
-/* The segment an OFFLOAD_* request names, when its nonce is the one the
- * segment's REGISTER gave (the same client process: its offload
- * connection is another connection); NULL with why otherwise. */
-static segment *owned_segment(store_map *m, store_reader *r, ferry_status *st, char *why,
-                              size_t size) {
-  const char *name;
-  size_t len;
-  store_get_str(r, &name, &len, STORE_NAME_MAX);
-  uint64_t nonce = store_get_u64(r);
-  if (r->bad)
-    return snprintf(why, size, "malformed offload request"), *st = FERRY_EPROTO, NULL;
-  if (!m->offload)
-    return snprintf(why, size,
-                    "this master runs without --enable_offload: start it with the flag to "
-                    "offload to the clients' disks"),
-           *st = FERRY_EINVAL, NULL;
-  segment *s = find_segment(m, name, len);
-  if (!s)
-    return snprintf(why, size,
-                    "segment %.*s is not mounted (its client registers it first; after a "
-                    "master restart, at its next call)",
-                    (int)len, name),
-           *st = FERRY_ENOTFOUND, NULL;
-  if (!nonce || s->nonce != nonce)
-    return snprintf(why, size,
-                    "segment %.*s: the nonce does not match its REGISTER: not that segment's "
-                    "client",
-                    (int)len, name),
-           *st = FERRY_EAUTH, NULL;
-  return s;
-}
-
-/* One task handed out (its entry written), or dropped when its object went
- * or changed. An offload's object is not evicted nor removed until the
- * owner reports it (an upsert that replaces it meanwhile keeps its space a
- * lease longer: retire()). */
-static int hand_out(store_map *m, segment *s, task *t, uint64_t now, store_writer *w) {
-  object **at = find(m, t->key, t->key_len, COMMITTED), *o = at ? *at : NULL;
-  uint64_t addr = 0, size = 0;
-  int i = o ? replica_in(o, s) : -1;
-  if (t->kind == STORE_TASK_OFFLOAD) {
-    if (!o || !(o->off & OFF_QUEUED) || i < 0)
-      return 0;
-    o->off = (uint8_t)((o->off & ~OFF_QUEUED) | OFF_WRITING);
-    addr = s->base + o->rep[i].offset;
-    size = o->size;
-  } else if (t->kind == STORE_TASK_LOAD) {
-    if (!o || !(o->off & OFF_LOADING) || o->replicas || o->rep[0].seg != s)
-      return 0;
-    addr = s->base + o->rep[0].offset;
-    size = o->size;
-  } else {
-    count_op(m, STORE_COUNT_OFFLOAD_DELETE, FERRY_OK);
-  }
-  store_put_u8(w, t->kind);
-  store_put_str(w, t->key, t->key_len);
-  store_put_u64(w, addr);
-  store_put_u64(w, size);
-  return 1;
-}
-
-/* OFFLOAD_POLL: the tasks of the caller's segment, waiting for one at most
- * wait_ms (at most 1 s: a stopping master joins this thread). */
-static ferry_status serve_poll(store_map *m, store_reader *r, store_writer *reply, char *why,
-                               size_t size) {
-  ferry_status st = FERRY_OK;
-  store_reader named = *r;
-  segment *s = owned_segment(m, r, &st, why, size);
-  uint32_t wait_ms = store_get_u32(r), max = store_get_u32(r);
-  if (!s)
-    return st;
-  if (r->bad)
-    return snprintf(why, size, "malformed OFFLOAD_POLL"), FERRY_EPROTO;
-  if (!s->offload) {
-    s->offload = 1;
-    journal_segment(m, s); /* not journaled: a new leader learns it at the client's next poll */
-  }
-  uint64_t deadline = ferry_now_ns() + (wait_ms < 1000 ? wait_ms : 1000) * 1000000ull;
-  while (!s->tasks && ferry_now_ns() < deadline && !m->stopping) {
-    struct timespec at = ferry_timespec(deadline);
-    pthread_cond_timedwait(&m->changed, &m->lock, &at);
-    store_reader again = named;
-    if (!(s = owned_segment(m, &again, &st, why, size))) {
-      store_put_u32(reply, 0); /* it left meanwhile (its client is closing): no task */
-      return FERRY_OK;
-    }
-  }
-  size_t count_at = reply->len;
-  store_put_u32(reply, 0);
-  uint32_t n = 0;
-  uint64_t now = ferry_now_ns();
-  while (n < max && n < STORE_BATCH_MAX && s->tasks) {
-    task *t = s->tasks;
-    if (!(s->tasks = t->next))
-      s->tasks_tail = &s->tasks;
-    s->task_count--;
-    n += (uint32_t)hand_out(m, s, t, now, reply);
-    free(t);
-  }
-  if (!reply->failed)
-    for (int b = 0; b < 4; b++)
-      reply->buf[count_at + (size_t)b] = (uint8_t)(n >> (8 * b));
-  return FERRY_OK;
-}
-
-/* One OFFLOAD_DONE entry: the owner wrote (or failed to write) an object's
- * file, or loaded it back into its segment. FERRY_OK when the master keeps
- * the file; anything else tells the owner to delete it. */
-static ferry_status done_one(store_map *m, segment *s, uint8_t kind, const char *key, size_t len,
-                             int32_t outcome, uint64_t now) {
-  object **at = find(m, key, len, COMMITTED), *o = at ? *at : NULL;
-  pthread_cond_broadcast(&m->changed); /* a GET may wait for this (load_back) */
-  if (kind == STORE_TASK_OFFLOAD && o && o->off & OFF_WRITING && replica_in(o, s) >= 0) {
-    int evict_now = o->off & OFF_EVICT;
-    o->off &= (uint8_t) ~(OFF_WRITING | OFF_EVICT);
-    if (outcome != 0)
-      return FERRY_EIO;
-    o->off |= OFF_LOCAL;
-    if (evict_now && o->lease_until_ns <= now && list_of(m, o)) { /* --offload_on_evict */
-      m->evicted_keys++;
-      m->evicted_bytes += footprint(o);
-      to_owner_disk_only(m, o);
-    } else {
-      journal_object(m, o); /* HA: the copy outlives this leader (restored with its object) */
-    }
-    return FERRY_OK;
-  }
-  if (kind == STORE_TASK_LOAD && o && o->off & OFF_LOADING && !o->replicas && o->rep[0].seg == s) {
-    if (outcome != 0) { /* its file is missing or damaged: the object goes */
-      o->off &= (uint8_t)~OFF_LOCAL;
-      unlink_object(m, at);
-      return FERRY_EIO;
-    }
-    o->off = (uint8_t)((o->off & ~OFF_LOADING) | OFF_STAGED); /* promote() may admit it */
-    o->replicas = 1;
-    o->used_ns = now;
-    /* Held until the gets waiting for it wake and answer it (each then
-     * sets the usual lease, from its answer): at most a PING interval,
-     * their wait's bound. A second waiter woken after the first answer's
-     * lease ended finds it on disk only again and loads it again. */
-    uint64_t ping_ns = m->ping_ms * 1000000ull;
-    o->lease_until_ns = now + (ping_ns > m->lease_ns ? ping_ns : m->lease_ns);
-    enlist(m, o);
-    journal_object(m, o);
-    return FERRY_OK;
-  }
-  if (kind == STORE_TASK_DROP && o && disk_owner(o) == s) { /* the owner's directory is full */
-    if (o->off & (OFF_LOADING | OFF_STAGED))
-      return FERRY_EBUSY;          /* a get has it loaded: its memory is the file's, for now */
-    o->off &= (uint8_t)~OFF_LOCAL; /* its owner deletes the file: no DELETE task */
-    if (o->replicas)
-      journal_object(m, o);
-    else
-      unlink_object(m, at);
-    return FERRY_OK;
-  }
-  return kind == STORE_TASK_DELETE ? FERRY_OK : FERRY_ENOTFOUND;
-}
-
-/* A REPORT of the client of s: it holds key's file, of a value of size
- * bytes. A segment that polled this master already has its copies known
- * here (a report after its connection came back): nothing to take. Else
- * (a restarted master, a new process of the owner) a key the map does not
- * have becomes a disk-only object of that owner, loaded back as any; one
- * it has (a put since) is newer than the file, which goes. */
-static ferry_status adopt_file(store_map *m, segment *s, const char *key, size_t len,
-                               uint64_t size) {
-  object **at = find(m, key, len, COMMITTED);
-  if (s->offload)
-    return FERRY_OK;
-  if (at || find(m, key, len, PENDING))
-    return at && disk_owner(*at) == s ? FERRY_OK : FERRY_EBUSY;
-  if (!len || !size)
-    return FERRY_EINVAL;
-  object *o = calloc(1, sizeof *o + sizeof(replica) + len);
-  if (!o)
-    return FERRY_ENOMEM;
-  o->hash = hash_key(key, len);
-  o->size = size;
-  o->room = 1;
-  o->key_len = (uint16_t)len;
-  memcpy(key_of(o), key, len);
-  o->off = OFF_LOCAL;
-  o->rep[0] = (replica){s, 0};
-  o->used_ns = ferry_now_ns();
-  object **bucket = bucket_of(m, o->hash);
-  o->next = *bucket;
-  *bucket = o;
-  m->objects++;
-  grow(m);
-  journal_object(m, o);
-  return FERRY_OK;
-}
-
-static ferry_status serve_done(store_map *m, store_reader *r, uint32_t count, store_writer *reply,
-                               char *why, size_t size) {
-  ferry_status st = FERRY_OK;
-  segment *s = owned_segment(m, r, &st, why, size);
-  if (!s)
-    return st;
-  uint64_t now = ferry_now_ns();
-  for (uint32_t i = 0; i < count; i++) {
-    uint8_t kind = store_get_u8(r);
-    const char *key;
-    size_t len;
-    store_get_str(r, &key, &len, STORE_KEY_MAX);
-    int32_t outcome = (int32_t)store_get_u32(r);
-    uint64_t bytes = kind == STORE_TASK_REPORT ? store_get_u64(r) : 0;
-    if (r->bad)
-      return snprintf(why, size, "malformed OFFLOAD_DONE entry %u", i), FERRY_EPROTO;
-    ferry_status done = kind == STORE_TASK_REPORT ? adopt_file(m, s, key, len, bytes)
-                                                  : done_one(m, s, kind, key, len, outcome, now);
-    if (kind == STORE_TASK_REPORT)
-      count_op(m, STORE_COUNT_OFFLOAD_REPORT, done);
-    if (kind == STORE_TASK_OFFLOAD || kind == STORE_TASK_LOAD || kind == STORE_TASK_DROP)
-      count_op(m,
-               kind == STORE_TASK_OFFLOAD ? STORE_COUNT_OFFLOAD_WRITE
-               : kind == STORE_TASK_LOAD  ? STORE_COUNT_OFFLOAD_LOAD
-                                          : STORE_COUNT_OFFLOAD_DROP,
-               outcome ? FERRY_EIO : done);
-    store_put_u32(reply, (uint32_t)done);
-  }
-  return FERRY_OK;
 }
 
 ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_reader *r,
@@ -1875,7 +1272,7 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
   eviction_round evictions = {0};
   pthread_mutex_lock(&m->lock);
   gc_sweep(m, ferry_now_ns());
-  unstage_ended(m, ferry_now_ns());
+  map_unstage_ended(m, ferry_now_ns());
   if (op == STORE_REGISTER)
     st = serve_register(m, client, r, reply, why, why_size);
   else if (op == STORE_PUT_START || op == STORE_UPSERT_START)
@@ -1884,9 +1281,9 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
   else if (op == STORE_REMOVE_ALL)
     serve_remove_all(m, reply);
   else if (op == STORE_OFFLOAD_POLL)
-    count_op(m, STORE_COUNT_OFFLOAD_POLL, st = serve_poll(m, r, reply, why, why_size));
+    count_op(m, STORE_COUNT_OFFLOAD_POLL, st = map_serve_poll(m, r, reply, why, why_size));
   else if (op == STORE_OFFLOAD_DONE)
-    st = serve_done(m, r, count, reply, why, why_size);
+    st = map_serve_done(m, r, count, reply, why, why_size);
   else if (op == STORE_REPLICAS)
     st = serve_replicas(m, r, count, reply, why, why_size);
   else if (op != STORE_PING)
@@ -1894,7 +1291,7 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
   if ((keyless || st) && op <= STORE_UPSERT_START) /* keyed ones per item; offload's not */
     count_op(m, op, st);
   pthread_mutex_unlock(&m->lock);
-  log_round(&evictions);
+  map_log_round(&evictions);
   if (st == FERRY_OK && r->left)
     return snprintf(why, why_size, "%zu bytes trail operation %u", r->left, op), FERRY_EPROTO;
   return st;
@@ -1936,7 +1333,7 @@ static unsigned keep_off(object *o, uint64_t client) {
 static int loses_client(store_map *m, object *o, uint64_t client) {
   if (o->writer == client)
     return 1;
-  segment *owner = o->off & OFF_LOADING ? o->rep[0].seg : disk_owner(o);
+  segment *owner = o->off & OFF_LOADING ? o->rep[0].seg : map_disk_owner(o);
   if (owner && owner->client == client) { /* its disk copy goes with its owner */
     if (o->off & OFF_LOADING || (!o->replicas && !o->on_disk))
       return 1;
@@ -1957,7 +1354,7 @@ static int loses_client(store_map *m, object *o, uint64_t client) {
   }
   keep_off(o, client);
   if (!o->writer)
-    journal_object(m, o);
+    map_journal_object(m, o);
   return 0;
 }
 
@@ -1974,7 +1371,7 @@ static size_t drop_client(store_map *m, uint64_t client) {
   for (size_t b = 0; b < m->bucket_count; b++)
     for (object **at = &m->buckets[b]; *at;) {
       if (loses_client(m, *at, client)) {
-        unlink_object(m, at);
+        map_unlink_object(m, at);
         dropped++;
       } else {
         at = &(*at)->next;
@@ -2015,7 +1412,8 @@ int store_map_restore_segment(store_map *m, uint64_t orphan, const char *name, c
       len > STORE_NAME_MAX)
     return -1;
   pthread_mutex_lock(&m->lock);
-  segment *s = find_segment(m, name, len) ? NULL : mount(m, orphan, name, len, base, size, nonce);
+  segment *s =
+      map_find_segment(m, name, len) ? NULL : mount(m, orphan, name, len, base, size, nonce);
   if (s)
     s->offload = offload == 1 && m->offload;
   pthread_mutex_unlock(&m->lock);
@@ -2033,7 +1431,7 @@ static const char *restore_segment_name(store_map *m, const char *p, segment **o
        p += 2)
     sscanf(p, "%2hhx", (unsigned char *)&name[n++]);
   name[n] = '\0';
-  *out = find_segment(m, name, n);
+  *out = map_find_segment(m, name, n);
   return p;
 }
 
@@ -2060,7 +1458,7 @@ int store_map_restore_object(store_map *m, const char *key, size_t len, const ch
   object *o = calloc(1, sizeof *o + room * sizeof(replica) + len);
   if (!o)
     return -1;
-  o->hash = hash_key(key, len);
+  o->hash = map_hash_key(key, len);
   o->size = size;
   o->pin = (uint8_t)pin;
   o->on_disk = on_disk && m->fs_dir;
@@ -2069,7 +1467,7 @@ int store_map_restore_object(store_map *m, const char *key, size_t len, const ch
   memcpy(key_of(o), key, len);
   pthread_mutex_lock(&m->lock);
   const char *p = record + used;
-  int rc = find(m, key, len, COMMITTED) ? -1 : 0;
+  int rc = map_find(m, key, len, COMMITTED) ? -1 : 0;
   for (unsigned i = 0; !rc && i < count; i++) {
     replica rp;
     p = restore_replica(m, p, &rp);
@@ -2084,12 +1482,12 @@ int store_map_restore_object(store_map *m, const char *key, size_t len, const ch
   if (owner && !o->replicas) /* on its owner's disk only */
     o->rep[0] = (replica){owner, 0};
   o->off = owner ? OFF_LOCAL : 0;
-  if (owner && o->replicas && disk_owner(o) != owner) /* the owner is its offloading replica */
+  if (owner && o->replicas && map_disk_owner(o) != owner) /* the owner is its offloading replica */
     o->off = 0;
   if (!rc && !o->replicas && !o->on_disk && !(o->off & OFF_LOCAL))
     rc = -1;
   if (rc) {
-    free_replicas(o);
+    map_free_replicas(o);
     free(o);
   } else {
     object **bucket = bucket_of(m, o->hash);
@@ -2099,8 +1497,8 @@ int store_map_restore_object(store_map *m, const char *key, size_t len, const ch
     o->used_ns = ferry_now_ns();
     if (o->pin == FERRY_STORE_PIN_SOFT) /* the record keeps the pin, not its deadline */
       o->pin_until_ns = deadline_after(o->used_ns, m->soft_pin_ns);
-    enlist(m, o);
-    grow(m);
+    map_enlist(m, o);
+    map_grow(m);
   }
   pthread_mutex_unlock(&m->lock);
   return rc;
