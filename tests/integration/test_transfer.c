@@ -346,6 +346,17 @@ static long cpu_ticks(pid_t pid) {
  * after the last transfer, past the bounded spin and yields that follow
  * each completion (ferry_fabric_backoff, FERRY_SPIN_US), which take tens
  * of milliseconds under ThreadSanitizer. */
+/* The CPU ticks (10 ms) an idle process may use in 2 s: a poller uses
+ * hundreds. ThreadSanitizer's runtime runs a thread of its own and slows
+ * every wake-up: idle fabric tcp engines of a TSan build measured 2-4
+ * ticks on a 2-vCPU VM, with or without ferry's own threads changed, so
+ * that build gets room; the plain and ASan builds keep the strict bound. */
+#if defined(__SANITIZE_THREAD__)
+#define IDLE_TICKS_MAX 10
+#else
+#define IDLE_TICKS_MAX 2
+#endif
+
 static void assert_idle(const char *what, pid_t target_pid) {
   sleep(1);
   long target_before = cpu_ticks(target_pid), self_before = cpu_ticks(getpid());
@@ -354,8 +365,8 @@ static void assert_idle(const char *what, pid_t target_pid) {
   long self_used = cpu_ticks(getpid()) - self_before;
   print_message("%s idle for 2 s: target used %ld ticks, initiator %ld\n", what, target_used,
                 self_used);
-  assert_true(target_before >= 0 && target_used <= 2);
-  assert_true(self_used <= 2);
+  assert_true(target_before >= 0 && target_used <= IDLE_TICKS_MAX);
+  assert_true(self_used <= IDLE_TICKS_MAX);
 }
 
 /* Nothing polls: a target with open connections and an initiator with
