@@ -537,6 +537,20 @@ static ferry_status read_gets(ferry_store *s, store_reader *r, item *items, size
                  : FERRY_OK;
 }
 
+/* Tells the suspects (suspects.h) how each segment's reads went: once per
+ * group, which run_moves numbers in the order of their first moves, as its
+ * members share one segment and one status. */
+static void note_segments(ferry_store *s, const move *mv, size_t n,
+                          char (*details)[FERRY_ERROR_MAX]) {
+  int next = 0;
+  for (size_t j = 0; j < n; j++)
+    if (mv[j].group == next) {
+      store_suspects_note(&s->suspects, mv[j].segment, mv[j].segment_len, mv[j].status,
+                          details[next]);
+      next++;
+    }
+}
+
 /* Rounds of READs: each item from its next replica, until it succeeded or
  * has none left; replicas on segments that failed to answer lately go
  * last (suspects.h). */
@@ -553,10 +567,9 @@ static void read_replicas(ferry_store *s, item *items, size_t count, placement *
     if (!n)
       return;
     run_moves(s, FERRY_OP_READ, items, mv, n, details);
+    note_segments(s, mv, n, details);
     for (size_t j = 0; j < n; j++) {
       placement *p = &pl[mv[j].item];
-      store_suspects_note(&s->suspects, mv[j].segment, mv[j].segment_len, mv[j].status,
-                          details[mv[j].group]);
       if (mv[j].status == FERRY_OK)
         p->next = p->count; /* done */
       else if (p->next == p->count && p->on_disk)
