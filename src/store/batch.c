@@ -234,9 +234,10 @@ static void run_moves(ferry_store *s, ferry_op op, const item *items, move *mv, 
       continue;
     if (s->segment && strlen(own) == mv[i].segment_len &&
         !memcmp(own, mv[i].segment, mv[i].segment_len)) {
-      mv[i].group = groups++;
-      group_done(mv, n, mv[i].group, move_locally(s, op, &items[mv[i].item], mv[i].remote),
-                 details);
+      mv[i].group = groups++; /* a group of one: group_done would scan every move */
+      mv[i].status = move_locally(s, op, &items[mv[i].item], mv[i].remote);
+      if (mv[i].status)
+        snprintf(details[mv[i].group], FERRY_ERROR_MAX, "%s", ferry_last_error());
       continue;
     }
     if (last < n) {
