@@ -970,6 +970,14 @@ typedef struct ferry_store_config {
   size_t offload_max_bytes; /* the bytes offload_dir's files may hold (0: no limit; Mooncake's
                                MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES): past it the oldest go,
                                and an object left with no copy in memory leaves the store */
+  const char *cxl_path;     /* a master run with --enable_cxl keeps every value in one CXL
+                               memory device: this client maps it from here (a DAX device or a
+                               file; Mooncake's MC_CXL_DEV_PATH) and copies values in and out
+                               of that mapping, so the zero-copy calls' buffers need no
+                               registration. NULL: none (then ferry_store_open fails against
+                               such a master, FERRY_EINVAL); with it, segment_size must be 0 */
+  size_t cxl_size;          /* the bytes of cxl_path mapped (MC_CXL_DEV_SIZE; required with
+                               it): at least the master's --cxl_size */
 } ferry_store_config;
 void ferry_store_config_init_size(ferry_store_config *cfg, size_t size);
 #define ferry_store_config_init(cfg) ferry_store_config_init_size((cfg), sizeof *(cfg))

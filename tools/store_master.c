@@ -76,6 +76,14 @@ static void usage(FILE *out) {
           "  --promotion_on_hit[=true]  a key on disk only stays in memory once a get loaded\n"
           "                           it back (default false: only for that get's lease)\n"
           "  --promotion_admission_threshold=N  ... from the Nth such get (1..255, default 2)\n"
+          "  --enable_cxl[=true]      every value goes to one CXL memory device that each\n"
+          "                           client maps itself (setup with protocol \"cxl\",\n"
+          "                           MC_CXL_DEV_PATH, MC_CXL_DEV_SIZE); clients contribute no\n"
+          "                           segment; not with --enable_ha, --enable_offload or\n"
+          "                           --root_fs_dir\n"
+          "  --cxl_path=PATH          the device, naming the pool (default /dev/dax0.0)\n"
+          "  --cxl_size=BYTES         the pool's bytes (default 8 GiB); clients map at least\n"
+          "                           as many\n"
           "  --enable_ha              elect a leader among masters through etcd: the leader\n"
           "                           serves, the others stand by and take over when it goes\n"
           "  --ha_backend_type=etcd   the election's store (etcd only)\n"
@@ -102,6 +110,7 @@ static void usage(FILE *out) {
 
 /* The flags that take their value only after '=' (ferry_cli_gflag). */
 static const char *const booleans[] = {"enable_ha",
+                                       "enable_cxl",
                                        "enable_metric_reporting",
                                        "enable_offload",
                                        "offload_on_evict",
@@ -306,6 +315,26 @@ static int parse_offload_flag(store_offload_config *o, const char *name, const c
   return 0;
 }
 
+/* --enable_cxl and its pool's flags; 1: not one of these. */
+static int parse_cxl_flag(store_master_config *cfg, const char *name, const char *value) {
+  if (!strcmp(name, "enable_cxl"))
+    return ferry_cli_gflag_bool("store-master", name, value, &cfg->enable_cxl);
+  if (!strcmp(name, "cxl_path")) {
+    cfg->cxl_path = value;
+    return value && *value ? 0 : -1;
+  }
+  if (strcmp(name, "cxl_size"))
+    return 1;
+  size_t size;
+  if (!value || ferry_cli_parse_size(value, &size) != 0 || size == 0) {
+    fprintf(stderr, "store-master: --cxl_size needs %s, not \"%s\"\n", FERRY_CLI_SIZE_SYNTAX,
+            value ? value : "");
+    return -1;
+  }
+  cfg->cxl_size = size;
+  return 0;
+}
+
 static int parse_flag(store_master_config *cfg, const char *name, const char *value) {
   unsigned long port;
   if (!strcmp(name, "port") || !strcmp(name, "rpc_port")) {
@@ -344,6 +373,9 @@ static int parse_flag(store_master_config *cfg, const char *name, const char *va
   if (!strcmp(name, "enable_offload"))
     return ferry_cli_gflag_bool("store-master", name, value, &cfg->enable_offload);
   int rc = parse_offload_flag(&cfg->offload, name, value);
+  if (rc <= 0)
+    return rc;
+  rc = parse_cxl_flag(cfg, name, value);
   if (rc <= 0)
     return rc;
   if (!strcmp(name, "cluster_id")) {
@@ -486,6 +518,11 @@ int ferry_cmd_store_master(int argc, char **argv) {
     if (not_ha < 0 || not_md < 0 || not_report < 0 ||
         (not_report > 0 && parse_flag(&cfg, name, value) != 0))
       return 2;
+  }
+  if (ha.enable && cfg.enable_cxl) {
+    fprintf(stderr, "store-master: --enable_cxl with --enable_ha: not supported (a new leader "
+                    "would not know what the CXL pool holds)\n");
+    return 2;
   }
   if (ha.enable && !ha.connstring) {
     fprintf(stderr, "store-master: --enable_ha needs --ha_backend_connstring=HOST:PORT (etcd)\n");

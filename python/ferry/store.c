@@ -18,15 +18,16 @@ typedef struct {
 } StoreObject;
 
 static int store_init(StoreObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"engine", "master",     "segment_size", "local_buffer_size",
-                           "secret", "timeout_ms", "offload_dir",  "offload_max_bytes",
-                           NULL};
-  PyObject *engine, *segment_o = NULL, *staging_o = NULL, *cap_o = NULL;
-  const char *master, *secret = NULL, *offload_dir = NULL;
+  static char *kwlist[] = {
+      "engine",     "master",      "segment_size",      "local_buffer_size", "secret",
+      "timeout_ms", "offload_dir", "offload_max_bytes", "cxl_path",          "cxl_size",
+      NULL};
+  PyObject *engine, *segment_o = NULL, *staging_o = NULL, *cap_o = NULL, *cxl_size_o = NULL;
+  const char *master, *secret = NULL, *offload_dir = NULL, *cxl_path = NULL;
   unsigned int timeout_ms = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!s|OOzIzO:Store", kwlist, &EngineType, &engine,
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!s|OOzIzOzO:Store", kwlist, &EngineType, &engine,
                                    &master, &segment_o, &staging_o, &secret, &timeout_ms,
-                                   &offload_dir, &cap_o))
+                                   &offload_dir, &cap_o, &cxl_path, &cxl_size_o))
     return -1;
   ferry_store_config cfg;
   ferry_store_config_init(&cfg);
@@ -34,9 +35,11 @@ static int store_init(StoreObject *self, PyObject *args, PyObject *kwds) {
   cfg.secret = secret;
   cfg.timeout_ms = timeout_ms;
   cfg.offload_dir = offload_dir;
+  cfg.cxl_path = cxl_path;
   if ((segment_o && as_size(segment_o, &cfg.segment_size) < 0) ||
       (staging_o && as_size(staging_o, &cfg.local_buffer_size) < 0) ||
-      (cap_o && as_size(cap_o, &cfg.offload_max_bytes) < 0))
+      (cap_o && as_size(cap_o, &cfg.offload_max_bytes) < 0) ||
+      (cxl_size_o && as_size(cxl_size_o, &cfg.cxl_size) < 0))
     return -1;
   if (self->store) {
     PyErr_SetString(PyExc_RuntimeError, "Store is open already");
@@ -610,8 +613,9 @@ PyTypeObject StoreType = {
     .tp_basicsize = sizeof(StoreObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Store(engine, master, segment_size=0, local_buffer_size=0, secret=None, "
-              "timeout_ms=0, offload_dir=None, offload_max_bytes=0): a client of a store master "
-              "(docs/store.md; offload_dir: client-owned SSD offload)",
+              "timeout_ms=0, offload_dir=None, offload_max_bytes=0, cxl_path=None, cxl_size=0): "
+              "a client of a store master (docs/store.md; offload_dir: client-owned SSD offload; "
+              "cxl_path: the CXL device of a master run with --enable_cxl)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)store_init,
     .tp_dealloc = (destructor)store_dealloc,

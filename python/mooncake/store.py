@@ -316,6 +316,18 @@ class MooncakeDistributedStore:
                     raise ValueError("%s is required" % name)
         except ValueError as e:
             return self._fail("setup", INVALID_PARAMS, str(e))
+        cxl_path, cxl_size = None, 0
+        if str(conf["protocol"]).strip().lower() == "cxl":
+            # Mooncake's: the device every client maps; the master's pool
+            # holds every value, this client contributes no segment.
+            cxl_path = os.environ.get("MC_CXL_DEV_PATH") or "/dev/dax0.0"
+            try:
+                cxl_size = _size(os.environ.get("MC_CXL_DEV_SIZE", ""), "MC_CXL_DEV_SIZE")
+            except ValueError as e:
+                return self._fail("setup", INVALID_PARAMS, "protocol cxl: %s (the bytes of "
+                                  "MC_CXL_DEV_PATH to map)" % e)
+            segment = 0
+            conf = dict(conf, protocol="tcp", rdma_devices="")  # it moves nothing here
         if engine is None:
             engine, rc = self._new_engine(conf)
             if rc != 0:
@@ -326,7 +338,8 @@ class MooncakeDistributedStore:
             # the C client's smallest staging buffer stays unused.
             self._store = _ferry.Store(engine._engine, conf["master_server_addr"], segment,
                                        staging or 64, offload_dir=offload_dir,
-                                       offload_max_bytes=offload_max)
+                                       offload_max_bytes=offload_max, cxl_path=cxl_path,
+                                       cxl_size=cxl_size)
         except ferry.Error as e:
             if self._own_engine:
                 engine.close()

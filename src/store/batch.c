@@ -24,6 +24,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "store/client.h"
+#include "store/cxl.h"
 
 typedef ferry_store_multi_item item;
 
@@ -71,7 +72,9 @@ static ferry_status check_buffers(ferry_store *s, item *it, size_t i, const char
     if (b->length > SIZE_MAX - total)
       return ferry_fail(FERRY_EINVAL, "%s: item %zu (\"%s\"): its buffers add up past SIZE_MAX",
                         call, i, it->key);
-    ferry_status st = ferry_memory_check(s->engine, b->buf, b->length);
+    /* A CXL pool's client copies every value itself: no transfer, no peer
+     * reads its buffers, which need no registration then. */
+    ferry_status st = s->cxl ? FERRY_OK : ferry_memory_check(s->engine, b->buf, b->length);
     if (st)
       return ferry_fail(st, "%s \"%s\": %s", call, it->key, ferry_last_error());
     total += b->length;
@@ -142,19 +145,31 @@ static size_t move_entries(const item *it, ferry_op op, uint64_t remote, ferry_e
   return n;
 }
 
-/* In memory when the replica lies in this client's segment. */
-static ferry_status move_locally(ferry_store *s, ferry_op op, const item *it, uint64_t at) {
-  uint64_t base = (uint64_t)(uintptr_t)s->segment;
-  if (at < base || at - base > s->segment_size || it->length > s->segment_size - (at - base))
+/* Where a replica's bytes are when this process holds them: in its own
+ * segment, or in the CXL pool's mapping (cxl.h); *mem NULL when elsewhere. */
+static ferry_status local_place(ferry_store *s, const move *m, size_t length, char **mem) {
+  *mem = NULL;
+  if (store_cxl_holds(s, m->segment, m->segment_len))
+    return (*mem = store_cxl_at(s, m->remote, length)) ? FERRY_OK : FERRY_EPROTO;
+  const char *own = ferry_store_segment(s);
+  if (!s->segment || strlen(own) != m->segment_len || memcmp(own, m->segment, m->segment_len))
+    return FERRY_OK;
+  uint64_t base = (uint64_t)(uintptr_t)s->segment, at = m->remote;
+  if (at < base || at - base > s->segment_size || length > s->segment_size - (at - base))
     return ferry_fail(FERRY_EPROTO,
                       "store master %s placed %zu bytes at 0x%llx, outside this client's segment",
-                      s->master, it->length, (unsigned long long)at);
+                      s->master, length, (unsigned long long)at);
+  *mem = (char *)(uintptr_t)at;
+  return FERRY_OK;
+}
+
+/* A copy, for a replica this process holds (local_place). */
+static void move_locally(ferry_op op, const item *it, char *mem) {
   FOR_EACH_PART(it, j, off) {
-    void *mem = (void *)(uintptr_t)(at + off), *buf = it->buffers[j].buf;
-    memcpy(op == FERRY_OP_WRITE ? mem : buf, op == FERRY_OP_WRITE ? buf : mem,
+    void *buf = it->buffers[j].buf;
+    memcpy(op == FERRY_OP_WRITE ? mem + off : buf, op == FERRY_OP_WRITE ? buf : mem + off,
            part_length(it, j, off));
   }
-  return FERRY_OK;
 }
 
 static int same_segment(const move *a, const move *b) {
@@ -209,12 +224,11 @@ static void group_done(move *mv, size_t n, int g, ferry_status st,
  * One ferry batch per segment; every one but the last is submitted to the
  * workers, and the last runs on this thread meanwhile (a store call would
  * otherwise sleep while its bytes move). A replica in this client's own
- * segment is copied here, a group of its own. */
+ * segment or in the CXL pool is copied here, a group of its own. */
 static void run_moves(ferry_store *s, ferry_op op, const item *items, move *mv, size_t n,
                       char (*details)[FERRY_ERROR_MAX]) {
   if (!n)
     return;
-  const char *own = ferry_store_segment(s);
   ferry_batch **batches = calloc(n, sizeof *batches);
   if (!batches) {
     ferry_fail(FERRY_ENOMEM, "store: no memory for batches");
@@ -232,12 +246,15 @@ static void run_moves(ferry_store *s, ferry_op op, const item *items, move *mv, 
   for (size_t i = 0; i < n; i++) {
     if (mv[i].group >= 0)
       continue;
-    if (s->segment && strlen(own) == mv[i].segment_len &&
-        !memcmp(own, mv[i].segment, mv[i].segment_len)) {
+    char *mem;
+    ferry_status st = local_place(s, &mv[i], items[mv[i].item].length, &mem);
+    if (st || mem) {
       mv[i].group = groups++; /* a group of one: group_done would scan every move */
-      mv[i].status = move_locally(s, op, &items[mv[i].item], mv[i].remote);
-      if (mv[i].status)
+      mv[i].status = st;
+      if (st)
         snprintf(details[mv[i].group], FERRY_ERROR_MAX, "%s", ferry_last_error());
+      else
+        move_locally(op, &items[mv[i].item], mem);
       continue;
     }
     if (last < n) {

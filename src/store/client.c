@@ -18,6 +18,7 @@
 #include "base/log.h"
 #include "base/sync.h"
 #include "net/auth.h"
+#include "store/cxl.h"
 #include "store/ha.h"
 #include "store/handshake.h"
 #include "store/offload.h"
@@ -112,9 +113,15 @@ static ferry_status register_segment(ferry_store *s) {
   store_get_str(&r, &dir, &dir_len, STORE_DIR_MAX - 1);
   if (!st && !r.bad)
     snprintf(s->fs_dir, sizeof s->fs_dir, "%.*s", (int)dir_len, dir);
-  free(body);
+  const char *pool;
+  size_t pool_len;
+  store_get_str(&r, &pool, &pool_len, STORE_NAME_MAX);
+  uint64_t pool_base = store_get_u64(&r), pool_size = store_get_u64(&r);
   if (!st && (r.bad || r.left || ping_ms == 0))
     st = ferry_fail(FERRY_EPROTO, "store master %s sent a malformed REGISTER reply", s->master);
+  if (!st)
+    st = store_cxl_adopt(s, pool, pool_len, pool_base, pool_size);
+  free(body);
   if (st)
     return st;
   s->lease_ms = lease_ms;
@@ -340,6 +347,8 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
     s->segment_nonce = ferry_random_u64();
   if (!st)
     st = ferry_memory_alloc(engine, s->staging_size, &s->staging);
+  if (!st && cfg->cxl_path)
+    st = store_cxl_map(s, cfg->cxl_path, cfg->cxl_size);
   if (!st) {
     pthread_mutex_lock(&s->lock); /* no other thread yet; the connection's rule */
     st = join_master(s);
@@ -357,8 +366,13 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
     ferry_store_close(s);
     return ferry_fail(st, "%s", detail);
   }
-  FERRY_INFO("store: %s joined master %s with a segment of %zu bytes", ferry_engine_name(engine),
-             s->master, s->segment_size);
+  if (s->cxl)
+    FERRY_INFO("store: %s joined master %s, its values in the CXL pool %s (%s mapped here, %zu "
+               "bytes)",
+               ferry_engine_name(engine), s->master, s->pool, cfg->cxl_path, s->cxl_size);
+  else
+    FERRY_INFO("store: %s joined master %s with a segment of %zu bytes", ferry_engine_name(engine),
+               s->master, s->segment_size);
   *out = s;
   return FERRY_OK;
 }
@@ -407,6 +421,7 @@ void ferry_store_close(ferry_store *s) {
     ferry_memory_free(s->engine, s->segment);
   if (s->staging)
     ferry_memory_free(s->engine, s->staging);
+  store_cxl_unmap(s);
   pthread_cond_destroy(&s->ping_cond);
   pthread_mutex_destroy(&s->ping_lock);
   pthread_mutex_destroy(&s->staging_lock);

@@ -38,6 +38,12 @@ struct ferry_store {
   void *segment;
   size_t segment_size;
   uint64_t segment_nonce; /* random, chosen at open; REGISTER sends it (HA's adoption) */
+  /* --enable_cxl: the master's pool ("" when it has none, REGISTER's) and
+   * this client's mapping of its device (NULL: none, cxl.c). */
+  char pool[STORE_NAME_MAX + 1];
+  uint64_t pool_base, pool_size;
+  void *cxl;
+  size_t cxl_size;
   /* Staging for put/get of memory that is not registered. */
   pthread_mutex_t staging_lock;
   void *staging;

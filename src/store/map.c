@@ -90,6 +90,14 @@ int store_map_set_disk(store_map *m, const char *dir) {
   return dir && *dir && !m->fs_dir ? -1 : 0;
 }
 
+static segment *mount(store_map *m, uint64_t client, const char *name, size_t name_len,
+                      uint64_t base, uint64_t length, uint64_t nonce);
+
+int store_map_set_pool(store_map *m, const char *name, uint64_t size) {
+  m->pool = mount(m, 0, name, strlen(name), STORE_POOL_BASE, size, 0); /* client 0: nobody's */
+  return m->pool ? 0 : -1;
+}
+
 /* ---- the journal (HA) ----------------------------------------------------------------------- */
 
 void store_map_set_journal(store_map *m, const store_journal *journal) {
@@ -735,6 +743,13 @@ static ferry_status serve_register(store_map *m, uint64_t client, store_reader *
   uint64_t nonce = store_get_u64(r);
   if (r->bad || r->left)
     return snprintf(why, size, "malformed REGISTER"), FERRY_EPROTO;
+  if (length > 0 && m->pool)
+    return snprintf(why, size,
+                    "this master places every value in its CXL pool %s (--enable_cxl): a client "
+                    "contributes no segment (setup with protocol \"cxl\", or start the master "
+                    "without --enable_cxl)",
+                    m->pool->name),
+           FERRY_EINVAL;
   if (length > 0) {
     if (name_len == 0 || memchr(name, '\0', name_len) || base + length < base)
       return snprintf(why, size,
@@ -776,6 +791,9 @@ static ferry_status serve_register(store_map *m, uint64_t client, store_reader *
   store_put_u32(reply, m->lease_ms);
   store_put_u32(reply, m->ping_ms);
   store_put_str(reply, m->fs_dir ? m->fs_dir : "", m->fs_dir ? strlen(m->fs_dir) : 0);
+  store_put_str(reply, m->pool ? m->pool->name : "", m->pool ? strlen(m->pool->name) : 0);
+  store_put_u64(reply, m->pool ? m->pool->base : 0);
+  store_put_u64(reply, m->pool ? m->pool->size : 0);
   return FERRY_OK;
 }
 
@@ -990,6 +1008,8 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, int upsert, s
   if (st != FERRY_OK)
     return st;
   ask.preferred = pref_len ? map_find_segment(m, pref, pref_len) : NULL;
+  if (m->pool) /* one copy in shared memory serves every client */
+    ask.replicas = 1, ask.preferred = m->pool;
   evictions->now = ferry_now_ns();
   reap_retired(m, evictions->now);
   char refused[STORE_REASON_MAX]; /* not cleared per key: only a refusal writes it */

@@ -42,6 +42,14 @@ void store_map_destroy(store_map *m);
  * before the first request. -1 without memory. */
 int store_map_set_disk(store_map *m, const char *dir);
 
+/* --enable_cxl (docs/store.md "CXL"): every value goes to one pool of size
+ * bytes named name, a device each client maps itself (no client owns it,
+ * none contributes a segment), at addresses from STORE_POOL_BASE; one
+ * replica each, whatever a put asks. Told to clients at REGISTER. Set
+ * before the first request. -1 without memory. */
+#define STORE_POOL_BASE 0x100000000ull /* never 0: an address 0 means "no memory" */
+int store_map_set_pool(store_map *m, const char *name, uint64_t size);
+
 /* --enable_offload (docs/store.md "Client-owned SSD offload"): objects
  * with a replica in the segment of a client that polls for tasks get a
  * copy on that client's disk, after each commit, or (on_evict) only when

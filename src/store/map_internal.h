@@ -111,6 +111,7 @@ struct store_map {
   uint32_t lease_ms, ping_ms;
   double high_watermark, eviction_ratio;
   segment *segments;
+  segment *pool; /* --enable_cxl: the only segment, every value's place (NULL: off) */
   object **buckets;
   size_t bucket_count, objects;
   lru plain, soft;

@@ -258,6 +258,28 @@ static ferry_status use_disk(store_map *map, const store_master_config *cfg) {
   return st;
 }
 
+/* --enable_cxl's pool. The tiers that write values elsewhere would need
+ * an owner for its bytes, which no client is. */
+static ferry_status use_pool(store_map *map, const store_master_config *cfg) {
+  const char *path = cfg->cxl_path && *cfg->cxl_path ? cfg->cxl_path : "/dev/dax0.0";
+  uint64_t size = cfg->cxl_size ? cfg->cxl_size : 8ull << 30;
+  char name[STORE_NAME_MAX + 1];
+  if (cfg->enable_offload || cfg->root_fs_dir)
+    return ferry_fail(FERRY_EINVAL,
+                      "store master: --enable_cxl with %s: not supported (the "
+                      "CXL pool's values have no owner to write them to disk)",
+                      cfg->enable_offload ? "--enable_offload" : "--root_fs_dir");
+  if ((size_t)snprintf(name, sizeof name, "cxl:%s", path) >= sizeof name)
+    return ferry_fail(FERRY_EINVAL, "store master: --cxl_path of %zu bytes is too long",
+                      strlen(path));
+  if (store_map_set_pool(map, name, size) != 0)
+    return ferry_fail(FERRY_ENOMEM, "store master: out of memory");
+  FERRY_INFO("store master: every value goes to the CXL pool %s, %llu bytes, which clients map "
+             "themselves (--enable_cxl, --cxl_path, --cxl_size)",
+             name, (unsigned long long)size);
+  return FERRY_OK;
+}
+
 ferry_status store_master_start(const store_master_config *cfg, store_master **out) {
   store_master *m = calloc(1, sizeof *m);
   if (!m)
@@ -282,6 +304,8 @@ ferry_status store_master_start(const store_master_config *cfg, store_master **o
   ferry_status st = FERRY_OK;
   if (!m->map || (cfg->secret && *cfg->secret && !m->secret) || pipe2(m->wake, O_CLOEXEC) != 0)
     st = ferry_fail(FERRY_ENOMEM, "store master: out of memory or descriptors");
+  if (!st && cfg->enable_cxl)
+    st = use_pool(m->map, cfg);
   /* Mooncake's own scripts pass both: its master names the directory so
    * that its clients start their file storage, which enable_ssd_offload
    * does here. The two tiers do not mix: the clients' disks win. */

@@ -32,6 +32,12 @@ typedef struct store_master_config {
    * its other flags); not with root_fs_dir. */
   int enable_offload;
   store_offload_config offload;
+  /* --enable_cxl (map.h's pool): every value in one shared device each
+   * client maps (cxl_path names it; cxl_size: 0 takes 8 GiB, Mooncake's);
+   * not with enable_offload, root_fs_dir or HA. */
+  int enable_cxl;
+  const char *cxl_path; /* NULL: /dev/dax0.0 */
+  uint64_t cxl_size;
   /* HA (ha.h): the master starts fenced, serving nothing, and serves only
    * until the time store_master_serve_until last set. */
   int fenced;
@@ -41,8 +47,8 @@ typedef struct store_master store_master;
 
 /* Listens and serves on threads of its own until stopped. FERRY_ESOCKET
  * naming the address when it cannot listen; FERRY_EINVAL naming the flag,
- * the path and the cause when root_fs_dir cannot be used, or is given
- * with enable_offload. */
+ * the path and the cause when root_fs_dir cannot be used, or enable_cxl
+ * is given with enable_offload or root_fs_dir. */
 ferry_status store_master_start(const store_master_config *cfg, store_master **out);
 uint16_t store_master_port(const store_master *m);
 /* A fenced master serves requests (and takes clients) only before until_ns

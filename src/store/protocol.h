@@ -8,7 +8,9 @@
  *   op          fields                          entry                reply entry
  *   REGISTER    u16 version, u64 base, u64 size,
  *               str segment name, u64 nonce     (none)               u32 lease ms | u32 ping ms |
- *                                                                    str files' dir ("": none)
+ *                                                                    str files' dir ("": none) |
+ *                                                                    str CXL pool ("": none) |
+ *                                                                    u64 its base | u64 size
  *   PING        -                               (none)               (none)
  *   PUT_START   u8 replicas, str preferred,     str key | u64 size   i32 status | replicas, or
  *               u8 pin (FERRY_STORE_PIN_*),                          (status != 0) str reason
@@ -68,9 +70,9 @@
 #include "wire/wire.h"
 
 #define STORE_PROTOCOL_VERSION                                                                     \
-  5 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START,                      \
+  6 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START,                      \
        soft pin actions and TTLs; 4: REGISTER's segment nonce;                                     \
-       5: REPLICAS, OFFLOAD_DONE's REPORT */
+       5: REPLICAS, OFFLOAD_DONE's REPORT; 6: REGISTER's CXL pool */
 #define STORE_KEY_MAX 1024   /* bytes of a key */
 #define STORE_BATCH_MAX 4096 /* entries of one frame; a client cuts larger batches */
 #define STORE_REPLICAS_MAX 8 /* replicas of one object */

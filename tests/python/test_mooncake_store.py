@@ -778,3 +778,40 @@ def test_remove_force_waits_out_a_get_lease(master):
     assert a.is_exist("forced") == 0
     assert a.remove("forced", force=True) == -704  # absent: no wait
     a.close()
+
+
+def test_protocol_cxl_maps_the_masters_pool(tmp_path, monkeypatch):
+    """setup(..., "cxl", ...) as Mooncake's CXL test does: MC_CXL_DEV_PATH and
+    MC_CXL_DEV_SIZE name the device (a file here) every client maps; the
+    master (--enable_cxl) keeps each value there, global_segment_size is
+    not used, and the zero-copy calls take memory nobody registered. A
+    client without the device is refused with the reason."""
+    device = tmp_path / "dax"
+    with open(device, "wb") as f:
+        f.truncate(16 * MiB)
+    proc, addr = start_master("--enable_cxl", "--cxl_path=%s" % device, "--cxl_size=16M")
+    monkeypatch.setenv("MC_CXL_DEV_PATH", str(device))
+    monkeypatch.setenv("MC_CXL_DEV_SIZE", str(16 * MiB))
+    stores = []
+    try:
+        for _ in range(2):
+            s = MooncakeDistributedStore()
+            assert s.setup("127.0.0.1", "P2PHANDSHAKE", 32 * MiB, 16 * MiB, "cxl", "", addr) == 0
+            stores.append(s)
+        writer, reader = stores
+        assert writer.put("cxl_key", page_bytes(3)) == 0
+        assert reader.get("cxl_key") == page_bytes(3)
+        dest = ctypes.create_string_buffer(PAGE)  # not registered
+        assert reader.batch_get_into(["cxl_key"], [ctypes.addressof(dest)], [PAGE]) == [PAGE]
+        assert dest.raw == page_bytes(3)
+        with open(device, "rb") as f:  # the value lives in the device
+            assert page_bytes(3) in f.read()
+        monkeypatch.setenv("MC_CXL_DEV_SIZE", str(8 * MiB))
+        small = MooncakeDistributedStore()
+        assert small.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MiB, "cxl", "", addr) != 0
+        plain = MooncakeDistributedStore()
+        assert plain.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", addr) != 0
+    finally:
+        for s in stores:
+            s.close()
+        stop_master(proc)
