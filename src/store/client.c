@@ -535,6 +535,9 @@ static ferry_status put_staged(ferry_store *s, const char *key, const void *data
   if (!data || !length)
     return ferry_fail(FERRY_EINVAL, "%s: no bytes to store under \"%s\"", call,
                       key ? key : "(NULL)");
+  if (s->cxl) /* copied into the pool from where it is: staging would be a second copy */
+    return upsert ? ferry_store_upsert_from(s, key, (void *)data, length, replicate)
+                  : ferry_store_put_from(s, key, (void *)data, length, replicate);
   ferry_status st = take_staging(s, length, &buf);
   if (st)
     return st;
@@ -592,13 +595,35 @@ ferry_status ferry_store_put_batch(ferry_store *s, ferry_store_item *items, size
   return st;
 }
 
+/* get_staged for a CXL pool's client: straight from the pool into the
+ * malloc'd copy (its buffers need no registration). */
+static ferry_status get_unstaged(ferry_store *s, const char *key, uint64_t *size, void **data,
+                                 size_t *length) {
+  void *copy = malloc(*size ? (size_t)*size : 1);
+  if (!copy)
+    return ferry_fail(FERRY_ENOMEM, "ferry_store_get \"%s\": no memory for %llu bytes", key,
+                      (unsigned long long)*size);
+  size_t got = 0;
+  ferry_status st = ferry_store_get_into(s, key, copy, *size, &got);
+  if (st == FERRY_EINVAL && got > *size)
+    *size = got; /* an upsert made it larger since the size was asked */
+  if (st) {
+    free(copy);
+    return st;
+  }
+  *data = copy;
+  *length = got;
+  return FERRY_OK;
+}
+
 /* Reads key (size bytes, or more: *size grows) through staging into a
  * malloc'd copy. */
 static ferry_status get_staged(ferry_store *s, const char *key, uint64_t *size, void **data,
                                size_t *length) {
   void *buf = NULL, *copy = NULL;
-  ferry_status st = take_staging(s, *size, &buf);
-  if (st)
+  ferry_status st =
+      s->cxl ? get_unstaged(s, key, size, data, length) : take_staging(s, *size, &buf);
+  if (st || s->cxl)
     return st;
   size_t got = 0;
   st = ferry_store_get_into(s, key, buf, *size, &got);
