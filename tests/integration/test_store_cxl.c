@@ -84,18 +84,17 @@ static ferry_status open_client(ferry_engine *e, const char *master, const char 
   return ferry_store_open(e, &cfg, out);
 }
 
-static uint8_t pattern(unsigned seed, size_t i) { return (uint8_t)(i * 151u + seed * 13u + 5u); }
-
-static void fill(uint8_t *p, size_t n, unsigned seed) {
-  for (size_t i = 0; i < n; i++)
-    p[i] = pattern(seed, i);
-}
-
+/* Whether p holds the n bytes test_fill_random(seed) gives: -1, or the
+ * first byte that differs. */
 static long mismatch(const uint8_t *p, size_t n, unsigned seed) {
-  for (size_t i = 0; i < n; i++)
-    if (p[i] != pattern(seed, i))
-      return (long)i;
-  return -1;
+  uint8_t *want = malloc(n);
+  test_fill_random(want, n, seed);
+  long at = -1;
+  for (size_t i = 0; i < n && at < 0; i++)
+    if (p[i] != want[i])
+      at = (long)i;
+  free(want);
+  return at;
 }
 
 static const size_t sizes[] = {100, 4 * KiB, 64 * KiB + 3, 1 * MiB};
@@ -165,7 +164,7 @@ static void a_value_put_here_is_read_by_another_process(void **state) {
     char key[32];
     snprintf(key, sizeof key, "cxl-%zu", i);
     uint8_t *buf = malloc(sizes[i]), *seen = malloc(sizes[i]);
-    fill(buf, sizes[i], (unsigned)i);
+    test_fill_random(buf, sizes[i], i);
     if (ferry_store_put_from(s, key, buf, sizes[i], &two) != FERRY_OK)
       fail_msg("put_from %s: %s", key, ferry_last_error());
     ferry_store_replica_list where = {key, 0, 0, 0, NULL};
@@ -265,7 +264,7 @@ static void a_full_pool_evicts_the_least_recently_used(void **state) {
   for (unsigned i = 0; i < 3; i++) {
     char key[16];
     snprintf(key, sizeof key, "big-%u", i);
-    fill(buf, len, i);
+    test_fill_random(buf, len, i);
     if (ferry_store_put_from(s, key, buf, len, NULL) != FERRY_OK)
       fail_msg("put %s: %s", key, ferry_last_error());
   }
