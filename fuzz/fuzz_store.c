@@ -112,6 +112,9 @@ static void check_reply(uint8_t op, store_reader req, uint32_t count, const stor
     store_get_u32(&reply);
     FUZZ_CHECK(store_get_u32(&reply) > 0); /* the ping interval */
     store_get_str(&reply, &s, &len, STORE_DIR_MAX);
+    store_get_str(&reply, &s, &len, STORE_NAME_MAX); /* the CXL pool: none here */
+    FUZZ_CHECK(len == 0);
+    FUZZ_CHECK(store_get_u64(&reply) == 0 && store_get_u64(&reply) == 0);
   } else if (op == STORE_REMOVE_ALL) {
     store_get_u64(&reply);
   }
