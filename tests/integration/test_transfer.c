@@ -3,6 +3,7 @@
  * round, with this program started again as the initiator: child.h).
  * Every transfer is verified byte for byte. */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -357,14 +358,22 @@ static long cpu_ticks(pid_t pid) {
 #define IDLE_TICKS_MAX 2
 #endif
 
+/* A second window is measured when the first is over the bound: a busy
+ * VM's one-off wake-ups (3 ticks once, on a loaded CI machine) do not
+ * repeat, a poller's do. */
 static void assert_idle(const char *what, pid_t target_pid) {
   sleep(1);
-  long target_before = cpu_ticks(target_pid), self_before = cpu_ticks(getpid());
-  sleep(2);
-  long target_used = cpu_ticks(target_pid) - target_before;
-  long self_used = cpu_ticks(getpid()) - self_before;
-  print_message("%s idle for 2 s: target used %ld ticks, initiator %ld\n", what, target_used,
-                self_used);
+  long target_used = LONG_MAX, self_used = LONG_MAX, target_before = 0;
+  for (int window = 0; window < 2 && (target_used > IDLE_TICKS_MAX || self_used > IDLE_TICKS_MAX);
+       window++) {
+    target_before = cpu_ticks(target_pid);
+    long self_before = cpu_ticks(getpid());
+    sleep(2);
+    target_used = cpu_ticks(target_pid) - target_before;
+    self_used = cpu_ticks(getpid()) - self_before;
+    print_message("%s idle for 2 s: target used %ld ticks, initiator %ld\n", what, target_used,
+                  self_used);
+  }
   assert_true(target_before >= 0 && target_used <= IDLE_TICKS_MAX);
   assert_true(self_used <= IDLE_TICKS_MAX);
 }
