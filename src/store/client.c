@@ -334,7 +334,10 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
     st = ferry_fail(FERRY_ENOMEM, "ferry_store_open: out of memory");
   s->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 10000;
   s->segment_size = cfg->segment_size;
-  s->staging_size = cfg->local_buffer_size ? cfg->local_buffer_size : DEFAULT_STAGING;
+  /* A CXL client copies straight between the caller and the pool: no staging. */
+  s->staging_size = cfg->cxl_path            ? 0
+                    : cfg->local_buffer_size ? cfg->local_buffer_size
+                                             : DEFAULT_STAGING;
   init_sync(s);
   const char *secret = cfg->secret ? cfg->secret : getenv("FERRY_SECRET");
   if (!st && secret && *secret && !(s->secret = strdup(secret)))
@@ -345,7 +348,7 @@ ferry_status ferry_store_open(ferry_engine *engine, const ferry_store_config *cf
    * the same name may get the same one) for as long as it lives. */
   while (!st && s->segment_size && !s->segment_nonce)
     s->segment_nonce = ferry_random_u64();
-  if (!st)
+  if (!st && s->staging_size)
     st = ferry_memory_alloc(engine, s->staging_size, &s->staging);
   if (!st && cfg->cxl_path)
     st = store_cxl_map(s, cfg->cxl_path, cfg->cxl_size);
@@ -571,6 +574,8 @@ ferry_status ferry_store_put_batch(ferry_store *s, ferry_store_item *items, size
   }
   if (!count)
     return FERRY_OK;
+  if (s->cxl) /* copied into the pool from where they are, as put_staged does */
+    return ferry_store_put_from_batch(s, items, count, replicate);
   ferry_store_item *staged = malloc(count * sizeof *staged);
   void *buf = NULL;
   ferry_status st = staged ? take_staging(s, total, &buf)

@@ -284,12 +284,63 @@ static void a_full_pool_evicts_the_least_recently_used(void **state) {
   rig_stop(&r);
 }
 
+/* A CXL client copies between the caller's memory and the pool: it
+ * registers nothing, not even the staging buffer it is offered (red when
+ * local_buffer_size is allocated), and a batch of unregistered values
+ * reads back whole. */
+static void a_client_registers_no_staging(void **state) {
+  (void)state;
+  rig r;
+  device_create(&r, POOL);
+  rig_start(&r, "16M", NULL);
+  ferry_engine *e = engine_new();
+  ferry_store_config cfg;
+  ferry_store_config_init(&cfg);
+  cfg.master = r.addr;
+  cfg.cxl_path = r.device;
+  cfg.cxl_size = POOL;
+  cfg.local_buffer_size = 8 * MiB;
+  ferry_store *s;
+  if (ferry_store_open(e, &cfg, &s) != FERRY_OK)
+    fail_msg("open: %s", ferry_last_error());
+  ferry_region *regions = NULL;
+  size_t count = 99;
+  assert_int_equal(ferry_peer_regions(e, ferry_engine_name(e), &regions, &count), FERRY_OK);
+  assert_int_equal(count, 0);
+  free(regions);
+  uint8_t *values[2], *back[2];
+  ferry_store_item items[2] = {{.key = "batch-0"}, {.key = "batch-1"}};
+  for (unsigned i = 0; i < 2; i++) {
+    values[i] = malloc(sizes[i]);
+    back[i] = calloc(1, sizes[i]);
+    test_fill_random(values[i], sizes[i], 40 + i);
+    items[i].buf = values[i];
+    items[i].length = sizes[i];
+  }
+  if (ferry_store_put_batch(s, items, 2, NULL) != FERRY_OK)
+    fail_msg("put_batch: %s", ferry_last_error());
+  for (unsigned i = 0; i < 2; i++)
+    items[i].buf = back[i];
+  assert_int_equal(ferry_store_get_into_batch(s, items, 2), FERRY_OK);
+  for (unsigned i = 0; i < 2; i++) {
+    assert_int_equal(items[i].status, FERRY_OK);
+    assert_int_equal(items[i].length, sizes[i]);
+    assert_int_equal(mismatch(back[i], sizes[i], 40 + i), -1);
+    free(values[i]);
+    free(back[i]);
+  }
+  ferry_store_close(s);
+  ferry_engine_destroy(e);
+  rig_stop(&r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_value_put_here_is_read_by_another_process),
       cmocka_unit_test(clients_that_disagree_with_the_master_are_refused),
       cmocka_unit_test(the_pool_refuses_the_disk_tiers),
       cmocka_unit_test(a_full_pool_evicts_the_least_recently_used),
+      cmocka_unit_test(a_client_registers_no_staging),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
