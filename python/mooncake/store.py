@@ -81,7 +81,7 @@ import time
 import ferry
 from ferry import _ferry
 
-from mooncake import _parallel, _tensor
+from mooncake import _parallel, _safetensors, _tensor
 from mooncake._buffer_pool import BufferPool, RegisteredBufferPool  # noqa: F401 (Mooncake's names)
 from mooncake._dummy_client import DummyConnection
 from mooncake._replicas import (  # noqa: F401 (Mooncake's names)
@@ -106,6 +106,7 @@ FORCE_REMOVE_WAIT_S = 30.0  # remove(force=True): the longest lease it waits out
 REPLICA_IS_NOT_READY = -703
 TRANSFER_FAIL = -800
 RPC_FAIL = -900
+FILE_NOT_FOUND = -1100
 
 _SETUP_ARGS = ("local_hostname", "metadata_server", "global_segment_size", "local_buffer_size",
                "protocol", "rdma_devices", "master_server_addr", "engine", "enable_ssd_offload",
@@ -638,6 +639,12 @@ class MooncakeDistributedStore:
             out[i] = h if n == len(h) else None
         return out
 
+    def get_batch(self, keys):
+        """Each key's value as bytes; b"" for one that cannot be read
+        (absent, failed: logged), as get answers."""
+        return [b"" if h is None else bytes(h)
+                for h in self.batch_get_buffer(keys, _call="get_batch")]
+
     def get_buffer(self, key):
         """batch_get_buffer of one key: its BufferHandle, or None."""
         return self.batch_get_buffer([key])[0]
@@ -776,6 +783,44 @@ class MooncakeDistributedStore:
 
     def batch_get_tensor(self, keys):
         return self._get_tensors("batch_get_tensor", keys)
+
+    def save_tensor_to_safetensor(self, key, file_name=None):
+        """Writes the tensor under key to a safetensors file (file_name, or
+        the key as the file's name), the tensor named by the key: 0, -1100
+        (FILE_NOT_FOUND) when the key holds no tensor, -600 when the file
+        cannot be written."""
+        tensor = self.get_tensor(key)
+        if tensor is None:
+            return self._fail("save_tensor_to_safetensor", FILE_NOT_FOUND,
+                              "no tensor under %r to save" % key)
+        path = key if file_name is None else file_name
+        try:
+            _safetensors.save({key: tensor}, path)
+        except (OSError, _safetensors.SafetensorsError) as e:
+            return self._fail("save_tensor_to_safetensor", INVALID_PARAMS,
+                              "cannot write %s: %s" % (path, e))
+        return 0
+
+    def load_tensor_from_safetensor(self, key, file_name):
+        """Puts a tensor of the safetensors file file_name under key (None:
+        under the file's name) and answers it, or None (logged): the one
+        named key, else the file's first in name order."""
+        call = "load_tensor_from_safetensor"
+        try:
+            tensors = _safetensors.load(file_name)
+        except (OSError, _safetensors.SafetensorsError) as e:
+            return self._none(call, INVALID_PARAMS, "cannot read %s: %s" % (file_name, e))
+        if not tensors:
+            return self._none(call, INVALID_PARAMS, "%s holds no tensor" % file_name)
+        target = file_name if key is None else key
+        if key is not None and key not in tensors:
+            logger.warning("%s: %s has no tensor %r; storing its first, %r", call, file_name,
+                           key, next(iter(tensors)))
+        tensor = tensors.get(key) if key in tensors else next(iter(tensors.values()))
+        rc = self.put_tensor(target, tensor)
+        if rc != 0:
+            return self._none(call, rc, "put_tensor of %r answered %d" % (target, rc))
+        return tensor
 
     def get_tensor_with_tp(self, key, tp_rank=0, tp_size=1, split_dim=0):
         """This rank's shard (key_tp_<tp_rank>); tp_size 1: get_tensor(key)."""

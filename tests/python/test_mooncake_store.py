@@ -558,7 +558,8 @@ def test_put_batch_and_batch_get_buffer(master):
     """put_batch(keys, values, config) stores bytes-like values (two replicas
     asked: one in each client's segment), a batch larger than the local
     buffer too; batch_get_buffer reads each into a BufferHandle (None for an
-    absent key), whose bytes, size() and ptr() agree."""
+    absent key), whose bytes, size() and ptr() agree; get_batch answers bytes
+    (b"" for an absent key)."""
     a, b = client(master), client(master)
     try:
         keys = ["pb_%d" % i for i in range(6)]
@@ -579,6 +580,8 @@ def test_put_batch_and_batch_get_buffer(master):
         assert b.batch_get_buffer([]) == []
         assert b.batch_get_buffer(["absent"]) == [None]
         assert bytes(b.get_buffer(keys[0])) == page_bytes(0) and b.get_buffer("absent") is None
+        assert b.get_batch([keys[2], "absent", keys[5]]) == [page_bytes(2), b"", page_bytes(10)]
+        assert b.get_batch([]) == []
     finally:
         assert a.close() == 0
         assert b.close() == 0
