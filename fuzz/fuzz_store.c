@@ -117,6 +117,8 @@ static void check_reply(uint8_t op, store_reader req, uint32_t count, const stor
     FUZZ_CHECK(store_get_u64(&reply) == 0 && store_get_u64(&reply) == 0);
   } else if (op == STORE_REMOVE_ALL) {
     store_get_u64(&reply);
+  } else if (op == STORE_CLEAR) {
+    store_get_str(&req, &s, &len, STORE_NAME_MAX); /* the segment */
   }
   for (uint32_t i = 0; i < count; i++) {
     store_get_str(&req, &s, &len, STORE_KEY_MAX);

@@ -320,6 +320,8 @@ static void add_keys(buf *b, int client, uint8_t op, uint8_t n, uint8_t replicas
   store_writer w = {0};
   int starts = op == STORE_PUT_START || op == STORE_UPSERT_START;
   store_put_u8(&w, op);
+  if (op == STORE_CLEAR)
+    store_put_str(&w, client ? "seg-a" : "", client ? 5 : 0);
   if (starts) {
     store_put_u8(&w, replicas);
     store_put_str(&w, "", 0);
@@ -363,7 +365,7 @@ static void store_seeds(void) {
   static const store_step session[] = {
       {0, STORE_PUT_START, 4, 2, 4096}, {0, STORE_PUT_END, 4, 0, 0}, {1, STORE_GET, 4, 0, 0},
       {1, STORE_QUERY, 4, 0, 0},        {1, STORE_REMOVE, 2, 0, 0},  {1, STORE_DROP_FILE, 4, 0, 0},
-      {1, STORE_REPLICAS, 4, 0, 0},
+      {1, STORE_REPLICAS, 4, 0, 0},     {1, STORE_CLEAR, 4, 0, 0},   {0, STORE_CLEAR, 4, 0, 0},
   };
   add_steps(&b, session, sizeof session / sizeof *session);
   put("fuzz_store", "put_get_remove", b.data, b.len);

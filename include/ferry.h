@@ -1124,6 +1124,18 @@ typedef struct ferry_store_replica_list {
 ferry_status ferry_store_replicas_batch(ferry_store *store, ferry_store_replica_list *items,
                                         size_t count);
 void ferry_store_replica_lists_free(ferry_store_replica_list *items, size_t count);
+/* Mooncake's batch_replica_clear: each key's replicas in the segment named
+ * (segment NULL or "": all of them, which removes the object) are given
+ * back, with the copy that segment's client keeps on its offload disk; an
+ * object with nothing left goes (one with its --root_fs_dir file stays).
+ * Each item's status (buf and length are not used): FERRY_OK cleared;
+ * FERRY_ENOTFOUND absent, a put pending, or nothing in that segment;
+ * FERRY_EBUSY a get's lease, or an offload or load of it under way. Like
+ * exists_batch it fails only when the master cannot answer. Any client may
+ * clear any key, as any may remove it (Mooncake clears only the keys the
+ * caller put). */
+ferry_status ferry_store_clear_batch(ferry_store *store, ferry_store_item *items, size_t count,
+                                     const char *segment);
 /* Copies each items[i].buf[0..length) (any memory, read only) into the
  * store under items[i].key: the values go through the staging buffer
  * (local_buffer_size; a larger total takes a temporary registered buffer),

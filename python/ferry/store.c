@@ -272,9 +272,10 @@ static PyObject *store_batch_put_from(StoreObject *self, PyObject *args, PyObjec
   return out;
 }
 
-/* batch_get_into (buffers) and batch_exists (keys only). */
+/* batch_get_into (buffers), batch_exists (keys only) and batch_clear
+ * (keys, and the segment: non-NULL). */
 static PyObject *keys_call(StoreObject *self, PyObject *keys_o, PyObject *addrs_o,
-                           PyObject *sizes_o) {
+                           PyObject *sizes_o, const char *segment) {
   PyObject *keys, *out = NULL;
   ferry_store_item *items;
   Py_ssize_t n = items_get(keys_o, addrs_o, sizes_o, &keys, &items);
@@ -283,8 +284,9 @@ static PyObject *keys_call(StoreObject *self, PyObject *keys_o, PyObject *addrs_
   if (store_enter(self) == 0) {
     CallResult r;
     STORE_CALL(self, r,
-               addrs_o ? ferry_store_get_into_batch(self->store, items, (size_t)n)
-                       : ferry_store_exists_batch(self->store, items, (size_t)n));
+               addrs_o   ? ferry_store_get_into_batch(self->store, items, (size_t)n)
+               : segment ? ferry_store_clear_batch(self->store, items, (size_t)n, segment)
+                         : ferry_store_exists_batch(self->store, items, (size_t)n));
     out = failed_whole(items, n, &r) ? raise_result(&r) : items_result(items, n, 1, &r);
   }
   PyMem_Free(items);
@@ -296,11 +298,19 @@ static PyObject *store_batch_get_into(StoreObject *self, PyObject *args) {
   PyObject *keys, *addrs, *sizes;
   if (!PyArg_ParseTuple(args, "OOO:batch_get_into", &keys, &addrs, &sizes))
     return NULL;
-  return keys_call(self, keys, addrs, sizes);
+  return keys_call(self, keys, addrs, sizes, NULL);
 }
 
 static PyObject *store_batch_exists(StoreObject *self, PyObject *keys) {
-  return keys_call(self, keys, NULL, NULL);
+  return keys_call(self, keys, NULL, NULL, NULL);
+}
+
+static PyObject *store_batch_clear(StoreObject *self, PyObject *args) {
+  PyObject *keys;
+  const char *segment = "";
+  if (!PyArg_ParseTuple(args, "O|s:batch_clear", &keys, &segment))
+    return NULL;
+  return keys_call(self, keys, NULL, NULL, segment);
 }
 
 /* One key's answer: None (absent), else (size, [(kind, location, address)]). */
@@ -588,6 +598,9 @@ static PyMethodDef store_methods[] = {
      "batch_exists(keys) -> ([size, or -status (ENOTFOUND: absent) per key], detail or None)"},
     {"batch_replicas", (PyCFunction)store_batch_replicas, METH_O,
      "batch_replicas(keys) -> [None (absent) or (size, [(kind, location, address)]) per key]"},
+    {"batch_clear", (PyCFunction)store_batch_clear, METH_VARARGS,
+     "batch_clear(keys, segment='') -> ([0 or -status per key], detail or None): each key's "
+     "replicas in segment ('': all) given back once no lease holds them"},
     {"put_batch", KW(store_put_batch),
      "put_batch(keys, values, replicas=1, preferred_segment=None, pin=0) -> ([0 or -status "
      "per key], detail or None); values any bytes-like objects"},

@@ -414,6 +414,9 @@ class DummyConnection:
     def remove(self, key):
         self.call("remove", key=key)
 
+    def batch_clear(self, keys, segment=""):
+        return self.call("clear", keys=list(keys), segment=segment)
+
     def remove_all(self):
         return self.call("remove_all")
 

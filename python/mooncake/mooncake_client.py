@@ -249,6 +249,9 @@ class _Dummy:
     def op_exists(self, msg, fds):
         return list(self.server.store.batch_exists(msg["keys"]))
 
+    def op_clear(self, msg, fds):
+        return list(self.server.store.batch_clear(msg["keys"], msg["segment"]))
+
     def op_remove(self, msg, fds):
         self.server.store.remove(msg["key"])
         return 0

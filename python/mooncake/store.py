@@ -516,6 +516,22 @@ class MooncakeDistributedStore:
     def remove_all(self):
         return self._call("remove_all", self._store.remove_all if self._store else None)
 
+    def batch_replica_clear(self, keys, segment_name=""):
+        """The keys whose replicas were given back once no get's lease held
+        them: all of a key's (segment_name "": the object goes, as remove), or
+        those in the segment named, with the copy its client keeps on its
+        offload disk (the object goes when nothing is left). Keys absent,
+        leased, under an offload or with nothing there are left out, as
+        Mooncake's. Unlike Mooncake's, a key another client put is cleared
+        too: any client may remove any key here."""
+        keys = list(keys)
+        if not keys:
+            return []
+        answers = self._batch("batch_replica_clear",
+                              lambda: self._store.batch_clear(keys, segment_name or ""),
+                              len(keys))
+        return [k for k, a in zip(keys, answers) if a == 0]
+
     def is_exist(self, key):
         return self.batch_is_exist([key])[0]
 

@@ -801,6 +801,48 @@ static ferry_status query_items(ferry_store *s, item *items, size_t count, const
   return st;
 }
 
+/* ---- clear ---------------------------------------------------------------------------------- */
+
+static ferry_status clear_slice(ferry_store *s, ferry_store_item *items, size_t count,
+                                const char *segment) {
+  store_writer w = {0};
+  store_put_u8(&w, STORE_CLEAR);
+  store_put_str(&w, segment, strlen(segment));
+  for (size_t i = 0; i < count; i++)
+    store_put_str(&w, items[i].key, strlen(items[i].key));
+  ferry_frame_header h;
+  uint8_t *body;
+  ferry_status st = store_request(s, &w, (uint32_t)count, &h, &body, "store CLEAR");
+  if (st)
+    return st;
+  store_reader r = {body, (size_t)h.body_len, 0};
+  for (size_t i = 0; i < count; i++)
+    items[i].status = (ferry_status)(int32_t)store_get_u32(&r);
+  free(body);
+  return r.bad || r.left
+             ? ferry_fail(FERRY_EPROTO, "store master %s: malformed CLEAR reply", s->master)
+             : FERRY_OK;
+}
+
+ferry_status ferry_store_clear_batch(ferry_store *s, ferry_store_item *items, size_t count,
+                                     const char *segment) {
+  segment = segment ? segment : "";
+  if (strlen(segment) > STORE_NAME_MAX)
+    return ferry_fail(FERRY_EINVAL,
+                      "ferry_store_clear_batch: a segment name of %zu bytes (at most %d)",
+                      strlen(segment), STORE_NAME_MAX);
+  for (size_t i = 0; i < count; i++) {
+    ferry_status st = store_check_key(items[i].key, "ferry_store_clear_batch");
+    if (st)
+      return st;
+  }
+  ferry_status st = FERRY_OK;
+  for (size_t at = 0; !st && at < count; at += STORE_BATCH_MAX)
+    st = clear_slice(s, items + at, count - at < STORE_BATCH_MAX ? count - at : STORE_BATCH_MAX,
+                     segment);
+  return st;
+}
+
 /* ---- the public calls ----------------------------------------------------------------------- */
 
 /* The single-buffer items as items of one buffer each (one allocation:

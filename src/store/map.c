@@ -1265,6 +1265,81 @@ static ferry_status serve_replicas(store_map *m, store_reader *r, uint32_t count
   return FERRY_OK;
 }
 
+/* ---- CLEAR ---------------------------------------------------------------------------------- */
+
+static int in_segment(const segment *s, const char *name, size_t len) {
+  return strlen(s->name) == len && !memcmp(s->name, name, len);
+}
+
+/* Gives back o's replicas in the segment named, and drops the offload copy
+ * when that segment's client keeps it; o keeps its other replicas, or its
+ * --root_fs_dir file alone. Nonzero when nothing would be left: the caller
+ * unlinks o (which deletes the copy too). */
+static int clear_segment(store_map *m, object *o, const char *name, size_t len) {
+  segment *owner = map_disk_owner(o);
+  int copy_here = owner && in_segment(owner, name, len);
+  unsigned kept = 0;
+  for (unsigned i = 0; i < o->replicas; i++)
+    kept += !in_segment(o->rep[i].seg, name, len);
+  if (!kept && !o->on_disk && (!owner || copy_here))
+    return 1;
+  if (copy_here)
+    map_queue_delete(m, o);
+  if (!kept) {
+    to_disk_only(m, o, 1);
+    return 0;
+  }
+  kept = 0;
+  for (unsigned i = 0; i < o->replicas; i++)
+    if (in_segment(o->rep[i].seg, name, len))
+      store_extents_free(&o->rep[i].seg->space, o->rep[i].offset, o->size);
+    else
+      o->rep[kept++] = o->rep[i];
+  o->replicas = (uint8_t)kept;
+  map_journal_object(m, o);
+  if (m->offload && !m->offload_on_evict)
+    map_queue_offload(m, o); /* its copy went with the segment: the next owner writes one */
+  return 0;
+}
+
+/* One CLEAR entry: all of *at's replicas (len 0: a REMOVE), or those in
+ * the segment named. */
+static ferry_status clear_one(store_map *m, object **at, const char *name, size_t len) {
+  if (!at || !len)
+    return remove_one(m, at);
+  object *o = *at;
+  segment *owner = map_disk_owner(o);
+  int there = owner && in_segment(owner, name, len);
+  for (unsigned i = 0; i < o->replicas && !there; i++)
+    there = in_segment(o->rep[i].seg, name, len);
+  if (!there)
+    return FERRY_ENOTFOUND;
+  if (o->lease_until_ns > ferry_now_ns() || o->off & ~OFF_LOCAL)
+    return FERRY_EBUSY; /* a get's lease, or an offload, load or staging under way */
+  if (clear_segment(m, o, name, len))
+    map_unlink_object(m, at);
+  return FERRY_OK;
+}
+
+static ferry_status serve_clear(store_map *m, store_reader *r, uint32_t count, store_writer *reply,
+                                char *why, size_t size) {
+  const char *name;
+  size_t len;
+  store_get_str(r, &name, &len, STORE_NAME_MAX);
+  if (r->bad)
+    return snprintf(why, size, "malformed CLEAR segment"), FERRY_EPROTO;
+  prefetch_chains(m, r, count, 0);
+  for (uint32_t i = 0; i < count; i++) {
+    object **at;
+    if (committed_entry(m, r, &at) != FERRY_OK)
+      return snprintf(why, size, "malformed entry %u", i), FERRY_EPROTO;
+    ferry_status st = clear_one(m, at, name, len);
+    count_op(m, STORE_COUNT_CLEAR, st);
+    store_put_u32(reply, (uint32_t)st);
+  }
+  return FERRY_OK;
+}
+
 static void serve_remove_all(store_map *m, store_writer *reply) {
   uint64_t removed = 0, now = ferry_now_ns();
   for (size_t b = 0; b < m->bucket_count; b++)
@@ -1306,6 +1381,8 @@ ferry_status store_map_serve(store_map *m, uint64_t client, uint8_t op, store_re
     st = map_serve_done(m, r, count, reply, why, why_size);
   else if (op == STORE_REPLICAS)
     st = serve_replicas(m, r, count, reply, why, why_size);
+  else if (op == STORE_CLEAR)
+    st = serve_clear(m, r, count, reply, why, why_size);
   else if (op != STORE_PING)
     st = serve_keys(m, client, op, r, count, reply, why, why_size);
   if ((keyless || st) && op <= STORE_UPSERT_START) /* keyed ones per item; offload's not */

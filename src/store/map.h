@@ -90,6 +90,7 @@ enum {
   STORE_COUNT_OFFLOAD_DROP,   /* an owner's DROP of a copy for room (failed: refused) */
   STORE_COUNT_OFFLOAD_REPORT, /* files an owner reported at (re)join (failed: not taken) */
   STORE_COUNT_PROMOTION,      /* gets of a key on disk only (failed: not promoted) */
+  STORE_COUNT_CLEAR,          /* CLEAR entries (failed: absent, nothing there, or busy) */
   STORE_COUNT_SLOTS
 };
 typedef struct store_op_count {

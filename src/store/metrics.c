@@ -31,6 +31,7 @@ static const char *const op_names[STORE_COUNT_SLOTS] = {
     [STORE_COUNT_OFFLOAD_DELETE] = "offload_delete",
     [STORE_COUNT_OFFLOAD_DROP] = "offload_drop",
     [STORE_COUNT_OFFLOAD_REPORT] = "offload_report",
+    [STORE_COUNT_CLEAR] = "batch_replica_clear",
 };
 
 typedef struct text {

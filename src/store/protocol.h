@@ -33,6 +33,7 @@
  *   REPLICAS    -                               str key              i32 status | u64 size |
  *                                                                    u8 n | n * (u8 kind |
  *                                                                    str location | u64 addr)
+ *   CLEAR       str segment ("": all)           str key              i32 status
  *   replicas:   u8 n | n * (str segment | u64 addr)
  *
  * A PUT_START entry with status 0 and no replicas: the key is stored
@@ -51,6 +52,11 @@
  * MEMORY (its segment and address), DISK (the --root_fs_dir file's path,
  * addr 0), LOCAL_DISK (the offload copy's owner: its segment, addr 0). A
  * missing or pending key: FERRY_ENOTFOUND, size 0, no replicas.
+ * CLEAR (Mooncake's batch_replica_clear): a committed object no lease
+ * holds loses its replicas in the segment named, with the offload copy its
+ * client keeps, and goes when nothing is left; "" clears all of them (a
+ * REMOVE). Status FERRY_ENOTFOUND: absent, pending, or nothing in that
+ * segment; FERRY_EBUSY: a get's lease, or an offload or load under way.
  * A GET entry's flags: STORE_GET_ON_DISK, the object has a complete file
  * (with no replicas: it is in its file only, disk.h); STORE_GET_LOADED, its
  * replica is a copy loaded back from its owner's offload disk for gets. DROP_FILE: the caller found
@@ -70,9 +76,9 @@
 #include "wire/wire.h"
 
 #define STORE_PROTOCOL_VERSION                                                                     \
-  6 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START,                      \
+  7 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START,                      \
        soft pin actions and TTLs; 4: REGISTER's segment nonce;                                     \
-       5: REPLICAS, OFFLOAD_DONE's REPORT; 6: REGISTER's CXL pool */
+       5: REPLICAS, OFFLOAD_DONE's REPORT; 6: REGISTER's CXL pool; 7: CLEAR */
 #define STORE_KEY_MAX 1024   /* bytes of a key */
 #define STORE_BATCH_MAX 4096 /* entries of one frame; a client cuts larger batches */
 #define STORE_REPLICAS_MAX 8 /* replicas of one object */
@@ -94,7 +100,8 @@ typedef enum store_op {
   STORE_OFFLOAD_POLL = 11, /* --enable_offload: an offloading client's tasks (offload.c) */
   STORE_OFFLOAD_DONE = 12, /* ... and what became of them */
   STORE_REPLICAS = 13,     /* where keys' objects are (ferry_store_replicas_batch) */
-  STORE_OP_LAST = STORE_REPLICAS,
+  STORE_CLEAR = 14,        /* keys' replicas, all or one segment's (ferry_store_clear_batch) */
+  STORE_OP_LAST = STORE_CLEAR,
 } store_op;
 
 /* A GET entry's flags (after its replicas). */

@@ -158,6 +158,10 @@ def test_a_dummy_moves_every_byte(real_client):
         assert ctypes.string_at(dst + 10, 20) == values[7][3000:3020]
 
         assert store.get_hostname()  # the real client's segment
+        assert store.put("d/clear", value) == 0  # not read: no lease holds it
+        assert store.batch_replica_clear(["d/clear", "d/absent"],
+                                         segment_name=store.get_hostname()) == ["d/clear"]
+        assert store.is_exist("d/clear") == 0
         assert store._dummy.status() == {"dummies": 1, "regions": 3}  # local buffer + 2
         assert store.unregister_buffer(src) == 0
         assert store._dummy.status()["regions"] == 2

@@ -94,3 +94,32 @@ def test_an_offloaded_copy_is_a_local_disk_replica(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_batch_replica_clear():
+    """batch_replica_clear(keys, segment_name): the keys cleared, as
+    Mooncake's answers: one segment's replica (the other stays, readable),
+    all of them (the object goes); absent keys, a segment holding nothing
+    and a key a get's lease holds (60 s here) are left out and keep what
+    they had."""
+    proc, addr = start_master("--default_kv_lease_ttl=60000")
+    a, b = client(addr), client(addr)
+    try:
+        assert a.put("two", page_bytes(2), ReplicateConfig(replica_num=2)) == 0
+        assert a.put("one", page_bytes(1)) == 0
+        assert a.batch_replica_clear(["two", "absent"], segment_name=a.get_hostname()) == ["two"]
+        (left,) = b.get_replica_desc("two")
+        assert left.location == b.get_hostname()
+        assert a.batch_replica_clear(["two"], segment_name=a.get_hostname()) == []
+        assert a.batch_replica_clear(["two"], segment_name="nowhere:1") == []
+        assert b.get("two") == page_bytes(2)  # a lease: cleared by nobody now
+        assert a.batch_replica_clear(["two"]) == []
+        assert a.batch_replica_clear(["two"], segment_name=b.get_hostname()) == []
+        assert a.is_exist("two") == 1
+        assert b.batch_replica_clear(["one", "absent"]) == ["one"]
+        assert a.is_exist("one") == 0
+        assert a.batch_replica_clear([]) == []
+    finally:
+        a.close()
+        b.close()
+        stop_master(proc)
