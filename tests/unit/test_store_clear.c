@@ -18,91 +18,32 @@
 
 #include "store/map.h"
 #include "store/protocol.h"
+#include "store_serve.h"
 
 #define SIZE 4096
 #define SEGMENT_BYTES (1ull << 20)
 
-static store_reader serve(store_map *m, uint64_t client, store_writer *req, uint32_t count,
-                          store_writer *reply) {
-  store_reader r = {req->buf, req->len, 0};
-  uint8_t op = store_get_u8(&r);
-  char why[FERRY_WIRE_MAX_REASON] = "";
-  *reply = (store_writer){0};
-  ferry_status st = store_map_serve(m, client, op, &r, count, reply, why, sizeof why);
-  if (st != FERRY_OK)
-    fail_msg("store op %u refused: %s (%s)", op, ferry_strerror(st), why);
-  store_writer_free(req);
-  return (store_reader){reply->buf, reply->len, 0};
-}
-
 /* Client c (1, 2) mounts segment "a" or "b". */
 static void mount(store_map *m, uint64_t c) {
-  store_writer w = {0}, reply;
-  store_put_u8(&w, STORE_REGISTER);
-  store_put_u16(&w, STORE_PROTOCOL_VERSION);
-  store_put_u64(&w, c << 40);
-  store_put_u64(&w, SEGMENT_BYTES);
-  store_put_str(&w, c == 1 ? "a" : "b", 1);
-  store_put_u64(&w, c); /* its nonce */
-  serve(m, c, &w, 0, &reply);
+  store_writer w, reply;
+  test_store_register(&w, c << 40, SEGMENT_BYTES, c == 1 ? "a" : "b", c);
+  test_store_serve(m, c, &w, 0, &reply);
   store_writer_free(&reply);
 }
 
-/* Client 1's offload poll for segment "a": the tasks' kinds, as letters
- * (O offload, D delete); every offload reported written. */
+/* Client 1's offload round for segment "a": its tasks' kinds. */
 static void poll_a(store_map *m, char *kinds, size_t cap) {
-  store_writer w = {0}, reply, done = {0};
-  store_put_u8(&w, STORE_OFFLOAD_POLL);
-  store_put_str(&w, "a", 1);
-  store_put_u64(&w, 1);
-  store_put_u32(&w, 0);
-  store_put_u32(&w, 16);
-  store_reader r = serve(m, 1, &w, 0, &reply);
-  uint32_t n = store_get_u32(&r), written = 0;
-  store_put_u8(&done, STORE_OFFLOAD_DONE);
-  store_put_str(&done, "a", 1);
-  store_put_u64(&done, 1);
-  size_t at = 0;
-  for (uint32_t i = 0; i < n && at + 1 < cap; i++) {
-    uint8_t task = store_get_u8(&r);
-    const char *key;
-    size_t len;
-    store_get_str(&r, &key, &len, STORE_KEY_MAX);
-    store_get_u64(&r);
-    store_get_u64(&r);
-    kinds[at++] = task == STORE_TASK_OFFLOAD ? 'O' : task == STORE_TASK_DELETE ? 'D' : '?';
-    if (task == STORE_TASK_OFFLOAD) {
-      store_put_u8(&done, task);
-      store_put_str(&done, key, len);
-      store_put_u32(&done, 0);
-      written++;
-    }
-  }
-  kinds[at] = '\0';
-  assert_false(r.bad);
-  store_writer_free(&reply);
-  if (written) {
-    serve(m, 1, &done, written, &reply);
-    store_writer_free(&reply);
-  } else {
-    store_writer_free(&done);
-  }
+  test_store_offload_round(m, 1, "a", 1, 16, kinds, cap);
 }
 
 /* Commits key with replicas in "a" then "b" (replicas: 1 or 2), its file
  * written when file. */
 static void put(store_map *m, const char *key, uint8_t replicas, int file) {
-  store_writer w = {0}, reply;
-  store_put_u8(&w, STORE_PUT_START);
-  store_put_u8(&w, replicas);
-  store_put_str(&w, "a", 1);
-  store_put_u8(&w, FERRY_STORE_PIN_NONE);
-  store_put_u8(&w, FERRY_STORE_SOFT_PIN_PRESERVE);
-  store_put_u8(&w, 0);
-  store_put_u64(&w, 0);
+  store_writer w, reply;
+  test_store_put_start(&w, replicas, "a");
   store_put_str(&w, key, strlen(key));
   store_put_u64(&w, SIZE);
-  store_reader r = serve(m, 3, &w, 1, &reply);
+  store_reader r = test_store_serve(m, 3, &w, 1, &reply);
   assert_int_equal((int32_t)store_get_u32(&r), FERRY_OK);
   store_writer_free(&reply);
   w = (store_writer){0};
@@ -110,7 +51,7 @@ static void put(store_map *m, const char *key, uint8_t replicas, int file) {
   store_put_str(&w, key, strlen(key));
   store_put_u32(&w, 0);
   store_put_u8(&w, (uint8_t)file);
-  serve(m, 3, &w, 1, &reply);
+  test_store_serve(m, 3, &w, 1, &reply);
   store_writer_free(&reply);
 }
 
@@ -120,7 +61,7 @@ static ferry_status clear(store_map *m, const char *segment, const char *key) {
   store_put_u8(&w, STORE_CLEAR);
   store_put_str(&w, segment, strlen(segment));
   store_put_str(&w, key, strlen(key));
-  store_reader r = serve(m, 3, &w, 1, &reply);
+  store_reader r = test_store_serve(m, 3, &w, 1, &reply);
   ferry_status st = (ferry_status)(int32_t)store_get_u32(&r);
   assert_false(r.bad || r.left);
   store_writer_free(&reply);
@@ -134,7 +75,7 @@ static const char *places(store_map *m, const char *key) {
   store_writer w = {0}, reply;
   store_put_u8(&w, STORE_REPLICAS);
   store_put_str(&w, key, strlen(key));
-  store_reader r = serve(m, 3, &w, 1, &reply);
+  store_reader r = test_store_serve(m, 3, &w, 1, &reply);
   ferry_status st = (ferry_status)(int32_t)store_get_u32(&r);
   store_get_u64(&r);
   uint8_t n = store_get_u8(&r);
@@ -201,7 +142,7 @@ static void a_lease_holds_the_replicas(void **state) {
   store_writer w = {0}, reply;
   store_put_u8(&w, STORE_GET);
   store_put_str(&w, "k", 1);
-  serve(m, 3, &w, 1, &reply);
+  test_store_serve(m, 3, &w, 1, &reply);
   store_writer_free(&reply);
   assert_int_equal(clear(m, "a", "k"), FERRY_EBUSY);
   assert_int_equal(clear(m, "", "k"), FERRY_EBUSY);

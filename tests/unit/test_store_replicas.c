@@ -19,6 +19,7 @@
 #include "store/disk.h"
 #include "store/map.h"
 #include "store/protocol.h"
+#include "store_serve.h"
 
 #define SEGMENTS STORE_REPLICAS_MAX
 #define KEYS STORE_BATCH_MAX
@@ -34,20 +35,6 @@ static void key_at(char key[STORE_KEY_MAX + 1], unsigned i) {
   key[8] = 'k'; /* snprintf's NUL: the key stays STORE_KEY_MAX bytes */
 }
 
-static store_reader serve(store_map *m, uint64_t client, store_writer *req, uint32_t count,
-                          store_writer *reply) {
-  store_reader r = {req->buf, req->len, 0};
-  uint8_t op = store_get_u8(&r);
-  char why[FERRY_WIRE_MAX_REASON] = "";
-  *reply = (store_writer){0};
-  ferry_status st = store_map_serve(m, client, op, &r, count, reply, why, sizeof why);
-  if (st != FERRY_OK)
-    fail_msg("store op %u refused: %s (%s)", op, ferry_strerror(st), why);
-  assert_false(reply->failed);
-  store_writer_free(req);
-  return (store_reader){reply->buf, reply->len, 0};
-}
-
 static void keyed(store_writer *w, uint8_t op) {
   *w = (store_writer){0};
   store_put_u8(w, op);
@@ -55,20 +42,14 @@ static void keyed(store_writer *w, uint8_t op) {
 
 static void put_keys(store_map *m) {
   store_writer w, reply;
-  keyed(&w, STORE_PUT_START);
-  store_put_u8(&w, SEGMENTS);
-  store_put_str(&w, "", 0);
-  store_put_u8(&w, FERRY_STORE_PIN_NONE);
-  store_put_u8(&w, FERRY_STORE_SOFT_PIN_PRESERVE);
-  store_put_u8(&w, 0);
-  store_put_u64(&w, 0);
+  test_store_put_start(&w, SEGMENTS, "");
   char key[STORE_KEY_MAX + 1];
   for (unsigned i = 0; i < KEYS; i++) {
     key_at(key, i);
     store_put_str(&w, key, STORE_KEY_MAX);
     store_put_u64(&w, 1);
   }
-  store_reader r = serve(m, 1, &w, KEYS, &reply);
+  store_reader r = test_store_serve(m, 1, &w, KEYS, &reply);
   for (unsigned i = 0; i < KEYS; i++) {
     assert_int_equal((int32_t)store_get_u32(&r), FERRY_OK);
     store_replica_ref refs[STORE_REPLICAS_MAX];
@@ -84,43 +65,17 @@ static void put_keys(store_map *m) {
     store_put_u32(&w, 0);
     store_put_u8(&w, 1); /* its --root_fs_dir file written */
   }
-  serve(m, 1, &w, KEYS, &reply);
+  test_store_serve(m, 1, &w, KEYS, &reply);
   store_writer_free(&reply);
 }
 
 /* The owner of segment 0 polls, is given every key's offload, and says
  * each file is written. */
 static void offload_keys(store_map *m) {
-  store_writer w, reply;
-  keyed(&w, STORE_OFFLOAD_POLL);
-  store_put_str(&w, names[0], STORE_NAME_MAX);
-  store_put_u64(&w, 1); /* segment 0's nonce */
-  store_put_u32(&w, 0);
-  store_put_u32(&w, KEYS);
-  store_reader r = serve(m, 1, &w, 0, &reply);
-  uint32_t n = store_get_u32(&r);
-  keyed(&w, STORE_OFFLOAD_DONE);
-  store_put_str(&w, names[0], STORE_NAME_MAX);
-  store_put_u64(&w, 1);
-  for (uint32_t i = 0; i < n; i++) {
-    uint8_t task = store_get_u8(&r);
-    const char *key;
-    size_t len;
-    store_get_str(&r, &key, &len, STORE_KEY_MAX);
-    store_get_u64(&r);
-    store_get_u64(&r);
-    assert_int_equal(task, STORE_TASK_OFFLOAD);
-    store_put_u8(&w, task);
-    store_put_str(&w, key, len);
-    store_put_u32(&w, 0);
-  }
-  assert_false(r.bad);
-  assert_int_equal(n, KEYS);
-  store_writer_free(&reply);
-  r = serve(m, 1, &w, n, &reply);
-  for (uint32_t i = 0; i < n; i++)
-    assert_int_equal((int32_t)store_get_u32(&r), FERRY_OK);
-  store_writer_free(&reply);
+  char *kinds = malloc(KEYS + 1);
+  assert_int_equal(test_store_offload_round(m, 1, names[0], 1, KEYS, kinds, KEYS + 1), KEYS);
+  assert_int_equal(strspn(kinds, "O"), KEYS);
+  free(kinds);
 }
 
 static void a_whole_frame_of_keys_at_every_place_fits_a_frame(void **state) {
@@ -136,13 +91,8 @@ static void a_whole_frame_of_keys_at_every_place_fits_a_frame(void **state) {
   for (unsigned c = 0; c < SEGMENTS; c++) {
     memset(names[c], 'a' + (int)c, STORE_NAME_MAX);
     store_writer w, reply;
-    keyed(&w, STORE_REGISTER);
-    store_put_u16(&w, STORE_PROTOCOL_VERSION);
-    store_put_u64(&w, (c + 1ull) << 40);
-    store_put_u64(&w, SEGMENT_BYTES);
-    store_put_str(&w, names[c], STORE_NAME_MAX);
-    store_put_u64(&w, c + 1); /* its nonce */
-    serve(m, c + 1, &w, 0, &reply);
+    test_store_register(&w, (c + 1ull) << 40, SEGMENT_BYTES, names[c], c + 1);
+    test_store_serve(m, c + 1, &w, 0, &reply);
     store_writer_free(&reply);
   }
   /* Segment 0's client offloads: each commit queues a copy for it. */
@@ -152,7 +102,7 @@ static void a_whole_frame_of_keys_at_every_place_fits_a_frame(void **state) {
   store_put_u64(&w, 1);
   store_put_u32(&w, 0);
   store_put_u32(&w, 0);
-  serve(m, 1, &w, 0, &reply);
+  test_store_serve(m, 1, &w, 0, &reply);
   store_writer_free(&reply);
   put_keys(m);
   offload_keys(m);
@@ -163,7 +113,7 @@ static void a_whole_frame_of_keys_at_every_place_fits_a_frame(void **state) {
     key_at(key, i);
     store_put_str(&w, key, STORE_KEY_MAX);
   }
-  store_reader r = serve(m, 1, &w, KEYS, &reply);
+  store_reader r = test_store_serve(m, 1, &w, KEYS, &reply);
   size_t path_len = strlen(dir) + 1 + 32 + 3; /* DIR/<32 hex>.kv */
   size_t place = 1 + 2 + 8, entry = 4 + 8 + 1 + SEGMENTS * (place + STORE_NAME_MAX) +
                                     (place + path_len) + (place + STORE_NAME_MAX);
