@@ -103,7 +103,8 @@ static void check_reply(uint8_t op, store_reader req, uint32_t count, const stor
   int starts = op == STORE_PUT_START || op == STORE_UPSERT_START;
   if (starts) {
     store_get_u8(&req);
-    store_get_str(&req, &s, &len, STORE_NAME_MAX);
+    for (uint8_t n = store_get_u8(&req); n; n--) /* the preferred segments */
+      store_get_str(&req, &s, &len, STORE_NAME_MAX);
     store_get_u8(&req);  /* pin */
     store_get_u8(&req);  /* soft pin action */
     store_get_u8(&req);  /* TTL given */

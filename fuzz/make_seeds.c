@@ -324,7 +324,8 @@ static void add_keys(buf *b, int client, uint8_t op, uint8_t n, uint8_t replicas
     store_put_str(&w, client ? "seg-a" : "", client ? 5 : 0);
   if (starts) {
     store_put_u8(&w, replicas);
-    store_put_str(&w, "", 0);
+    store_put_u8(&w, 1); /* a preferred segment */
+    store_put_str(&w, client & 1 ? "seg-b" : "seg-a", 5);
     store_put_u8(&w, FERRY_STORE_PIN_NONE);
     /* Client 2's puts pin softly for 1 ms, and upserts keep that pin. */
     int enable = client == 2 && op == STORE_PUT_START;

@@ -1019,6 +1019,11 @@ typedef struct ferry_store_replicate {
   int soft_pin_action;           /* FERRY_STORE_SOFT_PIN_*: the soft pin's change (0: PRESERVE) */
   int soft_pin_ttl_set;          /* nonzero: soft_pin_ttl_ms is given (ENABLE only) */
   uint64_t soft_pin_ttl_ms;      /* ENABLE's pin lasts this long from the commit */
+  /* Mooncake's preferred_segments: more segments tried in order after
+   * preferred_segment, each for one replica while it has room (at most
+   * 8; an unknown name is passed over); the rest go to the roomiest. */
+  const char *const *preferred_segments;
+  size_t preferred_count;
 } ferry_store_replicate;
 void ferry_store_replicate_init_size(ferry_store_replicate *replicate, size_t size);
 #define ferry_store_replicate_init(rep) ferry_store_replicate_init_size((rep), sizeof *(rep))

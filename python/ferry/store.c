@@ -118,15 +118,39 @@ static int pin_get(PyObject *pin, ferry_store_replicate *out) {
   return out->soft_pin_ttl_ms == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* replicas, preferred_segment and pin as a put takes them. */
-static int replicate_get(PyObject *replicas, const char *preferred, PyObject *pin,
-                         ferry_store_replicate *out) {
+#define PREFERRED_MAX 9 /* the first preferred segment and 8 more (ferry.h) */
+
+/* replicas, preferred_segment and pin as a put takes them. preferred: None,
+ * a str, or a list or tuple of str (Mooncake's preferred_segments: the
+ * first is preferred_segment, the rest preferred_segments, their UTF-8 in
+ * names[], valid while preferred lives). */
+static int replicate_get(PyObject *replicas, PyObject *preferred, PyObject *pin,
+                         ferry_store_replicate *out, const char **names) {
   unsigned long n = replicas ? PyLong_AsUnsignedLong(replicas) : 1;
   if (n == (unsigned long)-1 && PyErr_Occurred())
     return -1;
   ferry_store_replicate_init(out);
   out->replicas = (unsigned)(n > 0xffff ? 0xffff : n);
-  out->preferred_segment = preferred && *preferred ? preferred : NULL;
+  int list = preferred && (PyList_Check(preferred) || PyTuple_Check(preferred));
+  Py_ssize_t count = !preferred || preferred == Py_None ? 0 : list ? PySequence_Size(preferred) : 1;
+  if (count > PREFERRED_MAX) {
+    PyErr_Format(PyExc_ValueError, "%zd preferred segments: at most %d", count, PREFERRED_MAX);
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < count; i++) {
+    PyObject *item = list ? PySequence_Fast_GET_ITEM(preferred, i) : preferred;
+    if (!PyUnicode_Check(item)) {
+      PyErr_SetString(PyExc_TypeError, "preferred_segment: a str, or a list of str");
+      return -1;
+    }
+    if (!(names[i] = PyUnicode_AsUTF8(item)))
+      return -1;
+  }
+  if (count) {
+    out->preferred_segment = *names[0] ? names[0] : NULL;
+    out->preferred_segments = names + 1;
+    out->preferred_count = (size_t)count - 1;
+  }
   return pin_get(pin, out);
 }
 
@@ -207,16 +231,16 @@ static PyObject *items_result(const ferry_store_item *items, Py_ssize_t n, int s
 
 static PyObject *store_put(StoreObject *self, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"key", "data", "replicas", "preferred_segment", "pin", "upsert", NULL};
-  const char *key, *preferred = NULL;
+  const char *key, *names[PREFERRED_MAX];
   Py_buffer data;
-  PyObject *replicas = NULL;
+  PyObject *replicas = NULL, *preferred = NULL;
   PyObject *pin = NULL;
   int upsert = 0;
   ferry_store_replicate rep;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sy*|OzOp:put", kwlist, &key, &data, &replicas,
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "sy*|OOOp:put", kwlist, &key, &data, &replicas,
                                    &preferred, &pin, &upsert))
     return NULL;
-  if (replicate_get(replicas, preferred, pin, &rep) < 0 || store_enter(self) < 0) {
+  if (replicate_get(replicas, preferred, pin, &rep, names) < 0 || store_enter(self) < 0) {
     PyBuffer_Release(&data);
     return NULL;
   }
@@ -247,14 +271,15 @@ static PyObject *store_batch_put_from(StoreObject *self, PyObject *args, PyObjec
   static char *kwlist[] = {"keys", "addrs",  "sizes", "replicas", "preferred_segment",
                            "pin",  "upsert", NULL};
   PyObject *keys_o, *addrs_o, *sizes_o, *replicas = NULL, *keys;
-  const char *preferred = NULL;
+  PyObject *preferred = NULL;
+  const char *names[PREFERRED_MAX];
   PyObject *pin = NULL;
   int upsert = 0;
   ferry_store_replicate rep;
   ferry_store_item *items;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|OzOp:batch_put_from", kwlist, &keys_o, &addrs_o,
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|OOOp:batch_put_from", kwlist, &keys_o, &addrs_o,
                                    &sizes_o, &replicas, &preferred, &pin, &upsert) ||
-      replicate_get(replicas, preferred, pin, &rep) < 0)
+      replicate_get(replicas, preferred, pin, &rep, names) < 0)
     return NULL;
   Py_ssize_t n = items_get(keys_o, addrs_o, sizes_o, &keys, &items);
   if (n < 0)
@@ -444,12 +469,13 @@ static PyObject *store_batch_put_from_multi(StoreObject *self, PyObject *args, P
   static char *kwlist[] = {"keys", "all_addrs", "all_sizes", "replicas", "preferred_segment",
                            "pin",  NULL};
   PyObject *keys, *addrs, *sizes, *replicas = NULL;
-  const char *preferred = NULL;
+  PyObject *preferred = NULL;
+  const char *names[PREFERRED_MAX];
   PyObject *pin = NULL;
   ferry_store_replicate rep;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|OzO:batch_put_from_multi", kwlist, &keys,
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|OOO:batch_put_from_multi", kwlist, &keys,
                                    &addrs, &sizes, &replicas, &preferred, &pin) ||
-      replicate_get(replicas, preferred, pin, &rep) < 0)
+      replicate_get(replicas, preferred, pin, &rep, names) < 0)
     return NULL;
   return multi_call(self, keys, addrs, sizes, &rep);
 }
@@ -495,13 +521,14 @@ static PyObject *store_owner_disk_reads(StoreObject *self, void *Py_UNUSED(closu
 static PyObject *store_put_batch(StoreObject *self, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"keys", "values", "replicas", "preferred_segment", "pin", NULL};
   PyObject *keys_o, *values_o, *replicas = NULL, *keys, *values = NULL, *out = NULL;
-  const char *preferred = NULL;
+  PyObject *preferred = NULL;
+  const char *names[PREFERRED_MAX];
   PyObject *pin = NULL;
   ferry_store_replicate rep;
   ferry_store_item *items;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OzO:put_batch", kwlist, &keys_o, &values_o,
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|OOO:put_batch", kwlist, &keys_o, &values_o,
                                    &replicas, &preferred, &pin) ||
-      replicate_get(replicas, preferred, pin, &rep) < 0)
+      replicate_get(replicas, preferred, pin, &rep, names) < 0)
     return NULL;
   Py_ssize_t n = items_get(keys_o, NULL, NULL, &keys, &items);
   if (n < 0)

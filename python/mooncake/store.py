@@ -141,13 +141,17 @@ class ReplicateConfig:
     ``max_kv_soft_pin_ttl``: refused), a soft-pinned object being evicted only
     when nothing unpinned can be, until the commit plus that TTL (gets do not
     extend it); ``with_soft_pin`` (ENABLE with the default TTL);
-    ``with_hard_pin`` (never evicted)."""
+    ``with_hard_pin`` (never evicted). ``preferred_segments`` (a list; at
+    most 9 with ``preferred_segment``): more segments tried in order after
+    ``preferred_segment``, one replica in each while it has room, the rest
+    in the roomiest."""
 
     def __init__(self, replica_num=1, preferred_segment="", with_soft_pin=False,
                  with_hard_pin=False, soft_pin_action=SoftPinAction.PRESERVE,
-                 soft_pin_ttl_ms=None):
+                 soft_pin_ttl_ms=None, preferred_segments=None):
         self.replica_num = replica_num
         self.preferred_segment = preferred_segment
+        self.preferred_segments = list(preferred_segments or [])
         self.with_soft_pin = with_soft_pin
         self.with_hard_pin = with_hard_pin
         self.soft_pin_action = soft_pin_action
@@ -176,10 +180,11 @@ class ReplicateConfig:
         self._soft_pin_ttl_ms = ttl
 
     def __repr__(self):
-        return ("ReplicateConfig(replica_num=%r, preferred_segment=%r, with_soft_pin=%r, "
-                "with_hard_pin=%r, soft_pin_action=%s, soft_pin_ttl_ms=%r)"
-                % (self.replica_num, self.preferred_segment, self.with_soft_pin,
-                   self.with_hard_pin, self.soft_pin_action, self.soft_pin_ttl_ms))
+        return ("ReplicateConfig(replica_num=%r, preferred_segment=%r, preferred_segments=%r, "
+                "with_soft_pin=%r, with_hard_pin=%r, soft_pin_action=%s, soft_pin_ttl_ms=%r)"
+                % (self.replica_num, self.preferred_segment, self.preferred_segments,
+                   self.with_soft_pin, self.with_hard_pin, self.soft_pin_action,
+                   self.soft_pin_ttl_ms))
 
 
 class BufferHandle(bytearray):
@@ -233,8 +238,10 @@ def _replicate(config):
            _ferry.STORE_PIN_NONE)
     pin = (pin, int(getattr(config, "soft_pin_action", SoftPinAction.PRESERVE)),
            getattr(config, "soft_pin_ttl_ms", None))
+    first = getattr(config, "preferred_segment", "") or ""
+    more = list(getattr(config, "preferred_segments", None) or [])
     return (int(getattr(config, "replica_num", 1) or 1),
-            getattr(config, "preferred_segment", "") or None, pin)
+            [first] + more if more else first or None, pin)
 
 
 _MISSING = object()  # _rebuild: a shard could not be read
@@ -1467,9 +1474,11 @@ class MooncakeDistributedStore:
         its bare local_hostname (no port: LMCache passes that) mapped to the
         segment's name."""
         rep = _replicate(config)
-        if rep[1] is not None and self._bare_hostname and rep[1] == self._bare_hostname:
-            return (rep[0], self._hostname) + tuple(rep[2:])
-        return rep
+        if not self._bare_hostname or rep[1] is None:
+            return rep
+        named = [self._hostname if s == self._bare_hostname else s
+                 for s in (rep[1] if isinstance(rep[1], list) else [rep[1]])]
+        return (rep[0], named if isinstance(rep[1], list) else named[0]) + tuple(rep[2:])
 
     def _no_staging(self, call):
         return self._fail(call, INVALID_PARAMS, "local_buffer_size is 0: no local buffer to "

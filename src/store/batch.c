@@ -309,16 +309,28 @@ static ferry_status adopt_replicate(const ferry_store_replicate *in, ferry_store
       out->soft_pin_action > FERRY_STORE_SOFT_PIN_DISABLE)
     return ferry_fail(FERRY_EINVAL, "%s: soft_pin_action %d is not a FERRY_STORE_SOFT_PIN_*", call,
                       out->soft_pin_action);
+  if (out->preferred_count > STORE_PREFERRED_MAX - 1 ||
+      (out->preferred_count && !out->preferred_segments))
+    return ferry_fail(FERRY_EINVAL, "%s: %zu preferred_segments (at most %d, and not NULL)", call,
+                      out->preferred_count, STORE_PREFERRED_MAX - 1);
+  for (size_t i = 0; i < out->preferred_count; i++)
+    if (!out->preferred_segments[i])
+      return ferry_fail(FERRY_EINVAL, "%s: preferred_segments[%zu] is NULL", call, i);
   return FERRY_OK;
 }
 
 /* PUT_START or UPSERT_START (op) of the items. */
 static void put_start_request(store_writer *w, uint8_t op, const item *items, size_t count,
                               const ferry_store_replicate *rep) {
-  const char *pref = rep->preferred_segment ? rep->preferred_segment : "";
+  int first = rep->preferred_segment && *rep->preferred_segment;
   store_put_u8(w, op);
   store_put_u8(w, (uint8_t)(rep->replicas ? rep->replicas : 1));
-  store_put_str(w, pref, strnlen(pref, STORE_NAME_MAX));
+  store_put_u8(w, (uint8_t)(first + rep->preferred_count));
+  if (first)
+    store_put_str(w, rep->preferred_segment, strnlen(rep->preferred_segment, STORE_NAME_MAX));
+  for (size_t i = 0; i < rep->preferred_count; i++)
+    store_put_str(w, rep->preferred_segments[i],
+                  strnlen(rep->preferred_segments[i], STORE_NAME_MAX));
   store_put_u8(w, (uint8_t)rep->pin);
   store_put_u8(w, (uint8_t)rep->soft_pin_action);
   store_put_u8(w, rep->soft_pin_ttl_set != 0);

@@ -811,15 +811,26 @@ static segment *roomiest(store_map *m, const replica *used, unsigned n, uint64_t
   return best;
 }
 
+static int holds(const object *o, const segment *s) {
+  for (unsigned i = 0; i < o->replicas; i++)
+    if (o->rep[i].seg == s)
+      return 1;
+  return 0;
+}
+
 /* Places `want` replicas of size bytes, each in its own segment: the
- * preferred one first, then the roomiest. All or none. */
-static int place(store_map *m, object *o, unsigned want, segment *preferred) {
+ * preferred ones first, in order (one where it has room), then the
+ * roomiest. All or none. */
+static int place(store_map *m, object *o, unsigned want, segment *const *preferred,
+                 unsigned preferred_count) {
   uint64_t need = store_extents_round(o->size);
   segment *tried[64];
-  unsigned tried_count = 0;
+  unsigned tried_count = 0, next = 0;
   while (o->replicas < want) {
-    segment *s = preferred ? preferred : roomiest(m, o->rep, o->replicas, need);
-    preferred = NULL;
+    while (next < preferred_count && (!preferred[next] || holds(o, preferred[next])))
+      next++;
+    segment *s =
+        next < preferred_count ? preferred[next++] : roomiest(m, o->rep, o->replicas, need);
     for (unsigned i = 0; s && i < tried_count; i++)
       if (tried[i] == s)
         s = NULL;
@@ -858,7 +869,8 @@ typedef struct put_ask {
   unsigned replicas;
   uint8_t pin, soft_action; /* FERRY_STORE_PIN_* (NONE or HARD), FERRY_STORE_SOFT_PIN_* */
   uint64_t soft_ttl_ns;     /* ENABLE's */
-  segment *preferred;
+  segment *preferred[STORE_PREFERRED_MAX]; /* NULL: a name no segment has */
+  unsigned preferred_count;
 } put_ask;
 
 /* Places o's replicas, evicting least-recently-used objects while they do
@@ -882,7 +894,7 @@ static ferry_status make_room(store_map *m, const put_ask *ask, eviction_round *
   uint64_t need = store_extents_round(o->size);
   size_t evicted = 0;
   uint64_t extent = need;
-  while (extent >= need && place(m, o, ask->replicas, ask->preferred) != 0) {
+  while (extent >= need && place(m, o, ask->replicas, ask->preferred, ask->preferred_count) != 0) {
     object *victim = NULL;
     for (extent = 0; extent < need && (victim = map_next_victim(m, r)) != NULL; evicted++)
       extent = map_evict(m, r, victim, FOR_PUTS);
@@ -990,26 +1002,30 @@ static ferry_status serve_put_start(store_map *m, uint64_t client, int upsert, s
                                     uint32_t count, eviction_round *evictions, store_writer *reply,
                                     char *why, size_t size) {
   ferry_status st;
-  put_ask ask = {client, upsert, store_get_u8(r), 0, 0, 0, NULL};
-  const char *pref;
-  size_t pref_len;
-  store_get_str(r, &pref, &pref_len, STORE_NAME_MAX);
+  put_ask ask = {client, upsert, store_get_u8(r), 0, 0, 0, {NULL}, 0};
+  ask.preferred_count = store_get_u8(r);
+  for (unsigned i = 0; i < ask.preferred_count && i < STORE_PREFERRED_MAX; i++) {
+    const char *pref;
+    size_t pref_len;
+    store_get_str(r, &pref, &pref_len, STORE_NAME_MAX);
+    ask.preferred[i] = map_find_segment(m, pref, pref_len);
+  }
   ask.pin = store_get_u8(r);
   ask.soft_action = store_get_u8(r);
   uint8_t ttl_set = store_get_u8(r);
   uint64_t ttl_ms = store_get_u64(r);
   if (r->bad || ask.replicas == 0 || ask.replicas > STORE_REPLICAS_MAX ||
-      ask.pin > FERRY_STORE_PIN_HARD || ask.soft_action > FERRY_STORE_SOFT_PIN_DISABLE ||
-      ttl_set > 1)
-    return snprintf(why, size, "malformed PUT_START (replicas %u, pin %u, soft pin action %u)",
-                    ask.replicas, ask.pin, ask.soft_action),
+      ask.preferred_count > STORE_PREFERRED_MAX || ask.pin > FERRY_STORE_PIN_HARD ||
+      ask.soft_action > FERRY_STORE_SOFT_PIN_DISABLE || ttl_set > 1)
+    return snprintf(why, size,
+                    "malformed PUT_START (replicas %u, %u preferred, pin %u, soft pin action %u)",
+                    ask.replicas, ask.preferred_count, ask.pin, ask.soft_action),
            FERRY_EPROTO;
   st = resolve_soft_pin(m, &ask, ttl_set, ttl_ms, why, size);
   if (st != FERRY_OK)
     return st;
-  ask.preferred = pref_len ? map_find_segment(m, pref, pref_len) : NULL;
   if (m->pool) /* one copy in shared memory serves every client */
-    ask.replicas = 1, ask.preferred = m->pool;
+    ask.replicas = 1, ask.preferred[0] = m->pool, ask.preferred_count = 1;
   evictions->now = ferry_now_ns();
   reap_retired(m, evictions->now);
   char refused[STORE_REASON_MAX]; /* not cleared per key: only a refusal writes it */

@@ -12,8 +12,9 @@
  *                                                                    str CXL pool ("": none) |
  *                                                                    u64 its base | u64 size
  *   PING        -                               (none)               (none)
- *   PUT_START   u8 replicas, str preferred,     str key | u64 size   i32 status | replicas, or
- *               u8 pin (FERRY_STORE_PIN_*),                          (status != 0) str reason
+ *   PUT_START   u8 replicas, u8 n, n * str      str key | u64 size   i32 status | replicas, or
+ *               preferred (n <= 9), u8 pin                           (status != 0) str reason
+ *               (FERRY_STORE_PIN_*),
  *               u8 soft pin action, u8 TTL given,
  *               u64 soft pin TTL ms
  *   UPSERT_START  as PUT_START                                       as PUT_START
@@ -78,13 +79,15 @@
 #define STORE_PROTOCOL_VERSION                                                                     \
   7 /* 2: PUT_START's pin and refusal reasons; 3: the SSD tier, UPSERT_START,                      \
        soft pin actions and TTLs; 4: REGISTER's segment nonce;                                     \
-       5: REPLICAS, OFFLOAD_DONE's REPORT; 6: REGISTER's CXL pool; 7: CLEAR */
+       5: REPLICAS, OFFLOAD_DONE's REPORT; 6: REGISTER's CXL pool; 7: CLEAR,                       \
+       PUT_START's preferred segments */
 #define STORE_KEY_MAX 1024   /* bytes of a key */
 #define STORE_BATCH_MAX 4096 /* entries of one frame; a client cuts larger batches */
 #define STORE_REPLICAS_MAX 8 /* replicas of one object */
 #define STORE_NAME_MAX FERRY_WIRE_MAX_NAME
 #define STORE_LOCATION_MAX 2048 /* bytes of a REPLICAS location (a segment or a file's path) */
 #define STORE_REASON_MAX 512    /* bytes of a refused PUT_START entry's reason */
+#define STORE_PREFERRED_MAX 9   /* preferred segments of a PUT_START: the first and 8 more */
 
 typedef enum store_op {
   STORE_REGISTER = 1,

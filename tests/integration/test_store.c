@@ -355,6 +355,7 @@ static uint64_t raw_start(raw_client *r, uint8_t op, const char *key, uint64_t s
   store_writer w = {0};
   store_put_u8(&w, op);
   store_put_u8(&w, 1);
+  store_put_u8(&w, 1); /* one preferred segment */
   store_put_str(&w, where, strlen(where));
   store_put_u8(&w, FERRY_STORE_PIN_NONE);
   store_put_u8(&w, FERRY_STORE_SOFT_PIN_PRESERVE);
@@ -1228,7 +1229,7 @@ static void a_hostile_client_hurts_only_itself(void **state) {
   raw_client r;
   const uint8_t unknown_op[] = {99};
   const uint8_t truncated_put[] = {STORE_PUT_START, 1, 0, 0, 0, 5, 0, 'a', 'b'};
-  const uint8_t bad_pin[] = {STORE_PUT_START, 1, 0, 0, FERRY_STORE_PIN_HARD + 1, 1, 0, 'k'};
+  const uint8_t bad_pin[] = {STORE_PUT_START, 1, 0, FERRY_STORE_PIN_HARD + 1, 1, 0, 'k'};
   const uint8_t lying_length[] = {STORE_GET, 0xff, 0xff, 'k'};
   const uint8_t trailing[] = {STORE_PING, 0};
   /* REPLICAS: a key longer than its body, one key for two entries, a byte
@@ -1306,7 +1307,7 @@ static void a_hostile_client_hurts_only_itself(void **state) {
   store_writer huge = {0};
   store_put_u8(&huge, STORE_PUT_START);
   store_put_u8(&huge, 1);
-  store_put_str(&huge, "", 0);
+  store_put_u8(&huge, 0); /* no preferred segment */
   store_put_u8(&huge, FERRY_STORE_PIN_HARD);
   store_put_u8(&huge, FERRY_STORE_SOFT_PIN_PRESERVE);
   store_put_u8(&huge, 0);

@@ -123,3 +123,28 @@ def test_batch_replica_clear():
         a.close()
         b.close()
         stop_master(proc)
+
+
+def test_preferred_segments_place_the_replicas():
+    """ReplicateConfig.preferred_segments (Mooncake's list): the replicas go
+    to the segments named, in order, not to the roomiest; set as an
+    attribute too, and through put_batch; more than 9 names is -600."""
+    proc, addr = start_master()
+    a, b, c = client(addr), client(addr), client(addr)
+    try:
+        names = [c.get_hostname(), b.get_hostname()]
+        assert a.put("p", page_bytes(3), ReplicateConfig(replica_num=2,
+                                                         preferred_segments=names)) == 0
+        assert [d.location for d in a.get_replica_desc("p")] == names
+        config = ReplicateConfig()
+        config.replica_num = 2
+        config.preferred_segments = [b.get_hostname(), c.get_hostname()]
+        assert a.put_batch(["q"], [page_bytes(4)], config) == 0
+        assert [d.location for d in a.get_replica_desc("q")] == config.preferred_segments
+        assert b.get("q") == page_bytes(4)
+        config.preferred_segments = ["x:%d" % i for i in range(10)]
+        assert a.put("r", page_bytes(5), config) == -600
+    finally:
+        for s in (a, b, c):
+            s.close()
+        stop_master(proc)

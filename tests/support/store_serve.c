@@ -27,7 +27,9 @@ void test_store_put_start(store_writer *w, uint8_t replicas, const char *preferr
   *w = (store_writer){0};
   store_put_u8(w, STORE_PUT_START);
   store_put_u8(w, replicas);
-  store_put_str(w, preferred, strlen(preferred));
+  store_put_u8(w, *preferred != '\0');
+  if (*preferred)
+    store_put_str(w, preferred, strlen(preferred));
   store_put_u8(w, FERRY_STORE_PIN_NONE);
   store_put_u8(w, FERRY_STORE_SOFT_PIN_PRESERVE);
   store_put_u8(w, 0); /* no TTL given */
