@@ -233,6 +233,9 @@ def _replicate(config):
     """(replicas, preferred segment, pin) of a ReplicateConfig, as _ferry.Store takes them."""
     if config is None:
         return (1, None, _ferry.STORE_PIN_NONE)
+    if getattr(config, "prefer_alloc_in_same_node", False):
+        raise ValueError("prefer_alloc_in_same_node is not supported (Mooncake's client refuses "
+                         "it too)")
     pin = (_ferry.STORE_PIN_HARD if getattr(config, "with_hard_pin", False) else
            _ferry.STORE_PIN_SOFT if getattr(config, "with_soft_pin", False) else
            _ferry.STORE_PIN_NONE)

@@ -144,6 +144,10 @@ def test_preferred_segments_place_the_replicas():
         assert b.get("q") == page_bytes(4)
         config.preferred_segments = ["x:%d" % i for i in range(10)]
         assert a.put("r", page_bytes(5), config) == -600
+        same_node = ReplicateConfig()
+        same_node.prefer_alloc_in_same_node = True  # refused, as Mooncake's client does
+        assert a.put("r", page_bytes(5), same_node) == -600
+        assert a.is_exist("r") == 0
     finally:
         for s in (a, b, c):
             s.close()
