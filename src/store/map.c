@@ -1283,20 +1283,16 @@ static ferry_status serve_replicas(store_map *m, store_reader *r, uint32_t count
 
 /* ---- CLEAR ---------------------------------------------------------------------------------- */
 
-static int in_segment(const segment *s, const char *name, size_t len) {
-  return strlen(s->name) == len && !memcmp(s->name, name, len);
-}
-
-/* Gives back o's replicas in the segment named, and drops the offload copy
- * when that segment's client keeps it; o keeps its other replicas, or its
+/* Gives back o's replicas in segment `target`, and drops the offload copy
+ * when target's client keeps it; o keeps its other replicas, or its
  * --root_fs_dir file alone. Nonzero when nothing would be left: the caller
  * unlinks o (which deletes the copy too). */
-static int clear_segment(store_map *m, object *o, const char *name, size_t len) {
+static int clear_segment(store_map *m, object *o, const segment *target) {
   segment *owner = map_disk_owner(o);
-  int copy_here = owner && in_segment(owner, name, len);
+  int copy_here = owner == target;
   unsigned kept = 0;
   for (unsigned i = 0; i < o->replicas; i++)
-    kept += !in_segment(o->rep[i].seg, name, len);
+    kept += o->rep[i].seg != target;
   if (!kept && !o->on_disk && (!owner || copy_here))
     return 1;
   if (copy_here)
@@ -1307,7 +1303,7 @@ static int clear_segment(store_map *m, object *o, const char *name, size_t len) 
   }
   kept = 0;
   for (unsigned i = 0; i < o->replicas; i++)
-    if (in_segment(o->rep[i].seg, name, len))
+    if (o->rep[i].seg == target)
       store_extents_free(&o->rep[i].seg->space, o->rep[i].offset, o->size);
     else
       o->rep[kept++] = o->rep[i];
@@ -1318,21 +1314,18 @@ static int clear_segment(store_map *m, object *o, const char *name, size_t len) 
   return 0;
 }
 
-/* One CLEAR entry: all of *at's replicas (len 0: a REMOVE), or those in
- * the segment named. */
-static ferry_status clear_one(store_map *m, object **at, const char *name, size_t len) {
-  if (!at || !len)
+/* One CLEAR entry: all of *at's replicas (all set: a REMOVE), or those in
+ * segment `target` (NULL: a name no segment has, so nothing there). */
+static ferry_status clear_one(store_map *m, object **at, int all, const segment *target) {
+  if (!at || all)
     return remove_one(m, at);
   object *o = *at;
-  segment *owner = map_disk_owner(o);
-  int there = owner && in_segment(owner, name, len);
-  for (unsigned i = 0; i < o->replicas && !there; i++)
-    there = in_segment(o->rep[i].seg, name, len);
+  int there = target && (map_disk_owner(o) == target || holds(o, target));
   if (!there)
     return FERRY_ENOTFOUND;
   if (o->lease_until_ns > ferry_now_ns() || o->off & ~OFF_LOCAL)
     return FERRY_EBUSY; /* a get's lease, or an offload, load or staging under way */
-  if (clear_segment(m, o, name, len))
+  if (clear_segment(m, o, target))
     map_unlink_object(m, at);
   return FERRY_OK;
 }
@@ -1344,12 +1337,13 @@ static ferry_status serve_clear(store_map *m, store_reader *r, uint32_t count, s
   store_get_str(r, &name, &len, STORE_NAME_MAX);
   if (r->bad)
     return snprintf(why, size, "malformed CLEAR segment"), FERRY_EPROTO;
+  const segment *target = len ? map_find_segment(m, name, len) : NULL;
   prefetch_chains(m, r, count, 0);
   for (uint32_t i = 0; i < count; i++) {
     object **at;
     if (committed_entry(m, r, &at) != FERRY_OK)
       return snprintf(why, size, "malformed entry %u", i), FERRY_EPROTO;
-    ferry_status st = clear_one(m, at, name, len);
+    ferry_status st = clear_one(m, at, len == 0, target);
     count_op(m, STORE_COUNT_CLEAR, st);
     store_put_u32(reply, (uint32_t)st);
   }
