@@ -37,11 +37,12 @@ def _raw(tensor):
 
 
 def save(tensors, path):
-    """Writes {name: tensor} to path, tensors in name order, the header
-    padded with spaces to a multiple of 8 bytes (the bytes that follow
-    stay aligned)."""
+    """Writes {name: tensor} to path, the header padded with spaces to a
+    multiple of 8 bytes and the tensors by element size, largest first,
+    then by name (as the package writes them): every tensor's bytes start
+    at a multiple of its element size."""
     header, blobs, at = {}, [], 0
-    for name in sorted(tensors):
+    for name in sorted(tensors, key=lambda n: (-tensors[n].element_size(), n)):
         tensor = tensors[name]
         dtype = str(tensor.dtype).replace("torch.", "")
         if dtype not in _NAMES:
@@ -89,8 +90,9 @@ def _entry(path, name, entry, data_len):
 
 
 def load(path):
-    """{name: tensor} from path, in name order (the package's keys()); each
-    tensor owns its memory."""
+    """{name: tensor} from path, in name order (the package's keys()): views
+    of one buffer holding the file's data section, read once (no copy per
+    tensor), which they keep alive."""
     torch = _torch()
     with open(path, "rb") as f:
         total = os.fstat(f.fileno()).st_size
@@ -107,7 +109,7 @@ def load(path):
             raise SafetensorsError("%s: the header is not JSON: %s" % (path, e)) from None
         if not isinstance(header, dict):
             raise SafetensorsError("%s: the header is not a JSON object" % path)
-        data = f.read()
+        data = bytearray(f.read())
     header.pop("__metadata__", None)
     out = {}
     for name in sorted(header):
@@ -116,6 +118,6 @@ def load(path):
         if begin == end:
             out[name] = torch.empty(shape, dtype=dtype)
             continue
-        raw = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.uint8)
+        raw = torch.frombuffer(data, dtype=torch.uint8, offset=begin, count=end - begin)
         out[name] = raw.view(dtype).reshape(shape)
     return out

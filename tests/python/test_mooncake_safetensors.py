@@ -41,6 +41,16 @@ def test_a_file_laid_out_by_hand_is_read(tmp_path):
     assert got["y"].tolist() == [[7], [-9]] and got["y"].dtype == torch.int16
 
 
+def test_a_tensor_at_an_unaligned_offset_is_read(tmp_path):
+    """The format does not require alignment: an F32 after one byte."""
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(file_of({"b": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                              "f": {"dtype": "F32", "shape": [2], "data_offsets": [1, 9]}},
+                             b"\x07" + struct.pack("<2f", 0.5, -3.0)))
+    got = _safetensors.load(str(path))
+    assert got["b"].tolist() == [7] and got["f"].tolist() == [0.5, -3.0]
+
+
 def test_a_written_file_parses_field_by_field(tmp_path):
     a, b = sample(torch.bfloat16, (2, 3), 1), sample(torch.bool, (4,), 2)
     path = tmp_path / "w.safetensors"
@@ -53,6 +63,12 @@ def test_a_written_file_parses_field_by_field(tmp_path):
     assert header == {"a": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
                       "b": {"dtype": "BOOL", "shape": [4], "data_offsets": [12, 16]}}
     assert data == as_bytes(a) + as_bytes(b)
+    _safetensors.save({"a": sample(torch.bool, (3,), 3), "z": sample(torch.float32, (1,), 4)},
+                      str(path))  # the larger element first: z stays aligned
+    raw = path.read_bytes()
+    (length,) = struct.unpack_from("<Q", raw)
+    offsets = {k: v["data_offsets"] for k, v in json.loads(raw[8:8 + length]).items()}
+    assert offsets == {"z": [0, 4], "a": [4, 7]}
 
 
 @pytest.mark.parametrize("dtype,shape", [(torch.float32, (5,)), (torch.float64, (2, 2)),
